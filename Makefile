@@ -1,0 +1,147 @@
+# tqkvd — a plain Makefile.
+#
+#   make                  build everything into build/ (binaries in build/bin/)
+#   make test             install missing Debian packages, build, run every test
+#   make run              build and start tqkvd in the foreground on the embedded defaults
+#   make SANITIZER=address|undefined|thread   sanitized build (objects kept apart)
+#   make USE_CUDA=auto|yes|no                 CUDA kernels (auto: when nvcc exists)
+#   make install PREFIX=/usr DESTDIR=/tmp/pkg
+#
+# Each folder adds its targets in its own module.mk; this file holds the rules.
+
+PREFIX    ?= /usr/local
+BINDIR    ?= $(PREFIX)/bin
+SBINDIR   ?= $(PREFIX)/sbin
+LIBDIR    ?= $(PREFIX)/lib
+INCDIR    ?= $(PREFIX)/include
+SYSCONFDIR ?= /etc
+UNITDIR   ?= /lib/systemd/system
+SYSUSERSDIR ?= /usr/lib/sysusers.d
+DESTDIR   ?=
+
+SANITIZER ?=
+USE_CUDA  ?= auto
+CUDA_HOME ?= /usr/local/cuda
+CC        ?= cc
+PKG_CONFIG ?= pkg-config
+
+B := build
+ARCH := $(shell uname -m)
+OBJ := $(B)/obj$(if $(SANITIZER),-$(SANITIZER))
+BIN := $(B)/bin
+LIB := $(B)/lib
+GEN := $(B)/gen
+
+VERSION := $(shell cat VERSION 2>/dev/null || echo 0.0.0)
+GIT_REV := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+
+# ---- flags -----------------------------------------------------------------
+# -ffp-contract=off: no silent FMA contraction, so the scalar reference paths
+# (codebooks, rotations, reference codec and attention) give the same bits on
+# x86-64 and aarch64.  SIMD paths use explicit FMA intrinsics.
+CFLAGS ?= -O2 -g
+WARN   := -Wall -Wextra -Wshadow -Wformat=2 -Wno-unused-parameter -Wvla
+BASE_CFLAGS := -std=gnu11 $(WARN) -ffp-contract=off -fno-strict-overflow \
+	-D_GNU_SOURCE -pthread -fPIC -MMD -MP \
+	-Ikernels -Iproto -Idaemon -Iclient/include -I$(GEN) \
+	-DTQ_VERSION='"$(VERSION)"' -DTQ_GIT_REV='"$(GIT_REV)"'
+LDLIBS_BASE := -lm -pthread
+
+ifeq ($(SANITIZER),address)
+  SAN_FLAGS := -fsanitize=address -fno-omit-frame-pointer
+else ifeq ($(SANITIZER),undefined)
+  SAN_FLAGS := -fsanitize=undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+else ifeq ($(SANITIZER),thread)
+  SAN_FLAGS := -fsanitize=thread
+else ifneq ($(SANITIZER),)
+  $(error SANITIZER must be address, undefined or thread)
+endif
+
+ALL_CFLAGS  = $(BASE_CFLAGS) $(SAN_FLAGS) $(CFLAGS) $(EXTRA_CFLAGS)
+ALL_LDFLAGS = $(SAN_FLAGS) $(LDFLAGS)
+
+# Per-ISA flags for the SIMD translation units (x86-64 only; elsewhere those
+# files compile to nothing and the scalar paths are used).
+ifeq ($(ARCH),x86_64)
+  ISA_avx2   := -mavx2 -mfma -mf16c -mbmi2
+  ISA_avx512 := -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx2 -mfma -mf16c -mbmi2
+endif
+
+# pkg-config: the packages are installed by scripts/install-deps.sh
+pc = $(shell $(PKG_CONFIG) $(1) $(2) 2>/dev/null)
+GRPC_CFLAGS := $(call pc,--cflags,grpc_unsecure)
+GRPC_LIBS   := $(call pc,--libs,grpc_unsecure) -lgpr
+PBC_CFLAGS  := $(call pc,--cflags,libprotobuf-c)
+PBC_LIBS    := $(call pc,--libs,libprotobuf-c)
+URING_LIBS  := $(call pc,--libs,liburing)
+NUMA_LIBS   := $(call pc,--libs,numa)
+SD_LIBS     := $(call pc,--libs,libsystemd)
+INIH_CFLAGS := $(call pc,--cflags,inih)
+INIH_LIBS   := $(call pc,--libs,inih)
+
+# CUDA: auto = build the .cu files when nvcc exists; running them needs a GPU.
+NVCC := $(CUDA_HOME)/bin/nvcc
+ifeq ($(USE_CUDA),auto)
+  HAVE_CUDA := $(if $(wildcard $(NVCC)),1,0)
+else ifeq ($(USE_CUDA),yes)
+  HAVE_CUDA := 1
+else
+  HAVE_CUDA := 0
+endif
+NVCC_FLAGS ?= -O2 -g -std=c++17 -Xcompiler -fPIC,-Wall,-Wextra \
+	-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a \
+	-Ikernels -Iproto
+
+# A build is one configuration; binaries relink when it changes.
+CONFIG_ID := $(SANITIZER):$(HAVE_CUDA):$(CFLAGS):$(EXTRA_CFLAGS)
+STAMP := $(B)/.config-$(if $(SANITIZER),$(SANITIZER),plain)
+$(STAMP): FORCE
+	@mkdir -p $(B)
+	@echo '$(CONFIG_ID)' | cmp -s - $@ || echo '$(CONFIG_ID)' > $@
+
+# ---- modules ---------------------------------------------------------------
+ALL_TARGETS :=
+TEST_PROGS  :=
+include kernels/module.mk
+include proto/module.mk
+include daemon/module.mk
+include client/module.mk
+include tests/module.mk
+
+.PHONY: all deps test run install clean FORCE
+.DEFAULT_GOAL := all
+all: $(ALL_TARGETS)
+
+# ---- generic rules ---------------------------------------------------------
+# Files named *_avx2.c / *_avx512.c are the SIMD paths; they get their ISA flags.
+$(OBJ)/%_avx2.o:   ISA_FLAGS := $(ISA_avx2)
+$(OBJ)/%_avx512.o: ISA_FLAGS := $(ISA_avx512)
+$(OBJ)/%.o: %.c $(STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(ISA_FLAGS) -c $< -o $@
+
+$(OBJ)/%.o: $(GEN)/%.c $(STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(PBC_CFLAGS) -Wno-shadow -c $< -o $@
+
+$(OBJ)/%.cu.o: %.cu $(STAMP)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
+
+deps:
+	@scripts/install-deps.sh
+
+test: deps
+	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory check
+
+# check: run the tests without the install step (used by `make test`)
+check: $(ALL_TARGETS)
+	@SANITIZER='$(SANITIZER)' BIN='$(BIN)' tests/run.sh
+
+clean:
+	rm -rf $(B)
+
+FORCE:
+
+-include $(shell find $(B) -name '*.d' 2>/dev/null)

@@ -1,0 +1,1 @@
+# client/: libtqkv, tqctl, tqkv-run.

@@ -1,0 +1,1 @@
+# daemon/: the tqkvd process.

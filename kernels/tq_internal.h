@@ -1,0 +1,125 @@
+/* tq_internal.h — what kernels/ files (and their tests) share; not installed.
+ *
+ * Bit-exactness contract between the scalar reference and the SIMD paths.
+ * Every path computes the same float operations in the same order, so the
+ * encoded blocks and decoded vectors are bit-identical:
+ *   - sums of squares (||x||, ||c[idx]||) accumulate in 16 lanes (lane =
+ *     i mod 16) with a separate multiply and add (no FMA), then the lanes
+ *     reduce pairwise: l[i] += l[i+8], then +4, +2, +1  (tq_sumsq16);
+ *   - the Walsh–Hadamard transform runs the standard butterflies
+ *     (h = 1, 2, 4, …; a+b, a-b), which any vectorization reproduces exactly;
+ *   - the dense rotation y = R x accumulates y_i over j = 0..dim-1 in order,
+ *     multiply then add (no FMA);
+ *   - scalar factors are computed once in float, in the order written in the
+ *     reference, and then applied with one multiply per element.
+ * SIMD code may use FMA only where an operand is exactly ±1 or 0 (then the
+ * fused and unfused results agree).
+ */
+#ifndef TQ_INTERNAL_H
+#define TQ_INTERNAL_H
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "tq_codec.h"
+
+enum tq_rot_kind { TQ_ROT_NONE = 0, TQ_ROT_HADAMARD = 1, TQ_ROT_DENSE = 2 };
+
+/* y = R x with
+ *   HADAMARD: R = (1/sqrt(dim)) H D,  D = diag(sign), H the Sylvester Hadamard
+ *   DENSE:    R a Haar-random orthogonal matrix (QR of a Gaussian, sign-fixed) */
+struct tq_rotation {
+	int dim;
+	enum tq_rot_kind kind;
+	uint64_t seed;
+	float inv_sqrt_dim;      /* HADAMARD: 1/sqrt(dim) as a float            */
+	float *sign;             /* HADAMARD: [dim] of +1.0f / -1.0f             */
+	uint32_t *sign_bits;     /* HADAMARD: [dim] 0 or 0x80000000 (xor masks)  */
+	float *mat;              /* DENSE: [dim][dim] row-major, R[i][j]         */
+	float *mat_t;            /* DENSE: [dim][dim] R transposed (column axpy) */
+};
+
+int tq_rotation_init(struct tq_rotation *r, int dim, uint64_t seed, tq_error *err);
+void tq_rotation_destroy(struct tq_rotation *r);
+/* Reference transforms; x and y may alias. */
+void tq_rotation_apply_ref(const struct tq_rotation *r, const float *x, float *y);
+void tq_rotation_inverse_ref(const struct tq_rotation *r, const float *y, float *x);
+/* In-place unnormalized Walsh–Hadamard transform of n (power of two) floats. */
+void tq_fwht_ref(float *v, int n);
+
+/* Pack / unpack index planes (tq_layout.h).  idx: [dim] values < 2^bits. */
+void tq_pack_planes(const uint8_t *idx, int dim, int bits, uint8_t *out);
+void tq_unpack_planes(const uint8_t *in, int dim, int bits, uint8_t *idx);
+
+/* Sum of squares in the 16-lane order of the contract above. */
+float tq_sumsq16(const float *x, int n);
+
+/* Index of v in a codebook: the number of bounds strictly below v. */
+static inline int tq_cb_index(const tq_codebook *cb, float v)
+{
+	int lo = 0, step = cb->levels >> 1;
+	/* binary search over the sorted bounds; equals a linear count */
+	while (step > 0) {
+		if (v > cb->bound[lo + step - 1])
+			lo += step;
+		step >>= 1;
+	}
+	return lo;
+}
+
+/* One ISA's implementation of the batch calls.  src rows are converted to
+ * fp32 first; `conv` is scratch of [dim] floats owned by the caller. */
+struct tq_codec_ops {
+	enum tq_isa isa;
+	int (*encode)(const tq_codec *c, const void *src, enum tq_dtype dtype, size_t n,
+		      void *dst, tq_error *err);
+	int (*decode)(const tq_codec *c, const void *src, size_t n, float *dst);
+};
+
+struct tq_codec {
+	enum tq_codec_id id;
+	int dim;
+	int bits;                /* index bits for tq*, 8 for q8, 4 for q4a     */
+	uint32_t block_bytes;
+	uint64_t seed;
+	struct tq_rotation rot;  /* kind NONE for q4a / f16 / f32               */
+	tq_codebook cb;          /* tq* only                                    */
+	const struct tq_codec_ops *ops;
+};
+
+extern const struct tq_codec_ops tq_codec_ops_scalar;
+/* NULL when this build has no such path (non-x86 builds). */
+const struct tq_codec_ops *tq_codec_ops_avx2(void);
+const struct tq_codec_ops *tq_codec_ops_avx512(void);
+
+/* Convert one row of `dtype` to fp32 and check it: 0, or -EINVAL with the
+ * element index in *bad when a value is NaN or Inf. */
+int tq_row_to_f32(const void *src, enum tq_dtype dtype, int dim, float *dst, int *bad);
+
+__attribute__((format(printf, 2, 3)))
+static inline int tq_fail(tq_error *err, const char *fmt, ...)
+{
+	if (err) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
+		va_end(ap);
+	}
+	return -EINVAL;
+}
+
+/* Deterministic double-precision log/exp from + - * / only (no libm), so
+ * codebooks and rotations come out the same on every machine. */
+double tq_det_log(double x);
+double tq_det_exp(double x);
+
+/* xoshiro256** seeded through splitmix64: the one PRNG of kernels/. */
+struct tq_rng { uint64_t s[4]; };
+void tq_rng_seed(struct tq_rng *r, uint64_t seed);
+uint64_t tq_rng_next(struct tq_rng *r);
+double tq_rng_uniform(struct tq_rng *r);   /* [0, 1), 53 bits */
+double tq_rng_gauss(struct tq_rng *r);     /* N(0,1), Marsaglia polar with tq_det_log */
+
+#endif /* TQ_INTERNAL_H */

@@ -1,0 +1,34 @@
+#!/bin/sh
+# Install the Debian packages tqkvd needs to build and test, if any are missing.
+# As root: runs apt-get.  Otherwise: prints the exact command and fails.
+set -eu
+
+# build + run-time dependencies (fixed by the product's users)
+PKGS="gcc make pkg-config
+liburing-dev libnuma-dev libprotobuf-c-dev protobuf-c-compiler
+libgrpc-dev libsystemd-dev libinih-dev"
+# test tools: systemd-analyze (unit verification), valgrind (leak checks)
+PKGS="$PKGS systemd valgrind"
+
+missing=""
+for p in $PKGS; do
+	st=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+	case "$st" in
+	*"install ok installed"*) ;;
+	*) missing="$missing $p" ;;
+	esac
+done
+
+[ -z "$missing" ] && exit 0
+
+cmd="apt-get install -y --no-install-recommends$missing"
+if [ "$(id -u)" -ne 0 ]; then
+	echo "tqkvd: missing Debian packages:$missing" >&2
+	echo "tqkvd: run as root:  apt-get update && $cmd" >&2
+	exit 1
+fi
+echo "tqkvd: installing missing Debian packages:$missing" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+# shellcheck disable=SC2086
+apt-get install -y -qq --no-install-recommends $missing >&2

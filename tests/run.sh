@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs every test: the unit binaries in build/tests/ and the integration
+# scripts in tests/integration/.  Exit code 77 means "skipped" (hardware or a
+# tool is absent).  Ends with the line "N passed, N failed, N skipped".
+#
+#   tests/run.sh [PATTERN]     only tests whose name contains PATTERN
+set -u
+cd "$(dirname "$0")/.."
+B=${B:-build}
+pattern=${1:-}
+export TQ_BUILD="$PWD/$B" TQ_BIN="$PWD/$B/bin" TQ_SRC="$PWD"
+logdir="$B/test-logs"
+mkdir -p "$logdir"
+
+pass=0 fail=0 skip=0 failed=()
+run_one() {
+	local name=$1; shift
+	[ -n "$pattern" ] && [[ $name != *"$pattern"* ]] && return
+	local log="$logdir/$name.log" t0 t1 rc
+	t0=$EPOCHREALTIME
+	"$@" >"$log" 2>&1
+	rc=$?
+	t1=$EPOCHREALTIME
+	local dt
+	dt=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
+	case $rc in
+	0)  pass=$((pass + 1)); printf 'PASS  %-40s %6ss\n' "$name" "$dt" ;;
+	77) skip=$((skip + 1)); printf 'SKIP  %-40s %s\n' "$name" "$(tail -n 1 "$log")" ;;
+	*)  fail=$((fail + 1)); failed+=("$name")
+	    printf 'FAIL  %-40s (exit %d)\n' "$name" "$rc"
+	    sed 's/^/      | /' "$log" | tail -n 40 ;;
+	esac
+}
+
+for t in "$B"/tests/test_*; do
+	[ -x "$t" ] || continue
+	run_one "$(basename "$t")" "$t"
+done
+for t in tests/integration/*.sh; do
+	[ -f "$t" ] || continue
+	run_one "$(basename "$t" .sh)" bash "$t"
+done
+
+echo
+[ ${#failed[@]} -gt 0 ] && echo "failed: ${failed[*]}"
+echo "$pass passed, $fail failed, $skip skipped"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,44 @@
+#include "harness.h"
+
+#include <string.h>
+#include <time.h>
+
+int t_case_failed;
+static int n_pass, n_fail;
+
+void t_run(const char *name, void (*fn)(void))
+{
+	struct timespec a, b;
+
+	t_case_failed = 0;
+	clock_gettime(CLOCK_MONOTONIC, &a);
+	fn();
+	clock_gettime(CLOCK_MONOTONIC, &b);
+	double ms = (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) / 1e6;
+	if (t_case_failed) {
+		n_fail++;
+		fprintf(stderr, "not ok  %s (%.0f ms)\n", name, ms);
+	} else {
+		n_pass++;
+		fprintf(stderr, "ok      %s (%.0f ms)\n", name, ms);
+	}
+}
+
+int t_done(void)
+{
+	fprintf(stderr, "%d cases passed, %d failed\n", n_pass, n_fail);
+	return n_fail ? 1 : 0;
+}
+
+_Noreturn void t_skip(const char *why)
+{
+	fprintf(stderr, "skipped: %s\n", why);
+	exit(77);
+}
+
+/* Tests use fixed seeds; TQ_TEST_SEED overrides them to explore. */
+uint64_t t_seed(void)
+{
+	const char *s = getenv("TQ_TEST_SEED");
+	return s ? strtoull(s, NULL, 0) : 0x5eed1234abcdULL;
+}
