@@ -1,6 +1,6 @@
 /* tq_layout.h — every block layout of the codecs, defined once.
  *
- * Compiled by C (kernels, daemon, client, tests) and by CUDA (kernels/*.cu):
+ * Compiled by C (kernels, daemon, client, tests) and by CUDA (the .cu files in kernels/):
  * keep it free of anything but fixed-width types, macros and static_asserts.
  *
  * One block = one head vector of `dim` values (one token, one KV head).

@@ -1,0 +1,348 @@
+/* tq_codec.c — the codec traits table, codec handles and path dispatch. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "tq_internal.h"
+
+/* The traits table, indexed by the append-only enum tq_codec_id. */
+static const struct {
+	const char *name;
+	int bits;        /* index bits per value (tq*), or element bits */
+	int rotated;
+} traits[TQ_CODEC__COUNT] = {
+	[TQ_CODEC_F16] = { "f16", 16, 0 },
+	[TQ_CODEC_Q8]  = { "q8", 8, 1 },
+	[TQ_CODEC_Q4A] = { "q4a", 4, 0 },
+	[TQ_CODEC_TQ2] = { "tq2", 2, 1 },
+	[TQ_CODEC_TQ3] = { "tq3", 3, 1 },
+	[TQ_CODEC_TQ4] = { "tq4", 4, 1 },
+	[TQ_CODEC_F32] = { "f32", 32, 0 },
+};
+
+static int codec_valid(int id)
+{
+	return id >= 0 && id < TQ_CODEC__COUNT;
+}
+
+const char *tq_codec_name(enum tq_codec_id id)
+{
+	return codec_valid((int)id) ? traits[id].name : "?";
+}
+
+int tq_codec_from_name(const char *name)
+{
+	for (int i = 0; name && i < TQ_CODEC__COUNT; i++)
+		if (!strcmp(traits[i].name, name))
+			return i;
+	return -EINVAL;
+}
+
+int tq_codec_bits(enum tq_codec_id id)
+{
+	return codec_valid((int)id) ? traits[id].bits : -EINVAL;
+}
+
+int tq_codec_rotated(enum tq_codec_id id)
+{
+	return codec_valid((int)id) ? traits[id].rotated : 0;
+}
+
+int tq_dim_check(int dim, tq_error *err)
+{
+	if (dim < TQ_DIM_MIN || dim > TQ_DIM_MAX || dim % TQ_DIM_ALIGN)
+		return tq_fail(err, "head dim %d is not supported (a multiple of %d from %d to %d)",
+			       dim, TQ_DIM_ALIGN, TQ_DIM_MIN, TQ_DIM_MAX);
+	return 0;
+}
+
+long tq_block_bytes(enum tq_codec_id id, int dim, tq_error *err)
+{
+	int r;
+
+	if (!codec_valid((int)id))
+		return tq_fail(err, "unknown codec id %d", (int)id);
+	if ((r = tq_dim_check(dim, err)) < 0)
+		return r;
+	switch (id) {
+	case TQ_CODEC_F16: return TQ_F16_BLOCK_BYTES(dim);
+	case TQ_CODEC_F32: return TQ_F32_BLOCK_BYTES(dim);
+	case TQ_CODEC_Q8:  return TQ_Q8_BLOCK_BYTES(dim);
+	case TQ_CODEC_Q4A: return TQ_Q4A_BLOCK_BYTES(dim);
+	case TQ_CODEC_TQ2:
+	case TQ_CODEC_TQ3:
+	case TQ_CODEC_TQ4: return TQ_TQ_BLOCK_BYTES(dim, traits[id].bits);
+	default: break;
+	}
+	return tq_fail(err, "unknown codec id %d", (int)id);
+}
+
+const char *tq_dtype_name(enum tq_dtype t)
+{
+	switch (t) {
+	case TQ_DTYPE_F32: return "f32";
+	case TQ_DTYPE_F16: return "f16";
+	case TQ_DTYPE_BF16: return "bf16";
+	}
+	return "?";
+}
+
+size_t tq_dtype_size(enum tq_dtype t)
+{
+	switch (t) {
+	case TQ_DTYPE_F32: return 4;
+	case TQ_DTYPE_F16:
+	case TQ_DTYPE_BF16: return 2;
+	}
+	return 0;
+}
+
+const char *tq_isa_name(enum tq_isa isa)
+{
+	switch (isa) {
+	case TQ_ISA_AUTO: return "auto";
+	case TQ_ISA_SCALAR: return "scalar";
+	case TQ_ISA_AVX2: return "avx2";
+	case TQ_ISA_AVX512: return "avx512";
+	}
+	return "?";
+}
+
+int tq_isa_supported(enum tq_isa isa)
+{
+	switch (isa) {
+	case TQ_ISA_AUTO:
+	case TQ_ISA_SCALAR:
+		return 1;
+#if defined(__x86_64__)
+	case TQ_ISA_AVX2:
+		return tq_codec_ops_avx2() && __builtin_cpu_supports("avx2") &&
+		       __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
+		       __builtin_cpu_supports("bmi2");
+	case TQ_ISA_AVX512:
+		return tq_codec_ops_avx512() && tq_isa_supported(TQ_ISA_AVX2) &&
+		       __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+		       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+#endif
+	default:
+		return 0;
+	}
+}
+
+enum tq_isa tq_isa_best(void)
+{
+	/* TQ_ISA=scalar|avx2|avx512 caps the choice (for tests and triage). */
+	const char *cap = getenv("TQ_ISA");
+	enum tq_isa best = TQ_ISA_SCALAR;
+
+	if (tq_isa_supported(TQ_ISA_AVX2))
+		best = TQ_ISA_AVX2;
+	if (tq_isa_supported(TQ_ISA_AVX512))
+		best = TQ_ISA_AVX512;
+	if (cap && !strcmp(cap, "scalar"))
+		best = TQ_ISA_SCALAR;
+	else if (cap && !strcmp(cap, "avx2") && best > TQ_ISA_AVX2)
+		best = TQ_ISA_AVX2;
+	return best;
+}
+
+static const struct tq_codec_ops *ops_for(enum tq_isa isa)
+{
+	switch (isa) {
+	case TQ_ISA_AVX2: return tq_codec_ops_avx2();
+	case TQ_ISA_AVX512: return tq_codec_ops_avx512();
+	default: return &tq_codec_ops_scalar;
+	}
+}
+
+int tq_codec_new(tq_codec **out, tq_cache *cache, const struct tq_codec_params *p, tq_error *err)
+{
+	tq_codec *c;
+	long bb;
+	int r;
+	enum tq_isa isa;
+
+	*out = NULL;
+	if ((bb = tq_block_bytes(p->id, p->dim, err)) < 0)
+		return (int)bb;
+	isa = p->isa == TQ_ISA_AUTO ? tq_isa_best() : p->isa;
+	if (!tq_isa_supported(isa))
+		return tq_fail(err, "instruction set %s is not available on this CPU or build",
+			       tq_isa_name(isa));
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		goto nomem;
+	c->id = p->id;
+	c->dim = p->dim;
+	c->bits = traits[p->id].bits;
+	c->block_bytes = (uint32_t)bb;
+	c->seed = p->seed;
+	c->ops = ops_for(isa);
+	c->rot.dim = p->dim;
+	c->rot.kind = TQ_ROT_NONE;
+	if (traits[p->id].rotated && (r = tq_rotation_init(&c->rot, p->dim, p->seed, err)) < 0)
+		goto fail;
+	if (p->id == TQ_CODEC_TQ2 || p->id == TQ_CODEC_TQ3 || p->id == TQ_CODEC_TQ4) {
+		const tq_codebook *cb;
+		if (cache) {
+			if ((r = tq_cache_get(cache, p->dim, c->bits, &cb, err)) < 0)
+				goto fail;
+			c->cb = *cb;
+		} else if ((r = tq_codebook_solve(&c->cb, p->dim, c->bits, err)) < 0) {
+			goto fail;
+		}
+	}
+	*out = c;
+	return 0;
+nomem:
+	r = -ENOMEM;
+	if (err)
+		snprintf(err->msg, sizeof(err->msg), "codec: out of memory");
+fail:
+	tq_codec_free(c);
+	return r;
+}
+
+void tq_codec_free(tq_codec *c)
+{
+	if (!c)
+		return;
+	tq_rotation_destroy(&c->rot);
+	free(c);
+}
+
+enum tq_codec_id tq_codec_id(const tq_codec *c) { return c->id; }
+int tq_codec_dim(const tq_codec *c) { return c->dim; }
+size_t tq_codec_block_bytes(const tq_codec *c) { return c->block_bytes; }
+uint64_t tq_codec_seed(const tq_codec *c) { return c->seed; }
+enum tq_isa tq_codec_isa(const tq_codec *c) { return c->ops->isa; }
+
+int tq_encode(const tq_codec *c, const void *src, enum tq_dtype dtype, size_t n, void *dst,
+	      tq_error *err)
+{
+	return c->ops->encode(c, src, dtype, n, dst, err);
+}
+
+int tq_decode(const tq_codec *c, const void *src, size_t n, float *dst)
+{
+	return c->ops->decode(c, src, n, dst);
+}
+
+int tq_encode_ref(const tq_codec *c, const void *src, enum tq_dtype dtype, size_t n, void *dst,
+		  tq_error *err)
+{
+	return tq_codec_ops_scalar.encode(c, src, dtype, n, dst, err);
+}
+
+int tq_decode_ref(const tq_codec *c, const void *src, size_t n, float *dst)
+{
+	return tq_codec_ops_scalar.decode(c, src, n, dst);
+}
+
+void tq_rotate(const tq_codec *c, const float *x, float *y)
+{
+	tq_rotation_apply_ref(&c->rot, x, y);
+}
+
+void tq_unrotate(const tq_codec *c, const float *y, float *x)
+{
+	tq_rotation_inverse_ref(&c->rot, y, x);
+}
+
+/* ---- element conversions ----------------------------------------------------- */
+
+float tq_f16_to_f32(uint16_t h)
+{
+	uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+	float f;
+
+	if (exp == 0x1f) {
+		bits = sign | 0x7f800000u | (man << 13);
+	} else if (exp == 0) {
+		/* zero or subnormal: man * 2^-24, exact in float */
+		f = (float)man * 0x1.0p-24f;
+		memcpy(&bits, &f, 4);
+		bits |= sign;
+	} else {
+		bits = sign | ((exp + 112u) << 23) | (man << 13);
+	}
+	memcpy(&f, &bits, 4);
+	return f;
+}
+
+uint16_t tq_f32_to_f16(float f)
+{
+	uint32_t x, sign, exp, man;
+
+	memcpy(&x, &f, 4);
+	sign = (x >> 16) & 0x8000u;
+	exp = (x >> 23) & 0xffu;
+	man = x & 0x7fffffu;
+	if (exp == 0xff) /* inf / nan (quiet) */
+		return (uint16_t)(sign | 0x7c00u | (man ? 0x200u : 0));
+	int e = (int)exp - 127 + 15;
+	if (e >= 0x1f)
+		return (uint16_t)(sign | 0x7c00u);
+	if (e <= 0) {
+		/* subnormal half (or zero): shift the full mantissa, round to even */
+		if (e < -10)
+			return (uint16_t)sign;
+		uint32_t m = man | 0x800000u;
+		int shift = 14 - e;
+		uint32_t half = m >> shift, rem = m & ((1u << shift) - 1u), mid = 1u << (shift - 1);
+		if (rem > mid || (rem == mid && (half & 1u)))
+			half++;
+		return (uint16_t)(sign | half);
+	}
+	uint32_t half = sign | ((uint32_t)e << 10) | (man >> 13), rem = man & 0x1fffu;
+	if (rem > 0x1000u || (rem == 0x1000u && (half & 1u)))
+		half++; /* may carry into the exponent, up to inf: correct */
+	return (uint16_t)half;
+}
+
+float tq_bf16_to_f32(uint16_t h)
+{
+	uint32_t bits = (uint32_t)h << 16;
+	float f;
+
+	memcpy(&f, &bits, 4);
+	return f;
+}
+
+uint16_t tq_f32_to_bf16(float f)
+{
+	uint32_t x;
+
+	memcpy(&x, &f, 4);
+	if ((x & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t)((x >> 16) | 0x40u); /* quiet nan */
+	x += 0x7fffu + ((x >> 16) & 1u);
+	return (uint16_t)(x >> 16);
+}
+
+int tq_row_to_f32(const void *src, enum tq_dtype dtype, int dim, float *dst, int *bad)
+{
+	const uint16_t *h = src;
+
+	switch (dtype) {
+	case TQ_DTYPE_F32:
+		memcpy(dst, src, sizeof(float) * (size_t)dim);
+		break;
+	case TQ_DTYPE_F16:
+		for (int i = 0; i < dim; i++)
+			dst[i] = tq_f16_to_f32(h[i]);
+		break;
+	case TQ_DTYPE_BF16:
+		for (int i = 0; i < dim; i++)
+			dst[i] = tq_bf16_to_f32(h[i]);
+		break;
+	default:
+		*bad = -1;
+		return -EINVAL;
+	}
+	for (int i = 0; i < dim; i++)
+		if (!isfinite(dst[i])) {
+			*bad = i;
+			return -EINVAL;
+		}
+	return 0;
+}
