@@ -10,8 +10,8 @@
 /* Golden hashes (FNV-1a of the bytes) of seeded objects; see test_determinism. */
 #define GOLDEN_DENSE    0xccf54ef8de95aab2ULL
 #define GOLDEN_HADAMARD 0x14d50123796fa025ULL
-#define GOLDEN_CODEBOOK 0x1869a27c6b7ae221ULL
-#define GOLDEN_BLOCK    0x583d8dd2032201e0ULL
+#define GOLDEN_CODEBOOK 0x4ad537603bbf8d31ULL
+#define GOLDEN_BLOCK    0xa43fc96b75790a1fULL
 
 static tq_cache *cache;
 
