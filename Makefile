@@ -144,4 +144,7 @@ clean:
 
 FORCE:
 
+# keep objects made by chained pattern rules
+.SECONDARY:
+
 -include $(shell find $(B) -name '*.d' 2>/dev/null)
