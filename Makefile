@@ -108,7 +108,7 @@ include daemon/module.mk
 include client/module.mk
 include tests/module.mk
 
-.PHONY: all deps test run install clean FORCE
+.PHONY: all deps test run install clean demo FORCE
 .DEFAULT_GOAL := all
 all: $(ALL_TARGETS)
 
@@ -138,6 +138,33 @@ test: deps
 # check: run the tests without the install step (used by `make test`)
 check: $(ALL_TARGETS)
 	@SANITIZER='$(SANITIZER)' BIN='$(BIN)' tests/run.sh
+
+# demo: stories260K end to end through a private tqkvd (scripts/demo.sh)
+demo: $(TQKVD) $(TQKV_RUN)
+	@BIN='$(BIN)' scripts/demo.sh
+# run: the daemon in the foreground on the embedded defaults (sockets and
+# lock in build/run/, spill files in build/spill/); `build/bin/tqctl health`
+# from another shell answers.  RUN_ARGS passes options: RUN_ARGS='--config F'.
+RUN_ARGS ?=
+run: $(TQKVD) $(TQCTL)
+	$(TQKVD) $(RUN_ARGS)
+
+# install: binaries, the unit (paths filled in), sysusers.d entry and the
+# annotated config (an existing config is kept).  Honours PREFIX and DESTDIR.
+install: $(TQKVD) $(TQCTL)
+	install -d $(DESTDIR)$(SBINDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) \
+		$(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(SYSCONFDIR)/tqkvd
+	install -m 0755 $(TQKVD) $(DESTDIR)$(SBINDIR)/tqkvd
+	install -m 0755 $(TQCTL) $(DESTDIR)$(BINDIR)/tqctl
+	sed -e 's|@SBINDIR@|$(SBINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' \
+		systemd/tqkvd.service.in > $(DESTDIR)$(UNITDIR)/tqkvd.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/tqkvd.service
+	install -m 0644 systemd/tqkvd.sysusers $(DESTDIR)$(SYSUSERSDIR)/tqkvd.conf
+	@if [ -e $(DESTDIR)$(SYSCONFDIR)/tqkvd/tqkvd.conf ]; then \
+		echo "keeping $(DESTDIR)$(SYSCONFDIR)/tqkvd/tqkvd.conf"; \
+	else \
+		install -m 0644 config/tqkvd.conf $(DESTDIR)$(SYSCONFDIR)/tqkvd/tqkvd.conf; \
+	fi
 
 clean:
 	rm -rf $(B)

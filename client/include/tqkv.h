@@ -1,0 +1,171 @@
+/* tqkv.h — libtqkv: hand an inference process's KV cache to tqkvd.
+ *
+ *   tqkv *c;
+ *   tqkv_session *s;
+ *   struct tqkv_session_params p = { .tenant = "default", .n_layers = 32,
+ *       .n_kv_heads = 8, .n_q_heads = 32, .head_dim = 128, .max_tokens = 8192 };
+ *   if ((r = tqkv_connect(&c, NULL)) < 0) die(tqkv_strerror(r));
+ *   if ((r = tqkv_session_open(c, &p, &s)) < 0) die(tqkv_last_error());
+ *   // per layer and decode step: append this token's K/V, attend with q
+ *   r = tqkv_append_attend(s, layer, k, v, 1, q, &pos, 1, TQKV_F16, out);
+ *   tqkv_session_close(s);
+ *   tqkv_disconnect(c);
+ *
+ * Two channels: control (gRPC on unix:<run_dir>/control.sock) opens and
+ * closes sessions; data (a shared-memory ring handed over
+ * unix:<run_dir>/data.sock) carries appends and attention.  Sessions opened
+ * here are ephemeral — closed by the daemon when this connection ends (the
+ * process exits or is killed) — unless opened with TQKV_SESSION_DETACHED.
+ *
+ * Shapes (row-major, dtype = the call's element type):
+ *   k, v:  [n_tokens][n_kv_heads][head_dim]   K after RoPE
+ *   q:     [n_q][n_q_heads][head_dim]
+ *   pos:   [n_q] absolute positions; query i sees keys 0..pos[i] (causal),
+ *          each < the layer's length after the call's append
+ *   out:   [n_q][n_q_heads][head_dim] float
+ * Appends go to the end of the layer.  Every call copies its inputs into
+ * the shared arena before it returns (submit variants too), so the caller's
+ * buffers may be reused at once; `out` is written by tqkv_wait().
+ *
+ * Errors: every function returns a negative errno on failure (0 or a count
+ * on success).  tqkv_strerror() names the errno; tqkv_last_error() gives
+ * the calling thread's last detailed message (the daemon's reason where
+ * there is one).  The ring's precise reason for a failed operation is in
+ * struct tqkv_result.status (tqkv_status_name()).
+ *
+ * Thread safety: a tqkv connection and its sessions may be used from any
+ * number of threads at once.  Operations on one session run in the order
+ * they were submitted (across threads: the order of the submit calls);
+ * operations on different sessions run in parallel in the daemon.  A
+ * tqkv_req belongs to the thread that waits for it; wait for each exactly
+ * once.  Do not use a session after tqkv_session_close/detach, or anything
+ * after tqkv_disconnect.  fork(): the child must not use the parent's
+ * connection.
+ */
+#ifndef TQKV_H
+#define TQKV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TQKV_API_VERSION 1    /* bumped on an incompatible change */
+
+typedef struct tqkv tqkv;
+typedef struct tqkv_session tqkv_session;
+typedef struct tqkv_req tqkv_req;
+
+enum tqkv_dtype {
+	TQKV_F32 = 0,
+	TQKV_F16 = 1,
+	TQKV_BF16 = 2,
+};
+
+/* ---- connection ------------------------------------------------------------ */
+#define TQKV_CONNECT_NO_CONTROL 0x1u /* data channel only: attach sessions by id with a geometry */
+
+struct tqkv_connect_opts {
+	const char *run_dir;      /* NULL: $TQKV_RUN_DIR, else "/run/tqkvd"                 */
+	uint32_t queue_depth;     /* operations in flight: a power of two <= 4096 (0: 64)   */
+	uint64_t arena_bytes;     /* shared data arena (0: 64 MiB); one operation's inputs  */
+				  /* and output must fit in it                              */
+	uint32_t flags;           /* TQKV_CONNECT_*                                          */
+	int timeout_ms;           /* control calls (0: 10000)                                */
+};
+
+/* opts may be NULL (all defaults).  -ENOENT/-ECONNREFUSED: no daemon;
+ * -EPROTONOSUPPORT: ABI mismatch; tqkv_last_error() says more. */
+int tqkv_connect(tqkv **out, const struct tqkv_connect_opts *opts);
+/* Ends the connection: the daemon closes its ephemeral sessions.  Waits
+ * for nothing; requests not yet waited for are abandoned.  NULL is fine. */
+void tqkv_disconnect(tqkv *c);
+/* The daemon's id for this data connection (its log lines name it). */
+uint64_t tqkv_client_id(const tqkv *c);
+
+/* ---- sessions -------------------------------------------------------------- */
+#define TQKV_SESSION_DETACHED 0x1u /* survives this connection (closed, evicted or idle TTL) */
+
+struct tqkv_session_params {
+	const char *tenant;       /* NULL or "": "default"                                   */
+	const char *name;         /* optional, unique per tenant                             */
+	uint32_t n_layers;
+	uint32_t n_kv_heads;
+	uint32_t n_q_heads;       /* a multiple of n_kv_heads                                */
+	uint32_t head_dim;        /* a multiple of 8 in [8, 512]                             */
+	const char *k_codec;      /* NULL: "q8"  (tq2, tq3, tq4, q8, q4a, f16, f32)          */
+	const char *v_codec;      /* NULL: "tq4"                                             */
+	uint64_t max_tokens;      /* per layer                                               */
+	int has_seed;             /* 0: the daemon draws the rotation seed                    */
+	uint64_t seed;
+	uint32_t flags;           /* TQKV_SESSION_*                                          */
+};
+
+/* Open a session (control channel) and attach it to this connection. */
+int tqkv_session_open(tqkv *c, const struct tqkv_session_params *p, tqkv_session **out);
+/* Attach an open session by id (same uid; not attached elsewhere).  geom:
+ * its geometry (only the shape fields are used), or NULL to ask the
+ * control channel.  flags: TQKV_SESSION_DETACHED or 0 (ephemeral). */
+int tqkv_session_attach(tqkv *c, uint64_t id, const struct tqkv_session_params *geom,
+			uint32_t flags, tqkv_session **out);
+/* Detach (the session stays open in the daemon) and free the handle. */
+int tqkv_session_detach(tqkv_session *s);
+/* Detach, close the session in the daemon (control channel) and free the
+ * handle.  On a TQKV_CONNECT_NO_CONTROL connection the session is only
+ * detached and the call returns -ENOTSUP. */
+int tqkv_session_close(tqkv_session *s);
+uint64_t tqkv_session_id(const tqkv_session *s);
+uint64_t tqkv_session_seed(const tqkv_session *s);  /* 0 when attached with a geometry */
+
+/* ---- operations: blocking ---------------------------------------------------- */
+/* Each returns >= 0 on success (append: the layer's new length; attend:
+ * n_q; truncate: the layer's length) or a negative errno. */
+int tqkv_append(tqkv_session *s, uint32_t layer, const void *k, const void *v,
+		uint32_t n_tokens, enum tqkv_dtype dtype);
+int tqkv_attend(tqkv_session *s, uint32_t layer, const void *q, const int32_t *pos,
+		uint32_t n_q, enum tqkv_dtype dtype, float *out);
+int tqkv_append_attend(tqkv_session *s, uint32_t layer, const void *k, const void *v,
+		       uint32_t n_tokens, const void *q, const int32_t *pos, uint32_t n_q,
+		       enum tqkv_dtype dtype, float *out);
+#define TQKV_ALL_LAYERS UINT32_MAX
+/* Drop tokens at positions >= pos of `layer` (or TQKV_ALL_LAYERS). */
+int tqkv_truncate(tqkv_session *s, uint32_t layer, uint64_t pos);
+/* A round trip through the daemon doing nothing (latency probe). */
+int tqkv_nop(tqkv *c);
+
+/* ---- operations: submit now, wait later -------------------------------------- */
+struct tqkv_result {
+	int res;                  /* what the blocking call would return                      */
+	uint32_t status;          /* the ring's reason (tqkv_status_name), 0 = ok              */
+	uint32_t detail;          /* offending token / query index where one applies           */
+	uint64_t n_tokens;        /* the layer's length after the operation                    */
+};
+
+/* Each copies its inputs into the arena and queues the operation; *req is
+ * waited for with tqkv_wait.  Blocks only while the queue or the arena is
+ * full.  -E2BIG: the operation can never fit in the arena. */
+int tqkv_submit_append(tqkv_session *s, uint32_t layer, const void *k, const void *v,
+		       uint32_t n_tokens, enum tqkv_dtype dtype, tqkv_req **req);
+int tqkv_submit_attend(tqkv_session *s, uint32_t layer, const void *q, const int32_t *pos,
+		       uint32_t n_q, enum tqkv_dtype dtype, float *out, tqkv_req **req);
+int tqkv_submit_append_attend(tqkv_session *s, uint32_t layer, const void *k, const void *v,
+			      uint32_t n_tokens, const void *q, const int32_t *pos, uint32_t n_q,
+			      enum tqkv_dtype dtype, float *out, tqkv_req **req);
+int tqkv_submit_truncate(tqkv_session *s, uint32_t layer, uint64_t pos, tqkv_req **req);
+int tqkv_submit_nop(tqkv *c, tqkv_req **req);
+/* Wait for req, copy its output to the caller's `out`, free it.  Returns
+ * the operation's result (res as above); r may be NULL. */
+int tqkv_wait(tqkv_req *req, struct tqkv_result *r);
+
+/* ---- errors ------------------------------------------------------------------- */
+const char *tqkv_strerror(int err);          /* err: a negative (or positive) errno */
+const char *tqkv_status_name(uint32_t status);
+/* The calling thread's last error message from this library ("" if none). */
+const char *tqkv_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TQKV_H */

@@ -1,0 +1,596 @@
+/* tqkv-run — a real llama2.c model end to end with its KV cache in tqkvd.
+ *
+ *   tqkv-run generate --model M --tokenizer T --prompt TEXT [--steps N]
+ *                     [--temperature X] [--top-p P] [--seed S] [common]
+ *   tqkv-run ppl      --model M --tokenizer T FILE [--windows N] [--json]
+ *                     [--logits-out PATH] [common]
+ *
+ * common: --run-dir DIR  --k CODEC --v CODEC | --kv CODEC  --local
+ *         --threads N  --chunk N  --rotation-seed S  --tenant NAME
+ *
+ * The forward pass runs here (model.c); the KV cache lives in the backend
+ * chosen by the options (kvback.h): a tqkvd session (default), the same
+ * kernels in this process (--local), or an exact fp32 cache (--local --kv f32).
+ * This is the top layer: the only place that prints.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvback.h"
+#include "model.h"
+#include "sampler.h"
+#include "tokenizer.h"
+#include "tq_threads.h"
+
+#define PROG "tqkv-run"
+/* The daemon's default run directory (daemon/config.h CONFIG_DEFAULT_RUN_DIR),
+ * relative to the source tree where `make run` starts it. */
+#define DEFAULT_RUN_DIR "build/run"
+#define DEFAULT_ROTATION_SEED 0x7165766b72756e31ULL /* "qkvrun1" */
+
+struct opts {
+	const char *cmd;
+	const char *model, *tokenizer, *prompt, *file, *run_dir, *tenant, *logits_out;
+	int k_codec, v_codec;
+	int exact;                /* --kv f32 with --local */
+	int local;
+	int threads, chunk, steps, windows, json;
+	float temperature, top_p;
+	uint64_t seed, rotation_seed;
+	int have_seed;
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: " PROG " generate --model M --tokenizer T --prompt TEXT [--steps N]\n"
+		"                [--temperature X] [--top-p P] [--seed S] [options]\n"
+		"       " PROG " ppl --model M --tokenizer T FILE [--windows N] [--json]\n"
+		"                [--logits-out PATH] [options]\n"
+		"\n"
+		"Runs a llama2.c checkpoint (legacy fp32 format) with its KV cache kept\n"
+		"compressed by tqkvd.\n"
+		"\n"
+		"options:\n"
+		"  --run-dir DIR        tqkvd's run directory (default " DEFAULT_RUN_DIR ")\n"
+		"  --tenant NAME        tenant of the session (default: default)\n"
+		"  --k CODEC --v CODEC  key / value codecs: f32 f16 q8 q4a tq2 tq3 tq4\n"
+		"                       (default q8 / tq4)\n"
+		"  --kv CODEC           both; with --local, --kv f32 is the exact fp32\n"
+		"                       reference cache (no codec, plain attention)\n"
+		"  --local              run the kernels in this process, without tqkvd\n"
+		"  --threads N          attention threads with --local (default 1)\n"
+		"  --chunk N            prompt tokens per forward chunk (default 64)\n"
+		"  --rotation-seed S    the session's rotation seed (default fixed)\n"
+		"generate:\n"
+		"  --steps N            tokens to generate (default 256; stops at seq_len)\n"
+		"  --temperature X      0 = greedy (default 1.0)\n"
+		"  --top-p P            nucleus sampling, 0 or 1 = off (default 0.9)\n"
+		"  --seed S             sampler seed (default: from the clock, printed)\n"
+		"ppl:\n"
+		"  FILE                 text scored in non-overlapping windows of seq_len tokens\n"
+		"  --windows N          score at most N windows (default all)\n"
+		"  --json               one JSON line on stdout\n"
+		"  --logits-out PATH    write every scored position's fp32 logits to PATH\n"
+		"\n"
+		"this build: tqkvd backend %s\n",
+#ifdef TQR_WITH_DAEMON
+		"yes"
+#else
+		"no (libtqkv was not built; --local only)"
+#endif
+		);
+}
+
+static int parse_long(const char *opt, const char *s, long lo, long hi, long *out)
+{
+	char *end;
+	long v;
+
+	errno = 0;
+	v = strtol(s, &end, 0);
+	if (errno || end == s || *end || v < lo || v > hi) {
+		fprintf(stderr, PROG ": %s: '%s' is not an integer in [%ld, %ld]\n", opt, s, lo, hi);
+		return -EINVAL;
+	}
+	*out = v;
+	return 0;
+}
+
+static int parse_u64(const char *opt, const char *s, uint64_t *out)
+{
+	char *end;
+
+	errno = 0;
+	if (*s == '-' || (*out = strtoull(s, &end, 0), errno) || end == s || *end) {
+		fprintf(stderr, PROG ": %s: '%s' is not an unsigned 64-bit integer\n", opt, s);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int parse_float(const char *opt, const char *s, float *out)
+{
+	char *end;
+	double v;
+
+	errno = 0;
+	v = strtod(s, &end);
+	if (errno || end == s || *end || !isfinite(v)) {
+		fprintf(stderr, PROG ": %s: '%s' is not a finite number\n", opt, s);
+		return -EINVAL;
+	}
+	*out = (float)v;
+	return 0;
+}
+
+static int parse_codec(const char *opt, const char *s, int *out)
+{
+	int id = tq_codec_from_name(s);
+
+	if (id < 0) {
+		fprintf(stderr, PROG ": %s: unknown codec '%s' (f32 f16 q8 q4a tq2 tq3 tq4)\n", opt, s);
+		return -EINVAL;
+	}
+	*out = id;
+	return 0;
+}
+
+enum {
+	O_MODEL = 256, O_TOKENIZER, O_PROMPT, O_STEPS, O_TEMP, O_TOPP, O_SEED, O_WINDOWS, O_JSON,
+	O_RUNDIR, O_K, O_V, O_KV, O_LOCAL, O_THREADS, O_CHUNK, O_RSEED, O_TENANT, O_LOGITS, O_HELP,
+};
+
+static int parse_args(int argc, char **argv, struct opts *o)
+{
+	static const struct option lo[] = {
+		{ "model", required_argument, NULL, O_MODEL },
+		{ "tokenizer", required_argument, NULL, O_TOKENIZER },
+		{ "prompt", required_argument, NULL, O_PROMPT },
+		{ "steps", required_argument, NULL, O_STEPS },
+		{ "temperature", required_argument, NULL, O_TEMP },
+		{ "top-p", required_argument, NULL, O_TOPP },
+		{ "seed", required_argument, NULL, O_SEED },
+		{ "windows", required_argument, NULL, O_WINDOWS },
+		{ "json", no_argument, NULL, O_JSON },
+		{ "run-dir", required_argument, NULL, O_RUNDIR },
+		{ "k", required_argument, NULL, O_K },
+		{ "v", required_argument, NULL, O_V },
+		{ "kv", required_argument, NULL, O_KV },
+		{ "local", no_argument, NULL, O_LOCAL },
+		{ "threads", required_argument, NULL, O_THREADS },
+		{ "chunk", required_argument, NULL, O_CHUNK },
+		{ "rotation-seed", required_argument, NULL, O_RSEED },
+		{ "tenant", required_argument, NULL, O_TENANT },
+		{ "logits-out", required_argument, NULL, O_LOGITS },
+		{ "help", no_argument, NULL, O_HELP },
+		{ 0 },
+	};
+	int c, kv_f32 = 0, gen;
+	long v;
+
+	memset(o, 0, sizeof(*o));
+	o->run_dir = DEFAULT_RUN_DIR;
+	o->tenant = "default";
+	o->k_codec = TQ_CODEC_Q8;
+	o->v_codec = TQ_CODEC_TQ4;
+	o->threads = 1;
+	o->chunk = 64;
+	o->steps = 256;
+	o->windows = INT_MAX;
+	o->temperature = 1.0f;
+	o->top_p = 0.9f;
+	o->rotation_seed = DEFAULT_ROTATION_SEED;
+
+	if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+		usage(argc < 2 ? stderr : stdout);
+		return argc < 2 ? -EINVAL : 1;
+	}
+	o->cmd = argv[1];
+	gen = !strcmp(o->cmd, "generate");
+	if (!gen && strcmp(o->cmd, "ppl")) {
+		fprintf(stderr, PROG ": unknown command '%s' (generate or ppl; --help)\n", o->cmd);
+		return -EINVAL;
+	}
+	optind = 2;
+	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+		int rc = 0;
+		switch (c) {
+		case O_MODEL: o->model = optarg; break;
+		case O_TOKENIZER: o->tokenizer = optarg; break;
+		case O_PROMPT: o->prompt = optarg; break;
+		case O_STEPS: rc = parse_long("--steps", optarg, 0, INT_MAX, &v); o->steps = (int)v; break;
+		case O_TEMP: rc = parse_float("--temperature", optarg, &o->temperature); break;
+		case O_TOPP: rc = parse_float("--top-p", optarg, &o->top_p); break;
+		case O_SEED: rc = parse_u64("--seed", optarg, &o->seed); o->have_seed = 1; break;
+		case O_WINDOWS: rc = parse_long("--windows", optarg, 1, INT_MAX, &v); o->windows = (int)v; break;
+		case O_JSON: o->json = 1; break;
+		case O_RUNDIR: o->run_dir = optarg; break;
+		case O_K: rc = parse_codec("--k", optarg, &o->k_codec); break;
+		case O_V: rc = parse_codec("--v", optarg, &o->v_codec); break;
+		case O_KV:
+			rc = parse_codec("--kv", optarg, &o->k_codec);
+			o->v_codec = o->k_codec;
+			kv_f32 = o->k_codec == TQ_CODEC_F32;
+			break;
+		case O_LOCAL: o->local = 1; break;
+		case O_THREADS: rc = parse_long("--threads", optarg, 1, TQ_THREADS_MAX, &v); o->threads = (int)v; break;
+		case O_CHUNK: rc = parse_long("--chunk", optarg, 1, 65536, &v); o->chunk = (int)v; break;
+		case O_RSEED: rc = parse_u64("--rotation-seed", optarg, &o->rotation_seed); break;
+		case O_TENANT: o->tenant = optarg; break;
+		case O_LOGITS: o->logits_out = optarg; break;
+		case O_HELP: usage(stdout); return 1;
+		default:
+			fprintf(stderr, PROG ": see '" PROG " --help'\n");
+			return -EINVAL;
+		}
+		if (rc < 0)
+			return rc;
+	}
+	if (!o->model || !o->tokenizer) {
+		fprintf(stderr, PROG " %s: --model and --tokenizer are required\n", o->cmd);
+		return -EINVAL;
+	}
+	if (gen) {
+		if (!o->prompt) {
+			fprintf(stderr, PROG " generate: --prompt is required\n");
+			return -EINVAL;
+		}
+		if (optind != argc) {
+			fprintf(stderr, PROG " generate: unexpected argument '%s'\n", argv[optind]);
+			return -EINVAL;
+		}
+	} else {
+		if (optind != argc - 1) {
+			fprintf(stderr, PROG " ppl: exactly one text FILE is required\n");
+			return -EINVAL;
+		}
+		o->file = argv[optind];
+	}
+	if (o->temperature < 0.0f) {
+		fprintf(stderr, PROG ": --temperature must be >= 0 (got %g)\n", (double)o->temperature);
+		return -EINVAL;
+	}
+	if (o->top_p < 0.0f || o->top_p > 1.0f) {
+		fprintf(stderr, PROG ": --top-p must be in [0, 1] (got %g)\n", (double)o->top_p);
+		return -EINVAL;
+	}
+	/* --kv f32 (both f32 through one option) is the exact reference; --k
+	 * f32 --v f32 stays the f32 codec through the kernels. */
+	o->exact = kv_f32 && o->k_codec == TQ_CODEC_F32 && o->v_codec == TQ_CODEC_F32;
+	if (o->exact && !o->local) {
+		fprintf(stderr, PROG ": --kv f32 (the exact fp32 reference cache) needs --local\n");
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static const char *backend_kind(const struct opts *o)
+{
+	return o->exact ? "exact" : o->local ? "local" : "tqkvd";
+}
+
+static int open_backend(const struct opts *o, const struct tqr_config *c, tqr_kv **kv, tqr_error *err)
+{
+	struct tqr_kv_geom g = {
+		.n_layers = c->n_layers,
+		.n_kv_heads = c->n_kv_heads,
+		.n_q_heads = c->n_heads,
+		.head_dim = c->head_dim,
+		.max_tokens = c->seq_len,
+	};
+
+	if (o->exact)
+		return tqr_kv_new_exact(kv, &g, err);
+	if (o->local) {
+		struct tqr_kv_local_opts lo = {
+			.k_codec = (enum tq_codec_id)o->k_codec,
+			.v_codec = (enum tq_codec_id)o->v_codec,
+			.rotation_seed = o->rotation_seed,
+			.threads = o->threads,
+		};
+		return tqr_kv_new_local(kv, &g, &lo, err);
+	}
+#ifdef TQR_WITH_DAEMON
+	struct tqr_kv_daemon_opts dop = {
+		.run_dir = o->run_dir,
+		.tenant = o->tenant,
+		.k_codec = (enum tq_codec_id)o->k_codec,
+		.v_codec = (enum tq_codec_id)o->v_codec,
+		.rotation_seed = o->rotation_seed,
+	};
+	return tqr_kv_new_daemon(kv, &g, &dop, err);
+#else
+	return tqr_fail(err, -EOPNOTSUPP,
+			"this build of " PROG " has no tqkvd backend (libtqkv was not built); use --local");
+#endif
+}
+
+static void fmt_bytes(char *buf, size_t n, uint64_t b)
+{
+	if (b >= 10u << 20)
+		snprintf(buf, n, "%.1f MiB", b / 1048576.0);
+	else if (b >= 10u << 10)
+		snprintf(buf, n, "%.1f KiB", b / 1024.0);
+	else
+		snprintf(buf, n, "%" PRIu64 " B", b);
+}
+
+/* Prints a piece, dropping lone control bytes other than whitespace (a raw
+ * byte token may be anything). */
+static void put_piece(const char *p, size_t n)
+{
+	if (n == 1 && (unsigned char)p[0] < 0x20 && p[0] != '\n' && p[0] != '\t' && p[0] != '\r')
+		return;
+	fwrite(p, 1, n, stdout);
+}
+
+static int cmd_generate(const struct opts *o, const tqr_model *m, const tqr_tok *tok)
+{
+	const struct tqr_config *c = tqr_model_config(m);
+	tqr_forward *fw = NULL;
+	tqr_sampler *smp = NULL;
+	tqr_kv *kv = NULL;
+	tqr_error err = { { 0 } };
+	float *logits = NULL;
+	int *toks = NULL, rc, n_prompt, n_gen = 0, pos, printed = 0, chunk = o->chunk < c->seq_len ? o->chunk : c->seq_len;
+	uint64_t seed = o->have_seed ? o->seed : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+	size_t plen = strlen(o->prompt);
+	double t0, t1, t2;
+	long nt;
+
+	if (!(toks = malloc(sizeof(int) * (plen + 3))) || !(logits = malloc(sizeof(float) * (size_t)c->vocab_size))) {
+		rc = tqr_fail(&err, -ENOMEM, "out of memory");
+		goto fail;
+	}
+	if ((nt = tqr_tok_encode(tok, o->prompt, plen, 1, 0, toks, &err)) < 0) {
+		rc = (int)nt;
+		goto fail;
+	}
+	n_prompt = (int)nt;
+	if (n_prompt >= c->seq_len) {
+		rc = tqr_fail(&err, -E2BIG, "the prompt is %d tokens; the model's context is %d", n_prompt, c->seq_len);
+		goto fail;
+	}
+	if ((rc = tqr_sampler_new(&smp, c->vocab_size, o->temperature, o->top_p, seed, &err)) < 0 ||
+	    (rc = tqr_forward_new(&fw, m, chunk, &err)) < 0 || (rc = open_backend(o, c, &kv, &err)) < 0)
+		goto fail;
+
+	for (int i = 1; i < n_prompt; i++) {
+		const char *p;
+		size_t n;
+		if (tqr_tok_decode(tok, toks[i - 1], toks[i], &p, &n) == 0)
+			put_piece(p, n);
+		printed = 1;
+	}
+	fflush(stdout);
+	/* the prompt in chunks: APPEND + causal ATTEND per layer and chunk;
+	 * only the last token's logits are needed */
+	t0 = now_s();
+	for (pos = 0; pos < n_prompt; pos += chunk) {
+		int n = n_prompt - pos < chunk ? n_prompt - pos : chunk;
+		if ((rc = tqr_forward_run(fw, kv, toks + pos, n, pos, logits, 0, &err)) < 0)
+			goto fail;
+	}
+	t1 = now_s();
+	pos = n_prompt;
+	int prev = toks[n_prompt - 1];
+	int steps = o->steps < c->seq_len - n_prompt ? o->steps : c->seq_len - n_prompt;
+	for (; n_gen < steps; n_gen++) {
+		int next = tqr_sample(smp, logits);
+		const char *p;
+		size_t n;
+		if (next == TQR_TOK_BOS || next == TQR_TOK_EOS)
+			break;
+		if (tqr_tok_decode(tok, prev, next, &p, &n) == 0)
+			put_piece(p, n);
+		fflush(stdout);
+		prev = next;
+		/* decode: one APPEND_ATTEND per layer */
+		if (n_gen + 1 < steps && (rc = tqr_forward_run(fw, kv, &next, 1, pos++, logits, 0, &err)) < 0)
+			goto fail;
+	}
+	t2 = now_s();
+	printf("\n");
+
+	struct tqr_kv_stats st;
+	char a[32], b[32], r[32];
+	tqr_kv_stats(kv, &st);
+	fmt_bytes(a, sizeof(a), st.tokens * st.bytes_per_token);
+	fmt_bytes(b, sizeof(b), st.tokens * st.fp16_per_token);
+	if (st.resident_bytes)
+		fmt_bytes(r, sizeof(r), st.resident_bytes);
+	else
+		snprintf(r, sizeof(r), "n/a");
+	printf("---\n");
+	printf("prompt: %d tokens at %.0f tokens/s; generated: %d tokens at %.1f tokens/s (seed %" PRIu64 ")\n",
+	       n_prompt, n_prompt / (t1 - t0 > 0 ? t1 - t0 : 1e-9), n_gen,
+	       n_gen / (t2 - t1 > 0 ? t2 - t1 : 1e-9), seed);
+	printf("KV cache (%s): %" PRIu64 " tokens x %d layers, %s vs %s for fp16 (%.1f %%, %.2f bits/value); held %s\n",
+	       tqr_kv_name(kv), st.tokens, c->n_layers, a, b,
+	       100.0 * (double)st.bytes_per_token / (double)st.fp16_per_token,
+	       16.0 * (double)st.bytes_per_token / (double)st.fp16_per_token, r);
+	rc = 0;
+	goto out;
+fail:
+	fflush(stdout);
+	fprintf(stderr, "%s" PROG " generate: %s\n", printed ? "\n" : "", err.msg[0] ? err.msg : strerror(-rc));
+out:
+	tqr_kv_free(kv);
+	tqr_forward_free(fw);
+	tqr_sampler_free(smp);
+	free(logits);
+	free(toks);
+	return rc;
+}
+
+static void progress(int done, int total, double nll, long count)
+{
+	int width = 30, fill = total ? done * width / total : width;
+
+	fprintf(stderr, "\r[%.*s%*s] %d/%d windows  ppl %.4f", fill, "##############################",
+		width - fill, "", done, total, count ? exp(nll / (double)count) : 0.0);
+	if (done == total)
+		fputc('\n', stderr);
+	fflush(stderr);
+}
+
+struct logits_out {
+	FILE *f;
+	int vocab;
+};
+
+static int write_logits(void *arg, const float *logits, int rows)
+{
+	struct logits_out *w = arg;
+	size_t n = (size_t)rows * (size_t)w->vocab;
+
+	return fwrite(logits, sizeof(float), n, w->f) == n ? 0 : -EIO;
+}
+
+static int cmd_ppl(const struct opts *o, const tqr_model *m, const tqr_tok *tok)
+{
+	const struct tqr_config *c = tqr_model_config(m);
+	tqr_forward *fw = NULL;
+	tqr_kv *kv = NULL;
+	tqr_error err = { { 0 } };
+	unsigned char *text = NULL;
+	float *logits = NULL;
+	int *toks = NULL, rc, chunk = o->chunk < c->seq_len ? o->chunk : c->seq_len;
+	FILE *lf = NULL;
+	size_t tlen;
+	long nt, count = 0;
+	double nll = 0, t0, t1;
+	int bar = !o->json && isatty(2);
+
+	if ((rc = tqr_file_read(o->file, (size_t)1 << 30, &text, &tlen, &err)) < 0)
+		goto fail;
+	if (!(toks = malloc(sizeof(int) * (tlen + 3))) ||
+	    !(logits = malloc(sizeof(float) * (size_t)chunk * c->vocab_size))) {
+		rc = tqr_fail(&err, -ENOMEM, "out of memory");
+		goto fail;
+	}
+	/* the whole text as one stream, BOS first, as llama2.c tokenizes */
+	if ((nt = tqr_tok_encode(tok, (const char *)text, tlen, 1, 0, toks, &err)) < 0) {
+		rc = (int)nt;
+		goto fail;
+	}
+	if (nt < 2) {
+		rc = tqr_fail(&err, -EINVAL, "%s: too little text to score (%ld tokens)", o->file, nt);
+		goto fail;
+	}
+	/* windows of seq_len tokens; a text shorter than one is one short window */
+	int wlen = nt >= c->seq_len ? c->seq_len : (int)nt;
+	long avail = nt / wlen;
+	int windows = avail < o->windows ? (int)avail : o->windows;
+
+	if (o->logits_out && !(lf = fopen(o->logits_out, "wb"))) {
+		rc = tqr_fail(&err, -errno, "%s: %s", o->logits_out, strerror(errno));
+		goto fail;
+	}
+	if ((rc = tqr_forward_new(&fw, m, chunk, &err)) < 0 || (rc = open_backend(o, c, &kv, &err)) < 0)
+		goto fail;
+	struct logits_out wl = { lf, c->vocab_size };
+	t0 = now_s();
+	if (bar)
+		progress(0, windows, 0, 0);
+	for (int w = 0; w < windows; w++) {
+		long scored = tqr_forward_score(fw, kv, toks + (size_t)w * wlen, wlen, logits, &nll,
+						lf ? write_logits : NULL, &wl, &err);
+		if (scored < 0) {
+			rc = (int)scored;
+			goto fail;
+		}
+		count += scored;
+		if (bar)
+			progress(w + 1, windows, nll, count);
+	}
+	t1 = now_s();
+	if (lf) {
+		int bad = ferror(lf);
+		if (fclose(lf) != 0 || bad) {
+			lf = NULL;
+			rc = tqr_fail(&err, -EIO, "%s: write failed", o->logits_out);
+			goto fail;
+		}
+		lf = NULL;
+	}
+
+	struct tqr_kv_stats st;
+	tqr_kv_stats(kv, &st);
+	double ppl = exp(nll / (double)count);
+	uint64_t kvb = st.peak_tokens * st.bytes_per_token, f16b = st.peak_tokens * st.fp16_per_token;
+	double bits = 16.0 * (double)st.bytes_per_token / (double)st.fp16_per_token;
+	double tps = (double)windows * wlen / (t1 - t0 > 0 ? t1 - t0 : 1e-9);
+	const char *kn = o->exact ? "f32" : tq_codec_name((enum tq_codec_id)o->k_codec);
+	const char *vn = o->exact ? "f32" : tq_codec_name((enum tq_codec_id)o->v_codec);
+	if (o->json) {
+		printf("{\"ppl\":%.6f,\"nll_per_token\":%.6f,\"tokens\":%ld,\"windows\":%d,\"window_tokens\":%d,"
+		       "\"text_tokens\":%ld,\"k\":\"%s\",\"v\":\"%s\",\"backend\":\"%s\",\"kv_bytes\":%" PRIu64
+		       ",\"fp16_kv_bytes\":%" PRIu64 ",\"bits_per_value\":%.4f,\"tokens_per_s\":%.1f}\n",
+		       ppl, nll / (double)count, count, windows, wlen, nt, kn, vn, backend_kind(o), kvb, f16b,
+		       bits, tps);
+	} else {
+		char a[32], b[32];
+		fmt_bytes(a, sizeof(a), kvb);
+		fmt_bytes(b, sizeof(b), f16b);
+		printf("%s: %ld tokens; scored %ld in %d windows of %d (KV %s, K %s, V %s)\n", o->file, nt,
+		       count, windows, wlen, tqr_kv_name(kv), kn, vn);
+		printf("perplexity %.4f  (%.4f nats/token)\n", ppl, nll / (double)count);
+		printf("KV cache per window: %s vs %s for fp16 (%.2f bits/value); %.0f tokens/s\n", a, b, bits, tps);
+	}
+	rc = 0;
+	goto out;
+fail:
+	if (bar)
+		fputc('\n', stderr);
+	fprintf(stderr, PROG " ppl: %s\n", err.msg[0] ? err.msg : strerror(-rc));
+out:
+	if (lf)
+		fclose(lf);
+	tqr_kv_free(kv);
+	tqr_forward_free(fw);
+	free(logits);
+	free(toks);
+	free(text);
+	return rc;
+}
+
+int main(int argc, char **argv)
+{
+	struct opts o;
+	tqr_model *m = NULL;
+	tqr_tok *tok = NULL;
+	tqr_error err = { { 0 } };
+	int rc;
+
+	rc = parse_args(argc, argv, &o);
+	if (rc)
+		return rc > 0 ? 0 : 2;
+	if ((rc = tqr_model_load(&m, o.model, &err)) < 0 ||
+	    (rc = tqr_tok_load(&tok, o.tokenizer, tqr_model_config(m)->vocab_size, &err)) < 0) {
+		fprintf(stderr, PROG ": %s\n", err.msg);
+		tqr_model_free(m);
+		return 1;
+	}
+	rc = !strcmp(o.cmd, "generate") ? cmd_generate(&o, m, tok) : cmd_ppl(&o, m, tok);
+	tqr_tok_free(tok);
+	tqr_model_free(m);
+	return rc < 0 ? 1 : 0;
+}

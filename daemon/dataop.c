@@ -1,0 +1,541 @@
+/* dataop.c — per-session page tables and the append / attend / truncate
+ * operations over them. */
+#include "dataop.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tq_page.h"
+#include "tqkv_ring.h"
+
+#define N_BUCKETS 1024 /* power of two */
+
+struct kv_layer {
+	uint8_t **pages;          /* [cap] page bases; [0, n_pages) are held        */
+	uint32_t n_pages, cap;
+	uint32_t n_tokens;        /* tokens 0..n_tokens-1 are committed              */
+	tq_codec *kc, *vc;        /* created on first use                            */
+};
+
+struct kv_sess {
+	uint64_t id;
+	struct kv_sess *next;     /* bucket chain; kvstore lock                      */
+	pthread_mutex_t lock;     /* serializes operations on this session           */
+	struct tq_page_geom geom;
+	uint32_t n_layers, n_q_heads, dim;
+	enum tq_codec_id k_id, v_id;
+	uint64_t seed;
+	uint64_t max_tokens;      /* per layer, from the session                     */
+	uint64_t max_len;         /* longest layer (the session's token count)       */
+	uint64_t n_pages;         /* all layers                                      */
+	struct kv_layer layer[];  /* [n_layers] */
+};
+
+struct kvstore {
+	struct pool *pool;
+	tq_cache *cache;
+	uint32_t page_bytes;
+	pthread_mutex_t lock;     /* guards bucket[] and n */
+	struct kv_sess *bucket[N_BUCKETS];
+	uint32_t n;
+};
+
+static void res_set(struct dataop_res *r, int res, uint32_t status, uint32_t detail)
+{
+	r->res = res;
+	r->status = status;
+	r->detail = detail;
+}
+
+int kvstore_new(struct kvstore **out, struct pool *pool, tq_cache *cache)
+{
+	struct kvstore *ks = calloc(1, sizeof(*ks));
+
+	*out = NULL;
+	if (!ks)
+		return -ENOMEM;
+	ks->pool = pool;
+	ks->cache = cache;
+	ks->page_bytes = pool_page_bytes(pool);
+	pthread_mutex_init(&ks->lock, NULL);
+	*out = ks;
+	return 0;
+}
+
+static void kv_sess_free(struct kvstore *ks, struct kv_sess *kv)
+{
+	if (!kv)
+		return;
+	for (uint32_t l = 0; l < kv->n_layers; l++) {
+		struct kv_layer *L = &kv->layer[l];
+		if (L->n_pages)
+			pool_pages_free(ks->pool, L->pages, L->n_pages);
+		free(L->pages);
+		tq_codec_free(L->kc);
+		tq_codec_free(L->vc);
+	}
+	pthread_mutex_destroy(&kv->lock);
+	free(kv);
+}
+
+void kvstore_free(struct kvstore *ks)
+{
+	if (!ks)
+		return;
+	for (size_t b = 0; b < N_BUCKETS; b++) {
+		while (ks->bucket[b]) {
+			struct kv_sess *kv = ks->bucket[b];
+			ks->bucket[b] = kv->next;
+			kv_sess_free(ks, kv);
+		}
+	}
+	pthread_mutex_destroy(&ks->lock);
+	free(ks);
+}
+
+void kvstore_release(void *ctx, struct session *s)
+{
+	struct kvstore *ks = ctx;
+	struct kv_sess **pp, *kv;
+	uint64_t id = session_id(s);
+
+	pthread_mutex_lock(&ks->lock);
+	for (pp = &ks->bucket[id & (N_BUCKETS - 1)]; *pp && (*pp)->id != id; pp = &(*pp)->next)
+		;
+	kv = *pp;
+	if (kv) {
+		*pp = kv->next;
+		ks->n--;
+	}
+	pthread_mutex_unlock(&ks->lock);
+	/* No operation is in flight (the session module's contract), so the
+	 * pages can go back without the session's KV lock. */
+	kv_sess_free(ks, kv);
+}
+
+void kvstore_stats(struct kvstore *ks, struct kvstore_stats *out)
+{
+	memset(out, 0, sizeof(*out));
+	pthread_mutex_lock(&ks->lock);
+	out->sessions = ks->n;
+	for (size_t b = 0; b < N_BUCKETS; b++)
+		for (struct kv_sess *kv = ks->bucket[b]; kv; kv = kv->next) {
+			out->pages += __atomic_load_n(&kv->n_pages, __ATOMIC_RELAXED);
+			out->tokens += __atomic_load_n(&kv->max_len, __ATOMIC_RELAXED);
+		}
+	pthread_mutex_unlock(&ks->lock);
+}
+
+static int geom_of(uint32_t page_bytes, const struct session_geom *g, struct tq_page_geom *pg)
+{
+	tq_error te;
+	long kb = tq_block_bytes(g->k_codec, (int)g->head_dim, &te);
+	long vb = tq_block_bytes(g->v_codec, (int)g->head_dim, &te);
+	uint64_t per_token;
+	uint32_t pt;
+
+	if (kb <= 0 || vb <= 0 || g->n_kv_heads < 1 || g->n_kv_heads > TQ_KV_HEADS_MAX)
+		return -EINVAL;
+	per_token = (uint64_t)g->n_kv_heads * (uint64_t)(kb + vb);
+	pt = (uint32_t)(page_bytes / per_token < TQ_PAGE_TOKENS_MAX ? page_bytes / per_token
+								    : TQ_PAGE_TOKENS_MAX);
+	pg->n_kv_heads = g->n_kv_heads;
+	pg->k_block_bytes = (uint32_t)kb;
+	pg->v_block_bytes = (uint32_t)vb;
+	/* The K and V regions are each rounded up to TQ_PAGE_ALIGN. */
+	for (; pt > 0; pt--) {
+		pg->page_tokens = pt;
+		if (tq_page_bytes(pg) <= page_bytes)
+			break;
+	}
+	if (pt == 0)
+		return -E2BIG;
+	return (int)pt;
+}
+
+int kvstore_page_tokens(const struct kvstore *ks, const struct session_geom *g)
+{
+	struct tq_page_geom pg;
+
+	return geom_of(ks->page_bytes, g, &pg);
+}
+
+/* The KV state of s, created on first use. */
+static int kv_get(struct kvstore *ks, struct session *s, struct kv_sess **out)
+{
+	const struct session_geom *g = session_geom(s);
+	uint64_t id = session_id(s);
+	struct kv_sess *kv, **pp;
+	int r;
+
+	pthread_mutex_lock(&ks->lock);
+	for (pp = &ks->bucket[id & (N_BUCKETS - 1)]; *pp && (*pp)->id != id; pp = &(*pp)->next)
+		;
+	kv = *pp;
+	if (kv) {
+		*out = kv;
+		pthread_mutex_unlock(&ks->lock);
+		return 0;
+	}
+	kv = calloc(1, sizeof(*kv) + sizeof(struct kv_layer) * g->n_layers);
+	if (!kv) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	if ((r = geom_of(ks->page_bytes, g, &kv->geom)) < 0)
+		goto fail;
+	pthread_mutex_init(&kv->lock, NULL);
+	kv->id = id;
+	kv->n_layers = g->n_layers;
+	kv->n_q_heads = g->n_q_heads;
+	kv->dim = g->head_dim;
+	kv->k_id = g->k_codec;
+	kv->v_id = g->v_codec;
+	kv->seed = session_seed(s);
+	/* Positions are int32 (tq_attn.h): a layer holds at most INT32_MAX tokens. */
+	kv->max_tokens = g->max_tokens < INT32_MAX ? g->max_tokens : INT32_MAX;
+	kv->next = NULL;
+	*pp = kv;
+	ks->n++;
+	*out = kv;
+	pthread_mutex_unlock(&ks->lock);
+	return 0;
+fail:
+	pthread_mutex_unlock(&ks->lock);
+	free(kv);
+	return r;
+}
+
+/* Codecs of layer l; called with kv->lock held. */
+static int layer_codecs(struct kvstore *ks, struct kv_sess *kv, uint32_t l, struct dataop_res *r)
+{
+	struct kv_layer *L = &kv->layer[l];
+	struct tq_codec_params cp = { .dim = (int)kv->dim, .isa = TQ_ISA_AUTO };
+	tq_error te;
+	int e;
+
+	if (L->kc && L->vc)
+		return 0;
+	if (!L->kc) {
+		cp.id = kv->k_id;
+		cp.seed = tqkv_seed_derive(kv->seed, l, 0);
+		if ((e = tq_codec_new(&L->kc, ks->cache, &cp, &te)) < 0)
+			goto fail;
+	}
+	if (!L->vc) {
+		cp.id = kv->v_id;
+		cp.seed = tqkv_seed_derive(kv->seed, l, 1);
+		if ((e = tq_codec_new(&L->vc, ks->cache, &cp, &te)) < 0)
+			goto fail;
+	}
+	return 0;
+fail:
+	res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_INTERNAL, l);
+	snprintf(r->msg, sizeof(r->msg), "layer %u codec: %s", l, te.msg);
+	return e;
+}
+
+/* Report a change of the session's longest layer to the session table. */
+static void update_tokens(struct session *s, struct kv_sess *kv)
+{
+	uint64_t m = 0, old = kv->max_len;
+
+	for (uint32_t l = 0; l < kv->n_layers; l++)
+		if (kv->layer[l].n_tokens > m)
+			m = kv->layer[l].n_tokens;
+	if (m == old)
+		return;
+	__atomic_store_n(&kv->max_len, m, __ATOMIC_RELAXED);
+	/* session_add_tokens adds modulo 2^64: a shrink adds the two's complement. */
+	session_add_tokens(s, m - old);
+}
+
+/* The append proper; kv->lock held, codecs present. */
+static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l,
+			 const void *k, const void *v, enum tq_dtype dtype, uint32_t n,
+			 struct dataop_res *r)
+{
+	struct kv_layer *L = &kv->layer[l];
+	const struct tq_page_geom *g = &kv->geom;
+	size_t row = (size_t)kv->dim * tq_dtype_size(dtype);
+	uint64_t new_len = (uint64_t)L->n_tokens + n;
+	uint32_t need, old_pages = L->n_pages;
+	uint64_t charge;
+	tq_error te;
+	int e;
+
+	if (new_len > kv->max_tokens) {
+		res_set(r, -ENOSPC, TQKV_ST_MAX_TOKENS, 0);
+		return r->res;
+	}
+	need = tq_page_count(g, (uint32_t)new_len) - old_pages;
+	if (old_pages + need > L->cap) {
+		uint32_t cap = L->cap ? L->cap : 8;
+		while (cap < old_pages + need)
+			cap *= 2;
+		uint8_t **np = realloc(L->pages, sizeof(*np) * cap);
+		if (!np) {
+			res_set(r, -ENOMEM, TQKV_ST_NOMEM, 0);
+			return r->res;
+		}
+		L->pages = np;
+		L->cap = cap;
+	}
+	charge = (uint64_t)need * ks->page_bytes;
+	if (need) {
+		if ((e = session_charge(s, charge)) < 0) {
+			res_set(r, e, e == -ENOSPC ? TQKV_ST_TENANT_LIMIT : TQKV_ST_EVICTED, 0);
+			return e;
+		}
+		if ((e = pool_pages_alloc(ks->pool, need, L->pages + old_pages)) < 0) {
+			session_uncharge(s, charge);
+			res_set(r, e, TQKV_ST_POOL_FULL, 0);
+			return e;
+		}
+	}
+	for (uint32_t t = 0; t < n; t++) {
+		uint32_t p = L->n_tokens + t;
+		uint8_t *page = L->pages[p / g->page_tokens];
+		uint32_t slot = p % g->page_tokens;
+		const uint8_t *krow = (const uint8_t *)k + (size_t)t * g->n_kv_heads * row;
+		const uint8_t *vrow = (const uint8_t *)v + (size_t)t * g->n_kv_heads * row;
+
+		for (uint32_t h = 0; h < g->n_kv_heads; h++) {
+			if ((e = tq_encode(L->kc, krow + h * row, dtype, 1, page + tq_page_k_off(g, h, slot), &te)) < 0 ||
+			    (e = tq_encode(L->vc, vrow + h * row, dtype, 1, page + tq_page_v_off(g, h, slot), &te)) < 0) {
+				if (need) {
+					pool_pages_free(ks->pool, L->pages + old_pages, need);
+					session_uncharge(s, charge);
+				}
+				res_set(r, e, e == -EINVAL || e == -ERANGE ? TQKV_ST_NONFINITE : TQKV_ST_INTERNAL, t);
+				snprintf(r->msg, sizeof(r->msg), "token %u head %u: %s", t, h, te.msg);
+				return e;
+			}
+		}
+	}
+	L->n_pages = old_pages + need;
+	L->n_tokens = (uint32_t)new_len;
+	__atomic_add_fetch(&kv->n_pages, need, __ATOMIC_RELAXED);
+	update_tokens(s, kv);
+	return 0;
+}
+
+static int check_args(struct kv_sess *kv, uint32_t layer, enum tq_dtype dtype, struct dataop_res *r)
+{
+	if (layer >= kv->n_layers) {
+		res_set(r, -EINVAL, TQKV_ST_BAD_LAYER, layer);
+		return r->res;
+	}
+	if (dtype != TQ_DTYPE_F32 && dtype != TQ_DTYPE_F16 && dtype != TQ_DTYPE_BF16) {
+		res_set(r, -EINVAL, TQKV_ST_BAD_DTYPE, (uint32_t)dtype);
+		return r->res;
+	}
+	return 0;
+}
+
+void dataop_append(struct kvstore *ks, struct session *s, uint32_t layer, const void *k,
+		   const void *v, enum tq_dtype dtype, uint32_t n, struct dataop_res *r)
+{
+	struct kv_sess *kv;
+	int e;
+
+	memset(r, 0, sizeof(*r));
+	if ((e = kv_get(ks, s, &kv)) < 0) {
+		res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_BAD_FIELD, 0);
+		return;
+	}
+	if (check_args(kv, layer, dtype, r) < 0)
+		return;
+	pthread_mutex_lock(&kv->lock);
+	if (layer_codecs(ks, kv, layer, r) == 0 &&
+	    append_locked(ks, s, kv, layer, k, v, dtype, n, r) == 0)
+		res_set(r, (int)n, TQKV_ST_OK, 0);
+	r->n_tokens = kv->layer[layer].n_tokens;
+	pthread_mutex_unlock(&kv->lock);
+}
+
+/* Copy n values of dtype from src (shared memory) to dst and check that
+ * each is finite.  Returns the index of the first bad row of `row` values,
+ * or -1. */
+static long copy_finite(void *dst, const void *src, enum tq_dtype dtype, size_t n, size_t row)
+{
+	memcpy(dst, src, n * tq_dtype_size(dtype));
+	for (size_t i = 0; i < n; i++) {
+		bool bad;
+		if (dtype == TQ_DTYPE_F32) {
+			uint32_t b;
+			memcpy(&b, (const uint8_t *)dst + 4 * i, 4);
+			bad = (b & 0x7f800000u) == 0x7f800000u;
+		} else {
+			uint16_t h;
+			memcpy(&h, (const uint8_t *)dst + 2 * i, 2);
+			bad = dtype == TQ_DTYPE_F16 ? (h & 0x7c00u) == 0x7c00u : (h & 0x7f80u) == 0x7f80u;
+		}
+		if (bad)
+			return (long)(i / row);
+	}
+	return -1;
+}
+
+static int ws_reserve(void **buf, size_t *have, size_t need)
+{
+	void *p;
+
+	if (*have >= need)
+		return 0;
+	p = realloc(*buf, need);
+	if (!p)
+		return -ENOMEM;
+	*buf = p;
+	*have = need;
+	return 0;
+}
+
+void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, uint32_t layer,
+		   const void *k, const void *v, uint32_t n_append, const void *q,
+		   const void *pos, uint32_t n_q, enum tq_dtype dtype, float *out,
+		   struct dataop_res *r)
+{
+	struct kv_sess *kv;
+	struct kv_layer *L;
+	size_t qn, row;
+	uint64_t new_len;
+	long bad, wsb;
+	size_t pos_bytes = (size_t)n_q * sizeof(int32_t);
+	tq_error te;
+	int e;
+
+	memset(r, 0, sizeof(*r));
+	if ((e = kv_get(ks, s, &kv)) < 0) {
+		res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_BAD_FIELD, 0);
+		return;
+	}
+	if (check_args(kv, layer, dtype, r) < 0)
+		return;
+	row = (size_t)kv->n_q_heads * kv->dim;
+	qn = (size_t)n_q * row;
+	if (ws_reserve(&ws->q, &ws->q_bytes, qn * tq_dtype_size(dtype) + 1) < 0 ||
+	    ws_reserve((void **)&ws->pos, &ws->pos_cap, pos_bytes + 1) < 0) {
+		res_set(r, -ENOMEM, TQKV_ST_NOMEM, 0);
+		return;
+	}
+	/* Private copies first: the client may change its arena at any time. */
+	memcpy(ws->pos, pos, pos_bytes);
+	if ((bad = copy_finite(ws->q, q, dtype, qn, row)) >= 0) {
+		res_set(r, -EINVAL, TQKV_ST_NONFINITE, (uint32_t)bad);
+		return;
+	}
+
+	pthread_mutex_lock(&kv->lock);
+	L = &kv->layer[layer];
+	new_len = (uint64_t)L->n_tokens + n_append;
+	for (uint32_t i = 0; i < n_q; i++) {
+		if (ws->pos[i] < 0 || (uint64_t)ws->pos[i] >= new_len) {
+			res_set(r, -EINVAL, TQKV_ST_BAD_POSITION, i);
+			goto out;
+		}
+	}
+	if (layer_codecs(ks, kv, layer, r) < 0)
+		goto out;
+	if (n_append && append_locked(ks, s, kv, layer, k, v, dtype, n_append, r) < 0)
+		goto out;
+
+	struct tq_page_table pt = {
+		.pages = (const uint8_t *const *)L->pages,
+		.n_pages = L->n_pages,
+		.n_tokens = L->n_tokens,
+		.geom = kv->geom,
+	};
+	struct tq_attn_params ap = {
+		.k_codec = L->kc,
+		.v_codec = L->vc,
+		.n_q_heads = (int)kv->n_q_heads,
+		.kv = &pt,
+		.n_q = (int)n_q,
+		.q = ws->q,
+		.q_dtype = dtype,
+		.q_pos = ws->pos,
+		.causal = 1,
+		.out = out,
+		.isa = TQ_ISA_AUTO,
+		.threads = ws->threads,
+	};
+	if ((wsb = tq_attn_workspace_bytes(&ap, &te)) < 0 ||
+	    ws_reserve(&ws->attn, &ws->attn_bytes, (size_t)wsb) < 0) {
+		e = wsb < 0 ? (int)wsb : -ENOMEM;
+		res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_INTERNAL, 0);
+		snprintf(r->msg, sizeof(r->msg), "attention workspace: %s", wsb < 0 ? te.msg : "out of memory");
+		goto out;
+	}
+	ap.workspace = ws->attn;
+	ap.workspace_bytes = ws->attn_bytes;
+	if ((e = tq_attend(&ap, &te)) < 0) {
+		res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_INTERNAL, 0);
+		snprintf(r->msg, sizeof(r->msg), "attention: %s", te.msg);
+		goto out;
+	}
+	res_set(r, (int)n_q, TQKV_ST_OK, 0);
+out:
+	r->n_tokens = L->n_tokens;
+	pthread_mutex_unlock(&kv->lock);
+}
+
+static void truncate_layer(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l,
+			   uint64_t pos)
+{
+	struct kv_layer *L = &kv->layer[l];
+	uint32_t keep;
+
+	if (pos >= L->n_tokens)
+		return;
+	L->n_tokens = (uint32_t)pos;
+	keep = tq_page_count(&kv->geom, L->n_tokens);
+	if (keep < L->n_pages) {
+		uint32_t drop = L->n_pages - keep;
+		pool_pages_free(ks->pool, L->pages + keep, drop);
+		session_uncharge(s, (uint64_t)drop * ks->page_bytes);
+		L->n_pages = keep;
+		__atomic_sub_fetch(&kv->n_pages, drop, __ATOMIC_RELAXED);
+	}
+}
+
+void dataop_truncate(struct kvstore *ks, struct session *s, uint32_t layer, int all_layers,
+		     uint64_t pos, struct dataop_res *r)
+{
+	struct kv_sess *kv;
+	int e;
+
+	memset(r, 0, sizeof(*r));
+	if ((e = kv_get(ks, s, &kv)) < 0) {
+		res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_BAD_FIELD, 0);
+		return;
+	}
+	if (!all_layers && layer >= kv->n_layers) {
+		res_set(r, -EINVAL, TQKV_ST_BAD_LAYER, layer);
+		return;
+	}
+	pthread_mutex_lock(&kv->lock);
+	for (uint32_t l = all_layers ? 0 : layer; l < (all_layers ? kv->n_layers : layer + 1); l++)
+		truncate_layer(ks, s, kv, l, pos);
+	update_tokens(s, kv);
+	r->n_tokens = all_layers ? kv->max_len : kv->layer[layer].n_tokens;
+	pthread_mutex_unlock(&kv->lock);
+	res_set(r, 0, TQKV_ST_OK, 0);
+}
+
+void dataop_ws_free(struct dataop_ws *ws)
+{
+	if (!ws)
+		return;
+	free(ws->attn);
+	free(ws->q);
+	free(ws->pos);
+	tq_threads_free(ws->threads);
+	memset(ws, 0, sizeof(*ws));
+}

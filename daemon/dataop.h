@@ -1,0 +1,95 @@
+/* dataop.h — the data-path operations on a session's compressed KV cache:
+ * append, attend, truncate, and the per-session page tables they work on.
+ *
+ * A kvstore maps session id -> KV state: per layer a page table in the
+ * layout of kernels/tq_page.h (the attention kernel reads it as is), the
+ * layer's token count, and the layer's K and V codecs, created on first use
+ * with rotation seeds tqkv_seed_derive(session seed, layer, 0 = K / 1 = V)
+ * (proto/tqkv_ring.h).  Every page is charged to the session's tenant
+ * (session_charge) before it is taken from the pool; truncation gives pages
+ * back and uncharges them; the session table's release hook
+ * (kvstore_release) gives back the rest — the session module uncharges
+ * those bytes itself.
+ *
+ * Calling contract: every dataop_* call runs inside a session operation
+ * (session_acquire .. session_release by the caller), which keeps the
+ * release hook away while it runs.  Calls on one session are serialized by
+ * the session's KV lock; calls on different sessions run in parallel.
+ * Inputs are pointers the ring server has bounds-checked; queries and
+ * positions are copied into the worker's scratch before they are checked.
+ * Nothing here logs: the result carries a tqkv_status, a detail index and,
+ * for internal errors, a message.
+ */
+#ifndef TQKVD_DATAOP_H
+#define TQKVD_DATAOP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pool.h"
+#include "session.h"
+#include "tq_attn.h"
+#include "tq_codec.h"
+
+struct kvstore;
+
+/* Worker-private scratch: one per worker thread, never shared. */
+struct dataop_ws {
+	tq_threads *threads;     /* attention pool of this worker (NULL: caller only) */
+	void *attn;              /* tq_attend workspace                                */
+	size_t attn_bytes;
+	void *q;                 /* private copy of the queries                        */
+	size_t q_bytes;
+	int32_t *pos;            /* private copy of the positions                      */
+	size_t pos_cap;
+};
+
+struct dataop_res {
+	int res;                 /* 0 / count, or negative errno                       */
+	uint32_t status;         /* enum tqkv_status                                   */
+	uint32_t detail;         /* offending token / query index where one applies    */
+	uint64_t n_tokens;       /* the layer's length after the operation             */
+	char msg[256];           /* TQKV_ST_INTERNAL: what failed                      */
+};
+
+struct kvstore_stats {
+	uint32_t sessions;       /* sessions with KV state                             */
+	uint64_t pages;          /* pages they hold                                    */
+	uint64_t tokens;         /* sum over sessions of the longest layer             */
+};
+
+int kvstore_new(struct kvstore **out, struct pool *pool, tq_cache *cache);
+/* Gives back the pages of every session still present. */
+void kvstore_free(struct kvstore *ks);
+/* The session release hook (session_release_fn): frees the session's KV
+ * state and returns its pages to the pool. */
+void kvstore_release(void *ks, struct session *s);
+void kvstore_stats(struct kvstore *ks, struct kvstore_stats *out);
+/* Tokens per page for a geometry in this pool: > 0, or -E2BIG when one
+ * token of all KV heads does not fit a page, -EINVAL on a bad geometry. */
+int kvstore_page_tokens(const struct kvstore *ks, const struct session_geom *g);
+
+/* Append n tokens to `layer`.  k, v: [n][n_kv_heads][head_dim] of dtype.
+ * All or nothing: on any error the layer is as before. */
+void dataop_append(struct kvstore *ks, struct session *s, uint32_t layer, const void *k,
+		   const void *v, enum tq_dtype dtype, uint32_t n, struct dataop_res *r);
+
+/* Causal attention for n_q queries over `layer`, optionally after
+ * appending n_append tokens (k, v as above; n_append = 0: plain attend).
+ * q: [n_q][n_q_heads][head_dim] of dtype; pos: [n_q] int32 (unaligned
+ * allowed), each < the layer's length after the append; out:
+ * [n_q][n_q_heads][head_dim] fp32.  Queries and positions are checked
+ * before anything is appended. */
+void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, uint32_t layer,
+		   const void *k, const void *v, uint32_t n_append, const void *q,
+		   const void *pos, uint32_t n_q, enum tq_dtype dtype, float *out,
+		   struct dataop_res *r);
+
+/* Drop tokens at positions >= pos of `layer`, or of every layer when
+ * all_layers (then layer is ignored).  Pages no longer needed go back. */
+void dataop_truncate(struct kvstore *ks, struct session *s, uint32_t layer, int all_layers,
+		     uint64_t pos, struct dataop_res *r);
+
+void dataop_ws_free(struct dataop_ws *ws);
+
+#endif

@@ -1,0 +1,16 @@
+# The data path's unit tests (included from daemon/module.mk).
+#
+#   test_pool       pool + host backend: O(1) pages, all-or-nothing, stats
+#   test_ring_abi   proto/tqkv_ring.h: layout, seeds, status strings
+#   test_ring       ring server + workers + dataop + session/tenant modules
+#                   in-process, clients forked with libtqkv (data channel):
+#                   bit-exact against the kernels, concurrency, limits,
+#                   hostile clients, SIGKILL cleanup
+DATAPATH_OBJS := $(OBJ)/daemon/backend_host.o $(OBJ)/daemon/pool.o \
+	$(OBJ)/daemon/dataop.o $(OBJ)/daemon/ring.o
+TEST_OBJS_test_pool := $(OBJ)/daemon/backend_host.o $(OBJ)/daemon/pool.o
+TEST_LIBS_test_pool := $(NUMA_LIBS)
+TEST_OBJS_test_ring = $(DATAPATH_OBJS) $(OBJ)/daemon/session.o $(OBJ)/daemon/tenant.o \
+	$(OBJ)/daemon/config.o $(OBJ)/daemon/log.o $(LIBTQKV_OBJS)
+TEST_LIBS_test_ring = $(NUMA_LIBS) $(INIH_LIBS) $(LIBTQKV_LIBS)
+$(OBJ)/tests/unit/test_ring.o: | $(PROTO_H)

@@ -1,0 +1,499 @@
+/* main.c — the tqkvd process: arguments, configuration, the run-directory
+ * lock, signals (signalfd), systemd notification and the watchdog.
+ *
+ * Threads: this main thread (signals, sd_notify, timers: watchdog, status,
+ * idle sessions), the RPC thread and the control-socket acceptor (rpc.c),
+ * and gRPC's own pollers.  Signals are blocked before any thread starts,
+ * so they all inherit the mask and only the signalfd sees them.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "dataop.h"
+#include "log.h"
+#include "notify.h"
+#include "pool.h"
+#include "ring.h"
+#include "rpc.h"
+#include "session.h"
+#include "tenant.h"
+
+#define EXIT_USAGE 2
+#define DRAIN_MS 1000          /* SIGTERM: time given to in-flight calls */
+#define TICK_MS 1000           /* idle sessions, STATUS= refresh */
+
+struct daemon {
+	const char *config_path;   /* NULL: embedded defaults */
+	const char *run_dir_arg;   /* --run-dir */
+	const char *spill_dir_arg; /* --spill-dir */
+	struct config *cfg;        /* the live configuration (main thread) */
+	int lock_fd;
+	int sig_fd;
+	struct tenant_table *tenants;
+	struct session_table *sessions;
+	struct rpc_server *rpc;
+	/* the data path: pool -> kvstore (page tables) -> ring server */
+	struct pool *pool;
+	tq_cache *codebooks;
+	struct kvstore *kv;
+	struct ring_server *ring;
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"Usage: tqkvd [OPTIONS]\n"
+		"\n"
+		"The TurboQuant KV-cache daemon: owns this machine's KV-cache memory for LLM\n"
+		"inference processes and keeps it compressed.  Serves the control API (gRPC,\n"
+		"tqkv.v1.Control) at unix:RUN_DIR/control.sock; `tqctl` talks to it.\n"
+		"\n"
+		"Options:\n"
+		"  -c, --config FILE     read FILE (INI; see config/tqkvd.conf for every option).\n"
+		"                        Without it tqkvd runs on embedded defaults: run dir\n"
+		"                        %s, spill dir %s, a 1 GiB pool, one\n"
+		"                        tenant \"%s\" open to every user.\n"
+		"  -r, --run-dir DIR     control socket and lock file here (overrides\n"
+		"                        daemon.run_dir).  One tqkvd per run directory.\n"
+		"  -s, --spill-dir DIR   spill files here (overrides pool.spill_dir)\n"
+		"      --check-config    load and validate the configuration, print the\n"
+		"                        effective values, exit 0 if valid, 1 if not\n"
+		"  -V, --version         print the version and exit\n"
+		"  -h, --help            print this help and exit\n"
+		"\n"
+		"Signals: SIGTERM/SIGINT drain in-flight calls and exit 0; SIGHUP reloads the\n"
+		"reloadable options (tenant budgets and access, log level, max_sessions,\n"
+		"session_idle_ttl).  Under systemd (Type=notify) it reports READY=1 once the\n"
+		"control socket accepts calls, RELOADING=1, STOPPING=1, STATUS= and WATCHDOG=1.\n"
+		"\n"
+		"Exit status: 0 clean stop, 1 error (configuration, another instance, start-up),\n"
+		"2 bad usage.\n",
+		CONFIG_DEFAULT_RUN_DIR, CONFIG_DEFAULT_SPILL_DIR, CONFIG_DEFAULT_TENANT);
+}
+
+/* mkdir -p with `mode` for the directories it creates. */
+static int mkdir_p(const char *path, mode_t mode)
+{
+	char buf[CONFIG_DIR_MAX];
+	size_t n = strlen(path);
+
+	if (n == 0 || n >= sizeof(buf))
+		return -ENAMETOOLONG;
+	memcpy(buf, path, n + 1);
+	for (size_t i = 1; i <= n; i++) {
+		if (buf[i] != '/' && buf[i] != '\0')
+			continue;
+		char c = buf[i];
+		buf[i] = '\0';
+		if (mkdir(buf, mode) < 0 && errno != EEXIST)
+			return -errno;
+		buf[i] = c;
+	}
+	struct stat st;
+	if (stat(path, &st) < 0)
+		return -errno;
+	return S_ISDIR(st.st_mode) ? 0 : -ENOTDIR;
+}
+
+/* Take RUN_DIR/tqkvd.lock before any socket exists: gRPC (and our own
+ * listener) unlink a socket file before binding, so without the lock a
+ * second daemon would silently steal the first one's socket. */
+static int lock_run_dir(struct daemon *d)
+{
+	char path[CONFIG_DIR_MAX + 32], pid[32];
+	int fd, r;
+
+	snprintf(path, sizeof(path), "%s/%s", d->cfg->run_dir, CONFIG_LOCK_FILE);
+	fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+	if (fd < 0) {
+		r = -errno;
+		log_err("cannot open the lock file %s: %s", path, strerror(errno));
+		return r;
+	}
+	if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+		r = -errno;
+		if (errno == EWOULDBLOCK) {
+			ssize_t k = pread(fd, pid, sizeof(pid) - 1, 0);
+			pid[k > 0 ? k : 0] = '\0';
+			pid[strcspn(pid, "\n")] = '\0';
+			log_err("another tqkvd%s%s%s is running on %s (it holds %s); this one exits and leaves it alone",
+				pid[0] ? " (pid " : "", pid, pid[0] ? ")" : "", d->cfg->run_dir, path);
+		} else {
+			log_err("cannot lock %s: %s", path, strerror(errno));
+		}
+		close(fd);
+		return r;
+	}
+	int k = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
+	if (ftruncate(fd, 0) < 0 || pwrite(fd, pid, (size_t)k, 0) != k)
+		log_warning("cannot write the pid to %s: %s", path, strerror(errno));
+	d->lock_fd = fd;
+	return 0;
+}
+
+static void apply_overrides(struct daemon *d, struct config *c)
+{
+	if (d->run_dir_arg)
+		snprintf(c->run_dir, sizeof(c->run_dir), "%s", d->run_dir_arg);
+	if (d->spill_dir_arg)
+		snprintf(c->spill_dir, sizeof(c->spill_dir), "%s", d->spill_dir_arg);
+}
+
+/* Load, override, validate.  Logs every problem; returns 0 or -errno. */
+static int load_config(struct daemon *d, struct config *c)
+{
+	char err[CONFIG_ERR_MAX];
+	int r;
+
+	r = config_load(c, d->config_path, err, sizeof(err));
+	if (r == 0) {
+		apply_overrides(d, c);
+		r = config_validate(c, err, sizeof(err));
+	}
+	if (r < 0) {
+		for (char *line = strtok(err, "\n"); line; line = strtok(NULL, "\n"))
+			log_err("config: %s", line);
+		if (!err[0])
+			log_err("config: %s", strerror(-r));
+	}
+	return r;
+}
+
+static int print_entry(void *ctx, const char *key, const char *value, const char *def,
+		       bool reloadable, const char *help)
+{
+	printf("%-34s = %-20s # default %s%s\n", key, value, def[0] ? def : "\"\"",
+	       reloadable ? ", reloadable" : "");
+	return 0;
+}
+
+static void status_line(struct daemon *d, char *buf, size_t n)
+{
+	struct session_stats ss;
+	char used[32], pool[32];
+
+	session_table_stats(d->sessions, &ss);
+	config_format_size_human(tenant_table_used(d->tenants), used, sizeof(used));
+	config_format_size_human(d->cfg->pool_bytes, pool, sizeof(pool));
+	snprintf(buf, n, "%u sessions open, %u evicted; %s of %s used; %u tenants",
+		 ss.open, ss.evicted, used, pool, tenant_count(d->tenants));
+}
+
+static void reload(struct daemon *d)
+{
+	struct config *next = malloc(sizeof(*next));
+	char notes[CONFIG_ERR_MAX], err[CONFIG_ERR_MAX], status[256];
+	int changed;
+
+	notify_reloading();
+	if (!next) {
+		log_err("reload: out of memory; keeping the running configuration");
+		goto done;
+	}
+	if (!d->config_path) {
+		log_notice("reload: no config file (--config); nothing to reload");
+		goto done;
+	}
+	log_notice("reload: reading %s", d->config_path);
+	if (load_config(d, next) < 0) {
+		log_err("reload: %s is not valid; keeping the running configuration", d->config_path);
+		goto done;
+	}
+	/* Merge into a copy and validate that: budgets must still fit the
+	 * pool the daemon actually runs with. */
+	struct config *merged = malloc(sizeof(*merged));
+	if (!merged) {
+		log_err("reload: out of memory; keeping the running configuration");
+		goto done;
+	}
+	memcpy(merged, d->cfg, sizeof(*merged));
+	changed = config_apply_reload(merged, next, notes, sizeof(notes));
+	if (config_validate(merged, err, sizeof(err)) < 0) {
+		for (char *line = strtok(err, "\n"); line; line = strtok(NULL, "\n"))
+			log_err("reload: %s", line);
+		log_err("reload: keeping the running configuration");
+		free(merged);
+		goto done;
+	}
+	for (char *line = strtok(notes, "\n"); line; line = strtok(NULL, "\n"))
+		log_warning("reload: %s", line);
+	memcpy(d->cfg, merged, sizeof(*merged));
+	free(merged);
+	log_set_level(d->cfg->log_level);
+	tenant_table_apply(d->tenants, d->cfg);
+	session_table_set_max(d->sessions, d->cfg->max_sessions);
+	rpc_set_config(d->rpc, d->cfg);
+	log_notice("reload: done, %d option%s changed", changed, changed == 1 ? "" : "s");
+done:
+	free(next);
+	status_line(d, status, sizeof(status));
+	notify_ready(status);
+}
+
+static uint64_t mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static uint64_t real_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* The page pool (host memory) and the page tables over it. */
+static int start_pool(struct daemon *d)
+{
+	struct pool_params pp = {
+		.bytes = d->cfg->pool_bytes,
+		.page_bytes = POOL_PAGE_BYTES_DEFAULT,
+		.numa_node = -1,
+		.hugepages = true,
+	};
+	struct pool_stats ps;
+	char why[256];
+	int r;
+
+	if ((r = pool_new(&d->pool, &pp, why, sizeof(why))) < 0) {
+		log_err("pool: %s", why);
+		return r;
+	}
+	if (!(d->codebooks = tq_cache_new()) || (r = kvstore_new(&d->kv, d->pool, d->codebooks)) < 0) {
+		log_err("pool: out of memory");
+		return -ENOMEM;
+	}
+	pool_stats(d->pool, &ps);
+	log_info("pool: %u pages of %u KiB (%s backend%s, NUMA node %d)", ps.pages_total,
+		 ps.page_bytes >> 10, ps.backend, ps.hugepages ? ", transparent huge pages" : "",
+		 ps.numa_node);
+	return 0;
+}
+
+/* The data ring server on RUN_DIR/data.sock. */
+static int start_ring(struct daemon *d)
+{
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	struct ring_params rp = {
+		.run_dir = d->cfg->run_dir,
+		.n_workers = ncpu > 0 ? (uint32_t)(ncpu < 64 ? ncpu : 64) : 2,
+		.attn_threads = 1,
+		.max_clients = 256,
+		.spin_us = 50,
+	};
+	char why[256];
+	int r;
+
+	if ((r = ring_server_new(&d->ring, &rp, d->sessions, d->kv, why, sizeof(why))) < 0) {
+		log_err("data server: %s", why);
+		return r;
+	}
+	log_info("data server: unix:%s/%s, %u workers", d->cfg->run_dir, TQKV_DATA_SOCK, rp.n_workers);
+	return 0;
+}
+
+/* Until SIGTERM/SIGINT.  Returns 0, or -errno when the loop itself fails. */
+static int run(struct daemon *d)
+{
+	uint64_t wd_period_ms = notify_watchdog_period_usec() / 1000;
+	uint64_t next_wd = 0, next_tick = mono_ms() + TICK_MS;
+	char status[256], last_status[256] = "";
+
+	if (wd_period_ms)
+		log_info("watchdog: keep-alive every %" PRIu64 " ms", wd_period_ms);
+	for (;;) {
+		uint64_t now = mono_ms();
+		if (wd_period_ms && now >= next_wd) {
+			notify_watchdog();
+			next_wd = now + wd_period_ms;
+		}
+		if (now >= next_tick) {
+			uint32_t n = session_table_expire(d->sessions, real_ms(), d->cfg->session_idle_ttl_ms);
+			if (n)
+				log_info("idle timer: %u session%s evicted or dropped", n, n == 1 ? "" : "s");
+			status_line(d, status, sizeof(status));
+			if (strcmp(status, last_status) != 0) {
+				notify_status(status);
+				memcpy(last_status, status, sizeof(status));
+			}
+			next_tick = now + TICK_MS;
+		}
+		uint64_t wake = next_tick;
+		if (wd_period_ms && next_wd < wake)
+			wake = next_wd;
+		now = mono_ms();
+		int timeout = wake > now ? (int)(wake - now) : 0;
+
+		struct pollfd pf = { d->sig_fd, POLLIN, 0 };
+		int r = poll(&pf, 1, timeout);
+		if (r < 0) {
+			if (errno == EINTR)
+				continue;
+			r = -errno;
+			log_err("poll: %s", strerror(errno));
+			return r;
+		}
+		if (r == 0)
+			continue;
+		struct signalfd_siginfo si;
+		if (read(d->sig_fd, &si, sizeof(si)) != (ssize_t)sizeof(si))
+			continue;
+		switch (si.ssi_signo) {
+		case SIGHUP:
+			reload(d);
+			break;
+		case SIGTERM:
+		case SIGINT:
+			log_notice("%s from pid %u: stopping", si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT",
+				   si.ssi_pid);
+			return 0;
+		default:
+			break;
+		}
+	}
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{ "config", required_argument, NULL, 'c' },
+		{ "run-dir", required_argument, NULL, 'r' },
+		{ "spill-dir", required_argument, NULL, 's' },
+		{ "check-config", no_argument, NULL, 'C' },
+		{ "version", no_argument, NULL, 'V' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	struct daemon d = { .lock_fd = -1, .sig_fd = -1 };
+	bool check_only = false;
+	char err[512], status[256];
+	sigset_t mask;
+	int opt, r, rc = 1;
+
+	log_init();
+	while ((opt = getopt_long(argc, argv, "c:r:s:Vh", longopts, NULL)) != -1) {
+		switch (opt) {
+		case 'c': d.config_path = optarg; break;
+		case 'r': d.run_dir_arg = optarg; break;
+		case 's': d.spill_dir_arg = optarg; break;
+		case 'C': check_only = true; break;
+		case 'V':
+			printf("tqkvd %s (git %s)\n", TQ_VERSION, TQ_GIT_REV);
+			return 0;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			fprintf(stderr, "Try 'tqkvd --help'.\n");
+			return EXIT_USAGE;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "tqkvd: unexpected argument '%s'\nTry 'tqkvd --help'.\n", argv[optind]);
+		return EXIT_USAGE;
+	}
+
+	d.cfg = malloc(sizeof(*d.cfg));
+	if (!d.cfg) {
+		log_err("out of memory");
+		return 1;
+	}
+	if (load_config(&d, d.cfg) < 0)
+		goto fail;
+	if (check_only) {
+		printf("# %s\n", d.config_path ? d.config_path : "embedded defaults (no --config)");
+		config_visit(d.cfg, print_entry, NULL);
+		fprintf(stderr, "tqkvd: configuration %s is valid\n", d.config_path ? d.config_path : "(defaults)");
+		rc = 0;
+		goto fail;
+	}
+	log_set_level(d.cfg->log_level);
+
+	/* Block the signals before any thread exists; ignore SIGPIPE. */
+	sigemptyset(&mask);
+	sigaddset(&mask, SIGTERM);
+	sigaddset(&mask, SIGINT);
+	sigaddset(&mask, SIGHUP);
+	if ((r = -pthread_sigmask(SIG_BLOCK, &mask, NULL)) < 0 ||
+	    (d.sig_fd = signalfd(-1, &mask, SFD_CLOEXEC)) < 0) {
+		log_err("signals: %s", strerror(r < 0 ? -r : errno));
+		goto fail;
+	}
+	signal(SIGPIPE, SIG_IGN);
+
+	if ((r = mkdir_p(d.cfg->run_dir, 0755)) < 0) {
+		log_err("run directory %s: %s", d.cfg->run_dir, strerror(-r));
+		goto fail;
+	}
+	if (lock_run_dir(&d) < 0)
+		goto fail;
+	if ((r = mkdir_p(d.cfg->spill_dir, 0750)) < 0 || access(d.cfg->spill_dir, W_OK | X_OK) < 0) {
+		log_err("spill directory %s: %s", d.cfg->spill_dir, strerror(r < 0 ? -r : errno));
+		goto fail;
+	}
+	if ((r = start_pool(&d)) < 0)
+		goto fail;
+	if ((r = tenant_table_new(&d.tenants, d.cfg)) < 0 ||
+	    (r = session_table_new(&d.sessions, d.cfg->max_sessions, kvstore_release, d.kv)) < 0) {
+		log_err("start-up: %s", strerror(-r));
+		goto fail;
+	}
+	if (rpc_start(&d.rpc, d.cfg, d.sessions, d.tenants, err, sizeof(err)) < 0) {
+		log_err("control server: %s", err);
+		goto fail;
+	}
+	if ((r = start_ring(&d)) < 0)
+		goto fail;
+	rpc_set_datapath(d.rpc, d.pool, d.ring);
+	status_line(&d, status, sizeof(status));
+	log_notice("tqkvd %s ready: control unix:%s/%s%s, pool %s, spill %s, %u tenant%s, config %s",
+		   TQ_VERSION, d.cfg->run_dir, CONFIG_CONTROL_SOCK,
+		   d.cfg->control_tcp_port ? " and 127.0.0.1 (tcp)" : "",
+		   (config_format_size(d.cfg->pool_bytes, err, sizeof(err)), err), d.cfg->spill_dir,
+		   d.cfg->n_tenants, d.cfg->n_tenants == 1 ? "" : "s",
+		   d.config_path ? d.config_path : "(embedded defaults)");
+	notify_ready(status);
+
+	if (run(&d) == 0)
+		rc = 0;
+	notify_stopping();
+	/* data path first: running operations finish, queued ones are dropped,
+	 * ephemeral sessions close */
+	ring_server_free(d.ring);
+	d.ring = NULL;
+	rpc_stop(d.rpc, DRAIN_MS);
+	d.rpc = NULL;
+	log_notice("stopped");
+fail:
+	ring_server_free(d.ring);
+	rpc_stop(d.rpc, 0);
+	session_table_free(d.sessions);   /* runs kvstore_release for what is left */
+	kvstore_free(d.kv);
+	tq_cache_free(d.codebooks);
+	pool_free(d.pool);
+	tenant_table_free(d.tenants);
+	if (d.sig_fd >= 0)
+		close(d.sig_fd);
+	if (d.lock_fd >= 0)
+		close(d.lock_fd);
+	free(d.cfg);
+	return rc;
+}

@@ -1,0 +1,160 @@
+/* pool.c — fixed-size pages over one backend region, O(1) alloc/free. */
+#include "pool.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct pool {
+	const struct backend_ops *be;
+	struct backend_region region;
+	uint32_t page_bytes;
+	uint32_t n_pages;
+
+	pthread_mutex_t lock;       /* guards the fields below */
+	uint32_t *free_stack;       /* [n_pages] page indices; [0, n_free) are free */
+	uint32_t n_free;
+	uint32_t used_peak;
+	uint8_t *in_use;            /* [n_pages] 0/1: catches double frees */
+	uint64_t allocs_total;
+	uint64_t alloc_failures;
+};
+
+int pool_new(struct pool **out, const struct pool_params *pp, char *why, size_t whylen)
+{
+	struct pool *p = NULL;
+	struct backend_params bp;
+	uint64_t n;
+	int r;
+
+	*out = NULL;
+	if (pp->page_bytes < POOL_PAGE_BYTES_MIN || pp->page_bytes > POOL_PAGE_BYTES_MAX ||
+	    pp->page_bytes % 4096u) {
+		snprintf(why, whylen, "page size %u is not a multiple of 4096 in [%u, %u]",
+			 pp->page_bytes, POOL_PAGE_BYTES_MIN, POOL_PAGE_BYTES_MAX);
+		return -EINVAL;
+	}
+	n = pp->bytes / pp->page_bytes;
+	if (n < 1 || n > UINT32_MAX) {
+		snprintf(why, whylen, "pool of %llu bytes makes %llu pages of %u bytes (need 1 .. 2^32-1)",
+			 (unsigned long long)pp->bytes, (unsigned long long)n, pp->page_bytes);
+		return -EINVAL;
+	}
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		return -ENOMEM;
+	pthread_mutex_init(&p->lock, NULL);
+	p->region.numa_node = -1;
+	p->be = pp->backend ? pp->backend : &backend_host;
+	p->page_bytes = pp->page_bytes;
+	p->n_pages = (uint32_t)n;
+	p->free_stack = malloc(sizeof(uint32_t) * n);
+	p->in_use = calloc(n, 1);
+	if (!p->free_stack || !p->in_use) {
+		snprintf(why, whylen, "out of memory for the page index of %llu pages", (unsigned long long)n);
+		r = -ENOMEM;
+		goto fail;
+	}
+	bp.bytes = n * pp->page_bytes;
+	bp.numa_node = pp->numa_node;
+	bp.hugepages = pp->hugepages;
+	if ((r = p->be->region_alloc(&bp, &p->region, why, whylen)) < 0)
+		goto fail;
+	/* Lowest pages on top of the stack: the region is touched from the front. */
+	for (uint32_t i = 0; i < p->n_pages; i++)
+		p->free_stack[i] = p->n_pages - 1 - i;
+	p->n_free = p->n_pages;
+	*out = p;
+	return 0;
+fail:
+	pool_free(p);
+	return r;
+}
+
+void pool_free(struct pool *p)
+{
+	if (!p)
+		return;
+	assert(!p->free_stack || !p->region.base || p->n_free == p->n_pages);
+	if (p->be)
+		p->be->region_free(&p->region);
+	free(p->free_stack);
+	free(p->in_use);
+	pthread_mutex_destroy(&p->lock);
+	free(p);
+}
+
+uint32_t pool_page_bytes(const struct pool *p)
+{
+	return p->page_bytes;
+}
+
+int pool_pages_alloc(struct pool *p, uint32_t n, uint8_t **pages)
+{
+	pthread_mutex_lock(&p->lock);
+	if (n > p->n_free) {
+		p->alloc_failures++;
+		pthread_mutex_unlock(&p->lock);
+		return -ENOSPC;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t idx = p->free_stack[--p->n_free];
+		assert(!p->in_use[idx]);
+		p->in_use[idx] = 1;
+		pages[i] = p->region.base + (uint64_t)idx * p->page_bytes;
+	}
+	p->allocs_total += n;
+	if (p->n_pages - p->n_free > p->used_peak)
+		p->used_peak = p->n_pages - p->n_free;
+	pthread_mutex_unlock(&p->lock);
+	return 0;
+}
+
+void pool_pages_free(struct pool *p, uint8_t *const *pages, uint32_t n)
+{
+	pthread_mutex_lock(&p->lock);
+	for (uint32_t i = 0; i < n; i++) {
+		uint64_t off = (uint64_t)(pages[i] - p->region.base);
+		uint32_t idx = (uint32_t)(off / p->page_bytes);
+
+		assert(pages[i] >= p->region.base && off % p->page_bytes == 0 && idx < p->n_pages);
+		assert(p->in_use[idx] && "page freed twice");
+		p->in_use[idx] = 0;
+		p->free_stack[p->n_free++] = idx;
+	}
+	pthread_mutex_unlock(&p->lock);
+}
+
+uint32_t pool_pages_free_count(struct pool *p)
+{
+	uint32_t n;
+
+	pthread_mutex_lock(&p->lock);
+	n = p->n_free;
+	pthread_mutex_unlock(&p->lock);
+	return n;
+}
+
+void pool_stats(struct pool *p, struct pool_stats *out)
+{
+	struct backend_stats bs;
+
+	memset(out, 0, sizeof(*out));
+	p->be->stats(&p->region, &bs);
+	out->backend = p->be->name;
+	out->page_bytes = p->page_bytes;
+	out->pages_total = p->n_pages;
+	out->bytes = (uint64_t)p->n_pages * p->page_bytes;
+	out->resident_bytes = bs.resident_bytes;
+	out->numa_node = bs.numa_node;
+	out->hugepages = bs.hugepages;
+	pthread_mutex_lock(&p->lock);
+	out->pages_free = p->n_free;
+	out->pages_used_peak = p->used_peak;
+	out->allocs_total = p->allocs_total;
+	out->alloc_failures = p->alloc_failures;
+	pthread_mutex_unlock(&p->lock);
+}

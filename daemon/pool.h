@@ -1,0 +1,63 @@
+/* pool.h — the KV page pool: one backend region cut into fixed-size pages.
+ *
+ * Pages are handed out and taken back in O(1) (a stack of free page
+ * indices).  Allocation is all-or-nothing: pool_pages_alloc(n) gives n pages
+ * or none (-ENOSPC).  The pool does no tenant accounting: the data path
+ * charges a page's bytes to the session's tenant before it asks for the page
+ * (session_charge), and uncharges after it gives the page back.
+ *
+ * Thread-safe (one mutex around the free stack; the critical section is a
+ * few loads and stores).  Nothing here logs.
+ */
+#ifndef TQKVD_POOL_H
+#define TQKVD_POOL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+
+#define POOL_PAGE_BYTES_DEFAULT (64u << 10)
+#define POOL_PAGE_BYTES_MIN     (4u << 10)
+#define POOL_PAGE_BYTES_MAX     (64u << 20)
+
+struct pool;
+
+struct pool_params {
+	uint64_t bytes;                  /* region size (pages = bytes / page_bytes)    */
+	uint32_t page_bytes;             /* multiple of 4096 in [MIN, MAX]              */
+	int numa_node;                   /* -1: no placement                            */
+	bool hugepages;                  /* transparent huge pages where available      */
+	const struct backend_ops *backend; /* NULL: host                               */
+};
+
+struct pool_stats {
+	const char *backend;             /* "host" */
+	uint64_t bytes;                  /* pages * page_bytes                          */
+	uint32_t page_bytes;
+	uint32_t pages_total;
+	uint32_t pages_free;
+	uint32_t pages_used_peak;
+	uint64_t allocs_total;           /* pages handed out since start                */
+	uint64_t alloc_failures;         /* pool_pages_alloc calls that got -ENOSPC     */
+	uint64_t resident_bytes;         /* of the region touched so far (0: unknown)   */
+	int numa_node;
+	bool hugepages;
+};
+
+/* 0, or -EINVAL / -ENOMEM / -ENODEV with why set. */
+int pool_new(struct pool **out, const struct pool_params *p, char *why, size_t whylen);
+/* Every page must have been given back (a leak is a bug: asserted). */
+void pool_free(struct pool *p);
+
+uint32_t pool_page_bytes(const struct pool *p);
+/* n pages into pages[0..n): 0, or -ENOSPC (nothing taken). */
+int pool_pages_alloc(struct pool *p, uint32_t n, uint8_t **pages);
+/* Give back n pages from pool_pages_alloc; giving back a page twice, or a
+ * pointer that is not a page of this pool, is a bug. */
+void pool_pages_free(struct pool *p, uint8_t *const *pages, uint32_t n);
+uint32_t pool_pages_free_count(struct pool *p);
+void pool_stats(struct pool *p, struct pool_stats *out);
+
+#endif

@@ -1,0 +1,1183 @@
+/* ring.c — the data-path server (see ring.h for the threads and the trust
+ * model).
+ *
+ * Locking: rs->lock guards the run queue, every binding's FIFO and flags,
+ * the attach map, the client list and each client's `inflight` count.
+ * c->cq_lock serializes the CQ producers of one client (its ring thread and
+ * the workers).  Lock order: rs->lock, then c->cq_lock; the session and
+ * kvstore locks are only taken with neither held.
+ */
+#include "ring.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "tqkv_ring.h"
+
+#define MAP_BUCKETS    1024            /* attach map; power of two */
+#define SLEEP_MS       100             /* futex sleeps end at least this often */
+#define LOG_BURST      5               /* client-error log lines per window */
+#define LOG_WINDOW_MS  10000
+
+struct ring_client;
+
+struct op {
+	struct op *next;
+	struct tqkv_sqe e;                 /* the private copy, validated */
+};
+
+/* A session attached to one connection. */
+struct binding {
+	uint64_t id;
+	struct ring_client *c;
+	struct session_geom geom;          /* copied at ATTACH (immutable) */
+	bool ephemeral;                    /* closed with the connection */
+	bool detached;                     /* DETACH seen: freed once idle */
+	bool queued;                       /* on the run queue or running */
+	struct op *head, *tail;            /* pending operations, in order */
+	struct binding *rq_next;           /* run queue */
+	struct binding *map_next;          /* attach map chain */
+	struct binding *c_next;            /* the client's list */
+};
+
+struct ring_client {
+	struct ring_server *rs;
+	uint64_t id;
+	int fd;
+	uid_t uid;
+	pid_t pid;
+	pthread_t thread;
+	bool thread_started;
+	struct ring_client *next;          /* rs->clients */
+
+	/* the shared mapping and what the daemon copied out of it at the handshake */
+	uint8_t *map;
+	uint64_t map_bytes;
+	struct tqkv_ring_hdr *hdr;
+	uint8_t *sq, *cq, *arena;
+	uint32_t sq_entries, cq_entries;
+	uint64_t arena_bytes;
+
+	uint32_t sq_head;                  /* private: next SQE to take */
+	pthread_mutex_t cq_lock;
+	uint32_t cq_tail;                  /* private: next CQE to write (cq_lock) */
+
+	int closing;                       /* atomic: stop taking SQEs, drop queued work */
+	int done;                          /* atomic: the ring thread has finished */
+	uint32_t inflight;                 /* queued + running operations (rs->lock) */
+	pthread_cond_t idle;               /* inflight reached 0 (rs->lock) */
+	struct binding *bindings;          /* rs->lock */
+	uint32_t n_bindings;
+	uint32_t spin_ns;                  /* adaptive doorbell spin */
+
+	/* rate-limited error log (ring thread and workers: cq_lock) */
+	uint64_t log_window_ms;
+	uint32_t log_count;
+	uint64_t log_suppressed;
+};
+
+struct ring_worker {
+	struct ring_server *rs;
+	pthread_t thread;
+	bool started;
+	struct dataop_ws ws;
+};
+
+struct ring_server {
+	struct ring_params p;
+	struct session_table *st;
+	struct kvstore *ks;
+	char sock_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	int listen_fd, epoll_fd, event_fd;
+	pthread_t ctl_thread;
+	bool ctl_started;
+	int stopping;                      /* atomic: ring-ctl ends, clients close */
+	int workers_stop;                  /* atomic: set once every client is gone */
+
+	pthread_mutex_t lock;
+	pthread_cond_t work;               /* run queue not empty / stopping */
+	struct binding *rq_head, *rq_tail;
+	uint32_t sleepers;                 /* workers waiting on `work` */
+	struct binding *map[MAP_BUCKETS];
+	struct ring_client *clients;
+	uint32_t n_clients;
+	uint64_t next_client_id;
+
+	struct ring_worker *workers;
+	uint32_t n_workers;
+
+	/* counters (atomic) */
+	uint64_t clients_total, handshakes_failed, ops_total, op_errors_total, ops_dropped,
+		rings_broken, sessions_closed_on_eof, arena_bytes;
+};
+
+/* ---- small helpers ------------------------------------------------------------ */
+
+static long futex_wait(uint32_t *addr, uint32_t val, int timeout_ms)
+{
+	struct timespec ts = { timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L };
+	return syscall(SYS_futex, addr, FUTEX_WAIT, val, &ts, NULL, 0);
+}
+
+static void futex_wake(uint32_t *addr)
+{
+	syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static uint64_t now_mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t now_real_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ volatile("yield");
+#endif
+}
+
+static const char *op_name(uint32_t op)
+{
+	static const char *const n[TQKV_OP__COUNT] = { "NOP", "ATTACH", "DETACH", "APPEND", "ATTEND",
+						       "APPEND_ATTEND", "TRUNCATE" };
+	return op < TQKV_OP__COUNT ? n[op] : "?";
+}
+
+/* One log line per client error, at most LOG_BURST per window; called
+ * with c->cq_lock held. */
+static void client_log_error(struct ring_client *c, const struct tqkv_sqe *e, int res,
+			     uint32_t status, uint32_t detail, const char *msg)
+{
+	uint64_t now = now_real_ms();
+	int level = status == TQKV_ST_INTERNAL || status == TQKV_ST_NOMEM ? LOG_ERR : LOG_INFO;
+
+	if (now - c->log_window_ms >= LOG_WINDOW_MS) {
+		if (c->log_suppressed)
+			log_info("data client %llu (pid %d uid %u): %llu more errors not logged",
+				 (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid,
+				 (unsigned long long)c->log_suppressed);
+		c->log_window_ms = now;
+		c->log_count = 0;
+		c->log_suppressed = 0;
+	}
+	if (c->log_count >= LOG_BURST && level != LOG_ERR) {
+		c->log_suppressed++;
+		return;
+	}
+	c->log_count++;
+	log_msg(level, "data client %llu (pid %d uid %u): %s session %llu layer %u: %s (%s, detail %u)%s%s",
+		(unsigned long long)c->id, (int)c->pid, (unsigned)c->uid, op_name(e->opcode),
+		(unsigned long long)e->session, e->layer, tqkv_status_str(status), strerror(-res),
+		detail, msg && msg[0] ? ": " : "", msg ? msg : "");
+}
+
+/* Write one CQE and ring the client's doorbell if it may be asleep. */
+static void cq_post(struct ring_client *c, const struct tqkv_sqe *e, int res, uint32_t status,
+		    uint32_t detail, uint64_t n_tokens, const char *msg)
+{
+	struct tqkv_cqe cqe = {
+		.user_data = e->user_data,
+		.res = res,
+		.status = (uint16_t)status,
+		.n_tokens = n_tokens,
+		.detail = detail,
+	};
+
+	pthread_mutex_lock(&c->cq_lock);
+	memcpy(c->cq + (size_t)(c->cq_tail & (c->cq_entries - 1)) * sizeof(cqe), &cqe, sizeof(cqe));
+	c->cq_tail++;
+	__atomic_store_n(&c->hdr->cq_tail, c->cq_tail, __ATOMIC_SEQ_CST);
+	if (res < 0)
+		client_log_error(c, e, res, status, detail, msg);
+	pthread_mutex_unlock(&c->cq_lock);
+	__atomic_add_fetch(&c->rs->ops_total, 1, __ATOMIC_RELAXED);
+	if (res < 0)
+		__atomic_add_fetch(&c->rs->op_errors_total, 1, __ATOMIC_RELAXED);
+	/* Pairs with the client's store of cq_waiting and re-check of cq_tail. */
+	if (__atomic_load_n(&c->hdr->cq_waiting, __ATOMIC_SEQ_CST))
+		futex_wake(&c->hdr->cq_tail);
+}
+
+static int status_errno(uint32_t st)
+{
+	switch (st) {
+	case TQKV_ST_BAD_RANGE: case TQKV_ST_BAD_ALIGN: return -EFAULT;
+	case TQKV_ST_NO_SESSION: return -ENOENT;
+	case TQKV_ST_NOT_ATTACHED: return -EBADF;
+	case TQKV_ST_NOT_OWNER: return -EPERM;
+	case TQKV_ST_ATTACHED_ELSEWHERE: return -EBUSY;
+	case TQKV_ST_EVICTED: return -ESTALE;
+	case TQKV_ST_CLOSING: return -ESHUTDOWN;
+	case TQKV_ST_TOO_MANY_SESSIONS: return -EUSERS;
+	default: return -EINVAL;
+	}
+}
+
+static void cq_fail(struct ring_client *c, const struct tqkv_sqe *e, uint32_t status, uint32_t detail)
+{
+	cq_post(c, e, status_errno(status), status, detail, 0, NULL);
+}
+
+static uint32_t session_errno_status(int r)
+{
+	return r == -ESTALE ? TQKV_ST_EVICTED : r == -ESHUTDOWN ? TQKV_ST_CLOSING : TQKV_ST_NO_SESSION;
+}
+
+/* ---- attach map (rs->lock) ------------------------------------------------------ */
+
+static struct binding **map_slot(struct ring_server *rs, uint64_t id)
+{
+	struct binding **pp = &rs->map[id & (MAP_BUCKETS - 1)];
+	while (*pp && (*pp)->id != id)
+		pp = &(*pp)->map_next;
+	return pp;
+}
+
+/* Unlink b from the map and its client; rs->lock held.  b must be idle. */
+static void binding_unlink(struct ring_server *rs, struct binding *b)
+{
+	struct binding **pp = map_slot(rs, b->id);
+	assert(*pp == b && !b->queued && !b->head);
+	*pp = b->map_next;
+	for (pp = &b->c->bindings; *pp != b; pp = &(*pp)->c_next)
+		;
+	*pp = b->c_next;
+	b->c->n_bindings--;
+}
+
+/* ---- validation ------------------------------------------------------------------ */
+
+/* Bytes of [n][heads][dim] elements of esize. */
+static uint64_t tensor_bytes(uint32_t n, uint32_t heads, uint32_t dim, size_t esize)
+{
+	return (uint64_t)n * heads * dim * esize; /* < 2^16 * 2^13 * 2^9 * 4: no overflow */
+}
+
+/* 0, or the status for a region [off, off+len) of the arena aligned to `align`. */
+static uint32_t check_region(const struct ring_client *c, uint64_t off, uint64_t len, uint32_t align)
+{
+	if (off > c->arena_bytes || len > c->arena_bytes - off)
+		return TQKV_ST_BAD_RANGE;
+	if (off % align)
+		return TQKV_ST_BAD_ALIGN;
+	return TQKV_ST_OK;
+}
+
+static bool all_zero(const void *p, size_t n)
+{
+	const uint8_t *b = p;
+	for (size_t i = 0; i < n; i++)
+		if (b[i])
+			return false;
+	return true;
+}
+
+/* Check an SQE against its op and the binding's geometry: TQKV_ST_OK or
+ * the status to complete it with (*detail set). */
+static uint32_t sqe_check(const struct ring_client *c, const struct tqkv_sqe *e,
+			  const struct binding *b, uint32_t *detail)
+{
+	const struct session_geom *g = &b->geom;
+	size_t es;
+	uint32_t st;
+	bool app = e->opcode == TQKV_OP_APPEND || e->opcode == TQKV_OP_APPEND_ATTEND;
+	bool att = e->opcode == TQKV_OP_ATTEND || e->opcode == TQKV_OP_APPEND_ATTEND;
+
+	*detail = 0;
+	if (e->opcode == TQKV_OP_TRUNCATE) {
+		if ((e->flags & ~TQKV_SQE_ALL_LAYERS) || e->dtype || e->n_tokens || e->n_q || e->k_off ||
+		    e->v_off || e->q_off || e->pos_off || e->out_off ||
+		    ((e->flags & TQKV_SQE_ALL_LAYERS) && e->layer))
+			return TQKV_ST_BAD_FIELD;
+		if (!(e->flags & TQKV_SQE_ALL_LAYERS) && e->layer >= g->n_layers) {
+			*detail = e->layer;
+			return TQKV_ST_BAD_LAYER;
+		}
+		return TQKV_ST_OK;
+	}
+	if (e->flags || e->pos)
+		return TQKV_ST_BAD_FIELD;
+	if (e->dtype > TQ_DTYPE_BF16) {
+		*detail = e->dtype;
+		return TQKV_ST_BAD_DTYPE;
+	}
+	if (e->layer >= g->n_layers) {
+		*detail = e->layer;
+		return TQKV_ST_BAD_LAYER;
+	}
+	es = tq_dtype_size((enum tq_dtype)e->dtype);
+	if (app) {
+		uint64_t kvb;
+		if (e->n_tokens == 0 || e->n_tokens > TQKV_MAX_TOKENS_PER_OP) {
+			*detail = e->n_tokens;
+			return TQKV_ST_BAD_COUNT;
+		}
+		kvb = tensor_bytes(e->n_tokens, g->n_kv_heads, g->head_dim, es);
+		if ((st = check_region(c, e->k_off, kvb, (uint32_t)es)) ||
+		    (st = check_region(c, e->v_off, kvb, (uint32_t)es)))
+			return st;
+	} else if (e->n_tokens || e->k_off || e->v_off) {
+		return TQKV_ST_BAD_FIELD;
+	}
+	if (att) {
+		if (e->n_q == 0 || e->n_q > TQKV_MAX_TOKENS_PER_OP) {
+			*detail = e->n_q;
+			return TQKV_ST_BAD_COUNT;
+		}
+		if ((st = check_region(c, e->q_off, tensor_bytes(e->n_q, g->n_q_heads, g->head_dim, es),
+				       (uint32_t)es)) ||
+		    (st = check_region(c, e->pos_off, (uint64_t)e->n_q * 4u, 4)) ||
+		    (st = check_region(c, e->out_off, tensor_bytes(e->n_q, g->n_q_heads, g->head_dim, 4), 4)))
+			return st;
+	} else if (e->n_q || e->q_off || e->pos_off || e->out_off) {
+		return TQKV_ST_BAD_FIELD;
+	}
+	return TQKV_ST_OK;
+}
+
+/* ---- ATTACH / DETACH (ring thread) ------------------------------------------------ */
+
+static void do_attach(struct ring_client *c, const struct tqkv_sqe *e)
+{
+	struct ring_server *rs = c->rs;
+	struct session_info info;
+	struct binding *b, **pp;
+	uint32_t st = TQKV_ST_OK;
+
+	if ((e->flags & ~TQKV_SQE_EPHEMERAL) || e->layer || e->dtype || e->n_tokens || e->n_q ||
+	    e->k_off || e->v_off || e->q_off || e->pos_off || e->out_off || e->pos)
+		return cq_fail(c, e, TQKV_ST_BAD_FIELD, 0);
+	if (session_get_info(rs->st, e->session, &info) < 0)
+		return cq_fail(c, e, TQKV_ST_NO_SESSION, 0);
+	/* Never say more about another user's session than "not yours". */
+	if (info.owner_uid != (uint32_t)c->uid)
+		return cq_fail(c, e, TQKV_ST_NOT_OWNER, 0);
+	if (info.state == SESSION_EVICTED)
+		return cq_fail(c, e, TQKV_ST_EVICTED, 0);
+	if (info.state != SESSION_OPEN)
+		return cq_fail(c, e, TQKV_ST_CLOSING, 0);
+
+	pthread_mutex_lock(&rs->lock);
+	pp = map_slot(rs, e->session);
+	b = *pp;
+	if (b && b->c != c) {
+		st = TQKV_ST_ATTACHED_ELSEWHERE;
+	} else if (b) {
+		/* attached here already (or detached and still draining): re-arm */
+		b->detached = false;
+		b->ephemeral = (e->flags & TQKV_SQE_EPHEMERAL) != 0;
+	} else if (c->n_bindings >= TQKV_MAX_ATTACHED) {
+		st = TQKV_ST_TOO_MANY_SESSIONS;
+	} else if (!(b = calloc(1, sizeof(*b)))) {
+		st = TQKV_ST_NOMEM;
+	} else {
+		b->id = e->session;
+		b->c = c;
+		b->geom = info.geom;
+		b->ephemeral = (e->flags & TQKV_SQE_EPHEMERAL) != 0;
+		*pp = b;
+		b->c_next = c->bindings;
+		c->bindings = b;
+		c->n_bindings++;
+	}
+	pthread_mutex_unlock(&rs->lock);
+	if (st)
+		return cq_post(c, e, st == TQKV_ST_NOMEM ? -ENOMEM : status_errno(st), st, 0, 0, NULL);
+	cq_post(c, e, 0, TQKV_ST_OK, 0, info.tokens, NULL);
+}
+
+/* ---- dispatch (ring thread) --------------------------------------------------------- */
+
+static void push_runq(struct ring_server *rs, struct binding *b)
+{
+	b->rq_next = NULL;
+	if (rs->rq_tail)
+		rs->rq_tail->rq_next = b;
+	else
+		rs->rq_head = b;
+	rs->rq_tail = b;
+	b->queued = true;
+	if (rs->sleepers)
+		pthread_cond_signal(&rs->work);
+}
+
+static void dispatch(struct ring_client *c, const struct tqkv_sqe *e)
+{
+	struct ring_server *rs = c->rs;
+	struct binding *b;
+	struct op *o;
+	uint32_t st = TQKV_ST_OK, detail = 0;
+
+	if (!all_zero(e->reserved, sizeof(e->reserved)))
+		return cq_fail(c, e, TQKV_ST_BAD_FIELD, 0);
+	switch (e->opcode) {
+	case TQKV_OP_NOP:
+		if (e->flags || e->dtype || e->layer || e->session || e->n_tokens || e->n_q || e->k_off ||
+		    e->v_off || e->q_off || e->pos_off || e->out_off || e->pos)
+			return cq_fail(c, e, TQKV_ST_BAD_FIELD, 0);
+		return cq_post(c, e, 0, TQKV_ST_OK, 0, 0, NULL);
+	case TQKV_OP_ATTACH:
+		return do_attach(c, e);
+	case TQKV_OP_DETACH:
+	case TQKV_OP_APPEND:
+	case TQKV_OP_ATTEND:
+	case TQKV_OP_APPEND_ATTEND:
+	case TQKV_OP_TRUNCATE:
+		break;
+	default:
+		return cq_fail(c, e, TQKV_ST_BAD_OPCODE, e->opcode);
+	}
+
+	o = malloc(sizeof(*o));
+	if (!o)
+		return cq_post(c, e, -ENOMEM, TQKV_ST_NOMEM, 0, 0, NULL);
+	o->next = NULL;
+	o->e = *e;
+	pthread_mutex_lock(&rs->lock);
+	b = *map_slot(rs, e->session);
+	if (!b || b->c != c || b->detached) {
+		st = TQKV_ST_NOT_ATTACHED;
+	} else if (e->opcode == TQKV_OP_DETACH) {
+		if (e->flags || e->dtype || e->layer || e->n_tokens || e->n_q || e->k_off || e->v_off ||
+		    e->q_off || e->pos_off || e->out_off || e->pos)
+			st = TQKV_ST_BAD_FIELD;
+		else
+			b->detached = true; /* later SQEs of this session: NOT_ATTACHED */
+	} else {
+		st = sqe_check(c, e, b, &detail);
+	}
+	if (st == TQKV_ST_OK) {
+		if (b->tail)
+			b->tail->next = o;
+		else
+			b->head = o;
+		b->tail = o;
+		c->inflight++;
+		if (!b->queued)
+			push_runq(rs, b);
+	}
+	pthread_mutex_unlock(&rs->lock);
+	if (st != TQKV_ST_OK) {
+		free(o);
+		cq_fail(c, e, st, detail);
+	}
+}
+
+/* ---- the client's ring thread -------------------------------------------------------- */
+
+static void ring_break(struct ring_client *c, const char *what, uint32_t a, uint32_t b)
+{
+	log_warning("data client %llu (pid %d uid %u): %s (%u vs %u); ring stopped",
+		    (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid, what, a, b);
+	__atomic_store_n(&c->hdr->state_status, TQKV_ST_RING_CORRUPT, __ATOMIC_RELAXED);
+	__atomic_store_n(&c->hdr->state, TQKV_RING_BROKEN, __ATOMIC_SEQ_CST);
+	__atomic_add_fetch(&c->rs->rings_broken, 1, __ATOMIC_RELAXED);
+	__atomic_store_n(&c->closing, 1, __ATOMIC_SEQ_CST);
+	futex_wake(&c->hdr->cq_tail);
+	shutdown(c->fd, SHUT_RDWR); /* the client sees EOF too */
+}
+
+/* Take every SQE the client has published and the CQ has room for.
+ * Returns how many were taken, or -EPROTO when the ring broke. */
+static int drain(struct ring_client *c)
+{
+	int n = 0;
+
+	for (;;) {
+		uint32_t tail = __atomic_load_n(&c->hdr->sq_tail, __ATOMIC_ACQUIRE);
+		uint32_t cq_head = __atomic_load_n(&c->hdr->cq_head, __ATOMIC_ACQUIRE);
+		uint32_t cq_used, inflight;
+		struct tqkv_sqe e;
+
+		if (tail - c->sq_head > c->sq_entries) {
+			ring_break(c, "SQ tail is not within sq_entries of the head", tail, c->sq_head);
+			return -EPROTO;
+		}
+		pthread_mutex_lock(&c->cq_lock);
+		cq_used = c->cq_tail - cq_head;
+		pthread_mutex_unlock(&c->cq_lock);
+		if (cq_used > c->cq_entries) {
+			ring_break(c, "CQ head is not within cq_entries of the tail", cq_head, c->cq_tail);
+			return -EPROTO;
+		}
+		if (tail == c->sq_head)
+			return n;
+		inflight = __atomic_load_n(&c->inflight, __ATOMIC_ACQUIRE);
+		if (cq_used + inflight >= c->cq_entries)
+			return n; /* the client must read completions first */
+		/* Copy first, then look: the client can rewrite the slot at any time. */
+		memcpy(&e, c->sq + (size_t)(c->sq_head & (c->sq_entries - 1)) * sizeof(e), sizeof(e));
+		c->sq_head++;
+		__atomic_store_n(&c->hdr->sq_head, c->sq_head, __ATOMIC_RELEASE);
+		dispatch(c, &e);
+		n++;
+	}
+}
+
+static bool has_sqe(struct ring_client *c)
+{
+	return __atomic_load_n(&c->hdr->sq_tail, __ATOMIC_ACQUIRE) != c->sq_head;
+}
+
+static void client_teardown(struct ring_client *c);
+
+static void *client_main(void *arg)
+{
+	struct ring_client *c = arg;
+	uint32_t spin_max = c->rs->p.spin_us * 1000u;
+
+	c->spin_ns = spin_max / 4;
+	while (!__atomic_load_n(&c->closing, __ATOMIC_ACQUIRE)) {
+		int n = drain(c);
+		uint64_t t0;
+		bool found = false;
+
+		if (n < 0)
+			break;
+		if (n > 0)
+			continue;
+		/* Adaptive spin: grows when work arrives while spinning, shrinks
+		 * when the spin ends in a sleep. */
+		t0 = now_mono_ns();
+		while (now_mono_ns() - t0 < c->spin_ns) {
+			if (has_sqe(c) || __atomic_load_n(&c->closing, __ATOMIC_ACQUIRE)) {
+				found = true;
+				break;
+			}
+			for (int i = 0; i < 16; i++)
+				cpu_relax();
+		}
+		if (found) {
+			c->spin_ns = c->spin_ns * 2 < spin_max ? c->spin_ns * 2 : spin_max;
+			continue;
+		}
+		c->spin_ns = c->spin_ns / 2 > 1000 ? c->spin_ns / 2 : 1000;
+		__atomic_store_n(&c->hdr->sq_sleeping, 1, __ATOMIC_SEQ_CST);
+		uint32_t tail = __atomic_load_n(&c->hdr->sq_tail, __ATOMIC_SEQ_CST);
+		/* Sleep on the tail value seen; with SQEs pending but no CQ room
+		 * this waits for the client's wake after it reads completions. */
+		if (!__atomic_load_n(&c->closing, __ATOMIC_ACQUIRE))
+			futex_wait(&c->hdr->sq_tail, tail, SLEEP_MS);
+		__atomic_store_n(&c->hdr->sq_sleeping, 0, __ATOMIC_RELAXED);
+	}
+	client_teardown(c);
+	return NULL;
+}
+
+/* Ring thread, on its way out: wait for running operations, drop queued
+ * ones (the workers skip them), close ephemeral sessions, then hand the
+ * client to ring-ctl for the final free. */
+static void client_teardown(struct ring_client *c)
+{
+	struct ring_server *rs = c->rs;
+	uint64_t closed = 0;
+
+	pthread_mutex_lock(&rs->lock);
+	while (c->inflight > 0)
+		pthread_cond_wait(&c->idle, &rs->lock);
+	while (c->bindings) {
+		struct binding *b = c->bindings;
+		uint64_t id = b->id;
+		bool eph = b->ephemeral && !b->detached;
+
+		binding_unlink(rs, b);
+		free(b);
+		if (eph) {
+			pthread_mutex_unlock(&rs->lock);
+			if (session_close(rs->st, id, NULL) == 0)
+				closed++;
+			pthread_mutex_lock(&rs->lock);
+		}
+	}
+	pthread_mutex_unlock(&rs->lock);
+	__atomic_add_fetch(&rs->sessions_closed_on_eof, closed, __ATOMIC_RELAXED);
+	__atomic_store_n(&c->done, 1, __ATOMIC_RELEASE);
+	uint64_t one = 1;
+	if (write(rs->event_fd, &one, sizeof(one)) < 0) {
+		/* eventfd counter saturated: ring-ctl is already due to look */
+	}
+}
+
+/* ---- workers ----------------------------------------------------------------------- */
+
+static void run_op(struct ring_server *rs, struct ring_worker *w, struct binding *b, const struct tqkv_sqe *e)
+{
+	struct ring_client *c = b->c;
+	struct session *s;
+	struct dataop_res r;
+	enum tq_dtype dt = (enum tq_dtype)e->dtype;
+	int x;
+
+	if (e->opcode == TQKV_OP_DETACH)
+		return cq_post(c, e, 0, TQKV_ST_OK, 0, 0, NULL);
+	if ((x = session_acquire(rs->st, b->id, now_real_ms(), &s)) < 0)
+		return cq_post(c, e, x, session_errno_status(x), 0, 0, NULL);
+	switch (e->opcode) {
+	case TQKV_OP_APPEND:
+		dataop_append(rs->ks, s, e->layer, c->arena + e->k_off, c->arena + e->v_off, dt,
+			      e->n_tokens, &r);
+		break;
+	case TQKV_OP_ATTEND:
+	case TQKV_OP_APPEND_ATTEND: {
+		bool app = e->opcode == TQKV_OP_APPEND_ATTEND;
+		dataop_attend(rs->ks, s, &w->ws, e->layer, app ? c->arena + e->k_off : NULL,
+			      app ? c->arena + e->v_off : NULL, app ? e->n_tokens : 0,
+			      c->arena + e->q_off, c->arena + e->pos_off, e->n_q, dt,
+			      (float *)(void *)(c->arena + e->out_off), &r);
+		break;
+	}
+	case TQKV_OP_TRUNCATE:
+		dataop_truncate(rs->ks, s, e->layer, (e->flags & TQKV_SQE_ALL_LAYERS) != 0, e->pos, &r);
+		break;
+	default:
+		assert(!"dispatch let an unknown opcode through");
+		memset(&r, 0, sizeof(r));
+		r.res = -EINVAL;
+		r.status = TQKV_ST_BAD_OPCODE;
+	}
+	session_release(s);
+	cq_post(c, e, r.res, r.status, r.detail, r.n_tokens, r.msg);
+}
+
+static void *worker_main(void *arg)
+{
+	struct ring_worker *w = arg;
+	struct ring_server *rs = w->rs;
+
+	pthread_mutex_lock(&rs->lock);
+	for (;;) {
+		struct binding *b;
+		struct op *o;
+		struct ring_client *c;
+
+		if (!rs->rq_head) {
+			if (__atomic_load_n(&rs->workers_stop, __ATOMIC_ACQUIRE))
+				break;
+			/* short spin before sleeping: back-to-back ops skip the wake-up */
+			pthread_mutex_unlock(&rs->lock);
+			uint64_t t0 = now_mono_ns(), lim = (uint64_t)rs->p.spin_us * 1000u / 2;
+			while (!__atomic_load_n(&rs->rq_head, __ATOMIC_RELAXED) && now_mono_ns() - t0 < lim)
+				for (int i = 0; i < 16; i++)
+					cpu_relax();
+			pthread_mutex_lock(&rs->lock);
+			if (!rs->rq_head && !__atomic_load_n(&rs->workers_stop, __ATOMIC_ACQUIRE)) {
+				rs->sleepers++;
+				pthread_cond_wait(&rs->work, &rs->lock);
+				rs->sleepers--;
+			}
+			continue;
+		}
+		b = rs->rq_head;
+		rs->rq_head = b->rq_next;
+		if (!rs->rq_head)
+			rs->rq_tail = NULL;
+		o = b->head;
+		b->head = o->next;
+		if (!b->head)
+			b->tail = NULL;
+		c = b->c;
+		pthread_mutex_unlock(&rs->lock);
+
+		if (__atomic_load_n(&c->closing, __ATOMIC_ACQUIRE))
+			__atomic_add_fetch(&rs->ops_dropped, 1, __ATOMIC_RELAXED);
+		else
+			run_op(rs, w, b, &o->e);
+		free(o);
+
+		pthread_mutex_lock(&rs->lock);
+		if (b->head) {
+			push_runq(rs, b); /* round robin between sessions */
+		} else {
+			b->queued = false;
+			if (b->detached) {
+				binding_unlink(rs, b);
+				free(b);
+			}
+		}
+		if (--c->inflight == 0)
+			pthread_cond_broadcast(&c->idle);
+	}
+	pthread_mutex_unlock(&rs->lock);
+	return NULL;
+}
+
+/* ---- connections (ring-ctl) ------------------------------------------------------------ */
+
+static void client_free(struct ring_client *c)
+{
+	if (!c)
+		return;
+	if (c->map) {
+		munmap(c->map, c->map_bytes);
+		__atomic_sub_fetch(&c->rs->arena_bytes, c->map_bytes, __ATOMIC_RELAXED);
+	}
+	if (c->fd >= 0)
+		close(c->fd);
+	pthread_mutex_destroy(&c->cq_lock);
+	pthread_cond_destroy(&c->idle);
+	free(c);
+}
+
+static void welcome_send(int fd, int res, uint64_t client_id, const char *msg)
+{
+	struct tqkv_welcome w;
+
+	memset(&w, 0, sizeof(w));
+	w.magic = TQKV_RING_MAGIC;
+	w.version = TQKV_RING_VERSION;
+	w.res = res;
+	w.client_id = client_id;
+	w.max_sessions = TQKV_MAX_ATTACHED;
+	w.max_tokens_per_op = TQKV_MAX_TOKENS_PER_OP;
+	snprintf(w.msg, sizeof(w.msg), "%s", msg ? msg : "");
+	if (send(fd, &w, sizeof(w), MSG_NOSIGNAL) < 0) {
+		/* the client left; its EOF is handled like any other */
+	}
+}
+
+/* Handshake on a new connection: 0 and the mapped client, or a negative
+ * errno with why set (the caller answers and closes). */
+static int handshake(struct ring_server *rs, struct ring_client *c, char *why, size_t whylen)
+{
+	struct tqkv_hello h;
+	struct tqkv_ring_layout lay;
+	struct ucred cred;
+	socklen_t cl = sizeof(cred);
+	union { struct cmsghdr h; char buf[CMSG_SPACE(sizeof(int) * 4)]; } cbuf;
+	struct iovec iov = { &h, sizeof(h) };
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf.buf,
+			      .msg_controllen = sizeof(cbuf.buf) };
+	struct timeval tv = { 2, 0 };
+	struct stat sb;
+	int memfd = -1, seals, r;
+	ssize_t n;
+
+	if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0) {
+		r = -errno;
+		snprintf(why, whylen, "SO_PEERCRED: %s", strerror(errno));
+		goto fail;
+	}
+	c->uid = cred.uid;
+	c->pid = cred.pid;
+	setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	memset(&h, 0, sizeof(h));
+	n = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC);
+	/* Take ownership of every passed fd before judging the message. */
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+			continue;
+		size_t nfd = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (size_t i = 0; i < nfd; i++) {
+			int fd;
+			memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+			if (memfd < 0)
+				memfd = fd;
+			else
+				close(fd);
+		}
+	}
+	if (n < 0) {
+		r = -errno;
+		snprintf(why, whylen, "reading the hello: %s", strerror(errno));
+		goto fail;
+	}
+	if ((size_t)n != sizeof(h) || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+		r = -EPROTO;
+		snprintf(why, whylen, "hello of %zd bytes (expected %zu)", n, sizeof(h));
+		goto fail;
+	}
+	if (h.magic != TQKV_RING_MAGIC) {
+		r = -EPROTO;
+		snprintf(why, whylen, "not a tqkv data client (bad magic)");
+		goto fail;
+	}
+	if ((h.version >> 16) != TQKV_RING_VERSION_MAJOR) {
+		r = -EPROTONOSUPPORT;
+		snprintf(why, whylen, "ring ABI %u.%u is not supported (daemon speaks %u.%u)",
+			 h.version >> 16, h.version & 0xffff, TQKV_RING_VERSION_MAJOR, TQKV_RING_VERSION_MINOR);
+		goto fail;
+	}
+	if (h.flags || !all_zero(h.reserved, sizeof(h.reserved)) ||
+	    tqkv_ring_layout(h.sq_entries, h.cq_entries, h.arena_bytes, &lay) < 0 ||
+	    lay.total_bytes != h.total_bytes) {
+		r = -EINVAL;
+		snprintf(why, whylen, "bad ring geometry (sq %u, cq %u, arena %llu, total %llu)",
+			 h.sq_entries, h.cq_entries, (unsigned long long)h.arena_bytes,
+			 (unsigned long long)h.total_bytes);
+		goto fail;
+	}
+	if (memfd < 0) {
+		r = -EBADF;
+		snprintf(why, whylen, "no memfd passed with the hello");
+		goto fail;
+	}
+	/* Sealed against shrinking, so no access inside total_bytes can SIGBUS. */
+	seals = fcntl(memfd, F_GET_SEALS);
+	if (fstat(memfd, &sb) < 0 || !S_ISREG(sb.st_mode) || seals < 0 ||
+	    (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW) ||
+	    (uint64_t)sb.st_size != h.total_bytes) {
+		r = -EINVAL;
+		snprintf(why, whylen, "the fd must be a memfd of %llu bytes sealed with F_SEAL_SHRINK|F_SEAL_GROW",
+			 (unsigned long long)h.total_bytes);
+		goto fail;
+	}
+	c->map = mmap(NULL, h.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+	if (c->map == MAP_FAILED) {
+		c->map = NULL;
+		r = -errno;
+		snprintf(why, whylen, "mmap of the ring: %s", strerror(errno));
+		goto fail;
+	}
+	c->map_bytes = h.total_bytes;
+	__atomic_add_fetch(&rs->arena_bytes, c->map_bytes, __ATOMIC_RELAXED);
+	close(memfd);
+	memfd = -1;
+	c->hdr = (struct tqkv_ring_hdr *)(void *)c->map;
+	c->sq = c->map + lay.sq_off;
+	c->cq = c->map + lay.cq_off;
+	c->arena = c->map + lay.arena_off;
+	c->sq_entries = h.sq_entries;
+	c->cq_entries = h.cq_entries;
+	c->arena_bytes = h.arena_bytes;
+	/* The daemon's lines start from its own values. */
+	c->sq_head = 0;
+	c->cq_tail = 0;
+	__atomic_store_n(&c->hdr->sq_head, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&c->hdr->sq_sleeping, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&c->hdr->cq_tail, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&c->hdr->state_status, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&c->hdr->state, TQKV_RING_LIVE, __ATOMIC_SEQ_CST);
+	tv.tv_sec = 0;
+	setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	return 0;
+fail:
+	if (memfd >= 0)
+		close(memfd);
+	return r;
+}
+
+static void accept_one(struct ring_server *rs)
+{
+	struct ring_client *c = NULL;
+	struct epoll_event ev;
+	char why[160] = "";
+	int fd, r;
+
+	fd = accept4(rs->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+	if (fd < 0)
+		return; /* EAGAIN, or the client gave up: nothing to do */
+	c = calloc(1, sizeof(*c));
+	if (!c) {
+		close(fd);
+		return;
+	}
+	c->rs = rs;
+	c->fd = fd;
+	pthread_mutex_init(&c->cq_lock, NULL);
+	pthread_cond_init(&c->idle, NULL);
+
+	pthread_mutex_lock(&rs->lock);
+	c->id = ++rs->next_client_id;
+	r = rs->n_clients >= rs->p.max_clients ? -EUSERS : 0;
+	pthread_mutex_unlock(&rs->lock);
+	if (r < 0) {
+		snprintf(why, sizeof(why), "%u data clients already connected", rs->p.max_clients);
+		goto fail;
+	}
+	if ((r = handshake(rs, c, why, sizeof(why))) < 0)
+		goto fail;
+	ev.events = EPOLLIN | EPOLLRDHUP;
+	ev.data.ptr = c;
+	if (epoll_ctl(rs->epoll_fd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+		r = -errno;
+		snprintf(why, sizeof(why), "epoll: %s", strerror(errno));
+		goto fail;
+	}
+	pthread_mutex_lock(&rs->lock);
+	c->next = rs->clients;
+	rs->clients = c;
+	rs->n_clients++;
+	pthread_mutex_unlock(&rs->lock);
+	welcome_send(fd, 0, c->id, "");
+	if ((r = pthread_create(&c->thread, NULL, client_main, c)) != 0) {
+		log_err("data client %llu: cannot start its thread: %s", (unsigned long long)c->id, strerror(r));
+		__atomic_store_n(&c->closing, 1, __ATOMIC_RELEASE);
+		__atomic_store_n(&c->done, 1, __ATOMIC_RELEASE);
+		shutdown(fd, SHUT_RDWR);
+		uint64_t one = 1;
+		if (write(rs->event_fd, &one, sizeof(one)) < 0) {
+			/* saturated: a reap is due anyway */
+		}
+		return;
+	}
+	c->thread_started = true;
+	__atomic_add_fetch(&rs->clients_total, 1, __ATOMIC_RELAXED);
+	log_info("data client %llu connected (pid %d uid %u, sq %u, cq %u, arena %llu bytes)",
+		 (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid, c->sq_entries, c->cq_entries,
+		 (unsigned long long)c->arena_bytes);
+	return;
+fail:
+	__atomic_add_fetch(&rs->handshakes_failed, 1, __ATOMIC_RELAXED);
+	log_info("data client %llu (pid %d uid %u) refused: %s", (unsigned long long)c->id, (int)c->pid,
+		 (unsigned)c->uid, why);
+	welcome_send(fd, r, 0, why);
+	client_free(c);
+}
+
+/* Any event on a data socket after the handshake ends the client: EOF is
+ * the normal way out, and a client has nothing else to say on it. */
+static void client_hangup(struct ring_server *rs, struct ring_client *c)
+{
+	epoll_ctl(rs->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
+	__atomic_store_n(&c->closing, 1, __ATOMIC_SEQ_CST);
+	futex_wake(&c->hdr->sq_tail);
+}
+
+/* Join and free every client whose ring thread has finished. */
+static void reap(struct ring_server *rs)
+{
+	for (;;) {
+		struct ring_client *c, **pp;
+
+		pthread_mutex_lock(&rs->lock);
+		for (pp = &rs->clients; *pp && !__atomic_load_n(&(*pp)->done, __ATOMIC_ACQUIRE); pp = &(*pp)->next)
+			;
+		c = *pp;
+		if (c) {
+			*pp = c->next;
+			rs->n_clients--;
+		}
+		pthread_mutex_unlock(&rs->lock);
+		if (!c)
+			return;
+		if (c->thread_started)
+			pthread_join(c->thread, NULL);
+		epoll_ctl(rs->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
+		log_info("data client %llu (pid %d) disconnected", (unsigned long long)c->id, (int)c->pid);
+		client_free(c);
+	}
+}
+
+static void *ctl_main(void *arg)
+{
+	struct ring_server *rs = arg;
+	struct epoll_event ev[32];
+
+	while (!__atomic_load_n(&rs->stopping, __ATOMIC_ACQUIRE)) {
+		int n = epoll_wait(rs->epoll_fd, ev, 32, 1000);
+		bool do_reap = false;
+
+		/* Reap last: a freed client must not appear later in this batch. */
+		for (int i = 0; i < n; i++) {
+			if (ev[i].data.ptr == &rs->listen_fd) {
+				accept_one(rs);
+			} else if (ev[i].data.ptr == &rs->event_fd) {
+				uint64_t v;
+				if (read(rs->event_fd, &v, sizeof(v)) < 0) {
+					/* EAGAIN: another read took it */
+				}
+				do_reap = true;
+			} else {
+				client_hangup(rs, ev[i].data.ptr);
+			}
+		}
+		if (do_reap)
+			reap(rs);
+	}
+	return NULL;
+}
+
+/* ---- server --------------------------------------------------------------------------- */
+
+int ring_server_new(struct ring_server **out, const struct ring_params *p,
+		    struct session_table *st, struct kvstore *ks, char *why, size_t whylen)
+{
+	struct ring_server *rs;
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct epoll_event ev;
+	int r;
+
+	*out = NULL;
+	if (p->n_workers < 1 || p->n_workers > 256 || p->attn_threads < 1 ||
+	    p->attn_threads > TQ_THREADS_MAX || p->max_clients < 1) {
+		snprintf(why, whylen, "workers %u, attention threads %u, max clients %u out of range",
+			 p->n_workers, p->attn_threads, p->max_clients);
+		return -EINVAL;
+	}
+	rs = calloc(1, sizeof(*rs));
+	if (!rs)
+		return -ENOMEM;
+	rs->p = *p;
+	rs->p.run_dir = NULL;
+	rs->st = st;
+	rs->ks = ks;
+	rs->listen_fd = rs->epoll_fd = rs->event_fd = -1;
+	pthread_mutex_init(&rs->lock, NULL);
+	pthread_cond_init(&rs->work, NULL);
+
+	if ((size_t)snprintf(rs->sock_path, sizeof(rs->sock_path), "%s/%s", p->run_dir, TQKV_DATA_SOCK) >=
+	    sizeof(rs->sock_path)) {
+		snprintf(why, whylen, "socket path %s/%s is too long", p->run_dir, TQKV_DATA_SOCK);
+		r = -ENAMETOOLONG;
+		goto fail;
+	}
+	memcpy(sa.sun_path, rs->sock_path, sizeof(rs->sock_path));
+	rs->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	rs->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+	rs->event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (rs->listen_fd < 0 || rs->epoll_fd < 0 || rs->event_fd < 0) {
+		r = -errno;
+		snprintf(why, whylen, "socket/epoll/eventfd: %s", strerror(errno));
+		goto fail;
+	}
+	/* The caller holds the run directory's lock: a stale socket is ours. */
+	unlink(rs->sock_path);
+	if (bind(rs->listen_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+	    listen(rs->listen_fd, 64) < 0) {
+		r = -errno;
+		snprintf(why, whylen, "%s: %s", rs->sock_path, strerror(errno));
+		goto fail;
+	}
+	ev.events = EPOLLIN;
+	ev.data.ptr = &rs->listen_fd;
+	epoll_ctl(rs->epoll_fd, EPOLL_CTL_ADD, rs->listen_fd, &ev);
+	ev.data.ptr = &rs->event_fd;
+	epoll_ctl(rs->epoll_fd, EPOLL_CTL_ADD, rs->event_fd, &ev);
+
+	rs->workers = calloc(p->n_workers, sizeof(*rs->workers));
+	if (!rs->workers) {
+		r = -ENOMEM;
+		snprintf(why, whylen, "out of memory");
+		goto fail;
+	}
+	for (uint32_t i = 0; i < p->n_workers; i++) {
+		struct ring_worker *w = &rs->workers[i];
+		w->rs = rs;
+		if (p->attn_threads > 1 && (r = tq_threads_new(&w->ws.threads, (int)p->attn_threads)) < 0) {
+			snprintf(why, whylen, "attention threads: %s", strerror(-r));
+			goto fail;
+		}
+		if ((r = pthread_create(&w->thread, NULL, worker_main, w)) != 0) {
+			snprintf(why, whylen, "worker thread: %s", strerror(r));
+			r = -r;
+			goto fail;
+		}
+		w->started = true;
+		rs->n_workers++;
+	}
+	if ((r = pthread_create(&rs->ctl_thread, NULL, ctl_main, rs)) != 0) {
+		snprintf(why, whylen, "ring-ctl thread: %s", strerror(r));
+		r = -r;
+		goto fail;
+	}
+	rs->ctl_started = true;
+	*out = rs;
+	return 0;
+fail:
+	ring_server_free(rs);
+	return r;
+}
+
+void ring_server_free(struct ring_server *rs)
+{
+	if (!rs)
+		return;
+	__atomic_store_n(&rs->stopping, 1, __ATOMIC_SEQ_CST);
+	if (rs->ctl_started) {
+		uint64_t one = 1;
+		if (write(rs->event_fd, &one, sizeof(one)) < 0) {
+			/* saturated: ring-ctl wakes anyway */
+		}
+		pthread_join(rs->ctl_thread, NULL);
+	}
+	if (rs->listen_fd >= 0) {
+		close(rs->listen_fd);
+		unlink(rs->sock_path);
+	}
+	/* Every client: SHUTDOWN, stop, wait for its ring thread's teardown. */
+	pthread_mutex_lock(&rs->lock);
+	for (struct ring_client *c = rs->clients; c; c = c->next) {
+		__atomic_store_n(&c->hdr->state, TQKV_RING_SHUTDOWN, __ATOMIC_SEQ_CST);
+		__atomic_store_n(&c->closing, 1, __ATOMIC_SEQ_CST);
+		futex_wake(&c->hdr->sq_tail);
+		futex_wake(&c->hdr->cq_tail);
+		shutdown(c->fd, SHUT_RDWR);
+	}
+	pthread_mutex_unlock(&rs->lock);
+	/* The workers keep running until the clients are gone: they finish or
+	 * drop what is queued, so the ring threads' teardowns complete. */
+	for (;;) {
+		bool left;
+		reap(rs);
+		pthread_mutex_lock(&rs->lock);
+		left = rs->clients != NULL;
+		pthread_mutex_unlock(&rs->lock);
+		if (!left)
+			break;
+		usleep(1000);
+	}
+	pthread_mutex_lock(&rs->lock);
+	__atomic_store_n(&rs->workers_stop, 1, __ATOMIC_SEQ_CST);
+	pthread_cond_broadcast(&rs->work);
+	pthread_mutex_unlock(&rs->lock);
+	if (rs->workers) {
+		for (uint32_t i = 0; i < rs->p.n_workers; i++) {
+			if (rs->workers[i].started)
+				pthread_join(rs->workers[i].thread, NULL);
+			dataop_ws_free(&rs->workers[i].ws);
+		}
+		free(rs->workers);
+	}
+	if (rs->epoll_fd >= 0)
+		close(rs->epoll_fd);
+	if (rs->event_fd >= 0)
+		close(rs->event_fd);
+	pthread_cond_destroy(&rs->work);
+	pthread_mutex_destroy(&rs->lock);
+	free(rs);
+}
+
+void ring_server_stats(struct ring_server *rs, struct ring_stats *out)
+{
+	memset(out, 0, sizeof(*out));
+	pthread_mutex_lock(&rs->lock);
+	out->clients = rs->n_clients;
+	pthread_mutex_unlock(&rs->lock);
+	out->clients_total = __atomic_load_n(&rs->clients_total, __ATOMIC_RELAXED);
+	out->handshakes_failed = __atomic_load_n(&rs->handshakes_failed, __ATOMIC_RELAXED);
+	out->ops_total = __atomic_load_n(&rs->ops_total, __ATOMIC_RELAXED);
+	out->op_errors_total = __atomic_load_n(&rs->op_errors_total, __ATOMIC_RELAXED);
+	out->ops_dropped = __atomic_load_n(&rs->ops_dropped, __ATOMIC_RELAXED);
+	out->rings_broken = __atomic_load_n(&rs->rings_broken, __ATOMIC_RELAXED);
+	out->sessions_closed_on_eof = __atomic_load_n(&rs->sessions_closed_on_eof, __ATOMIC_RELAXED);
+	out->arena_bytes = __atomic_load_n(&rs->arena_bytes, __ATOMIC_RELAXED);
+}

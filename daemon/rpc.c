@@ -1,0 +1,1123 @@
+/* rpc.c — the gRPC control server and its handlers.
+ *
+ * Trust model (docs/ARCHITECTURE-daemon.md): whoever can connect to
+ * control.sock (mode 0660, owner = the daemon's user, group =
+ * daemon.control_group) is an operator and may run every method.  The
+ * session owner recorded by OpenSession is the caller's uid as the kernel
+ * reports it (SO_PEERCRED, read by our own acceptor), never a value the
+ * client sends.  gRPC 1.51 exposes no peer credentials of its own, so we
+ * accept the unix connections ourselves and pass each one to gRPC with
+ * grpc_server_add_channel_from_fd(); gRPC names such a peer "fd:N", which
+ * leads back to the credentials recorded for fd N (checked against the
+ * socket's inode).  TCP peers have no credentials: OpenSession is refused
+ * there.
+ */
+#include "rpc.h"
+
+#include <errno.h>
+#include <grp.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <pthread.h>
+#include <pwd.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_posix.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+
+#include "log.h"
+#include "pool.h"
+#include "ring.h"
+#include "tqkv.pb-c.h"
+
+#define N_METHODS 10
+
+/* Who is calling.  has_cred: kernel credentials of a unix-socket peer. */
+struct peer {
+	bool has_cred;
+	struct ucred cred;
+	char desc[96];          /* "uid 1000 pid 42" or "ipv4:127.0.0.1:5555" */
+};
+
+struct reply {
+	grpc_status_code code;
+	char msg[512];
+	grpc_byte_buffer *payload;  /* NULL unless code == GRPC_STATUS_OK */
+};
+
+typedef void (*handler_fn)(struct rpc_server *srv, const struct peer *peer,
+			   const ProtobufCMessage *req, struct reply *rep);
+
+enum call_phase { PHASE_REQUESTED, PHASE_SENDING };
+
+/* One call: a pending request for a method, then the reply in flight.
+ * Owned by the RPC thread; the pointer is the completion-queue tag. */
+struct call {
+	enum call_phase phase;
+	int method;                 /* index into methods[], -1: unregistered */
+	grpc_call *call;
+	gpr_timespec deadline;
+	grpc_metadata_array md;
+	grpc_byte_buffer *payload;
+	grpc_call_details details;  /* unregistered calls only */
+	grpc_byte_buffer *reply;
+	grpc_slice status_msg;
+	int cancelled;
+};
+
+struct peer_slot {
+	bool valid;
+	ino_t ino;
+	struct ucred cred;
+};
+
+struct rpc_server {
+	struct session_table *sessions;
+	struct tenant_table *tenants;
+	struct pool *pool;              /* atomic pointers: rpc_set_datapath */
+	struct ring_server *ring;
+	uint64_t start_ms, start_mono_ms;
+
+	pthread_mutex_t cfg_lock;       /* guards cfg, reloads */
+	struct config *cfg;
+	uint64_t reloads;
+
+	grpc_server *server;
+	grpc_completion_queue *cq;
+	void *method_tag[N_METHODS];
+	char method_path[N_METHODS][64];
+	pthread_t rpc_thread;
+	bool rpc_thread_started;
+	int stopping;                   /* atomic: set by rpc_stop */
+	int drain_ms;
+	int shutdown_tag;               /* its address is the shutdown tag */
+	bool started, server_destroyed;
+
+	char sock_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	int listen_fd;
+	int wake_fd;                    /* eventfd: stops the acceptor */
+	pthread_t accept_thread;
+	bool accept_thread_started;
+	grpc_server_credentials *fd_creds;
+
+	pthread_mutex_t peer_lock;      /* guards peers */
+	struct peer_slot *peers;        /* [n_peers], indexed by fd */
+	size_t n_peers;
+
+	uint64_t calls, errors;         /* atomic */
+};
+
+static uint64_t now_realtime_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static uint64_t now_mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* ---- replies ------------------------------------------------------------------ */
+__attribute__((format(printf, 3, 4)))
+static void rep_error(struct reply *rep, grpc_status_code code, const char *fmt, ...)
+{
+	va_list ap;
+
+	rep->code = code;
+	va_start(ap, fmt);
+	vsnprintf(rep->msg, sizeof(rep->msg), fmt, ap);
+	va_end(ap);
+}
+
+static void rep_ok(struct reply *rep, const ProtobufCMessage *m)
+{
+	size_t len = protobuf_c_message_get_packed_size(m);
+	grpc_slice s = grpc_slice_malloc(len);
+
+	protobuf_c_message_pack(m, GRPC_SLICE_START_PTR(s));
+	rep->payload = grpc_raw_byte_buffer_create(&s, 1);
+	grpc_slice_unref(s);
+	rep->code = GRPC_STATUS_OK;
+	rep->msg[0] = '\0';
+}
+
+/* A client string for a message: printable ASCII only, else a placeholder. */
+static const char *safe(const char *s)
+{
+	size_t n = strlen(s);
+
+	if (n > 80)
+		return "(too long)";
+	for (size_t i = 0; i < n; i++)
+		if (s[i] < 0x20 || s[i] > 0x7e)
+			return "(not printable)";
+	return s;
+}
+
+/* ---- handlers ------------------------------------------------------------------ */
+static void h_health(struct rpc_server *srv, const struct peer *peer,
+		     const ProtobufCMessage *req, struct reply *rep)
+{
+	Tqkv__V1__HealthReply r = TQKV__V1__HEALTH_REPLY__INIT;
+
+	r.status = (char *)"SERVING";
+	r.version = (char *)(TQ_VERSION " (git " TQ_GIT_REV ")");
+	r.uptime_ms = now_mono_ms() - srv->start_mono_ms;
+	r.pid = (uint32_t)getpid();
+	rep_ok(rep, &r.base);
+}
+
+static void h_get_stats(struct rpc_server *srv, const struct peer *peer,
+			const ProtobufCMessage *req, struct reply *rep)
+{
+	Tqkv__V1__Stats r = TQKV__V1__STATS__INIT;
+	struct session_stats ss;
+
+	session_table_stats(srv->sessions, &ss);
+	r.version = (char *)TQ_VERSION;
+	r.uptime_ms = now_mono_ms() - srv->start_mono_ms;
+	r.pid = (uint32_t)getpid();
+	pthread_mutex_lock(&srv->cfg_lock);
+	r.pool_bytes = srv->cfg->pool_bytes;
+	r.reloads_total = srv->reloads;
+	pthread_mutex_unlock(&srv->cfg_lock);
+	r.used_bytes = tenant_table_used(srv->tenants);
+	r.sessions_open = ss.open;
+	r.sessions_evicted = ss.evicted;
+	r.sessions_opened_total = ss.opened_total;
+	r.sessions_closed_total = ss.closed_total;
+	r.evictions_total = ss.evictions_total;
+	r.rpc_calls_total = __atomic_load_n(&srv->calls, __ATOMIC_RELAXED);
+	r.rpc_errors_total = __atomic_load_n(&srv->errors, __ATOMIC_RELAXED);
+	r.tenants = tenant_count(srv->tenants);
+	struct pool *pool = __atomic_load_n(&srv->pool, __ATOMIC_ACQUIRE);
+	struct ring_server *ring = __atomic_load_n(&srv->ring, __ATOMIC_ACQUIRE);
+	if (pool) {
+		struct pool_stats ps;
+		pool_stats(pool, &ps);
+		r.page_bytes = ps.page_bytes;
+		r.pages_total = ps.pages_total;
+		r.pages_free = ps.pages_free;
+		r.pool_resident_bytes = ps.resident_bytes;
+		r.pool_backend = (char *)ps.backend;
+		r.numa_node = ps.numa_node;
+		r.hugepages = ps.hugepages;
+	}
+	if (ring) {
+		struct ring_stats rs;
+		ring_server_stats(ring, &rs);
+		r.data_clients = rs.clients;
+		r.data_ops_total = rs.ops_total;
+		r.data_op_errors_total = rs.op_errors_total;
+		r.data_arena_bytes = rs.arena_bytes;
+	}
+	rep_ok(rep, &r.base);
+}
+
+/* The message's strings point into `si`. */
+static void session_to_msg(struct session_info *si, Tqkv__V1__Session *m)
+{
+	tqkv__v1__session__init(m);
+	m->id = si->id;
+	m->name = si->name;
+	m->tenant = si->tenant;
+	m->owner_uid = si->owner_uid;
+	m->n_layers = si->geom.n_layers;
+	m->n_kv_heads = si->geom.n_kv_heads;
+	m->n_q_heads = si->geom.n_q_heads;
+	m->head_dim = si->geom.head_dim;
+	m->k_codec = (char *)tq_codec_name(si->geom.k_codec);
+	m->v_codec = (char *)tq_codec_name(si->geom.v_codec);
+	m->rotation_seed = si->seed;
+	m->max_tokens = si->geom.max_tokens;
+	m->tokens = si->tokens;
+	m->resident_bytes = si->resident_bytes;
+	m->spilled_bytes = si->spilled_bytes;
+	m->created_ms = si->created_ms;
+	m->last_access_ms = si->last_access_ms;
+	m->state = (Tqkv__V1__SessionState)si->state;
+	m->bytes_per_token = si->bytes_per_token;
+}
+
+static void rep_session(struct reply *rep, struct session_info *si)
+{
+	Tqkv__V1__Session m;
+
+	session_to_msg(si, &m);
+	rep_ok(rep, &m.base);
+}
+
+static int codec_arg(const char *name, const char *def, enum tq_codec_id *out)
+{
+	int id = tq_codec_from_name(name[0] ? name : def);
+
+	if (id < 0)
+		return id;
+	*out = (enum tq_codec_id)id;
+	return 0;
+}
+
+static const char *known_codecs(char *buf, size_t len)
+{
+	size_t n = 0;
+
+	buf[0] = '\0';
+	for (int i = 0; i < TQ_CODEC__COUNT && n < len; i++)
+		n += (size_t)snprintf(buf + n, len - n, "%s%s", i ? ", " : "",
+				      tq_codec_name((enum tq_codec_id)i));
+	return buf;
+}
+
+/* uid's supplementary groups, for allow_gids. */
+static int peer_groups(uid_t uid, gid_t gid, gid_t *groups, int max)
+{
+	struct passwd pw, *r = NULL;
+	char buf[4096];
+	int n = max;
+
+	if (getpwuid_r(uid, &pw, buf, sizeof(buf), &r) != 0 || !r)
+		return 0;
+	if (getgrouplist(pw.pw_name, gid, groups, &n) < 0)
+		return max;
+	return n;
+}
+
+static void h_open_session(struct rpc_server *srv, const struct peer *peer,
+			   const ProtobufCMessage *req, struct reply *rep)
+{
+	const Tqkv__V1__OpenSessionRequest *q = (const void *)req;
+	struct session_geom g = { 0 };
+	struct session_info si;
+	struct tenant *t;
+	char why[256];
+	uint64_t seed;
+	gid_t groups[64];
+	int r, n_groups;
+
+	if (!peer->has_cred) {
+		rep_error(rep, GRPC_STATUS_PERMISSION_DENIED,
+			  "OpenSession needs the unix control socket: the session owner is the caller's "
+			  "uid from the kernel, which a TCP peer does not have");
+		return;
+	}
+	const char *tname = q->tenant[0] ? q->tenant : CONFIG_DEFAULT_TENANT;
+	if (config_check_name(tname) < 0 || !(t = tenant_find(srv->tenants, tname))) {
+		rep_error(rep, GRPC_STATUS_INVALID_ARGUMENT, q->tenant[0]
+			  ? "unknown tenant '%s'" : "no tenant given and there is no tenant '%s'",
+			  safe(tname));
+		return;
+	}
+	if (q->name[0] && config_check_name(q->name) < 0) {
+		rep_error(rep, GRPC_STATUS_INVALID_ARGUMENT,
+			  "session name '%s' is not valid ([A-Za-z0-9_.-], 1..%d characters)",
+			  safe(q->name), CONFIG_NAME_MAX - 1);
+		return;
+	}
+	if (codec_arg(q->k_codec, "q8", &g.k_codec) < 0) {
+		rep_error(rep, GRPC_STATUS_INVALID_ARGUMENT, "unknown K codec '%s' (known: %s)",
+			  safe(q->k_codec), known_codecs(why, sizeof(why)));
+		return;
+	}
+	if (codec_arg(q->v_codec, "tq4", &g.v_codec) < 0) {
+		rep_error(rep, GRPC_STATUS_INVALID_ARGUMENT, "unknown V codec '%s' (known: %s)",
+			  safe(q->v_codec), known_codecs(why, sizeof(why)));
+		return;
+	}
+	g.n_layers = q->n_layers;
+	g.n_kv_heads = q->n_kv_heads;
+	g.n_q_heads = q->n_q_heads;
+	g.head_dim = q->head_dim;
+	g.max_tokens = q->max_tokens;
+	n_groups = peer_groups(peer->cred.uid, peer->cred.gid, groups, 64);
+	if (!tenant_allows(t, peer->cred.uid, peer->cred.gid, groups, n_groups)) {
+		rep_error(rep, GRPC_STATUS_PERMISSION_DENIED, "uid %u may not use tenant '%s' (allow_uids/allow_gids)",
+			  (unsigned)peer->cred.uid, tname);
+		return;
+	}
+	if (q->has_rotation_seed)
+		seed = q->rotation_seed;
+	else if (getrandom(&seed, sizeof(seed), 0) != (ssize_t)sizeof(seed)) {
+		rep_error(rep, GRPC_STATUS_INTERNAL, "cannot draw a rotation seed: %s", strerror(errno));
+		return;
+	}
+	why[0] = '\0';
+	r = session_open(srv->sessions, t, q->name, peer->cred.uid, &g, seed, now_realtime_ms(), &si,
+			 why, sizeof(why));
+	switch (r) {
+	case 0:
+		log_info("session %" PRIu64 " opened: tenant %s, uid %u, name '%s', %u layers x %u/%u heads x %u, "
+			 "%s/%s, max %" PRIu64 " tokens", si.id, si.tenant, si.owner_uid, si.name,
+			 g.n_layers, g.n_kv_heads, g.n_q_heads, g.head_dim, tq_codec_name(g.k_codec),
+			 tq_codec_name(g.v_codec), g.max_tokens);
+		rep_session(rep, &si);
+		return;
+	case -EINVAL:
+	case -EOVERFLOW:
+		rep_error(rep, GRPC_STATUS_INVALID_ARGUMENT, "%s", why);
+		return;
+	case -EEXIST:
+		rep_error(rep, GRPC_STATUS_ALREADY_EXISTS, "%s", why);
+		return;
+	case -EUSERS:
+	case -ENOSPC:
+		rep_error(rep, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s", why);
+		return;
+	default:
+		rep_error(rep, GRPC_STATUS_INTERNAL, "cannot open the session: %s", strerror(-r));
+		return;
+	}
+}
+
+static bool check_id(uint64_t id, struct reply *rep)
+{
+	if (id == 0) {
+		rep_error(rep, GRPC_STATUS_INVALID_ARGUMENT, "session id is required (ids start at 1)");
+		return false;
+	}
+	return true;
+}
+
+static void h_close_session(struct rpc_server *srv, const struct peer *peer,
+			    const ProtobufCMessage *req, struct reply *rep)
+{
+	const Tqkv__V1__SessionRef *q = (const void *)req;
+	Tqkv__V1__CloseSessionReply r = TQKV__V1__CLOSE_SESSION_REPLY__INIT;
+	uint64_t released = 0;
+
+	if (!check_id(q->id, rep))
+		return;
+	if (session_close(srv->sessions, q->id, &released) < 0) {
+		rep_error(rep, GRPC_STATUS_NOT_FOUND, "no session %" PRIu64, q->id);
+		return;
+	}
+	log_info("session %" PRIu64 " closed by %s (%" PRIu64 " bytes released)", q->id, peer->desc, released);
+	r.released_bytes = released;
+	rep_ok(rep, &r.base);
+}
+
+static void h_get_session(struct rpc_server *srv, const struct peer *peer,
+			  const ProtobufCMessage *req, struct reply *rep)
+{
+	const Tqkv__V1__SessionRef *q = (const void *)req;
+	struct session_info si;
+
+	if (!check_id(q->id, rep))
+		return;
+	if (session_get_info(srv->sessions, q->id, &si) < 0) {
+		rep_error(rep, GRPC_STATUS_NOT_FOUND, "no session %" PRIu64, q->id);
+		return;
+	}
+	rep_session(rep, &si);
+}
+
+static void h_list_sessions(struct rpc_server *srv, const struct peer *peer,
+			    const ProtobufCMessage *req, struct reply *rep)
+{
+	const Tqkv__V1__ListSessionsRequest *q = (const void *)req;
+	Tqkv__V1__ListSessionsReply r = TQKV__V1__LIST_SESSIONS_REPLY__INIT;
+	struct session_info *v = NULL;
+	Tqkv__V1__Session *m = NULL, **pm = NULL;
+	struct tenant *t = NULL;
+	size_t n = 0;
+
+	if (q->tenant[0] && (config_check_name(q->tenant) < 0 || !(t = tenant_find(srv->tenants, q->tenant)))) {
+		rep_error(rep, GRPC_STATUS_INVALID_ARGUMENT, "unknown tenant '%s'", safe(q->tenant));
+		return;
+	}
+	if (session_list(srv->sessions, t, &v, &n) < 0)
+		goto nomem;
+	m = calloc(n ? n : 1, sizeof(*m));
+	pm = calloc(n ? n : 1, sizeof(*pm));
+	if (!m || !pm)
+		goto nomem;
+	for (size_t i = 0; i < n; i++) {
+		session_to_msg(&v[i], &m[i]);
+		pm[i] = &m[i];
+	}
+	r.n_sessions = n;
+	r.sessions = pm;
+	rep_ok(rep, &r.base);
+	goto out;
+nomem:
+	rep_error(rep, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+out:
+	free(pm);
+	free(m);
+	free(v);
+}
+
+static void h_evict_session(struct rpc_server *srv, const struct peer *peer,
+			    const ProtobufCMessage *req, struct reply *rep)
+{
+	const Tqkv__V1__SessionRef *q = (const void *)req;
+	struct session_info si;
+	int r;
+
+	if (!check_id(q->id, rep))
+		return;
+	r = session_evict(srv->sessions, q->id, &si);
+	if (r == -ENOENT) {
+		rep_error(rep, GRPC_STATUS_NOT_FOUND, "no session %" PRIu64, q->id);
+		return;
+	}
+	if (r == -EALREADY || r == -ESHUTDOWN) {
+		rep_error(rep, GRPC_STATUS_FAILED_PRECONDITION, "session %" PRIu64 " is %s already",
+			  q->id, r == -EALREADY ? "evicted" : "closing");
+		return;
+	}
+	log_notice("session %" PRIu64 " (tenant %s, uid %u) evicted by %s", si.id, si.tenant,
+		   si.owner_uid, peer->desc);
+	rep_session(rep, &si);
+}
+
+/* The message's arrays point into `ti`. */
+static void tenant_to_msg(struct tenant_info *ti, Tqkv__V1__Tenant *m)
+{
+	tqkv__v1__tenant__init(m);
+	m->name = ti->name;
+	m->guaranteed_bytes = ti->guaranteed;
+	m->limit_bytes = ti->limit;
+	m->priority = ti->priority;
+	m->used_bytes = ti->used;
+	m->sessions = ti->sessions;
+	m->any_uid = ti->any_uid;
+	m->n_allow_uids = ti->n_uids;
+	m->allow_uids = ti->uids;
+	m->n_allow_gids = ti->n_gids;
+	m->allow_gids = ti->gids;
+}
+
+static void h_list_tenants(struct rpc_server *srv, const struct peer *peer,
+			   const ProtobufCMessage *req, struct reply *rep)
+{
+	Tqkv__V1__ListTenantsReply r = TQKV__V1__LIST_TENANTS_REPLY__INIT;
+	uint32_t n = tenant_count(srv->tenants);
+	struct tenant_info *ti = calloc(n, sizeof(*ti));
+	Tqkv__V1__Tenant *m = calloc(n, sizeof(*m));
+	Tqkv__V1__Tenant **pm = calloc(n, sizeof(*pm));
+
+	if (!ti || !m || !pm) {
+		rep_error(rep, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+		goto out;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		tenant_get_info(tenant_at(srv->tenants, i), &ti[i]);
+		tenant_to_msg(&ti[i], &m[i]);
+		pm[i] = &m[i];
+	}
+	r.n_tenants = n;
+	r.tenants = pm;
+	rep_ok(rep, &r.base);
+out:
+	free(pm);
+	free(m);
+	free(ti);
+}
+
+static void h_set_tenant_budget(struct rpc_server *srv, const struct peer *peer,
+				const ProtobufCMessage *req, struct reply *rep)
+{
+	const Tqkv__V1__SetTenantBudgetRequest *q = (const void *)req;
+	Tqkv__V1__Tenant m;
+	struct tenant_info ti;
+	struct tenant *t;
+	uint64_t pool;
+	char a[32], b[32];
+	int r;
+
+	if (config_check_name(q->tenant) < 0 || !(t = tenant_find(srv->tenants, q->tenant))) {
+		rep_error(rep, GRPC_STATUS_INVALID_ARGUMENT, "unknown tenant '%s'", safe(q->tenant));
+		return;
+	}
+	if (!q->set_limit && !q->set_guaranteed) {
+		rep_error(rep, GRPC_STATUS_INVALID_ARGUMENT, "nothing to change: give a limit and/or a guarantee");
+		return;
+	}
+	pthread_mutex_lock(&srv->cfg_lock);
+	pool = srv->cfg->pool_bytes;
+	pthread_mutex_unlock(&srv->cfg_lock);
+	tenant_get_info(t, &ti);
+	r = tenant_set_budget(srv->tenants, t, q->set_limit, q->limit_bytes, q->set_guaranteed,
+			      q->guaranteed_bytes);
+	if (r == -EINVAL) {
+		config_format_size(q->set_limit ? q->limit_bytes : ti.limit, a, sizeof(a));
+		config_format_size(q->set_guaranteed ? q->guaranteed_bytes : ti.guaranteed, b, sizeof(b));
+		char p[32];
+		config_format_size(pool, p, sizeof(p));
+		rep_error(rep, GRPC_STATUS_INVALID_ARGUMENT,
+			  "tenant '%s': limit %s, guaranteed %s: need 1MiB <= limit <= pool %s and guaranteed <= limit",
+			  q->tenant, a, b, p);
+		return;
+	}
+	if (r == -ENOSPC) {
+		config_format_size(pool, a, sizeof(a));
+		rep_error(rep, GRPC_STATUS_FAILED_PRECONDITION,
+			  "tenant '%s': the guarantees of all tenants would exceed the pool (%s)", q->tenant, a);
+		return;
+	}
+	tenant_get_info(t, &ti);
+	config_format_size(ti.limit, a, sizeof(a));
+	config_format_size(ti.guaranteed, b, sizeof(b));
+	log_notice("tenant %s: budget set by %s: limit %s, guaranteed %s", ti.name, peer->desc, a, b);
+	tenant_to_msg(&ti, &m);
+	rep_ok(rep, &m.base);
+}
+
+struct cfg_visit {
+	Tqkv__V1__ConfigEntry *e;   /* [cap] */
+	Tqkv__V1__ConfigEntry **pe;
+	char (*text)[3][CONFIG_DIR_MAX + 64]; /* key, value, default per entry */
+	size_t n, cap;
+};
+
+static int visit_entry(void *ctx, const char *key, const char *value, const char *def,
+		       bool reloadable, const char *help)
+{
+	struct cfg_visit *v = ctx;
+
+	if (v->n >= v->cap)
+		return -ENOBUFS;
+	snprintf(v->text[v->n][0], sizeof(v->text[0][0]), "%s", key);
+	snprintf(v->text[v->n][1], sizeof(v->text[0][1]), "%s", value);
+	snprintf(v->text[v->n][2], sizeof(v->text[0][2]), "%s", def);
+	Tqkv__V1__ConfigEntry *e = &v->e[v->n];
+	tqkv__v1__config_entry__init(e);
+	e->key = v->text[v->n][0];
+	e->value = v->text[v->n][1];
+	e->default_value = v->text[v->n][2];
+	e->reloadable = reloadable;
+	e->help = (char *)help;
+	v->pe[v->n] = e;
+	v->n++;
+	return 0;
+}
+
+static void h_get_config(struct rpc_server *srv, const struct peer *peer,
+			 const ProtobufCMessage *req, struct reply *rep)
+{
+	Tqkv__V1__GetConfigReply r = TQKV__V1__GET_CONFIG_REPLY__INIT;
+	struct cfg_visit v = { .cap = 16 + 8 * CONFIG_MAX_TENANTS };
+	char path[CONFIG_DIR_MAX];
+	int rc;
+
+	v.e = calloc(v.cap, sizeof(*v.e));
+	v.pe = calloc(v.cap, sizeof(*v.pe));
+	v.text = calloc(v.cap, sizeof(*v.text));
+	if (!v.e || !v.pe || !v.text) {
+		rep_error(rep, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+		goto out;
+	}
+	pthread_mutex_lock(&srv->cfg_lock);
+	rc = config_visit(srv->cfg, visit_entry, &v);
+	snprintf(path, sizeof(path), "%s", srv->cfg->path);
+	pthread_mutex_unlock(&srv->cfg_lock);
+	if (rc < 0) {
+		rep_error(rep, GRPC_STATUS_INTERNAL, "config table larger than expected");
+		goto out;
+	}
+	r.config_path = path;
+	r.n_entries = v.n;
+	r.entries = v.pe;
+	rep_ok(rep, &r.base);
+out:
+	free(v.text);
+	free(v.pe);
+	free(v.e);
+}
+
+/* Order = the service's methods in tqkv.proto (checked at start). */
+static const struct {
+	const char *name;
+	handler_fn fn;
+} methods[N_METHODS] = {
+	{ "Health", h_health },
+	{ "GetStats", h_get_stats },
+	{ "OpenSession", h_open_session },
+	{ "CloseSession", h_close_session },
+	{ "GetSession", h_get_session },
+	{ "ListSessions", h_list_sessions },
+	{ "EvictSession", h_evict_session },
+	{ "ListTenants", h_list_tenants },
+	{ "SetTenantBudget", h_set_tenant_budget },
+	{ "GetConfig", h_get_config },
+};
+
+/* ---- peers ------------------------------------------------------------------------ */
+static void peer_record(struct rpc_server *srv, int fd, const struct ucred *cred, ino_t ino)
+{
+	pthread_mutex_lock(&srv->peer_lock);
+	if ((size_t)fd >= srv->n_peers) {
+		size_t n = (size_t)fd + 64;
+		struct peer_slot *p = realloc(srv->peers, n * sizeof(*p));
+		if (!p)
+			goto out; /* the peer then has no credentials: OpenSession is refused */
+		memset(p + srv->n_peers, 0, (n - srv->n_peers) * sizeof(*p));
+		srv->peers = p;
+		srv->n_peers = n;
+	}
+	srv->peers[fd] = (struct peer_slot){ .valid = true, .ino = ino, .cred = *cred };
+out:
+	pthread_mutex_unlock(&srv->peer_lock);
+}
+
+static void peer_lookup(struct rpc_server *srv, grpc_call *call, struct peer *p)
+{
+	char *s = grpc_call_get_peer(call);
+	struct stat st;
+	int fd = -1, n = 0;
+
+	memset(p, 0, sizeof(*p));
+	snprintf(p->desc, sizeof(p->desc), "%s", s ? safe(s) : "?");
+	if (s && sscanf(s, "fd:%d%n", &fd, &n) == 1 && s[n] == '\0' && fd >= 0 &&
+	    fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode)) {
+		pthread_mutex_lock(&srv->peer_lock);
+		if ((size_t)fd < srv->n_peers && srv->peers[fd].valid && srv->peers[fd].ino == st.st_ino) {
+			p->has_cred = true;
+			p->cred = srv->peers[fd].cred;
+		}
+		pthread_mutex_unlock(&srv->peer_lock);
+		if (p->has_cred)
+			snprintf(p->desc, sizeof(p->desc), "uid %u pid %d", (unsigned)p->cred.uid,
+				 (int)p->cred.pid);
+	}
+	gpr_free(s);
+}
+
+static void *accept_main(void *arg)
+{
+	struct rpc_server *srv = arg;
+	struct pollfd pf[2] = { { srv->listen_fd, POLLIN, 0 }, { srv->wake_fd, POLLIN, 0 } };
+
+	for (;;) {
+		if (poll(pf, 2, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			log_err("control socket: poll: %s", strerror(errno));
+			return NULL;
+		}
+		if (pf[1].revents)
+			return NULL;
+		int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0) {
+			if (errno == EINTR || errno == EAGAIN || errno == ECONNABORTED)
+				continue;
+			log_warning("control socket: accept: %s", strerror(errno));
+			/* EMFILE and friends: back off instead of spinning */
+			poll(&pf[1], 1, 100);
+			continue;
+		}
+		struct ucred cred;
+		socklen_t len = sizeof(cred);
+		struct stat st;
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || fstat(fd, &st) < 0) {
+			log_warning("control socket: peer credentials: %s", strerror(errno));
+			close(fd);
+			continue;
+		}
+		peer_record(srv, fd, &cred, st.st_ino);
+		log_debug("control connection fd %d from uid %u pid %d", fd, (unsigned)cred.uid, (int)cred.pid);
+		/* gRPC owns fd from here and closes it when the connection ends */
+		grpc_server_add_channel_from_fd(srv->server, fd, srv->fd_creds);
+	}
+}
+
+/* ---- the RPC thread ---------------------------------------------------------- */
+static int request_call(struct rpc_server *srv, int method)
+{
+	struct call *c = calloc(1, sizeof(*c));
+	grpc_call_error e;
+
+	if (!c)
+		return -ENOMEM;
+	c->phase = PHASE_REQUESTED;
+	c->method = method;
+	grpc_metadata_array_init(&c->md);
+	if (method >= 0) {
+		e = grpc_server_request_registered_call(srv->server, srv->method_tag[method], &c->call,
+							&c->deadline, &c->md, &c->payload, srv->cq, srv->cq, c);
+	} else {
+		grpc_call_details_init(&c->details);
+		e = grpc_server_request_call(srv->server, &c->call, &c->details, &c->md, srv->cq, srv->cq, c);
+	}
+	if (e != GRPC_CALL_OK) {
+		grpc_metadata_array_destroy(&c->md);
+		if (method < 0)
+			grpc_call_details_destroy(&c->details);
+		free(c);
+		return -EIO;
+	}
+	return 0;
+}
+
+static void call_free(struct call *c)
+{
+	if (!c)
+		return;
+	grpc_metadata_array_destroy(&c->md);
+	if (c->method < 0)
+		grpc_call_details_destroy(&c->details);
+	if (c->payload)
+		grpc_byte_buffer_destroy(c->payload);
+	if (c->reply)
+		grpc_byte_buffer_destroy(c->reply);
+	if (c->phase == PHASE_SENDING)
+		grpc_slice_unref(c->status_msg);
+	if (c->call)
+		grpc_call_unref(c->call);
+	free(c);
+}
+
+/* Decode, run the handler, start sending the reply. */
+static void call_handle(struct rpc_server *srv, struct call *c)
+{
+	struct reply rep = { .code = GRPC_STATUS_OK };
+	struct peer peer;
+	ProtobufCMessage *req = NULL;
+	const char *mname = "?";
+
+	__atomic_add_fetch(&srv->calls, 1, __ATOMIC_RELAXED);
+	peer_lookup(srv, c->call, &peer);
+	if (c->method < 0) {
+		rep_error(&rep, GRPC_STATUS_UNIMPLEMENTED, "unknown method");
+	} else {
+		const ProtobufCMethodDescriptor *md = &tqkv__v1__control__descriptor.methods[c->method];
+		mname = methods[c->method].name;
+		if (!c->payload) {
+			rep_error(&rep, GRPC_STATUS_INVALID_ARGUMENT, "%s: no request message", mname);
+		} else {
+			grpc_byte_buffer_reader rd;
+			grpc_slice s;
+			if (!grpc_byte_buffer_reader_init(&rd, c->payload)) {
+				rep_error(&rep, GRPC_STATUS_INVALID_ARGUMENT, "%s: unreadable request", mname);
+			} else {
+				s = grpc_byte_buffer_reader_readall(&rd);
+				grpc_byte_buffer_reader_destroy(&rd);
+				req = protobuf_c_message_unpack(md->input, NULL, GRPC_SLICE_LENGTH(s),
+								GRPC_SLICE_START_PTR(s));
+				grpc_slice_unref(s);
+				if (!req)
+					rep_error(&rep, GRPC_STATUS_INVALID_ARGUMENT, "%s: malformed %s message",
+						  mname, md->input->name);
+			}
+		}
+		if (req)
+			methods[c->method].fn(srv, &peer, req, &rep);
+	}
+	if (req)
+		protobuf_c_message_free_unpacked(req, NULL);
+	if (rep.code != GRPC_STATUS_OK) {
+		__atomic_add_fetch(&srv->errors, 1, __ATOMIC_RELAXED);
+		log_info("%s from %s: %s", mname, peer.desc, rep.msg);
+	} else {
+		log_debug("%s from %s: ok", mname, peer.desc);
+	}
+
+	grpc_op ops[4];
+	size_t n = 0;
+	memset(ops, 0, sizeof(ops));
+	ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+	ops[n++].data.send_initial_metadata.count = 0;
+	if (rep.payload) {
+		c->reply = rep.payload;
+		ops[n].op = GRPC_OP_SEND_MESSAGE;
+		ops[n++].data.send_message.send_message = c->reply;
+	}
+	c->status_msg = grpc_slice_from_copied_string(rep.msg);
+	c->phase = PHASE_SENDING;
+	ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+	ops[n].data.send_status_from_server.trailing_metadata_count = 0;
+	ops[n].data.send_status_from_server.status = rep.code;
+	ops[n++].data.send_status_from_server.status_details = &c->status_msg;
+	ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+	ops[n++].data.recv_close_on_server.cancelled = &c->cancelled;
+	if (grpc_call_start_batch(c->call, ops, n, c, NULL) != GRPC_CALL_OK) {
+		log_err("%s: cannot send the reply", mname);
+		call_free(c);
+	}
+}
+
+static void *rpc_main(void *arg)
+{
+	struct rpc_server *srv = arg;
+	bool shutdown_seen = false, cancelled = false, cq_down = false;
+	uint64_t stop_at = 0;
+
+	for (;;) {
+		gpr_timespec dl = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(100, GPR_TIMESPAN));
+		grpc_event ev = grpc_completion_queue_next(srv->cq, dl, NULL);
+
+		if (ev.type == GRPC_QUEUE_SHUTDOWN)
+			break;
+		if (__atomic_load_n(&srv->stopping, __ATOMIC_ACQUIRE)) {
+			if (!stop_at)
+				stop_at = now_mono_ms() + (uint64_t)srv->drain_ms;
+			if (!shutdown_seen && !cancelled && now_mono_ms() >= stop_at) {
+				log_warning("calls still in flight after %d ms; cancelling them", srv->drain_ms);
+				grpc_server_cancel_all_calls(srv->server);
+				cancelled = true;
+			}
+		}
+		if (ev.type == GRPC_QUEUE_TIMEOUT)
+			continue;
+		if (ev.tag == &srv->shutdown_tag) {
+			/* every call has finished: the server can go, then the queue */
+			shutdown_seen = true;
+			grpc_server_destroy(srv->server);
+			srv->server_destroyed = true;
+			if (!cq_down) {
+				grpc_completion_queue_shutdown(srv->cq);
+				cq_down = true;
+			}
+			continue;
+		}
+		struct call *c = ev.tag;
+		if (c->phase == PHASE_REQUESTED) {
+			bool stop = __atomic_load_n(&srv->stopping, __ATOMIC_ACQUIRE);
+			if (!ev.success) { /* the server is shutting down */
+				call_free(c);
+				continue;
+			}
+			if (!stop && request_call(srv, c->method) < 0)
+				log_err("cannot request further calls for %s", c->method >= 0 ? methods[c->method].name : "(other)");
+			call_handle(srv, c);
+		} else {
+			call_free(c);
+		}
+	}
+	return NULL;
+}
+
+/* ---- start / stop ------------------------------------------------------------------- */
+static int listen_unix(struct rpc_server *srv, const struct config *cfg, char *err, size_t errlen)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	gid_t gid = (gid_t)-1;
+	int fd = -1, r;
+
+	if (cfg->control_group[0]) {
+		struct group gr, *res = NULL;
+		char buf[8192];
+		if (getgrnam_r(cfg->control_group, &gr, buf, sizeof(buf), &res) != 0 || !res) {
+			snprintf(err, errlen, "daemon.control_group: unknown group '%s'", cfg->control_group);
+			return -ENOENT;
+		}
+		gid = gr.gr_gid;
+	}
+	if ((size_t)snprintf(srv->sock_path, sizeof(srv->sock_path), "%s/%s", cfg->run_dir,
+			     CONFIG_CONTROL_SOCK) >= sizeof(srv->sock_path)) {
+		snprintf(err, errlen, "%s: run directory path too long for a unix socket", cfg->run_dir);
+		return -ENAMETOOLONG;
+	}
+	memcpy(sa.sun_path, srv->sock_path, sizeof(srv->sock_path));
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		goto fail_errno;
+	/* Safe: we hold the run directory's lock, so a socket file here is a
+	 * dead daemon's leftover. */
+	if (unlink(srv->sock_path) < 0 && errno != ENOENT)
+		goto fail_errno;
+	mode_t old = umask(0117); /* the socket file is created 0660 */
+	r = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+	umask(old);
+	if (r < 0)
+		goto fail_errno;
+	if (chmod(srv->sock_path, 0660) < 0)
+		goto fail_errno;
+	if (gid != (gid_t)-1 && chown(srv->sock_path, (uid_t)-1, gid) < 0)
+		goto fail_errno;
+	if (listen(fd, 64) < 0)
+		goto fail_errno;
+	srv->listen_fd = fd;
+	return 0;
+fail_errno:
+	r = -errno;
+	snprintf(err, errlen, "%s: %s", srv->sock_path, strerror(errno));
+	if (fd >= 0)
+		close(fd);
+	return r;
+}
+
+int rpc_start(struct rpc_server **out, const struct config *cfg,
+	      struct session_table *sessions, struct tenant_table *tenants,
+	      char *err, size_t errlen)
+{
+	struct rpc_server *srv;
+	int r;
+
+	*out = NULL;
+	srv = calloc(1, sizeof(*srv));
+	if (!srv) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	srv->listen_fd = -1;
+	srv->wake_fd = -1;
+	srv->sessions = sessions;
+	srv->tenants = tenants;
+	srv->start_ms = now_realtime_ms();
+	srv->start_mono_ms = now_mono_ms();
+	pthread_mutex_init(&srv->cfg_lock, NULL);
+	pthread_mutex_init(&srv->peer_lock, NULL);
+	srv->cfg = malloc(sizeof(*srv->cfg));
+	if (!srv->cfg) {
+		snprintf(err, errlen, "out of memory");
+		r = -ENOMEM;
+		goto fail;
+	}
+	memcpy(srv->cfg, cfg, sizeof(*cfg));
+
+	const ProtobufCServiceDescriptor *sd = &tqkv__v1__control__descriptor;
+	if (sd->n_methods != N_METHODS) {
+		snprintf(err, errlen, "tqkv.proto has %u methods, the server knows %d", sd->n_methods, N_METHODS);
+		r = -EPROTO;
+		goto fail;
+	}
+	for (int i = 0; i < N_METHODS; i++) {
+		if (strcmp(sd->methods[i].name, methods[i].name) != 0) {
+			snprintf(err, errlen, "tqkv.proto method %d is %s, the server expects %s",
+				 i, sd->methods[i].name, methods[i].name);
+			r = -EPROTO;
+			goto fail;
+		}
+		snprintf(srv->method_path[i], sizeof(srv->method_path[i]), "/%s/%s", sd->name, methods[i].name);
+	}
+
+	grpc_init();
+	grpc_arg args[] = {
+		{ .type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+		  .value.integer = RPC_MAX_RECV_BYTES },
+		{ .type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_ALLOW_REUSEPORT, .value.integer = 0 },
+		{ .type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_MAX_CONCURRENT_STREAMS, .value.integer = 32 },
+	};
+	grpc_channel_args ca = { sizeof(args) / sizeof(args[0]), args };
+	srv->server = grpc_server_create(&ca, NULL);
+	srv->cq = grpc_completion_queue_create_for_next(NULL);
+	grpc_server_register_completion_queue(srv->server, srv->cq, NULL);
+	for (int i = 0; i < N_METHODS; i++)
+		srv->method_tag[i] = grpc_server_register_method(srv->server, srv->method_path[i], NULL,
+								 GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+	if (cfg->control_tcp_port) {
+		char addr[32];
+		grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+		snprintf(addr, sizeof(addr), "127.0.0.1:%u", cfg->control_tcp_port);
+		int port = grpc_server_add_http2_port(srv->server, addr, creds);
+		grpc_server_credentials_release(creds);
+		if (port <= 0) {
+			snprintf(err, errlen, "cannot listen on %s (daemon.control_tcp_port)", addr);
+			r = -EADDRINUSE;
+			goto fail;
+		}
+	}
+	srv->fd_creds = grpc_insecure_server_credentials_create();
+	if ((r = listen_unix(srv, cfg, err, errlen)) < 0)
+		goto fail;
+	srv->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (srv->wake_fd < 0) {
+		r = -errno;
+		snprintf(err, errlen, "eventfd: %s", strerror(errno));
+		goto fail;
+	}
+	grpc_server_start(srv->server);
+	srv->started = true;
+	for (int i = -1; i < N_METHODS; i++) {
+		if ((r = request_call(srv, i)) < 0) {
+			snprintf(err, errlen, "cannot request calls from gRPC");
+			goto fail;
+		}
+	}
+	if ((r = -pthread_create(&srv->rpc_thread, NULL, rpc_main, srv)) < 0) {
+		snprintf(err, errlen, "cannot start the RPC thread: %s", strerror(-r));
+		goto fail;
+	}
+	srv->rpc_thread_started = true;
+	if ((r = -pthread_create(&srv->accept_thread, NULL, accept_main, srv)) < 0) {
+		snprintf(err, errlen, "cannot start the acceptor thread: %s", strerror(-r));
+		goto fail;
+	}
+	srv->accept_thread_started = true;
+	*out = srv;
+	return 0;
+fail:
+	rpc_stop(srv, 0);
+	return r;
+}
+
+void rpc_stop(struct rpc_server *srv, int drain_ms)
+{
+	if (!srv)
+		return;
+	if (srv->accept_thread_started) {
+		uint64_t one = 1;
+		ssize_t w = write(srv->wake_fd, &one, sizeof(one));
+		(void)w;
+		pthread_join(srv->accept_thread, NULL);
+	}
+	if (srv->listen_fd >= 0) {
+		close(srv->listen_fd);
+		unlink(srv->sock_path);
+	}
+	if (srv->wake_fd >= 0)
+		close(srv->wake_fd);
+	if (srv->server) {
+		if (!srv->started)
+			grpc_server_start(srv->server); /* shutdown wants a started server */
+		srv->drain_ms = drain_ms;
+		__atomic_store_n(&srv->stopping, 1, __ATOMIC_RELEASE);
+		grpc_server_shutdown_and_notify(srv->server, srv->cq, &srv->shutdown_tag);
+		if (srv->rpc_thread_started)
+			pthread_join(srv->rpc_thread, NULL);
+		else
+			rpc_main(srv); /* start-up failed: drain right here */
+		grpc_completion_queue_destroy(srv->cq);
+	}
+	if (srv->fd_creds)
+		grpc_server_credentials_release(srv->fd_creds);
+	if (srv->server)
+		grpc_shutdown_blocking();
+	pthread_mutex_destroy(&srv->peer_lock);
+	pthread_mutex_destroy(&srv->cfg_lock);
+	free(srv->peers);
+	free(srv->cfg);
+	free(srv);
+}
+
+void rpc_set_config(struct rpc_server *srv, const struct config *cfg)
+{
+	pthread_mutex_lock(&srv->cfg_lock);
+	memcpy(srv->cfg, cfg, sizeof(*cfg));
+	srv->reloads++;
+	pthread_mutex_unlock(&srv->cfg_lock);
+}
+
+void rpc_set_datapath(struct rpc_server *srv, struct pool *pool, struct ring_server *ring)
+{
+	__atomic_store_n(&srv->pool, pool, __ATOMIC_RELEASE);
+	__atomic_store_n(&srv->ring, ring, __ATOMIC_RELEASE);
+}
+
+void rpc_get_counters(struct rpc_server *srv, struct rpc_counters *out)
+{
+	out->calls = __atomic_load_n(&srv->calls, __ATOMIC_RELAXED);
+	out->errors = __atomic_load_n(&srv->errors, __ATOMIC_RELAXED);
+}

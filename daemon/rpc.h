@@ -1,0 +1,51 @@
+/* rpc.h — the control plane: a gRPC (C core) server for tqkv.v1.Control.
+ *
+ * Threads: one acceptor thread owns unix:<run_dir>/control.sock (mode 0660)
+ * and reads each connection's kernel peer credentials (SO_PEERCRED) before
+ * handing the connection to gRPC; one RPC thread runs every handler from
+ * its own completion queue.  Optionally gRPC also listens on
+ * 127.0.0.1:<control_tcp_port> itself (no peer credentials there).
+ *
+ * The caller must hold the run directory's lock file before rpc_start():
+ * the socket path is unlinked and re-created here.
+ */
+#ifndef TQKVD_RPC_H
+#define TQKVD_RPC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "session.h"
+#include "tenant.h"
+
+/* Largest control message accepted; bigger ones get RESOURCE_EXHAUSTED. */
+#define RPC_MAX_RECV_BYTES (64 * 1024)
+
+struct rpc_server;
+
+struct rpc_counters {
+	uint64_t calls;
+	uint64_t errors;
+};
+
+/* Binds the sockets and starts both threads; on return the control socket
+ * accepts calls.  cfg is copied (rpc_set_config replaces the copy).
+ * Errors: negative errno, with a message in err. */
+int rpc_start(struct rpc_server **out, const struct config *cfg,
+	      struct session_table *sessions, struct tenant_table *tenants,
+	      char *err, size_t errlen);
+/* Stops accepting, lets in-flight calls finish for up to drain_ms, then
+ * cancels the rest, joins the threads, frees everything and removes the
+ * socket file.  Accepts NULL. */
+void rpc_stop(struct rpc_server *srv, int drain_ms);
+/* A reloaded configuration (what GetConfig shows). */
+void rpc_set_config(struct rpc_server *srv, const struct config *cfg);
+void rpc_get_counters(struct rpc_server *srv, struct rpc_counters *out);
+/* The data path whose figures GetStats reports (may be set after
+ * rpc_start, from the main thread; NULL: not reported). */
+struct pool;
+struct ring_server;
+void rpc_set_datapath(struct rpc_server *srv, struct pool *pool, struct ring_server *ring);
+
+#endif

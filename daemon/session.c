@@ -1,0 +1,539 @@
+#include "session.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define N_BUCKETS 1024 /* power of two; chains stay short up to ~64k sessions */
+
+struct session {
+	/* immutable after open */
+	uint64_t id;
+	char name[CONFIG_NAME_MAX];
+	struct tenant *tenant;
+	uid_t owner;
+	struct session_geom geom;
+	uint64_t seed;
+	uint64_t bytes_per_token;
+	uint64_t created_ms;
+	struct session_table *st;
+
+	uint32_t refs;               /* atomic: table (while listed) + acquirers */
+	struct session *next;        /* bucket chain; table lock */
+
+	pthread_mutex_t lock;        /* guards the fields below */
+	enum session_state state;
+	uint32_t ops;                /* operations in flight */
+	bool released;               /* memory given back */
+	uint64_t tokens;
+	uint64_t resident_bytes;
+	uint64_t spilled_bytes;
+	uint64_t last_access_ms;
+	uint64_t evicted_ms;
+};
+
+struct session_table {
+	pthread_mutex_t lock;        /* guards buckets, counts, next_id */
+	struct session *bucket[N_BUCKETS];
+	uint32_t n;                  /* listed: open + evicted */
+	uint32_t max_sessions;
+	uint64_t next_id;
+	session_release_fn release;
+	void *release_ctx;
+	/* counters (atomic) */
+	uint64_t opened_total, closed_total, evictions_total;
+};
+
+static struct session **slot_of(struct session_table *st, uint64_t id)
+{
+	struct session **pp = &st->bucket[id & (N_BUCKETS - 1)];
+
+	while (*pp && (*pp)->id != id)
+		pp = &(*pp)->next;
+	return pp;
+}
+
+static void session_free(struct session *s)
+{
+	if (!s)
+		return;
+	pthread_mutex_destroy(&s->lock);
+	free(s);
+}
+
+static void session_unref(struct session *s)
+{
+	if (__atomic_sub_fetch(&s->refs, 1, __ATOMIC_ACQ_REL) == 0)
+		session_free(s);
+}
+
+/* Give the memory back if the session is no longer OPEN and idle.  Called
+ * with s->lock held; returns true when the caller must run the release
+ * (after dropping the lock). */
+static bool release_due(struct session *s)
+{
+	if (s->state == SESSION_OPEN || s->ops > 0 || s->released)
+		return false;
+	s->released = true;
+	return true;
+}
+
+static void do_release(struct session *s)
+{
+	struct session_table *st = s->st;
+	uint64_t bytes;
+
+	if (st->release)
+		st->release(st->release_ctx, s);
+	pthread_mutex_lock(&s->lock);
+	bytes = s->resident_bytes;
+	s->resident_bytes = 0;
+	s->spilled_bytes = 0;
+	pthread_mutex_unlock(&s->lock);
+	if (bytes)
+		tenant_uncharge(s->tenant, bytes);
+}
+
+int session_table_new(struct session_table **out, uint32_t max_sessions,
+		      session_release_fn release, void *release_ctx)
+{
+	struct session_table *st = calloc(1, sizeof(*st));
+
+	*out = NULL;
+	if (!st)
+		return -ENOMEM;
+	pthread_mutex_init(&st->lock, NULL);
+	st->max_sessions = max_sessions;
+	st->next_id = 1;
+	st->release = release;
+	st->release_ctx = release_ctx;
+	*out = st;
+	return 0;
+}
+
+void session_table_free(struct session_table *st)
+{
+	if (!st)
+		return;
+	for (size_t b = 0; b < N_BUCKETS; b++) {
+		while (st->bucket[b])
+			session_close(st, st->bucket[b]->id, NULL);
+	}
+	pthread_mutex_destroy(&st->lock);
+	free(st);
+}
+
+void session_table_set_max(struct session_table *st, uint32_t max_sessions)
+{
+	pthread_mutex_lock(&st->lock);
+	st->max_sessions = max_sessions;
+	pthread_mutex_unlock(&st->lock);
+}
+
+void session_table_stats(struct session_table *st, struct session_stats *out)
+{
+	memset(out, 0, sizeof(*out));
+	pthread_mutex_lock(&st->lock);
+	for (size_t b = 0; b < N_BUCKETS; b++) {
+		for (struct session *s = st->bucket[b]; s; s = s->next) {
+			pthread_mutex_lock(&s->lock);
+			if (s->state == SESSION_OPEN)
+				out->open++;
+			else if (s->state == SESSION_EVICTED)
+				out->evicted++;
+			pthread_mutex_unlock(&s->lock);
+		}
+	}
+	pthread_mutex_unlock(&st->lock);
+	out->opened_total = __atomic_load_n(&st->opened_total, __ATOMIC_RELAXED);
+	out->closed_total = __atomic_load_n(&st->closed_total, __ATOMIC_RELAXED);
+	out->evictions_total = __atomic_load_n(&st->evictions_total, __ATOMIC_RELAXED);
+}
+
+int session_geom_check(const struct session_geom *g, uint64_t *bytes_per_token,
+		       char *why, size_t whylen)
+{
+	tq_error te;
+	long kb, vb;
+	uint64_t per_layer, total;
+
+	if (g->n_layers < 1 || g->n_layers > SESSION_MAX_LAYERS) {
+		snprintf(why, whylen, "n_layers %u is out of range [1, %d]", g->n_layers, SESSION_MAX_LAYERS);
+		return -EINVAL;
+	}
+	if (g->n_kv_heads < 1 || g->n_kv_heads > SESSION_MAX_KV_HEADS) {
+		snprintf(why, whylen, "n_kv_heads %u is out of range [1, %d]", g->n_kv_heads, SESSION_MAX_KV_HEADS);
+		return -EINVAL;
+	}
+	if (g->n_q_heads < g->n_kv_heads || g->n_q_heads > SESSION_MAX_Q_HEADS ||
+	    g->n_q_heads % g->n_kv_heads) {
+		snprintf(why, whylen, "n_q_heads %u must be a multiple of n_kv_heads %u and at most %d",
+			 g->n_q_heads, g->n_kv_heads, SESSION_MAX_Q_HEADS);
+		return -EINVAL;
+	}
+	if (g->head_dim > INT32_MAX || tq_dim_check((int)g->head_dim, &te) < 0) {
+		snprintf(why, whylen, "head_dim %u is not supported (a multiple of %d from %d to %d)",
+			 g->head_dim, TQ_DIM_ALIGN, TQ_DIM_MIN, TQ_DIM_MAX);
+		return -EINVAL;
+	}
+	if ((kb = tq_block_bytes(g->k_codec, (int)g->head_dim, &te)) < 0) {
+		snprintf(why, whylen, "K codec: %s", te.msg);
+		return -EINVAL;
+	}
+	if ((vb = tq_block_bytes(g->v_codec, (int)g->head_dim, &te)) < 0) {
+		snprintf(why, whylen, "V codec: %s", te.msg);
+		return -EINVAL;
+	}
+	if (g->max_tokens < 1 || g->max_tokens > SESSION_MAX_TOKENS) {
+		snprintf(why, whylen, "max_tokens %llu is out of range [1, 2^32]",
+			 (unsigned long long)g->max_tokens);
+		return -EINVAL;
+	}
+	/* bytes per token per layer = n_kv_heads * (K block + V block) */
+	per_layer = (uint64_t)g->n_kv_heads * (uint64_t)(kb + vb);
+	if (__builtin_mul_overflow(per_layer, (uint64_t)g->n_layers, &total)) {
+		snprintf(why, whylen, "geometry too large");
+		return -EOVERFLOW;
+	}
+	*bytes_per_token = total;
+	return 0;
+}
+
+static void fill_info(struct session *s, struct session_info *out)
+{
+	memset(out, 0, sizeof(*out));
+	out->id = s->id;
+	memcpy(out->name, s->name, sizeof(out->name));
+	snprintf(out->tenant, sizeof(out->tenant), "%s", tenant_name(s->tenant));
+	out->owner_uid = (uint32_t)s->owner;
+	out->geom = s->geom;
+	out->seed = s->seed;
+	out->bytes_per_token = s->bytes_per_token;
+	out->created_ms = s->created_ms;
+	pthread_mutex_lock(&s->lock);
+	out->tokens = s->tokens;
+	out->resident_bytes = s->resident_bytes;
+	out->spilled_bytes = s->spilled_bytes;
+	out->last_access_ms = s->last_access_ms;
+	out->state = s->state;
+	pthread_mutex_unlock(&s->lock);
+}
+
+int session_open(struct session_table *st, struct tenant *t, const char *name, uid_t owner,
+		 const struct session_geom *g, uint64_t seed, uint64_t now_ms,
+		 struct session_info *out, char *why, size_t whylen)
+{
+	struct session *s = NULL;
+	uint64_t bpt, footprint;
+	int r;
+
+	if ((r = session_geom_check(g, &bpt, why, whylen)) < 0)
+		return r;
+	if (name[0] && config_check_name(name) < 0) {
+		snprintf(why, whylen, "session name is not valid ([A-Za-z0-9_.-], 1..%d characters)",
+			 CONFIG_NAME_MAX - 1);
+		return -EINVAL;
+	}
+	if (__builtin_mul_overflow(bpt, g->max_tokens, &footprint) || footprint > tenant_limit(t)) {
+		char a[32], b[32];
+		config_format_size_human(footprint, a, sizeof(a));
+		config_format_size_human(tenant_limit(t), b, sizeof(b));
+		snprintf(why, whylen, "max_tokens %llu needs %s, more than tenant '%s' may hold (%s)",
+			 (unsigned long long)g->max_tokens, a, tenant_name(t), b);
+		return -ENOSPC;
+	}
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	pthread_mutex_init(&s->lock, NULL);
+	snprintf(s->name, sizeof(s->name), "%s", name);
+	s->tenant = t;
+	s->owner = owner;
+	s->geom = *g;
+	s->seed = seed;
+	s->bytes_per_token = bpt;
+	s->created_ms = now_ms;
+	s->last_access_ms = now_ms;
+	s->st = st;
+	s->state = SESSION_OPEN;
+	s->refs = 1; /* the table's */
+
+	pthread_mutex_lock(&st->lock);
+	if (st->n >= st->max_sessions) {
+		snprintf(why, whylen, "%u sessions already (daemon.max_sessions)", st->n);
+		r = -EUSERS;
+		goto fail;
+	}
+	if (name[0]) {
+		for (size_t b = 0; b < N_BUCKETS; b++) {
+			for (struct session *o = st->bucket[b]; o; o = o->next) {
+				if (o->tenant == t && strcmp(o->name, name) == 0) {
+					snprintf(why, whylen, "tenant '%s' has a session named '%s' already (id %llu)",
+						 tenant_name(t), name, (unsigned long long)o->id);
+					r = -EEXIST;
+					goto fail;
+				}
+			}
+		}
+	}
+	s->id = st->next_id++;
+	struct session **pp = slot_of(st, s->id);
+	assert(!*pp);
+	*pp = s;
+	st->n++;
+	tenant_session_add(t, 1);
+	__atomic_add_fetch(&st->opened_total, 1, __ATOMIC_RELAXED);
+	fill_info(s, out);
+	pthread_mutex_unlock(&st->lock);
+	return 0;
+fail:
+	pthread_mutex_unlock(&st->lock);
+	session_free(s);
+	return r;
+}
+
+int session_get_info(struct session_table *st, uint64_t id, struct session_info *out)
+{
+	struct session *s;
+
+	pthread_mutex_lock(&st->lock);
+	s = *slot_of(st, id);
+	if (s)
+		fill_info(s, out);
+	pthread_mutex_unlock(&st->lock);
+	return s ? 0 : -ENOENT;
+}
+
+static int cmp_info(const void *a, const void *b)
+{
+	const struct session_info *x = a, *y = b;
+
+	return x->id < y->id ? -1 : x->id > y->id;
+}
+
+int session_list(struct session_table *st, const struct tenant *t,
+		 struct session_info **out, size_t *n)
+{
+	struct session_info *v;
+	size_t k = 0;
+
+	*out = NULL;
+	*n = 0;
+	pthread_mutex_lock(&st->lock);
+	v = calloc(st->n ? st->n : 1, sizeof(*v));
+	if (!v) {
+		pthread_mutex_unlock(&st->lock);
+		return -ENOMEM;
+	}
+	for (size_t b = 0; b < N_BUCKETS; b++)
+		for (struct session *s = st->bucket[b]; s; s = s->next)
+			if (!t || s->tenant == t)
+				fill_info(s, &v[k++]);
+	pthread_mutex_unlock(&st->lock);
+	qsort(v, k, sizeof(*v), cmp_info);
+	*out = v;
+	*n = k;
+	return 0;
+}
+
+/* Evict `id`.  idle_ttl_ms != 0: only if it is still OPEN, idle for that
+ * long and without an operation in flight (the idle timer's case). */
+static int evict_id(struct session_table *st, uint64_t id, uint64_t now_ms, uint64_t idle_ttl_ms,
+		    struct session_info *out)
+{
+	struct session *s;
+	bool run_release = false;
+	int r = 0;
+
+	pthread_mutex_lock(&st->lock);
+	s = *slot_of(st, id);
+	if (!s) {
+		pthread_mutex_unlock(&st->lock);
+		return -ENOENT;
+	}
+	__atomic_add_fetch(&s->refs, 1, __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&st->lock);
+
+	pthread_mutex_lock(&s->lock);
+	if (s->state == SESSION_EVICTED) {
+		r = -EALREADY;
+	} else if (s->state == SESSION_CLOSING) {
+		r = -ESHUTDOWN;
+	} else if (idle_ttl_ms && (s->ops > 0 || now_ms < s->last_access_ms ||
+				   now_ms - s->last_access_ms < idle_ttl_ms)) {
+		r = -EBUSY;
+	} else {
+		s->state = SESSION_EVICTED;
+		s->evicted_ms = now_ms;
+		run_release = release_due(s);
+		__atomic_add_fetch(&st->evictions_total, 1, __ATOMIC_RELAXED);
+	}
+	pthread_mutex_unlock(&s->lock);
+	if (run_release)
+		do_release(s);
+	if (out)
+		fill_info(s, out);
+	session_unref(s);
+	return r;
+}
+
+int session_evict(struct session_table *st, uint64_t id, struct session_info *out)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return evict_id(st, id, (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000, 0, out);
+}
+
+int session_close(struct session_table *st, uint64_t id, uint64_t *released)
+{
+	struct session **pp, *s;
+	bool run_release;
+
+	pthread_mutex_lock(&st->lock);
+	pp = slot_of(st, id);
+	s = *pp;
+	if (!s) {
+		pthread_mutex_unlock(&st->lock);
+		return -ENOENT;
+	}
+	*pp = s->next;
+	s->next = NULL;
+	st->n--;
+	tenant_session_add(s->tenant, -1);
+	__atomic_add_fetch(&st->closed_total, 1, __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&st->lock);
+
+	pthread_mutex_lock(&s->lock);
+	if (released)
+		*released = s->resident_bytes + s->spilled_bytes;
+	s->state = SESSION_CLOSING;
+	run_release = release_due(s);
+	pthread_mutex_unlock(&s->lock);
+	if (run_release)
+		do_release(s);
+	session_unref(s); /* the table's reference */
+	return 0;
+}
+
+uint32_t session_table_expire(struct session_table *st, uint64_t now_ms, uint64_t ttl_ms)
+{
+	enum { BATCH = 256 };
+	uint64_t evict[BATCH], drop[BATCH];
+	uint32_t changed = 0, n_evict = 0, n_drop = 0;
+
+	if (ttl_ms == 0)
+		return 0;
+	/* Pick candidates under the lock, act without it; what is left over
+	 * beyond a batch waits for the next tick. */
+	pthread_mutex_lock(&st->lock);
+	for (size_t b = 0; b < N_BUCKETS; b++) {
+		for (struct session *s = st->bucket[b]; s; s = s->next) {
+			pthread_mutex_lock(&s->lock);
+			if (s->state == SESSION_OPEN && s->ops == 0 && now_ms >= s->last_access_ms &&
+			    now_ms - s->last_access_ms >= ttl_ms && n_evict < BATCH)
+				evict[n_evict++] = s->id;
+			else if (s->state == SESSION_EVICTED && now_ms >= s->evicted_ms &&
+				 now_ms - s->evicted_ms >= ttl_ms && n_drop < BATCH)
+				drop[n_drop++] = s->id;
+			pthread_mutex_unlock(&s->lock);
+		}
+	}
+	pthread_mutex_unlock(&st->lock);
+	for (uint32_t i = 0; i < n_evict; i++)
+		if (evict_id(st, evict[i], now_ms, ttl_ms, NULL) == 0)
+			changed++;
+	for (uint32_t i = 0; i < n_drop; i++)
+		if (session_close(st, drop[i], NULL) == 0)
+			changed++;
+	return changed;
+}
+
+/* ---- the data path --------------------------------------------------------- */
+int session_acquire(struct session_table *st, uint64_t id, uint64_t now_ms, struct session **out)
+{
+	struct session *s;
+	int r = 0;
+
+	*out = NULL;
+	pthread_mutex_lock(&st->lock);
+	s = *slot_of(st, id);
+	if (!s) {
+		pthread_mutex_unlock(&st->lock);
+		return -ENOENT;
+	}
+	pthread_mutex_lock(&s->lock);
+	if (s->state == SESSION_EVICTED) {
+		r = -ESTALE;
+	} else if (s->state == SESSION_CLOSING) {
+		r = -ESHUTDOWN;
+	} else {
+		s->ops++;
+		s->last_access_ms = now_ms;
+		__atomic_add_fetch(&s->refs, 1, __ATOMIC_RELAXED);
+	}
+	pthread_mutex_unlock(&s->lock);
+	pthread_mutex_unlock(&st->lock);
+	if (r == 0)
+		*out = s;
+	return r;
+}
+
+void session_release(struct session *s)
+{
+	bool run_release;
+
+	pthread_mutex_lock(&s->lock);
+	assert(s->ops > 0 && "session_release without session_acquire");
+	s->ops--;
+	run_release = release_due(s);
+	pthread_mutex_unlock(&s->lock);
+	if (run_release)
+		do_release(s);
+	session_unref(s);
+}
+
+int session_charge(struct session *s, uint64_t bytes)
+{
+	int r;
+
+	pthread_mutex_lock(&s->lock);
+	assert(s->ops > 0 && "session_charge outside an operation");
+	if (s->state != SESSION_OPEN) {
+		r = -ESTALE;
+		goto fail;
+	}
+	if ((r = tenant_charge(s->tenant, bytes)) < 0)
+		goto fail;
+	s->resident_bytes += bytes;
+fail:
+	pthread_mutex_unlock(&s->lock);
+	return r;
+}
+
+void session_uncharge(struct session *s, uint64_t bytes)
+{
+	pthread_mutex_lock(&s->lock);
+	assert(s->resident_bytes >= bytes && "uncharged more than the session holds");
+	s->resident_bytes -= bytes;
+	pthread_mutex_unlock(&s->lock);
+	tenant_uncharge(s->tenant, bytes);
+}
+
+void session_add_tokens(struct session *s, uint64_t n)
+{
+	pthread_mutex_lock(&s->lock);
+	s->tokens += n;
+	pthread_mutex_unlock(&s->lock);
+}
+
+uint64_t session_id(const struct session *s) { return s->id; }
+uid_t session_owner(const struct session *s) { return s->owner; }
+uint64_t session_seed(const struct session *s) { return s->seed; }
+const struct session_geom *session_geom(const struct session *s) { return &s->geom; }
+struct tenant *session_tenant(const struct session *s) { return s->tenant; }

@@ -1,0 +1,133 @@
+/* session.h — the session table.
+ *
+ * A session is one inference context's KV cache: a fixed geometry (layers,
+ * KV heads, query heads, head dim, K and V codecs), a rotation seed, an
+ * owner uid and a tenant that pays for its bytes.
+ *
+ * States:  OPEN ──evict──> EVICTED ──close──> (gone)
+ *            └──────────────close─────────────> CLOSING ──last op ends──> (gone)
+ * An evicted session keeps its record so its owner gets a clear error
+ * (-ESTALE) instead of "no such session"; CloseSession (or the idle timer)
+ * removes it.
+ *
+ * Thread-safe.  Control-plane calls (open, evict, close, list) and the data
+ * path's operations (acquire/charge/release, next release) may race freely:
+ *
+ *   struct session *s;
+ *   if (session_acquire(st, id, now_ms, &s) < 0) ...;  // -ENOENT / -ESTALE / -ESHUTDOWN
+ *   r = session_charge(s, page_bytes);                 // -ENOSPC: over the tenant limit
+ *   ... work on the session's pages ...
+ *   session_release(s);                                 // ends the operation
+ *
+ * Memory is given back (the tenant uncharged, the release hook run) exactly
+ * once, when the session has left the OPEN state *and* no operation is in
+ * flight; the struct itself lives until its last reference is dropped.
+ */
+#ifndef TQKVD_SESSION_H
+#define TQKVD_SESSION_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "config.h"
+#include "tenant.h"
+#include "tq_codec.h"
+
+/* Values match tqkv.v1.SessionState. */
+enum session_state {
+	SESSION_OPEN = 1,
+	SESSION_EVICTED = 2,
+	SESSION_CLOSING = 3,
+};
+
+/* Bounds on a session's geometry (head_dim: tq_dim_check). */
+#define SESSION_MAX_LAYERS     1024
+#define SESSION_MAX_KV_HEADS   1024
+#define SESSION_MAX_Q_HEADS    8192
+#define SESSION_MAX_TOKENS     (UINT64_C(1) << 32)
+
+struct session_geom {
+	uint32_t n_layers;
+	uint32_t n_kv_heads;
+	uint32_t n_q_heads;          /* a multiple of n_kv_heads (GQA groups) */
+	uint32_t head_dim;
+	enum tq_codec_id k_codec;
+	enum tq_codec_id v_codec;
+	uint64_t max_tokens;
+};
+
+struct session_info {
+	uint64_t id;
+	char name[CONFIG_NAME_MAX];  /* "" when the client chose none */
+	char tenant[CONFIG_NAME_MAX];
+	uint32_t owner_uid;
+	struct session_geom geom;
+	uint64_t seed;
+	uint64_t bytes_per_token;    /* all layers, K and V */
+	uint64_t tokens;
+	uint64_t resident_bytes;
+	uint64_t spilled_bytes;
+	uint64_t created_ms;         /* CLOCK_REALTIME, ms */
+	uint64_t last_access_ms;
+	enum session_state state;
+};
+
+struct session_stats {
+	uint32_t open, evicted;
+	uint64_t opened_total, closed_total, evictions_total;
+};
+
+struct session;
+struct session_table;
+
+/* Called once per session when its memory must go (see above); runs on
+ * the thread that triggered it, with no session-table lock held. */
+typedef void (*session_release_fn)(void *ctx, struct session *s);
+
+int session_table_new(struct session_table **out, uint32_t max_sessions,
+		      session_release_fn release, void *release_ctx);
+/* Closes every session; no operation may be in flight. */
+void session_table_free(struct session_table *st);
+void session_table_set_max(struct session_table *st, uint32_t max_sessions);
+void session_table_stats(struct session_table *st, struct session_stats *out);
+
+/* Check a geometry: 0 and *bytes_per_token, or -EINVAL / -EOVERFLOW with
+ * the reason in why.  Codecs come from kernels/tq_codec.h. */
+int session_geom_check(const struct session_geom *g, uint64_t *bytes_per_token,
+		       char *why, size_t whylen);
+
+/* Admit a session.  name may be "" (none) and must be unique in the tenant.
+ * -EINVAL (geometry, name; why says what), -EEXIST (name taken),
+ * -EUSERS (max_sessions reached), -ENOSPC (max_tokens would not fit in the
+ * tenant's limit even alone). */
+int session_open(struct session_table *st, struct tenant *t, const char *name, uid_t owner,
+		 const struct session_geom *g, uint64_t seed, uint64_t now_ms,
+		 struct session_info *out, char *why, size_t whylen);
+int session_get_info(struct session_table *st, uint64_t id, struct session_info *out);
+/* All sessions (of tenant t, or all when NULL), by id; *out is malloc'd. */
+int session_list(struct session_table *st, const struct tenant *t,
+		 struct session_info **out, size_t *n);
+/* -ENOENT, -EALREADY (already evicted), -ESHUTDOWN (closing). */
+int session_evict(struct session_table *st, uint64_t id, struct session_info *out);
+/* Removes the session; *released = the bytes it held.  -ENOENT. */
+int session_close(struct session_table *st, uint64_t id, uint64_t *released);
+/* Idle handling: OPEN sessions idle for ttl are evicted, EVICTED ones
+ * idle for another ttl are closed.  Returns how many changed. */
+uint32_t session_table_expire(struct session_table *st, uint64_t now_ms, uint64_t ttl_ms);
+
+/* ---- the data path --------------------------------------------------------- */
+int session_acquire(struct session_table *st, uint64_t id, uint64_t now_ms, struct session **out);
+void session_release(struct session *s);
+/* Charge bytes to the tenant and the session: 0, -ENOSPC, or -ESTALE when
+ * the session was evicted or closed meanwhile.  Only inside an operation. */
+int session_charge(struct session *s, uint64_t bytes);
+void session_uncharge(struct session *s, uint64_t bytes);
+void session_add_tokens(struct session *s, uint64_t n);
+uint64_t session_id(const struct session *s);
+uid_t session_owner(const struct session *s);
+uint64_t session_seed(const struct session *s);
+const struct session_geom *session_geom(const struct session *s);
+struct tenant *session_tenant(const struct session *s);
+
+#endif

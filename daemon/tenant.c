@@ -1,0 +1,221 @@
+#include "tenant.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct tenant {
+	char name[CONFIG_NAME_MAX];
+	uint64_t used;                  /* atomic: bytes charged           */
+	uint64_t limit;                 /* atomic: read by every charge    */
+	uint32_t sessions;              /* atomic                          */
+	pthread_mutex_t lock;           /* guards the fields below         */
+	uint64_t guaranteed;
+	int32_t priority;
+	bool any_uid;
+	uint32_t n_uids, n_gids;
+	uint32_t uids[CONFIG_MAX_IDS];
+	uint32_t gids[CONFIG_MAX_IDS];
+};
+
+struct tenant_table {
+	uint64_t pool_bytes;
+	pthread_mutex_t budget_lock;    /* serializes budget changes (sum of guarantees) */
+	uint32_t n;
+	struct tenant t[];              /* [n] */
+};
+
+static void tenant_load(struct tenant *t, const struct tenant_conf *tc)
+{
+	pthread_mutex_lock(&t->lock);
+	__atomic_store_n(&t->limit, tc->limit, __ATOMIC_RELAXED);
+	t->guaranteed = tc->guaranteed;
+	t->priority = tc->priority;
+	t->any_uid = tc->any_uid;
+	t->n_uids = tc->n_uids;
+	t->n_gids = tc->n_gids;
+	memcpy(t->uids, tc->uids, sizeof(t->uids));
+	memcpy(t->gids, tc->gids, sizeof(t->gids));
+	pthread_mutex_unlock(&t->lock);
+}
+
+int tenant_table_new(struct tenant_table **out, const struct config *cfg)
+{
+	struct tenant_table *tt;
+
+	*out = NULL;
+	if (cfg->n_tenants == 0 || cfg->n_tenants > CONFIG_MAX_TENANTS)
+		return -EINVAL;
+	tt = calloc(1, sizeof(*tt) + cfg->n_tenants * sizeof(struct tenant));
+	if (!tt)
+		return -ENOMEM;
+	tt->pool_bytes = cfg->pool_bytes;
+	tt->n = cfg->n_tenants;
+	pthread_mutex_init(&tt->budget_lock, NULL);
+	for (uint32_t i = 0; i < tt->n; i++) {
+		pthread_mutex_init(&tt->t[i].lock, NULL);
+		memcpy(tt->t[i].name, cfg->tenant[i].name, sizeof(tt->t[i].name));
+		tenant_load(&tt->t[i], &cfg->tenant[i]);
+	}
+	*out = tt;
+	return 0;
+}
+
+void tenant_table_free(struct tenant_table *tt)
+{
+	if (!tt)
+		return;
+	for (uint32_t i = 0; i < tt->n; i++)
+		pthread_mutex_destroy(&tt->t[i].lock);
+	pthread_mutex_destroy(&tt->budget_lock);
+	free(tt);
+}
+
+void tenant_table_apply(struct tenant_table *tt, const struct config *cfg)
+{
+	pthread_mutex_lock(&tt->budget_lock);
+	for (uint32_t i = 0; i < tt->n; i++) {
+		const struct tenant_conf *tc = config_tenant(cfg, tt->t[i].name);
+		if (tc)
+			tenant_load(&tt->t[i], tc);
+	}
+	pthread_mutex_unlock(&tt->budget_lock);
+}
+
+uint32_t tenant_count(const struct tenant_table *tt)
+{
+	return tt->n;
+}
+
+struct tenant *tenant_at(struct tenant_table *tt, uint32_t i)
+{
+	return i < tt->n ? &tt->t[i] : NULL;
+}
+
+struct tenant *tenant_find(struct tenant_table *tt, const char *name)
+{
+	for (uint32_t i = 0; i < tt->n; i++)
+		if (strcmp(tt->t[i].name, name) == 0)
+			return &tt->t[i];
+	return NULL;
+}
+
+const char *tenant_name(const struct tenant *t)
+{
+	return t->name;
+}
+
+void tenant_get_info(struct tenant *t, struct tenant_info *out)
+{
+	memset(out, 0, sizeof(*out));
+	memcpy(out->name, t->name, sizeof(out->name));
+	pthread_mutex_lock(&t->lock);
+	out->guaranteed = t->guaranteed;
+	out->limit = __atomic_load_n(&t->limit, __ATOMIC_RELAXED);
+	out->priority = t->priority;
+	out->any_uid = t->any_uid;
+	out->n_uids = t->n_uids;
+	out->n_gids = t->n_gids;
+	memcpy(out->uids, t->uids, sizeof(out->uids));
+	memcpy(out->gids, t->gids, sizeof(out->gids));
+	pthread_mutex_unlock(&t->lock);
+	out->used = tenant_used(t);
+	out->sessions = __atomic_load_n(&t->sessions, __ATOMIC_RELAXED);
+}
+
+uint64_t tenant_table_used(struct tenant_table *tt)
+{
+	uint64_t sum = 0;
+
+	for (uint32_t i = 0; i < tt->n; i++)
+		sum += tenant_used(&tt->t[i]);
+	return sum;
+}
+
+int tenant_charge(struct tenant *t, uint64_t bytes)
+{
+	uint64_t cur = __atomic_load_n(&t->used, __ATOMIC_RELAXED);
+
+	for (;;) {
+		uint64_t limit = __atomic_load_n(&t->limit, __ATOMIC_RELAXED);
+		if (bytes > limit || cur > limit - bytes)
+			return -ENOSPC;
+		if (__atomic_compare_exchange_n(&t->used, &cur, cur + bytes, true,
+						__ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+			return 0;
+	}
+}
+
+void tenant_uncharge(struct tenant *t, uint64_t bytes)
+{
+	uint64_t old = __atomic_fetch_sub(&t->used, bytes, __ATOMIC_ACQ_REL);
+
+	assert(old >= bytes && "uncharged more than was charged");
+	(void)old;
+}
+
+uint64_t tenant_used(const struct tenant *t)
+{
+	return __atomic_load_n(&t->used, __ATOMIC_RELAXED);
+}
+
+uint64_t tenant_limit(const struct tenant *t)
+{
+	return __atomic_load_n(&t->limit, __ATOMIC_RELAXED);
+}
+
+void tenant_session_add(struct tenant *t, int delta)
+{
+	__atomic_add_fetch(&t->sessions, (uint32_t)delta, __ATOMIC_RELAXED);
+}
+
+int tenant_set_budget(struct tenant_table *tt, struct tenant *t, bool set_limit, uint64_t limit,
+		      bool set_guaranteed, uint64_t guaranteed)
+{
+	int r = 0;
+
+	pthread_mutex_lock(&tt->budget_lock);
+	pthread_mutex_lock(&t->lock);
+	if (!set_limit)
+		limit = __atomic_load_n(&t->limit, __ATOMIC_RELAXED);
+	if (!set_guaranteed)
+		guaranteed = t->guaranteed;
+	if (limit < (1u << 20) || limit > tt->pool_bytes || guaranteed > limit) {
+		r = -EINVAL;
+		goto fail;
+	}
+	uint64_t sum = guaranteed;
+	for (uint32_t i = 0; i < tt->n; i++)
+		if (&tt->t[i] != t)
+			sum += tt->t[i].guaranteed; /* stable: every writer holds budget_lock */
+	if (sum > tt->pool_bytes) {
+		r = -ENOSPC;
+		goto fail;
+	}
+	__atomic_store_n(&t->limit, limit, __ATOMIC_RELAXED);
+	t->guaranteed = guaranteed;
+fail:
+	pthread_mutex_unlock(&t->lock);
+	pthread_mutex_unlock(&tt->budget_lock);
+	return r;
+}
+
+int tenant_allows(struct tenant *t, uid_t uid, gid_t gid, const gid_t *groups, int n_groups)
+{
+	int ok = 0;
+
+	pthread_mutex_lock(&t->lock);
+	if (t->any_uid)
+		ok = 1;
+	for (uint32_t i = 0; !ok && i < t->n_uids; i++)
+		ok = t->uids[i] == (uint32_t)uid;
+	for (uint32_t i = 0; !ok && i < t->n_gids; i++) {
+		ok = t->gids[i] == (uint32_t)gid;
+		for (int j = 0; !ok && j < n_groups; j++)
+			ok = t->gids[i] == (uint32_t)groups[j];
+	}
+	pthread_mutex_unlock(&t->lock);
+	return ok;
+}

@@ -1,0 +1,74 @@
+/* tenant.h — tenants and their memory accounting.
+ *
+ * A tenant is a budget from the config: `limit` bytes at most, `guaranteed`
+ * bytes never taken away under pressure, a priority and the uids/gids that
+ * may open sessions in it.  The data path charges every byte it admits
+ * (tenant_charge) before doing the work and uncharges what it frees.
+ *
+ * Thread-safe.  Tenants live as long as their table: the set is fixed at
+ * start (a reload changes budgets, never the set), so a struct tenant *
+ * needs no reference count.  Accounting is lock-free (atomics); budget
+ * and access-list changes take the tenant's lock.
+ */
+#ifndef TQKVD_TENANT_H
+#define TQKVD_TENANT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "config.h"
+
+struct tenant;
+struct tenant_table;
+
+/* A consistent snapshot of one tenant. */
+struct tenant_info {
+	char name[CONFIG_NAME_MAX];
+	uint64_t guaranteed;
+	uint64_t limit;
+	int32_t priority;
+	uint64_t used;
+	uint32_t sessions;
+	bool any_uid;
+	uint32_t n_uids, n_gids;
+	uint32_t uids[CONFIG_MAX_IDS];
+	uint32_t gids[CONFIG_MAX_IDS];
+};
+
+/* One tenant per cfg->tenant[]; pool_bytes bounds later budget changes. */
+int tenant_table_new(struct tenant_table **out, const struct config *cfg);
+void tenant_table_free(struct tenant_table *tt);
+/* Budgets, priorities and access lists from a reloaded config; tenants
+ * not in the table are ignored (config_apply_reload reports them). */
+void tenant_table_apply(struct tenant_table *tt, const struct config *cfg);
+
+uint32_t tenant_count(const struct tenant_table *tt);
+struct tenant *tenant_at(struct tenant_table *tt, uint32_t i);   /* NULL past the end */
+struct tenant *tenant_find(struct tenant_table *tt, const char *name);
+const char *tenant_name(const struct tenant *t);
+void tenant_get_info(struct tenant *t, struct tenant_info *out);
+/* Bytes charged to all tenants together. */
+uint64_t tenant_table_used(struct tenant_table *tt);
+
+/* Charge `bytes` if used + bytes stays within the limit: 0, or -ENOSPC
+ * (nothing charged).  Uncharging more than is charged is a bug. */
+int tenant_charge(struct tenant *t, uint64_t bytes);
+void tenant_uncharge(struct tenant *t, uint64_t bytes);
+uint64_t tenant_used(const struct tenant *t);
+uint64_t tenant_limit(const struct tenant *t);
+
+/* Session counting (the session table keeps it). */
+void tenant_session_add(struct tenant *t, int delta);
+
+/* New budget.  set_* = false keeps that value.  -EINVAL when guaranteed >
+ * limit, limit < 1 MiB or limit > pool_bytes; -ENOSPC when the guarantees
+ * of all tenants would exceed pool_bytes.  A limit below the current usage
+ * is accepted: new charges fail until usage drops under it. */
+int tenant_set_budget(struct tenant_table *tt, struct tenant *t, bool set_limit, uint64_t limit,
+		      bool set_guaranteed, uint64_t guaranteed);
+
+/* 1 if uid (primary gid, supplementary groups) may use the tenant, else 0. */
+int tenant_allows(struct tenant *t, uid_t uid, gid_t gid, const gid_t *groups, int n_groups);
+
+#endif

@@ -1,0 +1,696 @@
+/* tq_attn.c — fused attention: validation, ISA dispatch, work split across the
+ * pool (row tiles x split-K), the chunk loop, the log-sum-exp merge, and the
+ * portable scalar ops.  The per-ISA inner loops are in tq_attn_avx2.c and
+ * tq_attn_avx512.c; the oracle is tq_attn_ref.c.
+ *
+ * Work decomposition of one call: per KV head h, the rows are the (query
+ * token i, head g of the group) pairs, r = i * G + g, rows_ph = n_q * G of
+ * them.  Rows are cut into row tiles of at most RT_MAX rows and the tokens
+ * into S splits of split_len tokens; a task is one (h, row tile, split).  Each
+ * task keeps its partial (m, l, acc) per row in the workspace; when S > 1 a
+ * second pass merges the splits (log-sum-exp), normalizes and applies the
+ * V codec's inverse rotation.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tq_attn_internal.h"
+
+#define RT_MAX      128    /* rows per row tile: p buffer + acc stay in L1/L2 */
+#define SPLIT_MIN   512    /* tokens per split at least                       */
+#define TASKS_PER_THREAD 3 /* split until tasks >= this x threads             */
+#define LOG2E 1.4426950408889634
+#define PF_TOKENS 64       /* software prefetch distance (2 chunks)             */
+
+/* ---- validation (shared with the oracle) ---------------------------------- */
+
+int tqa_validate(const struct tq_attn_params *p, struct tqa_shape *sh, tq_error *err)
+{
+	if (!p || !p->k_codec || !p->v_codec || !p->kv)
+		return tq_fail(err, "attention: NULL params, codec or page table");
+	const struct tq_page_table *kv = p->kv;
+	const struct tq_page_geom *g = &kv->geom;
+	int dim = tq_codec_dim(p->k_codec);
+
+	if (tq_codec_dim(p->v_codec) != dim)
+		return tq_fail(err, "attention: K dim %d != V dim %d", dim, tq_codec_dim(p->v_codec));
+	if (!tq_page_geom_valid(g))
+		return tq_fail(err, "attention: page geometry out of range");
+	if (g->k_block_bytes != tq_codec_block_bytes(p->k_codec) ||
+	    g->v_block_bytes != tq_codec_block_bytes(p->v_codec))
+		return tq_fail(err, "attention: page block sizes %u/%u do not match the codecs (%zu/%zu)",
+			       g->k_block_bytes, g->v_block_bytes, tq_codec_block_bytes(p->k_codec),
+			       tq_codec_block_bytes(p->v_codec));
+	if (p->n_q_heads < 1 || p->n_q_heads > TQ_ATTN_MAX_HEADS ||
+	    p->n_q_heads % (int)g->n_kv_heads)
+		return tq_fail(err, "attention: n_q_heads %d is not a multiple of n_kv_heads %u",
+			       p->n_q_heads, g->n_kv_heads);
+	if (p->n_q < 0 || p->n_q > TQ_ATTN_MAX_Q)
+		return tq_fail(err, "attention: n_q %d out of range", p->n_q);
+	if (kv->n_pages < tq_page_count(g, kv->n_tokens))
+		return tq_fail(err, "attention: %u pages cannot hold %u tokens", kv->n_pages, kv->n_tokens);
+	if (kv->n_tokens && !kv->pages)
+		return tq_fail(err, "attention: NULL page list");
+	for (uint32_t i = 0, np = tq_page_count(g, kv->n_tokens); i < np; i++)
+		if (!kv->pages[i])
+			return tq_fail(err, "attention: page %u is NULL", i);
+	if (!isfinite(p->scale))
+		return tq_fail(err, "attention: scale is not finite");
+	if (!(p->sparse_v >= 0.0f && p->sparse_v < 1.0f))
+		return tq_fail(err, "attention: sparse_v must be in [0, 1)");
+	if (p->isa != TQ_ISA_AUTO && p->isa != TQ_ISA_SCALAR && p->isa != TQ_ISA_AVX2 &&
+	    p->isa != TQ_ISA_AVX512)
+		return tq_fail(err, "attention: unknown isa %d", (int)p->isa);
+
+	sh->dim = dim;
+	sh->n_kv = (int)g->n_kv_heads;
+	sh->group = p->n_q_heads / (int)g->n_kv_heads;
+	sh->kv_len = kv->n_tokens;
+	sh->scale = p->scale != 0.0f ? p->scale : (float)(1.0 / sqrt((double)dim));
+	if (p->n_q == 0)
+		return 0;
+
+	if (!p->q || !p->out)
+		return tq_fail(err, "attention: NULL q or out");
+	if (!tq_dtype_size(p->q_dtype))
+		return tq_fail(err, "attention: unknown query dtype %d", (int)p->q_dtype);
+	if (p->causal && !p->q_pos)
+		return tq_fail(err, "attention: causal attention needs q_pos");
+	if (p->q_pos)
+		for (int i = 0; i < p->n_q; i++)
+			if (p->q_pos[i] < 0 || (uint32_t)p->q_pos[i] >= kv->n_tokens)
+				return tq_fail(err, "attention: query %d at position %d, cache holds %u tokens",
+					       i, (int)p->q_pos[i], kv->n_tokens);
+
+	size_t n = (size_t)p->n_q * (size_t)p->n_q_heads * (size_t)dim;
+	for (size_t i = 0; i < n; i++) {
+		float v;
+		switch (p->q_dtype) {
+		case TQ_DTYPE_F16: v = tq_f16_to_f32(((const uint16_t *)p->q)[i]); break;
+		case TQ_DTYPE_BF16: v = tq_bf16_to_f32(((const uint16_t *)p->q)[i]); break;
+		default: memcpy(&v, (const char *)p->q + 4 * i, 4); break;
+		}
+		if (!isfinite(v))
+			return tq_fail(err, "attention: query %zu head %zu element %zu is not finite",
+				       i / ((size_t)p->n_q_heads * dim), i / dim % (size_t)p->n_q_heads,
+				       i % (size_t)dim);
+	}
+	return 0;
+}
+
+void tqa_q_row(const struct tq_attn_params *p, int dim, size_t row, float *dst)
+{
+	size_t base = row * (size_t)dim;
+
+	switch (p->q_dtype) {
+	case TQ_DTYPE_F16:
+		for (int j = 0; j < dim; j++)
+			dst[j] = tq_f16_to_f32(((const uint16_t *)p->q)[base + j]);
+		break;
+	case TQ_DTYPE_BF16:
+		for (int j = 0; j < dim; j++)
+			dst[j] = tq_bf16_to_f32(((const uint16_t *)p->q)[base + j]);
+		break;
+	default:
+		memcpy(dst, (const char *)p->q + 4 * base, 4 * (size_t)dim);
+		break;
+	}
+}
+
+/* ---- portable ops ------------------------------------------------------------ */
+
+/* idx[dim] from the index planes of a `bits`-bit block (tq_layout.h). */
+static void unpack_idx(const uint8_t *pl, int dim, int bits, uint8_t *idx)
+{
+	int off = 0;
+
+	memset(idx, 0, (size_t)dim);
+	for (int w = 8; w >= 1; w >>= 1) {
+		if (!(bits & w))
+			continue;
+		int stride = dim * w / 8, mask = (1 << w) - 1;
+		for (int i = 0; i < dim; i++)
+			idx[i] |= (uint8_t)(((pl[i % stride] >> ((i / stride) * w)) & mask) << off);
+		pl += stride;
+		off += w;
+	}
+}
+
+const float *tqa_decode_scalar(const tq_codec *c, const uint8_t *src, int n,
+			       float *tile, float *scale)
+{
+	const int dim = c->dim;
+	const size_t bb = c->block_bytes;
+	uint8_t idx[TQ_DIM_MAX];
+
+	switch (c->id) {
+	case TQ_CODEC_F32:
+		for (int t = 0; t < n; t++)
+			scale[t] = 1.0f;
+		return (const float *)(const void *)src; /* 4-byte aligned: tq_page.h */
+	case TQ_CODEC_F16:
+		for (int t = 0; t < n; t++, src += bb) {
+			for (int j = 0; j < dim; j++) {
+				uint16_t h;
+				memcpy(&h, src + 2 * j, 2);
+				tile[(size_t)t * dim + j] = tq_f16_to_f32(h);
+			}
+			scale[t] = 1.0f;
+		}
+		return tile;
+	case TQ_CODEC_Q8:
+		for (int t = 0; t < n; t++, src += bb) {
+			memcpy(&scale[t], src, 4);
+			for (int j = 0; j < dim; j++)
+				tile[(size_t)t * dim + j] = (float)(int8_t)src[4 + j];
+		}
+		return tile;
+	case TQ_CODEC_Q4A:
+		for (int t = 0; t < n; t++, src += bb) {
+			uint16_t hs, hm;
+			memcpy(&hs, src, 2);
+			memcpy(&hm, src + 2, 2);
+			float s = tq_f16_to_f32(hs), mn = tq_f16_to_f32(hm);
+			unpack_idx(src + 4, dim, 4, idx);
+			for (int j = 0; j < dim; j++)
+				tile[(size_t)t * dim + j] = mn + s * (float)idx[j];
+			scale[t] = 1.0f;
+		}
+		return tile;
+	default: /* tq2 / tq3 / tq4 */
+		for (int t = 0; t < n; t++, src += bb) {
+			memcpy(&scale[t], src, 4);
+			unpack_idx(src + 4, dim, c->bits, idx);
+			for (int j = 0; j < dim; j++)
+				tile[(size_t)t * dim + j] = c->cb.centroid[idx[j]];
+		}
+		return tile;
+	}
+}
+
+static void scores_scalar(const float *q, const float *tile, const float *scale,
+			  int n, int dim, float *s)
+{
+	for (int t = 0; t < n; t++) {
+		const float *k = tile + (size_t)t * dim;
+		for (int r = 0; r < TQA_ROWS; r++) {
+			const float *qr = q + (size_t)r * dim;
+			float a = 0.0f;
+			for (int j = 0; j < dim; j++)
+				a += qr[j] * k[j];
+			s[t * TQA_ROWS + r] = a * scale[t];
+		}
+	}
+}
+
+void tqa_softmax_scalar(float *s, int n, const int *vis, float *m, float *l, float *alpha)
+{
+	for (int r = 0; r < TQA_ROWS; r++) {
+		float cm = -INFINITY;
+		for (int t = 0; t < vis[r]; t++)
+			cm = fmaxf(cm, s[t * TQA_ROWS + r]);
+		float mn = fmaxf(m[r], cm);
+		if (mn == -INFINITY) { /* nothing visible yet */
+			alpha[r] = 1.0f;
+			for (int t = 0; t < TQA_CHUNK; t++)
+				s[t * TQA_ROWS + r] = 0.0f;
+			continue;
+		}
+		alpha[r] = exp2f(m[r] - mn); /* 0 when m was -inf */
+		float sum = 0.0f;
+		for (int t = 0; t < TQA_CHUNK; t++) {
+			float v = t < vis[r] ? exp2f(s[t * TQA_ROWS + r] - mn) : 0.0f;
+			s[t * TQA_ROWS + r] = v;
+			sum += v;
+		}
+		l[r] = l[r] * alpha[r] + sum;
+		m[r] = mn;
+	}
+	(void)n;
+}
+
+static void accum_scalar(float *acc, const float *alpha, const float *w, const float *vscale,
+			 const float *tile, int n, int dim)
+{
+	for (int r = 0; r < TQA_ROWS; r++) {
+		float *a = acc + (size_t)r * dim;
+		for (int j = 0; j < dim; j++)
+			a[j] *= alpha[r];
+		for (int t = 0; t < n; t++) {
+			float wt = w[t * TQA_ROWS + r] * vscale[t];
+			const float *v = tile + (size_t)t * dim;
+			for (int j = 0; j < dim; j++)
+				a[j] += wt * v[j];
+		}
+	}
+}
+
+const struct tqa_ops tqa_ops_scalar = {
+	.isa = TQ_ISA_SCALAR,
+	.decode = tqa_decode_scalar,
+	.scores = scores_scalar,
+	.softmax = tqa_softmax_scalar,
+	.accum = accum_scalar,
+};
+
+#if !defined(__x86_64__)
+const struct tqa_ops *tqa_ops_avx2(void) { return NULL; }
+const struct tqa_ops *tqa_ops_avx512(void) { return NULL; }
+#endif
+
+/* ---- plan and workspace ------------------------------------------------------ */
+
+struct plan {
+	int n_threads;
+	int rows_ph;          /* n_q * G                                     */
+	int rt_rows;          /* rows per tile, multiple of TQA_ROWS           */
+	int n_rt;             /* row tiles                                    */
+	int rows_pad;         /* n_rt * rt_rows                               */
+	int n_split;          /* S                                            */
+	uint32_t split_len;   /* tokens per split, multiple of TQA_CHUNK      */
+	/* workspace offsets (bytes) */
+	size_t thr_bytes;     /* per-thread scratch                          */
+	size_t off_qbuf, off_ktile, off_vtile, off_kscale, off_vscale, off_p, off_alpha, off_tmp;
+	size_t off_acc, off_ml; /* partials, after the per-thread areas      */
+	size_t total;
+};
+
+static size_t al64(size_t x) { return (x + 63) & ~(size_t)63; }
+
+static void plan_make(const struct tq_attn_params *p, const struct tqa_shape *sh, struct plan *pl)
+{
+	int d = sh->dim;
+
+	memset(pl, 0, sizeof(*pl));
+	pl->n_threads = tq_threads_count(p->threads);
+	pl->rows_ph = p->n_q * sh->group;
+	pl->rt_rows = pl->rows_ph < RT_MAX ? (pl->rows_ph + TQA_ROWS - 1) / TQA_ROWS * TQA_ROWS : RT_MAX;
+	if (pl->rt_rows == 0)
+		pl->rt_rows = TQA_ROWS;
+	pl->n_rt = (pl->rows_ph + pl->rt_rows - 1) / pl->rt_rows;
+	if (pl->n_rt == 0)
+		pl->n_rt = 1;
+	pl->rows_pad = pl->n_rt * pl->rt_rows;
+
+	/* splits: enough tasks to balance the pool, none shorter than SPLIT_MIN */
+	int base_tasks = sh->n_kv * pl->n_rt;
+	int want = pl->n_threads > 1 ? (TASKS_PER_THREAD * pl->n_threads + base_tasks - 1) / base_tasks : 1;
+	uint32_t max_split = sh->kv_len / SPLIT_MIN;
+	if (max_split < 1)
+		max_split = 1;
+	pl->n_split = want < 1 ? 1 : ((uint32_t)want > max_split ? (int)max_split : want);
+	uint32_t len = (sh->kv_len + (uint32_t)pl->n_split - 1) / (uint32_t)pl->n_split;
+	len = (len + TQA_CHUNK - 1) / TQA_CHUNK * TQA_CHUNK;
+	pl->split_len = len ? len : TQA_CHUNK;
+	pl->n_split = sh->kv_len ? (int)((sh->kv_len + pl->split_len - 1) / pl->split_len) : 1;
+
+	size_t o = 0;
+	pl->off_qbuf = o;   o += al64((size_t)pl->rt_rows * d * 4);
+	pl->off_ktile = o;  o += al64((size_t)TQA_CHUNK * d * 4);
+	pl->off_vtile = o;  o += al64((size_t)TQA_CHUNK * d * 4);
+	pl->off_kscale = o; o += al64(TQA_CHUNK * 4);
+	pl->off_vscale = o; o += al64(TQA_CHUNK * 4);
+	pl->off_p = o;      o += al64((size_t)pl->rt_rows * TQA_CHUNK * 4);
+	pl->off_alpha = o;  o += al64((size_t)pl->rt_rows * 4);
+	pl->off_tmp = o;    o += al64((size_t)2 * d * 4);
+	pl->thr_bytes = o;
+	o = al64(o * (size_t)pl->n_threads);
+	size_t rows_all = (size_t)pl->n_split * sh->n_kv * pl->rows_pad;
+	pl->off_acc = o;    o += al64(rows_all * d * 4);
+	pl->off_ml = o;     o += al64(rows_all * 2 * 4);
+	pl->total = o + 64; /* room to align a caller's buffer */
+}
+
+long tq_attn_workspace_bytes(const struct tq_attn_params *p, tq_error *err)
+{
+	struct tqa_shape sh;
+	struct plan pl;
+	int rc = tqa_validate(p, &sh, err);
+
+	if (rc)
+		return rc;
+	plan_make(p, &sh, &pl);
+	return (long)pl.total;
+}
+
+/* ---- the fused chunk loop ------------------------------------------------------ */
+
+struct job {
+	const struct tq_attn_params *p;
+	const struct tqa_ops *ops;
+	struct tqa_shape sh;
+	struct plan pl;
+	uint8_t *ws;          /* 64-byte aligned */
+	float scale2;         /* softmax scale * log2(e) */
+};
+
+static inline float *acc_at(const struct job *jb, int s, int h, int r)
+{
+	size_t row = ((size_t)s * jb->sh.n_kv + h) * jb->pl.rows_pad + r;
+	return (float *)(void *)(jb->ws + jb->pl.off_acc) + row * jb->sh.dim;
+}
+
+static inline float *ml_at(const struct job *jb, int s, int h, int r)
+{
+	size_t row = ((size_t)s * jb->sh.n_kv + h) * jb->pl.rows_pad + r;
+	return (float *)(void *)(jb->ws + jb->pl.off_ml) + row * 2;
+}
+
+static void prefetch_range(const uint8_t *a, size_t bytes)
+{
+	for (size_t o = 0; o < bytes; o += 64)
+		__builtin_prefetch(a + o, 0, 3);
+}
+
+/* out row = R_v^T (acc / l), zeros when nothing was visible (empty cache). */
+static void finish_row(const struct job *jb, const float *acc, float m, float l,
+		       float *tmp, float *out)
+{
+	int d = jb->sh.dim;
+
+	if (m == -INFINITY || !(l > 0.0f)) {
+		memset(out, 0, (size_t)d * 4);
+		return;
+	}
+	float inv = 1.0f / l;
+	for (int j = 0; j < d; j++)
+		tmp[j] = acc[j] * inv;
+	tq_unrotate(jb->p->v_codec, tmp, out);
+}
+
+static size_t out_row(const struct job *jb, int h, int r)
+{
+	int qi = r / jb->sh.group, g = r % jb->sh.group;
+	return ((size_t)qi * jb->p->n_q_heads + (size_t)h * jb->sh.group + g) * jb->sh.dim;
+}
+
+static void task_compute(void *arg, int task, int thread)
+{
+	/* a private copy: the job lives on the caller's stack, next to lines
+	 * the caller writes while it runs tasks itself (false sharing) */
+	const struct job jcopy = *(const struct job *)arg;
+	const struct job *jb = &jcopy;
+	const struct tq_attn_params *p = jb->p;
+	const struct tqa_ops *ops = jb->ops;
+	const struct plan *pl = &jb->pl;
+	const int d = jb->sh.dim, G = jb->sh.group;
+	const struct tq_page_table *kv = p->kv;
+	const struct tq_page_geom *geom = &kv->geom;
+	const uint32_t pt = geom->page_tokens;
+	uint8_t *tw = jb->ws + (size_t)thread * pl->thr_bytes;
+	float *qbuf = (float *)(void *)(tw + pl->off_qbuf);     /* [rt_rows][d]            */
+	float *ktile = (float *)(void *)(tw + pl->off_ktile);   /* [CHUNK][d]              */
+	float *vtile = (float *)(void *)(tw + pl->off_vtile);   /* [CHUNK][d]              */
+	float *kscale = (float *)(void *)(tw + pl->off_kscale); /* [CHUNK]                 */
+	float *vscale = (float *)(void *)(tw + pl->off_vscale); /* [CHUNK]                 */
+	float *pbuf = (float *)(void *)(tw + pl->off_p);        /* [blocks][CHUNK][ROWS]   */
+	float *abuf = (float *)(void *)(tw + pl->off_alpha);    /* [blocks][ROWS]          */
+	float *tmp = (float *)(void *)(tw + pl->off_tmp);       /* [2][d]                  */
+
+	const int s = task % pl->n_split;
+	const int rt = task / pl->n_split % pl->n_rt;
+	const int h = task / pl->n_split / pl->n_rt;
+	const int r0 = rt * pl->rt_rows;
+	const int nrows = (pl->rows_ph - r0) < pl->rt_rows ? pl->rows_ph - r0 : pl->rt_rows;
+	const int nblk = (nrows + TQA_ROWS - 1) / TQA_ROWS;
+	uint32_t lim[RT_MAX];   /* keys visible to each row: [0, lim)      */
+	uint32_t blim[RT_MAX / TQA_ROWS];
+	uint32_t tmax = 0;
+
+	/* q rows, rotated into the key frame and pre-scaled (base-2 scores) */
+	for (int i = 0; i < nblk * TQA_ROWS; i++) {
+		float *qr = qbuf + (size_t)i * d;
+		if (i >= nrows) {
+			memset(qr, 0, (size_t)d * 4);
+			lim[i] = 0;
+			continue;
+		}
+		int r = r0 + i, qi = r / G, g = r % G;
+		tqa_q_row(p, d, (size_t)qi * p->n_q_heads + (size_t)h * G + g, tmp);
+		tq_rotate(p->k_codec, tmp, qr);
+		for (int j = 0; j < d; j++)
+			qr[j] *= jb->scale2;
+		lim[i] = p->causal ? (uint32_t)p->q_pos[qi] + 1 : jb->sh.kv_len;
+	}
+	for (int b = 0; b < nblk; b++) {
+		blim[b] = 0;
+		for (int i = 0; i < TQA_ROWS; i++)
+			if (lim[b * TQA_ROWS + i] > blim[b])
+				blim[b] = lim[b * TQA_ROWS + i];
+		if (blim[b] > tmax)
+			tmax = blim[b];
+	}
+
+	/* partial state of these rows for split s */
+	float *acc0 = acc_at(jb, s, h, r0);   /* [nblk*ROWS][d] */
+	float *ml0 = ml_at(jb, s, h, r0);     /* [nblk*ROWS][2] */
+	float mrow[RT_MAX], lrow[RT_MAX];
+	memset(acc0, 0, (size_t)nblk * TQA_ROWS * d * 4);
+	for (int i = 0; i < nblk * TQA_ROWS; i++) {
+		mrow[i] = -INFINITY;
+		lrow[i] = 0.0f;
+	}
+
+	const float thr = p->sparse_v;
+	uint32_t t0 = (uint32_t)s * pl->split_len;
+	uint32_t t1 = t0 + pl->split_len < jb->sh.kv_len ? t0 + pl->split_len : jb->sh.kv_len;
+	if (t1 > tmax)
+		t1 = tmax;
+	const size_t kbb = geom->k_block_bytes, vbb = geom->v_block_bytes;
+
+	for (uint32_t t = t0; t < t1;) {
+		uint32_t page = t / pt, slot = t % pt;
+		int n = TQA_CHUNK;
+		if ((uint32_t)n > pt - slot)
+			n = (int)(pt - slot);
+		if ((uint32_t)n > t1 - t)
+			n = (int)(t1 - t);
+		const uint8_t *pg = kv->pages[page];
+		const uint8_t *kb = pg + tq_page_k_off(geom, (uint32_t)h, slot);
+		const uint8_t *vb = pg + tq_page_v_off(geom, (uint32_t)h, slot);
+
+		/* Software prefetch PF_TOKENS ahead: the hardware prefetcher alone
+		 * does not keep two streams per task (K and V) full while the
+		 * kernel computes, and it cannot guess the jump to the next page. */
+		uint32_t tp = t + PF_TOKENS;
+		if (tp < t1) {
+			uint32_t sp = tp % pt;
+			uint32_t np_ = pt - sp < TQA_CHUNK ? pt - sp : TQA_CHUNK;
+			const uint8_t *pgp = kv->pages[tp / pt];
+			prefetch_range(pgp + tq_page_k_off(geom, (uint32_t)h, sp), np_ * kbb);
+			prefetch_range(pgp + tq_page_v_off(geom, (uint32_t)h, sp), np_ * vbb);
+		}
+
+		/* one row block at d = 128: keys decoded in registers (no tile) */
+		const int direct = nblk == 1 && d == 128;
+		const enum tq_codec_id kid = tq_codec_id(p->k_codec), vid = tq_codec_id(p->v_codec);
+		const float *kt = NULL;
+		if (!(direct && ops->scores_d128[kid]))
+			kt = ops->decode(p->k_codec, kb, n, ktile, kscale);
+		int active[RT_MAX / TQA_ROWS];
+		int any = 0;
+		for (int b = 0; b < nblk; b++) {
+			active[b] = t < blim[b];
+			if (!active[b])
+				continue;
+			any = 1;
+			float *sb = pbuf + (size_t)b * TQA_CHUNK * TQA_ROWS;
+			int vis[TQA_ROWS];
+			for (int i = 0; i < TQA_ROWS; i++) {
+				uint32_t l = lim[b * TQA_ROWS + i];
+				vis[i] = l <= t ? 0 : (l - t >= (uint32_t)n ? n : (int)(l - t));
+			}
+			if (kt)
+				ops->scores(qbuf + (size_t)b * TQA_ROWS * d, kt, kscale, n, d, sb);
+			else
+				ops->scores_d128[kid](p->k_codec, kb, n, qbuf, sb);
+			ops->softmax(sb, n, vis, mrow + b * TQA_ROWS, lrow + b * TQA_ROWS,
+				     abuf + b * TQA_ROWS);
+		}
+		if (!any)
+			break;
+
+		/* values: every token, or (sparse-V) those some row still weighs */
+		int nv = n;
+		const float *vt = NULL;
+		int keep[TQA_CHUNK];
+		if (thr > 0.0f) {
+			nv = 0;
+			for (int j = 0; j < n; j++) {
+				int k = 0;
+				for (int b = 0; b < nblk && !k; b++) {
+					const float *sb = pbuf + ((size_t)b * TQA_CHUNK + j) * TQA_ROWS;
+					k = active[b] && (sb[0] >= thr || sb[1] >= thr ||
+							  sb[2] >= thr || sb[3] >= thr);
+				}
+				if (k)
+					keep[nv++] = j;
+			}
+		}
+		if (nv == n && direct && ops->accum_d128[vid]) {
+			ops->accum_d128[vid](p->v_codec, vb, n, acc0, abuf, pbuf);
+			t += (uint32_t)n;
+			continue;
+		}
+		if (nv == n) {
+			vt = ops->decode(p->v_codec, vb, n, vtile, vscale);
+		} else {
+			for (int jj = 0; jj < nv; jj++) {
+				const float *row = ops->decode(p->v_codec, vb + (size_t)keep[jj] * vbb, 1,
+							       vtile + (size_t)jj * d, vscale + jj);
+				if (row != vtile + (size_t)jj * d)
+					memcpy(vtile + (size_t)jj * d, row, (size_t)d * 4);
+			}
+			vt = vtile;
+			for (int b = 0; b < nblk; b++) {
+				if (!active[b])
+					continue;
+				float *sb = pbuf + (size_t)b * TQA_CHUNK * TQA_ROWS;
+				for (int jj = 0; jj < nv; jj++)
+					memcpy(sb + jj * TQA_ROWS, sb + keep[jj] * TQA_ROWS, TQA_ROWS * 4);
+			}
+		}
+		for (int b = 0; b < nblk; b++) {
+			if (!active[b])
+				continue;
+			ops->accum(acc0 + (size_t)b * TQA_ROWS * d, abuf + b * TQA_ROWS,
+				   pbuf + (size_t)b * TQA_CHUNK * TQA_ROWS, vscale, vt, nv, d);
+		}
+		t += (uint32_t)n;
+	}
+
+	if (pl->n_split == 1) {
+		for (int i = 0; i < nrows; i++)
+			finish_row(jb, acc0 + (size_t)i * d, mrow[i], lrow[i], tmp,
+				   p->out + out_row(jb, h, r0 + i));
+		return;
+	}
+	for (int i = 0; i < nblk * TQA_ROWS; i++) {
+		ml0[2 * i] = mrow[i];
+		ml0[2 * i + 1] = lrow[i];
+	}
+}
+
+/* Log-sum-exp merge of the splits of one (KV head, row tile). */
+static void task_merge(void *arg, int task, int thread)
+{
+	const struct job *jb = arg;
+	const struct plan *pl = &jb->pl;
+	const int d = jb->sh.dim;
+	const int rt = task % pl->n_rt, h = task / pl->n_rt;
+	const int r0 = rt * pl->rt_rows;
+	const int nrows = (pl->rows_ph - r0) < pl->rt_rows ? pl->rows_ph - r0 : pl->rt_rows;
+	float *tmp = (float *)(void *)(jb->ws + (size_t)thread * pl->thr_bytes + pl->off_tmp);
+	float *sum = tmp + d;
+
+	for (int i = 0; i < nrows; i++) {
+		float M = -INFINITY;
+		for (int s = 0; s < pl->n_split; s++)
+			M = fmaxf(M, ml_at(jb, s, h, r0 + i)[0]);
+		float L = 0.0f;
+		memset(sum, 0, (size_t)d * 4);
+		if (M != -INFINITY) {
+			for (int s = 0; s < pl->n_split; s++) {
+				const float *ml = ml_at(jb, s, h, r0 + i);
+				if (ml[0] == -INFINITY)
+					continue;
+				float f = exp2f(ml[0] - M);
+				const float *a = acc_at(jb, s, h, r0 + i);
+				L += ml[1] * f;
+				for (int j = 0; j < d; j++)
+					sum[j] += a[j] * f;
+			}
+		}
+		finish_row(jb, sum, M, L, tmp, jb->p->out + out_row(jb, h, r0 + i));
+	}
+}
+
+/* The attention paths depend only on the CPU (not on the codec's SIMD
+ * paths): AVX2 needs AVX2+FMA+F16C, AVX-512 needs F/BW/DQ/VL as well. */
+static const struct tqa_ops *ops_for(enum tq_isa isa)
+{
+	switch (isa) {
+	case TQ_ISA_SCALAR:
+		return &tqa_ops_scalar;
+#if defined(__x86_64__)
+	case TQ_ISA_AVX2:
+		if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+		    __builtin_cpu_supports("f16c"))
+			return tqa_ops_avx2();
+		return NULL;
+	case TQ_ISA_AVX512:
+		if (ops_for(TQ_ISA_AVX2) && __builtin_cpu_supports("avx512f") &&
+		    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+		    __builtin_cpu_supports("avx512vl"))
+			return tqa_ops_avx512();
+		return NULL;
+#endif
+	default:
+		return NULL;
+	}
+}
+
+int tq_attn_isa_supported(enum tq_isa isa)
+{
+	return isa == TQ_ISA_AUTO || ops_for(isa) != NULL;
+}
+
+int tq_attend(const struct tq_attn_params *p, tq_error *err)
+{
+	struct job jb;
+	void *owned = NULL;
+	int rc = tqa_validate(p, &jb.sh, err);
+
+	if (rc)
+		return rc;
+	if (p->n_q == 0)
+		return 0;
+
+	enum tq_isa isa = p->isa;
+	if (isa == TQ_ISA_AUTO) {
+		isa = tq_isa_best();
+		jb.ops = ops_for(isa);
+		if (!jb.ops)
+			jb.ops = &tqa_ops_scalar;
+	} else {
+		jb.ops = ops_for(isa);
+		if (!jb.ops) {
+			if (err)
+				snprintf(err->msg, sizeof(err->msg), "attention: ISA %s not available",
+					 tq_isa_name(isa));
+			return -EOPNOTSUPP;
+		}
+	}
+
+	jb.p = p;
+	plan_make(p, &jb.sh, &jb.pl);
+	jb.scale2 = (float)((double)jb.sh.scale * LOG2E);
+	if (p->workspace) {
+		if (p->workspace_bytes < jb.pl.total) {
+			if (err)
+				snprintf(err->msg, sizeof(err->msg),
+					 "attention: workspace of %zu bytes, %zu needed",
+					 p->workspace_bytes, jb.pl.total);
+			return -ENOSPC;
+		}
+		jb.ws = (uint8_t *)(((uintptr_t)p->workspace + 63) & ~(uintptr_t)63);
+	} else {
+		owned = malloc(jb.pl.total);
+		if (!owned) {
+			if (err)
+				snprintf(err->msg, sizeof(err->msg), "attention: out of memory");
+			return -ENOMEM;
+		}
+		jb.ws = (uint8_t *)(((uintptr_t)owned + 63) & ~(uintptr_t)63);
+	}
+
+	int n_tasks = jb.sh.n_kv * jb.pl.n_rt * jb.pl.n_split;
+	rc = tq_threads_run(p->threads, task_compute, &jb, n_tasks);
+	if (!rc && jb.pl.n_split > 1)
+		rc = tq_threads_run(p->threads, task_merge, &jb, jb.sh.n_kv * jb.pl.n_rt);
+	free(owned);
+	return rc;
+}

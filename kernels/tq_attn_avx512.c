@@ -1,0 +1,573 @@
+/* tq_attn_avx512.c — AVX-512 (F/BW/DQ/VL) inner loops of the fused attention
+ * (contracts in tq_attn_internal.h).  Built with the avx512 flags of the
+ * Makefile; compiles to a NULL getter on other targets.
+ *
+ * Decoders turn the packed indices into 16-wide index vectors and look the
+ * centroids up in registers with vpermps (which reads only the low 4 index
+ * bits, so 2- and 3-bit codebooks are replicated to 16 entries and the bits
+ * above the index need no masking).  Scores: 4 tokens x 4 rows of 16-lane
+ * partial dot products, then one transposed reduction of the 16 vectors to
+ * the 16 scores.  Accumulation: 4 rows x 64 dims in registers per pass over
+ * the value tile, weights broadcast from memory.
+ */
+#if defined(__x86_64__)
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "tq_attn_internal.h"
+
+static inline __m512i zext16(const uint8_t *p)
+{
+	return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
+}
+
+static inline __m512i srl(__m512i v, int n)
+{
+	return _mm512_srl_epi32(v, _mm_cvtsi32_si128(n));
+}
+
+static const float *decode_avx512(const tq_codec *c, const uint8_t *src, int n,
+				  float *tile, float *scale)
+{
+	const int d = c->dim;
+	const size_t bb = c->block_bytes;
+
+	switch (c->id) {
+	case TQ_CODEC_TQ4: {
+		if (d % 32)
+			break;
+		const __m512 cb = _mm512_loadu_ps(c->cb.centroid);
+		const int h = d / 2;
+		for (int t = 0; t < n; t++, src += bb) {
+			const uint8_t *ix = src + 4;
+			float *o = tile + (size_t)t * d;
+			memcpy(&scale[t], src, 4);
+			for (int k = 0; k < h; k += 16) {
+				__m512i v = zext16(ix + k);
+				_mm512_storeu_ps(o + k, _mm512_permutexvar_ps(v, cb));
+				_mm512_storeu_ps(o + h + k, _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), cb));
+			}
+		}
+		return tile;
+	}
+	case TQ_CODEC_TQ3: {
+		if (d % 128)
+			break;
+		float c16[16];
+		for (int i = 0; i < 16; i++)
+			c16[i] = c->cb.centroid[i & 7];
+		const __m512 cb = _mm512_loadu_ps(c16);
+		const __m512i m3 = _mm512_set1_epi32(3);
+		/* value i: low bits in byte i % s2 of the 2-bit plane at shift
+		 * 2 (i / s2); high bit in byte i % s1 of the 1-bit plane at shift
+		 * i / s1 (s2 = d/4, s1 = d/8).  Walk i = a s2 + 16 b: the low
+		 * shift is 2a and the high shift 2a + (16 b >= s1). */
+		const int s2 = d / 4, s1 = d / 8;
+		for (int t = 0; t < n; t++, src += bb) {
+			const uint8_t *lo = src + 4, *hi = src + 4 + s2;
+			float *o = tile + (size_t)t * d;
+			memcpy(&scale[t], src, 4);
+			for (int b = 0; b < s2; b += 16) {
+				const __m512i lz = zext16(lo + b);
+				const int hb = b >= s1;                       /* 0 or 1 */
+				const __m512i hz = srl(zext16(hi + b - hb * s1), hb);
+#define TQ3_SLICE(A)                                                                    \
+	do {                                                                            \
+		__m512i a_ = _mm512_srli_epi32(lz, 2 * (A));                            \
+		__m512i h_ = (A) == 0 ? _mm512_slli_epi32(hz, 2)                         \
+				      : _mm512_srli_epi32(hz, 2 * (A) - 2);             \
+		_mm512_storeu_ps(o + (A) * s2 + b, _mm512_permutexvar_ps(               \
+			_mm512_ternarylogic_epi32(m3, a_, h_, 0xCA), cb));              \
+	} while (0)
+				TQ3_SLICE(0);
+				TQ3_SLICE(1);
+				TQ3_SLICE(2);
+				TQ3_SLICE(3);
+#undef TQ3_SLICE
+			}
+		}
+		return tile;
+	}
+	case TQ_CODEC_TQ2: {
+		if (d % 64)
+			break;
+		float c16[16];
+		_Pragma("GCC unroll 16")
+		for (int i = 0; i < 16; i++)
+			c16[i] = c->cb.centroid[i & 3];
+		const __m512 cb = _mm512_loadu_ps(c16);
+		const int s2 = d / 4;
+		for (int t = 0; t < n; t++, src += bb) {
+			const uint8_t *lo = src + 4;
+			float *o = tile + (size_t)t * d;
+			memcpy(&scale[t], src, 4);
+			for (int i0 = 0; i0 < d; i0 += 16)
+				_mm512_storeu_ps(o + i0, _mm512_permutexvar_ps(
+					srl(zext16(lo + i0 % s2), 2 * (i0 / s2)), cb));
+		}
+		return tile;
+	}
+	case TQ_CODEC_Q8:
+		if (d % 16)
+			break;
+		for (int t = 0; t < n; t++, src += bb) {
+			float *o = tile + (size_t)t * d;
+			memcpy(&scale[t], src, 4);
+			for (int k = 0; k < d; k += 16) {
+				__m128i b = _mm_loadu_si128((const __m128i *)(const void *)(src + 4 + k));
+				_mm512_storeu_ps(o + k, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)));
+			}
+		}
+		return tile;
+	case TQ_CODEC_Q4A: {
+		if (d % 32)
+			break;
+		const int h = d / 2;
+		const __m512i m15 = _mm512_set1_epi32(15);
+		for (int t = 0; t < n; t++, src += bb) {
+			uint16_t hs, hm;
+			memcpy(&hs, src, 2);
+			memcpy(&hm, src + 2, 2);
+			const __m512 s = _mm512_set1_ps(tq_f16_to_f32(hs));
+			const __m512 mn = _mm512_set1_ps(tq_f16_to_f32(hm));
+			float *o = tile + (size_t)t * d;
+			scale[t] = 1.0f;
+			for (int k = 0; k < h; k += 16) {
+				__m512i v = zext16(src + 4 + k);
+				__m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, m15));
+				__m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+				_mm512_storeu_ps(o + k, _mm512_add_ps(mn, _mm512_mul_ps(s, lo)));
+				_mm512_storeu_ps(o + h + k, _mm512_add_ps(mn, _mm512_mul_ps(s, hi)));
+			}
+		}
+		return tile;
+	}
+	case TQ_CODEC_F16:
+		if (d % 16)
+			break;
+		for (int t = 0; t < n; t++, src += bb) {
+			float *o = tile + (size_t)t * d;
+			scale[t] = 1.0f;
+			for (int k = 0; k < d; k += 16)
+				_mm512_storeu_ps(o + k, _mm512_cvtph_ps(_mm256_loadu_si256(
+					(const __m256i *)(const void *)(src + 2 * k))));
+		}
+		return tile;
+	default:
+		break;
+	}
+	return tqa_decode_scalar(c, src, n, tile, scale);
+}
+
+/* lane i of the result = horizontal sum of v[i] */
+static inline __m512 reduce16(__m512 v[16])
+{
+	__m512 w[8], x[4];
+	_Pragma("GCC unroll 16")
+	for (int k = 0; k < 8; k++)
+		w[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]),
+				     _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
+	_Pragma("GCC unroll 16")
+	for (int k = 0; k < 4; k++)
+		x[k] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * k], w[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+				     _mm512_shuffle_ps(w[2 * k], w[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+	__m512 y01 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(2, 0, 2, 0)),
+				   _mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(3, 1, 3, 1)));
+	__m512 y23 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(2, 0, 2, 0)),
+				   _mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(3, 1, 3, 1)));
+	return _mm512_add_ps(_mm512_shuffle_f32x4(y01, y23, _MM_SHUFFLE(2, 0, 2, 0)),
+			     _mm512_shuffle_f32x4(y01, y23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+static void scores_avx512(const float *q, const float *tile, const float *scale,
+			  int n, int dim, float *s)
+{
+	const int d16 = dim & ~15;
+	const __mmask16 tail = (__mmask16)((1u << (dim & 15)) - 1u);
+	const __m512i bidx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+	const float *q0 = q, *q1 = q + dim, *q2 = q + 2 * dim, *q3 = q + 3 * dim;
+	int t = 0;
+
+	for (; t + 4 <= n; t += 4) {
+		const float *k0 = tile + (size_t)t * dim, *k1 = k0 + dim, *k2 = k1 + dim, *k3 = k2 + dim;
+		__m512 a[16];
+		_Pragma("GCC unroll 16")
+		for (int i = 0; i < 16; i++)
+			a[i] = _mm512_setzero_ps();
+		int j = 0;
+#define SC_STEP(LD)                                                           \
+	do {                                                                  \
+		__m512 kk[4] = { LD(k0 + j), LD(k1 + j), LD(k2 + j), LD(k3 + j) }; \
+		__m512 qq[4] = { LD(q0 + j), LD(q1 + j), LD(q2 + j), LD(q3 + j) }; \
+		_Pragma("GCC unroll 16")                                              \
+		for (int i = 0; i < 4; i++)                                   \
+			_Pragma("GCC unroll 16")                                             \
+			for (int r = 0; r < 4; r++)                           \
+				a[i * 4 + r] = _mm512_fmadd_ps(kk[i], qq[r], a[i * 4 + r]); \
+	} while (0)
+#define LDU(p) _mm512_loadu_ps(p)
+#define LDM(p) _mm512_maskz_loadu_ps(tail, p)
+		for (; j < d16; j += 16)
+			SC_STEP(LDU);
+		if (tail)
+			SC_STEP(LDM);
+		__m512 z = reduce16(a);
+		__m512 sc = _mm512_permutexvar_ps(bidx, _mm512_castps128_ps512(_mm_loadu_ps(scale + t)));
+		_mm512_storeu_ps(s + t * TQA_ROWS, _mm512_mul_ps(z, sc));
+	}
+	for (; t < n; t++) {
+		const float *k0 = tile + (size_t)t * dim;
+		__m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+		int j = 0;
+		for (; j < d16; j += 16) {
+			__m512 kk = _mm512_loadu_ps(k0 + j);
+			a0 = _mm512_fmadd_ps(kk, _mm512_loadu_ps(q0 + j), a0);
+			a1 = _mm512_fmadd_ps(kk, _mm512_loadu_ps(q1 + j), a1);
+			a2 = _mm512_fmadd_ps(kk, _mm512_loadu_ps(q2 + j), a2);
+			a3 = _mm512_fmadd_ps(kk, _mm512_loadu_ps(q3 + j), a3);
+		}
+		if (tail) {
+			__m512 kk = LDM(k0 + j);
+			a0 = _mm512_fmadd_ps(kk, LDM(q0 + j), a0);
+			a1 = _mm512_fmadd_ps(kk, LDM(q1 + j), a1);
+			a2 = _mm512_fmadd_ps(kk, LDM(q2 + j), a2);
+			a3 = _mm512_fmadd_ps(kk, LDM(q3 + j), a3);
+		}
+		s[t * TQA_ROWS + 0] = _mm512_reduce_add_ps(a0) * scale[t];
+		s[t * TQA_ROWS + 1] = _mm512_reduce_add_ps(a1) * scale[t];
+		s[t * TQA_ROWS + 2] = _mm512_reduce_add_ps(a2) * scale[t];
+		s[t * TQA_ROWS + 3] = _mm512_reduce_add_ps(a3) * scale[t];
+	}
+#undef SC_STEP
+#undef LDU
+#undef LDM
+}
+
+/* 2^x, relative error < 2e-7; x <= -160 gives 0 (so 2^-inf = 0). */
+static inline __m512 exp2_avx512(__m512 x)
+{
+	x = _mm512_max_ps(x, _mm512_set1_ps(-160.0f));
+	x = _mm512_min_ps(x, _mm512_set1_ps(128.0f));
+	__m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	__m512 f = _mm512_sub_ps(x, n);
+	__m512 p = _mm512_set1_ps(1.525273380405984e-05f);
+	p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.5403530393381606e-04f));
+	p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-03f));
+	p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618129107628477e-03f));
+	p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550410866482158e-02f));
+	p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402265069591007e-01f));
+	p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471805599453e-01f));
+	p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+	return _mm512_scalef_ps(p, n);
+}
+
+/* max / sum over the 4 token lanes of each row: lane = token * 4 + row */
+static inline __m512 rowmax(__m512 v)
+{
+	v = _mm512_max_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 0, 3, 2)));
+	return _mm512_max_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(2, 3, 0, 1)));
+}
+
+static inline __m512 rowsum(__m512 v)
+{
+	v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 0, 3, 2)));
+	return _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(2, 3, 0, 1)));
+}
+
+static void softmax_avx512(float *s, int n, const int *vis, float *m, float *l, float *alpha)
+{
+	const __m512i tok = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+	const __m512i visv = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)vis));
+	const __m512 ninf = _mm512_set1_ps(-INFINITY);
+	__mmask16 mk[TQA_CHUNK / 4];
+	__m512 v[TQA_CHUNK / 4];
+	__m512 mx = ninf;
+	int nk = (n + 3) / 4;
+
+	for (int k = 0; k < nk; k++) {
+		mk[k] = _mm512_cmplt_epi32_mask(_mm512_add_epi32(tok, _mm512_set1_epi32(4 * k)), visv);
+		v[k] = _mm512_loadu_ps(s + 16 * k);
+		mx = _mm512_mask_max_ps(mx, mk[k], mx, v[k]);
+	}
+	mx = rowmax(mx);
+	__m512 mold = _mm512_broadcast_f32x4(_mm_loadu_ps(m));
+	__m512 mnew = _mm512_max_ps(mold, mx);
+	__mmask16 live = _mm512_cmp_ps_mask(mnew, ninf, _CMP_NEQ_OQ);
+	/* alpha = 2^(m_old - m_new); 1 where nothing is visible yet */
+	__m512 al = _mm512_mask_blend_ps(live, _mm512_set1_ps(1.0f),
+					 exp2_avx512(_mm512_sub_ps(mold, mnew)));
+	__m512 sum = _mm512_setzero_ps();
+	for (int k = 0; k < nk; k++) {
+		__m512 p = _mm512_maskz_mov_ps(mk[k], exp2_avx512(_mm512_sub_ps(v[k], mnew)));
+		sum = _mm512_add_ps(sum, p);
+		_mm512_storeu_ps(s + 16 * k, p);
+	}
+	for (int k = nk; k < TQA_CHUNK / 4; k++)
+		_mm512_storeu_ps(s + 16 * k, _mm512_setzero_ps());
+	sum = rowsum(sum);
+	__m128 l4 = _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(l), _mm512_castps512_ps128(al)),
+			       _mm512_castps512_ps128(sum));
+	/* rows with nothing visible keep m = -inf, l = 0 */
+	_mm_storeu_ps(l, l4);
+	_mm_storeu_ps(m, _mm512_castps512_ps128(mnew));
+	_mm_storeu_ps(alpha, _mm512_castps512_ps128(al));
+}
+
+static void accum_avx512(float *acc, const float *alpha, const float *wp, const float *vscale,
+			 const float *tile, int n, int dim)
+{
+	/* w[t][r] = p[t][r] * vscale[t], 4 tokens per register */
+	float w[TQA_CHUNK * TQA_ROWS] __attribute__((aligned(64)));
+	const __m512i bidx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+	for (int t = 0; t < n; t += 4) {
+		__mmask16 mk = n - t >= 4 ? (__mmask16)0xFFFF : (__mmask16)((1u << (4 * (n - t))) - 1u);
+		__m128 vs = _mm_maskz_loadu_ps((__mmask8)(n - t >= 4 ? 0xF : (1u << (n - t)) - 1u), vscale + t);
+		__m512 sc = _mm512_permutexvar_ps(bidx, _mm512_castps128_ps512(vs));
+		_mm512_store_ps(w + 4 * t, _mm512_maskz_mul_ps(mk, _mm512_maskz_loadu_ps(mk, wp + 4 * t), sc));
+	}
+	const __m512 al0 = _mm512_set1_ps(alpha[0]), al1 = _mm512_set1_ps(alpha[1]);
+	const __m512 al2 = _mm512_set1_ps(alpha[2]), al3 = _mm512_set1_ps(alpha[3]);
+	const size_t ld = (size_t)dim;
+	int j0 = 0;
+
+	for (; j0 + 64 <= dim; j0 += 64) {
+		float *p0 = acc + j0, *p1 = p0 + ld, *p2 = p1 + ld, *p3 = p2 + ld;
+#define LA(p, o, al) __m512 p##_##o = _mm512_mul_ps(_mm512_loadu_ps(p + 16 * o), al)
+		LA(p0, 0, al0); LA(p0, 1, al0); LA(p0, 2, al0); LA(p0, 3, al0);
+		LA(p1, 0, al1); LA(p1, 1, al1); LA(p1, 2, al1); LA(p1, 3, al1);
+		LA(p2, 0, al2); LA(p2, 1, al2); LA(p2, 2, al2); LA(p2, 3, al2);
+		LA(p3, 0, al3); LA(p3, 1, al3); LA(p3, 2, al3); LA(p3, 3, al3);
+#undef LA
+		const float *vt = tile + j0;
+		const float *wt = w;
+		for (int t = 0; t < n; t++, vt += ld, wt += TQA_ROWS) {
+			__m512 v0 = _mm512_loadu_ps(vt), v1 = _mm512_loadu_ps(vt + 16);
+			__m512 v2 = _mm512_loadu_ps(vt + 32), v3 = _mm512_loadu_ps(vt + 48);
+#define FR(p, r)                                                           \
+	do {                                                               \
+		__m512 wr = _mm512_set1_ps(wt[r]);                         \
+		p##_0 = _mm512_fmadd_ps(wr, v0, p##_0);                    \
+		p##_1 = _mm512_fmadd_ps(wr, v1, p##_1);                    \
+		p##_2 = _mm512_fmadd_ps(wr, v2, p##_2);                    \
+		p##_3 = _mm512_fmadd_ps(wr, v3, p##_3);                    \
+	} while (0)
+			FR(p0, 0); FR(p1, 1); FR(p2, 2); FR(p3, 3);
+#undef FR
+		}
+#define ST(p, o) _mm512_storeu_ps(p + 16 * o, p##_##o)
+		ST(p0, 0); ST(p0, 1); ST(p0, 2); ST(p0, 3);
+		ST(p1, 0); ST(p1, 1); ST(p1, 2); ST(p1, 3);
+		ST(p2, 0); ST(p2, 1); ST(p2, 2); ST(p2, 3);
+		ST(p3, 0); ST(p3, 1); ST(p3, 2); ST(p3, 3);
+#undef ST
+	}
+	for (; j0 < dim; j0 += 16) {
+		const __mmask16 mk = dim - j0 >= 16 ? (__mmask16)0xFFFF
+						    : (__mmask16)((1u << (dim - j0)) - 1u);
+		float *p0 = acc + j0, *p1 = p0 + ld, *p2 = p1 + ld, *p3 = p2 + ld;
+		__m512 a0 = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, p0), al0);
+		__m512 a1 = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, p1), al1);
+		__m512 a2 = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, p2), al2);
+		__m512 a3 = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, p3), al3);
+		for (int t = 0; t < n; t++) {
+			__m512 v = _mm512_maskz_loadu_ps(mk, tile + (size_t)t * dim + j0);
+			const float *wt = w + t * TQA_ROWS;
+			a0 = _mm512_fmadd_ps(_mm512_set1_ps(wt[0]), v, a0);
+			a1 = _mm512_fmadd_ps(_mm512_set1_ps(wt[1]), v, a1);
+			a2 = _mm512_fmadd_ps(_mm512_set1_ps(wt[2]), v, a2);
+			a3 = _mm512_fmadd_ps(_mm512_set1_ps(wt[3]), v, a3);
+		}
+		_mm512_mask_storeu_ps(p0, mk, a0);
+		_mm512_mask_storeu_ps(p1, mk, a1);
+		_mm512_mask_storeu_ps(p2, mk, a2);
+		_mm512_mask_storeu_ps(p3, mk, a3);
+	}
+}
+
+/* ---- register-direct kernels at dim 128 ---------------------------------------
+ * LD_<codec>(blk, k): dims [16k, 16k + 16) of one block, unscaled, k a
+ * constant 0..7 after unrolling; SC_<codec>(blk): the block's scale. */
+#define D 128
+#define LD_tq4(b, k) _mm512_permutexvar_ps((k) < 4 ? zext16((b) + 4 + 16 * (k))                   \
+	: _mm512_srli_epi32(zext16((b) + 4 + 16 * ((k) - 4)), 4), cb)
+/* tq3: low bits in byte (16k) % 32 at shift 2 (k / 2); high bit in byte l of
+ * the 16-byte 1-bit plane at shift k */
+#define LD_tq3(b, k) _mm512_permutexvar_ps(_mm512_ternarylogic_epi32(m3,                           \
+	_mm512_srli_epi32(zext16((b) + 4 + 16 * ((k) & 1)), 2 * ((k) >> 1)),                          \
+	(k) < 2 ? _mm512_slli_epi32(zext16((b) + 36), 2 - (k))                                        \
+		: _mm512_srli_epi32(zext16((b) + 36), (k) - 2), 0xCA), cb)
+#define LD_tq2(b, k) _mm512_permutexvar_ps(                                                          \
+	_mm512_srli_epi32(zext16((b) + 4 + 16 * ((k) & 1)), 2 * ((k) >> 1)), cb)
+#define LD_q8(b, k) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(                                         \
+	_mm_loadu_si128((const __m128i *)(const void *)((b) + 4 + 16 * (k)))))
+#define LD_f16(b, k) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)((b) + 32 * (k))))
+#define LD_f32(b, k) _mm512_loadu_ps((const float *)(const void *)(b) + 16 * (k))
+
+static inline float hdr_scale(const uint8_t *b)
+{
+	float f;
+	memcpy(&f, b, 4);
+	return f;
+}
+#define SC_tq4(b) hdr_scale(b)
+#define SC_tq3(b) hdr_scale(b)
+#define SC_tq2(b) hdr_scale(b)
+#define SC_q8(b) hdr_scale(b)
+#define SC_f16(b) 1.0f
+#define SC_f32(b) 1.0f
+
+#define CB_tq4 const __m512 cb = _mm512_loadu_ps(c->cb.centroid)
+#define CB_tq3                                                                    \
+	float c16[16];                                                            \
+	for (int i_ = 0; i_ < 16; i_++)                                           \
+		c16[i_] = c->cb.centroid[i_ & 7];                                 \
+	const __m512 cb = _mm512_loadu_ps(c16);                                   \
+	const __m512i m3 = _mm512_set1_epi32(3)
+#define CB_tq2                                                                    \
+	float c16[16];                                                            \
+	for (int i_ = 0; i_ < 16; i_++)                                           \
+		c16[i_] = c->cb.centroid[i_ & 3];                                 \
+	const __m512 cb = _mm512_loadu_ps(c16)
+#define CB_q8 (void)c
+#define CB_f16 (void)c
+#define CB_f32 (void)c
+
+#define FMA4(i, kk)                                                               \
+	a[(i) * 4 + 0] = _mm512_fmadd_ps(kk, q0, a[(i) * 4 + 0]);                 \
+	a[(i) * 4 + 1] = _mm512_fmadd_ps(kk, q1, a[(i) * 4 + 1]);                 \
+	a[(i) * 4 + 2] = _mm512_fmadd_ps(kk, q2, a[(i) * 4 + 2]);                 \
+	a[(i) * 4 + 3] = _mm512_fmadd_ps(kk, q3, a[(i) * 4 + 3])
+
+/* s[t][r] = scale_t * dot(q[r], block_t) for 4 query rows q: [4][128]. */
+#define DEF_SCORES(C)                                                                         \
+static void scores_##C(const tq_codec *c, const uint8_t *src, int n, const float *q, float *s) \
+{                                                                                             \
+	CB_##C;                                                                               \
+	const size_t bb = c->block_bytes;                                                     \
+	const __m512i bidx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0); \
+	int t = 0;                                                                            \
+	for (; t + 4 <= n; t += 4) {                                                          \
+		const uint8_t *b0 = src + (size_t)t * bb, *b1 = b0 + bb, *b2 = b1 + bb, *b3 = b2 + bb; \
+		__m512 a[16];                                                                 \
+		_Pragma("GCC unroll 16")                                                      \
+		for (int i = 0; i < 16; i++)                                                  \
+			a[i] = _mm512_setzero_ps();                                           \
+		_Pragma("GCC unroll 8")                                                       \
+		for (int k = 0; k < D / 16; k++) {                                            \
+			const __m512 q0 = _mm512_loadu_ps(q + 16 * k);                        \
+			const __m512 q1 = _mm512_loadu_ps(q + D + 16 * k);                    \
+			const __m512 q2 = _mm512_loadu_ps(q + 2 * D + 16 * k);                \
+			const __m512 q3 = _mm512_loadu_ps(q + 3 * D + 16 * k);                \
+			__m512 k0 = LD_##C(b0, k);                                            \
+			FMA4(0, k0);                                                          \
+			__m512 k1 = LD_##C(b1, k);                                            \
+			FMA4(1, k1);                                                          \
+			__m512 k2 = LD_##C(b2, k);                                            \
+			FMA4(2, k2);                                                          \
+			__m512 k3 = LD_##C(b3, k);                                            \
+			FMA4(3, k3);                                                          \
+		}                                                                             \
+		__m512 z = reduce16(a);                                                       \
+		__m128 sc4 = _mm_setr_ps(SC_##C(b0), SC_##C(b1), SC_##C(b2), SC_##C(b3));     \
+		__m512 sc = _mm512_permutexvar_ps(bidx, _mm512_castps128_ps512(sc4));         \
+		_mm512_storeu_ps(s + t * TQA_ROWS, _mm512_mul_ps(z, sc));                    \
+	}                                                                                     \
+	for (; t < n; t++) {                                                                  \
+		const uint8_t *b0 = src + (size_t)t * bb;                                     \
+		__m512 a[4] = { _mm512_setzero_ps(), _mm512_setzero_ps(),                     \
+				_mm512_setzero_ps(), _mm512_setzero_ps() };                   \
+		_Pragma("GCC unroll 8")                                                       \
+		for (int k = 0; k < D / 16; k++) {                                            \
+			const __m512 q0 = _mm512_loadu_ps(q + 16 * k);                        \
+			const __m512 q1 = _mm512_loadu_ps(q + D + 16 * k);                    \
+			const __m512 q2 = _mm512_loadu_ps(q + 2 * D + 16 * k);                \
+			const __m512 q3 = _mm512_loadu_ps(q + 3 * D + 16 * k);                \
+			__m512 k0 = LD_##C(b0, k);                                            \
+			FMA4(0, k0);                                                          \
+		}                                                                             \
+		float sc = SC_##C(b0);                                                        \
+		for (int r = 0; r < 4; r++)                                                   \
+			s[t * TQA_ROWS + r] = _mm512_reduce_add_ps(a[r]) * sc;                \
+	}                                                                                     \
+}
+
+/* acc[r][:] = acc[r][:] * alpha[r] + Σ_t p[t][r] scale_t block_t, acc: [4][128]. */
+#define DEF_ACCUM(C)                                                                          \
+static void accum_##C(const tq_codec *c, const uint8_t *src, int n, float *acc,              \
+		      const float *alpha, const float *p)                                    \
+{                                                                                             \
+	CB_##C;                                                                               \
+	const size_t bb = c->block_bytes;                                                     \
+	float w[TQA_CHUNK * TQA_ROWS] __attribute__((aligned(64)));                           \
+	for (int t = 0; t < n; t++) {                                                         \
+		__m128 sc = _mm_set1_ps(SC_##C(src + (size_t)t * bb));                        \
+		_mm_store_ps(w + 4 * t, _mm_mul_ps(_mm_loadu_ps(p + 4 * t), sc));            \
+	}                                                                                     \
+	_Pragma("GCC unroll 2")                                                               \
+	for (int h = 0; h < 2; h++) {                                                         \
+		__m512 a[16];                                                                 \
+		_Pragma("GCC unroll 4")                                                       \
+		for (int r = 0; r < 4; r++) {                                                 \
+			const __m512 al = _mm512_set1_ps(alpha[r]);                           \
+			_Pragma("GCC unroll 4")                                               \
+			for (int k = 0; k < 4; k++)                                           \
+				a[r * 4 + k] = _mm512_mul_ps(_mm512_loadu_ps(                 \
+					acc + r * D + 64 * h + 16 * k), al);                  \
+		}                                                                             \
+		const uint8_t *b = src;                                                       \
+		for (int t = 0; t < n; t++, b += bb) {                                        \
+			__m512 v0 = LD_##C(b, 4 * h + 0), v1 = LD_##C(b, 4 * h + 1);          \
+			__m512 v2 = LD_##C(b, 4 * h + 2), v3 = LD_##C(b, 4 * h + 3);          \
+			_Pragma("GCC unroll 4")                                               \
+			for (int r = 0; r < 4; r++) {                                         \
+				const __m512 wr = _mm512_set1_ps(w[4 * t + r]);               \
+				a[r * 4 + 0] = _mm512_fmadd_ps(wr, v0, a[r * 4 + 0]);         \
+				a[r * 4 + 1] = _mm512_fmadd_ps(wr, v1, a[r * 4 + 1]);         \
+				a[r * 4 + 2] = _mm512_fmadd_ps(wr, v2, a[r * 4 + 2]);         \
+				a[r * 4 + 3] = _mm512_fmadd_ps(wr, v3, a[r * 4 + 3]);         \
+			}                                                                     \
+		}                                                                             \
+		_Pragma("GCC unroll 4")                                                       \
+		for (int r = 0; r < 4; r++)                                                   \
+			_Pragma("GCC unroll 4")                                               \
+			for (int k = 0; k < 4; k++)                                           \
+				_mm512_storeu_ps(acc + r * D + 64 * h + 16 * k, a[r * 4 + k]); \
+	}                                                                                     \
+}
+
+DEF_SCORES(tq4)
+DEF_SCORES(tq3)
+DEF_SCORES(tq2)
+DEF_SCORES(q8)
+DEF_SCORES(f16)
+DEF_SCORES(f32)
+DEF_ACCUM(tq4)
+DEF_ACCUM(tq3)
+DEF_ACCUM(tq2)
+DEF_ACCUM(q8)
+DEF_ACCUM(f16)
+DEF_ACCUM(f32)
+#undef D
+
+static const struct tqa_ops ops = {
+	.isa = TQ_ISA_AVX512,
+	.decode = decode_avx512,
+	.scores = scores_avx512,
+	.softmax = softmax_avx512,
+	.accum = accum_avx512,
+	.scores_d128 = {
+		[TQ_CODEC_TQ4] = scores_tq4, [TQ_CODEC_TQ3] = scores_tq3, [TQ_CODEC_TQ2] = scores_tq2,
+		[TQ_CODEC_Q8] = scores_q8, [TQ_CODEC_F16] = scores_f16, [TQ_CODEC_F32] = scores_f32,
+	},
+	.accum_d128 = {
+		[TQ_CODEC_TQ4] = accum_tq4, [TQ_CODEC_TQ3] = accum_tq3, [TQ_CODEC_TQ2] = accum_tq2,
+		[TQ_CODEC_Q8] = accum_q8, [TQ_CODEC_F16] = accum_f16, [TQ_CODEC_F32] = accum_f32,
+	},
+};
+
+const struct tqa_ops *tqa_ops_avx512(void)
+{
+	return &ops;
+}
+#endif /* __x86_64__ */

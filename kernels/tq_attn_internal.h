@@ -1,0 +1,91 @@
+/* tq_attn_internal.h — what tq_attn.c shares with its ISA files; not installed.
+ *
+ * The fused driver (tq_attn.c) walks one KV head's tokens in chunks of at
+ * most TQA_CHUNK tokens (a chunk never crosses a page) and, per chunk:
+ *   1. decodes the K blocks into a tile in the key frame, unscaled, plus one
+ *      scale per token (tq*: the block scale; q8: its scale; others: 1);
+ *   2. per block of up to TQA_ROWS query rows (a row = one query token and one
+ *      query head of the GQA group): scores, causal mask, online softmax;
+ *   3. decodes the V blocks into a tile in the value frame (only the tokens
+ *      some row still needs when sparse-V is on) and accumulates
+ *      acc[r] = acc[r] * alpha[r] + Σ_t w[t][r] v[t] with w = p · vscale.
+ * Scores are kept in base 2: q is pre-multiplied by scale · log2(e).
+ */
+#ifndef TQ_ATTN_INTERNAL_H
+#define TQ_ATTN_INTERNAL_H
+
+#include <stdint.h>
+
+#include "tq_internal.h"
+
+#define TQA_CHUNK 32   /* tokens per tile                               */
+#define TQA_ROWS  4    /* query rows per register block                 */
+
+struct tqa_ops {
+	enum tq_isa isa;
+	/* Decode n (1..TQA_CHUNK) consecutive blocks of codec c starting at
+	 * src into tile [n][dim] (may return src itself for f32, whose blocks
+	 * are already that) and scale[n].  Returns the tile to read. */
+	const float *(*decode)(const tq_codec *c, const uint8_t *src, int n,
+			       float *tile, float *scale);
+	/* s[t][r] = scale[t] * dot(q[r], tile[t]) for t < n, r < TQA_ROWS.
+	 * q: [TQA_ROWS][dim] (unused rows may hold anything finite);
+	 * s: [TQA_CHUNK][TQA_ROWS].  Entries t >= n are left untouched. */
+	void (*scores)(const float *q, const float *tile, const float *scale,
+		       int n, int dim, float *s);
+	/* Online-softmax step for one row block.  s: [TQA_CHUNK][TQA_ROWS]
+	 * scores (base 2); vis[r]: tokens 0..vis[r]-1 of this chunk are visible
+	 * to row r (0 <= vis[r] <= n).  Updates m[r] (running max, -inf when
+	 * nothing seen yet) and l[r] (running sum), writes alpha[r] (factor
+	 * for the old accumulator) and turns s into p = 2^(s - m_new), 0 for
+	 * invisible entries, for t < TQA_CHUNK. */
+	void (*softmax)(float *s, int n, const int *vis, float *m, float *l, float *alpha);
+	/* acc[r][:] = acc[r][:] * alpha[r] + Σ_{t<n} w[t][r] vscale[t] tile[t][:]
+	 * for r < TQA_ROWS.  acc: [TQA_ROWS][dim]; w: [TQA_CHUNK][TQA_ROWS];
+	 * vscale: [n]; tile: [n][dim]. */
+	void (*accum)(float *acc, const float *alpha, const float *w, const float *vscale,
+		      const float *tile, int n, int dim);
+
+	/* Register-direct variants for dim 128, one row block (decode): the
+	 * blocks are decoded in registers and used at once, with no tile.
+	 * Indexed by codec id; NULL where a codec has none.
+	 *   scores_d128: as decode + scores on the n blocks at src;
+	 *   accum_d128:  as decode + accum on the n blocks at src. */
+	void (*scores_d128[TQ_CODEC__COUNT])(const tq_codec *c, const uint8_t *src, int n,
+					     const float *q, float *s);
+	void (*accum_d128[TQ_CODEC__COUNT])(const tq_codec *c, const uint8_t *src, int n,
+					    float *acc, const float *alpha, const float *w);
+};
+
+extern const struct tqa_ops tqa_ops_scalar;
+/* NULL when this build has no such path. */
+const struct tqa_ops *tqa_ops_avx2(void);
+const struct tqa_ops *tqa_ops_avx512(void);
+
+/* The portable decoder (any codec, any dim): used by the scalar ops and as
+ * the fallback of the SIMD decoders for dims they do not specialize. */
+const float *tqa_decode_scalar(const tq_codec *c, const uint8_t *src, int n,
+			       float *tile, float *scale);
+/* Portable softmax step (also used by the AVX2 ops). */
+void tqa_softmax_scalar(float *s, int n, const int *vis, float *m, float *l, float *alpha);
+
+
+
+/* ---- shared by tq_attn.c and tq_attn_ref.c ---- */
+#include "tq_attn.h"
+
+/* The checked shape of a call. */
+struct tqa_shape {
+	int dim;
+	int n_kv;             /* KV heads                                   */
+	int group;            /* G = n_q_heads / n_kv                       */
+	uint32_t kv_len;
+	float scale;          /* the softmax scale in effect                */
+};
+
+/* Validates everything tq_attend and tq_attend_ref check (both return the
+ * same errors); scans q for NaN/Inf.  0 or a negative errno. */
+int tqa_validate(const struct tq_attn_params *p, struct tqa_shape *sh, tq_error *err);
+/* Row i (query token, head) of q as fp32: dst [dim]. */
+void tqa_q_row(const struct tq_attn_params *p, int dim, size_t row, float *dst);
+#endif /* TQ_ATTN_INTERNAL_H */

@@ -1,0 +1,779 @@
+/* bench_attn — fused attention over the compressed cache against its
+ * baselines, measured in the same run:
+ *
+ *   fused_ms                 tq_attend on the K/V codec pair
+ *   dequant_then_attend_ms   tq_decode of every block of the same pages to
+ *                            fp32 pages, then the fp32 kernel (both on the pool)
+ *   fp16_ms                  tq_attend over an fp16 cache (the f16 x f16 fast
+ *                            path: F16C/AVX-512 conversion into L1 tiles)
+ *   fp32_ms                  tq_attend over an fp32 cache
+ *   read_bw_gbs              a read-only sum over 256 MiB on the same threads
+ *   cos_vs_exact             mean cosine of the fused output against attention
+ *                            on the uncompressed fp32 K/V (the fp32 path, which
+ *                            the unit tests hold to the double oracle)
+ *
+ * Geometry: 32 query heads, 8 KV heads, head dim 128; decode = 1 query token at
+ * the last position, prefill = 128 query tokens at the end of the context
+ * (causal).  Times are medians over --reps runs after a warm-up.
+ *
+ * --quality: output cosine and top-1 agreement per codec pair on synthetic
+ * keys shaped like real ones, plus the needle test (--trials, default 1000).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "tq_attn.h"
+#include "tq_codec.h"
+#include "tq_threads.h"
+
+#define NQH 32
+#define NKV 8
+#define DIM 128
+#define PREFILL_Q 128
+
+/* ---- synthetic data -------------------------------------------------------- */
+
+struct rng { uint64_t s; };
+static double urand(struct rng *r)
+{
+	r->s = r->s * 6364136223846793005ULL + 1442695040888963407ULL;
+	return (double)(r->s >> 11) * (1.0 / 9007199254740992.0);
+}
+static float gauss(struct rng *r)
+{
+	double u = urand(r) + 1e-300, v = urand(r);
+	return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+}
+
+/* Keys shaped like post-RoPE keys of real models: non-zero channel means and
+ * a few channels (4 of 128) with 5-10x the magnitude of the rest. */
+static float chan_mean(int j) { return (float)((j * 37 % 11) - 5) * 0.15f; }
+static float chan_amp(int j) { return (j % 32 == 7) ? 8.0f : (j % 32 == 19 ? 5.0f : 1.0f); }
+
+static void gen_key(struct rng *r, float *k, int dim)
+{
+	for (int j = 0; j < dim; j++)
+		k[j] = chan_mean(j) + chan_amp(j) * gauss(r);
+}
+static void gen_value(struct rng *r, float *v, int dim)
+{
+	for (int j = 0; j < dim; j++)
+		v[j] = gauss(r);
+}
+/* queries weigh the large channels too (so they matter to the scores) */
+static void gen_query(struct rng *r, float *q, int dim)
+{
+	for (int j = 0; j < dim; j++)
+		q[j] = (chan_amp(j) > 1.0f ? 0.5f : 1.0f) * gauss(r);
+}
+
+/* ---- paged caches ---------------------------------------------------------- */
+
+struct cache {
+	tq_codec *kc, *vc;
+	uint8_t *mem;                  /* [n_pages][page_bytes] */
+	const uint8_t **pages;         /* [n_pages]             */
+	struct tq_page_table t;
+	size_t page_bytes;
+};
+
+static void cache_free(struct cache *c)
+{
+	tq_codec_free(c->kc);
+	tq_codec_free(c->vc);
+	free(c->mem);
+	free(c->pages);
+	memset(c, 0, sizeof(*c));
+}
+
+static int cache_new(struct cache *c, tq_cache *cbs, enum tq_codec_id kid, enum tq_codec_id vid,
+		     int dim, int n_kv, uint32_t page_tokens, uint32_t len)
+{
+	struct tq_codec_params kp = { .id = kid, .dim = dim, .seed = 0xC0FFEE01 };
+	struct tq_codec_params vp = { .id = vid, .dim = dim, .seed = 0xC0FFEE02 };
+	tq_error err;
+
+	memset(c, 0, sizeof(*c));
+	if (tq_codec_new(&c->kc, cbs, &kp, &err) || tq_codec_new(&c->vc, cbs, &vp, &err)) {
+		fprintf(stderr, "tqbench attn: %s\n", err.msg);
+		return -EINVAL;
+	}
+	c->t.geom.n_kv_heads = (uint32_t)n_kv;
+	c->t.geom.page_tokens = page_tokens;
+	c->t.geom.k_block_bytes = (uint32_t)tq_codec_block_bytes(c->kc);
+	c->t.geom.v_block_bytes = (uint32_t)tq_codec_block_bytes(c->vc);
+	c->t.n_tokens = len;
+	c->t.n_pages = tq_page_count(&c->t.geom, len);
+	c->page_bytes = tq_page_bytes(&c->t.geom);
+	c->mem = aligned_alloc(64, c->page_bytes * (c->t.n_pages ? c->t.n_pages : 1));
+	c->pages = calloc(c->t.n_pages + 1, sizeof(*c->pages));
+	if (!c->mem || !c->pages)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < c->t.n_pages; i++)
+		c->pages[i] = c->mem + (size_t)i * c->page_bytes;
+	c->t.pages = c->pages;
+	return 0;
+}
+
+/* Encodes k, v: [n_kv][len][dim] fp32 into the pages. */
+static int cache_fill(struct cache *c, const float *k, const float *v)
+{
+	const struct tq_page_geom *g = &c->t.geom;
+	tq_error err;
+	int dim = tq_codec_dim(c->kc);
+
+	for (uint32_t p = 0; p < c->t.n_pages; p++) {
+		uint32_t t0 = p * g->page_tokens;
+		uint32_t n = c->t.n_tokens - t0 < g->page_tokens ? c->t.n_tokens - t0 : g->page_tokens;
+		for (uint32_t h = 0; h < g->n_kv_heads; h++) {
+			size_t src = ((size_t)h * c->t.n_tokens + t0) * dim;
+			uint8_t *pg = (uint8_t *)c->mem + (size_t)p * c->page_bytes;
+			if (tq_encode(c->kc, k + src, TQ_DTYPE_F32, n, pg + tq_page_k_off(g, h, 0), &err) ||
+			    tq_encode(c->vc, v + src, TQ_DTYPE_F32, n, pg + tq_page_v_off(g, h, 0), &err)) {
+				fprintf(stderr, "tqbench attn: encode: %s\n", err.msg);
+				return -EINVAL;
+			}
+		}
+	}
+	return 0;
+}
+
+/* ---- dequantize-then-attend: decode every page to an fp32 cache ------------ */
+
+struct dq_job {
+	const struct cache *src;
+	struct cache *dst;    /* f32 / f32, same geometry */
+};
+
+static void dq_task(void *arg, int task, int thread)
+{
+	struct dq_job *j = arg;
+	const struct tq_page_geom *gs = &j->src->t.geom, *gd = &j->dst->t.geom;
+	uint32_t p = (uint32_t)task / gs->n_kv_heads, h = (uint32_t)task % gs->n_kv_heads;
+	uint32_t t0 = p * gs->page_tokens;
+	uint32_t n = j->src->t.n_tokens - t0 < gs->page_tokens ? j->src->t.n_tokens - t0 : gs->page_tokens;
+	const uint8_t *ps = j->src->pages[p];
+	uint8_t *pd = j->dst->mem + (size_t)p * j->dst->page_bytes;
+
+	tq_decode(j->src->kc, ps + tq_page_k_off(gs, h, 0), n, (float *)(void *)(pd + tq_page_k_off(gd, h, 0)));
+	tq_decode(j->src->vc, ps + tq_page_v_off(gs, h, 0), n, (float *)(void *)(pd + tq_page_v_off(gd, h, 0)));
+	(void)thread;
+}
+
+/* ---- read bandwidth --------------------------------------------------------- */
+
+struct bw_job {
+	const uint64_t *buf;
+	size_t words;
+	int parts;
+	uint64_t sum[256 * 8];
+};
+
+__attribute__((target("avx2")))
+static uint64_t sum_words_avx2(const uint64_t *p, size_t n)
+{
+	uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
+	for (size_t i = 0; i + 8 <= n; i += 8) {
+		a0 += p[i]; a1 += p[i + 1]; a2 += p[i + 2]; a3 += p[i + 3];
+		a4 += p[i + 4]; a5 += p[i + 5]; a6 += p[i + 6]; a7 += p[i + 7];
+	}
+	return a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
+}
+
+static uint64_t sum_words(const uint64_t *p, size_t n)
+{
+	uint64_t a0 = 0, a1 = 0;
+	for (size_t i = 0; i + 2 <= n; i += 2) {
+		a0 += p[i];
+		a1 += p[i + 1];
+	}
+	return a0 + a1;
+}
+
+static void bw_task(void *arg, int task, int thread)
+{
+	struct bw_job *j = arg;
+	size_t per = j->words / (size_t)j->parts;
+	const uint64_t *p = j->buf + per * (size_t)task;
+#if defined(__x86_64__)
+	j->sum[task * 8] = __builtin_cpu_supports("avx2") ? sum_words_avx2(p, per) : sum_words(p, per);
+#else
+	j->sum[task * 8] = sum_words(p, per);
+#endif
+	(void)thread;
+}
+
+static double read_bw_gbs(tq_threads *pool, int reps)
+{
+	struct bw_job *j = calloc(1, sizeof(*j));
+	size_t bytes = (size_t)256 << 20;
+	uint64_t *buf = aligned_alloc(64, bytes);
+	double best = 0.0;
+
+	if (!j || !buf) {
+		free(j);
+		free(buf);
+		return 0.0;
+	}
+	for (size_t i = 0; i < bytes / 8; i++)
+		buf[i] = i;
+	j->buf = buf;
+	j->words = bytes / 8;
+	j->parts = tq_threads_count(pool);
+	for (int r = 0; r < reps; r++) {
+		double t = bench_now();
+		tq_threads_run(pool, bw_task, j, j->parts);
+		t = bench_now() - t;
+		double gbs = (double)bytes / t / 1e9;
+		if (gbs > best)
+			best = gbs;
+	}
+	bench_sink(j->sum);
+	free(buf);
+	free(j);
+	return best;
+}
+
+/* ---- timing -------------------------------------------------------------- */
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof(*v), cmp_double);
+	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Median ms of tq_attend over reps runs (one warm-up). */
+static double time_attend(struct tq_attn_params *p, int reps)
+{
+	double v[64];
+	tq_error err;
+
+	if (reps > 64)
+		reps = 64;
+	if (tq_attend(p, &err)) {
+		fprintf(stderr, "tqbench attn: %s\n", err.msg);
+		return NAN;
+	}
+	for (int r = 0; r < reps; r++) {
+		double t = bench_now();
+		tq_attend(p, NULL);
+		v[r] = (bench_now() - t) * 1e3;
+	}
+	bench_sink(p->out);
+	return median(v, reps);
+}
+
+static double cos_rows(const float *a, const float *b, size_t rows, int dim)
+{
+	double sum = 0.0;
+	for (size_t r = 0; r < rows; r++) {
+		double ab = 0, aa = 0, bb = 0;
+		for (int j = 0; j < dim; j++) {
+			double x = a[r * dim + j], y = b[r * dim + j];
+			ab += x * y;
+			aa += x * x;
+			bb += y * y;
+		}
+		sum += ab / (sqrt(aa * bb) + 1e-300);
+	}
+	return sum / (double)rows;
+}
+
+/* ---- the perf run ------------------------------------------------------------- */
+
+struct opts {
+	uint32_t ctx;
+	enum tq_codec_id k, v;
+	int threads;
+	int prefill;
+	int json;
+	int reps;
+	uint32_t page_tokens;
+	float sparse;
+	enum tq_isa isa;
+	int quality;
+	int trials;
+	double margin;
+};
+
+static int run_perf(const struct opts *o)
+{
+	tq_cache *cbs = tq_cache_new();
+	tq_threads *pool = NULL;
+	struct cache cq = { 0 }, c16 = { 0 }, c32 = { 0 }, cdq = { 0 };
+	float *k = NULL, *v = NULL, *q = NULL, *out = NULL, *exact = NULL;
+	void *ws = NULL;
+	int rc = 1;
+	const uint32_t T = o->ctx;
+	const int n_q = o->prefill ? PREFILL_Q : 1;
+	struct rng r = { 12345 };
+
+	if (!cbs || tq_threads_new(&pool, o->threads)) {
+		fprintf(stderr, "tqbench attn: cannot create the pool\n");
+		goto out;
+	}
+	if ((uint32_t)n_q > T) {
+		fprintf(stderr, "tqbench attn: --ctx must be at least %d in this mode\n", n_q);
+		goto out;
+	}
+	k = malloc((size_t)NKV * T * DIM * sizeof(float));
+	v = malloc((size_t)NKV * T * DIM * sizeof(float));
+	q = malloc((size_t)n_q * NQH * DIM * sizeof(float));
+	out = malloc((size_t)n_q * NQH * DIM * sizeof(float));
+	exact = malloc((size_t)n_q * NQH * DIM * sizeof(float));
+	if (!k || !v || !q || !out || !exact)
+		goto out;
+	for (size_t i = 0; i < (size_t)NKV * T; i++) {
+		gen_key(&r, k + i * DIM, DIM);
+		gen_value(&r, v + i * DIM, DIM);
+	}
+	for (int i = 0; i < n_q * NQH; i++)
+		gen_query(&r, q + (size_t)i * DIM, DIM);
+	int32_t pos[PREFILL_Q];
+	for (int i = 0; i < n_q; i++)
+		pos[i] = (int32_t)(T - (uint32_t)n_q + (uint32_t)i);
+
+	if (cache_new(&cq, cbs, o->k, o->v, DIM, NKV, o->page_tokens, T) || cache_fill(&cq, k, v) ||
+	    cache_new(&c16, cbs, TQ_CODEC_F16, TQ_CODEC_F16, DIM, NKV, o->page_tokens, T) ||
+	    cache_fill(&c16, k, v) ||
+	    cache_new(&c32, cbs, TQ_CODEC_F32, TQ_CODEC_F32, DIM, NKV, o->page_tokens, T) ||
+	    cache_fill(&c32, k, v) ||
+	    cache_new(&cdq, cbs, TQ_CODEC_F32, TQ_CODEC_F32, DIM, NKV, o->page_tokens, T))
+		goto out;
+	free(k);
+	free(v);
+	k = v = NULL;
+
+	struct tq_attn_params p = {
+		.k_codec = cq.kc, .v_codec = cq.vc, .n_q_heads = NQH, .kv = &cq.t,
+		.n_q = n_q, .q = q, .q_dtype = TQ_DTYPE_F32, .q_pos = pos, .causal = 1,
+		.out = out, .isa = o->isa, .threads = pool, .sparse_v = o->sparse,
+	};
+	/* one workspace, big enough for every run (same shapes) */
+	tq_error err;
+	long need = tq_attn_workspace_bytes(&p, &err);
+	if (need < 0) {
+		fprintf(stderr, "tqbench attn: %s\n", err.msg);
+		goto out;
+	}
+	ws = malloc((size_t)need);
+	p.workspace = ws;
+	p.workspace_bytes = (size_t)need;
+
+	double bw = read_bw_gbs(pool, 5);
+	double fused = time_attend(&p, o->reps);
+
+	struct tq_attn_params p16 = p;
+	p16.k_codec = c16.kc; p16.v_codec = c16.vc; p16.kv = &c16.t; p16.sparse_v = 0;
+	double f16 = time_attend(&p16, o->reps);
+
+	struct tq_attn_params p32 = p;
+	p32.k_codec = c32.kc; p32.v_codec = c32.vc; p32.kv = &c32.t; p32.sparse_v = 0; p32.out = exact;
+	double f32 = time_attend(&p32, o->reps);
+
+	struct tq_attn_params pdq = p32;
+	pdq.kv = &cdq.t;
+	pdq.out = out + 0; /* overwritten below by the fused run again */
+	struct dq_job dj = { &cq, &cdq };
+	double dqv[64];
+	int dreps = o->reps > 64 ? 64 : o->reps;
+	float *dq_out = malloc((size_t)n_q * NQH * DIM * sizeof(float));
+	if (!dq_out)
+		goto out;
+	pdq.out = dq_out;
+	for (int i = -1; i < dreps; i++) {
+		double t = bench_now();
+		tq_threads_run(pool, dq_task, &dj, (int)(cq.t.n_pages * NKV));
+		tq_attend(&pdq, NULL);
+		if (i >= 0)
+			dqv[i] = (bench_now() - t) * 1e3;
+	}
+	free(dq_out);
+	double dq = median(dqv, dreps);
+
+	/* accuracy of this run's fused output against fp32 attention */
+	tq_attend(&p, NULL);
+	double cs = cos_rows(out, exact, (size_t)n_q * NQH, DIM);
+	double bpt = (double)NKV * (cq.t.geom.k_block_bytes + cq.t.geom.v_block_bytes);
+	enum tq_isa isa = o->isa == TQ_ISA_AUTO ? tq_isa_best() : o->isa;
+	const char *mode = o->prefill ? "prefill" : "decode";
+
+	if (o->json) {
+		printf("{\"suite\":\"attn\",\"mode\":\"%s\",\"ctx\":%u,\"k\":\"%s\",\"v\":\"%s\","
+		       "\"threads\":%d,\"isa\":\"%s\",\"sparse_v\":%g,\"n_q\":%d,\"n_q_heads\":%d,"
+		       "\"n_kv_heads\":%d,\"dim\":%d,\"page_tokens\":%u,"
+		       "\"fused_ms\":%.4f,\"dequant_then_attend_ms\":%.4f,\"fp16_ms\":%.4f,"
+		       "\"fp32_ms\":%.4f,\"kv_bytes_per_token\":%.0f,\"cos_vs_exact\":%.6f,"
+		       "\"read_bw_gbs\":%.2f,\"fp16_stream_gbs\":%.2f,\"fused_vs_fp16\":%.3f,"
+		       "\"dequant_vs_fused\":%.2f}\n",
+		       mode, T, tq_codec_name(o->k), tq_codec_name(o->v), o->threads, tq_isa_name(isa),
+		       o->sparse, n_q, NQH, NKV, DIM, o->page_tokens, fused, dq, f16, f32, bpt, cs, bw,
+		       (double)T * NKV * 512 / (f16 * 1e-3) / 1e9, fused / f16, dq / fused);
+	} else {
+		printf("attn %s ctx %u  K %s V %s  threads %d  isa %s%s\n", mode, T, tq_codec_name(o->k),
+		       tq_codec_name(o->v), o->threads, tq_isa_name(isa), o->sparse > 0 ? "  sparse-V on" : "");
+		printf("  fused                 %9.3f ms\n", fused);
+		printf("  fp16 KV (f16 x f16)   %9.3f ms   (streams %.1f GB/s)\n", f16,
+		       (double)T * NKV * 512 / (f16 * 1e-3) / 1e9);
+		printf("  fp32 KV               %9.3f ms\n", f32);
+		printf("  dequant, then fp32    %9.3f ms\n", dq);
+		printf("  read bandwidth        %9.1f GB/s\n", bw);
+		printf("  KV bytes per token    %9.0f     cos vs exact %.6f\n", bpt, cs);
+		printf("  fused / fp16 %.3f   dequant / fused %.2f\n", fused / f16, dq / fused);
+	}
+	rc = 0;
+out:
+	free(ws);
+	free(k);
+	free(v);
+	free(q);
+	free(out);
+	free(exact);
+	cache_free(&cq);
+	cache_free(&c16);
+	cache_free(&c32);
+	cache_free(&cdq);
+	tq_threads_free(pool);
+	tq_cache_free(cbs);
+	return rc;
+}
+
+/* ---- quality ------------------------------------------------------------------ */
+
+static const enum tq_codec_id q_codecs[] = {
+	TQ_CODEC_TQ2, TQ_CODEC_TQ3, TQ_CODEC_TQ4, TQ_CODEC_Q8, TQ_CODEC_Q4A, TQ_CODEC_F16,
+};
+#define NQC (int)(sizeof(q_codecs) / sizeof(q_codecs[0]))
+
+/* s[t] = q . k[t] for t < n; kt: [dim][n] (transposed, so the loop vectorizes) */
+static void scores_t(const float *q, const float *kt, int dim, int n, float *restrict s)
+{
+	for (int t = 0; t < n; t++)
+		s[t] = 0.0f;
+	for (int j = 0; j < dim; j++) {
+		const float *restrict row = kt + (size_t)j * n;
+		float qj = q[j];
+		for (int t = 0; t < n; t++)
+			s[t] += qj * row[t];
+	}
+}
+
+static int argmax(const float *s, int n)
+{
+	int b = 0;
+	for (int i = 1; i < n; i++)
+		if (s[i] > s[b])
+			b = i;
+	return b;
+}
+
+static int run_quality(const struct opts *o)
+{
+	const uint32_t T = 4096;
+	const int n_q = 16;
+	tq_cache *cbs = tq_cache_new();
+	struct rng r = { 777 };
+	float *k = malloc((size_t)NKV * T * DIM * 4), *v = malloc((size_t)NKV * T * DIM * 4);
+	float *q = malloc((size_t)n_q * NQH * DIM * 4);
+	float *exact = malloc((size_t)n_q * NQH * DIM * 4), *out = malloc((size_t)n_q * NQH * DIM * 4);
+	float *kd = malloc((size_t)T * DIM * 4), *kt = malloc((size_t)T * DIM * 4);
+	float *s = malloc((size_t)T * 4), *se = malloc((size_t)T * 4);
+	int32_t pos[16];
+	int rc = 1;
+	tq_error err;
+
+	if (!cbs || !k || !v || !q || !exact || !out || !kd || !kt || !s || !se)
+		goto out;
+	for (size_t i = 0; i < (size_t)NKV * T; i++) {
+		gen_key(&r, k + i * DIM, DIM);
+		gen_value(&r, v + i * DIM, DIM);
+	}
+	for (int i = 0; i < n_q * NQH; i++)
+		gen_query(&r, q + (size_t)i * DIM, DIM);
+	for (int i = 0; i < n_q; i++)
+		pos[i] = (int32_t)(T - 1 - (uint32_t)i * 200);
+
+	/* exact attention on the fp32 cache, and the exact top-1 key per row */
+	struct cache c32;
+	if (cache_new(&c32, cbs, TQ_CODEC_F32, TQ_CODEC_F32, DIM, NKV, 256, T) || cache_fill(&c32, k, v))
+		goto out;
+	struct tq_attn_params p = {
+		.k_codec = c32.kc, .v_codec = c32.vc, .n_q_heads = NQH, .kv = &c32.t, .n_q = n_q,
+		.q = q, .q_dtype = TQ_DTYPE_F32, .q_pos = pos, .causal = 1, .out = exact,
+	};
+	if (tq_attend_ref(&p, &err)) {
+		fprintf(stderr, "tqbench attn: %s\n", err.msg);
+		goto out;
+	}
+	int top_exact[16 * NQH];
+	for (int h = 0; h < NKV; h++) {
+		for (uint32_t t = 0; t < T; t++)
+			for (int j = 0; j < DIM; j++)
+				kt[(size_t)j * T + t] = k[((size_t)h * T + t) * DIM + j];
+		for (int i = 0; i < n_q; i++)
+			for (int g = 0; g < NQH / NKV; g++) {
+				int row = i * NQH + h * (NQH / NKV) + g;
+				scores_t(q + (size_t)row * DIM, kt, DIM, pos[i] + 1, se);
+				top_exact[row] = argmax(se, pos[i] + 1);
+			}
+	}
+	cache_free(&c32);
+
+	if (o->json == 0)
+		printf("quality: d %d, %u tokens, %d KV heads, %d query heads, %d query tokens (causal)\n"
+		       "  %-5s %-5s %10s %8s %12s\n", DIM, T, NKV, NQH, n_q, "K", "V", "cos", "top1", "bytes/token");
+	for (int a = 0; a < NQC; a++) {
+		/* top-1 agreement depends on K only: decoded keys vs exact keys */
+		struct tq_codec_params kp = { .id = q_codecs[a], .dim = DIM, .seed = 0xC0FFEE01 };
+		tq_codec *kc;
+		if (tq_codec_new(&kc, cbs, &kp, &err))
+			goto out;
+		uint8_t *blk = malloc((size_t)T * tq_codec_block_bytes(kc));
+		int agree = 0;
+		for (int h = 0; h < NKV; h++) {
+			tq_encode(kc, k + (size_t)h * T * DIM, TQ_DTYPE_F32, T, blk, NULL);
+			tq_decode_ref(kc, blk, T, kd);
+			for (uint32_t t = 0; t < T; t++)
+				for (int j = 0; j < DIM; j++)
+					kt[(size_t)j * T + t] = kd[(size_t)t * DIM + j];
+			for (int i = 0; i < n_q; i++)
+				for (int g = 0; g < NQH / NKV; g++) {
+					int row = i * NQH + h * (NQH / NKV) + g;
+					scores_t(q + (size_t)row * DIM, kt, DIM, pos[i] + 1, s);
+					agree += argmax(s, pos[i] + 1) == top_exact[row];
+				}
+		}
+		free(blk);
+		tq_codec_free(kc);
+		for (int b = 0; b < NQC; b++) {
+			struct cache c;
+			if (cache_new(&c, cbs, q_codecs[a], q_codecs[b], DIM, NKV, 256, T) || cache_fill(&c, k, v))
+				goto out;
+			struct tq_attn_params pc = p;
+			pc.k_codec = c.kc;
+			pc.v_codec = c.vc;
+			pc.kv = &c.t;
+			pc.out = out;
+			if (tq_attend(&pc, &err)) {
+				fprintf(stderr, "tqbench attn: %s\n", err.msg);
+				cache_free(&c);
+				goto out;
+			}
+			double cs = cos_rows(out, exact, (size_t)n_q * NQH, DIM);
+			double top1 = (double)agree / (n_q * NQH);
+			double bpt = (double)NKV * (c.t.geom.k_block_bytes + c.t.geom.v_block_bytes);
+			if (o->json)
+				printf("{\"suite\":\"attn\",\"mode\":\"quality\",\"k\":\"%s\",\"v\":\"%s\",\"ctx\":%u,"
+				       "\"cos_vs_exact\":%.6f,\"top1_agree\":%.4f,\"kv_bytes_per_token\":%.0f}\n",
+				       tq_codec_name(q_codecs[a]), tq_codec_name(q_codecs[b]), T, cs, top1, bpt);
+			else
+				printf("  %-5s %-5s %10.6f %8.4f %12.0f\n", tq_codec_name(q_codecs[a]),
+				       tq_codec_name(q_codecs[b]), cs, top1, bpt);
+			cache_free(&c);
+		}
+	}
+	rc = 0;
+out:
+	free(k); free(v); free(q); free(exact); free(out); free(kd); free(kt); free(s); free(se);
+	tq_cache_free(cbs);
+	return rc;
+}
+
+/* Needle: among N = 65536 distractor keys, plant one whose exact score is
+ * (1 + margin) x the best distractor's; count how often it stays top-1 when
+ * the keys go through each codec. */
+static int run_needle(const struct opts *o)
+{
+	enum { N = 65536, NC = 3 };
+	static const enum tq_codec_id nc[NC] = { TQ_CODEC_TQ4, TQ_CODEC_TQ3, TQ_CODEC_Q4A };
+	tq_cache *cbs = tq_cache_new();
+	tq_codec *c[NC] = { 0 };
+	float *k = malloc((size_t)N * DIM * 4), *kt = malloc((size_t)N * DIM * 4);
+	float *kdt[NC] = { 0 };
+	float *s = malloc((size_t)N * 4);
+	uint8_t *blk = malloc((size_t)N * 4 * DIM);
+	struct rng r = { 4242 };
+	int hits[NC] = { 0 }, rc = 1;
+	tq_error err;
+
+	if (!cbs || !k || !kt || !s || !blk)
+		goto out;
+	for (size_t i = 0; i < N; i++)
+		gen_key(&r, k + i * DIM, DIM);
+	for (size_t i = 0; i < N; i++)
+		for (int j = 0; j < DIM; j++)
+			kt[(size_t)j * N + i] = k[i * DIM + j];
+	for (int ci = 0; ci < NC; ci++) {
+		struct tq_codec_params kp = { .id = nc[ci], .dim = DIM, .seed = 0xC0FFEE01 + (uint64_t)ci };
+		if (tq_codec_new(&c[ci], cbs, &kp, &err) || !(kdt[ci] = malloc((size_t)N * DIM * 4)))
+			goto out;
+		tq_encode(c[ci], k, TQ_DTYPE_F32, N, blk, NULL);
+		/* decoded keys, transposed: [DIM][N] */
+		for (size_t i = 0; i < N; i += 128) {
+			float tmp[128 * DIM];
+			tq_decode_ref(c[ci], blk + i * tq_codec_block_bytes(c[ci]), 128, tmp);
+			for (size_t a = 0; a < 128; a++)
+				for (int j = 0; j < DIM; j++)
+					kdt[ci][(size_t)j * N + i + a] = tmp[a * DIM + j];
+		}
+	}
+	for (int trial = 0; trial < o->trials; trial++) {
+		float q[DIM], nk[DIM], dn[DIM];
+		uint8_t nb[4 * DIM];
+		gen_query(&r, q, DIM);
+		scores_t(q, kt, DIM, N, s);
+		float best = s[argmax(s, N)];
+		/* needle = a fresh key moved along q until its score is (1+margin) x best */
+		gen_key(&r, nk, DIM);
+		double qq = 0, qk = 0;
+		for (int j = 0; j < DIM; j++) {
+			qq += (double)q[j] * q[j];
+			qk += (double)q[j] * nk[j];
+		}
+		double beta = ((1.0 + o->margin) * best - qk) / qq;
+		for (int j = 0; j < DIM; j++)
+			nk[j] += (float)(beta * q[j]);
+		for (int ci = 0; ci < NC; ci++) {
+			scores_t(q, kdt[ci], DIM, N, s);
+			float dbest = s[argmax(s, N)];
+			tq_encode(c[ci], nk, TQ_DTYPE_F32, 1, nb, NULL);
+			tq_decode_ref(c[ci], nb, 1, dn);
+			float ns = 0.0f;
+			for (int j = 0; j < DIM; j++)
+				ns += q[j] * dn[j];
+			hits[ci] += ns > dbest;
+		}
+	}
+	for (int ci = 0; ci < NC; ci++) {
+		if (o->json)
+			printf("{\"suite\":\"attn\",\"mode\":\"needle\",\"k\":\"%s\",\"distractors\":%d,"
+			       "\"trials\":%d,\"margin\":%.3f,\"top1_rate\":%.4f}\n",
+			       tq_codec_name(nc[ci]), N, o->trials, o->margin, (double)hits[ci] / o->trials);
+		else
+			printf("needle: K %-4s  %d distractors, margin %.0f %%: top-1 in %d of %d trials (%.1f %%)\n",
+			       tq_codec_name(nc[ci]), N, o->margin * 100, hits[ci], o->trials,
+			       100.0 * hits[ci] / o->trials);
+	}
+	rc = 0;
+out:
+	for (int ci = 0; ci < NC; ci++) {
+		tq_codec_free(c[ci]);
+		free(kdt[ci]);
+	}
+	free(k); free(kt); free(s); free(blk);
+	tq_cache_free(cbs);
+	return rc;
+}
+
+/* ---- command line ------------------------------------------------------------ */
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: tqbench attn --ctx N [--k C] [--v C] [--threads T] [--mode decode|prefill]\n"
+		"                    [--json] [--reps R] [--page-tokens P] [--sparse THR]\n"
+		"                    [--isa scalar|avx2|avx512]\n"
+		"       tqbench attn --quality [--trials N] [--margin M] [--json]\n"
+		"  32 query heads, 8 KV heads, d = 128; decode = 1 query, prefill = 128 queries.\n"
+		"  Defaults: --ctx 8192 --k tq4 --v tq3 --threads 2 --mode decode --reps 15\n"
+		"  --page-tokens 256 --isa: the best this CPU runs.  --quality: output cosine and\n"
+		"  top-1 agreement per codec pair, then the needle test (default 1000 trials,\n"
+		"  margin 0.10).\n");
+}
+
+static int bench_attn_main(int argc, char **argv)
+{
+	struct opts o = {
+		.ctx = 8192, .k = TQ_CODEC_TQ4, .v = TQ_CODEC_TQ3, .threads = 2, .reps = 15,
+		.page_tokens = 256, .trials = 1000, .margin = 0.10,
+	};
+	o.isa = tq_attn_isa_supported(TQ_ISA_AVX512) ? TQ_ISA_AVX512
+		: tq_attn_isa_supported(TQ_ISA_AVX2) ? TQ_ISA_AVX2 : TQ_ISA_SCALAR;
+
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+		int id;
+		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+			usage(stdout);
+			return 0;
+		} else if (!strcmp(a, "--json")) {
+			o.json = 1;
+		} else if (!strcmp(a, "--quality")) {
+			o.quality = 1;
+		} else if (!val) {
+			fprintf(stderr, "tqbench attn: %s needs a value\n", a);
+			return 2;
+		} else if (!strcmp(a, "--ctx")) {
+			o.ctx = (uint32_t)strtoul(val, NULL, 0); i++;
+		} else if (!strcmp(a, "--k") || !strcmp(a, "--v")) {
+			if ((id = tq_codec_from_name(val)) < 0) {
+				fprintf(stderr, "tqbench attn: unknown codec %s\n", val);
+				return 2;
+			}
+			if (a[2] == 'k')
+				o.k = (enum tq_codec_id)id;
+			else
+				o.v = (enum tq_codec_id)id;
+			i++;
+		} else if (!strcmp(a, "--threads")) {
+			o.threads = atoi(val); i++;
+		} else if (!strcmp(a, "--mode")) {
+			o.prefill = !strcmp(val, "prefill");
+			if (!o.prefill && strcmp(val, "decode")) {
+				fprintf(stderr, "tqbench attn: --mode decode|prefill\n");
+				return 2;
+			}
+			i++;
+		} else if (!strcmp(a, "--reps")) {
+			o.reps = atoi(val); i++;
+		} else if (!strcmp(a, "--page-tokens")) {
+			o.page_tokens = (uint32_t)strtoul(val, NULL, 0); i++;
+		} else if (!strcmp(a, "--sparse")) {
+			o.sparse = strtof(val, NULL); i++;
+		} else if (!strcmp(a, "--trials")) {
+			o.trials = atoi(val); i++;
+		} else if (!strcmp(a, "--margin")) {
+			o.margin = strtod(val, NULL); i++;
+		} else if (!strcmp(a, "--isa")) {
+			if (!strcmp(val, "scalar")) o.isa = TQ_ISA_SCALAR;
+			else if (!strcmp(val, "avx2")) o.isa = TQ_ISA_AVX2;
+			else if (!strcmp(val, "avx512")) o.isa = TQ_ISA_AVX512;
+			else if (!strcmp(val, "auto")) o.isa = TQ_ISA_AUTO;
+			else {
+				fprintf(stderr, "tqbench attn: unknown isa %s\n", val);
+				return 2;
+			}
+			i++;
+		} else {
+			fprintf(stderr, "tqbench attn: unknown option %s\n", a);
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (o.threads < 1 || o.threads > TQ_THREADS_MAX || o.reps < 1 || o.ctx < 1 ||
+	    o.page_tokens < 1 || o.page_tokens > TQ_PAGE_TOKENS_MAX || o.trials < 1) {
+		fprintf(stderr, "tqbench attn: bad option value\n");
+		return 2;
+	}
+	if (!tq_attn_isa_supported(o.isa)) {
+		fprintf(stderr, "tqbench attn: isa %s not available here\n", tq_isa_name(o.isa));
+		return 2;
+	}
+	if (o.quality)
+		return run_quality(&o) || run_needle(&o);
+	return run_perf(&o);
+}
+
+TQ_BENCH_SUITE(attn, "attn --ctx N [--k C] [--v C] [--threads T] [--mode decode|prefill] [--json] | --quality",
+	       bench_attn_main)

@@ -1,0 +1,343 @@
+/* bench_ring — the data path's round trip through a real tqkvd.
+ *
+ *   tqbench ring [--clients N] [--iters N] [--ctx T] [--json]
+ *
+ * Starts build/bin/tqkvd (next to tqbench) on a temporary run directory and
+ * measures, with libtqkv:
+ *   nop            round-trip latency of NOP (the ring's own cost)
+ *   append_attend  the decode step: append 1 token's K/V and attend 1 query
+ *                  (32 query heads, 8 KV heads, d = 128, tq4 K / tq3 V) over
+ *                  a T-token context (default 4096)
+ * with 1 client and with N client processes at once (throughput = all
+ * clients' operations per second), and in the same run the floor: a futex
+ * ping-pong between two processes (each wakes the other and sleeps).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "tqkv.h"
+
+struct opts {
+	int clients, iters, ctx, json;
+};
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+static double pct(double *v, int n, double p)
+{
+	qsort(v, (size_t)n, sizeof(double), cmp_double);
+	int i = (int)(p * (n - 1) + 0.5);
+	return v[i];
+}
+
+/* ---- the floor: futex ping-pong between two processes ----------------------- */
+static long fx(uint32_t *a, int op, uint32_t v)
+{
+	return syscall(SYS_futex, a, op, v, NULL, NULL, 0);
+}
+
+static double futex_pingpong_p50(int iters, double *p99)
+{
+	uint32_t *w = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	double *lat = malloc(sizeof(double) * (size_t)iters);
+	pid_t pid;
+
+	w[0] = w[16] = 0; /* w[0]: ping, w[16]: pong (separate lines) */
+	pid = fork();
+	if (pid == 0) {
+		for (uint32_t i = 1; i <= (uint32_t)iters + 100; i++) {
+			while (__atomic_load_n(&w[0], __ATOMIC_ACQUIRE) < i)
+				fx(&w[0], FUTEX_WAIT, i - 1);
+			__atomic_store_n(&w[16], i, __ATOMIC_RELEASE);
+			fx(&w[16], FUTEX_WAKE, 1);
+		}
+		_exit(0);
+	}
+	for (uint32_t i = 1; i <= (uint32_t)iters + 100; i++) {
+		double t0 = bench_now();
+		__atomic_store_n(&w[0], i, __ATOMIC_RELEASE);
+		fx(&w[0], FUTEX_WAKE, 1);
+		while (__atomic_load_n(&w[16], __ATOMIC_ACQUIRE) < i)
+			fx(&w[16], FUTEX_WAIT, i - 1);
+		if (i > 100)
+			lat[i - 101] = (bench_now() - t0) * 1e6;
+	}
+	waitpid(pid, NULL, 0);
+	munmap(w, 4096);
+	double p50 = pct(lat, iters, 0.5);
+	*p99 = pct(lat, iters, 0.99);
+	free(lat);
+	return p50;
+}
+
+/* ---- the daemon ---------------------------------------------------------------- */
+static char run_dir[64];
+static pid_t daemon_pid;
+
+static int daemon_start(void)
+{
+	char exe[PATH_MAX], bin[PATH_MAX + 16], conf[128], spill[96], sock[128];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	FILE *f;
+
+	if (n <= 0)
+		return -1;
+	exe[n] = 0;
+	*strrchr(exe, '/') = 0;
+	snprintf(bin, sizeof(bin), "%s/tqkvd", exe);
+	snprintf(run_dir, sizeof(run_dir), "/tmp/tqbench-ring.XXXXXX");
+	if (!mkdtemp(run_dir))
+		return -1;
+	snprintf(conf, sizeof(conf), "%s/tqkvd.conf", run_dir);
+	snprintf(spill, sizeof(spill), "%s/spill", run_dir);
+	f = fopen(conf, "w");
+	if (!f)
+		return -1;
+	fprintf(f, "[daemon]\nlog_level = warning\n[pool]\npool_bytes = 2G\n[tenant default]\nallow_uids = *\n");
+	fclose(f);
+	daemon_pid = fork();
+	if (daemon_pid == 0) {
+		execl(bin, bin, "--config", conf, "--run-dir", run_dir, "--spill-dir", spill, (char *)NULL);
+		fprintf(stderr, "tqbench ring: cannot run %s: %s\n", bin, strerror(errno));
+		_exit(127);
+	}
+	snprintf(sock, sizeof(sock), "%s/data.sock", run_dir);
+	for (int i = 0; i < 100; i++) {
+		struct tqkv_connect_opts o = { .run_dir = run_dir };
+		tqkv *c;
+		if (tqkv_connect(&c, &o) == 0) {
+			tqkv_disconnect(c);
+			return 0;
+		}
+		if (waitpid(daemon_pid, NULL, WNOHANG) == daemon_pid)
+			return -1;
+		usleep(50000);
+	}
+	return -1;
+}
+
+static void daemon_stop(void)
+{
+	char p[128];
+
+	if (daemon_pid > 0) {
+		kill(daemon_pid, SIGTERM);
+		waitpid(daemon_pid, NULL, 0);
+	}
+	snprintf(p, sizeof(p), "rm -rf '%s'", run_dir);
+	if (system(p) != 0) {
+		/* leave it */
+	}
+}
+
+/* ---- one client ------------------------------------------------------------------- */
+#define NQ 32
+#define NKV 8
+#define D 128
+
+struct client_res {
+	double secs;
+	int n;
+	double lat[]; /* µs */
+};
+
+static void fill_f16(uint16_t *p, size_t n, uint32_t seed)
+{
+	for (size_t i = 0; i < n; i++) {
+		seed = seed * 1664525u + 1013904223u;
+		float x = (float)(seed >> 8) / (float)(1u << 24) * 2.0f - 1.0f;
+		/* fp16 by hand: enough for benchmark data in [-1, 1] */
+		union { float f; uint32_t u; } v = { x };
+		uint32_t s = (v.u >> 16) & 0x8000u, e = (v.u >> 23) & 0xffu, m = v.u & 0x7fffffu;
+		p[i] = e < 113 ? (uint16_t)s : (uint16_t)(s | ((e - 112) << 10) | (m >> 13));
+	}
+}
+
+/* op 0: NOP, op 1: APPEND_ATTEND at ctx tokens.  Latencies into r->lat. */
+static int run_client(const struct opts *o, int op, struct client_res *r, int id)
+{
+	struct tqkv_connect_opts co = { .run_dir = run_dir };
+	struct tqkv_session_params sp = { .n_layers = 1, .n_kv_heads = NKV, .n_q_heads = NQ, .head_dim = D,
+					  .k_codec = "tq4", .v_codec = "tq3", .max_tokens = (uint64_t)o->ctx + 256 };
+	tqkv *c = NULL;
+	tqkv_session *s = NULL;
+	uint16_t *k = malloc(sizeof(uint16_t) * 512 * NKV * D), *v = malloc(sizeof(uint16_t) * 512 * NKV * D);
+	uint16_t *q = malloc(sizeof(uint16_t) * NQ * D);
+	float *out = malloc(sizeof(float) * NQ * D);
+	int rc = -1, warm = o->iters / 10 + 10;
+
+	if (tqkv_connect(&c, &co) < 0) {
+		fprintf(stderr, "tqbench ring: connect: %s\n", tqkv_last_error());
+		goto out;
+	}
+	fill_f16(k, 512 * NKV * D, 1u + (uint32_t)id);
+	fill_f16(v, 512 * NKV * D, 2u + (uint32_t)id);
+	fill_f16(q, NQ * D, 3u + (uint32_t)id);
+	if (op == 1) {
+		if (tqkv_session_open(c, &sp, &s) < 0) {
+			fprintf(stderr, "tqbench ring: session: %s\n", tqkv_last_error());
+			goto out;
+		}
+		for (int t = 0; t < o->ctx; t += 512) {
+			int n = o->ctx - t < 512 ? o->ctx - t : 512;
+			if (tqkv_append(s, 0, k, v, (uint32_t)n, TQKV_F16) < 0)
+				goto out;
+		}
+	}
+	double t_start = 0;
+	for (int i = 0; i < warm + o->iters; i++) {
+		if (i == warm)
+			t_start = bench_now();
+		double t0 = bench_now();
+		int e;
+		if (op == 0) {
+			e = tqkv_nop(c);
+		} else {
+			int32_t pos = o->ctx + (i % 64);
+			e = tqkv_append_attend(s, 0, k + (size_t)(i % 512) * NKV * D, v + (size_t)(i % 512) * NKV * D,
+					       1, q, &pos, 1, TQKV_F16, out);
+		}
+		double dt = (bench_now() - t0) * 1e6;
+		if (e < 0) {
+			fprintf(stderr, "tqbench ring: op: %s (%s)\n", tqkv_strerror(e), tqkv_last_error());
+			goto out;
+		}
+		if (i >= warm)
+			r->lat[i - warm] = dt;
+		/* keep the context at ctx..ctx+63 (not timed) */
+		if (op == 1 && i % 64 == 63 && tqkv_truncate(s, 0, (uint64_t)o->ctx) < 0)
+			goto out;
+	}
+	r->secs = bench_now() - t_start;
+	r->n = o->iters;
+	rc = 0;
+out:
+	if (s)
+		tqkv_session_close(s);
+	tqkv_disconnect(c);
+	free(k);
+	free(v);
+	free(q);
+	free(out);
+	return rc;
+}
+
+/* N clients in N processes; results in shared memory. */
+static int run_clients(const struct opts *o, int op, int n, double *p50, double *p99, double *ops)
+{
+	size_t one = sizeof(struct client_res) + sizeof(double) * (size_t)o->iters;
+	size_t bytes = one * (size_t)n;
+	uint8_t *shm = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	pid_t pid[64];
+	int bad = 0;
+
+	for (int i = 0; i < n; i++) {
+		pid[i] = fork();
+		if (pid[i] == 0)
+			_exit(run_client(o, op, (struct client_res *)(void *)(shm + one * (size_t)i), i) ? 1 : 0);
+	}
+	for (int i = 0; i < n; i++) {
+		int st;
+		waitpid(pid[i], &st, 0);
+		bad |= !WIFEXITED(st) || WEXITSTATUS(st);
+	}
+	if (bad) {
+		munmap(shm, bytes);
+		return -1;
+	}
+	double *all = malloc(sizeof(double) * (size_t)o->iters * (size_t)n);
+	double secs = 0;
+	*ops = 0;
+	for (int i = 0; i < n; i++) {
+		struct client_res *r = (void *)(shm + one * (size_t)i);
+		memcpy(all + (size_t)i * o->iters, r->lat, sizeof(double) * (size_t)o->iters);
+		*ops += r->n / r->secs;
+		secs = r->secs > secs ? r->secs : secs;
+	}
+	*p50 = pct(all, o->iters * n, 0.5);
+	*p99 = pct(all, o->iters * n, 0.99);
+	free(all);
+	munmap(shm, bytes);
+	return 0;
+}
+
+static int bench_ring_main(int argc, char **argv)
+{
+	struct opts o = { .clients = 4, .iters = 20000, .ctx = 4096 };
+	int iters_set = 0;
+
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--json"))
+			o.json = 1;
+		else if (!strcmp(argv[i], "--clients") && i + 1 < argc)
+			o.clients = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--iters") && i + 1 < argc)
+			o.iters = atoi(argv[++i]), iters_set = 1;
+		else if (!strcmp(argv[i], "--ctx") && i + 1 < argc)
+			o.ctx = atoi(argv[++i]);
+		else {
+			fprintf(stderr, "usage: tqbench ring [--clients N] [--iters N] [--ctx T] [--json]\n");
+			return strcmp(argv[i], "--help") ? 2 : 0;
+		}
+	}
+	if (o.clients < 1 || o.clients > 64 || o.iters < 10 || o.ctx < 1 || o.ctx > 1 << 20) {
+		fprintf(stderr, "tqbench ring: --clients 1..64, --iters >= 10, --ctx 1..2^20\n");
+		return 2;
+	}
+	double fx99, fx50 = futex_pingpong_p50(o.iters, &fx99);
+	if (daemon_start() < 0) {
+		fprintf(stderr, "tqbench ring: tqkvd did not start (build it first: make)\n");
+		daemon_stop();
+		return 1;
+	}
+	if (!o.json) {
+		printf("futex ping-pong between two processes (the floor): p50 %.2f us, p99 %.2f us\n", fx50, fx99);
+		printf("%-14s %7s %9s %9s %12s\n", "op", "clients", "p50_us", "p99_us", "ops_per_s");
+	} else {
+		printf("{\"suite\":\"ring\",\"op\":\"futex_pingpong\",\"clients\":1,\"p50_us\":%.3f,\"p99_us\":%.3f,"
+		       "\"ops_per_s\":%.0f,\"futex_pingpong_p50_us\":%.3f}\n", fx50, fx99, 1e6 / fx50, fx50);
+	}
+	int rc = 0;
+	for (int op = 0; op < 2 && !rc; op++) {
+		struct opts oo = o;
+		if (op == 1 && !iters_set)
+			oo.iters = 2000;
+		int ns[2] = { 1, o.clients };
+		for (int k = 0; k < (o.clients > 1 ? 2 : 1); k++) {
+			double p50, p99, ops;
+			if (run_clients(&oo, op, ns[k], &p50, &p99, &ops) < 0) {
+				rc = 1;
+				break;
+			}
+			const char *name = op ? "append_attend" : "nop";
+			if (o.json)
+				printf("{\"suite\":\"ring\",\"op\":\"%s\",\"clients\":%d,\"p50_us\":%.3f,\"p99_us\":%.3f,"
+				       "\"ops_per_s\":%.0f,\"futex_pingpong_p50_us\":%.3f,\"ctx\":%d,\"k_codec\":\"tq4\","
+				       "\"v_codec\":\"tq3\",\"q_heads\":%d,\"kv_heads\":%d,\"head_dim\":%d}\n",
+				       name, ns[k], p50, p99, ops, fx50, op ? o.ctx : 0, NQ, NKV, D);
+			else
+				printf("%-14s %7d %9.2f %9.2f %12.0f\n", name, ns[k], p50, p99, ops);
+			fflush(stdout);
+		}
+	}
+	daemon_stop();
+	return rc;
+}
+
+TQ_BENCH_SUITE(ring, "ring [--clients N] [--iters N] [--ctx T] [--json]", bench_ring_main)

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# tqkvd's command line: --check-config (file:line errors), --version,
+# --help, bad usage, start-up failures with clear messages.
+. "$(dirname "$0")/lib/daemon.bash"
+
+out=$("$TQKVD" --check-config 2>&1) || fail "--check-config on the defaults: $out"
+grep -q '^pool.pool_bytes  *= 1GiB' <<<"$out" || fail "--check-config does not print the values: $out"
+out=$("$TQKVD" --config "$TQ_SRC/config/tqkvd.conf" --check-config 2>&1) || fail "shipped config: $out"
+
+printf '[daemon]\nmax_sessions = 0\n[pool]\npool_bytes = 12 parsecs\n' >"$T/bad.conf"
+out=$("$TQKVD" --config "$T/bad.conf" --check-config 2>&1); rc=$?
+[ "$rc" = 1 ] || fail "bad config: exit $rc"
+grep -q "$T/bad.conf:2: daemon.max_sessions: 0 is out of range \[1, 65536\]" <<<"$out" || fail "no file:line: $out"
+grep -q "$T/bad.conf:4: pool.pool_bytes: '12 parsecs' is not a size" <<<"$out" || fail "second error missing: $out"
+out=$("$TQKVD" --config "$T/missing.conf" --check-config 2>&1); rc=$?
+[ "$rc" = 1 ] && grep -q 'missing.conf: No such file' <<<"$out" || fail "missing file: $rc $out"
+
+out=$("$TQKVD" --version) || fail "--version"
+grep -q "^tqkvd $(cat "$TQ_SRC/VERSION")" <<<"$out" || fail "--version: $out"
+out=$("$TQKVD" --help) || fail "--help"
+grep -q -- '--check-config' <<<"$out" && grep -q 'SIGHUP' <<<"$out" || fail "--help: $out"
+"$TQKVD" --frobnicate >/dev/null 2>&1; [ $? = 2 ] || fail "unknown option: not exit 2"
+"$TQKVD" extra >/dev/null 2>&1; [ $? = 2 ] || fail "stray argument: not exit 2"
+
+# start-up failure: a bad config never binds anything
+"$TQKVD" --config "$T/bad.conf" --run-dir "$T/run" >/dev/null 2>&1; [ $? = 1 ] || fail "bad config start: not exit 1"
+[ -e "$T/run/control.sock" ] && fail "socket created despite a bad config"
+# a spill directory that cannot be created
+touch "$T/file"
+out=$("$TQKVD" --run-dir "$T/run" --spill-dir "$T/file/spill" 2>&1); rc=$?
+[ "$rc" = 1 ] && grep -q "spill directory $T/file/spill" <<<"$out" || fail "bad spill dir: $rc $out"
+# plain (non-systemd) logs carry a timestamp
+grep -q '^[0-9-]* [0-9:.]* err: spill directory' <<<"$out" || fail "plain log format: $out"
+echo ok

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One tqkvd per run directory: a second one exits non-zero with a clear
+# message and leaves the first one (and its socket) alone.
+. "$(dirname "$0")/lib/daemon.bash"
+
+start_daemon
+wait_up
+FIRST=$DAEMON_PID
+ino_before=$(stat -c %i "$T/run/control.sock")
+[ "$(stat -c %a "$T/run/control.sock")" = 660 ] || fail "control.sock mode is $(stat -c %a "$T/run/control.sock")"
+
+out=$(timeout 10 "$TQKVD" --run-dir "$T/run" --spill-dir "$T/spill2" 2>&1); rc=$?
+[ "$rc" = 1 ] || fail "second instance: exit $rc, expected 1 ($out)"
+grep -q "another tqkvd (pid $FIRST) is running on $T/run" <<<"$out" || fail "unclear message: $out"
+[ "$(stat -c %i "$T/run/control.sock")" = "$ino_before" ] || fail "the second instance replaced control.sock"
+kill -0 "$FIRST" || fail "the first instance died"
+ctl health >/dev/null || fail "the first instance stopped answering"
+
+# after a clean stop the directory is free again, a stale socket is no obstacle
+stop_daemon
+[ "$STOP_RC" = 0 ] || fail "exit $STOP_RC"
+python3 -c 'import socket,sys; s=socket.socket(socket.AF_UNIX); s.bind(sys.argv[1])' "$T/run/control.sock"
+start_daemon
+wait_up
+stop_daemon
+[ "$STOP_RC" = 0 ] || fail "restart: exit $STOP_RC"
+echo ok

@@ -1,0 +1,624 @@
+/* test_attn — fused attention (every ISA path this CPU runs) against the
+ * oracle on the same compressed pages; page layout; edge cases and errors;
+ * split-K merge; sparse-V; the thread pool. */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "tq_attn.h"
+#include "tq_threads.h"
+
+#define TOL 1e-4   /* max |fused - oracle| per output row, relative to the row's norm */
+
+static tq_cache *cache;
+static tq_threads *pool3;
+
+static const enum tq_codec_id all_codecs[] = {
+	TQ_CODEC_TQ2, TQ_CODEC_TQ3, TQ_CODEC_TQ4, TQ_CODEC_Q8, TQ_CODEC_Q4A, TQ_CODEC_F16, TQ_CODEC_F32,
+};
+#define N_CODECS (int)(sizeof(all_codecs) / sizeof(all_codecs[0]))
+
+/* ---- a compressed KV cache in pages ----------------------------------------- */
+
+struct kv {
+	tq_codec *kc, *vc;
+	int dim, n_kv;
+	uint32_t len;
+	uint8_t **pages;                /* [n_pages] each tq_page_bytes()        */
+	struct tq_page_table table;
+};
+
+static uint64_t rng_state;
+static double urand(void)
+{
+	rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+	return (double)(rng_state >> 11) * (1.0 / 9007199254740992.0);
+}
+static float gauss(void)
+{
+	double u = urand() + 1e-12, v = urand();
+	return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+}
+
+/* Keys with the structure of real ones: channel means, a few large channels. */
+static void fill_kv(float *k, float *v, int n, int dim)
+{
+	for (int i = 0; i < n; i++)
+		for (int j = 0; j < dim; j++) {
+			float mean = (float)((j * 37 % 11) - 5) * 0.1f;
+			float amp = (j % 29 == 3) ? 6.0f : 1.0f;
+			k[(size_t)i * dim + j] = mean + amp * gauss();
+			v[(size_t)i * dim + j] = gauss();
+		}
+}
+
+static void kv_free(struct kv *c)
+{
+	if (c->pages)
+		for (uint32_t i = 0; i < c->table.n_pages; i++)
+			free(c->pages[i]);
+	free(c->pages);
+	tq_codec_free(c->kc);
+	tq_codec_free(c->vc);
+	memset(c, 0, sizeof(*c));
+}
+
+/* 0 or a negative errno; on success c is built (free with kv_free). */
+static int kv_build(struct kv *c, enum tq_codec_id kid, enum tq_codec_id vid, int dim,
+		    int n_kv, uint32_t page_tokens, uint32_t len, uint64_t seed)
+{
+	struct tq_codec_params kp = { .id = kid, .dim = dim, .seed = seed ^ 0x1111 };
+	struct tq_codec_params vp = { .id = vid, .dim = dim, .seed = seed ^ 0x2222 };
+	tq_error err;
+	int rc;
+
+	memset(c, 0, sizeof(*c));
+	c->dim = dim;
+	c->n_kv = n_kv;
+	c->len = len;
+	if ((rc = tq_codec_new(&c->kc, cache, &kp, &err)) || (rc = tq_codec_new(&c->vc, cache, &vp, &err))) {
+		fprintf(stderr, "  codec: %s\n", err.msg);
+		return rc;
+	}
+	struct tq_page_geom g = {
+		.n_kv_heads = (uint32_t)n_kv, .page_tokens = page_tokens,
+		.k_block_bytes = (uint32_t)tq_codec_block_bytes(c->kc),
+		.v_block_bytes = (uint32_t)tq_codec_block_bytes(c->vc),
+	};
+	uint32_t np = tq_page_count(&g, len);
+	c->table.geom = g;
+	c->table.n_tokens = len;
+	c->table.n_pages = np;
+	c->pages = calloc(np ? np : 1, sizeof(*c->pages));
+	c->table.pages = (const uint8_t *const *)c->pages;
+	float *k = malloc((size_t)page_tokens * dim * sizeof(float));
+	float *v = malloc((size_t)page_tokens * dim * sizeof(float));
+	if (!c->pages || !k || !v) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	rng_state = seed;
+	for (uint32_t p = 0; p < np; p++) {
+		c->pages[p] = aligned_alloc(TQ_PAGE_ALIGN, tq_page_bytes(&g));
+		if (!c->pages[p]) {
+			rc = -ENOMEM;
+			goto out;
+		}
+		memset(c->pages[p], 0xA5, tq_page_bytes(&g)); /* junk in unused slots */
+		uint32_t n = len - p * page_tokens < page_tokens ? len - p * page_tokens : page_tokens;
+		for (int h = 0; h < n_kv; h++) {
+			fill_kv(k, v, (int)n, dim);
+			if ((rc = tq_encode(c->kc, k, TQ_DTYPE_F32, n, c->pages[p] + tq_page_k_off(&g, (uint32_t)h, 0), &err)) ||
+			    (rc = tq_encode(c->vc, v, TQ_DTYPE_F32, n, c->pages[p] + tq_page_v_off(&g, (uint32_t)h, 0), &err))) {
+				fprintf(stderr, "  encode: %s\n", err.msg);
+				goto out;
+			}
+		}
+	}
+	rc = 0;
+out:
+	free(k);
+	free(v);
+	return rc;
+}
+
+/* ---- compare the fused paths with the oracle ------------------------------- */
+
+struct qset {
+	int n_q, n_q_heads;
+	float *q;          /* [n_q][n_q_heads][dim] */
+	int32_t *pos;      /* [n_q]                 */
+};
+
+static void qset_make(struct qset *s, int n_q, int n_q_heads, int dim, const int32_t *pos)
+{
+	s->n_q = n_q;
+	s->n_q_heads = n_q_heads;
+	s->q = malloc((size_t)n_q * n_q_heads * dim * sizeof(float) + 4);
+	s->pos = malloc((size_t)n_q * sizeof(int32_t) + 4);
+	for (size_t i = 0; i < (size_t)n_q * n_q_heads * dim; i++)
+		s->q[i] = gauss() * 1.5f;
+	memcpy(s->pos, pos, (size_t)n_q * sizeof(int32_t));
+}
+
+static void qset_free(struct qset *s)
+{
+	free(s->q);
+	free(s->pos);
+}
+
+static struct tq_attn_params params_for(const struct kv *c, const struct qset *s, float *out, int causal)
+{
+	struct tq_attn_params p = {
+		.k_codec = c->kc, .v_codec = c->vc, .n_q_heads = s->n_q_heads, .kv = &c->table,
+		.n_q = s->n_q, .q = s->q, .q_dtype = TQ_DTYPE_F32, .q_pos = s->pos,
+		.causal = causal, .out = out,
+	};
+	return p;
+}
+
+/* Max over rows of max_j |a - b| / ||b_row||; a negative value on error. */
+static double row_err(const float *a, const float *b, size_t rows, int dim)
+{
+	double worst = 0.0;
+	for (size_t r = 0; r < rows; r++) {
+		double n2 = 0.0, mx = 0.0;
+		for (int j = 0; j < dim; j++) {
+			double bj = b[r * dim + j], d = fabs((double)a[r * dim + j] - bj);
+			n2 += bj * bj;
+			if (!(d <= mx)) /* NaN-safe */
+				mx = d;
+		}
+		double e = mx / (sqrt(n2) + 1e-12);
+		if (!(e <= worst))
+			worst = e;
+	}
+	return worst;
+}
+
+static const enum tq_isa isas[] = { TQ_ISA_SCALAR, TQ_ISA_AVX2, TQ_ISA_AVX512 };
+
+/* Runs the oracle and every supported ISA (with and without the pool);
+ * returns the worst relative row error, or -1 on a failed call. */
+static double compare(struct tq_attn_params p, const char *what)
+{
+	size_t rows = (size_t)p.n_q * p.n_q_heads;
+	int dim = tq_codec_dim(p.k_codec);
+	float *ref = malloc(rows * dim * sizeof(float) + 4);
+	float *out = malloc(rows * dim * sizeof(float) + 4);
+	double worst = 0.0;
+	tq_error err;
+
+	p.out = ref;
+	if (tq_attend_ref(&p, &err)) {
+		fprintf(stderr, "  %s: ref: %s\n", what, err.msg);
+		worst = -1;
+		goto out;
+	}
+	for (size_t i = 0; i < sizeof(isas) / sizeof(isas[0]); i++) {
+		if (!tq_attn_isa_supported(isas[i]))
+			continue;
+		for (int pooled = 0; pooled < 2; pooled++) {
+			p.isa = isas[i];
+			p.out = out;
+			p.threads = pooled ? pool3 : NULL;
+			memset(out, 0xFF, rows * dim * sizeof(float)); /* NaN until written */
+			int rc = tq_attend(&p, &err);
+			if (rc) {
+				fprintf(stderr, "  %s %s: rc %d: %s\n", what, tq_isa_name(isas[i]), rc, err.msg);
+				worst = -1;
+				goto out;
+			}
+			double e = row_err(out, ref, rows, dim);
+			if (!(e <= TOL) || getenv("TQ_TEST_VERBOSE"))
+				fprintf(stderr, "  %s %s%s: error %.3g\n", what, tq_isa_name(isas[i]),
+					pooled ? " pooled" : "", e);
+			if (!(e <= worst))
+				worst = e;
+		}
+	}
+out:
+	free(ref);
+	free(out);
+	return worst;
+}
+
+/* One codec pair at one shape: decode (one query, last position) and causal
+ * prefill (queries at assorted positions, some past a page boundary). */
+static double check_shape(enum tq_codec_id kid, enum tq_codec_id vid, int dim, int n_kv, int group,
+			  uint32_t page_tokens, uint32_t len)
+{
+	struct kv c;
+	struct qset s1, s2;
+	char what[96];
+	double w1, w2;
+
+	if (kv_build(&c, kid, vid, dim, n_kv, page_tokens, len, t_seed() + (uint64_t)kid * 7 + vid))
+		return -1;
+	snprintf(what, sizeof(what), "K %s V %s d %d G %d T %u", tq_codec_name(kid), tq_codec_name(vid),
+		 dim, group, len);
+	int32_t last = (int32_t)len - 1;
+	qset_make(&s1, 1, n_kv * group, dim, &last);
+	w1 = compare(params_for(&c, &s1, NULL, 1), what);
+	int32_t pos[5] = { 0, (int32_t)page_tokens - 1, (int32_t)page_tokens, (int32_t)len / 2, last };
+	qset_make(&s2, 5, n_kv * group, dim, pos);
+	w2 = compare(params_for(&c, &s2, NULL, 1), what);
+	qset_free(&s1);
+	qset_free(&s2);
+	kv_free(&c);
+	if (w1 < 0 || w2 < 0)
+		return -1;
+	return w1 > w2 ? w1 : w2;
+}
+
+static void test_all_pairs_d128(void)
+{
+	for (int i = 0; i < N_CODECS; i++)
+		for (int j = 0; j < N_CODECS; j++) {
+			/* 2 KV heads x GQA 4; pages of 48 tokens (chunks end at page
+			 * ends, not only at multiples of 32); 203 tokens = 5 pages */
+			double e = check_shape(all_codecs[i], all_codecs[j], 128, 2, 4, 48, 203);
+			T_ASSERT(e >= 0);
+			T_ASSERT(e <= TOL);
+		}
+}
+
+static void test_dims_and_groups(void)
+{
+	static const struct { enum tq_codec_id k, v; } pairs[] = {
+		{ TQ_CODEC_TQ4, TQ_CODEC_TQ3 }, { TQ_CODEC_Q8, TQ_CODEC_TQ4 }, { TQ_CODEC_TQ2, TQ_CODEC_TQ2 },
+		{ TQ_CODEC_F16, TQ_CODEC_F16 }, { TQ_CODEC_Q4A, TQ_CODEC_Q4A }, { TQ_CODEC_TQ3, TQ_CODEC_F32 },
+	};
+	static const int dims[] = { 64, 128, 256, 40 };   /* 40: dense rotation, masked tails */
+	static const int groups[] = { 1, 4, 8 };
+
+	for (size_t d = 0; d < sizeof(dims) / sizeof(dims[0]); d++)
+		for (size_t g = 0; g < sizeof(groups) / sizeof(groups[0]); g++)
+			for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) {
+				if (dims[d] == 128 && groups[g] == 4)
+					continue; /* covered above */
+				double e = check_shape(pairs[i].k, pairs[i].v, dims[d], 2, groups[g], 64, 150);
+				T_ASSERT(e >= 0);
+				T_ASSERT(e <= TOL);
+			}
+}
+
+/* Long context: split-K across the pool, merged with log-sum-exp. */
+static void test_split_k(void)
+{
+	struct kv c;
+	struct qset s;
+	int32_t pos[3] = { 6999, 3000, 100 };
+
+	T_ASSERT(kv_build(&c, TQ_CODEC_TQ4, TQ_CODEC_TQ3, 128, 2, 256, 7000, t_seed()) == 0);
+	qset_make(&s, 3, 8, 128, pos);
+	struct tq_attn_params p = params_for(&c, &s, NULL, 1);
+	double e = compare(p, "split-K causal");
+	p.causal = 0;
+	double e2 = compare(p, "split-K full");
+	qset_free(&s);
+	kv_free(&c);
+	T_ASSERT(e >= 0 && e <= TOL);
+	T_ASSERT(e2 >= 0 && e2 <= TOL);
+}
+
+/* Query dtypes: f16/bf16 queries go through the same conversion in both. */
+static void test_query_dtypes(void)
+{
+	struct kv c;
+	struct qset s;
+	int32_t pos[2] = { 10, 99 };
+
+	T_ASSERT(kv_build(&c, TQ_CODEC_TQ4, TQ_CODEC_TQ4, 128, 2, 32, 100, t_seed()) == 0);
+	qset_make(&s, 2, 8, 128, pos);
+	uint16_t *h = malloc(2 * 8 * 128 * 2);
+	for (int i = 0; i < 2 * 8 * 128; i++)
+		h[i] = tq_f32_to_f16(s.q[i]);
+	struct tq_attn_params p = params_for(&c, &s, NULL, 1);
+	p.q = h;
+	p.q_dtype = TQ_DTYPE_F16;
+	double e1 = compare(p, "f16 q");
+	for (int i = 0; i < 2 * 8 * 128; i++)
+		h[i] = tq_f32_to_bf16(s.q[i]);
+	p.q_dtype = TQ_DTYPE_BF16;
+	double e2 = compare(p, "bf16 q");
+	free(h);
+	qset_free(&s);
+	kv_free(&c);
+	T_ASSERT(e1 >= 0 && e1 <= TOL);
+	T_ASSERT(e2 >= 0 && e2 <= TOL);
+}
+
+static void test_one_token(void)
+{
+	struct kv c;
+	struct qset s;
+	int32_t pos = 0;
+	float out[4 * 64], v[64];
+
+	T_ASSERT(kv_build(&c, TQ_CODEC_TQ3, TQ_CODEC_TQ4, 64, 1, 16, 1, t_seed()) == 0);
+	qset_make(&s, 1, 4, 64, &pos);
+	struct tq_attn_params p = params_for(&c, &s, out, 1);
+	T_ASSERT(compare(p, "one token") <= TOL);
+	/* one visible token: the output is that token's decoded value */
+	T_EQ(tq_attend(&p, NULL), 0);
+	tq_decode_ref(c.vc, c.pages[0] + tq_page_v_off(&c.table.geom, 0, 0), 1, v);
+	for (int h = 0; h < 4; h++)
+		for (int j = 0; j < 64; j++)
+			T_NEAR(out[h * 64 + j], v[j], 1e-5);
+	qset_free(&s);
+	kv_free(&c);
+}
+
+static void test_errors(void)
+{
+	struct kv c, c0;
+	struct qset s;
+	int32_t pos[2] = { 5, 9 };
+	float out[2 * 8 * 128];
+	tq_error err;
+
+	T_ASSERT(kv_build(&c, TQ_CODEC_TQ4, TQ_CODEC_Q8, 128, 2, 8, 10, t_seed()) == 0);
+	T_ASSERT(kv_build(&c0, TQ_CODEC_TQ4, TQ_CODEC_Q8, 128, 2, 8, 0, t_seed()) == 0);
+	qset_make(&s, 2, 8, 128, pos);
+	struct tq_attn_params p = params_for(&c, &s, out, 1);
+	T_EQ(tq_attend(&p, &err), 0);
+
+	/* empty cache: no keys; causal positions are all past the cache */
+	struct tq_attn_params e = params_for(&c0, &s, out, 1);
+	T_EQ(tq_attend(&e, &err), -EINVAL);
+	T_EQ(tq_attend_ref(&e, &err), -EINVAL);
+	e.causal = 0;
+	e.q_pos = NULL;
+	memset(out, 0x7F, sizeof(out));
+	T_EQ(tq_attend(&e, &err), 0);
+	for (int i = 0; i < 2 * 8 * 128; i++)
+		T_ASSERT(out[i] == 0.0f);
+	/* zero queries: nothing to do */
+	e.n_q = 0;
+	T_EQ(tq_attend(&e, &err), 0);
+
+	/* positions past the cache, negative, missing */
+	s.pos[1] = 10;
+	T_EQ(tq_attend(&p, &err), -EINVAL);
+	T_EQ(tq_attend_ref(&p, &err), -EINVAL);
+	s.pos[1] = -1;
+	T_EQ(tq_attend(&p, &err), -EINVAL);
+	s.pos[1] = 9;
+	p.q_pos = NULL;
+	T_EQ(tq_attend(&p, &err), -EINVAL);
+	p.q_pos = s.pos;
+
+	/* NaN / Inf in queries, in every dtype */
+	s.q[8 * 128 + 77] = NAN;
+	T_EQ(tq_attend(&p, &err), -EINVAL);
+	T_EQ(tq_attend_ref(&p, &err), -EINVAL);
+	s.q[8 * 128 + 77] = INFINITY;
+	T_EQ(tq_attend(&p, &err), -EINVAL);
+	s.q[8 * 128 + 77] = 0.5f;
+	T_EQ(tq_attend(&p, &err), 0);
+	uint16_t h[2 * 8 * 128];
+	for (int i = 0; i < 2 * 8 * 128; i++)
+		h[i] = tq_f32_to_f16(s.q[i]);
+	h[3] = 0x7C00; /* +inf */
+	p.q = h;
+	p.q_dtype = TQ_DTYPE_F16;
+	T_EQ(tq_attend(&p, &err), -EINVAL);
+	h[3] = 0x7FC0; /* bf16 NaN */
+	p.q_dtype = TQ_DTYPE_BF16;
+	T_EQ(tq_attend(&p, &err), -EINVAL);
+	p.q = s.q;
+	p.q_dtype = TQ_DTYPE_F32;
+
+	/* shapes and codecs */
+	p.n_q_heads = 7;
+	T_EQ(tq_attend(&p, &err), -EINVAL);
+	p.n_q_heads = 8;
+	p.v_codec = c.kc; /* tq4 blocks are not the pages' q8 blocks */
+	T_EQ(tq_attend(&p, &err), -EINVAL);
+	p.v_codec = c.vc;
+	p.scale = NAN;
+	T_EQ(tq_attend(&p, &err), -EINVAL);
+	p.scale = 0.0f;
+	p.sparse_v = 1.5f;
+	T_EQ(tq_attend(&p, &err), -EINVAL);
+	p.sparse_v = 0.0f;
+	p.out = NULL;
+	T_EQ(tq_attend(&p, &err), -EINVAL);
+	p.out = out;
+
+	/* workspace: too small, then exactly the size asked for */
+	long need = tq_attn_workspace_bytes(&p, &err);
+	T_ASSERT(need > 0);
+	void *ws = malloc((size_t)need);
+	p.workspace = ws;
+	p.workspace_bytes = (size_t)need - 1;
+	T_EQ(tq_attend(&p, &err), -ENOSPC);
+	p.workspace_bytes = (size_t)need;
+	T_EQ(tq_attend(&p, &err), 0);
+	free(ws);
+	qset_free(&s);
+	kv_free(&c);
+	kv_free(&c0);
+}
+
+/* A scale other than the default, non-causal prefill, all ISAs. */
+static void test_scale_noncausal(void)
+{
+	struct kv c;
+	struct qset s;
+	int32_t pos[4] = { 0, 1, 2, 3 };
+
+	T_ASSERT(kv_build(&c, TQ_CODEC_Q8, TQ_CODEC_TQ2, 128, 1, 100, 333, t_seed()) == 0);
+	qset_make(&s, 4, 4, 128, pos);
+	struct tq_attn_params p = params_for(&c, &s, NULL, 0);
+	p.scale = 0.3f;
+	double e = compare(p, "scale 0.3, not causal");
+	qset_free(&s);
+	kv_free(&c);
+	T_ASSERT(e >= 0 && e <= TOL);
+}
+
+/* Sparse-V: a negligible threshold changes nothing measurable; a real one
+ * skips values and stays close (final weights skipped are < threshold). */
+static void test_sparse_v(void)
+{
+	struct kv c;
+	struct qset s;
+	int32_t pos = 2999;
+	float ref[32 * 128], out[32 * 128];
+	tq_error err;
+
+	T_ASSERT(kv_build(&c, TQ_CODEC_TQ4, TQ_CODEC_TQ3, 128, 8, 256, 3000, t_seed()) == 0);
+	qset_make(&s, 1, 32, 128, &pos);
+	for (int i = 0; i < 32 * 128; i++)
+		s.q[i] *= 2.0f; /* peaky attention, as in real models */
+	struct tq_attn_params p = params_for(&c, &s, ref, 1);
+	T_EQ(tq_attend_ref(&p, &err), 0);
+	for (size_t i = 0; i < sizeof(isas) / sizeof(isas[0]); i++) {
+		if (!tq_attn_isa_supported(isas[i]))
+			continue;
+		p.isa = isas[i];
+		p.out = out;
+		p.sparse_v = 1e-30f;
+		T_EQ(tq_attend(&p, &err), 0);
+		T_ASSERT(row_err(out, ref, 32, 128) <= TOL);
+		p.sparse_v = 1e-3f;
+		T_EQ(tq_attend(&p, &err), 0);
+		double e = row_err(out, ref, 32, 128);
+		T_ASSERT(e <= 0.05);
+	}
+	qset_free(&s);
+	kv_free(&c);
+}
+
+/* Every SIMD path this CPU has must be available to attention (a build
+ * that silently lost one would otherwise pass with fewer paths tested). */
+static void test_isa_available(void)
+{
+	T_ASSERT(tq_attn_isa_supported(TQ_ISA_SCALAR));
+#if defined(__x86_64__)
+	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+		T_ASSERT(tq_attn_isa_supported(TQ_ISA_AVX2));
+	if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+	    __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+		T_ASSERT(tq_attn_isa_supported(TQ_ISA_AVX512));
+#endif
+}
+
+static void test_page_layout(void)
+{
+	struct tq_page_geom g = { .n_kv_heads = 8, .page_tokens = 256, .k_block_bytes = 68, .v_block_bytes = 52 };
+	T_EQ(tq_page_k_bytes(&g), 8 * 256 * 68);
+	T_EQ(tq_page_v_offset(&g), 139264);
+	T_EQ(tq_page_bytes(&g), 139264 + 8 * 256 * 52);
+	T_EQ(tq_page_k_off(&g, 3, 5), (3 * 256 + 5) * 68);
+	T_EQ(tq_page_v_off(&g, 7, 255), 139264 + (7 * 256 + 255) * 52);
+	struct tq_page_geom o = { .n_kv_heads = 1, .page_tokens = 3, .k_block_bytes = 36, .v_block_bytes = 52 };
+	T_EQ(tq_page_v_offset(&o), 128);
+	T_EQ(tq_page_bytes(&o), 320);
+	T_EQ(tq_page_count(&o, 0), 0);
+	T_EQ(tq_page_count(&o, 3), 1);
+	T_EQ(tq_page_count(&o, 4), 2);
+	T_ASSERT(tq_page_geom_valid(&g));
+	o.page_tokens = 0;
+	T_ASSERT(!tq_page_geom_valid(&o));
+}
+
+/* ---- the thread pool ------------------------------------------------------ */
+
+struct count_job {
+	_Atomic int hits[1000];
+	_Atomic int bad_thread;
+	int n_threads;
+};
+
+static void count_task(void *arg, int task, int thread)
+{
+	struct count_job *j = arg;
+	atomic_fetch_add(&j->hits[task], 1);
+	if (thread < 0 || thread >= j->n_threads)
+		atomic_store(&j->bad_thread, 1);
+}
+
+static void *hammer(void *arg)
+{
+	static struct count_job jobs[2];
+	struct count_job *j = &jobs[arg != NULL];
+	long bad = 0;
+
+	for (int rep = 0; rep < 200; rep++) {
+		memset(j, 0, sizeof(*j));
+		j->n_threads = 3;
+		tq_threads_run(pool3, count_task, j, 1000);
+		for (int i = 0; i < 1000; i++)
+			bad += atomic_load(&j->hits[i]) != 1;
+		bad += atomic_load(&j->bad_thread);
+	}
+	return (void *)bad;
+}
+
+static void test_threads(void)
+{
+	tq_threads *t;
+	struct count_job *j = calloc(1, sizeof(*j));
+
+	T_EQ(tq_threads_new(&t, 0), -EINVAL);
+	T_EQ(tq_threads_new(&t, 4), 0);
+	T_EQ(tq_threads_count(t), 4);
+	T_EQ(tq_threads_count(NULL), 1);
+	for (int rep = 0; rep < 500; rep++) {
+		int n = rep % 7 == 0 ? 1 : rep % 50 + 1;
+		memset(j, 0, sizeof(*j));
+		j->n_threads = 4;
+		T_EQ(tq_threads_run(t, count_task, j, n), 0);
+		for (int i = 0; i < n; i++)
+			T_EQ(atomic_load(&j->hits[i]), 1);
+		T_EQ(atomic_load(&j->bad_thread), 0);
+	}
+	T_EQ(tq_threads_run(t, count_task, j, -1), -EINVAL);
+	T_EQ(tq_threads_run(NULL, count_task, j, 3), 0);
+	tq_threads_free(t);
+	tq_threads_free(NULL);
+	free(j);
+
+	/* two callers sharing one pool are serialized, each job complete */
+	pthread_t a, b;
+	void *ra, *rb;
+	pthread_create(&a, NULL, hammer, NULL);
+	pthread_create(&b, NULL, hammer, (void *)1);
+	pthread_join(a, &ra);
+	pthread_join(b, &rb);
+	T_EQ((long)ra, 0);
+	T_EQ((long)rb, 0);
+}
+
+int main(void)
+{
+	cache = tq_cache_new();
+	if (!cache || tq_threads_new(&pool3, 3))
+		return 1;
+	fprintf(stderr, "best ISA: %s; attention paths tested:", tq_isa_name(tq_isa_best()));
+	for (size_t i = 0; i < sizeof(isas) / sizeof(isas[0]); i++)
+		if (tq_attn_isa_supported(isas[i]))
+			fprintf(stderr, " %s", tq_isa_name(isas[i]));
+	fputc('\n', stderr);
+	T_RUN(test_isa_available);
+	T_RUN(test_page_layout);
+	T_RUN(test_threads);
+	T_RUN(test_errors);
+	T_RUN(test_one_token);
+	T_RUN(test_all_pairs_d128);
+	T_RUN(test_dims_and_groups);
+	T_RUN(test_split_k);
+	T_RUN(test_query_dtypes);
+	T_RUN(test_scale_noncausal);
+	T_RUN(test_sparse_v);
+	tq_threads_free(pool3);
+	tq_cache_free(cache);
+	return t_done();
+}

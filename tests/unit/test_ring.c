@@ -1,0 +1,946 @@
+/* test_ring — the data path end to end, in one process plus client processes:
+ * the real ring server, workers, dataop, pool, session and tenant modules,
+ * and clients that are this binary re-executed (`--client MODE ...`) using
+ * libtqkv on the data channel.
+ *
+ * Each client computes the same operations in-process with the kernels
+ * (tq_encode into its own pages + tq_attend) and requires the daemon's
+ * output to be bit-identical.  The hostile cases drive the ring directly
+ * through proto/tqkv_ring.h.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <math.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "config.h"
+#include "dataop.h"
+#include "log.h"
+#include "pool.h"
+#include "ring.h"
+#include "session.h"
+#include "tenant.h"
+#include "tq_attn.h"
+#include "tq_page.h"
+#include "tqkv.h"
+#include "tqkv_ring.h"
+
+#define PAGE_BYTES (8u << 10)   /* small pages: the tests cross page boundaries */
+#define MiB (1ull << 20)
+
+static char self_exe[4096];
+
+/* ---- geometry of the test sessions ------------------------------------------- */
+struct sgeom {
+	uint32_t n_layers, n_kv, n_q, dim;
+	enum tq_codec_id k, v;
+};
+static const struct sgeom G[] = {
+	{ 2, 2, 8, 128, TQ_CODEC_TQ4, TQ_CODEC_TQ3 },
+	{ 2, 2, 4, 128, TQ_CODEC_Q8, TQ_CODEC_TQ4 },
+	{ 1, 1, 2, 64, TQ_CODEC_TQ3, TQ_CODEC_TQ2 },
+	{ 2, 4, 8, 96, TQ_CODEC_TQ4, TQ_CODEC_TQ4 },   /* dense rotation (96 not a power of two) */
+};
+#define NG (sizeof(G) / sizeof(G[0]))
+
+static struct session_geom sg_of(const struct sgeom *g, uint64_t max_tokens)
+{
+	struct session_geom s = { g->n_layers, g->n_kv, g->n_q, g->dim, g->k, g->v, max_tokens };
+	return s;
+}
+
+/* ---- the daemon side, in this process ------------------------------------------ */
+struct srv {
+	char dir[64];
+	struct config cfg;
+	struct tenant_table *tt;
+	struct pool *pool;
+	tq_cache *cache;
+	struct kvstore *ks;
+	struct session_table *st;
+	struct ring_server *rs;
+};
+
+static int srv_start(struct srv *s, uint64_t pool_bytes, uint32_t workers)
+{
+	char err[CONFIG_ERR_MAX], why[200];
+	const char *text = "[pool]\npool_bytes = 64M\n"
+			   "[tenant big]\nlimit = 64M\nallow_uids = *\n"
+			   "[tenant small]\nlimit = 1M\nallow_uids = *\n";
+	struct pool_params pp = { .bytes = pool_bytes, .page_bytes = PAGE_BYTES, .numa_node = -1, .hugepages = true };
+	struct ring_params rp = { .n_workers = workers, .attn_threads = 1, .max_clients = 16, .spin_us = 20 };
+
+	memset(s, 0, sizeof(*s));
+	snprintf(s->dir, sizeof(s->dir), "/tmp/tqkv-test-ring.XXXXXX");
+	if (!mkdtemp(s->dir) || config_load_string(&s->cfg, "t.conf", text, err, sizeof(err)) != 0 ||
+	    tenant_table_new(&s->tt, &s->cfg) < 0 || pool_new(&s->pool, &pp, why, sizeof(why)) < 0 ||
+	    !(s->cache = tq_cache_new()) || kvstore_new(&s->ks, s->pool, s->cache) < 0 ||
+	    session_table_new(&s->st, 1000, kvstore_release, s->ks) < 0)
+		return -1;
+	rp.run_dir = s->dir;
+	if (ring_server_new(&s->rs, &rp, s->st, s->ks, why, sizeof(why)) < 0) {
+		fprintf(stderr, "ring_server_new: %s\n", why);
+		return -1;
+	}
+	return 0;
+}
+
+static void srv_stop(struct srv *s)
+{
+	char path[128];
+
+	ring_server_free(s->rs);
+	session_table_free(s->st);
+	kvstore_free(s->ks);
+	tq_cache_free(s->cache);
+	pool_free(s->pool);
+	tenant_table_free(s->tt);
+	snprintf(path, sizeof(path), "%s/%s", s->dir, TQKV_DATA_SOCK);
+	unlink(path);
+	rmdir(s->dir);
+}
+
+static uint64_t srv_open(struct srv *s, const char *tenant, uid_t owner, const struct sgeom *g,
+			 uint64_t max_tokens, uint64_t seed)
+{
+	struct session_geom sg = sg_of(g, max_tokens);
+	struct session_info info;
+	char why[200];
+
+	if (session_open(s->st, tenant_find(s->tt, tenant), "", owner, &sg, seed, 0, &info, why, sizeof(why)) < 0) {
+		fprintf(stderr, "session_open: %s\n", why);
+		return 0;
+	}
+	return info.id;
+}
+
+static int page_tokens_of(struct srv *s, const struct sgeom *g)
+{
+	struct session_geom sg = sg_of(g, 1);
+	return kvstore_page_tokens(s->ks, &sg);
+}
+
+/* Wait (up to 5 s) until the daemon has let go of every client and page. */
+static int srv_wait_idle(struct srv *s)
+{
+	struct pool_stats ps;
+
+	pool_stats(s->pool, &ps);
+	for (int i = 0; i < 500; i++) {
+		struct ring_stats rst;
+		ring_server_stats(s->rs, &rst);
+		if (rst.clients == 0 && pool_pages_free_count(s->pool) == ps.pages_total)
+			return 0;
+		usleep(10000);
+	}
+	return -1;
+}
+
+/* ---- client processes ---------------------------------------------------------- */
+static pid_t spawn(char *const argv[])
+{
+	pid_t pid = fork();
+	if (pid == 0) {
+		execv(self_exe, argv);
+		_exit(127);
+	}
+	return pid;
+}
+
+static int reap_status(pid_t pid)
+{
+	int st;
+	if (waitpid(pid, &st, 0) < 0)
+		return -1;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* xorshift data in [-2, 2) */
+static uint64_t rng_next(uint64_t *s)
+{
+	*s ^= *s << 13;
+	*s ^= *s >> 7;
+	*s ^= *s << 17;
+	return *s;
+}
+static float rnd(uint64_t *s)
+{
+	return (float)((rng_next(s) >> 40) * (1.0 / (double)(1ull << 24))) * 4.0f - 2.0f;
+}
+static void fill(void *buf, enum tq_dtype dt, size_t n, uint64_t *s)
+{
+	for (size_t i = 0; i < n; i++) {
+		float x = rnd(s);
+		if (dt == TQ_DTYPE_F32)
+			((float *)buf)[i] = x;
+		else if (dt == TQ_DTYPE_F16)
+			((uint16_t *)buf)[i] = tq_f32_to_f16(x);
+		else
+			((uint16_t *)buf)[i] = tq_f32_to_bf16(x);
+	}
+}
+
+/* The in-process reference of one session: the same encode into the same
+ * page layout, the same attention call. */
+struct ref_layer {
+	uint8_t *pages[512];
+	uint32_t n_pages, n;
+	tq_codec *kc, *vc;
+};
+struct ref {
+	const struct sgeom *g;
+	struct tq_page_geom pg;
+	struct ref_layer L[4];
+};
+
+static int ref_init(struct ref *r, const struct sgeom *g, uint64_t seed, int page_tokens)
+{
+	tq_error te;
+
+	memset(r, 0, sizeof(*r));
+	r->g = g;
+	r->pg.n_kv_heads = g->n_kv;
+	r->pg.page_tokens = (uint32_t)page_tokens;
+	r->pg.k_block_bytes = (uint32_t)tq_block_bytes(g->k, (int)g->dim, &te);
+	r->pg.v_block_bytes = (uint32_t)tq_block_bytes(g->v, (int)g->dim, &te);
+	for (uint32_t l = 0; l < g->n_layers; l++) {
+		struct tq_codec_params kp = { g->k, (int)g->dim, tqkv_seed_derive(seed, l, 0), TQ_ISA_AUTO };
+		struct tq_codec_params vp = { g->v, (int)g->dim, tqkv_seed_derive(seed, l, 1), TQ_ISA_AUTO };
+		if (tq_codec_new(&r->L[l].kc, NULL, &kp, &te) < 0 || tq_codec_new(&r->L[l].vc, NULL, &vp, &te) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+static void ref_append(struct ref *r, uint32_t l, const void *k, const void *v, enum tq_dtype dt, uint32_t n)
+{
+	struct ref_layer *L = &r->L[l];
+	size_t row = r->g->dim * tq_dtype_size(dt);
+	tq_error te;
+
+	for (uint32_t t = 0; t < n; t++) {
+		uint32_t p = L->n + t;
+		while (p / r->pg.page_tokens >= L->n_pages)
+			L->pages[L->n_pages++] = aligned_alloc(64, tq_page_bytes(&r->pg));
+		uint8_t *page = L->pages[p / r->pg.page_tokens];
+		for (uint32_t h = 0; h < r->g->n_kv; h++) {
+			tq_encode(L->kc, (const uint8_t *)k + ((size_t)t * r->g->n_kv + h) * row, dt, 1,
+				  page + tq_page_k_off(&r->pg, h, p % r->pg.page_tokens), &te);
+			tq_encode(L->vc, (const uint8_t *)v + ((size_t)t * r->g->n_kv + h) * row, dt, 1,
+				  page + tq_page_v_off(&r->pg, h, p % r->pg.page_tokens), &te);
+		}
+	}
+	L->n += n;
+}
+
+static int ref_attend(struct ref *r, uint32_t l, const void *q, const int32_t *pos, uint32_t n_q,
+		      enum tq_dtype dt, float *out, int oracle)
+{
+	struct ref_layer *L = &r->L[l];
+	struct tq_page_table pt = { (const uint8_t *const *)L->pages, L->n_pages, L->n, r->pg };
+	struct tq_attn_params ap = { .k_codec = L->kc, .v_codec = L->vc, .n_q_heads = (int)r->g->n_q,
+				     .kv = &pt, .n_q = (int)n_q, .q = q, .q_dtype = dt, .q_pos = pos,
+				     .causal = 1, .out = out, .isa = TQ_ISA_AUTO };
+	tq_error te;
+	int e = oracle ? tq_attend_ref(&ap, &te) : tq_attend(&ap, &te);
+	if (e < 0)
+		fprintf(stderr, "reference attention: %s\n", te.msg);
+	return e;
+}
+
+static void ref_truncate(struct ref *r, uint32_t l, uint32_t pos)
+{
+	if (pos < r->L[l].n)
+		r->L[l].n = pos;
+}
+
+/* Client "exact": a decode-like workload on sessions ids[i] (geometry
+ * G[gi[i]]), every attention output compared bit for bit with the
+ * reference.  Several operations are kept in flight across the sessions. */
+static int client_exact(const char *dir, int n, uint64_t *ids, int *gi, uint64_t *seeds, int *ptok,
+			uint64_t data_seed, int steps)
+{
+	struct tqkv_connect_opts o = { .run_dir = dir, .flags = TQKV_CONNECT_NO_CONTROL, .queue_depth = 16,
+				       .arena_bytes = 8 * MiB };
+	tqkv *c;
+	tqkv_session *s[8];
+	struct ref ref[8];
+	uint64_t rs = data_seed | 1;
+	int bad = 0, r;
+
+	if ((r = tqkv_connect(&c, &o)) < 0) {
+		fprintf(stderr, "client: connect: %s: %s\n", tqkv_strerror(r), tqkv_last_error());
+		return 2;
+	}
+	for (int i = 0; i < n; i++) {
+		const struct sgeom *g = &G[gi[i]];
+		struct tqkv_session_params p = { .n_layers = g->n_layers, .n_kv_heads = g->n_kv,
+						 .n_q_heads = g->n_q, .head_dim = g->dim };
+		if ((r = tqkv_session_attach(c, ids[i], &p, 0, &s[i])) < 0) {
+			fprintf(stderr, "client: attach %llu: %s\n", (unsigned long long)ids[i], tqkv_last_error());
+			return 2;
+		}
+		if (ref_init(&ref[i], g, seeds[i], ptok[i]) < 0)
+			return 2;
+	}
+	/* buffers big enough for every geometry */
+	size_t big = 256 * 8 * 128 * 4;
+	void *k = malloc(big), *v = malloc(big), *q = malloc(big);
+	float *out[8];
+	for (int i = 0; i < n; i++)
+		out[i] = malloc(big);
+
+	for (int step = 0; step < steps && !bad; step++) {
+		tqkv_req *req[8];
+		int32_t pos[8][4];
+		uint32_t nq[8], nt[8], layer[8];
+		enum tq_dtype dt[8];
+		float *wantv[8], *orcv[8];
+		/* submit one operation on every session, then wait for all */
+		for (int i = 0; i < n; i++) {
+			const struct sgeom *g = &G[gi[i]];
+			layer[i] = (uint32_t)(step % (int)g->n_layers);
+			dt[i] = (enum tq_dtype)((step + i) % 3);
+			nt[i] = step == 0 ? 70 + (uint32_t)i * 7 : (step % 5 == 0 ? 3 : 1);
+			uint32_t len = ref[i].L[layer[i]].n + nt[i];
+			nq[i] = step % 4 == 0 ? 3 : 1;
+			pos[i][0] = (int32_t)len - 1;
+			pos[i][1] = (int32_t)len / 2;
+			pos[i][2] = 0;
+			fill(k, dt[i], (size_t)nt[i] * g->n_kv * g->dim, &rs);
+			fill(v, dt[i], (size_t)nt[i] * g->n_kv * g->dim, &rs);
+			fill(q, dt[i], (size_t)nq[i] * g->n_q * g->dim, &rs);
+			if ((r = tqkv_submit_append_attend(s[i], layer[i], k, v, nt[i], q, pos[i], nq[i],
+							   (enum tqkv_dtype)dt[i], out[i], &req[i])) < 0) {
+				fprintf(stderr, "client: submit: %s\n", tqkv_last_error());
+				return 3;
+			}
+			ref_append(&ref[i], layer[i], k, v, dt[i], nt[i]);
+			/* the reference outputs, while q is still this step's */
+			size_t on = (size_t)nq[i] * g->n_q * g->dim;
+			wantv[i] = malloc(on * sizeof(float));
+			orcv[i] = malloc(on * sizeof(float));
+			if (ref_attend(&ref[i], layer[i], q, pos[i], nq[i], dt[i], wantv[i], 0) < 0 ||
+			    ref_attend(&ref[i], layer[i], q, pos[i], nq[i], dt[i], orcv[i], 1) < 0)
+				return 4;
+		}
+		for (int i = 0; i < n; i++) {
+			const struct sgeom *g = &G[gi[i]];
+			struct tqkv_result res;
+			float *w = wantv[i], *orc = orcv[i];
+			size_t on = (size_t)nq[i] * g->n_q * g->dim;
+			r = tqkv_wait(req[i], &res);
+			if (r < 0 || res.n_tokens != ref[i].L[layer[i]].n) {
+				fprintf(stderr, "client: step %d session %d: %d (%s) tokens %llu vs %u\n", step, i, r,
+					tqkv_status_name(res.status), (unsigned long long)res.n_tokens, ref[i].L[layer[i]].n);
+				bad = 1;
+			} else if (memcmp(out[i], w, on * sizeof(float)) != 0) {
+				fprintf(stderr, "client: step %d session %d: daemon output differs from tq_attend in-process\n",
+					step, i);
+				bad = 1;
+			} else {
+				double nrm = 0, dif = 0;
+				for (size_t j = 0; j < on; j++) {
+					nrm += (double)orc[j] * orc[j];
+					dif += ((double)w[j] - orc[j]) * ((double)w[j] - orc[j]);
+				}
+				if (!(nrm > 0) || sqrt(dif) > 1e-4 * sqrt(nrm) + 1e-6) {
+					fprintf(stderr, "client: step %d session %d: fused vs oracle %g of %g\n", step, i,
+						sqrt(dif), sqrt(nrm));
+					bad = 1;
+				}
+			}
+			free(w);
+			free(orc);
+		}
+		/* speculative-decoding rollback now and then */
+		if (step % 7 == 6) {
+			for (int i = 0; i < n && !bad; i++) {
+				uint32_t cut = ref[i].L[0].n - 2;
+				if ((r = tqkv_truncate(s[i], TQKV_ALL_LAYERS, cut)) < 0) {
+					fprintf(stderr, "client: truncate: %s\n", tqkv_last_error());
+					bad = 1;
+				}
+				for (uint32_t l = 0; l < G[gi[i]].n_layers; l++)
+					ref_truncate(&ref[i], l, cut);
+			}
+		}
+	}
+	for (int i = 0; i < n; i++)
+		tqkv_session_detach(s[i]);
+	tqkv_disconnect(c);
+	return bad;
+}
+
+/* Client "spin": attach one ephemeral session and append + attend until killed. */
+static int client_spin(const char *dir, uint64_t id, int gi)
+{
+	struct tqkv_connect_opts o = { .run_dir = dir, .flags = TQKV_CONNECT_NO_CONTROL };
+	const struct sgeom *g = &G[gi];
+	struct tqkv_session_params p = { .n_layers = g->n_layers, .n_kv_heads = g->n_kv, .n_q_heads = g->n_q,
+					 .head_dim = g->dim };
+	tqkv *c;
+	tqkv_session *s;
+	uint64_t rs = 7;
+	static float k[64 * 8 * 128], v[64 * 8 * 128], q[8 * 128], out[8 * 128];
+
+	if (tqkv_connect(&c, &o) < 0 || tqkv_session_attach(c, id, &p, 0, &s) < 0)
+		return 2;
+	fill(k, TQ_DTYPE_F32, sizeof(k) / 4, &rs);
+	fill(v, TQ_DTYPE_F32, sizeof(v) / 4, &rs);
+	fill(q, TQ_DTYPE_F32, sizeof(q) / 4, &rs);
+	for (;;) {
+		int len = tqkv_append(s, 0, k, v, 64, TQKV_F32);
+		if (len < 0) { /* max_tokens: start over */
+			tqkv_truncate(s, TQKV_ALL_LAYERS, 0);
+			continue;
+		}
+		int32_t pos = len - 1;
+		tqkv_req *rq[4];
+		for (int i = 0; i < 4; i++)
+			tqkv_submit_attend(s, 0, q, &pos, 1, TQKV_F32, out, &rq[i]);
+		for (int i = 0; i < 4; i++)
+			tqkv_wait(rq[i], NULL);
+	}
+}
+
+static int client_main(int argc, char **argv)
+{
+	const char *mode = argv[2], *dir = argv[3];
+
+	log_set_level(LOG_WARNING);
+	if (!strcmp(mode, "exact")) {
+		/* exact DIR DATA_SEED STEPS (ID GI SEED PTOK)... */
+		uint64_t ids[8], seeds[8];
+		int gi[8], pt[8], n = 0;
+		for (int a = 6; a + 3 < argc + 0 && n < 8; a += 4, n++) {
+			ids[n] = strtoull(argv[a], NULL, 0);
+			gi[n] = atoi(argv[a + 1]);
+			seeds[n] = strtoull(argv[a + 2], NULL, 0);
+			pt[n] = atoi(argv[a + 3]);
+		}
+		return client_exact(dir, n, ids, gi, seeds, pt, strtoull(argv[4], NULL, 0), atoi(argv[5]));
+	}
+	if (!strcmp(mode, "spin"))
+		return client_spin(dir, strtoull(argv[4], NULL, 0), atoi(argv[5]));
+	return 100;
+}
+
+/* ---- raw ring access (the hostile client) -------------------------------------------- */
+struct raw {
+	int fd;
+	uint8_t *map;
+	size_t bytes;
+	struct tqkv_ring_hdr *hdr;
+	struct tqkv_sqe *sq;
+	struct tqkv_cqe *cq;
+	uint8_t *arena;
+	uint32_t sqn, cqn, tail, head;
+	uint64_t arena_bytes;
+	struct tqkv_welcome w;
+};
+
+enum { RAW_OK = 0, RAW_NOSEAL = 1, RAW_BADMAGIC = 2, RAW_BADVER = 4, RAW_BADSIZE = 8 };
+
+static int raw_connect(struct raw *r, const char *dir, uint32_t sqn, uint32_t cqn, uint64_t arena, int how)
+{
+	struct tqkv_ring_layout lay;
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct tqkv_hello h = { TQKV_RING_MAGIC, TQKV_RING_VERSION, 0, sqn, cqn, arena, 0, { 0 } };
+	union { struct cmsghdr c; char buf[CMSG_SPACE(sizeof(int))]; } cb;
+	struct iovec iov = { &h, sizeof(h) };
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cb.buf, .msg_controllen = sizeof(cb.buf) };
+	int memfd;
+
+	memset(r, 0, sizeof(*r));
+	memset(&cb, 0, sizeof(cb));
+	if (tqkv_ring_layout(sqn, cqn, arena, &lay) < 0)
+		return -EINVAL;
+	memfd = memfd_create("raw", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (memfd < 0 || ftruncate(memfd, (off_t)lay.total_bytes) < 0)
+		return -errno;
+	if (!(how & RAW_NOSEAL))
+		fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);
+	r->map = mmap(NULL, lay.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+	r->bytes = lay.total_bytes;
+	r->hdr = (void *)r->map;
+	r->sq = (void *)(r->map + lay.sq_off);
+	r->cq = (void *)(r->map + lay.cq_off);
+	r->arena = r->map + lay.arena_off;
+	r->sqn = sqn;
+	r->cqn = cqn;
+	r->arena_bytes = arena;
+	h.total_bytes = lay.total_bytes + ((how & RAW_BADSIZE) ? 4096 : 0);
+	if (how & RAW_BADMAGIC)
+		h.magic ^= 1;
+	if (how & RAW_BADVER)
+		h.version = (TQKV_RING_VERSION_MAJOR + 1) << 16;
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/%s", dir, TQKV_DATA_SOCK);
+	r->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (connect(r->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+		return -errno;
+	struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(cm), &memfd, sizeof(int));
+	if (sendmsg(r->fd, &m, 0) < 0)
+		return -errno;
+	close(memfd);
+	if (recv(r->fd, &r->w, sizeof(r->w), 0) != sizeof(r->w))
+		return -EPROTO;
+	return r->w.res;
+}
+
+static void raw_close(struct raw *r)
+{
+	if (r->fd > 0)
+		close(r->fd);
+	if (r->map)
+		munmap(r->map, r->bytes);
+	memset(r, 0, sizeof(*r));
+}
+
+static void raw_submit(struct raw *r, const struct tqkv_sqe *e)
+{
+	r->sq[r->tail & (r->sqn - 1)] = *e;
+	r->tail++;
+	__atomic_store_n(&r->hdr->sq_tail, r->tail, __ATOMIC_SEQ_CST);
+	syscall(SYS_futex, &r->hdr->sq_tail, FUTEX_WAKE, 1, NULL, NULL, 0);
+}
+
+/* The next CQE within 3 s: 0, or -ETIMEDOUT. */
+static int raw_reap(struct raw *r, struct tqkv_cqe *out)
+{
+	for (int i = 0; i < 3000; i++) {
+		if (__atomic_load_n(&r->hdr->cq_tail, __ATOMIC_ACQUIRE) != r->head) {
+			*out = r->cq[r->head & (r->cqn - 1)];
+			r->head++;
+			__atomic_store_n(&r->hdr->cq_head, r->head, __ATOMIC_SEQ_CST);
+			return 0;
+		}
+		usleep(1000);
+	}
+	return -ETIMEDOUT;
+}
+
+/* Submit one SQE and return its CQE's status (res in *res). */
+static int raw_op(struct raw *r, const struct tqkv_sqe *e, int *res)
+{
+	struct tqkv_cqe c;
+	raw_submit(r, e);
+	if (raw_reap(r, &c) < 0)
+		return -1000;
+	if (c.user_data != e->user_data)
+		return -1001;
+	*res = c.res;
+	return c.status;
+}
+
+/* ---- the cases ------------------------------------------------------------------------ */
+
+static pid_t spawn_exact(struct srv *s, int n, const uint64_t *ids, const int *gi, const uint64_t *seeds,
+			 uint64_t data_seed, int steps)
+{
+	static char buf[64][32];
+	char *argv[64];
+	int a = 0, b = 0;
+
+	argv[a++] = self_exe;
+	argv[a++] = "--client";
+	argv[a++] = "exact";
+	argv[a++] = s->dir;
+	snprintf(buf[b], 32, "%llu", (unsigned long long)data_seed), argv[a++] = buf[b++];
+	snprintf(buf[b], 32, "%d", steps), argv[a++] = buf[b++];
+	for (int i = 0; i < n; i++) {
+		snprintf(buf[b], 32, "%llu", (unsigned long long)ids[i]), argv[a++] = buf[b++];
+		snprintf(buf[b], 32, "%d", gi[i]), argv[a++] = buf[b++];
+		snprintf(buf[b], 32, "%llu", (unsigned long long)seeds[i]), argv[a++] = buf[b++];
+		snprintf(buf[b], 32, "%d", page_tokens_of(s, &G[gi[i]])), argv[a++] = buf[b++];
+	}
+	argv[a] = NULL;
+	return spawn(argv);
+}
+
+static void test_bit_exact_one_client(void)
+{
+	struct srv s;
+	uint64_t ids[NG], seeds[NG];
+	int gi[NG];
+
+	T_ASSERT(srv_start(&s, 64 * MiB, 2) == 0);
+	for (int i = 0; i < (int)NG; i++) {
+		gi[i] = i;
+		seeds[i] = 1000 + (uint64_t)i;
+		ids[i] = srv_open(&s, "big", getuid(), &G[i], 4096, seeds[i]);
+		T_ASSERT(ids[i]);
+	}
+	pid_t p = spawn_exact(&s, NG, ids, gi, seeds, 42, 30);
+	T_EQ(reap_status(p), 0);
+	/* detached sessions stay with their pages; closing them returns every page */
+	T_ASSERT(tenant_table_used(s.tt) > 0);
+	for (int i = 0; i < (int)NG; i++)
+		T_EQ(session_close(s.st, ids[i], NULL), 0);
+	T_EQ(tenant_table_used(s.tt), 0);
+	T_EQ(srv_wait_idle(&s), 0);
+	srv_stop(&s);
+}
+
+static void test_four_clients(void)
+{
+	struct srv s;
+	pid_t pid[4];
+
+	T_ASSERT(srv_start(&s, 64 * MiB, 2) == 0);
+	for (int c = 0; c < 4; c++) {
+		uint64_t ids[3], seeds[3];
+		int gi[3];
+		for (int i = 0; i < 3; i++) {
+			gi[i] = (c + i) % (int)NG;
+			seeds[i] = (uint64_t)(c * 10 + i);
+			ids[i] = srv_open(&s, "big", getuid(), &G[gi[i]], 4096, seeds[i]);
+			T_ASSERT(ids[i]);
+		}
+		pid[c] = spawn_exact(&s, 3, ids, gi, seeds, 100 + (uint64_t)c, 22);
+	}
+	for (int c = 0; c < 4; c++)
+		T_EQ(reap_status(pid[c]), 0);
+	struct ring_stats rst;
+	ring_server_stats(s.rs, &rst);
+	T_EQ(rst.clients_total, 4);
+	T_EQ(rst.op_errors_total, 0);
+	srv_stop(&s);
+}
+
+/* Open an in-process raw client and attach `id` (0 = none). */
+static int raw_attach(struct raw *r, struct srv *s, uint64_t id, int ephemeral)
+{
+	struct tqkv_sqe e = { .opcode = TQKV_OP_ATTACH, .session = id, .user_data = 1,
+			      .flags = ephemeral ? TQKV_SQE_EPHEMERAL : 0 };
+	int res;
+	if (raw_connect(r, s->dir, 8, 16, 1 * MiB, RAW_OK) < 0)
+		return -1;
+	return id ? raw_op(r, &e, &res) : 0;
+}
+
+static void test_limits_tenant(void)
+{
+	struct srv s;
+	struct raw r;
+	const struct sgeom *g = &G[0];
+	int pt, res;
+
+	T_ASSERT(srv_start(&s, 64 * MiB, 1) == 0);
+	pt = page_tokens_of(&s, g);
+	T_ASSERT(pt > 1);
+	/* tenant "small": 1 MiB = 128 pages of 8 KiB, for 2 layers */
+	/* max_tokens: as many as the limit allows by bytes per token (a bit more
+	 * than 64 whole pages), so the page granularity is what stops us */
+	uint64_t id = srv_open(&s, "small", getuid(), g, 1048576 / (2 * 2 * (68 + 52)), 1);
+	T_ASSERT(id);
+	T_EQ(raw_attach(&r, &s, id, 1), TQKV_ST_OK);
+	size_t kvb = (size_t)pt * g->n_kv * g->dim * 4;
+	uint64_t rs = 3;
+	fill(r.arena, TQ_DTYPE_F32, 2 * kvb / 4, &rs);
+	struct tqkv_sqe e = { .opcode = TQKV_OP_APPEND, .session = id, .n_tokens = (uint32_t)pt,
+			      .k_off = 0, .v_off = kvb };
+	/* 64 pages per layer fill the tenant exactly */
+	for (uint32_t l = 0; l < 2; l++)
+		for (int i = 0; i < 64; i++) {
+			e.layer = l;
+			e.user_data = 100 + l * 64 + (uint64_t)i;
+			T_EQ(raw_op(&r, &e, &res), TQKV_ST_OK);
+		}
+	T_EQ(tenant_used(tenant_find(s.tt, "small")), 1 * MiB);
+	/* one more token needs a page: refused with the tenant's status, nothing charged */
+	e.n_tokens = 1;
+	e.user_data = 999;
+	e.layer = 0;
+	T_EQ(raw_op(&r, &e, &res), TQKV_ST_TENANT_LIMIT);
+	T_EQ(res, -ENOSPC);
+	T_EQ(tenant_used(tenant_find(s.tt, "small")), 1 * MiB);
+	/* roll back half a page's worth + one page: one page comes back, then fits again */
+	struct tqkv_sqe t = { .opcode = TQKV_OP_TRUNCATE, .session = id, .layer = 0, .pos = (uint64_t)pt * 63,
+			      .user_data = 5 };
+	T_EQ(raw_op(&r, &t, &res), TQKV_ST_OK);
+	T_EQ(tenant_used(tenant_find(s.tt, "small")), 1 * MiB - PAGE_BYTES);
+	T_EQ(raw_op(&r, &e, &res), TQKV_ST_OK);
+	T_EQ(tenant_used(tenant_find(s.tt, "small")), 1 * MiB);
+	/* EOF closes the ephemeral session: every byte and page comes back */
+	raw_close(&r);
+	T_EQ(srv_wait_idle(&s), 0);
+	T_EQ(tenant_used(tenant_find(s.tt, "small")), 0);
+	T_EQ(session_get_info(s.st, id, &(struct session_info){ 0 }), -ENOENT);
+	srv_stop(&s);
+}
+
+static void test_limits_pool(void)
+{
+	struct srv s;
+	struct raw r;
+	const struct sgeom *g = &G[1];
+	int pt, res;
+
+	T_ASSERT(srv_start(&s, 16 * PAGE_BYTES, 1) == 0); /* a pool of 16 pages */
+	pt = page_tokens_of(&s, g);
+	uint64_t id = srv_open(&s, "big", getuid(), g, 50000, 1);
+	T_ASSERT(id);
+	T_EQ(raw_attach(&r, &s, id, 0), TQKV_ST_OK);
+	size_t kvb = (size_t)pt * g->n_kv * g->dim * 4;
+	uint64_t rs = 3;
+	fill(r.arena, TQ_DTYPE_F32, 2 * kvb / 4, &rs);
+	struct tqkv_sqe e = { .opcode = TQKV_OP_APPEND, .session = id, .n_tokens = (uint32_t)pt, .v_off = kvb };
+	for (int i = 0; i < 16; i++) {
+		e.user_data = (uint64_t)i;
+		T_EQ(raw_op(&r, &e, &res), TQKV_ST_OK);
+	}
+	T_EQ(pool_pages_free_count(s.pool), 0);
+	T_EQ(raw_op(&r, &e, &res), TQKV_ST_POOL_FULL);
+	T_EQ(res, -ENOSPC);
+	T_EQ(tenant_used(tenant_find(s.tt, "big")), 16 * PAGE_BYTES); /* the failed page was uncharged */
+	/* max_tokens */
+	raw_close(&r);
+	T_EQ(session_close(s.st, id, NULL), 0);
+	T_EQ(pool_pages_free_count(s.pool), 16);
+	id = srv_open(&s, "big", getuid(), g, 10, 2);
+	T_EQ(raw_attach(&r, &s, id, 1), TQKV_ST_OK);
+	e.session = id;
+	e.n_tokens = 11;
+	T_EQ(raw_op(&r, &e, &res), TQKV_ST_MAX_TOKENS);
+	e.n_tokens = 10;
+	T_EQ(raw_op(&r, &e, &res), TQKV_ST_OK);
+	raw_close(&r);
+	T_EQ(srv_wait_idle(&s), 0);
+	srv_stop(&s);
+}
+
+static void test_hostile(void)
+{
+	struct srv s;
+	struct raw a, b, x;
+	const struct sgeom *g = &G[1];
+	int res;
+
+	T_ASSERT(srv_start(&s, 64 * MiB, 2) == 0);
+	uint64_t id = srv_open(&s, "big", getuid(), g, 4096, 9);
+	uint64_t other_uid = srv_open(&s, "big", getuid() + 12345, g, 4096, 9);
+	uint64_t good_id = srv_open(&s, "big", getuid(), &G[0], 4096, 11);
+	T_ASSERT(id && other_uid && good_id);
+	/* a well-behaved client runs alongside everything below */
+	uint64_t gids[1] = { good_id }, gseeds[1] = { 11 };
+	int ggi[1] = { 0 };
+	pid_t good = spawn_exact(&s, 1, gids, ggi, gseeds, 5, 40);
+
+	T_EQ(raw_attach(&a, &s, id, 1), TQKV_ST_OK);
+	size_t kvb = (size_t)g->n_kv * g->dim * 4, qb = (size_t)g->n_q * g->dim * 4;
+	uint64_t rs = 1;
+	fill(a.arena, TQ_DTYPE_F32, 1 * MiB / 4, &rs);
+	struct tqkv_sqe ok = { .opcode = TQKV_OP_APPEND_ATTEND, .session = id, .n_tokens = 1, .n_q = 1,
+			       .k_off = 0, .v_off = kvb, .q_off = 2 * kvb, .pos_off = 2 * kvb + qb,
+			       .out_off = 65536 };
+	memset(a.arena + ok.pos_off, 0, 4);
+	struct tqkv_sqe e;
+
+	e = ok; T_EQ(raw_op(&a, &e, &res), TQKV_ST_OK); T_EQ(res, 1);
+	/* out-of-range offsets and lengths */
+	e = ok; e.k_off = a.arena_bytes - 8; T_EQ(raw_op(&a, &e, &res), TQKV_ST_BAD_RANGE); T_EQ(res, -EFAULT);
+	e = ok; e.out_off = UINT64_MAX - 3; T_EQ(raw_op(&a, &e, &res), TQKV_ST_BAD_RANGE);
+	e = ok; e.q_off = (uint64_t)1 << 62; T_EQ(raw_op(&a, &e, &res), TQKV_ST_BAD_RANGE);
+	e = ok; e.n_tokens = TQKV_MAX_TOKENS_PER_OP; T_EQ(raw_op(&a, &e, &res), TQKV_ST_BAD_RANGE);
+	e = ok; e.n_q = TQKV_MAX_TOKENS_PER_OP + 1; T_EQ(raw_op(&a, &e, &res), TQKV_ST_BAD_COUNT);
+	e = ok; e.n_tokens = 0; e.opcode = TQKV_OP_APPEND; e.n_q = 0; e.q_off = e.pos_off = e.out_off = 0;
+	T_EQ(raw_op(&a, &e, &res), TQKV_ST_BAD_COUNT);
+	e = ok; e.v_off = 2; T_EQ(raw_op(&a, &e, &res), TQKV_ST_BAD_ALIGN);
+	e = ok; e.layer = g->n_layers; T_EQ(raw_op(&a, &e, &res), TQKV_ST_BAD_LAYER);
+	e = ok; e.dtype = 7; T_EQ(raw_op(&a, &e, &res), TQKV_ST_BAD_DTYPE);
+	e = ok; e.reserved[3] = 1; T_EQ(raw_op(&a, &e, &res), TQKV_ST_BAD_FIELD);
+	e = ok; e.flags = 0x80; T_EQ(raw_op(&a, &e, &res), TQKV_ST_BAD_FIELD);
+	/* unknown op and session */
+	e = ok; e.opcode = 99; T_EQ(raw_op(&a, &e, &res), TQKV_ST_BAD_OPCODE);
+	e = ok; e.session = 77777; T_EQ(raw_op(&a, &e, &res), TQKV_ST_NOT_ATTACHED); T_EQ(res, -EBADF);
+	e = (struct tqkv_sqe){ .opcode = TQKV_OP_ATTACH, .session = 77777, .user_data = 3 };
+	T_EQ(raw_op(&a, &e, &res), TQKV_ST_NO_SESSION);
+	/* another user's session, another connection's session */
+	e = (struct tqkv_sqe){ .opcode = TQKV_OP_ATTACH, .session = other_uid, .user_data = 4 };
+	T_EQ(raw_op(&a, &e, &res), TQKV_ST_NOT_OWNER); T_EQ(res, -EPERM);
+	T_EQ(raw_attach(&b, &s, 0, 0), 0);
+	e = (struct tqkv_sqe){ .opcode = TQKV_OP_ATTACH, .session = id, .user_data = 5 };
+	T_EQ(raw_op(&b, &e, &res), TQKV_ST_ATTACHED_ELSEWHERE); T_EQ(res, -EBUSY);
+	e = ok; e.user_data = 6;
+	T_EQ(raw_op(&b, &e, &res), TQKV_ST_NOT_ATTACHED);
+	/* NaN / Inf data: clear error, nothing appended */
+	float nan = NAN, inf = INFINITY;
+	struct tqkv_cqe c;
+	e = ok; e.user_data = 7;
+	raw_submit(&a, &e);
+	T_EQ(raw_reap(&a, &c), 0);
+	uint64_t len = c.n_tokens;
+	memcpy(a.arena + 4 * 5, &nan, 4);  /* K, element 5 */
+	e.user_data = 8;
+	raw_submit(&a, &e);
+	T_EQ(raw_reap(&a, &c), 0);
+	T_EQ(c.status, TQKV_ST_NONFINITE);
+	T_EQ(c.n_tokens, len);
+	memcpy(a.arena + 4 * 5, &(float){ 0.5f }, 4);
+	memcpy(a.arena + 2 * kvb + 4 * 7, &inf, 4);  /* Q */
+	T_EQ(raw_op(&a, &e, &res), TQKV_ST_NONFINITE);
+	memcpy(a.arena + 2 * kvb + 4 * 7, &(float){ 0.25f }, 4);
+	int32_t badpos = 1 << 30;
+	memcpy(a.arena + ok.pos_off, &badpos, 4);
+	T_EQ(raw_op(&a, &e, &res), TQKV_ST_BAD_POSITION);
+	memset(a.arena + ok.pos_off, 0, 4);
+	e.user_data = 9;
+	raw_submit(&a, &e);
+	T_EQ(raw_reap(&a, &c), 0);
+	T_EQ(c.status, TQKV_ST_OK);
+	T_EQ(c.n_tokens, len + 1);
+
+	/* a client that never reads its completions: the daemon holds its SQEs back */
+	T_EQ(raw_attach(&x, &s, 0, 0), 0);
+	struct tqkv_sqe nop = { .opcode = TQKV_OP_NOP };
+	for (uint32_t i = 0; i < x.sqn; i++) {    /* 8 SQEs, CQ of 16: all complete */
+		nop.user_data = i;
+		raw_submit(&x, &nop);
+	}
+	usleep(50000);
+	for (uint32_t i = 0; i < x.sqn; i++) {    /* 8 more fill the CQ */
+		nop.user_data = 100 + i;
+		raw_submit(&x, &nop);
+		while (x.tail - __atomic_load_n(&x.hdr->sq_head, __ATOMIC_ACQUIRE) >= x.sqn)
+			usleep(1000);
+	}
+	for (uint32_t i = 0; i < x.sqn; i++) {    /* these stay in the SQ */
+		nop.user_data = 200 + i;
+		raw_submit(&x, &nop);
+	}
+	usleep(50000);
+	T_EQ(__atomic_load_n(&x.hdr->cq_tail, __ATOMIC_ACQUIRE), 16);
+	T_EQ(__atomic_load_n(&x.hdr->sq_head, __ATOMIC_ACQUIRE), 16);
+	/* meanwhile the others are served */
+	e = ok; e.user_data = 10;
+	T_EQ(raw_op(&a, &e, &res), TQKV_ST_OK);
+	/* reading completions lets the rest through */
+	for (int i = 0; i < 24; i++) {
+		T_EQ(raw_reap(&x, &c), 0);
+		syscall(SYS_futex, &x.hdr->sq_tail, FUTEX_WAKE, 1, NULL, NULL, 0);
+	}
+	T_EQ(c.user_data, 200 + x.sqn - 1);
+
+	/* corrupted ring indices: the daemon stops that ring and hangs up */
+	x.tail += 1000;
+	__atomic_store_n(&x.hdr->sq_tail, x.tail, __ATOMIC_SEQ_CST);
+	syscall(SYS_futex, &x.hdr->sq_tail, FUTEX_WAKE, 1, NULL, NULL, 0);
+	for (int i = 0; i < 300 && __atomic_load_n(&x.hdr->state, __ATOMIC_ACQUIRE) != TQKV_RING_BROKEN; i++)
+		usleep(10000);
+	T_EQ(x.hdr->state, TQKV_RING_BROKEN);
+	T_EQ(x.hdr->state_status, TQKV_ST_RING_CORRUPT);
+	char byte;
+	T_EQ(recv(x.fd, &byte, 1, 0), 0); /* EOF */
+	raw_close(&x);
+	/* CQ head pushed past the tail: the same */
+	T_EQ(raw_attach(&x, &s, 0, 0), 0);
+	__atomic_store_n(&x.hdr->cq_head, 5000, __ATOMIC_SEQ_CST);
+	nop.user_data = 1;
+	raw_submit(&x, &nop);
+	for (int i = 0; i < 300 && __atomic_load_n(&x.hdr->state, __ATOMIC_ACQUIRE) != TQKV_RING_BROKEN; i++)
+		usleep(10000);
+	T_EQ(x.hdr->state, TQKV_RING_BROKEN);
+	raw_close(&x);
+
+	/* bad handshakes are refused with a reason */
+	T_EQ(raw_connect(&x, s.dir, 8, 16, MiB, RAW_NOSEAL), -EINVAL);
+	T_ASSERT(strstr(x.w.msg, "seal"));
+	raw_close(&x);
+	T_ASSERT(raw_connect(&x, s.dir, 8, 16, MiB, RAW_BADMAGIC) < 0);
+	raw_close(&x);
+	T_EQ(raw_connect(&x, s.dir, 8, 16, MiB, RAW_BADVER), -EPROTONOSUPPORT);
+	raw_close(&x);
+	T_EQ(raw_connect(&x, s.dir, 8, 16, MiB, RAW_BADSIZE), -EINVAL);
+	raw_close(&x);
+
+	/* the daemon is still up and a is still served */
+	e = ok; e.user_data = 11;
+	T_EQ(raw_op(&a, &e, &res), TQKV_ST_OK);
+	T_EQ(reap_status(good), 0);
+	raw_close(&a);
+	raw_close(&b);
+	for (int i = 0; i < 300; i++) {
+		struct ring_stats st;
+		ring_server_stats(s.rs, &st);
+		if (st.clients == 0)
+			break;
+		usleep(10000);
+	}
+	T_EQ(session_get_info(s.st, id, &(struct session_info){ 0 }), -ENOENT); /* ephemeral: closed */
+	struct ring_stats rst;
+	ring_server_stats(s.rs, &rst);
+	T_EQ(rst.rings_broken, 2);
+	T_EQ(rst.handshakes_failed, 4);
+	srv_stop(&s);
+}
+
+static void test_sigkill(void)
+{
+	struct srv s;
+	char ids[32], *argv[8];
+
+	T_ASSERT(srv_start(&s, 64 * MiB, 2) == 0);
+	uint64_t id = srv_open(&s, "big", getuid(), &G[0], 2048, 5);
+	T_ASSERT(id);
+	snprintf(ids, sizeof(ids), "%llu", (unsigned long long)id);
+	argv[0] = self_exe; argv[1] = "--client"; argv[2] = "spin"; argv[3] = s.dir;
+	argv[4] = ids; argv[5] = "0"; argv[6] = NULL;
+	for (int round = 0; round < 3; round++) {
+		if (round) {
+			id = srv_open(&s, "big", getuid(), &G[0], 2048, 5);
+			snprintf(ids, sizeof(ids), "%llu", (unsigned long long)id);
+		}
+		pid_t p = spawn(argv);
+		/* kill it while it has pages and operations in flight */
+		for (int i = 0; i < 500 && tenant_table_used(s.tt) < 4 * PAGE_BYTES; i++)
+			usleep(2000);
+		T_ASSERT(tenant_table_used(s.tt) >= 4 * PAGE_BYTES);
+		usleep(20000 + round * 15000);
+		kill(p, SIGKILL);
+		T_EQ(reap_status(p), 128 + SIGKILL);
+		T_EQ(srv_wait_idle(&s), 0);
+		T_EQ(tenant_table_used(s.tt), 0);
+		T_EQ(session_get_info(s.st, id, &(struct session_info){ 0 }), -ENOENT);
+	}
+	struct ring_stats rst;
+	ring_server_stats(s.rs, &rst);
+	T_EQ(rst.sessions_closed_on_eof, 3);
+	T_EQ(rst.arena_bytes, 0);
+	srv_stop(&s);
+}
+
+int main(int argc, char **argv)
+{
+	ssize_t n = readlink("/proc/self/exe", self_exe, sizeof(self_exe) - 1);
+	if (n <= 0)
+		return 1;
+	self_exe[n] = 0;
+	if (argc > 3 && !strcmp(argv[1], "--client"))
+		return client_main(argc, argv);
+	signal(SIGPIPE, SIG_IGN);
+	log_set_level(getenv("TQ_TEST_VERBOSE") ? LOG_DEBUG : LOG_ERR);
+	T_RUN(test_bit_exact_one_client);
+	T_RUN(test_four_clients);
+	T_RUN(test_limits_tenant);
+	T_RUN(test_limits_pool);
+	T_RUN(test_hostile);
+	T_RUN(test_sigkill);
+	return t_done();
+}

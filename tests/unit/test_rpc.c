@@ -1,0 +1,342 @@
+/* test_rpc: the control server in-process, driven through client/ctl.c —
+ * every method's answers and the untrusted-input paths (malformed,
+ * oversized, empty and unknown requests; uid checks; TCP peers). */
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <grpc/status.h>
+
+#include "harness.h"
+#include "config.h"
+#include "rpc.h"
+#include "session.h"
+#include "tenant.h"
+#include "tqkv.pb-c.h"
+#include "../../client/ctl.h"
+
+static struct config *cfg;
+static struct tenant_table *tenants;
+static struct session_table *sessions;
+static struct rpc_server *srv;
+static struct ctl *cl, *cl_tcp;
+static char dir[64];
+
+static int free_port(void)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(sa);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+	    getsockname(fd, (struct sockaddr *)&sa, &len) < 0)
+		return -1;
+	close(fd);
+	return ntohs(sa.sin_port);
+}
+
+static void setup(void)
+{
+	char text[1024], err[CONFIG_ERR_MAX], target[128];
+	struct ctl_status st;
+	int port = free_port();
+
+	snprintf(dir, sizeof(dir), "/tmp/tq-rpc-XXXXXX");
+	if (!mkdtemp(dir) || port <= 0)
+		t_skip("no temporary directory or TCP port");
+	snprintf(text, sizeof(text),
+		 "[daemon]\nrun_dir = %s\nmax_sessions = 4\ncontrol_tcp_port = %d\n"
+		 "[pool]\npool_bytes = 64M\n"
+		 "[tenant default]\nlimit = 32M\nallow_uids = *\n"
+		 "[tenant locked]\nlimit = 16M\nallow_uids = 4242\n", dir, port);
+	cfg = malloc(sizeof(*cfg));
+	if (!cfg || config_load_string(cfg, "test.conf", text, err, sizeof(err)) != 0) {
+		fprintf(stderr, "%s\n", err);
+		exit(1);
+	}
+	if (tenant_table_new(&tenants, cfg) || session_table_new(&sessions, cfg->max_sessions, NULL, NULL) ||
+	    rpc_start(&srv, cfg, sessions, tenants, err, sizeof(err))) {
+		fprintf(stderr, "setup: %s\n", err);
+		exit(1);
+	}
+	snprintf(target, sizeof(target), "unix:%s/control.sock", dir);
+	if (ctl_open(&cl, target, &st) < 0)
+		exit(1);
+	snprintf(target, sizeof(target), "127.0.0.1:%d", port);
+	if (ctl_open(&cl_tcp, target, &st) < 0)
+		exit(1);
+}
+
+static void teardown(void)
+{
+	char path[128];
+
+	ctl_close(cl_tcp);
+	ctl_close(cl);
+	rpc_stop(srv, 500);
+	session_table_free(sessions);
+	tenant_table_free(tenants);
+	free(cfg);
+	snprintf(path, sizeof(path), "%s/control.sock", dir);
+	T_EQ(access(path, F_OK), -1); /* removed at stop */
+	rmdir(dir);
+}
+
+static int open_session(struct ctl *c, const char *tenant, const char *name, uint32_t dim,
+			uint64_t max_tokens, Tqkv__V1__Session **out, struct ctl_status *st)
+{
+	Tqkv__V1__OpenSessionRequest q = TQKV__V1__OPEN_SESSION_REQUEST__INIT;
+	ProtobufCMessage *rep = NULL;
+
+	q.tenant = (char *)tenant;
+	q.name = (char *)name;
+	q.n_layers = 4;
+	q.n_kv_heads = 2;
+	q.n_q_heads = 8;
+	q.head_dim = dim;
+	q.max_tokens = max_tokens;
+	int r = ctl_call(c, "OpenSession", &q.base, &rep, 5000, st);
+	if (out)
+		*out = (void *)rep;
+	else if (rep)
+		protobuf_c_message_free_unpacked(rep, NULL);
+	return r;
+}
+
+static void test_health(void)
+{
+	Tqkv__V1__HealthRequest q = TQKV__V1__HEALTH_REQUEST__INIT;
+	ProtobufCMessage *rep;
+	struct ctl_status st;
+
+	T_EQ(ctl_call(cl, "Health", &q.base, &rep, 5000, &st), 0);
+	Tqkv__V1__HealthReply *h = (void *)rep;
+	T_ASSERT(strcmp(h->status, "SERVING") == 0);
+	T_EQ(h->pid, getpid());
+	protobuf_c_message_free_unpacked(rep, NULL);
+	T_EQ(ctl_call(cl_tcp, "Health", &q.base, &rep, 5000, &st), 0);
+	protobuf_c_message_free_unpacked(rep, NULL);
+}
+
+static void test_open_defaults_and_owner(void)
+{
+	Tqkv__V1__Session *s;
+	struct ctl_status st;
+
+	T_EQ(open_session(cl, "", "one", 128, 1000, &s, &st), 0);
+	T_ASSERT(strcmp(s->tenant, "default") == 0);     /* no tenant: "default" */
+	T_ASSERT(strcmp(s->k_codec, "q8") == 0);         /* the default pair */
+	T_ASSERT(strcmp(s->v_codec, "tq4") == 0);
+	T_EQ(s->owner_uid, getuid());                     /* from the kernel */
+	T_EQ(s->state, TQKV__V1__SESSION_STATE__SESSION_STATE_OPEN);
+	T_EQ(s->bytes_per_token, 4 * 2 * (132 + 68));
+	uint64_t id = s->id;
+	protobuf_c_message_free_unpacked(&s->base, NULL);
+
+	Tqkv__V1__SessionRef ref = TQKV__V1__SESSION_REF__INIT;
+	ProtobufCMessage *rep;
+	ref.id = id;
+	T_EQ(ctl_call(cl, "GetSession", &ref.base, &rep, 5000, &st), 0);
+	T_ASSERT(strcmp(((Tqkv__V1__Session *)rep)->name, "one") == 0);
+	protobuf_c_message_free_unpacked(rep, NULL);
+	T_EQ(ctl_call(cl, "EvictSession", &ref.base, &rep, 5000, &st), 0);
+	T_EQ(((Tqkv__V1__Session *)rep)->state, TQKV__V1__SESSION_STATE__SESSION_STATE_EVICTED);
+	protobuf_c_message_free_unpacked(rep, NULL);
+	T_EQ(ctl_call(cl, "EvictSession", &ref.base, &rep, 5000, &st), GRPC_STATUS_FAILED_PRECONDITION);
+	T_EQ(ctl_call(cl, "CloseSession", &ref.base, &rep, 5000, &st), 0);
+	protobuf_c_message_free_unpacked(rep, NULL);
+	T_EQ(ctl_call(cl, "CloseSession", &ref.base, &rep, 5000, &st), GRPC_STATUS_NOT_FOUND);
+	T_ASSERT(strstr(st.msg, "no session"));
+	T_EQ(ctl_call(cl, "GetSession", &ref.base, &rep, 5000, &st), GRPC_STATUS_NOT_FOUND);
+	ref.id = 0;
+	T_EQ(ctl_call(cl, "GetSession", &ref.base, &rep, 5000, &st), GRPC_STATUS_INVALID_ARGUMENT);
+}
+
+static void test_open_rejections(void)
+{
+	Tqkv__V1__OpenSessionRequest q = TQKV__V1__OPEN_SESSION_REQUEST__INIT;
+	ProtobufCMessage *rep;
+	struct ctl_status st;
+
+	T_EQ(open_session(cl, "nope", "", 128, 10, NULL, &st), GRPC_STATUS_INVALID_ARGUMENT);
+	T_ASSERT(strstr(st.msg, "unknown tenant 'nope'"));
+	T_EQ(open_session(cl, "locked", "", 128, 10, NULL, &st), GRPC_STATUS_PERMISSION_DENIED);
+	T_ASSERT(strstr(st.msg, "may not use tenant 'locked'"));
+	T_EQ(open_session(cl, "default", "", 100, 10, NULL, &st), GRPC_STATUS_INVALID_ARGUMENT);
+	T_ASSERT(strstr(st.msg, "head_dim"));
+	T_EQ(open_session(cl, "default", "", 128, 1ull << 40, NULL, &st), GRPC_STATUS_INVALID_ARGUMENT);
+	T_EQ(open_session(cl, "default", "", 128, 1ull << 30, NULL, &st), GRPC_STATUS_RESOURCE_EXHAUSTED);
+	T_EQ(open_session(cl, "default", "bad name!", 128, 10, NULL, &st), GRPC_STATUS_INVALID_ARGUMENT);
+	T_EQ(open_session(cl, "default", "\x01\x02", 128, 10, NULL, &st), GRPC_STATUS_INVALID_ARGUMENT);
+	T_ASSERT(strstr(st.msg, "not printable"));
+	/* TCP peers have no kernel credentials */
+	T_EQ(open_session(cl_tcp, "default", "", 128, 10, NULL, &st), GRPC_STATUS_PERMISSION_DENIED);
+	T_ASSERT(strstr(st.msg, "unix control socket"));
+	/* an empty request: everything missing */
+	T_EQ(ctl_call(cl, "OpenSession", &q.base, &rep, 5000, &st), GRPC_STATUS_INVALID_ARGUMENT);
+	q.n_layers = 1; q.n_kv_heads = 1; q.n_q_heads = 1; q.head_dim = 64; q.max_tokens = 1;
+	q.k_codec = (char *)"tq9";
+	T_EQ(ctl_call(cl, "OpenSession", &q.base, &rep, 5000, &st), GRPC_STATUS_INVALID_ARGUMENT);
+	T_ASSERT(strstr(st.msg, "unknown K codec 'tq9'"));
+	q.k_codec = (char *)"";
+	q.v_codec = (char *)"f32";
+	q.has_rotation_seed = 1;
+	q.rotation_seed = 77;
+	T_EQ(ctl_call(cl, "OpenSession", &q.base, &rep, 5000, &st), 0);
+	T_EQ(((Tqkv__V1__Session *)rep)->rotation_seed, 77);
+	T_ASSERT(strcmp(((Tqkv__V1__Session *)rep)->v_codec, "f32") == 0);
+	protobuf_c_message_free_unpacked(rep, NULL);
+}
+
+static void test_names_and_limits(void)
+{
+	Tqkv__V1__ListSessionsRequest lq = TQKV__V1__LIST_SESSIONS_REQUEST__INIT;
+	ProtobufCMessage *rep;
+	struct ctl_status st;
+
+	T_EQ(open_session(cl, "default", "dup", 64, 10, NULL, &st), 0);
+	T_EQ(open_session(cl, "default", "dup", 64, 10, NULL, &st), GRPC_STATUS_ALREADY_EXISTS);
+	/* max_sessions = 4: the earlier test left one, "dup" makes two */
+	T_EQ(open_session(cl, "default", "", 64, 10, NULL, &st), 0);
+	T_EQ(open_session(cl, "default", "", 64, 10, NULL, &st), 0);
+	T_EQ(open_session(cl, "default", "", 64, 10, NULL, &st), GRPC_STATUS_RESOURCE_EXHAUSTED);
+	T_ASSERT(strstr(st.msg, "max_sessions"));
+	T_EQ(ctl_call(cl, "ListSessions", &lq.base, &rep, 5000, &st), 0);
+	T_EQ(((Tqkv__V1__ListSessionsReply *)rep)->n_sessions, 4);
+	protobuf_c_message_free_unpacked(rep, NULL);
+	lq.tenant = (char *)"locked";
+	T_EQ(ctl_call(cl, "ListSessions", &lq.base, &rep, 5000, &st), 0);
+	T_EQ(((Tqkv__V1__ListSessionsReply *)rep)->n_sessions, 0);
+	protobuf_c_message_free_unpacked(rep, NULL);
+	lq.tenant = (char *)"zzz";
+	T_EQ(ctl_call(cl, "ListSessions", &lq.base, &rep, 5000, &st), GRPC_STATUS_INVALID_ARGUMENT);
+}
+
+static void test_tenants_and_budget(void)
+{
+	Tqkv__V1__ListTenantsRequest lq = TQKV__V1__LIST_TENANTS_REQUEST__INIT;
+	Tqkv__V1__SetTenantBudgetRequest bq = TQKV__V1__SET_TENANT_BUDGET_REQUEST__INIT;
+	ProtobufCMessage *rep;
+	struct ctl_status st;
+
+	T_EQ(ctl_call(cl, "ListTenants", &lq.base, &rep, 5000, &st), 0);
+	Tqkv__V1__ListTenantsReply *l = (void *)rep;
+	T_EQ(l->n_tenants, 2);
+	T_ASSERT(strcmp(l->tenants[1]->name, "locked") == 0);
+	T_EQ(l->tenants[1]->n_allow_uids, 1);
+	T_EQ(l->tenants[1]->allow_uids[0], 4242);
+	T_EQ(l->tenants[0]->sessions, 4);
+	protobuf_c_message_free_unpacked(rep, NULL);
+
+	bq.tenant = (char *)"locked";
+	T_EQ(ctl_call(cl, "SetTenantBudget", &bq.base, &rep, 5000, &st), GRPC_STATUS_INVALID_ARGUMENT);
+	bq.set_limit = 1;
+	bq.limit_bytes = 8 << 20;
+	bq.set_guaranteed = 1;
+	bq.guaranteed_bytes = 4 << 20;
+	T_EQ(ctl_call(cl, "SetTenantBudget", &bq.base, &rep, 5000, &st), 0);
+	T_EQ(((Tqkv__V1__Tenant *)rep)->limit_bytes, 8 << 20);
+	T_EQ(((Tqkv__V1__Tenant *)rep)->guaranteed_bytes, 4 << 20);
+	protobuf_c_message_free_unpacked(rep, NULL);
+	bq.limit_bytes = 1ull << 40;
+	T_EQ(ctl_call(cl, "SetTenantBudget", &bq.base, &rep, 5000, &st), GRPC_STATUS_INVALID_ARGUMENT);
+	T_ASSERT(strstr(st.msg, "limit"));
+	bq.set_limit = 0;
+	bq.guaranteed_bytes = 1ull << 40;
+	T_EQ(ctl_call(cl, "SetTenantBudget", &bq.base, &rep, 5000, &st), GRPC_STATUS_INVALID_ARGUMENT);
+	bq.tenant = (char *)"nope";
+	T_EQ(ctl_call(cl, "SetTenantBudget", &bq.base, &rep, 5000, &st), GRPC_STATUS_INVALID_ARGUMENT);
+}
+
+static void test_stats_and_config(void)
+{
+	Tqkv__V1__GetStatsRequest sq = TQKV__V1__GET_STATS_REQUEST__INIT;
+	Tqkv__V1__GetConfigRequest cq = TQKV__V1__GET_CONFIG_REQUEST__INIT;
+	ProtobufCMessage *rep;
+	struct ctl_status st;
+
+	T_EQ(ctl_call(cl, "GetStats", &sq.base, &rep, 5000, &st), 0);
+	Tqkv__V1__Stats *s = (void *)rep;
+	T_EQ(s->pool_bytes, 64 << 20);
+	T_EQ(s->sessions_open, 4);
+	T_EQ(s->tenants, 2);
+	T_ASSERT(s->rpc_calls_total > 10);
+	T_ASSERT(s->rpc_errors_total > 5);
+	T_EQ(s->evictions_total, 1);
+	protobuf_c_message_free_unpacked(rep, NULL);
+
+	T_EQ(ctl_call(cl, "GetConfig", &cq.base, &rep, 5000, &st), 0);
+	Tqkv__V1__GetConfigReply *c = (void *)rep;
+	T_ASSERT(strcmp(c->config_path, "test.conf") == 0);
+	int seen = 0;
+	for (size_t i = 0; i < c->n_entries; i++) {
+		if (strcmp(c->entries[i]->key, "pool.pool_bytes") == 0) {
+			T_ASSERT(strcmp(c->entries[i]->value, "64MiB") == 0);
+			T_ASSERT(strcmp(c->entries[i]->default_value, "1GiB") == 0);
+			T_ASSERT(!c->entries[i]->reloadable);
+			seen++;
+		}
+		if (strcmp(c->entries[i]->key, "tenant.locked.allow_uids") == 0) {
+			T_ASSERT(strcmp(c->entries[i]->value, "4242") == 0);
+			T_ASSERT(c->entries[i]->reloadable);
+			seen++;
+		}
+	}
+	T_EQ(seen, 2);
+	protobuf_c_message_free_unpacked(rep, NULL);
+}
+
+static void test_bad_messages(void)
+{
+	struct ctl_status st;
+	void *rep;
+	size_t len;
+	/* field 1 as a length-delimited string longer than the message */
+	static const uint8_t truncated[] = { 0x0a, 0x50, 'a', 'b' };
+	/* an unknown wire type (7) */
+	static const uint8_t bad_wire[] = { 0x0f, 0x01 };
+	/* a varint that never ends */
+	static const uint8_t endless[] = { 0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff };
+
+	T_EQ(ctl_call_raw(cl, "/tqkv.v1.Control/OpenSession", truncated, sizeof(truncated), &rep, &len, 5000, &st),
+	     GRPC_STATUS_INVALID_ARGUMENT);
+	T_ASSERT(strstr(st.msg, "malformed"));
+	T_EQ(ctl_call_raw(cl, "/tqkv.v1.Control/GetSession", bad_wire, sizeof(bad_wire), &rep, &len, 5000, &st),
+	     GRPC_STATUS_INVALID_ARGUMENT);
+	T_EQ(ctl_call_raw(cl, "/tqkv.v1.Control/GetSession", endless, sizeof(endless), &rep, &len, 5000, &st),
+	     GRPC_STATUS_INVALID_ARGUMENT);
+	/* unknown method */
+	T_EQ(ctl_call_raw(cl, "/tqkv.v1.Control/Explode", "", 0, &rep, &len, 5000, &st), GRPC_STATUS_UNIMPLEMENTED);
+	T_EQ(ctl_call_raw(cl, "/other.Service/Health", "", 0, &rep, &len, 5000, &st), GRPC_STATUS_UNIMPLEMENTED);
+	/* oversized: more than RPC_MAX_RECV_BYTES */
+	size_t big = RPC_MAX_RECV_BYTES * 4;
+	uint8_t *b = calloc(1, big);
+	T_ASSERT(b);
+	T_EQ(ctl_call_raw(cl, "/tqkv.v1.Control/Health", b, big, &rep, &len, 5000, &st),
+	     GRPC_STATUS_RESOURCE_EXHAUSTED);
+	free(b);
+	/* an empty message is a valid Health request */
+	T_EQ(ctl_call_raw(cl, "/tqkv.v1.Control/Health", "", 0, &rep, &len, 5000, &st), 0);
+	free(rep);
+	/* and the server still answers after all that */
+	T_EQ(ctl_call_raw(cl, "/tqkv.v1.Control/Health", "", 0, &rep, &len, 5000, &st), 0);
+	free(rep);
+}
+
+int main(void)
+{
+	setup();
+	T_RUN(test_health);
+	T_RUN(test_open_defaults_and_owner);
+	T_RUN(test_open_rejections);
+	T_RUN(test_names_and_limits);
+	T_RUN(test_tenants_and_budget);
+	T_RUN(test_stats_and_config);
+	T_RUN(test_bad_messages);
+	T_RUN(teardown);
+	return t_done();
+}

@@ -1,0 +1,374 @@
+/* test_session: tenant accounting and the session table, including the
+ * races the data path will create (evict/close during an operation). */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "config.h"
+#include "session.h"
+#include "tenant.h"
+
+#define MiB (1ull << 20)
+
+static struct config *two_tenants(void)
+{
+	struct config *c = malloc(sizeof(*c));
+	char err[CONFIG_ERR_MAX];
+	const char *text = "[pool]\npool_bytes = 64M\n"
+			   "[tenant a]\nlimit = 16M\nguaranteed = 8M\nallow_uids = 1000\nallow_gids = 50\n"
+			   "[tenant b]\nlimit = 32M\nallow_uids = *\n";
+	if (!c || config_load_string(c, "t.conf", text, err, sizeof(err)) != 0)
+		abort();
+	return c;
+}
+
+static const struct session_geom g_small = {
+	.n_layers = 2, .n_kv_heads = 2, .n_q_heads = 4, .head_dim = 128,
+	.k_codec = TQ_CODEC_Q8, .v_codec = TQ_CODEC_TQ4, .max_tokens = 64,
+};
+
+static void test_tenant_charge(void)
+{
+	struct config *c = two_tenants();
+	struct tenant_table *tt;
+
+	T_EQ(tenant_table_new(&tt, c), 0);
+	struct tenant *a = tenant_find(tt, "a");
+	T_ASSERT(a && tenant_find(tt, "b") && !tenant_find(tt, "zz"));
+	T_EQ(tenant_charge(a, 10 * MiB), 0);
+	T_EQ(tenant_charge(a, 6 * MiB), 0);
+	T_EQ(tenant_used(a), 16 * MiB);
+	T_EQ(tenant_charge(a, 1), -ENOSPC);           /* limit enforced */
+	T_EQ(tenant_used(a), 16 * MiB);               /* nothing charged on failure */
+	T_EQ(tenant_charge(a, UINT64_MAX), -ENOSPC);  /* no overflow */
+	tenant_uncharge(a, 6 * MiB);
+	T_EQ(tenant_charge(a, 6 * MiB), 0);
+	T_EQ(tenant_table_used(tt), 16 * MiB);
+	tenant_uncharge(a, 16 * MiB);
+	T_EQ(tenant_used(a), 0);
+	tenant_table_free(tt);
+	free(c);
+}
+
+static void test_tenant_budget(void)
+{
+	struct config *c = two_tenants();
+	struct tenant_table *tt;
+	struct tenant_info ti;
+
+	T_EQ(tenant_table_new(&tt, c), 0);
+	struct tenant *a = tenant_find(tt, "a"), *b = tenant_find(tt, "b");
+	T_EQ(tenant_set_budget(tt, a, true, 24 * MiB, false, 0), 0);
+	tenant_get_info(a, &ti);
+	T_EQ(ti.limit, 24 * MiB);
+	T_EQ(ti.guaranteed, 8 * MiB);
+	T_EQ(tenant_set_budget(tt, a, true, 128 * MiB, false, 0), -EINVAL);   /* > pool */
+	T_EQ(tenant_set_budget(tt, a, false, 0, true, 25 * MiB), -EINVAL);    /* > limit */
+	T_EQ(tenant_set_budget(tt, a, true, 1000, false, 0), -EINVAL);        /* < 1 MiB */
+	T_EQ(tenant_set_budget(tt, b, false, 0, true, 32 * MiB), 0);
+	/* a 8 + b 32 = 40 of 64; a cannot take 40 more */
+	T_EQ(tenant_set_budget(tt, a, true, 64 * MiB, true, 40 * MiB), -ENOSPC);
+	T_EQ(tenant_set_budget(tt, a, true, 64 * MiB, true, 32 * MiB), 0);
+	/* lowering the limit under the use: accepted, new charges fail */
+	T_EQ(tenant_charge(b, 20 * MiB), 0);
+	T_EQ(tenant_set_budget(tt, b, true, 10 * MiB, true, 0), 0);
+	T_EQ(tenant_charge(b, 1), -ENOSPC);
+	tenant_uncharge(b, 20 * MiB);
+	/* a reload restores the file's budgets */
+	tenant_table_apply(tt, c);
+	tenant_get_info(a, &ti);
+	T_EQ(ti.limit, 16 * MiB);
+	T_EQ(ti.guaranteed, 8 * MiB);
+	tenant_table_free(tt);
+	free(c);
+}
+
+static void test_tenant_allows(void)
+{
+	struct config *c = two_tenants();
+	struct tenant_table *tt;
+	gid_t groups[] = { 7, 50 };
+
+	T_EQ(tenant_table_new(&tt, c), 0);
+	struct tenant *a = tenant_find(tt, "a"), *b = tenant_find(tt, "b");
+	T_EQ(tenant_allows(a, 1000, 1000, NULL, 0), 1);
+	T_EQ(tenant_allows(a, 1001, 1001, NULL, 0), 0);
+	T_EQ(tenant_allows(a, 1001, 50, NULL, 0), 1);        /* primary group */
+	T_EQ(tenant_allows(a, 1001, 1001, groups, 2), 1);    /* supplementary */
+	T_EQ(tenant_allows(a, 1001, 1001, groups, 1), 0);
+	T_EQ(tenant_allows(b, 4242, 4242, NULL, 0), 1);      /* * */
+	tenant_table_free(tt);
+	free(c);
+}
+
+static void test_geometry(void)
+{
+	struct session_geom g = g_small;
+	char why[256];
+	uint64_t bpt;
+
+	T_EQ(session_geom_check(&g, &bpt, why, sizeof(why)), 0);
+	/* n_layers * n_kv_heads * (q8 132 + tq4 68) at d = 128 */
+	T_EQ(bpt, 2 * 2 * (132 + 68));
+	g = g_small; g.head_dim = 100;
+	T_EQ(session_geom_check(&g, &bpt, why, sizeof(why)), -EINVAL);
+	T_ASSERT(strstr(why, "head_dim"));
+	g = g_small; g.head_dim = 1024;
+	T_EQ(session_geom_check(&g, &bpt, why, sizeof(why)), -EINVAL);
+	g = g_small; g.n_q_heads = 3;
+	T_EQ(session_geom_check(&g, &bpt, why, sizeof(why)), -EINVAL);
+	T_ASSERT(strstr(why, "multiple"));
+	g = g_small; g.n_layers = 0;
+	T_EQ(session_geom_check(&g, &bpt, why, sizeof(why)), -EINVAL);
+	g = g_small; g.n_kv_heads = 5000;
+	T_EQ(session_geom_check(&g, &bpt, why, sizeof(why)), -EINVAL);
+	g = g_small; g.max_tokens = 0;
+	T_EQ(session_geom_check(&g, &bpt, why, sizeof(why)), -EINVAL);
+	g = g_small; g.k_codec = (enum tq_codec_id)99;
+	T_EQ(session_geom_check(&g, &bpt, why, sizeof(why)), -EINVAL);
+	T_ASSERT(strstr(why, "K codec"));
+	g = g_small; g.v_codec = TQ_CODEC_TQ3; g.head_dim = 64;
+	T_EQ(session_geom_check(&g, &bpt, why, sizeof(why)), 0);
+	T_EQ(bpt, 2 * 2 * ((4 + 64) + (4 + 64 * 3 / 8)));
+}
+
+static void test_open_and_names(void)
+{
+	struct config *c = two_tenants();
+	struct tenant_table *tt;
+	struct session_table *st;
+	struct session_info si, si2;
+	struct session_geom g = g_small;
+	char why[256];
+
+	T_EQ(tenant_table_new(&tt, c), 0);
+	T_EQ(session_table_new(&st, 3, NULL, NULL), 0);
+	struct tenant *a = tenant_find(tt, "a"), *b = tenant_find(tt, "b");
+	T_EQ(session_open(st, a, "x", 1000, &g, 42, 1000, &si, why, sizeof(why)), 0);
+	T_EQ(si.id, 1);
+	T_EQ(si.state, SESSION_OPEN);
+	T_EQ(si.seed, 42);
+	T_EQ(si.owner_uid, 1000);
+	T_ASSERT(strcmp(si.tenant, "a") == 0);
+	T_EQ(session_open(st, a, "x", 1000, &g, 1, 1000, &si2, why, sizeof(why)), -EEXIST);
+	T_EQ(session_open(st, b, "x", 1000, &g, 1, 1000, &si2, why, sizeof(why)), 0); /* other tenant */
+	T_EQ(session_open(st, a, "bad name", 1000, &g, 1, 1000, &si2, why, sizeof(why)), -EINVAL);
+	/* footprint beyond the tenant's limit (16 MiB): 800 B/token */
+	g.max_tokens = 16 * MiB / 800 + 1;
+	T_EQ(session_open(st, a, "", 1000, &g, 1, 1000, &si2, why, sizeof(why)), -ENOSPC);
+	T_ASSERT(strstr(why, "tenant 'a'"));
+	g.max_tokens = 16 * MiB / 800;
+	T_EQ(session_open(st, a, "", 1000, &g, 1, 1000, &si2, why, sizeof(why)), 0);
+	T_EQ(session_open(st, a, "", 1000, &g, 1, 1000, &si2, why, sizeof(why)), -EUSERS); /* max 3 */
+	struct tenant_info ti;
+	tenant_get_info(a, &ti);
+	T_EQ(ti.sessions, 2);
+	/* list, filtered */
+	struct session_info *v;
+	size_t n;
+	T_EQ(session_list(st, a, &v, &n), 0);
+	T_EQ(n, 2);
+	T_ASSERT(v[0].id < v[1].id);
+	free(v);
+	T_EQ(session_list(st, NULL, &v, &n), 0);
+	T_EQ(n, 3);
+	free(v);
+	/* closing frees the name and a slot */
+	T_EQ(session_close(st, si.id, NULL), 0);
+	T_EQ(session_close(st, si.id, NULL), -ENOENT);
+	T_EQ(session_get_info(st, si.id, &si2), -ENOENT);
+	g = g_small;
+	T_EQ(session_open(st, a, "x", 1000, &g, 1, 1000, &si2, why, sizeof(why)), 0);
+	T_ASSERT(si2.id > si.id); /* ids are not reused */
+	struct session_stats ss;
+	session_table_stats(st, &ss);
+	T_EQ(ss.open, 3);
+	T_EQ(ss.opened_total, 4);
+	T_EQ(ss.closed_total, 1);
+	session_table_free(st);
+	tenant_get_info(a, &ti);
+	T_EQ(ti.sessions, 0);
+	tenant_table_free(tt);
+	free(c);
+}
+
+static int released_count;
+static void on_release(void *ctx, struct session *s)
+{
+	__atomic_add_fetch(&released_count, 1, __ATOMIC_RELAXED);
+	/* the hook still sees what the session holds */
+	T_ASSERT(session_id(s) > 0);
+}
+
+static void test_evict_during_operation(void)
+{
+	struct config *c = two_tenants();
+	struct tenant_table *tt;
+	struct session_table *st;
+	struct session_info si;
+	struct session *s, *s2;
+	char why[256];
+
+	released_count = 0;
+	T_EQ(tenant_table_new(&tt, c), 0);
+	T_EQ(session_table_new(&st, 8, on_release, NULL), 0);
+	struct tenant *a = tenant_find(tt, "a");
+	T_EQ(session_open(st, a, "", 1000, &g_small, 1, 1000, &si, why, sizeof(why)), 0);
+	T_EQ(session_acquire(st, si.id, 2000, &s), 0);
+	T_EQ(session_charge(s, 4 * MiB), 0);
+	T_EQ(session_charge(s, 13 * MiB), -ENOSPC);  /* 4 + 13 > 16 */
+	session_add_tokens(s, 10);
+	T_EQ(tenant_used(a), 4 * MiB);
+	/* evict while the operation runs: memory stays until it ends */
+	T_EQ(session_evict(st, si.id, &si), 0);
+	T_EQ(si.state, SESSION_EVICTED);
+	T_EQ(tenant_used(a), 4 * MiB);
+	T_EQ(released_count, 0);
+	T_EQ(session_charge(s, MiB), -ESTALE);       /* no new charges after evict */
+	T_EQ(session_evict(st, si.id, NULL), -EALREADY);
+	T_EQ(session_acquire(st, si.id, 2000, &s2), -ESTALE); /* the owner's clear error */
+	session_release(s);
+	T_EQ(released_count, 1);
+	T_EQ(tenant_used(a), 0);
+	T_EQ(session_get_info(st, si.id, &si), 0);   /* the record stays */
+	T_EQ(si.resident_bytes, 0);
+	T_EQ(si.tokens, 10);
+	T_EQ(si.last_access_ms, 2000);
+	uint64_t rel = 99;
+	T_EQ(session_close(st, si.id, &rel), 0);
+	T_EQ(rel, 0);
+	T_EQ(released_count, 1);                     /* released once only */
+
+	/* close during an operation */
+	T_EQ(session_open(st, a, "", 1000, &g_small, 1, 1000, &si, why, sizeof(why)), 0);
+	T_EQ(session_acquire(st, si.id, 3000, &s), 0);
+	T_EQ(session_charge(s, 2 * MiB), 0);
+	T_EQ(session_close(st, si.id, &rel), 0);
+	T_EQ(rel, 2 * MiB);
+	T_EQ(session_acquire(st, si.id, 3000, &s2), -ENOENT);
+	T_EQ(tenant_used(a), 2 * MiB);
+	T_EQ(session_charge(s, MiB), -ESTALE);
+	session_release(s);                          /* last reference: freed */
+	T_EQ(tenant_used(a), 0);
+	T_EQ(released_count, 2);
+	session_table_free(st);
+	tenant_table_free(tt);
+	free(c);
+}
+
+static void test_idle_expiry(void)
+{
+	struct config *c = two_tenants();
+	struct tenant_table *tt;
+	struct session_table *st;
+	struct session_info s1, s2;
+	struct session *s;
+	char why[256];
+
+	T_EQ(tenant_table_new(&tt, c), 0);
+	T_EQ(session_table_new(&st, 8, NULL, NULL), 0);
+	struct tenant *b = tenant_find(tt, "b");
+	T_EQ(session_open(st, b, "", 1, &g_small, 1, 1000, &s1, why, sizeof(why)), 0);
+	T_EQ(session_open(st, b, "", 1, &g_small, 1, 1000, &s2, why, sizeof(why)), 0);
+	T_EQ(session_acquire(st, s2.id, 5000, &s), 0);
+	session_release(s);
+	T_EQ(session_table_expire(st, 5500, 0), 0);     /* ttl 0: off */
+	T_EQ(session_table_expire(st, 5500, 4000), 1);  /* s1 idle 4.5 s; s2 0.5 s */
+	T_EQ(session_get_info(st, s1.id, &s1), 0);
+	T_EQ(s1.state, SESSION_EVICTED);
+	T_EQ(session_get_info(st, s2.id, &s2), 0);
+	T_EQ(s2.state, SESSION_OPEN);
+	/* busy sessions are not evicted */
+	T_EQ(session_acquire(st, s2.id, 5000, &s), 0);
+	T_EQ(session_table_expire(st, 9000, 4000), 0);
+	session_release(s);
+	/* evicted at 5500: dropped at 9500 */
+	T_EQ(session_table_expire(st, 9600, 4000), 2);   /* s1 dropped, s2 evicted */
+	T_EQ(session_get_info(st, s1.id, &s1), -ENOENT);
+	session_table_free(st);
+	tenant_table_free(tt);
+	free(c);
+}
+
+/* Threads charge and release while the main thread evicts and closes:
+ * at the end the tenant must be back at zero, with no crash. */
+struct race {
+	struct session_table *st;
+	uint64_t first_id;
+	int n_ids;
+	int stop;
+	long ops;
+};
+
+static void *racer(void *arg)
+{
+	struct race *r = arg;
+	unsigned seed = (unsigned)(uintptr_t)&seed;
+
+	while (!__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE)) {
+		struct session *s;
+		uint64_t id = r->first_id + (uint64_t)(rand_r(&seed) % r->n_ids);
+		if (session_acquire(r->st, id, 1, &s) < 0)
+			continue;
+		if (session_charge(s, 4096) == 0 && rand_r(&seed) % 2)
+			session_uncharge(s, 4096);
+		session_release(s);
+		__atomic_add_fetch(&r->ops, 1, __ATOMIC_RELAXED);
+	}
+	return NULL;
+}
+
+static void test_concurrent_evict_close(void)
+{
+	struct config *c = two_tenants();
+	struct tenant_table *tt;
+	struct session_table *st;
+	struct session_info si;
+	pthread_t th[3];
+	char why[256];
+	struct race r = { 0 };
+
+	T_EQ(tenant_table_new(&tt, c), 0);
+	T_EQ(session_table_new(&st, 1024, NULL, NULL), 0);
+	struct tenant *b = tenant_find(tt, "b");
+	r.st = st;
+	r.n_ids = 32;
+	for (int i = 0; i < r.n_ids; i++) {
+		T_EQ(session_open(st, b, "", 1, &g_small, 1, 1, &si, why, sizeof(why)), 0);
+		if (i == 0)
+			r.first_id = si.id;
+	}
+	for (int i = 0; i < 3; i++)
+		T_EQ(pthread_create(&th[i], NULL, racer, &r), 0);
+	for (int i = 0; i < r.n_ids; i++) {
+		struct timespec ts = { 0, 200000 };
+		nanosleep(&ts, NULL);
+		if (i % 2)
+			session_evict(st, r.first_id + (uint64_t)i, NULL);
+		else
+			session_close(st, r.first_id + (uint64_t)i, NULL);
+	}
+	__atomic_store_n(&r.stop, 1, __ATOMIC_RELEASE);
+	for (int i = 0; i < 3; i++)
+		pthread_join(th[i], NULL);
+	T_ASSERT(r.ops > 0);
+	T_EQ(tenant_used(b), 0);
+	session_table_free(st);
+	tenant_table_free(tt);
+	free(c);
+}
+
+int main(void)
+{
+	T_RUN(test_tenant_charge);
+	T_RUN(test_tenant_budget);
+	T_RUN(test_tenant_allows);
+	T_RUN(test_geometry);
+	T_RUN(test_open_and_names);
+	T_RUN(test_evict_during_operation);
+	T_RUN(test_idle_expiry);
+	T_RUN(test_concurrent_evict_close);
+	return t_done();
+}
