@@ -92,11 +92,15 @@ NVCC_FLAGS ?= -O2 -g -std=c++17 -Xcompiler -fPIC,-Wall,-Wextra \
 	-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a \
 	-Ikernels -Iproto
 
-# A build is one configuration; binaries relink when it changes.
+# A build is one configuration.  Objects live in a directory per sanitizer
+# and rebuild when their flags change ($(OBJ_STAMP)); binaries and libraries
+# in build/bin, build/lib and build/tests are shared by all configurations
+# and relink whenever the configuration differs from the last link ($(STAMP)).
 CONFIG_ID := $(SANITIZER):$(HAVE_CUDA):$(CFLAGS):$(EXTRA_CFLAGS)
-STAMP := $(B)/.config-$(if $(SANITIZER),$(SANITIZER),plain)
-$(STAMP): FORCE
-	@mkdir -p $(B)
+STAMP     := $(B)/.config-link
+OBJ_STAMP := $(OBJ)/.config
+$(STAMP) $(OBJ_STAMP): FORCE
+	@mkdir -p $(dir $@)
 	@echo '$(CONFIG_ID)' | cmp -s - $@ || echo '$(CONFIG_ID)' > $@
 
 # ---- modules ---------------------------------------------------------------
@@ -116,15 +120,15 @@ all: $(ALL_TARGETS)
 # Files named *_avx2.c / *_avx512.c are the SIMD paths; they get their ISA flags.
 $(OBJ)/%_avx2.o:   ISA_FLAGS := $(ISA_avx2)
 $(OBJ)/%_avx512.o: ISA_FLAGS := $(ISA_avx512)
-$(OBJ)/%.o: %.c $(STAMP)
+$(OBJ)/%.o: %.c $(OBJ_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(ISA_FLAGS) -c $< -o $@
 
-$(OBJ)/%.o: $(GEN)/%.c $(STAMP)
+$(OBJ)/%.o: $(GEN)/%.c $(OBJ_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(PBC_CFLAGS) -Wno-shadow -c $< -o $@
 
-$(OBJ)/%.cu.o: %.cu $(STAMP)
+$(OBJ)/%.cu.o: %.cu $(OBJ_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
 

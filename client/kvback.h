@@ -66,8 +66,8 @@ struct tqr_kv_daemon_opts {
 	uint64_t rotation_seed;   /* passed to the session: the same codecs as local  */
 };
 /* Connects to tqkvd and opens an ephemeral session (closed when this
- * process's connection ends).  The daemon's error is in err.  (kvback_daemon.c;
- * built when libtqkv is.) */
+ * process's connection ends).  The daemon's error is in err.  (kvback_daemon.c,
+ * linked with libtqkv.) */
 int tqr_kv_new_daemon(tqr_kv **out, const struct tqr_kv_geom *g, const struct tqr_kv_daemon_opts *o,
 		      tqr_error *err);
 

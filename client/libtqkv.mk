@@ -16,9 +16,9 @@ TQKV_PC      := $(LIB)/tqkv.pc
 
 $(OBJ)/client/tqkv.o: | $(PROTO_H)
 
-$(LIBTQKV_A): $(LIBTQKV_OBJS)
+$(LIBTQKV_A): $(LIBTQKV_OBJS) $(STAMP)
 	@mkdir -p $(dir $@)
-	rm -f $@ && $(AR) rcs $@ $^
+	rm -f $@ && $(AR) rcs $@ $(filter %.o,$^)
 
 $(LIBTQKV_SO): $(LIBTQKV_OBJS) client/libtqkv.map $(STAMP)
 	@mkdir -p $(dir $@)

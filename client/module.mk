@@ -26,7 +26,6 @@ include client/libtqkv.mk
 TQKV_RUN_LIB_SRC := client/model.c client/tokenizer.c client/sampler.c client/kvback.c client/tqr_util.c
 TQKV_RUN_LIB_OBJ := $(TQKV_RUN_LIB_SRC:%.c=$(OBJ)/%.o)
 TQKV_RUN         := $(BIN)/tqkv-run
-$(OBJ)/client/tqkv_run.o: ALL_CFLAGS += -DTQR_WITH_DAEMON
 $(TQKV_RUN): $(OBJ)/client/tqkv_run.o $(OBJ)/client/kvback_daemon.o $(TQKV_RUN_LIB_OBJ) $(LIBTQKV_A) $(LIBTQK) $(STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LIBTQKV_LIBS) $(LDLIBS_BASE)

@@ -200,8 +200,14 @@ static void progress_locked(tqkv *c)
 		pthread_cond_wait(&c->cond, &c->lock);
 		return;
 	}
-	c->reaping = true;
+	uint32_t before = c->cq_head;
 	reap_locked(c);
+	if (c->cq_head != before || c->dead) {
+		/* completions were waiting: that is progress, no need to sleep */
+		pthread_cond_broadcast(&c->cond);
+		return;
+	}
+	c->reaping = true;
 	uint32_t seen = c->cq_head;
 	pthread_mutex_unlock(&c->lock);
 

@@ -60,7 +60,8 @@ static void usage(FILE *f)
 		"compressed by tqkvd.\n"
 		"\n"
 		"options:\n"
-		"  --run-dir DIR        tqkvd's run directory (default " DEFAULT_RUN_DIR ")\n"
+		"  --run-dir DIR        tqkvd's run directory (default $TQKV_RUN_DIR, else\n"
+		"                       " DEFAULT_RUN_DIR ", where `make run` starts tqkvd)\n"
 		"  --tenant NAME        tenant of the session (default: default)\n"
 		"  --k CODEC --v CODEC  key / value codecs: f32 f16 q8 q4a tq2 tq3 tq4\n"
 		"                       (default q8 / tq4)\n"
@@ -79,15 +80,7 @@ static void usage(FILE *f)
 		"  FILE                 text scored in non-overlapping windows of seq_len tokens\n"
 		"  --windows N          score at most N windows (default all)\n"
 		"  --json               one JSON line on stdout\n"
-		"  --logits-out PATH    write every scored position's fp32 logits to PATH\n"
-		"\n"
-		"this build: tqkvd backend %s\n",
-#ifdef TQR_WITH_DAEMON
-		"yes"
-#else
-		"no (libtqkv was not built; --local only)"
-#endif
-		);
+		"  --logits-out PATH    write every scored position's fp32 logits to PATH\n");
 }
 
 static int parse_long(const char *opt, const char *s, long lo, long hi, long *out)
@@ -178,7 +171,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	long v;
 
 	memset(o, 0, sizeof(*o));
-	o->run_dir = DEFAULT_RUN_DIR;
+	o->run_dir = getenv("TQKV_RUN_DIR") && *getenv("TQKV_RUN_DIR") ? getenv("TQKV_RUN_DIR") : DEFAULT_RUN_DIR;
 	o->tenant = "default";
 	o->k_codec = TQ_CODEC_Q8;
 	o->v_codec = TQ_CODEC_TQ4;
@@ -307,7 +300,6 @@ static int open_backend(const struct opts *o, const struct tqr_config *c, tqr_kv
 		};
 		return tqr_kv_new_local(kv, &g, &lo, err);
 	}
-#ifdef TQR_WITH_DAEMON
 	struct tqr_kv_daemon_opts dop = {
 		.run_dir = o->run_dir,
 		.tenant = o->tenant,
@@ -316,10 +308,6 @@ static int open_backend(const struct opts *o, const struct tqr_config *c, tqr_kv
 		.rotation_seed = o->rotation_seed,
 	};
 	return tqr_kv_new_daemon(kv, &g, &dop, err);
-#else
-	return tqr_fail(err, -EOPNOTSUPP,
-			"this build of " PROG " has no tqkvd backend (libtqkv was not built); use --local");
-#endif
 }
 
 static void fmt_bytes(char *buf, size_t n, uint64_t b)

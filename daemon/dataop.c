@@ -159,11 +159,11 @@ static int geom_of(uint32_t page_bytes, const struct session_geom *g, struct tq_
 	return (int)pt;
 }
 
-int kvstore_page_tokens(const struct kvstore *ks, const struct session_geom *g)
+int dataop_page_tokens(uint32_t page_bytes, const struct session_geom *g)
 {
 	struct tq_page_geom pg;
 
-	return geom_of(ks->page_bytes, g, &pg);
+	return geom_of(page_bytes, g, &pg);
 }
 
 /* The KV state of s, created on first use. */
@@ -347,7 +347,7 @@ void dataop_append(struct kvstore *ks, struct session *s, uint32_t layer, const 
 
 	memset(r, 0, sizeof(*r));
 	if ((e = kv_get(ks, s, &kv)) < 0) {
-		res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_BAD_FIELD, 0);
+		res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_GEOMETRY, 0);
 		return;
 	}
 	if (check_args(kv, layer, dtype, r) < 0)
@@ -413,7 +413,7 @@ void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, 
 
 	memset(r, 0, sizeof(*r));
 	if ((e = kv_get(ks, s, &kv)) < 0) {
-		res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_BAD_FIELD, 0);
+		res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_GEOMETRY, 0);
 		return;
 	}
 	if (check_args(kv, layer, dtype, r) < 0)
@@ -513,7 +513,7 @@ void dataop_truncate(struct kvstore *ks, struct session *s, uint32_t layer, int 
 
 	memset(r, 0, sizeof(*r));
 	if ((e = kv_get(ks, s, &kv)) < 0) {
-		res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_BAD_FIELD, 0);
+		res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_GEOMETRY, 0);
 		return;
 	}
 	if (!all_layers && layer >= kv->n_layers) {

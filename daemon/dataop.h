@@ -65,9 +65,11 @@ void kvstore_free(struct kvstore *ks);
  * state and returns its pages to the pool. */
 void kvstore_release(void *ks, struct session *s);
 void kvstore_stats(struct kvstore *ks, struct kvstore_stats *out);
-/* Tokens per page for a geometry in this pool: > 0, or -E2BIG when one
- * token of all KV heads does not fit a page, -EINVAL on a bad geometry. */
-int kvstore_page_tokens(const struct kvstore *ks, const struct session_geom *g);
+/* Tokens per page of page_bytes for a geometry (the most that fit with the
+ * K and V regions rounded up to TQ_PAGE_ALIGN): > 0, or -E2BIG when one
+ * token of all KV heads does not fit a page, -EINVAL on a bad geometry.
+ * A pure function: clients use it to lay out a reference cache. */
+int dataop_page_tokens(uint32_t page_bytes, const struct session_geom *g);
 
 /* Append n tokens to `layer`.  k, v: [n][n_kv_heads][head_dim] of dtype.
  * All or nothing: on any error the layer is as before. */

@@ -543,6 +543,18 @@ static int drain(struct ring_client *c)
 	}
 }
 
+/* 1 if one more operation may be taken without overflowing the CQ. */
+static bool cq_has_room(struct ring_client *c)
+{
+	uint32_t cq_head = __atomic_load_n(&c->hdr->cq_head, __ATOMIC_SEQ_CST), used;
+
+	pthread_mutex_lock(&c->cq_lock);
+	used = c->cq_tail - cq_head;
+	pthread_mutex_unlock(&c->cq_lock);
+	return used <= c->cq_entries &&
+	       used + __atomic_load_n(&c->inflight, __ATOMIC_ACQUIRE) < c->cq_entries;
+}
+
 static bool has_sqe(struct ring_client *c)
 {
 	return __atomic_load_n(&c->hdr->sq_tail, __ATOMIC_ACQUIRE) != c->sq_head;
@@ -581,11 +593,13 @@ static void *client_main(void *arg)
 			continue;
 		}
 		c->spin_ns = c->spin_ns / 2 > 1000 ? c->spin_ns / 2 : 1000;
+		/* Announce the sleep, then look again (pairs with the client's
+		 * store of sq_tail and load of sq_sleeping). */
 		__atomic_store_n(&c->hdr->sq_sleeping, 1, __ATOMIC_SEQ_CST);
 		uint32_t tail = __atomic_load_n(&c->hdr->sq_tail, __ATOMIC_SEQ_CST);
-		/* Sleep on the tail value seen; with SQEs pending but no CQ room
-		 * this waits for the client's wake after it reads completions. */
-		if (!__atomic_load_n(&c->closing, __ATOMIC_ACQUIRE))
+		/* With SQEs pending but no CQ room, sleep on the tail seen: the
+		 * client wakes us after it reads completions. */
+		if ((tail == c->sq_head || !cq_has_room(c)) && !__atomic_load_n(&c->closing, __ATOMIC_ACQUIRE))
 			futex_wait(&c->hdr->sq_tail, tail, SLEEP_MS);
 		__atomic_store_n(&c->hdr->sq_sleeping, 0, __ATOMIC_RELAXED);
 	}
@@ -972,10 +986,8 @@ static void reap(struct ring_server *rs)
 		for (pp = &rs->clients; *pp && !__atomic_load_n(&(*pp)->done, __ATOMIC_ACQUIRE); pp = &(*pp)->next)
 			;
 		c = *pp;
-		if (c) {
+		if (c)
 			*pp = c->next;
-			rs->n_clients--;
-		}
 		pthread_mutex_unlock(&rs->lock);
 		if (!c)
 			return;
@@ -984,6 +996,10 @@ static void reap(struct ring_server *rs)
 		epoll_ctl(rs->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
 		log_info("data client %llu (pid %d) disconnected", (unsigned long long)c->id, (int)c->pid);
 		client_free(c);
+		/* counted until its memory is gone: clients == 0 means all unmapped */
+		pthread_mutex_lock(&rs->lock);
+		rs->n_clients--;
+		pthread_mutex_unlock(&rs->lock);
 	}
 }
 

@@ -23,7 +23,6 @@
 #define SPLIT_MIN   512    /* tokens per split at least                       */
 #define TASKS_PER_THREAD 3 /* split until tasks >= this x threads             */
 #define LOG2E 1.4426950408889634
-#define PF_TOKENS 64       /* software prefetch distance (2 chunks)             */
 
 /* ---- validation (shared with the oracle) ---------------------------------- */
 
@@ -359,12 +358,6 @@ static inline float *ml_at(const struct job *jb, int s, int h, int r)
 	return (float *)(void *)(jb->ws + jb->pl.off_ml) + row * 2;
 }
 
-static void prefetch_range(const uint8_t *a, size_t bytes)
-{
-	for (size_t o = 0; o < bytes; o += 64)
-		__builtin_prefetch(a + o, 0, 3);
-}
-
 /* out row = R_v^T (acc / l), zeros when nothing was visible (empty cache). */
 static void finish_row(const struct job *jb, const float *acc, float m, float l,
 		       float *tmp, float *out)
@@ -459,7 +452,7 @@ static void task_compute(void *arg, int task, int thread)
 	uint32_t t1 = t0 + pl->split_len < jb->sh.kv_len ? t0 + pl->split_len : jb->sh.kv_len;
 	if (t1 > tmax)
 		t1 = tmax;
-	const size_t kbb = geom->k_block_bytes, vbb = geom->v_block_bytes;
+	const size_t vbb = geom->v_block_bytes;
 
 	for (uint32_t t = t0; t < t1;) {
 		uint32_t page = t / pt, slot = t % pt;
@@ -471,18 +464,6 @@ static void task_compute(void *arg, int task, int thread)
 		const uint8_t *pg = kv->pages[page];
 		const uint8_t *kb = pg + tq_page_k_off(geom, (uint32_t)h, slot);
 		const uint8_t *vb = pg + tq_page_v_off(geom, (uint32_t)h, slot);
-
-		/* Software prefetch PF_TOKENS ahead: the hardware prefetcher alone
-		 * does not keep two streams per task (K and V) full while the
-		 * kernel computes, and it cannot guess the jump to the next page. */
-		uint32_t tp = t + PF_TOKENS;
-		if (tp < t1) {
-			uint32_t sp = tp % pt;
-			uint32_t np_ = pt - sp < TQA_CHUNK ? pt - sp : TQA_CHUNK;
-			const uint8_t *pgp = kv->pages[tp / pt];
-			prefetch_range(pgp + tq_page_k_off(geom, (uint32_t)h, sp), np_ * kbb);
-			prefetch_range(pgp + tq_page_v_off(geom, (uint32_t)h, sp), np_ * vbb);
-		}
 
 		/* one row block at d = 128: keys decoded in registers (no tile) */
 		const int direct = nblk == 1 && d == 128;
@@ -530,8 +511,31 @@ static void task_compute(void *arg, int task, int thread)
 					keep[nv++] = j;
 			}
 		}
-		if (nv == n && direct && ops->accum_d128[vid]) {
-			ops->accum_d128[vid](p->v_codec, vb, n, acc0, abuf, pbuf);
+		if (direct && ops->accum_d128[vid]) {
+			if (nv == n) {
+				ops->accum_d128[vid](p->v_codec, vb, n, acc0, abuf, pbuf);
+			} else {
+				/* runs of kept tokens, straight from the blocks; alpha
+				 * applies once, with the first run (or alone) */
+				static const float one[TQA_ROWS] = { 1.0f, 1.0f, 1.0f, 1.0f };
+				const float *al = abuf;
+				int j = 0;
+				do {
+					int len = 0;
+					if (j < nv) {
+						int st = keep[j];
+						len = 1;
+						while (j + len < nv && keep[j + len] == st + len)
+							len++;
+						ops->accum_d128[vid](p->v_codec, vb + (size_t)st * vbb, len, acc0, al,
+								     pbuf + (size_t)st * TQA_ROWS);
+						j += len;
+					} else {
+						ops->accum_d128[vid](p->v_codec, vb, 0, acc0, al, pbuf);
+					}
+					al = one;
+				} while (j < nv);
+			}
 			t += (uint32_t)n;
 			continue;
 		}

@@ -1,23 +1,708 @@
-/* tq_codec_avx2.c — AVX2 codec paths (bit-identical to tq_codec_ref.c). */
+/* tq_codec_avx2.c — AVX2 + FMA + F16C codec paths, bit-identical to
+ * tq_codec_ref.c under the contract in tq_internal.h.
+ *
+ * One shape for every dim: [dim] float buffers on the stack walked in
+ * 8-lane chunks (dims are multiples of 8, so there is never a tail).  The
+ * 16-lane sums of squares use two accumulators (lanes 0-7 and 8-15); the
+ * FWHT runs its three in-register stages as a permute and an FMA with a ±1
+ * vector (exact) and the rest as plain add/sub; the dense matvec is a column
+ * axpy accumulated in j order (mul, then add); indices come from the
+ * reference's binary search, one vpermps per step.  As in the AVX-512 path,
+ * an unusual vector (NaN/Inf, an overflowing sum, a non-finite header, a
+ * zero extreme in q4a, a denormal q8 maximum) goes to the scalar reference.
+ *
+ * Thread context: reentrant; all state is on the stack.
+ */
 #include "tq_internal.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-static int enc(const tq_codec *c, const void *src, enum tq_dtype dtype, size_t n, void *dst, tq_error *err)
+#include <float.h>
+#include <immintrin.h>
+#include <stdint.h>
+
+#define AI static inline __attribute__((always_inline))
+
+#define NT_MIN_BYTES (16u << 20)
+#define PF_AHEAD 1024
+
+/* ---- helpers ------------------------------------------------------------------- */
+
+/* l[i] += l[i+8], +4, +2, +1 over lanes lo (0-7) and hi (8-15). */
+AI float hsum16(__m256 lo, __m256 hi)
 {
-	return tq_encode_ref(c, src, dtype, n, dst, err);
+	__m256 s8 = _mm256_add_ps(lo, hi);
+	__m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+	__m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+	__m128 s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
+	return _mm_cvtss_f32(s1);
 }
-static int dec(const tq_codec *c, const void *src, size_t n, float *dst)
+
+AI float sqrt_f(float x)
 {
-	return tq_decode_ref(c, src, n, dst);
+	return _mm_cvtss_f32(_mm_sqrt_ss(_mm_set_ss(x)));
 }
-static const struct tq_codec_ops ops = { TQ_ISA_AVX2, enc, dec };
+
+AI int finite_f(float x)
+{
+	uint32_t u;
+	memcpy(&u, &x, 4);
+	return (u & 0x7f800000u) != 0x7f800000u;
+}
+
+AI __m256 ld8(const void *row, enum tq_dtype dt, int k)
+{
+	if (dt == TQ_DTYPE_F32)
+		return _mm256_loadu_ps((const float *)row + 8 * k);
+	__m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + 8 * k));
+	if (dt == TQ_DTYPE_F16)
+		return _mm256_cvtph_ps(h);
+	return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+AI void st8(float *p, __m256 v, int nt)
+{
+	if (nt)
+		_mm256_stream_ps(p, v);
+	else
+		_mm256_storeu_ps(p, v);
+}
+
+AI __m256i absbits_max(__m256i acc, __m256 v)
+{
+	return _mm256_max_epu32(acc, _mm256_and_si256(_mm256_castps_si256(v),
+						      _mm256_set1_epi32(0x7fffffff)));
+}
+
+AI uint32_t hmax_u32(__m256i v)
+{
+	__m128i m = _mm_max_epu32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+	m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0x4E));
+	m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0xB1));
+	return (uint32_t)_mm_cvtsi128_si32(m);
+}
+
+/* 8 dword lanes (each < 256) to 8 bytes at p. */
+AI void st_idx8(uint8_t *p, __m256i q)
+{
+	__m128i w = _mm_packus_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+	_mm_storel_epi64((__m128i *)p, _mm_packus_epi16(w, w));
+}
+
+/* 8 dword lanes in [-127, 127] to 8 signed bytes at p. */
+AI void st_q8(int8_t *p, __m256i q)
+{
+	__m128i w = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+	_mm_storel_epi64((__m128i *)p, _mm_packs_epi16(w, w));
+}
+
+/* ---- per-call tables ------------------------------------------------------------ */
+
+struct ctx {
+	const tq_codec *c;
+	int d, nc, bits, levels;
+	uint32_t bb;
+	float isd;
+	__m256 first;            /* broadcast bound[L/2 - 1]                        */
+	__m256 bt[3];            /* step s = L/4 >> j: bt[j][lo / 2s] = bound[lo + s - 1] */
+	__m256 ctab[2];          /* centroid[k mod L], k = 0..15                     */
+};
+
+static void ctx_init(struct ctx *e, const tq_codec *c)
+{
+	e->c = c;
+	e->d = c->dim;
+	e->nc = c->dim / 8;
+	e->bits = c->bits;
+	e->bb = c->block_bytes;
+	e->isd = c->rot.inv_sqrt_dim;
+	e->levels = 0;
+	if (c->id == TQ_CODEC_TQ2 || c->id == TQ_CODEC_TQ3 || c->id == TQ_CODEC_TQ4) {
+		const tq_codebook *cb = &c->cb;
+		int L = cb->levels, j = 0;
+		float ct[16];
+
+		for (int k = 0; k < 16; k++)
+			ct[k] = cb->centroid[k % L];
+		e->levels = L;
+		e->first = _mm256_set1_ps(cb->bound[L / 2 - 1]);
+		for (int s = L / 4; s >= 1; s >>= 1, j++) {
+			float t[8] = { 0 };
+			for (int lo = 0, i = 0; lo < L; lo += 2 * s, i++)
+				t[i] = cb->bound[lo + s - 1];
+			e->bt[j] = _mm256_loadu_ps(t);
+		}
+		e->ctab[0] = _mm256_loadu_ps(ct);
+		e->ctab[1] = _mm256_loadu_ps(ct + 8);
+	}
+}
+
+/* The reference's binary search: index = number of bounds strictly below u. */
+AI __m256i quant(const struct ctx *e, __m256 u)
+{
+	int L = e->levels, j = 0, sh = 0;
+	__m256i lo = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(u, e->first, _CMP_GT_OQ)),
+				      _mm256_set1_epi32(L / 2));
+
+	for (int s = L / 4; s >= 1; s >>= 1, j++) {
+		sh = 0;
+		while ((2 * s) >> sh > 1)
+			sh++;
+		__m256 b = _mm256_permutevar8x32_ps(e->bt[j], _mm256_srli_epi32(lo, sh));
+		__m256i m = _mm256_castps_si256(_mm256_cmp_ps(u, b, _CMP_GT_OQ));
+		lo = _mm256_or_si256(lo, _mm256_and_si256(m, _mm256_set1_epi32(s)));
+	}
+	return lo;
+}
+
+/* Table lookup of 16 entries (t[0], t[1]) by the low 4 bits of q. */
+AI __m256 lut16(const __m256 *t, __m256i q)
+{
+	__m256 a = _mm256_permutevar8x32_ps(t[0], q), b = _mm256_permutevar8x32_ps(t[1], q);
+	return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(_mm256_slli_epi32(q, 28)));
+}
+
+/* ---- FWHT ------------------------------------------------------------------------ */
+
+AI __m256 fwht8(__m256 a)
+{
+	const __m256 p1 = _mm256_setr_ps(1, -1, 1, -1, 1, -1, 1, -1);
+	const __m256 p2 = _mm256_setr_ps(1, 1, -1, -1, 1, 1, -1, -1);
+	const __m256 p4 = _mm256_setr_ps(1, 1, 1, 1, -1, -1, -1, -1);
+
+	/* lower lane: a + partner; upper lane: partner - a (one rounding) */
+	a = _mm256_fmadd_ps(a, p1, _mm256_permute_ps(a, 0xB1));
+	a = _mm256_fmadd_ps(a, p2, _mm256_permute_ps(a, 0x4E));
+	a = _mm256_fmadd_ps(a, p4, _mm256_permute2f128_ps(a, a, 0x01));
+	return a;
+}
+
+/* u: [n] floats, n a power of two >= 8. */
+static void fwht_mem(float *u, int n)
+{
+	for (int k = 0; k < n; k += 8)
+		_mm256_storeu_ps(u + k, fwht8(_mm256_loadu_ps(u + k)));
+	for (int h = 8; h < n; h <<= 1)
+		for (int i = 0; i < n; i += 2 * h)
+			for (int j = i; j < i + h; j += 8) {
+				__m256 a = _mm256_loadu_ps(u + j), b = _mm256_loadu_ps(u + j + h);
+				_mm256_storeu_ps(u + j, _mm256_add_ps(a, b));
+				_mm256_storeu_ps(u + j + h, _mm256_sub_ps(a, b));
+			}
+}
+
+/* ---- dense rotation ---------------------------------------------------------------- */
+
+AI void mv_block(const float *M, const float *x, int d, float *y, int c0, int NB, int nt)
+{
+	__m256 acc[8];
+
+	for (int k = 0; k < NB; k++)
+		acc[k] = _mm256_setzero_ps();
+	for (int j = 0; j < d; j++) {
+		const float *row = M + (size_t)j * d + 8 * c0;
+		__m256 xj = _mm256_set1_ps(x[j]);
+		for (int k = 0; k < NB; k++)
+			acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(_mm256_loadu_ps(row + 8 * k), xj));
+	}
+	for (int k = 0; k < NB; k++)
+		st8(y + 8 * (c0 + k), acc[k], nt);
+}
+
+/* y[i] = sum over j of M[j][i] * x[j], j in order (mul, then add).
+ * With M = mat_t this is R x; with M = mat, R^T x. */
+static void dense_mv(const float *M, const float *x, int d, float *y, int nt)
+{
+	int nc = d / 8;
+
+	for (int c0 = 0; c0 < nc; c0 += 8) {
+		switch (nc - c0 < 8 ? nc - c0 : 8) {
+		case 1: mv_block(M, x, d, y, c0, 1, nt); break;
+		case 2: mv_block(M, x, d, y, c0, 2, nt); break;
+		case 3: mv_block(M, x, d, y, c0, 3, nt); break;
+		case 4: mv_block(M, x, d, y, c0, 4, nt); break;
+		case 5: mv_block(M, x, d, y, c0, 5, nt); break;
+		case 6: mv_block(M, x, d, y, c0, 6, nt); break;
+		case 7: mv_block(M, x, d, y, c0, 7, nt); break;
+		default: mv_block(M, x, d, y, c0, 8, nt); break;
+		}
+	}
+}
+
+/* ---- index planes (byte arrays; layout in tq_layout.h) ------------------------------- */
+
+/* n bytes at p into a vector (n < 32: zero-filled beyond). */
+AI __m256i ldb(const uint8_t *p, int n)
+{
+	if (n >= 32)
+		return _mm256_loadu_si256((const __m256i *)p);
+	if (n == 16)
+		return _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)p));
+	uint8_t t[32] = { 0 };
+	memcpy(t, p, (size_t)n);
+	return _mm256_loadu_si256((const __m256i *)t);
+}
+
+AI void stb(uint8_t *p, __m256i v, int n)
+{
+	if (n >= 32) {
+		_mm256_storeu_si256((__m256i *)p, v);
+	} else if (n == 16) {
+		_mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(v));
+	} else {
+		uint8_t t[32];
+		_mm256_storeu_si256((__m256i *)t, v);
+		memcpy(p, t, (size_t)n);
+	}
+}
+
+static void pack_gen(const uint8_t *idx, int d, int bits, uint8_t *out)
+{
+	const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
+
+	if (bits == 4) {
+		int S = d / 2;
+		for (int j = 0; j < S; j += 32) {
+			int n = S - j;
+			__m256i a = ldb(idx + j, n), b = ldb(idx + S + j, n);
+			stb(out + j, _mm256_or_si256(a, _mm256_slli_epi16(b, 4)), n);
+		}
+		return;
+	}
+	int S = d / 4;
+	for (int j = 0; j < S; j += 32) {
+		int n = S - j;
+		__m256i o = _mm256_and_si256(ldb(idx + j, n), m3);
+		o = _mm256_or_si256(o, _mm256_slli_epi16(_mm256_and_si256(ldb(idx + S + j, n), m3), 2));
+		o = _mm256_or_si256(o, _mm256_slli_epi16(_mm256_and_si256(ldb(idx + 2 * S + j, n), m3), 4));
+		o = _mm256_or_si256(o, _mm256_slli_epi16(_mm256_and_si256(ldb(idx + 3 * S + j, n), m3), 6));
+		stb(out + j, o, n);
+	}
+	if (bits != 3)
+		return;
+	out += S;
+	S = d / 8;
+	for (int j = 0; j < S; j += 32) {
+		int n = S - j;
+		__m256i o = _mm256_setzero_si256();
+		for (int s = 0; s < 8; s++) {
+			__m256i t = _mm256_and_si256(ldb(idx + s * S + j, n), m4);
+			t = s < 2 ? _mm256_srli_epi16(t, 2 - s) : _mm256_slli_epi16(t, s - 2);
+			o = _mm256_or_si256(o, t);
+		}
+		stb(out + j, o, n);
+	}
+}
+
+static void unpack_gen(const uint8_t *in, int d, int bits, uint8_t *idx)
+{
+	const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4), m15 = _mm256_set1_epi8(15);
+
+	if (bits == 4) {
+		int S = d / 2;
+		for (int j = 0; j < S; j += 32) {
+			int n = S - j;
+			__m256i b = ldb(in + j, n);
+			stb(idx + j, _mm256_and_si256(b, m15), n);
+			stb(idx + S + j, _mm256_and_si256(_mm256_srli_epi16(b, 4), m15), n);
+		}
+		return;
+	}
+	int S = d / 4;
+	for (int j = 0; j < S; j += 32) {
+		int n = S - j;
+		__m256i b = ldb(in + j, n);
+		for (int s = 0; s < 4; s++)
+			stb(idx + s * S + j, _mm256_and_si256(_mm256_srli_epi16(b, 2 * s), m3), n);
+	}
+	if (bits != 3)
+		return;
+	in += S;
+	S = d / 8;
+	for (int j = 0; j < S; j += 32) {
+		int n = S - j;
+		__m256i b = ldb(in + j, n);
+		for (int s = 0; s < 8; s++) {
+			__m256i t = s < 2 ? _mm256_slli_epi16(b, 2 - s) : _mm256_srli_epi16(b, s - 2);
+			t = _mm256_or_si256(_mm256_and_si256(t, m4), ldb(idx + s * S + j, n));
+			stb(idx + s * S + j, t, n);
+		}
+	}
+}
+
+/* ---- row kernels: 0 = block written, 1 = hand the vector to the reference ----------- */
+
+AI void conv_row(const struct ctx *e, const void *row, enum tq_dtype dt, float *xb)
+{
+	int k = 0;
+
+	do /* nc >= 1 */
+		_mm256_store_ps(xb + 8 * k, ld8(row, dt, k));
+	while (++k < e->nc);
+}
+
+/* y = R x; Hadamard: before the 1/sqrt(d) factor (applied by the caller). */
+static void rotate_mem(const struct ctx *e, const float *xb, float *y)
+{
+	const struct tq_rotation *r = &e->c->rot;
+
+	if (r->kind == TQ_ROT_HADAMARD) {
+		for (int k = 0; k < e->nc; k++)
+			_mm256_store_ps(y + 8 * k, _mm256_mul_ps(_mm256_load_ps(xb + 8 * k),
+								 _mm256_loadu_ps(r->sign + 8 * k)));
+		fwht_mem(y, e->d);
+	} else {
+		dense_mv(r->mat_t, xb, e->d, y, 0);
+	}
+}
+
+/* x = R^T v, v already times the block's factor. */
+static void unrotate_mem(const struct ctx *e, float *v, float *x, int nt)
+{
+	const struct tq_rotation *r = &e->c->rot;
+
+	if (r->kind == TQ_ROT_HADAMARD) {
+		fwht_mem(v, e->d);
+		for (int k = 0; k < e->nc; k++)
+			st8(x + 8 * k, _mm256_mul_ps(_mm256_load_ps(v + 8 * k), _mm256_loadu_ps(r->sign + 8 * k)),
+			    nt);
+	} else {
+		dense_mv(r->mat, v, e->d, x, nt);
+	}
+}
+
+static int enc_tq(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t *blk)
+{
+	const struct tq_rotation *r = &e->c->rot;
+	float xb[TQ_DIM_MAX] __attribute__((aligned(32))), u[TQ_DIM_MAX] __attribute__((aligned(32)));
+	uint8_t idx[TQ_DIM_MAX + 8];
+	__m256 acc[2] = { _mm256_setzero_ps(), _mm256_setzero_ps() };
+
+	conv_row(e, row, dt, xb);
+	for (int k = 0; k < e->nc; k++) {
+		__m256 v = _mm256_load_ps(xb + 8 * k);
+		acc[k & 1] = _mm256_add_ps(acc[k & 1], _mm256_mul_ps(v, v));
+	}
+	float ss = hsum16(acc[0], acc[1]);
+	if (!(ss <= FLT_MAX))
+		return 1;
+	if (ss == 0.0f) {
+		memset(blk, 0, e->bb);
+		return 0;
+	}
+	float norm = sqrt_f(ss), inv = 1.0f / norm;
+	float fac = r->kind == TQ_ROT_HADAMARD ? inv * e->isd : inv;
+	rotate_mem(e, xb, u);
+	const __m256 f = _mm256_set1_ps(fac);
+	acc[0] = acc[1] = _mm256_setzero_ps();
+	for (int k = 0; k < e->nc; k++) {
+		__m256i q = quant(e, _mm256_mul_ps(_mm256_load_ps(u + 8 * k), f));
+		__m256 cv = lut16(e->ctab, q);
+		acc[k & 1] = _mm256_add_ps(acc[k & 1], _mm256_mul_ps(cv, cv));
+		st_idx8(idx + 8 * k, q);
+	}
+	float scale = norm / sqrt_f(hsum16(acc[0], acc[1]));
+	memcpy(blk, &scale, 4);
+	pack_gen(idx, e->d, e->bits, blk + TQ_TQ_HEADER_BYTES);
+	return 0;
+}
+
+static int dec_tq(const struct ctx *e, const uint8_t *blk, float *x, int nt)
+{
+	const struct tq_rotation *r = &e->c->rot;
+	float v[TQ_DIM_MAX] __attribute__((aligned(32)));
+	uint8_t idx[TQ_DIM_MAX + 8];
+	float scale;
+
+	memcpy(&scale, blk, 4);
+	if (!finite_f(scale))
+		return 1;
+	const __m256 f = _mm256_set1_ps(r->kind == TQ_ROT_HADAMARD ? scale * e->isd : scale);
+	const __m256 t[2] = { _mm256_mul_ps(e->ctab[0], f), _mm256_mul_ps(e->ctab[1], f) };
+	unpack_gen(blk + TQ_TQ_HEADER_BYTES, e->d, e->bits, idx);
+	for (int k = 0; k < e->nc; k++) {
+		__m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(idx + 8 * k)));
+		_mm256_store_ps(v + 8 * k, lut16(t, q));
+	}
+	unrotate_mem(e, v, x, nt);
+	return 0;
+}
+
+static int enc_q8(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t *blk)
+{
+	const struct tq_rotation *r = &e->c->rot;
+	float xb[TQ_DIM_MAX] __attribute__((aligned(32))), y[TQ_DIM_MAX] __attribute__((aligned(32)));
+	__m256i amx = _mm256_setzero_si256();
+
+	conv_row(e, row, dt, xb);
+	rotate_mem(e, xb, y);
+	const __m256 f = _mm256_set1_ps(1.0f * e->isd);
+	for (int k = 0; k < e->nc; k++) {
+		__m256 v = _mm256_load_ps(y + 8 * k);
+		if (r->kind == TQ_ROT_HADAMARD) {
+			v = _mm256_mul_ps(v, f);
+			_mm256_store_ps(y + 8 * k, v);
+		}
+		amx = absbits_max(amx, v);
+	}
+	uint32_t ab = hmax_u32(amx);
+	float amax;
+	if (ab >= 0x7f800000u)
+		return 1;
+	memcpy(&amax, &ab, 4);
+	if (amax == 0.0f) {
+		memset(blk, 0, e->bb);
+		return 0;
+	}
+	/* a denormal amax overflows 127 / amax: the reference's business */
+	if (!finite_f(127.0f / amax))
+		return 1;
+	const __m256 inv = _mm256_set1_ps(127.0f / amax);
+	int8_t *out = (int8_t *)(blk + TQ_Q8_HEADER_BYTES);
+	for (int k = 0; k < e->nc; k++) {
+		__m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(y + 8 * k), inv));
+		q = _mm256_min_epi32(_mm256_max_epi32(q, _mm256_set1_epi32(-127)), _mm256_set1_epi32(127));
+		st_q8(out + 8 * k, q);
+	}
+	float scale = amax / 127.0f;
+	memcpy(blk, &scale, 4);
+	return 0;
+}
+
+static int dec_q8(const struct ctx *e, const uint8_t *blk, float *x, int nt)
+{
+	const struct tq_rotation *r = &e->c->rot;
+	const int8_t *in = (const int8_t *)(blk + TQ_Q8_HEADER_BYTES);
+	float v[TQ_DIM_MAX] __attribute__((aligned(32)));
+	float scale;
+
+	memcpy(&scale, blk, 4);
+	if (!finite_f(scale))
+		return 1;
+	const __m256 f = _mm256_set1_ps(r->kind == TQ_ROT_HADAMARD ? scale * e->isd : scale);
+	for (int k = 0; k < e->nc; k++) {
+		__m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(in + 8 * k)));
+		_mm256_store_ps(v + 8 * k, _mm256_mul_ps(_mm256_cvtepi32_ps(q), f));
+	}
+	unrotate_mem(e, v, x, nt);
+	return 0;
+}
+
+static int enc_q4a(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t *blk)
+{
+	float xb[TQ_DIM_MAX] __attribute__((aligned(32)));
+	uint8_t q[TQ_DIM_MAX + 8];
+	__m256i amx = _mm256_setzero_si256();
+
+	conv_row(e, row, dt, xb);
+	__m256 vmin = _mm256_load_ps(xb), vmax = vmin;
+	for (int k = 0; k < e->nc; k++) {
+		__m256 v = _mm256_load_ps(xb + 8 * k);
+		vmin = _mm256_min_ps(vmin, v);
+		vmax = _mm256_max_ps(vmax, v);
+		amx = absbits_max(amx, v);
+	}
+	if (hmax_u32(amx) >= 0x7f800000u)
+		return 1;
+	__m128 m4 = _mm_min_ps(_mm256_castps256_ps128(vmin), _mm256_extractf128_ps(vmin, 1));
+	__m128 x4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+	m4 = _mm_min_ps(m4, _mm_movehl_ps(m4, m4));
+	x4 = _mm_max_ps(x4, _mm_movehl_ps(x4, x4));
+	float mn = _mm_cvtss_f32(_mm_min_ss(m4, _mm_movehdup_ps(m4)));
+	float mx = _mm_cvtss_f32(_mm_max_ss(x4, _mm_movehdup_ps(x4)));
+	/* a zero extreme: its sign comes from the reference's fminf/fmaxf on
+	 * ±0, which C leaves to libm and lets the compiler commute */
+	if (mn == 0.0f || mx == 0.0f)
+		return 1;
+	float range = mx - mn;
+	uint16_t sh = tq_f32_to_f16(range / 15.0f), mh = tq_f32_to_f16(mn);
+	if (!finite_f(range) || (sh & 0x7c00u) == 0x7c00u || (mh & 0x7c00u) == 0x7c00u)
+		return 1;
+	float s = tq_f16_to_f32(sh), mf = tq_f16_to_f32(mh);
+	float inv = s > 0.0f ? 1.0f / s : 0.0f;
+	const __m256 vm = _mm256_set1_ps(mf), vi = _mm256_set1_ps(inv);
+	for (int k = 0; k < e->nc; k++) {
+		__m256 t = _mm256_mul_ps(_mm256_sub_ps(_mm256_load_ps(xb + 8 * k), vm), vi);
+		/* clamping before rounding = clamping after (rint is monotone) */
+		t = _mm256_min_ps(_mm256_max_ps(t, _mm256_setzero_ps()), _mm256_set1_ps(15.0f));
+		st_idx8(q + 8 * k, _mm256_cvtps_epi32(t));
+	}
+	memcpy(blk, &sh, 2);
+	memcpy(blk + 2, &mh, 2);
+	pack_gen(q, e->d, 4, blk + TQ_Q4A_HEADER_BYTES);
+	return 0;
+}
+
+static int dec_q4a(const struct ctx *e, const uint8_t *blk, float *x, int nt)
+{
+	uint8_t q[TQ_DIM_MAX + 8];
+	uint16_t sh, mh;
+
+	memcpy(&sh, blk, 2);
+	memcpy(&mh, blk + 2, 2);
+	if ((sh & 0x7c00u) == 0x7c00u || (mh & 0x7c00u) == 0x7c00u)
+		return 1;
+	const __m256 vs = _mm256_set1_ps(tq_f16_to_f32(sh)), vm = _mm256_set1_ps(tq_f16_to_f32(mh));
+	unpack_gen(blk + TQ_Q4A_HEADER_BYTES, e->d, 4, q);
+	for (int k = 0; k < e->nc; k++) {
+		__m256 t = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * k))));
+		st8(x + 8 * k, _mm256_add_ps(vm, _mm256_mul_ps(vs, t)), nt);
+	}
+	return 0;
+}
+
+static int enc_f16(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t *blk)
+{
+	uint16_t h[TQ_DIM_MAX];
+	__m128i mx = _mm_setzero_si128();
+
+	for (int k = 0; k < e->nc; k++) {
+		__m128i v = _mm256_cvtps_ph(ld8(row, dt, k), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+		mx = _mm_max_epu16(mx, _mm_and_si128(v, _mm_set1_epi16(0x7fff)));
+		_mm_storeu_si128((__m128i *)(h + 8 * k), v);
+	}
+	/* a lane >= 0x7c00: Inf or NaN came out (beyond range, or bad input) */
+	if (_mm_movemask_epi8(_mm_cmpgt_epi16(mx, _mm_set1_epi16(0x7bff))))
+		return 1;
+	memcpy(blk, h, e->bb);
+	return 0;
+}
+
+static int enc_f32(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t *blk)
+{
+	__m256i amx = _mm256_setzero_si256();
+
+	for (int k = 0; k < e->nc; k++)
+		amx = absbits_max(amx, ld8(row, dt, k));
+	if (hmax_u32(amx) >= 0x7f800000u)
+		return 1;
+	for (int k = 0; k < e->nc; k++)
+		_mm256_storeu_ps((float *)(void *)(blk + 32 * k), ld8(row, dt, k));
+	return 0;
+}
+
+static int dec_f16(const struct ctx *e, const uint8_t *blk, float *x, int nt)
+{
+	for (int k = 0; k < e->nc; k++) {
+		__m128i h = _mm_loadu_si128((const __m128i *)(blk + 16 * k));
+		__m256 f = _mm256_cvtph_ps(h);
+		__m256 nan = _mm256_cmp_ps(f, f, _CMP_UNORD_Q);
+		if (!_mm256_testz_ps(nan, nan)) {
+			/* the reference keeps a NaN's payload as it is (no quieting) */
+			__m256i w = _mm256_cvtepu16_epi32(h);
+			__m256i b = _mm256_or_si256(
+				_mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0x8000)), 16),
+						_mm256_set1_epi32(0x7f800000)),
+				_mm256_slli_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0x3ff)), 13));
+			f = _mm256_blendv_ps(f, _mm256_castsi256_ps(b), nan);
+		}
+		st8(x + 8 * k, f, nt);
+	}
+	return 0;
+}
+
+/* ---- batch drivers ------------------------------------------------------------------- */
+
+/* The reference for one vector, its message renumbered to vector v. */
+static int ref_one(const tq_codec *c, const void *row, enum tq_dtype dt, size_t v, uint8_t *out,
+		   tq_error *err)
+{
+	tq_error e1;
+	int r = tq_encode_ref(c, row, dt, 1, out, err ? &e1 : NULL);
+
+	if (r < 0 && err) {
+		/* = snprintf("vector %zu: %s"), truncated as the reference's is */
+		int k = !strncmp(e1.msg, "vector 0: ", 10) ?
+			snprintf(err->msg, sizeof(err->msg), "vector %zu: ", v) : -1;
+		if (k < 0 || (size_t)k >= sizeof(err->msg)) {
+			*err = e1;
+		} else {
+			size_t len = strlen(e1.msg + 10), room = sizeof(err->msg) - 1 - (size_t)k;
+			len = len < room ? len : room;
+			memcpy(err->msg + k, e1.msg + 10, len);
+			err->msg[k + len] = 0;
+		}
+	}
+	return r;
+}
+
+typedef int (*enc_fn)(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t *blk);
+typedef int (*dec_fn)(const struct ctx *e, const uint8_t *blk, float *x, int nt);
+
+static int avx2_encode(const tq_codec *c, const void *src, enum tq_dtype dt, size_t n, void *dst,
+		       tq_error *err)
+{
+	struct ctx e;
+	enc_fn fn;
+	size_t rb = tq_dtype_size(dt) * (size_t)c->dim;
+	const uint8_t *s = src;
+	uint8_t *out = dst;
+
+	if (!rb)
+		return tq_fail(err, "unknown input element type %d", (int)dt);
+	switch (c->id) {
+	case TQ_CODEC_TQ2:
+	case TQ_CODEC_TQ3:
+	case TQ_CODEC_TQ4: fn = enc_tq; break;
+	case TQ_CODEC_Q8: fn = enc_q8; break;
+	case TQ_CODEC_Q4A: fn = enc_q4a; break;
+	case TQ_CODEC_F16: fn = enc_f16; break;
+	case TQ_CODEC_F32: fn = enc_f32; break;
+	default: return tq_fail(err, "unknown codec id %d", (int)c->id);
+	}
+	ctx_init(&e, c);
+	for (size_t v = 0; v < n; v++, s += rb, out += e.bb) {
+		_mm_prefetch((const char *)s + PF_AHEAD, _MM_HINT_T0);
+		if (fn(&e, s, dt, out)) {
+			int r = ref_one(c, s, dt, v, out, err);
+			if (r < 0)
+				return r;
+		}
+	}
+	return 0;
+}
+
+static int avx2_decode(const tq_codec *c, const void *src, size_t n, float *dst)
+{
+	struct ctx e;
+	dec_fn fn;
+	const uint8_t *s = src;
+	int nt = (size_t)n * c->dim * 4 >= NT_MIN_BYTES && !((uintptr_t)dst & 31);
+
+	switch (c->id) {
+	case TQ_CODEC_TQ2:
+	case TQ_CODEC_TQ3:
+	case TQ_CODEC_TQ4: fn = dec_tq; break;
+	case TQ_CODEC_Q8: fn = dec_q8; break;
+	case TQ_CODEC_Q4A: fn = dec_q4a; break;
+	case TQ_CODEC_F16: fn = dec_f16; break;
+	case TQ_CODEC_F32: memcpy(dst, src, n * c->block_bytes); return 0;
+	default: return -EINVAL;
+	}
+	ctx_init(&e, c);
+	for (size_t v = 0; v < n; v++, s += e.bb, dst += e.d)
+		if (fn(&e, s, dst, nt))
+			tq_decode_ref(c, s, 1, dst);
+	if (nt)
+		_mm_sfence();
+	return 0;
+}
+
+static const struct tq_codec_ops ops_avx2 = {
+	.isa = TQ_ISA_AVX2,
+	.encode = avx2_encode,
+	.decode = avx2_decode,
+};
+
 const struct tq_codec_ops *tq_codec_ops_avx2(void)
 {
-	return &ops;
+	return &ops_avx2;
 }
-#else
+
+#else /* no AVX2 in this build (non-x86): the scalar path serves */
+
 const struct tq_codec_ops *tq_codec_ops_avx2(void)
 {
 	return NULL;
 }
+
 #endif

@@ -104,65 +104,80 @@ struct ctx {
 	__m512 c2tab;            /* centroid[k mod L]^2 (the float product)       */
 	/* grid quantizer (see grid_init); grid = 0 when it does not apply */
 	int grid;
-	__m512 ginvw, gnegc;     /* cell(u) = clamp(floor(u * invw + negc), 0, 31) */
+	__m512 ginvw, gnegc;     /* cell + 2^23 = u * invw + gnegc, rounded       */
+	__m512 gclamp;           /* C: u is clamped to [-C, C] for the cell       */
 	__m512i gbase[2];        /* [32] bounds in cells below                   */
 	__m512 gbnd[2];          /* [32] the cell's bound, +Inf if none          */
 };
 
-/* Uniform-grid quantizer: 32 cells over the bounds, at most one bound per
- * cell and none within 2% of a cell edge.  Then index = base[cell] +
- * (u > bound[cell]) equals the count of bounds strictly below u: bounds in
- * lower cells are below u, bounds in higher cells above it, the cell's own
- * one is compared exactly.  The cell itself may come out one off (the fma
- * rounds) only for u within 2^-20 cell of an edge, where no bound is near,
- * and both neighbours then give the same count.  0 if no grid fits. */
+/* Uniform-grid quantizer.  pos(u) = u * invw + 16.5 (exact reals of the
+ * float constant invw), cell(u) = floor(pos(clamp(u, -C, C))), and C is
+ * chosen so that every cell is in 0..31.  The grid has at most one bound
+ * per cell, no bound within 2% of a cell edge, and all bounds inside
+ * (-C, C) with C itself away from edges.  Then index = base[cell] +
+ * (u > bound[cell]) is the count of bounds strictly below u: bounds in lower
+ * cells are below u, bounds in higher cells above it, the cell's own one is
+ * compared exactly (with u, not the clamped value: beyond ±C every bound is
+ * on one side, and the table says so).
+ * The cell comes from one fma: u * invw + (2^23 + 16) rounds (ulp 1) to
+ * floor(pos) + 2^23 — except at an exact edge, where ties-to-even may give
+ * the cell below; no bound is near an edge, and both neighbours then count
+ * the same bounds.  The float's low mantissa bits are the cell, which
+ * vpermt2ps reads directly.  The clamp is one vrangeps (abs-min, sign of u).
+ * Returns 0 if no grid fits (the register path is then not used). */
 static int grid_init(struct ctx *e, const float *b, int nb)
 {
-	const int ncell = 32;
-	double gap = 1e30, best_margin = 0, w;
-	float invw, negc = 0;
-	int found = 0;
+	double gap = 1e30, best_margin = 0, ext = 0;
+	float best_invw = 0, best_c = 0;
 
 	if (nb < 1 || nb > 31)
 		return 0;
 	for (int i = 0; i + 1 < nb; i++)
 		gap = b[i + 1] - b[i] < gap ? b[i + 1] - b[i] : gap;
-	w = nb > 1 ? (double)(b[nb - 1] - b[0]) / (ncell - 4) : 1.0;
-	if (nb > 1 && !(gap > 1.05 * w))
+	for (int i = 0; i < nb; i++)
+		ext = fabs(b[i]) > ext ? fabs(b[i]) : ext;
+	if (!(ext > 0))
 		return 0;
-	invw = (float)(1.0 / w);
-	for (int t = 0; t < 16; t++) {
-		/* the first bound lands in cell 2 (+ t/16) */
-		float nc = (float)(-((double)b[0] * invw) + 2.0 + t / 16.0 + 1.0 / 32);
-		double margin = 1;
-		int prev = -1, ok = 1;
+	for (int t = 0; t < 32; t++) {
+		/* the outermost bound sits 13.0 .. 14.9 cells from the centre */
+		double w = ext / (13.0 + t / 16.0);
+		float invw = (float)(1.0 / w), C = (float)(15.25 / invw);
+		double margin = 1, pc = (double)C * invw;
+		int prev = -1, ok = gap > 1.02 * w && pc < 15.4 && pc > ext * invw;
 		for (int i = 0; i < nb && ok; i++) {
-			double pos = (double)b[i] * invw + nc;
+			double pos = (double)b[i] * invw + 16.5;
 			int k = (int)floor(pos);
 			double fr = pos - k;
-			ok = k > prev && k >= 1 && k <= ncell - 2;
+			ok = k > prev && fabs(b[i]) < C;
 			margin = fr < margin ? fr : margin;
 			margin = 1 - fr < margin ? 1 - fr : margin;
 			prev = k;
 		}
+		/* ±C: pos 16.5 ± pc, inside 1.1 .. 31.9 and off the edges */
+		double fc = 16.5 + pc - floor(16.5 + pc), fd = 16.5 - pc - floor(16.5 - pc);
+		margin = fc < margin ? fc : margin;
+		margin = 1 - fc < margin ? 1 - fc : margin;
+		margin = fd < margin ? fd : margin;
+		margin = 1 - fd < margin ? 1 - fd : margin;
 		if (ok && margin > best_margin) {
 			best_margin = margin;
-			negc = nc;
-			found = 1;
+			best_invw = invw;
+			best_c = C;
 		}
 	}
-	if (!found || best_margin < 0.02)
+	if (best_margin < 0.02)
 		return 0;
 	int32_t base[32];
 	float bnd[32];
-	for (int k = 0, i = 0; k < ncell; k++) {
+	for (int k = 0, i = 0; k < 32; k++) {
 		base[k] = i;
 		bnd[k] = __builtin_inff();
-		if (i < nb && (int)floor((double)b[i] * invw + negc) == k)
+		if (i < nb && (int)floor((double)b[i] * best_invw + 16.5) == k)
 			bnd[k] = b[i++];
 	}
-	e->ginvw = _mm512_set1_ps(invw);
-	e->gnegc = _mm512_set1_ps(negc);
+	e->ginvw = _mm512_set1_ps(best_invw);
+	e->gnegc = _mm512_set1_ps(8388608.0f + 16.0f);
+	e->gclamp = _mm512_set1_ps(best_c);
 	e->gbase[0] = _mm512_loadu_si512(base);
 	e->gbase[1] = _mm512_loadu_si512(base + 16);
 	e->gbnd[0] = _mm512_loadu_ps(bnd);
@@ -218,8 +233,9 @@ AI __m512i quant(const struct ctx *e, __m512 u, int L)
 
 AI __m512i quant_grid(const struct ctx *e, __m512 u)
 {
-	__m512 t = _mm512_max_ps(_mm512_fmadd_ps(u, e->ginvw, e->gnegc), _mm512_setzero_ps());
-	__m512i k = _mm512_min_epu32(_mm512_cvttps_epu32(t), _mm512_set1_epi32(31));
+	/* imm 0x02: abs-min of (u, C), sign of u = clamp(u, -C, C) */
+	__m512 uc = _mm512_range_ps(u, e->gclamp, 0x02);
+	__m512i k = _mm512_castps_si512(_mm512_fmadd_ps(uc, e->ginvw, e->gnegc));
 	__m512i base = _mm512_permutex2var_epi32(e->gbase[0], k, e->gbase[1]);
 	__m512 bnd = _mm512_permutex2var_ps(e->gbnd[0], k, e->gbnd[1]);
 	return _mm512_mask_sub_epi32(base, _mm512_cmp_ps_mask(u, bnd, _CMP_GT_OQ), base,
@@ -460,14 +476,14 @@ AI void pack_regs(const __m512i *q, int nr, int bits, uint8_t *out)
 	r = nr / 8;
 	#pragma GCC unroll 32
 	for (int k = 0; k < r; k++) {
-		__m512i p = _mm512_setzero_si512();
+		/* byte l, bit s = bit 2 of lane l of register k + s*r: a test
+		 * into a mask, then a masked byte add of 1 << s */
+		__m128i p = _mm_setzero_si128();
 		#pragma GCC unroll 32
-		for (int s = 0; s < 8; s++) {
-			__m512i t = q[k + s * r];
-			t = s < 2 ? _mm512_srli_epi32(t, 2 - s) : _mm512_slli_epi32(t, s - 2);
-			p = _mm512_ternarylogic_epi32(p, t, _mm512_set1_epi32(1 << s), 0xF8);
-		}
-		_mm_storeu_si128((__m128i *)(out + 16 * k), _mm512_cvtepi32_epi8(p));
+		for (int s = 0; s < 8; s++)
+			p = _mm_mask_add_epi8(p, _mm512_test_epi32_mask(q[k + s * r], _mm512_set1_epi32(4)), p,
+					      _mm_set1_epi8((char)(1 << s)));
+		_mm_storeu_si128((__m128i *)(out + 16 * k), p);
 	}
 }
 
@@ -523,52 +539,76 @@ AI void ld_regs(__m512 *x, const void *row, enum tq_dtype dt, int nr, int d)
 		x[k] = ld_chunk(row, dt, k, d < 16 ? 0x00FF : 0xFFFF);
 }
 
-AI int enc_tq_r(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t *blk, int d, int bits)
+/* NV = 2 interleaves two vectors' dependency chains (sum of squares →
+ * sqrt → scale → quantize → centroid sum → sqrt): one vector's chain is
+ * longer than its throughput cost, and the out-of-order window holds only
+ * about one.  Returns 0 when every block is written; 1 (nothing written)
+ * when a vector is zero or not finite — the caller then takes the vectors
+ * one at a time. */
+AI int enc_tq_rn(const struct ctx *e, const uint8_t *row, size_t rb, enum tq_dtype dt, uint8_t *blk,
+		 int d, int bits, int NV)
 {
 	const int nr = d < 16 ? 1 : d / 16;
 	const uint32_t *sign_bits = e->c->rot.sign_bits;
-	__m512 x[RMAX];
-	__m512i q[RMAX];
+	__m512 x[2][RMAX];
+	__m512i q[2][RMAX];
+	float norm[2], fac[2];
 
-	ld_regs(x, row, dt, nr, d);
-	__m512 acc = _mm512_mul_ps(x[0], x[0]);
-	#pragma GCC unroll 32
-	for (int k = 1; k < nr; k++)
-		acc = _mm512_add_ps(acc, _mm512_mul_ps(x[k], x[k]));
-	float ss = hsum16(acc);
-	if (!(ss <= FLT_MAX))
-		return 1;
-	if (ss == 0.0f) {
-		memset(blk, 0, e->bb);
-		return 0;
+	#pragma GCC unroll 2
+	for (int v = 0; v < NV; v++) {
+		ld_regs(x[v], row + v * rb, dt, nr, d);
+		__m512 acc = _mm512_mul_ps(x[v][0], x[v][0]);
+		#pragma GCC unroll 32
+		for (int k = 1; k < nr; k++)
+			acc = _mm512_add_ps(acc, _mm512_mul_ps(x[v][k], x[v][k]));
+		float ss = hsum16(acc);
+		if (!(ss <= FLT_MAX) || (NV > 1 && ss == 0.0f))
+			return 1;
+		if (ss == 0.0f) {
+			memset(blk, 0, e->bb);
+			return 0;
+		}
+		norm[v] = sqrt_f(ss);
+		fac[v] = (1.0f / norm[v]) * e->isd;
 	}
-	float norm = sqrt_f(ss), fac = (1.0f / norm) * e->isd;
-	/* x is finite here: a sign flip is the multiply by -1 */
-	#pragma GCC unroll 32
-	for (int k = 0; k < nr; k++)
-		x[k] = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x[k]),
-			_mm512_maskz_loadu_epi32(d < 16 ? 0x00FF : 0xFFFF, sign_bits + 16 * k)));
-	fwht_regs(x, nr, d);
-	const __m512 f = _mm512_set1_ps(fac);
-	__m512 a2 = _mm512_setzero_ps();
-	#pragma GCC unroll 32
-	for (int k = 0; k < nr; k++) {
-		q[k] = quant_grid(e, _mm512_mul_ps(x[k], f));
-		__m512 c2 = _mm512_maskz_permutexvar_ps(d < 16 ? 0x00FF : 0xFFFF, q[k], e->c2tab);
-		a2 = k ? _mm512_add_ps(a2, c2) : c2;
-	}
-	float scale = norm / sqrt_f(hsum16(a2));
-	memcpy(blk, &scale, 4);
-	if (nr >= 8) {
-		pack_regs(q, nr, bits, blk + TQ_TQ_HEADER_BYTES);
-	} else {
-		uint8_t idx[128];
+	#pragma GCC unroll 2
+	for (int v = 0; v < NV; v++) {
+		/* x is finite here: a sign flip is the multiply by -1 */
 		#pragma GCC unroll 32
 		for (int k = 0; k < nr; k++)
-			_mm_storeu_si128((__m128i *)(idx + 16 * k), _mm512_cvtepi32_epi8(q[k]));
-		pack_gen(idx, d, bits, blk + TQ_TQ_HEADER_BYTES);
+			x[v][k] = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x[v][k]),
+				_mm512_maskz_loadu_epi32(d < 16 ? 0x00FF : 0xFFFF, sign_bits + 16 * k)));
+		fwht_regs(x[v], nr, d);
+	}
+	#pragma GCC unroll 2
+	for (int v = 0; v < NV; v++) {
+		const __m512 f = _mm512_set1_ps(fac[v]);
+		__m512 a2 = _mm512_setzero_ps();
+		#pragma GCC unroll 32
+		for (int k = 0; k < nr; k++) {
+			q[v][k] = quant_grid(e, _mm512_mul_ps(x[v][k], f));
+			__m512 c2 = _mm512_maskz_permutexvar_ps(d < 16 ? 0x00FF : 0xFFFF, q[v][k], e->c2tab);
+			a2 = k ? _mm512_add_ps(a2, c2) : c2;
+		}
+		float scale = norm[v] / sqrt_f(hsum16(a2));
+		uint8_t *out = blk + v * e->bb;
+		memcpy(out, &scale, 4);
+		if (nr >= 8) {
+			pack_regs(q[v], nr, bits, out + TQ_TQ_HEADER_BYTES);
+		} else {
+			uint8_t idx[128];
+			#pragma GCC unroll 32
+			for (int k = 0; k < nr; k++)
+				_mm_storeu_si128((__m128i *)(idx + 16 * k), _mm512_cvtepi32_epi8(q[v][k]));
+			pack_gen(idx, d, bits, out + TQ_TQ_HEADER_BYTES);
+		}
 	}
 	return 0;
+}
+
+AI int enc_tq_r(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t *blk, int d, int bits)
+{
+	return enc_tq_rn(e, row, 0, dt, blk, d, bits, 1);
 }
 
 /* Returns 1 (nothing written) when the header is not finite. */
@@ -966,10 +1006,17 @@ static int ref_one(const tq_codec *c, const void *row, enum tq_dtype dt, size_t 
 	int r = tq_encode_ref(c, row, dt, 1, out, err ? &e1 : NULL);
 
 	if (r < 0 && err) {
-		if (!strncmp(e1.msg, "vector 0: ", 10))
-			snprintf(err->msg, sizeof(err->msg), "vector %zu: %s", v, e1.msg + 10);
-		else
+		/* = snprintf("vector %zu: %s"), truncated as the reference's is */
+		int k = !strncmp(e1.msg, "vector 0: ", 10) ?
+			snprintf(err->msg, sizeof(err->msg), "vector %zu: ", v) : -1;
+		if (k < 0 || (size_t)k >= sizeof(err->msg)) {
 			*err = e1;
+		} else {
+			size_t len = strlen(e1.msg + 10), room = sizeof(err->msg) - 1 - (size_t)k;
+			len = len < room ? len : room;
+			memcpy(err->msg + k, e1.msg + 10, len);
+			err->msg[k + len] = 0;
+		}
 	}
 	return r;
 }
@@ -994,6 +1041,37 @@ AI int enc_loop(const struct ctx *e, enc_fn fn, const void *src, enum tq_dtype d
 	return 0;
 }
 
+typedef int (*enc2_fn)(const struct ctx *e, const uint8_t *row, size_t rb, enum tq_dtype dt,
+		       uint8_t *blk);
+
+/* Two vectors per step when the kernel can; a pair it declines goes
+ * through the one-vector kernel (and the reference) in order. */
+AI int enc_loop2(const struct ctx *e, enc2_fn fn2, enc_fn fn, const void *src, enum tq_dtype dt,
+		 size_t n, uint8_t *dst, tq_error *err)
+{
+	size_t rb = tq_dtype_size(dt) * (size_t)e->d, v = 0;
+	const uint8_t *s = src;
+
+	for (; v + 2 <= n; v += 2, s += 2 * rb, dst += 2 * e->bb) {
+		_mm_prefetch((const char *)s + PF_AHEAD, _MM_HINT_T0);
+		_mm_prefetch((const char *)s + PF_AHEAD + 64, _MM_HINT_T0);
+		if (fn2(e, s, rb, dt, dst)) {
+			for (int i = 0; i < 2; i++)
+				if (fn(e, s + i * rb, dt, dst + i * e->bb)) {
+					int r = ref_one(e->c, s + i * rb, dt, v + i, dst + i * e->bb, err);
+					if (r < 0)
+						return r;
+				}
+		}
+	}
+	if (v < n && fn(e, s, dt, dst)) {
+		int r = ref_one(e->c, s, dt, v, dst, err);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
 AI void dec_loop(const struct ctx *e, dec_fn fn, const uint8_t *src, size_t n, float *dst, int nt)
 {
 	for (size_t v = 0; v < n; v++, src += e->bb, dst += e->d)
@@ -1005,7 +1083,10 @@ AI void dec_loop(const struct ctx *e, dec_fn fn, const uint8_t *src, size_t n, f
  * other power-of-two dims specialized on d only. */
 #define ENC_TQ(D, B, T, name) \
 	static int name(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t *blk) \
-	{ (void)dt; return enc_tq_r(e, row, T, blk, D, B); }
+	{ (void)dt; return enc_tq_r(e, row, T, blk, D, B); } \
+	static int name##_x2(const struct ctx *e, const uint8_t *row, size_t rb, enum tq_dtype dt, \
+			     uint8_t *blk) \
+	{ (void)dt; return enc_tq_rn(e, row, rb, T, blk, D, B, 2); }
 ENC_TQ(128, 2, TQ_DTYPE_F32, enc_tq2_128_f32)
 ENC_TQ(128, 3, TQ_DTYPE_F32, enc_tq3_128_f32)
 ENC_TQ(128, 4, TQ_DTYPE_F32, enc_tq4_128_f32)
@@ -1071,15 +1152,15 @@ static int avx512_encode(const tq_codec *c, const void *src, enum tq_dtype dt, s
 	if (is_tq(c) && reg && c->dim == 128) {
 		/* one loop per instance, so each kernel inlines into its loop */
 		switch ((c->bits - 2) * 3 + (int)dt) {
-		case 0: return enc_loop(&e, enc_tq2_128_f32, src, dt, n, dst, err);
-		case 1: return enc_loop(&e, enc_tq2_128_f16, src, dt, n, dst, err);
-		case 2: return enc_loop(&e, enc_tq2_128_bf16, src, dt, n, dst, err);
-		case 3: return enc_loop(&e, enc_tq3_128_f32, src, dt, n, dst, err);
-		case 4: return enc_loop(&e, enc_tq3_128_f16, src, dt, n, dst, err);
-		case 5: return enc_loop(&e, enc_tq3_128_bf16, src, dt, n, dst, err);
-		case 6: return enc_loop(&e, enc_tq4_128_f32, src, dt, n, dst, err);
-		case 7: return enc_loop(&e, enc_tq4_128_f16, src, dt, n, dst, err);
-		default: return enc_loop(&e, enc_tq4_128_bf16, src, dt, n, dst, err);
+		case 0: return enc_loop2(&e, enc_tq2_128_f32_x2, enc_tq2_128_f32, src, dt, n, dst, err);
+		case 1: return enc_loop2(&e, enc_tq2_128_f16_x2, enc_tq2_128_f16, src, dt, n, dst, err);
+		case 2: return enc_loop2(&e, enc_tq2_128_bf16_x2, enc_tq2_128_bf16, src, dt, n, dst, err);
+		case 3: return enc_loop2(&e, enc_tq3_128_f32_x2, enc_tq3_128_f32, src, dt, n, dst, err);
+		case 4: return enc_loop2(&e, enc_tq3_128_f16_x2, enc_tq3_128_f16, src, dt, n, dst, err);
+		case 5: return enc_loop2(&e, enc_tq3_128_bf16_x2, enc_tq3_128_bf16, src, dt, n, dst, err);
+		case 6: return enc_loop2(&e, enc_tq4_128_f32_x2, enc_tq4_128_f32, src, dt, n, dst, err);
+		case 7: return enc_loop2(&e, enc_tq4_128_f16_x2, enc_tq4_128_f16, src, dt, n, dst, err);
+		default: return enc_loop2(&e, enc_tq4_128_bf16_x2, enc_tq4_128_bf16, src, dt, n, dst, err);
 		}
 	} else if (is_tq(c) || c->id == TQ_CODEC_Q8) {
 		int q8 = c->id == TQ_CODEC_Q8;

@@ -166,6 +166,7 @@ enum tqkv_status {
 	TQKV_ST_INTERNAL = 20,       /* kernel error (the daemon logs it)                   */
 	TQKV_ST_RING_CORRUPT = 21,   /* -EPROTO   the client's SQ/CQ indices are inconsistent */
 	TQKV_ST_TOO_MANY_SESSIONS = 22, /* -EUSERS too many sessions attached here          */
+	TQKV_ST_GEOMETRY = 23,       /* -E2BIG    one token of all KV heads exceeds a pool page */
 	TQKV_ST__COUNT
 };
 
@@ -195,6 +196,7 @@ static inline const char *tqkv_status_str(uint32_t st)
 		[TQKV_ST_INTERNAL] = "internal error (see the daemon log)",
 		[TQKV_ST_RING_CORRUPT] = "ring indices corrupted; the daemon stopped this ring",
 		[TQKV_ST_TOO_MANY_SESSIONS] = "too many sessions attached to this connection",
+		[TQKV_ST_GEOMETRY] = "one token of all KV heads does not fit a pool page",
 	};
 	return st < TQKV_ST__COUNT && s[st] ? s[st] : "unknown status";
 }
@@ -285,6 +287,6 @@ static_assert(offsetof(struct tqkv_cqe, detail) == 24, "cqe.detail");
 static_assert(sizeof(struct tqkv_hello) == 64, "hello is 64 bytes");
 static_assert(sizeof(struct tqkv_welcome) == 128, "welcome is 128 bytes");
 static_assert(TQKV_OP__COUNT == 7, "opcodes are append-only");
-static_assert(TQKV_ST__COUNT == 23, "status codes are append-only");
+static_assert(TQKV_ST__COUNT == 24, "status codes are append-only");
 
 #endif /* TQKV_RING_H */

@@ -20,7 +20,11 @@ K=${K:-q8}
 V=${V:-tq4}
 SEED=${SEED:-42}
 
-say() { printf '\033[1m%s\033[0m\n' "$*"; }
+if [ -t 1 ]; then
+	say() { printf '\033[1m%s\033[0m\n' "$*"; }
+else
+	say() { printf '%s\n' "$*"; }
+fi
 die() { printf 'demo: %s\n' "$*" >&2; exit 1; }
 
 for f in stories260K.bin tok512.bin; do

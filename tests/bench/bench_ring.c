@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "tq_codec.h"
 #include "tqkv.h"
 
 struct opts {
@@ -152,20 +153,19 @@ static void daemon_stop(void)
 #define D 128
 
 struct client_res {
-	double secs;
+	double t0, t1;   /* measured window, CLOCK_MONOTONIC seconds */
 	int n;
-	double lat[]; /* µs */
+	double lat[];    /* µs */
 };
+
+/* Start barrier: clients set up (connect, session, prefill), then start together. */
+static uint32_t *barrier;
 
 static void fill_f16(uint16_t *p, size_t n, uint32_t seed)
 {
 	for (size_t i = 0; i < n; i++) {
 		seed = seed * 1664525u + 1013904223u;
-		float x = (float)(seed >> 8) / (float)(1u << 24) * 2.0f - 1.0f;
-		/* fp16 by hand: enough for benchmark data in [-1, 1] */
-		union { float f; uint32_t u; } v = { x };
-		uint32_t s = (v.u >> 16) & 0x8000u, e = (v.u >> 23) & 0xffu, m = v.u & 0x7fffffu;
-		p[i] = e < 113 ? (uint16_t)s : (uint16_t)(s | ((e - 112) << 10) | (m >> 13));
+		p[i] = tq_f32_to_f16((float)(seed >> 8) / (float)(1u << 24) * 2.0f - 1.0f);
 	}
 }
 
@@ -200,10 +200,12 @@ static int run_client(const struct opts *o, int op, struct client_res *r, int id
 				goto out;
 		}
 	}
-	double t_start = 0;
+	__atomic_add_fetch(&barrier[0], 1, __ATOMIC_SEQ_CST);
+	while (!__atomic_load_n(&barrier[16], __ATOMIC_ACQUIRE))
+		usleep(100);
 	for (int i = 0; i < warm + o->iters; i++) {
 		if (i == warm)
-			t_start = bench_now();
+			r->t0 = bench_now();
 		double t0 = bench_now();
 		int e;
 		if (op == 0) {
@@ -224,7 +226,7 @@ static int run_client(const struct opts *o, int op, struct client_res *r, int id
 		if (op == 1 && i % 64 == 63 && tqkv_truncate(s, 0, (uint64_t)o->ctx) < 0)
 			goto out;
 	}
-	r->secs = bench_now() - t_start;
+	r->t1 = bench_now();
 	r->n = o->iters;
 	rc = 0;
 out:
@@ -247,14 +249,26 @@ static int run_clients(const struct opts *o, int op, int n, double *p50, double 
 	pid_t pid[64];
 	int bad = 0;
 
+	barrier[0] = barrier[16] = 0;
 	for (int i = 0; i < n; i++) {
 		pid[i] = fork();
 		if (pid[i] == 0)
 			_exit(run_client(o, op, (struct client_res *)(void *)(shm + one * (size_t)i), i) ? 1 : 0);
 	}
+	while (__atomic_load_n(&barrier[0], __ATOMIC_ACQUIRE) < (uint32_t)n) {
+		int st;
+		pid_t d = waitpid(-1, &st, WNOHANG);
+		if (d > 0) { /* a client died during set-up */
+			__atomic_store_n(&barrier[16], 1, __ATOMIC_RELEASE);
+			break;
+		}
+		usleep(1000);
+	}
+	__atomic_store_n(&barrier[16], 1, __ATOMIC_RELEASE);
 	for (int i = 0; i < n; i++) {
 		int st;
-		waitpid(pid[i], &st, 0);
+		if (waitpid(pid[i], &st, 0) != pid[i])
+			st = 1;
 		bad |= !WIFEXITED(st) || WEXITSTATUS(st);
 	}
 	if (bad) {
@@ -262,14 +276,16 @@ static int run_clients(const struct opts *o, int op, int n, double *p50, double 
 		return -1;
 	}
 	double *all = malloc(sizeof(double) * (size_t)o->iters * (size_t)n);
-	double secs = 0;
-	*ops = 0;
+	double t0 = 1e300, t1 = 0, total = 0;
 	for (int i = 0; i < n; i++) {
 		struct client_res *r = (void *)(shm + one * (size_t)i);
 		memcpy(all + (size_t)i * o->iters, r->lat, sizeof(double) * (size_t)o->iters);
-		*ops += r->n / r->secs;
-		secs = r->secs > secs ? r->secs : secs;
+		total += r->n;
+		t0 = r->t0 < t0 ? r->t0 : t0;
+		t1 = r->t1 > t1 ? r->t1 : t1;
 	}
+	/* all clients' operations over the wall time from the first start to the last end */
+	*ops = total / (t1 - t0);
 	*p50 = pct(all, o->iters * n, 0.5);
 	*p99 = pct(all, o->iters * n, 0.99);
 	free(all);
@@ -300,6 +316,7 @@ static int bench_ring_main(int argc, char **argv)
 		fprintf(stderr, "tqbench ring: --clients 1..64, --iters >= 10, --ctx 1..2^20\n");
 		return 2;
 	}
+	barrier = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	double fx99, fx50 = futex_pingpong_p50(o.iters, &fx99);
 	if (daemon_start() < 0) {
 		fprintf(stderr, "tqbench ring: tqkvd did not start (build it first: make)\n");

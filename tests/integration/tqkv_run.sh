@@ -158,9 +158,7 @@ daemon_checks() {
 }
 
 # ---- the daemon --------------------------------------------------------------------
-if ! "$RUN" --help | grep -q "tqkvd backend yes"; then
-	echo "NOTE: the daemon part is not run: this tqkv-run was built without libtqkv"
-elif [ ! -x "$BIN/tqkvd" ]; then
+if [ ! -x "$BIN/tqkvd" ]; then
 	fail "$BIN/tqkvd is not built"
 else
 	"$BIN/tqkvd" --run-dir "$tmp/run" --spill-dir "$tmp/spill" >"$tmp/tqkvd.log" 2>&1 &
@@ -178,7 +176,7 @@ else
 		cat "$tmp/tqkvd.log"
 		fail "tqkvd did not start"
 	elif [ ! -S "$tmp/run/data.sock" ]; then
-		echo "NOTE: the daemon part is not run: this tqkvd serves no data channel (run/data.sock)"
+		fail "tqkvd is ready but serves no data channel ($tmp/run/data.sock)"
 	else
 		daemon_checks
 	fi

@@ -490,7 +490,10 @@ static void test_sparse_v(void)
 		p.sparse_v = 1e-3f;
 		T_EQ(tq_attend(&p, &err), 0);
 		double e = row_err(out, ref, 32, 128);
+		if (getenv("TQ_TEST_VERBOSE"))
+			fprintf(stderr, "  sparse-V 1e-3 %s: error %.3g\n", tq_isa_name(isas[i]), e);
 		T_ASSERT(e <= 0.05);
+		T_ASSERT(e > 1e-5); /* values were skipped: the result moved */
 	}
 	qset_free(&s);
 	kv_free(&c);

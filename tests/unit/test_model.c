@@ -448,6 +448,66 @@ static void local_vs_exact(const char *path, const int *tokens, int n, enum tq_c
 	T_NEAR(worst, 0, tol);
 }
 
+/* The fused kernel path against the oracle (tq_attend_ref), same codecs:
+ * what tqkv-run --local and tqkvd run vs the slow twin, through the whole
+ * model (the SIMD path the CPU picks; TQ_ISA=scalar|avx2 caps it). */
+static void fused_vs_ref(const char *path, const int *tokens, int n, enum tq_codec_id kc,
+			 enum tq_codec_id vc, double tol)
+{
+	tqr_model *m = NULL;
+	tqr_kv *a = NULL, *b = NULL;
+	tqr_error err;
+
+	T_ASSERT(tqr_model_load(&m, path, &err) == 0);
+	struct tqr_kv_geom g = geom_of(m);
+	int V = tqr_model_config(m)->vocab_size;
+	struct tqr_kv_local_opts fo = { kc, vc, 42, 1, 0, 0 }, ro = { kc, vc, 42, 1, 0, 1 };
+	float *la = malloc(sizeof(float) * (size_t)n * V), *lb = malloc(sizeof(float) * (size_t)n * V);
+	int rc = tqr_kv_new_local(&a, &g, &fo, &err);
+	if (!rc)
+		rc = tqr_kv_new_local(&b, &g, &ro, &err);
+	if (!rc)
+		rc = run_logits(m, a, tokens, n, 48, la);
+	if (!rc)
+		rc = run_logits(m, b, tokens, n, 48, lb);
+	double worst = 0;
+	for (size_t i = 0; !rc && i < (size_t)n * V; i++)
+		if (fabs(la[i] - lb[i]) > worst)
+			worst = fabs(la[i] - lb[i]);
+	tqr_kv_free(a);
+	tqr_kv_free(b);
+	tqr_model_free(m);
+	free(la);
+	free(lb);
+	T_EQ(rc, 0);
+	if (worst > tol)
+		T_FAIL("%s/%s: fused vs reference attention, max |logit diff| %.3g > %.3g",
+		       tq_codec_name(kc), tq_codec_name(vc), worst, tol);
+}
+
+static void test_fused_vs_ref(void)
+{
+	static const int32_t h8[7] = { 32, 48, 2, 4, 2, 40, 128 }, h16[7] = { 64, 48, 2, 4, 2, 40, 128 };
+	char path[400], mp[600];
+	int tokens[120];
+
+	for (int i = 0; i < 120; i++)
+		tokens[i] = (i * 13 + 1) % 40;
+	rng_state = t_seed() ^ 5;
+	path_in(path, sizeof(path), tmpdir, "fused.bin");
+	T_ASSERT(make_ckpt(path, h8, 0.3, 0) == 0);
+	fused_vs_ref(path, tokens, 120, TQ_CODEC_Q8, TQ_CODEC_TQ4, 1e-4);
+	fused_vs_ref(path, tokens, 120, TQ_CODEC_TQ3, TQ_CODEC_Q4A, 1e-4);
+	T_ASSERT(make_ckpt(path, h16, 0.3, 0) == 0);
+	fused_vs_ref(path, tokens, 120, TQ_CODEC_TQ4, TQ_CODEC_F16, 1e-4);
+	if (!have_data)
+		return;
+	path_in(mp, sizeof(mp), data_dir, "stories260K.bin");
+	for (int i = 0; i < 120; i++)
+		tokens[i] = (i * 37 + 11) % 512;
+	fused_vs_ref(mp, tokens, 120, TQ_CODEC_Q8, TQ_CODEC_TQ4, 1e-4);
+}
+
 static void test_local_f32(void)
 {
 	static const int32_t h[7] = { 32, 48, 2, 4, 2, 40, 48 };
@@ -919,6 +979,92 @@ static void test_tok_bad(void)
 	free(b);
 }
 
+/* Random corruption of a valid tokenizer and of a checkpoint's header: every
+ * load fails cleanly or yields a usable object (ASan/UBSan builds check the
+ * "cleanly"). */
+static void test_corruption(void)
+{
+	static const struct tokspec ex[] = { { " ", -1 }, { "a", -1 }, { "ab", -2 }, { " ab", -3 } };
+	const int32_t h[7] = { 16, 24, 1, 2, 1, 12, 8 };
+	char tp[400], mp[400], cp[400];
+	unsigned char *tb, *mb;
+	size_t tn, mn;
+	int vocab, loaded = 0, refused = 0;
+
+	path_in(tp, sizeof(tp), tmpdir, "fz_tok.bin");
+	path_in(mp, sizeof(mp), tmpdir, "fz_model.bin");
+	path_in(cp, sizeof(cp), tmpdir, "fz_case.bin");
+	rng_state = t_seed() ^ 0xf022;
+	T_ASSERT(make_tok(tp, ex, 4, 8, &vocab) == 0);
+	T_ASSERT(make_ckpt(mp, h, 0.2, 0) == 0);
+	T_ASSERT((tb = read_all(tp, &tn)) != NULL);
+	T_ASSERT((mb = read_all(mp, &mn)) != NULL);
+	unsigned char *w = malloc(tn > mn ? tn : mn);
+	for (int it = 0; it < 400; it++) {
+		int is_tok = it % 2 == 0;
+		const unsigned char *src = is_tok ? tb : mb;
+		size_t n = is_tok ? tn : mn;
+		memcpy(w, src, n);
+		/* a few byte or int32 overwrites; tokenizers anywhere, checkpoints
+		 * in the header; sometimes a truncation */
+		int edits = 1 + it % 4;
+		for (int e = 0; e < edits; e++) {
+			size_t span = is_tok ? n : 28;
+			size_t at = (size_t)((rnd() + 1) * 0.5 * (double)span) % span;
+			if (it % 3 == 0 && at + 4 <= n) {
+				int32_t v = (int32_t)(rnd() * 70000.0);
+				memcpy(w + at, &v, 4);
+			} else {
+				w[at] = (unsigned char)((rnd() + 1) * 128);
+			}
+		}
+		if (it % 7 == 0)
+			n = (size_t)((rnd() + 1) * 0.5 * (double)n);
+		T_ASSERT(write_file(cp, w, n) == 0);
+		tqr_error err;
+		if (is_tok) {
+			tqr_tok *t = NULL;
+			if (tqr_tok_load(&t, cp, vocab, &err) == 0) {
+				int ids[32];
+				long k = tqr_tok_encode(t, "ab a\xc3\xa9", 6, 1, 1, ids, &err);
+				for (long i = 1; i < k; i++) {
+					const char *pc;
+					size_t pn;
+					T_EQ(tqr_tok_decode(t, ids[i - 1], ids[i], &pc, &pn), 0);
+				}
+				loaded++;
+			} else {
+				T_ASSERT(err.msg[0] != 0);
+				refused++;
+			}
+			tqr_tok_free(t);
+		} else {
+			tqr_model *m = NULL;
+			if (tqr_model_load(&m, cp, &err) == 0) {
+				/* the header still matches the file: run a few tokens */
+				struct tqr_kv_geom g = geom_of(m);
+				tqr_kv *kv = NULL;
+				int V = tqr_model_config(m)->vocab_size, toks[3] = { 0, V - 1, 1 % V };
+				float *lg = malloc(sizeof(float) * 3 * (size_t)V);
+				if (g.max_tokens >= 3 && tqr_kv_new_exact(&kv, &g, &err) == 0)
+					T_EQ(run_logits(m, kv, toks, 3, 2, lg), 0);
+				tqr_kv_free(kv);
+				free(lg);
+				loaded++;
+			} else {
+				T_ASSERT(err.msg[0] != 0);
+				refused++;
+			}
+			tqr_model_free(m);
+		}
+	}
+	free(w);
+	free(tb);
+	free(mb);
+	fprintf(stderr, "  400 corrupted files: %d loaded, %d refused with a message\n", loaded, refused);
+	T_ASSERT(loaded > 0 && refused > 0);
+}
+
 /* ---- sampler ------------------------------------------------------------------------ */
 
 static void test_sampler(void)
@@ -1054,8 +1200,10 @@ int main(void)
 	T_RUN(test_forward_synthetic);
 	T_RUN(test_chunk_invariance);
 	T_RUN(test_local_f32);
+	T_RUN(test_fused_vs_ref);
 	T_RUN(test_tok_synthetic);
 	T_RUN(test_tok_bad);
+	T_RUN(test_corruption);
 	T_RUN(test_sampler);
 	T_RUN(test_backend_errors);
 	T_RUN(test_forward_real);

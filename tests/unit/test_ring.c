@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <linux/futex.h>
 #include <math.h>
 #include <signal.h>
@@ -129,7 +130,7 @@ static uint64_t srv_open(struct srv *s, const char *tenant, uid_t owner, const s
 static int page_tokens_of(struct srv *s, const struct sgeom *g)
 {
 	struct session_geom sg = sg_of(g, 1);
-	return kvstore_page_tokens(s->ks, &sg);
+	return dataop_page_tokens(pool_page_bytes(s->pool), &sg);
 }
 
 /* Wait (up to 5 s) until the daemon has let go of every client and page. */
@@ -270,10 +271,10 @@ static void ref_truncate(struct ref *r, uint32_t l, uint32_t pos)
  * G[gi[i]]), every attention output compared bit for bit with the
  * reference.  Several operations are kept in flight across the sessions. */
 static int client_exact(const char *dir, int n, uint64_t *ids, int *gi, uint64_t *seeds, int *ptok,
-			uint64_t data_seed, int steps)
+			uint64_t data_seed, int steps, int use_ctl)
 {
-	struct tqkv_connect_opts o = { .run_dir = dir, .flags = TQKV_CONNECT_NO_CONTROL, .queue_depth = 16,
-				       .arena_bytes = 8 * MiB };
+	struct tqkv_connect_opts o = { .run_dir = dir, .flags = use_ctl ? 0 : TQKV_CONNECT_NO_CONTROL,
+				       .queue_depth = 16, .arena_bytes = 8 * MiB };
 	tqkv *c;
 	tqkv_session *s[8];
 	struct ref ref[8];
@@ -287,8 +288,14 @@ static int client_exact(const char *dir, int n, uint64_t *ids, int *gi, uint64_t
 	for (int i = 0; i < n; i++) {
 		const struct sgeom *g = &G[gi[i]];
 		struct tqkv_session_params p = { .n_layers = g->n_layers, .n_kv_heads = g->n_kv,
-						 .n_q_heads = g->n_q, .head_dim = g->dim };
-		if ((r = tqkv_session_attach(c, ids[i], &p, 0, &s[i])) < 0) {
+						 .n_q_heads = g->n_q, .head_dim = g->dim,
+						 .k_codec = tq_codec_name(g->k), .v_codec = tq_codec_name(g->v),
+						 .max_tokens = 4096, .has_seed = 1, .seed = seeds[i] };
+		if (use_ctl)
+			r = tqkv_session_open(c, &p, &s[i]);
+		else
+			r = tqkv_session_attach(c, ids[i], &p, 0, &s[i]);
+		if (r < 0) {
 			fprintf(stderr, "client: attach %llu: %s\n", (unsigned long long)ids[i], tqkv_last_error());
 			return 2;
 		}
@@ -378,8 +385,80 @@ static int client_exact(const char *dir, int n, uint64_t *ids, int *gi, uint64_t
 			}
 		}
 	}
-	for (int i = 0; i < n; i++)
-		tqkv_session_detach(s[i]);
+	for (int i = 0; i < n; i++) {
+		if (use_ctl && tqkv_session_seed(s[i]) != seeds[i])
+			bad = 1;
+		if ((use_ctl ? tqkv_session_close(s[i]) : tqkv_session_detach(s[i])) < 0) {
+			fprintf(stderr, "client: close/detach: %s\n", tqkv_last_error());
+			bad = 1;
+		}
+	}
+	tqkv_disconnect(c);
+	return bad;
+}
+
+/* Client "threads": one connection shared by several threads, each with
+ * its own session and reference; blocking calls, checked bit for bit. */
+struct thr {
+	tqkv *c;
+	uint64_t id, seed;
+	int gi, ptok, bad;
+};
+
+static void *thread_main(void *arg)
+{
+	struct thr *t = arg;
+	const struct sgeom *g = &G[t->gi];
+	struct tqkv_session_params p = { .n_layers = g->n_layers, .n_kv_heads = g->n_kv, .n_q_heads = g->n_q,
+					 .head_dim = g->dim };
+	tqkv_session *s;
+	struct ref ref;
+	uint64_t rs = t->seed * 7 + 1;
+	size_t kn = (size_t)8 * g->n_kv * g->dim, qn = (size_t)g->n_q * g->dim;
+	float *k = malloc(kn * 4), *v = malloc(kn * 4), *q = malloc(qn * 4);
+	float *out = malloc(qn * 4), *want = malloc(qn * 4);
+
+	t->bad = 1;
+	if (tqkv_session_attach(t->c, t->id, &p, 0, &s) < 0 || ref_init(&ref, g, t->seed, t->ptok) < 0)
+		return NULL;
+	for (int step = 0; step < 60; step++) {
+		uint32_t n = step == 0 ? 8 : 1, l = (uint32_t)step % g->n_layers;
+		fill(k, TQ_DTYPE_F32, n * g->n_kv * g->dim, &rs);
+		fill(v, TQ_DTYPE_F32, n * g->n_kv * g->dim, &rs);
+		fill(q, TQ_DTYPE_F32, qn, &rs);
+		ref_append(&ref, l, k, v, TQ_DTYPE_F32, n);
+		int32_t pos = (int32_t)ref.L[l].n - 1;
+		if (tqkv_append_attend(s, l, k, v, n, q, &pos, 1, TQKV_F32, out) != 1 ||
+		    ref_attend(&ref, l, q, &pos, 1, TQ_DTYPE_F32, want, 0) < 0 || memcmp(out, want, qn * 4)) {
+			fprintf(stderr, "thread %d: step %d differs or failed: %s\n", t->gi, step, tqkv_last_error());
+			return NULL;
+		}
+	}
+	t->bad = tqkv_session_detach(s) < 0;
+	free(k); free(v); free(q); free(out); free(want);
+	return NULL;
+}
+
+static int client_threads(const char *dir, int n, uint64_t *ids, int *gi, uint64_t *seeds, int *ptok)
+{
+	struct tqkv_connect_opts o = { .run_dir = dir, .flags = TQKV_CONNECT_NO_CONTROL, .queue_depth = 4 };
+	struct thr t[8];
+	pthread_t th[8];
+	tqkv *c;
+	int bad = 0;
+
+	if (tqkv_connect(&c, &o) < 0)
+		return 2;
+	for (int i = 0; i < n; i++) {
+		t[i] = (struct thr){ c, ids[i], seeds[i], gi[i], ptok[i], 0 };
+		pthread_create(&th[i], NULL, thread_main, &t[i]);
+	}
+	for (int i = 0; i < n; i++) {
+		pthread_join(th[i], NULL);
+		bad |= t[i].bad;
+	}
+	/* the connection stays usable */
+	bad |= tqkv_nop(c) != 0;
 	tqkv_disconnect(c);
 	return bad;
 }
@@ -431,7 +510,66 @@ static int client_main(int argc, char **argv)
 			seeds[n] = strtoull(argv[a + 2], NULL, 0);
 			pt[n] = atoi(argv[a + 3]);
 		}
-		return client_exact(dir, n, ids, gi, seeds, pt, strtoull(argv[4], NULL, 0), atoi(argv[5]));
+		return client_exact(dir, n, ids, gi, seeds, pt, strtoull(argv[4], NULL, 0), atoi(argv[5]), 0);
+	}
+	if (!strcmp(mode, "threads")) {
+		uint64_t ids[8], seeds[8];
+		int gi[8], pt[8], n = 0;
+		for (int a = 6; a + 3 < argc && n < 8; a += 4, n++) {
+			ids[n] = strtoull(argv[a], NULL, 0);
+			gi[n] = atoi(argv[a + 1]);
+			seeds[n] = strtoull(argv[a + 2], NULL, 0);
+			pt[n] = atoi(argv[a + 3]);
+		}
+		return client_threads(dir, n, ids, gi, seeds, pt);
+	}
+	if (!strcmp(mode, "exact-ctl") && argc > 6) {
+		/* exact-ctl DIR DATA_SEED STEPS PAGE_BYTES: every geometry of G[] through a
+		 * real tqkvd, sessions opened over the control channel */
+		uint64_t ids[NG] = { 0 }, seeds[NG];
+		int gi[NG], pt[NG];
+		for (int i = 0; i < (int)NG; i++) {
+			struct session_geom sg = sg_of(&G[i], 1);
+			gi[i] = i;
+			seeds[i] = 0xabc0 + (uint64_t)i;
+			pt[i] = dataop_page_tokens((uint32_t)strtoul(argv[6], NULL, 0), &sg);
+		}
+		return client_exact(dir, NG, ids, gi, seeds, pt, strtoull(argv[4], NULL, 0), atoi(argv[5]), 1);
+	}
+	if (!strcmp(mode, "hold") && argc > 4) {
+		/* hold DIR detached|ephemeral: a session with pages, then wait to be killed */
+		struct tqkv_connect_opts o = { .run_dir = dir };
+		const struct sgeom *g = &G[0];
+		struct tqkv_session_params p = { .n_layers = g->n_layers, .n_kv_heads = g->n_kv, .n_q_heads = g->n_q,
+						 .head_dim = g->dim, .k_codec = "tq4", .v_codec = "tq3", .max_tokens = 4096,
+						 .flags = strcmp(argv[4], "detached") ? 0 : TQKV_SESSION_DETACHED };
+		static float k[256 * 2 * 128], v[256 * 2 * 128], q[8 * 128], out[8 * 128];
+		uint64_t rs = 9;
+		tqkv *c;
+		tqkv_session *s;
+		fill(k, TQ_DTYPE_F32, sizeof(k) / 4, &rs);
+		fill(v, TQ_DTYPE_F32, sizeof(v) / 4, &rs);
+		fill(q, TQ_DTYPE_F32, sizeof(q) / 4, &rs);
+		if (tqkv_connect(&c, &o) < 0 || tqkv_session_open(c, &p, &s) < 0) {
+			fprintf(stderr, "hold: %s\n", tqkv_last_error());
+			return 2;
+		}
+		for (int i = 0; i < 8; i++)
+			for (uint32_t l = 0; l < 2; l++)
+				if (tqkv_append(s, l, k, v, 256, TQKV_F32) < 0)
+					return 3;
+		printf("%llu ready\n", (unsigned long long)tqkv_session_id(s));
+		fflush(stdout);
+		/* keep operations in flight until killed */
+		for (;;) {
+			tqkv_req *rq[8];
+			int32_t pos = 2047;
+			for (int i = 0; i < 8; i++)
+				if (tqkv_submit_attend(s, 0, q, &pos, 1, TQKV_F32, out, &rq[i]) < 0)
+					return 4;
+			for (int i = 0; i < 8; i++)
+				tqkv_wait(rq[i], NULL);
+		}
 	}
 	if (!strcmp(mode, "spin"))
 		return client_spin(dir, strtoull(argv[4], NULL, 0), atoi(argv[5]));
@@ -551,8 +689,8 @@ static int raw_op(struct raw *r, const struct tqkv_sqe *e, int *res)
 
 /* ---- the cases ------------------------------------------------------------------------ */
 
-static pid_t spawn_exact(struct srv *s, int n, const uint64_t *ids, const int *gi, const uint64_t *seeds,
-			 uint64_t data_seed, int steps)
+static pid_t spawn_mode(const char *mode, struct srv *s, int n, const uint64_t *ids, const int *gi,
+			const uint64_t *seeds, uint64_t data_seed, int steps)
 {
 	static char buf[64][32];
 	char *argv[64];
@@ -560,7 +698,7 @@ static pid_t spawn_exact(struct srv *s, int n, const uint64_t *ids, const int *g
 
 	argv[a++] = self_exe;
 	argv[a++] = "--client";
-	argv[a++] = "exact";
+	argv[a++] = (char *)mode;
 	argv[a++] = s->dir;
 	snprintf(buf[b], 32, "%llu", (unsigned long long)data_seed), argv[a++] = buf[b++];
 	snprintf(buf[b], 32, "%d", steps), argv[a++] = buf[b++];
@@ -572,6 +710,30 @@ static pid_t spawn_exact(struct srv *s, int n, const uint64_t *ids, const int *g
 	}
 	argv[a] = NULL;
 	return spawn(argv);
+}
+
+static pid_t spawn_exact(struct srv *s, int n, const uint64_t *ids, const int *gi, const uint64_t *seeds,
+			 uint64_t data_seed, int steps)
+{
+	return spawn_mode("exact", s, n, ids, gi, seeds, data_seed, steps);
+}
+
+/* One connection, four threads, four sessions: libtqkv's thread safety. */
+static void test_threads_one_connection(void)
+{
+	struct srv s;
+	uint64_t ids[4], seeds[4];
+	int gi[4];
+
+	T_ASSERT(srv_start(&s, 64 * MiB, 2) == 0);
+	for (int i = 0; i < 4; i++) {
+		gi[i] = i % (int)NG;
+		seeds[i] = 50 + (uint64_t)i;
+		ids[i] = srv_open(&s, "big", getuid(), &G[gi[i]], 4096, seeds[i]);
+		T_ASSERT(ids[i]);
+	}
+	T_EQ(reap_status(spawn_mode("threads", &s, 4, ids, gi, seeds, 0, 0)), 0);
+	srv_stop(&s);
 }
 
 static void test_bit_exact_one_client(void)
@@ -721,6 +883,15 @@ static void test_limits_pool(void)
 	T_EQ(raw_op(&r, &e, &res), TQKV_ST_MAX_TOKENS);
 	e.n_tokens = 10;
 	T_EQ(raw_op(&r, &e, &res), TQKV_ST_OK);
+	raw_close(&r);
+	/* one token of all KV heads larger than a pool page: a clear error */
+	static const struct sgeom huge = { 1, 16, 16, 128, TQ_CODEC_F32, TQ_CODEC_F32 };
+	id = srv_open(&s, "big", getuid(), &huge, 16, 3);
+	T_ASSERT(id);
+	T_EQ(raw_attach(&r, &s, id, 1), TQKV_ST_OK);
+	struct tqkv_sqe hq = { .opcode = TQKV_OP_APPEND, .session = id, .n_tokens = 1, .v_off = 16 * 128 * 4 };
+	T_EQ(raw_op(&r, &hq, &res), TQKV_ST_GEOMETRY);
+	T_EQ(res, -E2BIG);
 	raw_close(&r);
 	T_EQ(srv_wait_idle(&s), 0);
 	srv_stop(&s);
@@ -938,6 +1109,7 @@ int main(int argc, char **argv)
 	log_set_level(getenv("TQ_TEST_VERBOSE") ? LOG_DEBUG : LOG_ERR);
 	T_RUN(test_bit_exact_one_client);
 	T_RUN(test_four_clients);
+	T_RUN(test_threads_one_connection);
 	T_RUN(test_limits_tenant);
 	T_RUN(test_limits_pool);
 	T_RUN(test_hostile);
