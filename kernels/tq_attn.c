@@ -121,7 +121,8 @@ void tqa_q_row(const struct tq_attn_params *p, int dim, size_t row, float *dst)
 
 /* ---- portable ops ------------------------------------------------------------ */
 
-/* idx[dim] from the index planes of a `bits`-bit block (tq_layout.h). */
+/* idx[dim] from the index planes of a `bits`-bit block (tq_layout.h): plane
+ * of width w, stride S = dim*w/8: byte j holds value j + s*S at bits s*w. */
 static void unpack_idx(const uint8_t *pl, int dim, int bits, uint8_t *idx)
 {
 	int off = 0;
@@ -130,9 +131,10 @@ static void unpack_idx(const uint8_t *pl, int dim, int bits, uint8_t *idx)
 	for (int w = 8; w >= 1; w >>= 1) {
 		if (!(bits & w))
 			continue;
-		int stride = dim * w / 8, mask = (1 << w) - 1;
-		for (int i = 0; i < dim; i++)
-			idx[i] |= (uint8_t)(((pl[i % stride] >> ((i / stride) * w)) & mask) << off);
+		const int stride = dim * w / 8, mask = (1 << w) - 1;
+		for (int sh = 0, base = 0; sh < 8; sh += w, base += stride)
+			for (int j = 0; j < stride; j++)
+				idx[base + j] |= (uint8_t)(((pl[j] >> sh) & mask) << off);
 		pl += stride;
 		off += w;
 	}
@@ -193,15 +195,22 @@ const float *tqa_decode_scalar(const tq_codec *c, const uint8_t *src, int n,
 static void scores_scalar(const float *q, const float *tile, const float *scale,
 			  int n, int dim, float *s)
 {
+	const float *q0 = q, *q1 = q + dim, *q2 = q + 2 * dim, *q3 = q + 3 * dim;
+
 	for (int t = 0; t < n; t++) {
 		const float *k = tile + (size_t)t * dim;
-		for (int r = 0; r < TQA_ROWS; r++) {
-			const float *qr = q + (size_t)r * dim;
-			float a = 0.0f;
-			for (int j = 0; j < dim; j++)
-				a += qr[j] * k[j];
-			s[t * TQA_ROWS + r] = a * scale[t];
+		float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f; /* 4 rows: 4 chains */
+		for (int j = 0; j < dim; j++) {
+			float kj = k[j];
+			a0 += q0[j] * kj;
+			a1 += q1[j] * kj;
+			a2 += q2[j] * kj;
+			a3 += q3[j] * kj;
 		}
+		s[t * TQA_ROWS + 0] = a0 * scale[t];
+		s[t * TQA_ROWS + 1] = a1 * scale[t];
+		s[t * TQA_ROWS + 2] = a2 * scale[t];
+		s[t * TQA_ROWS + 3] = a3 * scale[t];
 	}
 }
 

@@ -191,6 +191,8 @@ int tq_codec_new(tq_codec **out, tq_cache *cache, const struct tq_codec_params *
 			goto fail;
 		}
 	}
+	if (c->ops->prepare && !(c->isa_ctx = c->ops->prepare(c)))
+		goto nomem;
 	*out = c;
 	return 0;
 nomem:
@@ -207,6 +209,7 @@ void tq_codec_free(tq_codec *c)
 	if (!c)
 		return;
 	tq_rotation_destroy(&c->rot);
+	free(c->isa_ctx);
 	free(c);
 }
 

@@ -110,9 +110,10 @@ struct ctx {
 	__m512 gbnd[2];          /* [32] the cell's bound, +Inf if none          */
 };
 
-/* Uniform-grid quantizer.  pos(u) = u * invw + 16.5 (exact reals of the
- * float constant invw), cell(u) = floor(pos(clamp(u, -C, C))), and C is
- * chosen so that every cell is in 0..31.  The grid has at most one bound
+/* Uniform-grid quantizer over N = 32 cells (16 when there are at most 7
+ * bounds: one-table lookups).  pos(u) = u * invw + N/2 + 1/2 (exact reals of
+ * the float constant invw), cell(u) = floor(pos(clamp(u, -C, C))), and C is
+ * chosen so that every cell is in 0..N-1.  The grid has at most one bound
  * per cell, no bound within 2% of a cell edge, and all bounds inside
  * (-C, C) with C itself away from edges.  Then index = base[cell] +
  * (u > bound[cell]) is the count of bounds strictly below u: bounds in lower
@@ -127,6 +128,7 @@ struct ctx {
  * Returns 0 if no grid fits (the register path is then not used). */
 static int grid_init(struct ctx *e, const float *b, int nb)
 {
+	const int N = nb <= 7 ? 16 : 32, half = N / 2;
 	double gap = 1e30, best_margin = 0, ext = 0;
 	float best_invw = 0, best_c = 0;
 
@@ -139,13 +141,13 @@ static int grid_init(struct ctx *e, const float *b, int nb)
 	if (!(ext > 0))
 		return 0;
 	for (int t = 0; t < 32; t++) {
-		/* the outermost bound sits 13.0 .. 14.9 cells from the centre */
-		double w = ext / (13.0 + t / 16.0);
-		float invw = (float)(1.0 / w), C = (float)(15.25 / invw);
+		/* the outermost bound sits half-3 .. half-1.1 cells from the centre */
+		double w = ext / (half - 3.0 + t / 16.0);
+		float invw = (float)(1.0 / w), C = (float)((half - 0.75) / invw);
 		double margin = 1, pc = (double)C * invw;
-		int prev = -1, ok = gap > 1.02 * w && pc < 15.4 && pc > ext * invw;
+		int prev = -1, ok = gap > 1.02 * w && pc < half - 0.6 && pc > ext * invw;
 		for (int i = 0; i < nb && ok; i++) {
-			double pos = (double)b[i] * invw + 16.5;
+			double pos = (double)b[i] * invw + half + 0.5;
 			int k = (int)floor(pos);
 			double fr = pos - k;
 			ok = k > prev && fabs(b[i]) < C;
@@ -153,8 +155,9 @@ static int grid_init(struct ctx *e, const float *b, int nb)
 			margin = 1 - fr < margin ? 1 - fr : margin;
 			prev = k;
 		}
-		/* ±C: pos 16.5 ± pc, inside 1.1 .. 31.9 and off the edges */
-		double fc = 16.5 + pc - floor(16.5 + pc), fd = 16.5 - pc - floor(16.5 - pc);
+		/* ±C: pos half + 0.5 ± pc, inside the grid and off the edges */
+		double fc = half + 0.5 + pc - floor(half + 0.5 + pc);
+		double fd = half + 0.5 - pc - floor(half + 0.5 - pc);
 		margin = fc < margin ? fc : margin;
 		margin = 1 - fc < margin ? 1 - fc : margin;
 		margin = fd < margin ? fd : margin;
@@ -163,6 +166,8 @@ static int grid_init(struct ctx *e, const float *b, int nb)
 			best_margin = margin;
 			best_invw = invw;
 			best_c = C;
+			if (margin >= 0.05)
+				break; /* good enough: this runs once per encode call */
 		}
 	}
 	if (best_margin < 0.02)
@@ -172,11 +177,11 @@ static int grid_init(struct ctx *e, const float *b, int nb)
 	for (int k = 0, i = 0; k < 32; k++) {
 		base[k] = i;
 		bnd[k] = __builtin_inff();
-		if (i < nb && (int)floor((double)b[i] * best_invw + 16.5) == k)
+		if (i < nb && (int)floor((double)b[i] * best_invw + half + 0.5) == k)
 			bnd[k] = b[i++];
 	}
 	e->ginvw = _mm512_set1_ps(best_invw);
-	e->gnegc = _mm512_set1_ps(8388608.0f + 16.0f);
+	e->gnegc = _mm512_set1_ps(8388608.0f + (float)half);
 	e->gclamp = _mm512_set1_ps(best_c);
 	e->gbase[0] = _mm512_loadu_si512(base);
 	e->gbase[1] = _mm512_loadu_si512(base + 16);
@@ -185,7 +190,8 @@ static int grid_init(struct ctx *e, const float *b, int nb)
 	return 1;
 }
 
-static void ctx_init(struct ctx *e, const tq_codec *c)
+/* grid: build the quantizer grid too (encode only). */
+static void ctx_init(struct ctx *e, const tq_codec *c, int grid)
 {
 	e->c = c;
 	e->d = c->dim;
@@ -211,7 +217,7 @@ static void ctx_init(struct ctx *e, const tq_codec *c)
 			e->bt[j++] = _mm512_loadu_ps(cb->bound + s - 1);
 		e->ctab = _mm512_loadu_ps(ct);
 		e->c2tab = _mm512_loadu_ps(c2);
-		e->grid = grid_init(e, cb->bound, L - 1);
+		e->grid = grid ? grid_init(e, cb->bound, L - 1) : 0;
 	}
 }
 
@@ -231,13 +237,16 @@ AI __m512i quant(const struct ctx *e, __m512 u, int L)
 	return lo;
 }
 
-AI __m512i quant_grid(const struct ctx *e, __m512 u)
+/* bits: the codec's (<= 3: the 16-cell grid of grid_init). */
+AI __m512i quant_grid(const struct ctx *e, __m512 u, int bits)
 {
 	/* imm 0x02: abs-min of (u, C), sign of u = clamp(u, -C, C) */
 	__m512 uc = _mm512_range_ps(u, e->gclamp, 0x02);
 	__m512i k = _mm512_castps_si512(_mm512_fmadd_ps(uc, e->ginvw, e->gnegc));
-	__m512i base = _mm512_permutex2var_epi32(e->gbase[0], k, e->gbase[1]);
-	__m512 bnd = _mm512_permutex2var_ps(e->gbnd[0], k, e->gbnd[1]);
+	__m512i base = bits <= 3 ? _mm512_permutexvar_epi32(k, e->gbase[0])
+				 : _mm512_permutex2var_epi32(e->gbase[0], k, e->gbase[1]);
+	__m512 bnd = bits <= 3 ? _mm512_permutexvar_ps(k, e->gbnd[0])
+			       : _mm512_permutex2var_ps(e->gbnd[0], k, e->gbnd[1]);
 	return _mm512_mask_sub_epi32(base, _mm512_cmp_ps_mask(u, bnd, _CMP_GT_OQ), base,
 				     _mm512_set1_epi32(-1));
 }
@@ -586,7 +595,7 @@ AI int enc_tq_rn(const struct ctx *e, const uint8_t *row, size_t rb, enum tq_dty
 		__m512 a2 = _mm512_setzero_ps();
 		#pragma GCC unroll 32
 		for (int k = 0; k < nr; k++) {
-			q[v][k] = quant_grid(e, _mm512_mul_ps(x[v][k], f));
+			q[v][k] = quant_grid(e, _mm512_mul_ps(x[v][k], f), bits);
 			__m512 c2 = _mm512_maskz_permutexvar_ps(d < 16 ? 0x00FF : 0xFFFF, q[v][k], e->c2tab);
 			a2 = k ? _mm512_add_ps(a2, c2) : c2;
 		}
@@ -1137,30 +1146,40 @@ static int is_tq(const tq_codec *c)
 	return c->id == TQ_CODEC_TQ2 || c->id == TQ_CODEC_TQ3 || c->id == TQ_CODEC_TQ4;
 }
 
+/* The tables of ctx_init (the quantizer grid's search costs 100–150 ns),
+ * built once per codec in tq_codec_new. */
+static void *avx512_prepare(const tq_codec *c)
+{
+	struct ctx *e = aligned_alloc(64, (sizeof(struct ctx) + 63) & ~(size_t)63);
+
+	if (e)
+		ctx_init(e, c, 1);
+	return e;
+}
+
 static int avx512_encode(const tq_codec *c, const void *src, enum tq_dtype dt, size_t n, void *dst,
 			 tq_error *err)
 {
-	struct ctx e;
+	const struct ctx *e = c->isa_ctx;
 	enc_fn fn = NULL;
 	int reg = c->rot.kind == TQ_ROT_HADAMARD && c->dim <= 256;
 
 	if (!tq_dtype_size(dt))
 		return tq_fail(err, "unknown input element type %d", (int)dt);
-	ctx_init(&e, c);
-	if (is_tq(c) && !e.grid)
+	if (is_tq(c) && !e->grid)
 		reg = 0; /* the register path quantizes on the grid only */
 	if (is_tq(c) && reg && c->dim == 128) {
 		/* one loop per instance, so each kernel inlines into its loop */
 		switch ((c->bits - 2) * 3 + (int)dt) {
-		case 0: return enc_loop2(&e, enc_tq2_128_f32_x2, enc_tq2_128_f32, src, dt, n, dst, err);
-		case 1: return enc_loop2(&e, enc_tq2_128_f16_x2, enc_tq2_128_f16, src, dt, n, dst, err);
-		case 2: return enc_loop2(&e, enc_tq2_128_bf16_x2, enc_tq2_128_bf16, src, dt, n, dst, err);
-		case 3: return enc_loop2(&e, enc_tq3_128_f32_x2, enc_tq3_128_f32, src, dt, n, dst, err);
-		case 4: return enc_loop2(&e, enc_tq3_128_f16_x2, enc_tq3_128_f16, src, dt, n, dst, err);
-		case 5: return enc_loop2(&e, enc_tq3_128_bf16_x2, enc_tq3_128_bf16, src, dt, n, dst, err);
-		case 6: return enc_loop2(&e, enc_tq4_128_f32_x2, enc_tq4_128_f32, src, dt, n, dst, err);
-		case 7: return enc_loop2(&e, enc_tq4_128_f16_x2, enc_tq4_128_f16, src, dt, n, dst, err);
-		default: return enc_loop2(&e, enc_tq4_128_bf16_x2, enc_tq4_128_bf16, src, dt, n, dst, err);
+		case 0: return enc_loop2(e, enc_tq2_128_f32_x2, enc_tq2_128_f32, src, dt, n, dst, err);
+		case 1: return enc_loop2(e, enc_tq2_128_f16_x2, enc_tq2_128_f16, src, dt, n, dst, err);
+		case 2: return enc_loop2(e, enc_tq2_128_bf16_x2, enc_tq2_128_bf16, src, dt, n, dst, err);
+		case 3: return enc_loop2(e, enc_tq3_128_f32_x2, enc_tq3_128_f32, src, dt, n, dst, err);
+		case 4: return enc_loop2(e, enc_tq3_128_f16_x2, enc_tq3_128_f16, src, dt, n, dst, err);
+		case 5: return enc_loop2(e, enc_tq3_128_bf16_x2, enc_tq3_128_bf16, src, dt, n, dst, err);
+		case 6: return enc_loop2(e, enc_tq4_128_f32_x2, enc_tq4_128_f32, src, dt, n, dst, err);
+		case 7: return enc_loop2(e, enc_tq4_128_f16_x2, enc_tq4_128_f16, src, dt, n, dst, err);
+		default: return enc_loop2(e, enc_tq4_128_bf16_x2, enc_tq4_128_bf16, src, dt, n, dst, err);
 		}
 	} else if (is_tq(c) || c->id == TQ_CODEC_Q8) {
 		int q8 = c->id == TQ_CODEC_Q8;
@@ -1182,22 +1201,21 @@ static int avx512_encode(const tq_codec *c, const void *src, enum tq_dtype dt, s
 	} else {
 		return tq_fail(err, "unknown codec id %d", (int)c->id);
 	}
-	return enc_loop(&e, fn, src, dt, n, dst, err);
+	return enc_loop(e, fn, src, dt, n, dst, err);
 }
 
 static int avx512_decode(const tq_codec *c, const void *src, size_t n, float *dst)
 {
-	struct ctx e;
+	const struct ctx *e = c->isa_ctx;
 	dec_fn fn;
 	int reg = c->rot.kind == TQ_ROT_HADAMARD && c->dim <= 256;
 	int nt = (size_t)n * c->dim * 4 >= NT_MIN_BYTES && !((uintptr_t)dst & 63) && !(c->dim & 15);
 
-	ctx_init(&e, c);
 	if (is_tq(c) && reg && c->dim == 128) {
 		switch (c->bits) {
-		case 2: dec_loop(&e, dec_tq2_128, src, n, dst, nt); break;
-		case 3: dec_loop(&e, dec_tq3_128, src, n, dst, nt); break;
-		default: dec_loop(&e, dec_tq4_128, src, n, dst, nt); break;
+		case 2: dec_loop(e, dec_tq2_128, src, n, dst, nt); break;
+		case 3: dec_loop(e, dec_tq3_128, src, n, dst, nt); break;
+		default: dec_loop(e, dec_tq4_128, src, n, dst, nt); break;
 		}
 		goto done;
 	}
@@ -1222,7 +1240,7 @@ static int avx512_decode(const tq_codec *c, const void *src, size_t n, float *ds
 	} else {
 		return -EINVAL;
 	}
-	dec_loop(&e, fn, src, n, dst, nt);
+	dec_loop(e, fn, src, n, dst, nt);
 done:
 	if (nt)
 		_mm_sfence();
@@ -1231,6 +1249,7 @@ done:
 
 static const struct tq_codec_ops ops_avx512 = {
 	.isa = TQ_ISA_AVX512,
+	.prepare = avx512_prepare,
 	.encode = avx512_encode,
 	.decode = avx512_decode,
 };

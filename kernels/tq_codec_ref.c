@@ -124,9 +124,14 @@ static int encode_q8(const tq_codec *c, const float *x, uint8_t *blk)
 		memset(blk, 0, c->block_bytes);
 		return 0;
 	}
-	float inv = 127.0f / amax;
+	float inv = 127.0f / amax, pre = 1.0f;
+	if (!isfinite(inv)) {
+		/* amax is subnormal: scale y by 2^64 (exact) before the reciprocal */
+		pre = 0x1.0p64f;
+		inv = 127.0f / (amax * pre);
+	}
 	for (int i = 0; i < d; i++) {
-		float r = rintf(y[i] * inv);
+		float r = rintf((y[i] * pre) * inv);
 		q[i] = (int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : (int)r);
 	}
 	put_f32(blk, amax / 127.0f);
@@ -150,9 +155,11 @@ static int encode_q4a(const tq_codec *c, const float *x, uint8_t *blk)
 	float mn = x[0], mx = x[0];
 	uint8_t q[TQ_DIM_MAX];
 
+	/* plain compares, not fminf/fmaxf: which zero wins (±0) must not
+	 * depend on the compiler or libm — it decides the stored min's sign */
 	for (int i = 1; i < d; i++) {
-		mn = fminf(mn, x[i]);
-		mx = fmaxf(mx, x[i]);
+		mn = x[i] < mn ? x[i] : mn;
+		mx = x[i] > mx ? x[i] : mx;
 	}
 	float range = mx - mn;
 	uint16_t sh = tq_f32_to_f16(range / 15.0f), mh = tq_f32_to_f16(mn);

@@ -13,7 +13,10 @@
  *   - scalar factors are computed once in float, in the order written in the
  *     reference, and then applied with one multiply per element.
  * SIMD code may use FMA only where an operand is exactly ±1 or 0 (then the
- * fused and unfused results agree).
+ * fused and unfused results agree), or where the result only selects a
+ * candidate that an exact comparison then confirms (the AVX-512 grid
+ * quantizer picks a cell with an FMA; the index comes from comparing u
+ * with the cell's bound exactly).
  */
 #ifndef TQ_INTERNAL_H
 #define TQ_INTERNAL_H
@@ -73,6 +76,10 @@ static inline int tq_cb_index(const tq_codebook *cb, float v)
  * fp32 first; `conv` is scratch of [dim] floats owned by the caller. */
 struct tq_codec_ops {
 	enum tq_isa isa;
+	/* Optional: build the path's per-codec tables once, in tq_codec_new
+	 * (returns malloc'ed memory, freed with the codec, or NULL on ENOMEM).
+	 * encode/decode then find them in c->isa_ctx. */
+	void *(*prepare)(const tq_codec *c);
 	int (*encode)(const tq_codec *c, const void *src, enum tq_dtype dtype, size_t n,
 		      void *dst, tq_error *err);
 	int (*decode)(const tq_codec *c, const void *src, size_t n, float *dst);
@@ -87,6 +94,7 @@ struct tq_codec {
 	struct tq_rotation rot;  /* kind NONE for q4a / f16 / f32               */
 	tq_codebook cb;          /* tq* only                                    */
 	const struct tq_codec_ops *ops;
+	void *isa_ctx;           /* ops->prepare's tables, read-only afterwards */
 };
 
 extern const struct tq_codec_ops tq_codec_ops_scalar;

@@ -379,6 +379,28 @@ static void test_zero_and_range(void)
 }
 
 /* Every codec decodes close to its input; f16/f32 exactly where they can. */
+/* Subnormal magnitudes: q8's reciprocal would overflow; still encoded. */
+static void test_subnormal(void)
+{
+	float x[64], back[64];
+	uint8_t blk[256];
+	tq_codec *c;
+	struct tq_codec_params p = { TQ_CODEC_Q8, 64, 5, TQ_ISA_SCALAR };
+	double num = 0, den = 0;
+
+	T_ASSERT(tq_codec_new(&c, cache, &p, NULL) == 0);
+	for (int i = 0; i < 64; i++)
+		x[i] = 1e-39f * (float)sin(i + 0.5);
+	T_EQ(tq_encode(c, x, TQ_DTYPE_F32, 1, blk, NULL), 0);
+	tq_decode(c, blk, 1, back);
+	for (int i = 0; i < 64; i++) {
+		num += ((double)back[i] - x[i]) * ((double)back[i] - x[i]);
+		den += (double)x[i] * x[i];
+	}
+	T_ASSERT(den > 0 && num / den < 1e-2);
+	tq_codec_free(c);
+}
+
 static void test_codec_accuracy(void)
 {
 	const double max_rel_mse[TQ_CODEC__COUNT] = {
@@ -462,6 +484,7 @@ int main(void)
 	T_RUN(test_bad_params);
 	T_RUN(test_bad_vectors);
 	T_RUN(test_zero_and_range);
+	T_RUN(test_subnormal);
 	T_RUN(test_rotation_orthogonal);
 	T_RUN(test_determinism);
 	T_RUN(test_norm_preserved);

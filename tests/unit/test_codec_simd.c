@@ -458,7 +458,8 @@ static void test_decode_any_bytes(void)
 }
 
 /* A codec sharing ref's rotation and codebook: id changed (same dim and
- * seed give the same rotation), path pinned to isa.  Free with free(). */
+ * seed give the same rotation), path pinned to isa, its tables prepared.
+ * Free with clone_free(). */
 static tq_codec *clone_codec(const tq_codec *ref, enum tq_codec_id id, enum tq_isa isa)
 {
 	tq_codec *c = malloc(sizeof(*c));
@@ -473,7 +474,14 @@ static tq_codec *clone_codec(const tq_codec *ref, enum tq_codec_id id, enum tq_i
 		c->cb = *cb;
 	c->ops = isa == TQ_ISA_AVX2 ? tq_codec_ops_avx2() : isa == TQ_ISA_AVX512 ? tq_codec_ops_avx512()
 			      : &tq_codec_ops_scalar;
+	c->isa_ctx = c->ops->prepare ? c->ops->prepare(c) : NULL;
 	return c;
+}
+
+static void clone_free(tq_codec *c)
+{
+	free(c->isa_ctx);
+	free(c);
 }
 
 /* Every supported dim, the rotated codecs and q4a on Gaussian and outlier
@@ -515,11 +523,11 @@ static void test_all_dims(void)
 					tq_encode_ref(ref, src, TQ_DTYPE_F32, 4, blk, NULL);
 					ok = cmp_decode(ref, c, blk, 4);
 				}
-				free(c);
+				clone_free(c);
 				if (!ok)
 					fprintf(stderr, "    %s d=%d %s\n", tq_codec_name(ids[k]), d, tq_isa_name(isas[ii]));
 			}
-			free(ref);
+			clone_free(ref);
 		}
 		free(src);
 		free(blk);
