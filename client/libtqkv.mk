@@ -27,10 +27,12 @@ $(LIBTQKV_SO): $(LIBTQKV_OBJS) client/libtqkv.map $(STAMP)
 	ln -sf libtqkv.so.$(VERSION) $(LIB)/libtqkv.so.$(TQKV_SOMAJOR)
 	ln -sf libtqkv.so.$(TQKV_SOMAJOR) $(LIB)/libtqkv.so
 
-$(TQKV_PC): client/tqkv.pc.in VERSION
+# Regenerated whenever PREFIX, LIBDIR or INCDIR differ from the last build.
+$(TQKV_PC): client/tqkv.pc.in VERSION FORCE
 	@mkdir -p $(dir $@)
-	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCDIR@|$(INCDIR)|g' \
-		-e 's|@VERSION@|$(VERSION)|g' $< > $@
+	@sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCDIR@|$(INCDIR)|g' \
+		-e 's|@VERSION@|$(VERSION)|g' $< > $@.tmp
+	@if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
 
 ALL_TARGETS += $(LIBTQKV_A) $(LIBTQKV_SO) $(TQKV_PC)
 

@@ -65,10 +65,16 @@ static const struct opt opts[] = {
 	  "sessions open or evicted at once; OpenSession beyond it fails" },
 	{ "daemon", "session_idle_ttl", OPT_DURATION, G(session_idle_ttl_ms), 0, 30 * DAY_MS, "0", NULL, true,
 	  "evict sessions idle this long, drop evicted ones after as long again (0: never)" },
+	{ "daemon", "data_workers", OPT_U32, G(data_workers), 0, 256, "0", NULL, false,
+	  "threads running data operations (append, attention); 0: one per CPU" },
 	{ "pool", "pool_bytes", OPT_SIZE, G(pool_bytes), 16 * MiB, PiB, "1GiB", NULL, false,
 	  "host memory for compressed KV pages; tenant budgets must fit in it" },
 	{ "pool", "spill_dir", OPT_PATH, G(spill_dir), 0, 0, CONFIG_DEFAULT_SPILL_DIR, NULL, false,
 	  "directory for spill files (created at start; must be writable)" },
+	{ "pool", "page_bytes", OPT_SIZE, G(page_bytes), 4 * KiB, 64 * MiB, "64KiB", NULL, false,
+	  "pool page size (a multiple of 4KiB): one (session, layer)'s run of tokens" },
+	{ "pool", "numa_node", OPT_I32, G(numa_node), (uint64_t)(int64_t)-1, 1023, "-1", NULL, false,
+	  "bind the pool to this NUMA node (libnuma); -1: no binding" },
 	{ "tenant", "guaranteed", OPT_SIZE, T(guaranteed), 0, PiB, "0", NULL, true,
 	  "bytes this tenant keeps under pressure; all guarantees fit in pool_bytes" },
 	{ "tenant", "limit", OPT_SIZE, T(limit), MiB, PiB, NULL, "pool_bytes", true,
@@ -369,7 +375,8 @@ static int opt_parse(const struct opt *o, void *base, const char *value, char *w
 			return -EINVAL;
 		}
 		if (v < (long long)o->min || v > (long long)o->max) {
-			snprintf(why, whylen, "%lld is out of range [%" PRIu64 ", %" PRIu64 "]", v, o->min, o->max);
+			snprintf(why, whylen, "%lld is out of range [%lld, %lld]", v, (long long)o->min,
+				 (long long)o->max);
 			return -ERANGE;
 		}
 		if (o->type == OPT_U32)

@@ -51,9 +51,12 @@ struct config {
 	char control_group[CONFIG_NAME_MAX]; /* "" = the daemon's group */
 	uint32_t max_sessions;
 	uint64_t session_idle_ttl_ms;        /* 0 = never */
+	uint32_t data_workers;               /* ring worker threads; 0 = one per CPU */
 	/* [pool] */
 	uint64_t pool_bytes;
 	char spill_dir[CONFIG_DIR_MAX];
+	uint64_t page_bytes;                 /* pool page size */
+	int32_t numa_node;                   /* -1 = no binding */
 	/* [tenant NAME] sections; the embedded "default" tenant when none */
 	uint32_t n_tenants;
 	struct tenant_conf tenant[CONFIG_MAX_TENANTS];

@@ -265,8 +265,8 @@ static int start_pool(struct daemon *d)
 {
 	struct pool_params pp = {
 		.bytes = d->cfg->pool_bytes,
-		.page_bytes = POOL_PAGE_BYTES_DEFAULT,
-		.numa_node = -1,
+		.page_bytes = d->cfg->page_bytes <= POOL_PAGE_BYTES_MAX ? (uint32_t)d->cfg->page_bytes : 0,
+		.numa_node = d->cfg->numa_node,
 		.hugepages = true,
 	};
 	struct pool_stats ps;
@@ -294,7 +294,8 @@ static int start_ring(struct daemon *d)
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	struct ring_params rp = {
 		.run_dir = d->cfg->run_dir,
-		.n_workers = ncpu > 0 ? (uint32_t)(ncpu < 64 ? ncpu : 64) : 2,
+		.n_workers = d->cfg->data_workers ? d->cfg->data_workers
+			   : ncpu > 0 ? (uint32_t)(ncpu < 64 ? ncpu : 64) : 2,
 		.attn_threads = 1,
 		.max_clients = 256,
 		.spin_us = 50,

@@ -82,7 +82,8 @@ struct ring_client {
 
 	int closing;                       /* atomic: stop taking SQEs, drop queued work */
 	int done;                          /* atomic: the ring thread has finished */
-	uint32_t inflight;                 /* queued + running operations (rs->lock) */
+	uint32_t inflight;                 /* queued + running operations: written under
+	                                      rs->lock, read atomically without it */
 	pthread_cond_t idle;               /* inflight reached 0 (rs->lock) */
 	struct binding *bindings;          /* rs->lock */
 	uint32_t n_bindings;
@@ -423,7 +424,7 @@ static void push_runq(struct ring_server *rs, struct binding *b)
 	if (rs->rq_tail)
 		rs->rq_tail->rq_next = b;
 	else
-		rs->rq_head = b;
+		__atomic_store_n(&rs->rq_head, b, __ATOMIC_RELEASE); /* read unlocked by spinning workers */
 	rs->rq_tail = b;
 	b->queued = true;
 	if (rs->sleepers)
@@ -481,7 +482,7 @@ static void dispatch(struct ring_client *c, const struct tqkv_sqe *e)
 		else
 			b->head = o;
 		b->tail = o;
-		c->inflight++;
+		__atomic_add_fetch(&c->inflight, 1, __ATOMIC_RELEASE); /* read unlocked by drain() */
 		if (!b->queued)
 			push_runq(rs, b);
 	}
@@ -711,7 +712,7 @@ static void *worker_main(void *arg)
 			continue;
 		}
 		b = rs->rq_head;
-		rs->rq_head = b->rq_next;
+		__atomic_store_n(&rs->rq_head, b->rq_next, __ATOMIC_RELAXED);
 		if (!rs->rq_head)
 			rs->rq_tail = NULL;
 		o = b->head;
@@ -737,7 +738,7 @@ static void *worker_main(void *arg)
 				free(b);
 			}
 		}
-		if (--c->inflight == 0)
+		if (__atomic_sub_fetch(&c->inflight, 1, __ATOMIC_RELEASE) == 0)
 			pthread_cond_broadcast(&c->idle);
 	}
 	pthread_mutex_unlock(&rs->lock);

@@ -14,7 +14,8 @@
  *
  * Geometry: 32 query heads, 8 KV heads, head dim 128; decode = 1 query token at
  * the last position, prefill = 128 query tokens at the end of the context
- * (causal).  Times are medians over --reps runs after a warm-up.
+ * (causal).  Each of --reps rounds times every figure once, in turn (so
+ * outside load on a shared box hits them alike); the figures are medians.
  *
  * --quality: output cosine and top-1 agreement per codec pair on synthetic
  * keys shaped like real ones, plus the needle test (--trials, default 1000).
@@ -208,35 +209,40 @@ static void bw_task(void *arg, int task, int thread)
 	(void)thread;
 }
 
-static double read_bw_gbs(tq_threads *pool, int reps)
+/* GB/s of one read-only pass over j->buf on the pool. */
+static double read_bw_once(tq_threads *pool, struct bw_job *j)
+{
+	double t = bench_now();
+	tq_threads_run(pool, bw_task, j, j->parts);
+	t = bench_now() - t;
+	bench_sink(j->sum);
+	return (double)j->words * 8 / t / 1e9;
+}
+
+static struct bw_job *bw_new(tq_threads *pool)
 {
 	struct bw_job *j = calloc(1, sizeof(*j));
 	size_t bytes = (size_t)256 << 20;
 	uint64_t *buf = aligned_alloc(64, bytes);
-	double best = 0.0;
 
 	if (!j || !buf) {
 		free(j);
 		free(buf);
-		return 0.0;
+		return NULL;
 	}
 	for (size_t i = 0; i < bytes / 8; i++)
 		buf[i] = i;
 	j->buf = buf;
 	j->words = bytes / 8;
 	j->parts = tq_threads_count(pool);
-	for (int r = 0; r < reps; r++) {
-		double t = bench_now();
-		tq_threads_run(pool, bw_task, j, j->parts);
-		t = bench_now() - t;
-		double gbs = (double)bytes / t / 1e9;
-		if (gbs > best)
-			best = gbs;
-	}
-	bench_sink(j->sum);
-	free(buf);
+	return j;
+}
+
+static void bw_free(struct bw_job *j)
+{
+	if (j)
+		free((void *)j->buf);
 	free(j);
-	return best;
 }
 
 /* ---- timing -------------------------------------------------------------- */
@@ -253,25 +259,13 @@ static double median(double *v, int n)
 	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* Median ms of tq_attend over reps runs (one warm-up). */
-static double time_attend(struct tq_attn_params *p, int reps)
+static double time_one(struct tq_attn_params *p)
 {
-	double v[64];
-	tq_error err;
-
-	if (reps > 64)
-		reps = 64;
-	if (tq_attend(p, &err)) {
-		fprintf(stderr, "tqbench attn: %s\n", err.msg);
-		return NAN;
-	}
-	for (int r = 0; r < reps; r++) {
-		double t = bench_now();
-		tq_attend(p, NULL);
-		v[r] = (bench_now() - t) * 1e3;
-	}
+	double t = bench_now();
+	tq_attend(p, NULL);
+	t = bench_now() - t;
 	bench_sink(p->out);
-	return median(v, reps);
+	return t * 1e3;
 }
 
 static double cos_rows(const float *a, const float *b, size_t rows, int dim)
@@ -312,7 +306,8 @@ static int run_perf(const struct opts *o)
 	tq_cache *cbs = tq_cache_new();
 	tq_threads *pool = NULL;
 	struct cache cq = { 0 }, c16 = { 0 }, c32 = { 0 }, cdq = { 0 };
-	float *k = NULL, *v = NULL, *q = NULL, *out = NULL, *exact = NULL;
+	float *k = NULL, *v = NULL, *q = NULL, *out = NULL, *exact = NULL, *dq_out = NULL;
+	struct bw_job *bwj = NULL;
 	void *ws = NULL;
 	int rc = 1;
 	const uint32_t T = o->ctx;
@@ -371,36 +366,40 @@ static int run_perf(const struct opts *o)
 	p.workspace = ws;
 	p.workspace_bytes = (size_t)need;
 
-	double bw = read_bw_gbs(pool, 5);
-	double fused = time_attend(&p, o->reps);
-
 	struct tq_attn_params p16 = p;
 	p16.k_codec = c16.kc; p16.v_codec = c16.vc; p16.kv = &c16.t; p16.sparse_v = 0;
-	double f16 = time_attend(&p16, o->reps);
-
 	struct tq_attn_params p32 = p;
 	p32.k_codec = c32.kc; p32.v_codec = c32.vc; p32.kv = &c32.t; p32.sparse_v = 0; p32.out = exact;
-	double f32 = time_attend(&p32, o->reps);
-
 	struct tq_attn_params pdq = p32;
 	pdq.kv = &cdq.t;
-	pdq.out = out + 0; /* overwritten below by the fused run again */
-	struct dq_job dj = { &cq, &cdq };
-	double dqv[64];
-	int dreps = o->reps > 64 ? 64 : o->reps;
-	float *dq_out = malloc((size_t)n_q * NQH * DIM * sizeof(float));
-	if (!dq_out)
-		goto out;
+	dq_out = malloc((size_t)n_q * NQH * DIM * sizeof(float));
 	pdq.out = dq_out;
-	for (int i = -1; i < dreps; i++) {
+	struct dq_job dj = { &cq, &cdq };
+	bwj = bw_new(pool);
+	if (!dq_out || !bwj)
+		goto out;
+	if (tq_attend(&p, &err) || tq_attend(&p16, &err) || tq_attend(&p32, &err) || tq_attend(&pdq, &err)) {
+		fprintf(stderr, "tqbench attn: %s\n", err.msg);
+		goto out;
+	}
+
+	/* Rounds of (read bw, fused, fp16, fp32, dequant-then-attend), so that
+	 * load from elsewhere on a shared box hits every figure alike; medians. */
+	int reps = o->reps > 64 ? 64 : o->reps;
+	double vbw[64], vf[64], v16[64], v32[64], vdq[64];
+	read_bw_once(pool, bwj); /* warm-up */
+	for (int r = 0; r < reps; r++) {
+		vbw[r] = read_bw_once(pool, bwj);
+		vf[r] = time_one(&p);
+		v16[r] = time_one(&p16);
+		v32[r] = time_one(&p32);
 		double t = bench_now();
 		tq_threads_run(pool, dq_task, &dj, (int)(cq.t.n_pages * NKV));
 		tq_attend(&pdq, NULL);
-		if (i >= 0)
-			dqv[i] = (bench_now() - t) * 1e3;
+		vdq[r] = (bench_now() - t) * 1e3;
 	}
-	free(dq_out);
-	double dq = median(dqv, dreps);
+	double bw = median(vbw, reps), fused = median(vf, reps), f16 = median(v16, reps);
+	double f32 = median(v32, reps), dq = median(vdq, reps);
 
 	/* accuracy of this run's fused output against fp32 attention */
 	tq_attend(&p, NULL);
@@ -444,6 +443,8 @@ out:
 	free(q);
 	free(out);
 	free(exact);
+	free(dq_out);
+	bw_free(bwj);
 	cache_free(&cq);
 	cache_free(&c16);
 	cache_free(&c32);
