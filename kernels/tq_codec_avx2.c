@@ -602,29 +602,6 @@ static int dec_f16(const struct ctx *e, const uint8_t *blk, float *x, int nt)
 
 /* ---- batch drivers ------------------------------------------------------------------- */
 
-/* The reference for one vector, its message renumbered to vector v. */
-static int ref_one(const tq_codec *c, const void *row, enum tq_dtype dt, size_t v, uint8_t *out,
-		   tq_error *err)
-{
-	tq_error e1;
-	int r = tq_encode_ref(c, row, dt, 1, out, err ? &e1 : NULL);
-
-	if (r < 0 && err) {
-		/* = snprintf("vector %zu: %s"), truncated as the reference's is */
-		int k = !strncmp(e1.msg, "vector 0: ", 10) ?
-			snprintf(err->msg, sizeof(err->msg), "vector %zu: ", v) : -1;
-		if (k < 0 || (size_t)k >= sizeof(err->msg)) {
-			*err = e1;
-		} else {
-			size_t len = strlen(e1.msg + 10), room = sizeof(err->msg) - 1 - (size_t)k;
-			len = len < room ? len : room;
-			memcpy(err->msg + k, e1.msg + 10, len);
-			err->msg[k + len] = 0;
-		}
-	}
-	return r;
-}
-
 typedef int (*enc_fn)(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t *blk);
 typedef int (*dec_fn)(const struct ctx *e, const uint8_t *blk, float *x, int nt);
 
@@ -653,7 +630,7 @@ static int avx2_encode(const tq_codec *c, const void *src, enum tq_dtype dt, siz
 	for (size_t v = 0; v < n; v++, s += rb, out += e.bb) {
 		_mm_prefetch((const char *)s + PF_AHEAD, _MM_HINT_T0);
 		if (fn(&e, s, dt, out)) {
-			int r = ref_one(c, s, dt, v, out, err);
+			int r = tq_encode_ref_row(c, s, dt, v, out, err);
 			if (r < 0)
 				return r;
 		}

@@ -207,37 +207,46 @@ static void decode_f16(const tq_codec *c, const uint8_t *blk, float *x)
 		x[i] = tq_f16_to_f32(get_u16(blk + 2 * i));
 }
 
+int tq_encode_ref_row(const tq_codec *c, const void *row, enum tq_dtype dtype, size_t v,
+		      uint8_t *out, tq_error *err)
+{
+	float x[TQ_DIM_MAX];
+	uint8_t blk[TQ_F32_BLOCK_BYTES(TQ_DIM_MAX)];
+	int bad, r;
+
+	if (tq_row_to_f32(row, dtype, c->dim, x, &bad) < 0)
+		return fail_row(err, -EINVAL, v, "NaN or Inf", bad);
+	/* encode into a local block, so a failing vector writes nothing */
+	switch (c->id) {
+	case TQ_CODEC_TQ2:
+	case TQ_CODEC_TQ3:
+	case TQ_CODEC_TQ4: r = encode_tq(c, x, blk); break;
+	case TQ_CODEC_Q8: r = encode_q8(c, x, blk); break;
+	case TQ_CODEC_Q4A: r = encode_q4a(c, x, blk); break;
+	case TQ_CODEC_F16: r = encode_f16(c, x, blk); break;
+	case TQ_CODEC_F32: memcpy(blk, x, c->block_bytes); r = 0; break;
+	default: return tq_fail(err, "unknown codec id %d", (int)c->id);
+	}
+	if (r < 0)
+		return fail_row(err, r, v, c->id == TQ_CODEC_F16 ?
+				"a value is beyond the fp16 range" :
+				"values too large to encode (norm or range overflows fp32/fp16)", -1);
+	memcpy(out, blk, c->block_bytes);
+	return 0;
+}
+
 static int ref_encode(const tq_codec *c, const void *src, enum tq_dtype dtype, size_t n, void *dst,
 		      tq_error *err)
 {
 	size_t esz = tq_dtype_size(dtype), row_bytes = esz * (size_t)c->dim;
-	float x[TQ_DIM_MAX];
-	uint8_t blk[TQ_F32_BLOCK_BYTES(TQ_DIM_MAX)];
 
 	if (!esz)
 		return tq_fail(err, "unknown input element type %d", (int)dtype);
 	for (size_t v = 0; v < n; v++) {
-		int bad, r;
-		uint8_t *out = (uint8_t *)dst + v * c->block_bytes;
-
-		if (tq_row_to_f32((const uint8_t *)src + v * row_bytes, dtype, c->dim, x, &bad) < 0)
-			return fail_row(err, -EINVAL, v, "NaN or Inf", bad);
-		/* encode into a local block, so a failing vector writes nothing */
-		switch (c->id) {
-		case TQ_CODEC_TQ2:
-		case TQ_CODEC_TQ3:
-		case TQ_CODEC_TQ4: r = encode_tq(c, x, blk); break;
-		case TQ_CODEC_Q8: r = encode_q8(c, x, blk); break;
-		case TQ_CODEC_Q4A: r = encode_q4a(c, x, blk); break;
-		case TQ_CODEC_F16: r = encode_f16(c, x, blk); break;
-		case TQ_CODEC_F32: memcpy(blk, x, c->block_bytes); r = 0; break;
-		default: return tq_fail(err, "unknown codec id %d", (int)c->id);
-		}
+		int r = tq_encode_ref_row(c, (const uint8_t *)src + v * row_bytes, dtype, v,
+					  (uint8_t *)dst + v * c->block_bytes, err);
 		if (r < 0)
-			return fail_row(err, r, v, c->id == TQ_CODEC_F16 ?
-					"a value is beyond the fp16 range" :
-					"values too large to encode (norm or range overflows fp32/fp16)", -1);
-		memcpy(out, blk, c->block_bytes);
+			return r;
 	}
 	return 0;
 }

@@ -98,6 +98,11 @@ struct tq_codec {
 };
 
 extern const struct tq_codec_ops tq_codec_ops_scalar;
+/* The reference encoder for one row, reported as vector v of a batch (the
+ * SIMD paths hand it the vectors they do not take: non-finite values,
+ * overflow, subnormal extremes).  Writes out only on success. */
+int tq_encode_ref_row(const tq_codec *c, const void *row, enum tq_dtype dtype, size_t v,
+		      uint8_t *out, tq_error *err);
 /* NULL when this build has no such path (non-x86 builds). */
 const struct tq_codec_ops *tq_codec_ops_avx2(void);
 const struct tq_codec_ops *tq_codec_ops_avx512(void);
