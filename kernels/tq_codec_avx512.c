@@ -1137,7 +1137,10 @@ static void *avx512_prepare(const tq_codec *c)
 static int avx512_encode(const tq_codec *c, const void *src, enum tq_dtype dt, size_t n, void *dst,
 			 tq_error *err)
 {
-	const struct ctx *e = c->isa_ctx;
+	/* a local copy: the kernels' stores through uint8_t * may alias
+	 * anything, so tables read through a pointer would be reloaded */
+	struct ctx ec = *(const struct ctx *)c->isa_ctx;
+	const struct ctx *e = &ec;
 	enc_fn fn = NULL;
 	int reg = c->rot.kind == TQ_ROT_HADAMARD && c->dim <= 256;
 
@@ -1183,7 +1186,8 @@ static int avx512_encode(const tq_codec *c, const void *src, enum tq_dtype dt, s
 
 static int avx512_decode(const tq_codec *c, const void *src, size_t n, float *dst)
 {
-	const struct ctx *e = c->isa_ctx;
+	struct ctx ec = *(const struct ctx *)c->isa_ctx;
+	const struct ctx *e = &ec;
 	dec_fn fn;
 	int reg = c->rot.kind == TQ_ROT_HADAMARD && c->dim <= 256;
 	int nt = (size_t)n * c->dim * 4 >= NT_MIN_BYTES && !((uintptr_t)dst & 63) && !(c->dim & 15);
