@@ -67,6 +67,8 @@ static const struct opt opts[] = {
 	  "evict sessions idle this long, drop evicted ones after as long again (0: never)" },
 	{ "daemon", "data_workers", OPT_U32, G(data_workers), 0, 256, "0", NULL, false,
 	  "threads running data operations (append, attention); 0: one per CPU" },
+	{ "daemon", "attention_threads", OPT_U32, G(attention_threads), 1, 256, "1", NULL, false,
+	  "threads per attention call (each data worker owns a pool of this many)" },
 	{ "pool", "pool_bytes", OPT_SIZE, G(pool_bytes), 16 * MiB, PiB, "1GiB", NULL, false,
 	  "host memory for compressed KV pages; tenant budgets must fit in it" },
 	{ "pool", "spill_dir", OPT_PATH, G(spill_dir), 0, 0, CONFIG_DEFAULT_SPILL_DIR, NULL, false,

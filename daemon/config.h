@@ -52,6 +52,7 @@ struct config {
 	uint32_t max_sessions;
 	uint64_t session_idle_ttl_ms;        /* 0 = never */
 	uint32_t data_workers;               /* ring worker threads; 0 = one per CPU */
+	uint32_t attention_threads;          /* threads per attention call (per worker) */
 	/* [pool] */
 	uint64_t pool_bytes;
 	char spill_dir[CONFIG_DIR_MAX];
@@ -60,7 +61,7 @@ struct config {
 	/* [tenant NAME] sections; the embedded "default" tenant when none */
 	uint32_t n_tenants;
 	struct tenant_conf tenant[CONFIG_MAX_TENANTS];
-	int opt_line[16];                    /* where each global option was set */
+	int opt_line[32];                    /* where each option was set (indexed like the table) */
 };
 
 /* The embedded defaults: what tqkvd runs on without a config file. */

@@ -272,6 +272,8 @@ static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *
 
 	if (new_len > kv->max_tokens) {
 		res_set(r, -ENOSPC, TQKV_ST_MAX_TOKENS, 0);
+		snprintf(r->msg, sizeof(r->msg), "layer %u has %u tokens, +%u > max_tokens %llu", l,
+			 L->n_tokens, n, (unsigned long long)kv->max_tokens);
 		return r->res;
 	}
 	need = tq_page_count(g, (uint32_t)new_len) - old_pages;
@@ -290,12 +292,20 @@ static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *
 	charge = (uint64_t)need * ks->page_bytes;
 	if (need) {
 		if ((e = session_charge(s, charge)) < 0) {
+			struct tenant *t = session_tenant(s);
 			res_set(r, e, e == -ENOSPC ? TQKV_ST_TENANT_LIMIT : TQKV_ST_EVICTED, 0);
+			if (e == -ENOSPC)
+				snprintf(r->msg, sizeof(r->msg),
+					 "%u new page(s) of %u bytes; tenant '%s' holds %llu of %llu bytes",
+					 need, ks->page_bytes, tenant_name(t), (unsigned long long)tenant_used(t),
+					 (unsigned long long)tenant_limit(t));
 			return e;
 		}
 		if ((e = pool_pages_alloc(ks->pool, need, L->pages + old_pages)) < 0) {
 			session_uncharge(s, charge);
 			res_set(r, e, TQKV_ST_POOL_FULL, 0);
+			snprintf(r->msg, sizeof(r->msg), "%u new page(s); %u of the pool's pages are free", need,
+				 pool_pages_free_count(ks->pool));
 			return e;
 		}
 	}

@@ -296,7 +296,7 @@ static int start_ring(struct daemon *d)
 		.run_dir = d->cfg->run_dir,
 		.n_workers = d->cfg->data_workers ? d->cfg->data_workers
 			   : ncpu > 0 ? (uint32_t)(ncpu < 64 ? ncpu : 64) : 2,
-		.attn_threads = 1,
+		.attn_threads = d->cfg->attention_threads ? d->cfg->attention_threads : 1,
 		.max_clients = 256,
 		.spin_us = 50,
 	};

@@ -78,7 +78,8 @@ struct ring_client {
 
 	uint32_t sq_head;                  /* private: next SQE to take */
 	pthread_mutex_t cq_lock;
-	uint32_t cq_tail;                  /* private: next CQE to write (cq_lock) */
+	uint32_t cq_tail;                  /* private: next CQE to write (written under
+	                                      cq_lock, read atomically without it) */
 
 	int closing;                       /* atomic: stop taking SQEs, drop queued work */
 	int done;                          /* atomic: the ring thread has finished */
@@ -215,7 +216,7 @@ static void cq_post(struct ring_client *c, const struct tqkv_sqe *e, int res, ui
 
 	pthread_mutex_lock(&c->cq_lock);
 	memcpy(c->cq + (size_t)(c->cq_tail & (c->cq_entries - 1)) * sizeof(cqe), &cqe, sizeof(cqe));
-	c->cq_tail++;
+	__atomic_store_n(&c->cq_tail, c->cq_tail + 1, __ATOMIC_RELEASE); /* read unlocked by cq_has_room */
 	__atomic_store_n(&c->hdr->cq_tail, c->cq_tail, __ATOMIC_SEQ_CST);
 	if (res < 0)
 		client_log_error(c, e, res, status, detail, msg);
@@ -544,21 +545,22 @@ static int drain(struct ring_client *c)
 	}
 }
 
-/* 1 if one more operation may be taken without overflowing the CQ. */
+/* 1 if one more operation may be taken without overflowing the CQ (a
+ * corrupt cq_head counts as room: drain() then stops the ring). */
 static bool cq_has_room(struct ring_client *c)
 {
-	uint32_t cq_head = __atomic_load_n(&c->hdr->cq_head, __ATOMIC_SEQ_CST), used;
+	uint32_t cq_head = __atomic_load_n(&c->hdr->cq_head, __ATOMIC_SEQ_CST);
+	uint32_t used = __atomic_load_n(&c->cq_tail, __ATOMIC_ACQUIRE) - cq_head;
 
-	pthread_mutex_lock(&c->cq_lock);
-	used = c->cq_tail - cq_head;
-	pthread_mutex_unlock(&c->cq_lock);
-	return used <= c->cq_entries &&
+	return used > c->cq_entries ||
 	       used + __atomic_load_n(&c->inflight, __ATOMIC_ACQUIRE) < c->cq_entries;
 }
 
-static bool has_sqe(struct ring_client *c)
+/* Something drain() would take: an SQE and room for its CQE.  A client
+ * that does not read its completions must not keep this thread spinning. */
+static bool has_work(struct ring_client *c)
 {
-	return __atomic_load_n(&c->hdr->sq_tail, __ATOMIC_ACQUIRE) != c->sq_head;
+	return __atomic_load_n(&c->hdr->sq_tail, __ATOMIC_ACQUIRE) != c->sq_head && cq_has_room(c);
 }
 
 static void client_teardown(struct ring_client *c);
@@ -581,14 +583,14 @@ static void *client_main(void *arg)
 		/* Adaptive spin: grows when work arrives while spinning, shrinks
 		 * when the spin ends in a sleep. */
 		t0 = now_mono_ns();
-		while (now_mono_ns() - t0 < c->spin_ns) {
-			if (has_sqe(c) || __atomic_load_n(&c->closing, __ATOMIC_ACQUIRE)) {
+		do { /* look at least once, however slow the clock is to read */
+			if (has_work(c) || __atomic_load_n(&c->closing, __ATOMIC_ACQUIRE)) {
 				found = true;
 				break;
 			}
 			for (int i = 0; i < 16; i++)
 				cpu_relax();
-		}
+		} while (now_mono_ns() - t0 < c->spin_ns);
 		if (found) {
 			c->spin_ns = c->spin_ns * 2 < spin_max ? c->spin_ns * 2 : spin_max;
 			continue;

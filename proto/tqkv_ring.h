@@ -46,7 +46,7 @@
 #define TQKV_SQ_ENTRIES_MIN     1u
 #define TQKV_SQ_ENTRIES_MAX     4096u           /* power of two */
 #define TQKV_CQ_ENTRIES_MAX     8192u           /* power of two, >= sq_entries */
-#define TQKV_ARENA_BYTES_MAX    (UINT64_C(1) << 36) /* 64 GiB */
+#define TQKV_ARENA_BYTES_MAX    (UINT64_C(1) << 32) /* 4 GiB per connection */
 #define TQKV_CACHELINE          64u
 
 /* ---- header --------------------------------------------------------------

@@ -40,7 +40,9 @@
  * tqkv_req belongs to the thread that waits for it; wait for each exactly
  * once.  Do not use a session after tqkv_session_close/detach, or anything
  * after tqkv_disconnect.  fork(): the child must not use the parent's
- * connection.
+ * connection, and — because gRPC does not survive fork() — must not call
+ * libtqkv at all if the parent opened a connection with the control
+ * channel; exec() first (TQKV_CONNECT_NO_CONTROL connections use no gRPC).
  */
 #ifndef TQKV_H
 #define TQKV_H
@@ -70,8 +72,8 @@ enum tqkv_dtype {
 struct tqkv_connect_opts {
 	const char *run_dir;      /* NULL: $TQKV_RUN_DIR, else "/run/tqkvd"                 */
 	uint32_t queue_depth;     /* operations in flight: a power of two <= 4096 (0: 64)   */
-	uint64_t arena_bytes;     /* shared data arena (0: 64 MiB); one operation's inputs  */
-				  /* and output must fit in it                              */
+	uint64_t arena_bytes;     /* shared data arena (0: 64 MiB, at most 4 GiB); one      */
+				  /* operation's inputs and output must fit in it           */
 	uint32_t flags;           /* TQKV_CONNECT_*                                          */
 	int timeout_ms;           /* control calls (0: 10000)                                */
 };

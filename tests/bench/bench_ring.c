@@ -1,6 +1,7 @@
 /* bench_ring — the data path's round trip through a real tqkvd.
  *
- *   tqbench ring [--clients N] [--iters N] [--ctx T] [--json]
+ *   tqbench ring [--clients N] [--iters N] [--ctx T] [--workers W]
+ *                [--attn-threads A] [--json]
  *
  * Starts build/bin/tqkvd (next to tqbench) on a temporary run directory and
  * measures, with libtqkv:
@@ -11,6 +12,8 @@
  * with 1 client and with N client processes at once (throughput = all
  * clients' operations per second), and in the same run the floor: a futex
  * ping-pong between two processes (each wakes the other and sleeps).
+ * --workers / --attn-threads set the daemon's data_workers and
+ * attention_threads (defaults: one worker per CPU, 1 thread per call).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -31,7 +34,7 @@
 #include "tqkv.h"
 
 struct opts {
-	int clients, iters, ctx, json;
+	int clients, iters, ctx, json, workers, attn_threads;
 };
 
 static int cmp_double(const void *a, const void *b)
@@ -60,6 +63,7 @@ static double futex_pingpong_p50(int iters, double *p99)
 	pid_t pid;
 
 	w[0] = w[16] = 0; /* w[0]: ping, w[16]: pong (separate lines) */
+	fflush(stdout);
 	pid = fork();
 	if (pid == 0) {
 		for (uint32_t i = 1; i <= (uint32_t)iters + 100; i++) {
@@ -91,9 +95,9 @@ static double futex_pingpong_p50(int iters, double *p99)
 static char run_dir[64];
 static pid_t daemon_pid;
 
-static int daemon_start(void)
+static int daemon_start(const struct opts *o)
 {
-	char exe[PATH_MAX], bin[PATH_MAX + 16], conf[128], spill[96], sock[128];
+	char exe[PATH_MAX], bin[PATH_MAX + 16], conf[128], spill[96];
 	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
 	FILE *f;
 
@@ -110,19 +114,22 @@ static int daemon_start(void)
 	f = fopen(conf, "w");
 	if (!f)
 		return -1;
-	fprintf(f, "[daemon]\nlog_level = warning\n[pool]\npool_bytes = 2G\n[tenant default]\nallow_uids = *\n");
+	fprintf(f, "[daemon]\nlog_level = warning\ndata_workers = %d\nattention_threads = %d\n"
+		   "[pool]\npool_bytes = 2G\n[tenant default]\nallow_uids = *\n", o->workers, o->attn_threads);
 	fclose(f);
+	fflush(stdout);
 	daemon_pid = fork();
 	if (daemon_pid == 0) {
 		execl(bin, bin, "--config", conf, "--run-dir", run_dir, "--spill-dir", spill, (char *)NULL);
 		fprintf(stderr, "tqbench ring: cannot run %s: %s\n", bin, strerror(errno));
 		_exit(127);
 	}
-	snprintf(sock, sizeof(sock), "%s/data.sock", run_dir);
 	for (int i = 0; i < 100; i++) {
-		struct tqkv_connect_opts o = { .run_dir = run_dir };
+		/* data channel only: gRPC must not be initialized in this process,
+		 * which forks the clients (gRPC core does not survive fork) */
+		struct tqkv_connect_opts co = { .run_dir = run_dir, .flags = TQKV_CONNECT_NO_CONTROL };
 		tqkv *c;
-		if (tqkv_connect(&c, &o) == 0) {
+		if (tqkv_connect(&c, &co) == 0) {
 			tqkv_disconnect(c);
 			return 0;
 		}
@@ -250,6 +257,7 @@ static int run_clients(const struct opts *o, int op, int n, double *p50, double 
 	int bad = 0;
 
 	barrier[0] = barrier[16] = 0;
+	fflush(stdout); /* the children must not inherit unwritten output */
 	for (int i = 0; i < n; i++) {
 		pid[i] = fork();
 		if (pid[i] == 0)
@@ -295,7 +303,7 @@ static int run_clients(const struct opts *o, int op, int n, double *p50, double 
 
 static int bench_ring_main(int argc, char **argv)
 {
-	struct opts o = { .clients = 4, .iters = 20000, .ctx = 4096 };
+	struct opts o = { .clients = 4, .iters = 20000, .ctx = 4096, .attn_threads = 1 };
 	int iters_set = 0;
 
 	for (int i = 1; i < argc; i++) {
@@ -307,18 +315,25 @@ static int bench_ring_main(int argc, char **argv)
 			o.iters = atoi(argv[++i]), iters_set = 1;
 		else if (!strcmp(argv[i], "--ctx") && i + 1 < argc)
 			o.ctx = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--workers") && i + 1 < argc)
+			o.workers = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--attn-threads") && i + 1 < argc)
+			o.attn_threads = atoi(argv[++i]);
 		else {
-			fprintf(stderr, "usage: tqbench ring [--clients N] [--iters N] [--ctx T] [--json]\n");
+			fprintf(stderr, "usage: tqbench ring [--clients N] [--iters N] [--ctx T] [--workers W] "
+					"[--attn-threads A] [--json]\n");
 			return strcmp(argv[i], "--help") ? 2 : 0;
 		}
 	}
-	if (o.clients < 1 || o.clients > 64 || o.iters < 10 || o.ctx < 1 || o.ctx > 1 << 20) {
-		fprintf(stderr, "tqbench ring: --clients 1..64, --iters >= 10, --ctx 1..2^20\n");
+	if (o.clients < 1 || o.clients > 64 || o.iters < 10 || o.ctx < 1 || o.ctx > 1 << 20 ||
+	    o.workers < 0 || o.workers > 256 || o.attn_threads < 1 || o.attn_threads > 256) {
+		fprintf(stderr, "tqbench ring: --clients 1..64, --iters >= 10, --ctx 1..2^20, "
+				"--workers 0..256, --attn-threads 1..256\n");
 		return 2;
 	}
 	barrier = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	double fx99, fx50 = futex_pingpong_p50(o.iters, &fx99);
-	if (daemon_start() < 0) {
+	if (daemon_start(&o) < 0) {
 		fprintf(stderr, "tqbench ring: tqkvd did not start (build it first: make)\n");
 		daemon_stop();
 		return 1;
@@ -339,6 +354,8 @@ static int bench_ring_main(int argc, char **argv)
 		for (int k = 0; k < (o.clients > 1 ? 2 : 1); k++) {
 			double p50, p99, ops;
 			if (run_clients(&oo, op, ns[k], &p50, &p99, &ops) < 0) {
+				fprintf(stderr, "tqbench ring: a client failed (%s, %d clients)\n",
+					op ? "append_attend" : "nop", ns[k]);
 				rc = 1;
 				break;
 			}
@@ -346,8 +363,10 @@ static int bench_ring_main(int argc, char **argv)
 			if (o.json)
 				printf("{\"suite\":\"ring\",\"op\":\"%s\",\"clients\":%d,\"p50_us\":%.3f,\"p99_us\":%.3f,"
 				       "\"ops_per_s\":%.0f,\"futex_pingpong_p50_us\":%.3f,\"ctx\":%d,\"k_codec\":\"tq4\","
-				       "\"v_codec\":\"tq3\",\"q_heads\":%d,\"kv_heads\":%d,\"head_dim\":%d}\n",
-				       name, ns[k], p50, p99, ops, fx50, op ? o.ctx : 0, NQ, NKV, D);
+				       "\"v_codec\":\"tq3\",\"q_heads\":%d,\"kv_heads\":%d,\"head_dim\":%d,"
+				       "\"workers\":%d,\"attn_threads\":%d}\n",
+				       name, ns[k], p50, p99, ops, fx50, op ? o.ctx : 0, NQ, NKV, D, o.workers,
+				       o.attn_threads);
 			else
 				printf("%-14s %7d %9.2f %9.2f %12.0f\n", name, ns[k], p50, p99, ops);
 			fflush(stdout);
@@ -357,4 +376,5 @@ static int bench_ring_main(int argc, char **argv)
 	return rc;
 }
 
-TQ_BENCH_SUITE(ring, "ring [--clients N] [--iters N] [--ctx T] [--json]", bench_ring_main)
+TQ_BENCH_SUITE(ring, "ring [--clients N] [--iters N] [--ctx T] [--workers W] [--attn-threads A] [--json]",
+	       bench_ring_main)

@@ -4,7 +4,8 @@
 # over the shared-memory ring; results are bit-identical to the kernels
 # in-process; a client killed with SIGKILL gives back its pages, arena and
 # ephemeral session, as GetStats (tqctl stats --json) shows; a detached
-# session survives its client until closed.
+# session survives its client until closed, and is evicted then dropped
+# once idle past session_idle_ttl.
 . "$(dirname "$0")/lib/daemon.bash"
 CLIENT=${TQ_BUILD:-$PWD/build}/tests/test_ring
 [ -x "$CLIENT" ] || { echo "test_ring not built"; exit 77; }
@@ -20,9 +21,9 @@ start_daemon --config "$T/tqkvd.conf"
 wait_up
 
 stat() { ctl stats --json | python3 -c "import json,sys; d=json.load(sys.stdin); print(d.get('$1', 0))"; }
-# wait_stat FIELD VALUE: until GetStats shows it (5 s)
+# wait_stat FIELD VALUE [TENTHS]: until GetStats shows it (default 5 s)
 wait_stat() {
-	for _ in $(seq 50); do [ "$(stat "$1")" = "$2" ] && return 0; sleep 0.1; done
+	for _ in $(seq "${3:-50}"); do [ "$(stat "$1")" = "$2" ] && return 0; sleep 0.1; done
 	fail "GetStats $1 is $(stat "$1"), expected $2"
 }
 TOTAL=$(stat pages_total)
@@ -70,9 +71,39 @@ ctl close "$ID" >/dev/null || fail "tqctl close $ID"
 wait_stat used_bytes 0
 wait_stat pages_free "$TOTAL"
 
+# 4. idle TTL (a reload turns it on): an unused detached session is evicted
+# (its pages return), then dropped
+printf '[daemon]\nsession_idle_ttl = 1s\n' >>"$T/tqkvd.conf"
+kill -HUP "$DAEMON_PID"
+wait_for 'reload: done' "$LOG"
+"$CLIENT" --client hold "$T/run" detached >"$T/hold3.out" 2>&1 &
+HOLD=$!
+for _ in $(seq 100); do grep -q ready "$T/hold3.out" && break; sleep 0.1; done
+grep -q ready "$T/hold3.out" || fail "client did not get ready: $(cat "$T/hold3.out")"
+kill -KILL $HOLD
+wait $HOLD 2>/dev/null
+wait_stat sessions_evicted 1 50
+wait_stat used_bytes 0
+wait_stat pages_free "$TOTAL"
+wait_stat sessions_evicted 0 50
+wait_stat sessions_open 0
+
 # the daemon is still healthy and says so in text too
 ctl stats | grep -q '^pages: ' || fail "tqctl stats lacks the pages line"
 ctl stats | grep -q '^data clients: ' || fail "tqctl stats lacks the data clients line"
+
+# 5. SIGTERM with a client in the middle of operations: the daemon finishes
+# what runs, exits 0 promptly, and the client gets errors instead of hanging
+"$CLIENT" --client hold "$T/run" ephemeral >"$T/hold4.out" 2>&1 &
+HOLD=$!
+for _ in $(seq 100); do grep -q ready "$T/hold4.out" && break; sleep 0.1; done
+grep -q ready "$T/hold4.out" || fail "client did not get ready: $(cat "$T/hold4.out")"
 stop_daemon TERM
 [ "$STOP_RC" = 0 ] || fail "tqkvd exited $STOP_RC"
+[ "$STOP_MS" -lt 3000 ] || fail "tqkvd took $STOP_MS ms to stop"
+for _ in $(seq 30); do kill -0 $HOLD 2>/dev/null || break; sleep 0.1; done
+kill -0 $HOLD 2>/dev/null && { kill -KILL $HOLD; fail "the client hung after the daemon stopped"; }
+wait $HOLD
+HOLD_RC=$?
+[ "$HOLD_RC" = 4 ] || fail "the client exited $HOLD_RC, expected 4 (an operation refused): $(cat "$T/hold4.out")"
 echo "ok"
