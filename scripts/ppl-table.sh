@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ppl-table.sh — the KV-codec quality table of docs/QUALITY-ppl.md:
+# ppl-table.sh — the KV-codec quality table of BENCHMARKS.md §4:
 # tqkv-run ppl on ../shared/data/tinystories-dev.txt for each K/V codec pair,
 # against the exact fp32 cache, as a markdown table on stdout.
 #
