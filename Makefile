@@ -44,7 +44,7 @@ WARN   := -Wall -Wextra -Wshadow -Wformat=2 -Wno-unused-parameter -Wvla
 BASE_CFLAGS := -std=gnu11 $(WARN) -ffp-contract=off -fno-strict-overflow \
 	-D_GNU_SOURCE -pthread -fPIC -MMD -MP \
 	-Ikernels -Iproto -Idaemon -Iclient/include -I$(GEN) \
-	-DTQ_VERSION='"$(VERSION)"' -DTQ_GIT_REV='"$(GIT_REV)"'
+	-DTQ_VERSION='"$(VERSION)"'
 LDLIBS_BASE := -lm -pthread
 
 ifeq ($(SANITIZER),address)
@@ -102,6 +102,14 @@ OBJ_STAMP := $(OBJ)/.config
 $(STAMP) $(OBJ_STAMP): FORCE
 	@mkdir -p $(dir $@)
 	@echo '$(CONFIG_ID)' | cmp -s - $@ || echo '$(CONFIG_ID)' > $@
+
+# The git revision, for --version and Health: a generated header rewritten
+# only when the revision changes, so a commit relinks just what prints it.
+VERSION_H := $(GEN)/version.h
+$(VERSION_H): FORCE
+	@mkdir -p $(dir $@)
+	@echo '#define TQ_GIT_REV "$(GIT_REV)"' | cmp -s - $@ || echo '#define TQ_GIT_REV "$(GIT_REV)"' > $@
+$(OBJ)/daemon/main.o $(OBJ)/daemon/rpc.o $(OBJ)/client/tqctl.o: $(VERSION_H)
 
 # ---- modules ---------------------------------------------------------------
 ALL_TARGETS :=

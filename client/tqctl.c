@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "version.h"
 #include "ctl.h"
 #include "tqkv.pb-c.h"
 

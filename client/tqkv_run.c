@@ -398,19 +398,20 @@ static int cmd_generate(const struct opts *o, const tqr_model *m, const tqr_tok 
 	printf("\n");
 
 	struct tqr_kv_stats st;
-	char a[32], b[32], r[32];
+	char a[32], b[32], r[48];
 	tqr_kv_stats(kv, &st);
 	fmt_bytes(a, sizeof(a), st.tokens * st.bytes_per_token);
 	fmt_bytes(b, sizeof(b), st.tokens * st.fp16_per_token);
-	if (st.resident_bytes)
-		fmt_bytes(r, sizeof(r), st.resident_bytes);
-	else
-		snprintf(r, sizeof(r), "n/a");
+	r[0] = 0;
+	if (st.resident_bytes) { /* pages held, when the backend knows them */
+		memcpy(r, "; pages held ", 13);
+		fmt_bytes(r + 13, sizeof(r) - 13, st.resident_bytes);
+	}
 	printf("---\n");
 	printf("prompt: %d tokens at %.0f tokens/s; generated: %d tokens at %.1f tokens/s (seed %" PRIu64 ")\n",
 	       n_prompt, n_prompt / (t1 - t0 > 0 ? t1 - t0 : 1e-9), n_gen,
 	       n_gen / (t2 - t1 > 0 ? t2 - t1 : 1e-9), seed);
-	printf("KV cache (%s): %" PRIu64 " tokens x %d layers, %s vs %s for fp16 (%.1f %%, %.2f bits/value); held %s\n",
+	printf("KV cache (%s): %" PRIu64 " tokens x %d layers, %s vs %s for fp16 (%.1f %%, %.2f bits/value)%s\n",
 	       tqr_kv_name(kv), st.tokens, c->n_layers, a, b,
 	       100.0 * (double)st.bytes_per_token / (double)st.fp16_per_token,
 	       16.0 * (double)st.bytes_per_token / (double)st.fp16_per_token, r);

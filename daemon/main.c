@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "version.h"
 #include "config.h"
 #include "dataop.h"
 #include "log.h"

@@ -12,6 +12,7 @@
  * socket's inode).  TCP peers have no credentials: OpenSession is refused
  * there.
  */
+#include "version.h"
 #include "rpc.h"
 
 #include <errno.h>
