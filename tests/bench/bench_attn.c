@@ -388,15 +388,15 @@ static int run_perf(const struct opts *o)
 	int reps = o->reps > 64 ? 64 : o->reps;
 	double vbw[64], vf[64], v16[64], v32[64], vdq[64];
 	read_bw_once(pool, bwj); /* warm-up */
-	for (int r = 0; r < reps; r++) {
-		vbw[r] = read_bw_once(pool, bwj);
-		vf[r] = time_one(&p);
-		v16[r] = time_one(&p16);
-		v32[r] = time_one(&p32);
+	for (int i = 0; i < reps; i++) {
+		vbw[i] = read_bw_once(pool, bwj);
+		vf[i] = time_one(&p);
+		v16[i] = time_one(&p16);
+		v32[i] = time_one(&p32);
 		double t = bench_now();
 		tq_threads_run(pool, dq_task, &dj, (int)(cq.t.n_pages * NKV));
 		tq_attend(&pdq, NULL);
-		vdq[r] = (bench_now() - t) * 1e3;
+		vdq[i] = (bench_now() - t) * 1e3;
 	}
 	double bw = median(vbw, reps), fused = median(vf, reps), f16 = median(v16, reps);
 	double f32 = median(v32, reps), dq = median(vdq, reps);
