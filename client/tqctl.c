@@ -18,9 +18,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "version.h"
 #include "ctl.h"
 #include "tqkv.pb-c.h"
+#include "version.h"
 
 #define EXIT_ERR   1
 #define EXIT_USAGE 2

@@ -697,11 +697,19 @@ static int validate(const struct config *c, struct errbuf *e)
 	const char *file = c->path[0] ? c->path : "(defaults)";
 	int n0 = e->n;
 	uint64_t sum = 0;
-	int li_pool = 0;
+	int li_pool = 0, li_page = 0;
 
-	for (size_t i = 0; i < N_OPTS; i++)
+	for (size_t i = 0; i < N_OPTS; i++) {
 		if (strcmp(opts[i].name, "pool_bytes") == 0)
 			li_pool = c->opt_line[i];
+		if (strcmp(opts[i].name, "page_bytes") == 0)
+			li_page = c->opt_line[i];
+	}
+	/* the pool maps whole pages of the machine's 4 KiB granularity */
+	if (c->page_bytes % 4096u)
+		err_add(e, "%s:%d: pool.page_bytes: %" PRIu64 " is not a multiple of 4KiB", file, li_page, c->page_bytes);
+	if (c->pool_bytes < c->page_bytes)
+		err_add(e, "%s:%d: pool.pool_bytes: smaller than one page (pool.page_bytes)", file, li_pool);
 	/* sun_path holds 108 bytes including the NUL */
 	if (strlen(c->run_dir) + 1 + strlen(CONFIG_CONTROL_SOCK) >= sizeof(((struct sockaddr_un *)0)->sun_path))
 		err_add(e, "%s:%d: daemon.run_dir: '%s' is too long for a unix socket path (at most %zu characters)",

@@ -252,8 +252,7 @@ static void update_tokens(struct session *s, struct kv_sess *kv)
 	if (m == old)
 		return;
 	__atomic_store_n(&kv->max_len, m, __ATOMIC_RELAXED);
-	/* session_add_tokens adds modulo 2^64: a shrink adds the two's complement. */
-	session_add_tokens(s, m - old);
+	session_set_tokens(s, m);
 }
 
 /* The append proper; kv->lock held, codecs present. */

@@ -22,7 +22,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "version.h"
 #include "config.h"
 #include "dataop.h"
 #include "log.h"
@@ -32,6 +31,7 @@
 #include "rpc.h"
 #include "session.h"
 #include "tenant.h"
+#include "version.h"
 
 #define EXIT_USAGE 2
 #define DRAIN_MS 1000          /* SIGTERM: time given to in-flight calls */

@@ -66,6 +66,7 @@ struct ring_client {
 	pid_t pid;
 	pthread_t thread;
 	bool thread_started;
+	bool live;                         /* handshake done (set under rs->lock) */
 	struct ring_client *next;          /* rs->clients */
 
 	/* the shared mapping and what the daemon copied out of it at the handshake */
@@ -565,10 +566,21 @@ static bool has_work(struct ring_client *c)
 
 static void client_teardown(struct ring_client *c);
 
+static int client_start(struct ring_client *c);
+
 static void *client_main(void *arg)
 {
 	struct ring_client *c = arg;
 	uint32_t spin_max = c->rs->p.spin_us * 1000u;
+
+	if (client_start(c) < 0) {
+		__atomic_store_n(&c->done, 1, __ATOMIC_RELEASE);
+		uint64_t one = 1;
+		if (write(c->rs->event_fd, &one, sizeof(one)) < 0) {
+			/* eventfd counter saturated: ring-ctl is already due to look */
+		}
+		return NULL;
+	}
 
 	c->spin_ns = spin_max / 4;
 	while (!__atomic_load_n(&c->closing, __ATOMIC_ACQUIRE)) {
@@ -807,9 +819,12 @@ static int handshake(struct ring_server *rs, struct ring_client *c, char *why, s
 	c->pid = cred.pid;
 	setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 	memset(&h, 0, sizeof(h));
+	memset(&cbuf, 0, sizeof(cbuf));
 	n = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC);
-	/* Take ownership of every passed fd before judging the message. */
-	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+	/* Take ownership of every passed fd before judging the message — only
+	 * of a message that arrived: after a failed recvmsg the control buffer
+	 * holds no fds, and walking it would close fds that are not ours. */
+	for (struct cmsghdr *cm = n >= 0 ? CMSG_FIRSTHDR(&msg) : NULL; cm; cm = CMSG_NXTHDR(&msg, cm)) {
 		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
 			continue;
 		size_t nfd = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
@@ -902,10 +917,12 @@ fail:
 	return r;
 }
 
+/* The handshake runs on the client's own thread (client_start), so a peer
+ * that connects and says nothing delays nobody: ring-ctl only accepts,
+ * counts the client against max_clients and starts its thread. */
 static void accept_one(struct ring_server *rs)
 {
 	struct ring_client *c = NULL;
-	struct epoll_event ev;
 	char why[160] = "";
 	int fd, r;
 
@@ -925,31 +942,25 @@ static void accept_one(struct ring_server *rs)
 	pthread_mutex_lock(&rs->lock);
 	c->id = ++rs->next_client_id;
 	r = rs->n_clients >= rs->p.max_clients ? -EUSERS : 0;
+	if (r == 0) {
+		/* counted from now on: pending handshakes count too */
+		c->next = rs->clients;
+		rs->clients = c;
+		rs->n_clients++;
+	}
 	pthread_mutex_unlock(&rs->lock);
 	if (r < 0) {
 		snprintf(why, sizeof(why), "%u data clients already connected", rs->p.max_clients);
-		goto fail;
+		__atomic_add_fetch(&rs->handshakes_failed, 1, __ATOMIC_RELAXED);
+		log_info("data client %llu refused: %s", (unsigned long long)c->id, why);
+		welcome_send(fd, r, 0, why);
+		client_free(c);
+		return;
 	}
-	if ((r = handshake(rs, c, why, sizeof(why))) < 0)
-		goto fail;
-	ev.events = EPOLLIN | EPOLLRDHUP;
-	ev.data.ptr = c;
-	if (epoll_ctl(rs->epoll_fd, EPOLL_CTL_ADD, fd, &ev) < 0) {
-		r = -errno;
-		snprintf(why, sizeof(why), "epoll: %s", strerror(errno));
-		goto fail;
-	}
-	pthread_mutex_lock(&rs->lock);
-	c->next = rs->clients;
-	rs->clients = c;
-	rs->n_clients++;
-	pthread_mutex_unlock(&rs->lock);
-	welcome_send(fd, 0, c->id, "");
 	if ((r = pthread_create(&c->thread, NULL, client_main, c)) != 0) {
 		log_err("data client %llu: cannot start its thread: %s", (unsigned long long)c->id, strerror(r));
-		__atomic_store_n(&c->closing, 1, __ATOMIC_RELEASE);
-		__atomic_store_n(&c->done, 1, __ATOMIC_RELEASE);
-		shutdown(fd, SHUT_RDWR);
+		welcome_send(fd, -r, 0, "the daemon cannot start a thread for this client");
+		__atomic_store_n(&c->done, 1, __ATOMIC_RELEASE); /* reaped below */
 		uint64_t one = 1;
 		if (write(rs->event_fd, &one, sizeof(one)) < 0) {
 			/* saturated: a reap is due anyway */
@@ -957,17 +968,42 @@ static void accept_one(struct ring_server *rs)
 		return;
 	}
 	c->thread_started = true;
+}
+
+/* Client thread, first: the handshake, then the epoll registration that
+ * turns the socket's EOF into the client's end.  0, or a negative errno
+ * after the refusal was sent (the caller marks the client done). */
+static int client_start(struct ring_client *c)
+{
+	struct ring_server *rs = c->rs;
+	struct epoll_event ev;
+	char why[160] = "";
+	int r;
+
+	if ((r = handshake(rs, c, why, sizeof(why))) < 0)
+		goto fail;
+	ev.events = EPOLLIN | EPOLLRDHUP;
+	ev.data.ptr = c;
+	if (epoll_ctl(rs->epoll_fd, EPOLL_CTL_ADD, c->fd, &ev) < 0) {
+		r = -errno;
+		snprintf(why, sizeof(why), "epoll: %s", strerror(errno));
+		goto fail;
+	}
+	pthread_mutex_lock(&rs->lock);
+	c->live = true;
+	pthread_mutex_unlock(&rs->lock);
+	welcome_send(c->fd, 0, c->id, "");
 	__atomic_add_fetch(&rs->clients_total, 1, __ATOMIC_RELAXED);
 	log_info("data client %llu connected (pid %d uid %u, sq %u, cq %u, arena %llu bytes)",
 		 (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid, c->sq_entries, c->cq_entries,
 		 (unsigned long long)c->arena_bytes);
-	return;
+	return 0;
 fail:
 	__atomic_add_fetch(&rs->handshakes_failed, 1, __ATOMIC_RELAXED);
 	log_info("data client %llu (pid %d uid %u) refused: %s", (unsigned long long)c->id, (int)c->pid,
 		 (unsigned)c->uid, why);
-	welcome_send(fd, r, 0, why);
-	client_free(c);
+	welcome_send(c->fd, r, 0, why);
+	return r;
 }
 
 /* Any event on a data socket after the handshake ends the client: EOF is
@@ -997,7 +1033,8 @@ static void reap(struct ring_server *rs)
 		if (c->thread_started)
 			pthread_join(c->thread, NULL);
 		epoll_ctl(rs->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
-		log_info("data client %llu (pid %d) disconnected", (unsigned long long)c->id, (int)c->pid);
+		if (c->live)
+			log_info("data client %llu (pid %d) disconnected", (unsigned long long)c->id, (int)c->pid);
 		client_free(c);
 		/* counted until its memory is gone: clients == 0 means all unmapped */
 		pthread_mutex_lock(&rs->lock);
@@ -1145,10 +1182,13 @@ void ring_server_free(struct ring_server *rs)
 	/* Every client: SHUTDOWN, stop, wait for its ring thread's teardown. */
 	pthread_mutex_lock(&rs->lock);
 	for (struct ring_client *c = rs->clients; c; c = c->next) {
-		__atomic_store_n(&c->hdr->state, TQKV_RING_SHUTDOWN, __ATOMIC_SEQ_CST);
 		__atomic_store_n(&c->closing, 1, __ATOMIC_SEQ_CST);
-		futex_wake(&c->hdr->sq_tail);
-		futex_wake(&c->hdr->cq_tail);
+		if (c->live) {
+			__atomic_store_n(&c->hdr->state, TQKV_RING_SHUTDOWN, __ATOMIC_SEQ_CST);
+			futex_wake(&c->hdr->sq_tail);
+			futex_wake(&c->hdr->cq_tail);
+		}
+		/* also ends a handshake still waiting for its hello */
 		shutdown(c->fd, SHUT_RDWR);
 	}
 	pthread_mutex_unlock(&rs->lock);

@@ -12,7 +12,6 @@
  * socket's inode).  TCP peers have no credentials: OpenSession is refused
  * there.
  */
-#include "version.h"
 #include "rpc.h"
 
 #include <errno.h>
@@ -41,10 +40,12 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 
+#include "dataop.h"
 #include "log.h"
 #include "pool.h"
 #include "ring.h"
 #include "tqkv.pb-c.h"
+#include "version.h"
 
 #define N_METHODS 10
 
@@ -360,6 +361,18 @@ static void h_open_session(struct rpc_server *srv, const struct peer *peer,
 		seed = q->rotation_seed;
 	else if (getrandom(&seed, sizeof(seed), 0) != (ssize_t)sizeof(seed)) {
 		rep_error(rep, GRPC_STATUS_INTERNAL, "cannot draw a rotation seed: %s", strerror(errno));
+		return;
+	}
+	/* One token of every KV head must fit a pool page (the geometry's other
+	 * checks are session_open's; this one needs the pool). */
+	struct pool *pool = __atomic_load_n(&srv->pool, __ATOMIC_ACQUIRE);
+	uint64_t bpt;
+	if (pool && session_geom_check(&g, &bpt, why, sizeof(why)) == 0 &&
+	    dataop_page_tokens(pool_page_bytes(pool), &g) < 0) {
+		rep_error(rep, GRPC_STATUS_INVALID_ARGUMENT,
+			  "one token of %u KV heads (%s/%s, head_dim %u) does not fit a pool page of %u bytes "
+			  "(pool.page_bytes)", g.n_kv_heads, tq_codec_name(g.k_codec), tq_codec_name(g.v_codec),
+			  g.head_dim, pool_page_bytes(pool));
 		return;
 	}
 	why[0] = '\0';

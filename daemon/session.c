@@ -525,10 +525,10 @@ void session_uncharge(struct session *s, uint64_t bytes)
 	tenant_uncharge(s->tenant, bytes);
 }
 
-void session_add_tokens(struct session *s, uint64_t n)
+void session_set_tokens(struct session *s, uint64_t n)
 {
 	pthread_mutex_lock(&s->lock);
-	s->tokens += n;
+	s->tokens = n;
 	pthread_mutex_unlock(&s->lock);
 }
 

@@ -123,7 +123,8 @@ void session_release(struct session *s);
  * the session was evicted or closed meanwhile.  Only inside an operation. */
 int session_charge(struct session *s, uint64_t bytes);
 void session_uncharge(struct session *s, uint64_t bytes);
-void session_add_tokens(struct session *s, uint64_t n);
+/* The session's length: its longest layer's token count. */
+void session_set_tokens(struct session *s, uint64_t n);
 uint64_t session_id(const struct session *s);
 uid_t session_owner(const struct session *s);
 uint64_t session_seed(const struct session *s);

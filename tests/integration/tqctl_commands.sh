@@ -61,6 +61,7 @@ expect 1 open --tenant nope --layers 1 --kv-heads 1 --q-heads 1 --head-dim 64 --
 expect 1 open --layers 1 --kv-heads 1 --q-heads 1 --head-dim 12 --max-tokens 1; has 'head_dim 12 is not supported'
 expect 1 open --layers 1 --kv-heads 3 --q-heads 4 --head-dim 64 --max-tokens 1; has 'multiple of n_kv_heads'
 expect 1 open --layers 1 --kv-heads 1 --q-heads 1 --head-dim 64 --max-tokens 1 --v-codec zip; has "unknown V codec 'zip'"
+expect 1 open --layers 1 --kv-heads 32 --q-heads 32 --head-dim 512 --max-tokens 1 --k-codec f32 --v-codec f32; has "does not fit a pool page"
 expect 1 open --layers 1024 --kv-heads 64 --q-heads 64 --head-dim 512 --max-tokens 4294967296; has 'RESOURCE_EXHAUSTED'
 
 # bad usage: exit 2, nothing sent

@@ -1079,6 +1079,29 @@ static void test_hostile(void)
 	raw_close(&x);
 	T_EQ(raw_connect(&x, s.dir, 8, 16, MiB, RAW_BADSIZE), -EINVAL);
 	raw_close(&x);
+	/* peers that connect and say nothing hold up nobody: the handshake
+	 * runs on the client's own thread (a 2 s hello timeout each) */
+	int silent[3];
+	for (int i = 0; i < 3; i++) {
+		struct sockaddr_un sa = { .sun_family = AF_UNIX };
+		snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/%s", s.dir, TQKV_DATA_SOCK);
+		silent[i] = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+		T_EQ(connect(silent[i], (struct sockaddr *)&sa, sizeof(sa)), 0);
+	}
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	T_EQ(raw_connect(&x, s.dir, 8, 16, MiB, RAW_OK), 0);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	double waited = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+	T_ASSERT(waited < 1.0);
+	raw_close(&x);
+	for (int i = 0; i < 3; i++) {
+		struct tqkv_welcome w;
+		/* each is refused when its hello times out */
+		T_EQ(recv(silent[i], &w, sizeof(w), 0), (ssize_t)sizeof(w));
+		T_ASSERT(w.res < 0);
+		close(silent[i]);
+	}
 
 	/* the daemon is still up and a is still served */
 	e = ok; e.user_data = 11;
@@ -1096,7 +1119,7 @@ static void test_hostile(void)
 	struct ring_stats rst;
 	ring_server_stats(s.rs, &rst);
 	T_EQ(rst.rings_broken, 2);
-	T_EQ(rst.handshakes_failed, 4);
+	T_EQ(rst.handshakes_failed, 4 + 3); /* the bad hellos and the silent peers */
 	srv_stop(&s);
 }
 

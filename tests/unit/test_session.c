@@ -219,7 +219,7 @@ static void test_evict_during_operation(void)
 	T_EQ(session_acquire(st, si.id, 2000, &s), 0);
 	T_EQ(session_charge(s, 4 * MiB), 0);
 	T_EQ(session_charge(s, 13 * MiB), -ENOSPC);  /* 4 + 13 > 16 */
-	session_add_tokens(s, 10);
+	session_set_tokens(s, 10);
 	T_EQ(tenant_used(a), 4 * MiB);
 	/* evict while the operation runs: memory stays until it ends */
 	T_EQ(session_evict(st, si.id, &si), 0);
