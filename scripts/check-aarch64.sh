@@ -1,0 +1,33 @@
+#!/bin/sh
+# Cross-build kernels/ and its unit tests for aarch64 (the DGX Spark's CPU)
+# and run them under qemu-user: the portable scalar paths, and the golden
+# hashes that pin rotations, codebooks and encoded blocks to the same bits
+# on every machine.  Needs gcc-aarch64-linux-gnu and qemu-user-static
+# (`apt-get install gcc-aarch64-linux-gnu qemu-user-static`); takes a few
+# minutes under emulation.  Not part of `make test`.
+set -eu
+cd "$(dirname "$0")/.."
+CC=${CC_AARCH64:-aarch64-linux-gnu-gcc}
+QEMU=${QEMU_AARCH64:-qemu-aarch64-static}
+command -v "$CC" >/dev/null || { echo "check-aarch64: $CC not found (apt-get install gcc-aarch64-linux-gnu)" >&2; exit 77; }
+command -v "$QEMU" >/dev/null || { echo "check-aarch64: $QEMU not found (apt-get install qemu-user-static)" >&2; exit 77; }
+out=build/aarch64
+mkdir -p "$out"
+FLAGS="-std=gnu11 -O2 -Wall -Wextra -Wshadow -Wno-unused-parameter -Wvla -Werror -ffp-contract=off -D_GNU_SOURCE -pthread -Ikernels"
+for f in kernels/*.c tests/unit/harness.c; do
+	$CC $FLAGS -c "$f" -o "$out/$(basename "$f" .c).o"
+done
+rm -f "$out/libk.a"
+aarch64-linux-gnu-ar rcs "$out/libk.a" $(ls "$out"/*.o | grep -v harness)
+rc=0
+for t in test_codec test_codec_simd test_attn; do
+	$CC $FLAGS -Itests/unit -c "tests/unit/$t.c" -o "$out/$t.o"
+	$CC -static -o "$out/$t" "$out/$t.o" "$out/harness.o" "$out/libk.a" -lm -pthread
+	if "$QEMU" "$out/$t" >"$out/$t.log" 2>&1; then
+		echo "PASS  $t (aarch64, qemu)"
+	else
+		st=$?
+		if [ $st -eq 77 ]; then echo "SKIP  $t: $(tail -n 1 "$out/$t.log")"; else echo "FAIL  $t"; tail -n 20 "$out/$t.log"; rc=1; fi
+	fi
+done
+exit $rc
