@@ -15,6 +15,7 @@
 #include <grpc/support/time.h>
 
 #include "tqkv.pb-c.h"
+#include "tq_size.h"
 
 struct ctl {
 	grpc_channel *chan;
@@ -213,60 +214,12 @@ const char *ctl_status_name(int code)
 	return names[code];
 }
 
-/* Same grammar as config_parse_size() in daemon/config.c (tests compare them). */
 int ctl_parse_size(const char *s, uint64_t *out)
 {
-	const char *p = s;
-	uint64_t v = 0;
-	unsigned shift = 0;
-
-	while (isspace((unsigned char)*p))
-		p++;
-	if (!isdigit((unsigned char)*p))
-		return -EINVAL;
-	for (; isdigit((unsigned char)*p); p++) {
-		if (v > (UINT64_MAX - 9) / 10)
-			return -ERANGE;
-		v = v * 10 + (uint64_t)(*p - '0');
-	}
-	while (*p == ' ')
-		p++;
-	const char *units = "KMGTP";
-	const char *u = *p ? strchr(units, toupper((unsigned char)*p)) : NULL;
-	if (u) {
-		shift = 10 * (unsigned)(u - units + 1);
-		p++;
-	}
-	if (shift && (strcmp(p, "iB") == 0 || strcmp(p, "B") == 0 || strcmp(p, "b") == 0))
-		p += strlen(p);
-	else if (!shift && (strcmp(p, "B") == 0 || strcmp(p, "b") == 0))
-		p++;
-	while (isspace((unsigned char)*p))
-		p++;
-	if (*p)
-		return -EINVAL;
-	if (shift && v > (UINT64_MAX >> shift))
-		return -ERANGE;
-	*out = v << shift;
-	return 0;
+	return tq_size_parse(s, out);
 }
 
 void ctl_format_size(uint64_t v, char *buf, size_t n)
 {
-	static const char *const unit[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB" };
-	double d = (double)v;
-	int u = 0;
-
-	while (d >= 1024.0 && u < 6) {
-		d /= 1024.0;
-		u++;
-	}
-	if (u == 0)
-		snprintf(buf, n, "%" PRIu64 " B", v);
-	else if (d < 10.0)
-		snprintf(buf, n, "%.2f %s", d, unit[u]);
-	else if (d < 100.0)
-		snprintf(buf, n, "%.1f %s", d, unit[u]);
-	else
-		snprintf(buf, n, "%.0f %s", d, unit[u]);
+	tq_size_format_human(v, buf, n);
 }

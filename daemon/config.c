@@ -15,6 +15,7 @@
 #include <sys/un.h>
 
 #include "log.h"
+#include "tq_size.h"
 
 enum opt_type {
 	OPT_PATH,      /* char[CONFIG_DIR_MAX]                      */
@@ -131,41 +132,7 @@ static void err_add(struct errbuf *e, const char *fmt, ...)
 /* ---- values ------------------------------------------------------------------ */
 int config_parse_size(const char *s, uint64_t *out)
 {
-	const char *p = s;
-	uint64_t v = 0;
-	unsigned shift = 0;
-
-	while (isspace((unsigned char)*p))
-		p++;
-	if (!isdigit((unsigned char)*p))
-		return -EINVAL;
-	for (; isdigit((unsigned char)*p); p++) {
-		if (v > (UINT64_MAX - 9) / 10)
-			return -ERANGE;
-		v = v * 10 + (uint64_t)(*p - '0');
-	}
-	while (*p == ' ')
-		p++;
-	switch (*p) {
-	case 'k': case 'K': shift = 10; p++; break;
-	case 'm': case 'M': shift = 20; p++; break;
-	case 'g': case 'G': shift = 30; p++; break;
-	case 't': case 'T': shift = 40; p++; break;
-	case 'p': case 'P': shift = 50; p++; break;
-	default: break;
-	}
-	if (shift && (strcmp(p, "iB") == 0 || strcmp(p, "B") == 0 || strcmp(p, "b") == 0))
-		p += strlen(p);
-	else if (!shift && (strcmp(p, "B") == 0 || strcmp(p, "b") == 0))
-		p++;
-	while (isspace((unsigned char)*p))
-		p++;
-	if (*p)
-		return -EINVAL;
-	if (shift && v > (UINT64_MAX >> shift))
-		return -ERANGE;
-	*out = v << shift;
-	return 0;
+	return tq_size_parse(s, out);
 }
 
 int config_parse_duration_ms(const char *s, uint64_t *out)
@@ -219,22 +186,7 @@ void config_format_size(uint64_t v, char *buf, size_t n)
 
 void config_format_size_human(uint64_t v, char *buf, size_t n)
 {
-	static const char *const unit[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB" };
-	double d = (double)v;
-	int u = 0;
-
-	while (d >= 1024.0 && u < 6) {
-		d /= 1024.0;
-		u++;
-	}
-	if (u == 0)
-		snprintf(buf, n, "%" PRIu64 " B", v);
-	else if (d < 10.0)
-		snprintf(buf, n, "%.2f %s", d, unit[u]);
-	else if (d < 100.0)
-		snprintf(buf, n, "%.1f %s", d, unit[u]);
-	else
-		snprintf(buf, n, "%.0f %s", d, unit[u]);
+	tq_size_format_human(v, buf, n);
 }
 
 void config_format_duration_ms(uint64_t ms, char *buf, size_t n)
