@@ -10,8 +10,10 @@
  *                  (32 query heads, 8 KV heads, d = 128, tq4 K / tq3 V) over
  *                  a T-token context (default 4096)
  * with 1 client and with N client processes at once (throughput = all
- * clients' operations per second), and in the same run the floor: a futex
- * ping-pong between two processes (each wakes the other and sleeps).
+ * clients' operations per second), and in the same run two baselines: the
+ * floor, a futex ping-pong between two processes (each wakes the other and
+ * sleeps), for NOP; and the same append + attend done in this process on
+ * one thread without the ring, for the decode step.
  * --workers / --attn-threads set the daemon's data_workers and
  * attention_threads (defaults: one worker per CPU, 1 thread per call).
  */
@@ -30,7 +32,9 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "tq_attn.h"
 #include "tq_codec.h"
+#include "tq_page.h"
 #include "tqkv.h"
 
 struct opts {
@@ -247,6 +251,79 @@ out:
 	return rc;
 }
 
+/* The baseline of the decode step: the same work in this process, no ring —
+ * encode 1 token's K/V into the next slot of a paged tq4/tq3 cache of ctx
+ * tokens (pages of the daemon's default 64 KiB), then attend 1 query, on
+ * the calling thread (attention_threads = 1).  p50 in µs, or < 0. */
+static double inproc_append_attend_p50(const struct opts *o)
+{
+	struct tq_codec_params kp = { TQ_CODEC_TQ4, D, 11, TQ_ISA_AUTO }, vp = { TQ_CODEC_TQ3, D, 12, TQ_ISA_AUTO };
+	tq_codec *kc = NULL, *vc = NULL;
+	struct tq_page_geom g = { NKV, 0, 0, 0 };
+	uint8_t **pages = NULL;
+	uint32_t n_pages = 0, cap_tokens = (uint32_t)o->ctx + 64;
+	uint16_t *k = malloc(sizeof(uint16_t) * NKV * D), *v = malloc(sizeof(uint16_t) * NKV * D);
+	uint16_t *q = malloc(sizeof(uint16_t) * NQ * D);
+	float *out = malloc(sizeof(float) * NQ * D);
+	double *lat = malloc(sizeof(double) * (size_t)o->iters), p50 = -1;
+	int iters = o->iters;
+
+	if (!k || !v || !q || !out || !lat || tq_codec_new(&kc, NULL, &kp, NULL) < 0 ||
+	    tq_codec_new(&vc, NULL, &vp, NULL) < 0)
+		goto out;
+	g.k_block_bytes = (uint32_t)tq_codec_block_bytes(kc);
+	g.v_block_bytes = (uint32_t)tq_codec_block_bytes(vc);
+	for (g.page_tokens = 65536 / (NKV * (g.k_block_bytes + g.v_block_bytes)) + 1;
+	     g.page_tokens > 1 && tq_page_bytes(&g) > 65536;)
+		g.page_tokens--;
+	n_pages = tq_page_count(&g, cap_tokens);
+	pages = calloc(n_pages, sizeof(*pages));
+	if (!pages)
+		goto out;
+	for (uint32_t i = 0; i < n_pages; i++)
+		if (!(pages[i] = aligned_alloc(TQ_PAGE_ALIGN, tq_page_bytes(&g))))
+			goto out;
+	fill_f16(q, NQ * D, 3u);
+	for (uint32_t t = 0; t < cap_tokens; t++) {
+		uint8_t *pg = pages[t / g.page_tokens];
+		fill_f16(k, NKV * D, 1u + t);
+		fill_f16(v, NKV * D, 2u + t);
+		for (uint32_t h = 0; h < NKV; h++) {
+			tq_encode(kc, k + h * D, TQ_DTYPE_F16, 1, pg + tq_page_k_off(&g, h, t % g.page_tokens), NULL);
+			tq_encode(vc, v + h * D, TQ_DTYPE_F16, 1, pg + tq_page_v_off(&g, h, t % g.page_tokens), NULL);
+		}
+	}
+	for (int i = 0; i < iters; i++) {
+		uint32_t t = (uint32_t)o->ctx + (uint32_t)(i % 64);
+		uint8_t *pg = pages[t / g.page_tokens];
+		int32_t pos = (int32_t)t;
+		struct tq_page_table pt = { (const uint8_t *const *)pages, n_pages, t + 1, g };
+		struct tq_attn_params ap = { .k_codec = kc, .v_codec = vc, .n_q_heads = NQ, .kv = &pt, .n_q = 1,
+					     .q = q, .q_dtype = TQ_DTYPE_F16, .q_pos = &pos, .causal = 1, .out = out };
+		double t0 = bench_now();
+		for (uint32_t h = 0; h < NKV; h++) {
+			tq_encode(kc, k + h * D, TQ_DTYPE_F16, 1, pg + tq_page_k_off(&g, h, t % g.page_tokens), NULL);
+			tq_encode(vc, v + h * D, TQ_DTYPE_F16, 1, pg + tq_page_v_off(&g, h, t % g.page_tokens), NULL);
+		}
+		if (tq_attend(&ap, NULL) < 0)
+			goto out;
+		lat[i] = (bench_now() - t0) * 1e6;
+	}
+	p50 = pct(lat, iters, 0.5);
+out:
+	for (uint32_t i = 0; pages && i < n_pages; i++)
+		free(pages[i]);
+	free(pages);
+	tq_codec_free(kc);
+	tq_codec_free(vc);
+	free(k);
+	free(v);
+	free(q);
+	free(out);
+	free(lat);
+	return p50;
+}
+
 /* N clients in N processes; results in shared memory. */
 static int run_clients(const struct opts *o, int op, int n, double *p50, double *p99, double *ops)
 {
@@ -340,7 +417,8 @@ static int bench_ring_main(int argc, char **argv)
 	}
 	if (!o.json) {
 		printf("futex ping-pong between two processes (the floor): p50 %.2f us, p99 %.2f us\n", fx50, fx99);
-		printf("%-14s %7s %9s %9s %12s\n", "op", "clients", "p50_us", "p99_us", "ops_per_s");
+		printf("%-14s %7s %9s %9s %12s   %s\n", "op", "clients", "p50_us", "p99_us", "ops_per_s",
+		       "p50 vs baseline");
 	} else {
 		printf("{\"suite\":\"ring\",\"op\":\"futex_pingpong\",\"clients\":1,\"p50_us\":%.3f,\"p99_us\":%.3f,"
 		       "\"ops_per_s\":%.0f,\"futex_pingpong_p50_us\":%.3f}\n", fx50, fx99, 1e6 / fx50, fx50);
@@ -351,6 +429,14 @@ static int bench_ring_main(int argc, char **argv)
 		if (op == 1 && !iters_set)
 			oo.iters = 2000;
 		int ns[2] = { 1, o.clients };
+		double base50 = -1;
+		if (op == 1 && (base50 = inproc_append_attend_p50(&oo)) < 0) {
+			fprintf(stderr, "tqbench ring: the in-process baseline failed\n");
+			rc = 1;
+			break;
+		}
+		if (op == 1 && !o.json)
+			printf("(in-process baseline of append_attend, no ring, 1 thread: p50 %.2f us)\n", base50);
 		for (int k = 0; k < (o.clients > 1 ? 2 : 1); k++) {
 			double p50, p99, ops;
 			if (run_clients(&oo, op, ns[k], &p50, &p99, &ops) < 0) {
@@ -360,15 +446,19 @@ static int bench_ring_main(int argc, char **argv)
 				break;
 			}
 			const char *name = op ? "append_attend" : "nop";
+			/* the ratio to this run's baseline: the futex floor for NOP,
+			 * the same work in-process for the decode step */
+			double base = op ? base50 : fx50;
 			if (o.json)
 				printf("{\"suite\":\"ring\",\"op\":\"%s\",\"clients\":%d,\"p50_us\":%.3f,\"p99_us\":%.3f,"
-				       "\"ops_per_s\":%.0f,\"futex_pingpong_p50_us\":%.3f,\"ctx\":%d,\"k_codec\":\"tq4\","
-				       "\"v_codec\":\"tq3\",\"q_heads\":%d,\"kv_heads\":%d,\"head_dim\":%d,"
-				       "\"workers\":%d,\"attn_threads\":%d}\n",
-				       name, ns[k], p50, p99, ops, fx50, op ? o.ctx : 0, NQ, NKV, D, o.workers,
-				       o.attn_threads);
+				       "\"ops_per_s\":%.0f,\"futex_pingpong_p50_us\":%.3f,\"%s\":%.3f,\"p50_vs_baseline\":%.3f,"
+				       "\"ctx\":%d,\"k_codec\":\"tq4\",\"v_codec\":\"tq3\",\"q_heads\":%d,\"kv_heads\":%d,"
+				       "\"head_dim\":%d,\"workers\":%d,\"attn_threads\":%d}\n",
+				       name, ns[k], p50, p99, ops, fx50, op ? "inproc_p50_us" : "baseline_p50_us", base,
+				       p50 / base, op ? o.ctx : 0, NQ, NKV, D, o.workers, o.attn_threads);
 			else
-				printf("%-14s %7d %9.2f %9.2f %12.0f\n", name, ns[k], p50, p99, ops);
+				printf("%-14s %7d %9.2f %9.2f %12.0f   %.3f x %s\n", name, ns[k], p50, p99, ops, p50 / base,
+				       op ? "in-process" : "futex floor");
 			fflush(stdout);
 		}
 	}
