@@ -152,13 +152,16 @@ check: $(ALL_TARGETS)
 	@SANITIZER='$(SANITIZER)' BIN='$(BIN)' tests/run.sh
 
 # demo: stories260K end to end through a private tqkvd (scripts/demo.sh)
-demo: $(TQKVD) $(TQKV_RUN)
+demo: deps
+	@$(MAKE) --no-print-directory $(TQKVD) $(TQKV_RUN)
 	@BIN='$(BIN)' scripts/demo.sh
 # run: the daemon in the foreground on the embedded defaults (sockets and
 # lock in build/run/, spill files in build/spill/); `build/bin/tqctl health`
 # from another shell answers.  RUN_ARGS passes options: RUN_ARGS='--config F'.
 RUN_ARGS ?=
-run: $(TQKVD) $(TQCTL)
+# (deps first, then a sub-make: pkg-config flags are read when make starts)
+run: deps
+	@$(MAKE) --no-print-directory $(TQKVD) $(TQCTL)
 	$(TQKVD) $(RUN_ARGS)
 
 # install: binaries, the unit (paths filled in), sysusers.d entry and the
