@@ -7,8 +7,9 @@ set -eu
 PKGS="gcc make pkg-config
 liburing-dev libnuma-dev libprotobuf-c-dev protobuf-c-compiler
 libgrpc-dev libsystemd-dev libinih-dev"
-# test tools: systemd-analyze (unit verification), valgrind (leak checks)
-PKGS="$PKGS systemd valgrind"
+# test tools: systemd-analyze (unit verification), valgrind (leak checks),
+# python3 (the integration scripts read JSON and listen on NOTIFY_SOCKET)
+PKGS="$PKGS systemd valgrind python3"
 
 missing=""
 for p in $PKGS; do
