@@ -3,8 +3,9 @@
 # As root: runs apt-get.  Otherwise: prints the exact command and fails.
 set -eu
 
-# build + run-time dependencies (fixed by the product's users)
-PKGS="gcc make pkg-config
+# build + run-time dependencies (fixed by the product's users); procps gives
+# /bin/kill, which the unit's ExecReload uses
+PKGS="gcc make pkg-config procps
 liburing-dev libnuma-dev libprotobuf-c-dev protobuf-c-compiler
 libgrpc-dev libsystemd-dev libinih-dev"
 # test tools: systemd-analyze (unit verification), valgrind (leak checks),
