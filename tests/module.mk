@@ -22,3 +22,45 @@ $(TQBENCH): $(BENCH_OBJS) $(TQBENCH_OBJS) $(LIBTQK) $(STAMP)
 	$(CC) $(ALL_LDFLAGS) -o $@ $(filter %.o %.a,$^) $(TQBENCH_LIBS) $(LDLIBS_BASE)
 
 ALL_TARGETS += $(UNIT_BINS) $(TQBENCH)
+
+# ---- fuzz targets (tests/fuzz/fuzz_*.c, one per parser of untrusted bytes) --
+# Regression build: each target linked with tests/fuzz/runner.c, which
+# replays the seeds and mutations of them (tests/integration/fuzz.sh).
+# `make fuzz [FUZZ_SECONDS=60]`: the same targets under libFuzzer (clang).
+FUZZ_NAMES := config tokenizer checkpoint
+FUZZ_DEPS_config     = $(OBJ)/daemon/config.o $(OBJ)/daemon/log.o
+FUZZ_LIBS_config     = $(INIH_LIBS)
+FUZZ_SRCS_config     = daemon/config.c daemon/log.c
+FUZZ_DEPS_tokenizer  = $(TQKV_RUN_LIB_OBJ)
+FUZZ_SRCS_tokenizer  = $(TQKV_RUN_LIB_SRC)
+FUZZ_DEPS_checkpoint = $(TQKV_RUN_LIB_OBJ)
+FUZZ_SRCS_checkpoint = $(TQKV_RUN_LIB_SRC)
+FUZZ_BINS := $(FUZZ_NAMES:%=$(B)/tests/fuzz_%)
+FUZZ_CFLAGS = -Iclient -Itests/fuzz
+
+$(OBJ)/tests/fuzz/%.o: ALL_CFLAGS += $(FUZZ_CFLAGS)
+$(FUZZ_BINS): $(B)/tests/fuzz_%: $(OBJ)/tests/fuzz/fuzz_%.o $(OBJ)/tests/fuzz/runner.o \
+		$(OBJ)/tests/fuzz/fuzz_util.o $$(FUZZ_DEPS_$$*) $(LIBTQK) $(STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_LDFLAGS) -o $@ $(filter %.o %.a,$^) $(FUZZ_LIBS_$*) $(LDLIBS_BASE)
+
+ALL_TARGETS += $(FUZZ_BINS)
+
+FUZZ_SECONDS ?= 60
+FUZZ_CC ?= clang
+.PHONY: fuzz
+fuzz: $(LIBTQK)
+	@mkdir -p $(B)/fuzz
+	@for t in $(FUZZ_NAMES); do \
+		case $$t in config) srcs='$(FUZZ_SRCS_config)'; libs='$(FUZZ_LIBS_config)';; \
+		*) srcs='$(FUZZ_SRCS_tokenizer)'; libs='';; esac; \
+		echo "fuzz: building $$t"; \
+		$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -std=gnu11 \
+			-Ikernels -Iproto -Idaemon -Iclient -Iclient/include -I$(GEN) -Itests/fuzz \
+			-DTQ_VERSION='"$(VERSION)"' -o $(B)/fuzz/fuzz_$$t tests/fuzz/fuzz_$$t.c \
+			tests/fuzz/fuzz_util.c $$srcs $(LIBTQK) $$libs -lm -pthread || exit 1; \
+		mkdir -p $(B)/fuzz/corpus_$$t; \
+		echo "fuzz: running $$t for $(FUZZ_SECONDS) s"; \
+		$(B)/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -max_len=65536 \
+			$(B)/fuzz/corpus_$$t tests/fuzz/seeds/$$t || exit 1; \
+	done
