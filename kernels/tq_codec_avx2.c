@@ -445,18 +445,17 @@ static int enc_q8(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_
 		amx = absbits_max(amx, v);
 	}
 	uint32_t ab = hmax_u32(amx);
-	float amax;
-	if (ab >= 0x7f800000u)
+	float amax, inv1;
+	switch (tq_q8_plan(ab, &amax, &inv1)) {
+	case TQ_Q8_REF:
 		return 1;
-	memcpy(&amax, &ab, 4);
-	if (amax == 0.0f) {
+	case TQ_Q8_ZERO:
 		memset(blk, 0, e->bb);
 		return 0;
+	case TQ_Q8_OK:
+		break;
 	}
-	/* a denormal amax overflows 127 / amax: the reference's business */
-	if (!finite_f(127.0f / amax))
-		return 1;
-	const __m256 inv = _mm256_set1_ps(127.0f / amax);
+	const __m256 inv = _mm256_set1_ps(inv1);
 	int8_t *out = (int8_t *)(blk + TQ_Q8_HEADER_BYTES);
 	for (int k = 0; k < e->nc; k++) {
 		__m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(y + 8 * k), inv));

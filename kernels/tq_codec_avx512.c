@@ -673,19 +673,17 @@ AI int enc_q8_r(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t 
 		amx = absbits_max(amx, x[k]);
 	}
 	uint32_t ab = _mm512_reduce_max_epu32(amx);
-	float amax;
-	if (ab >= 0x7f800000u)
+	float amax, inv1;
+	switch (tq_q8_plan(ab, &amax, &inv1)) {
+	case TQ_Q8_REF:
 		return 1;
-	memcpy(&amax, &ab, 4);
-	if (amax == 0.0f) {
+	case TQ_Q8_ZERO:
 		memset(blk, 0, e->bb);
 		return 0;
+	case TQ_Q8_OK:
+		break;
 	}
-	/* a denormal amax overflows 127 / amax: the reference then converts
-	 * Inf and NaN to int, which only it may define */
-	if (!finite_f(127.0f / amax))
-		return 1;
-	const __m512 inv = _mm512_set1_ps(127.0f / amax);
+	const __m512 inv = _mm512_set1_ps(inv1);
 	int8_t *out = (int8_t *)(blk + TQ_Q8_HEADER_BYTES);
 	#pragma GCC unroll 32
 	for (int k = 0; k < nr; k++) {
@@ -847,17 +845,17 @@ static int enc_q8_m(const struct ctx *e, const void *row, enum tq_dtype dt, uint
 		amx = absbits_max(amx, v);
 	}
 	uint32_t ab = _mm512_reduce_max_epu32(amx);
-	float amax;
-	if (ab >= 0x7f800000u)
+	float amax, inv1;
+	switch (tq_q8_plan(ab, &amax, &inv1)) {
+	case TQ_Q8_REF:
 		return 1;
-	memcpy(&amax, &ab, 4);
-	if (amax == 0.0f) {
+	case TQ_Q8_ZERO:
 		memset(blk, 0, e->bb);
 		return 0;
+	case TQ_Q8_OK:
+		break;
 	}
-	if (!finite_f(127.0f / amax))
-		return 1;
-	const __m512 inv = _mm512_set1_ps(127.0f / amax);
+	const __m512 inv = _mm512_set1_ps(inv1);
 	int8_t *out = (int8_t *)(blk + TQ_Q8_HEADER_BYTES);
 	for (int k = 0; k < nc; k++) {
 		__m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(y + 16 * k), inv));

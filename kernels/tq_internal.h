@@ -72,6 +72,24 @@ static inline int tq_cb_index(const tq_codebook *cb, float v)
 	return lo;
 }
 
+/* q8's plan for a vector from max|y_j| (the float's bits, as SIMD paths
+ * reduce them with an unsigned max over |y| bits):
+ *   TQ_Q8_REF   a NaN/Inf in y, or a subnormal max (127 / max overflows):
+ *               SIMD paths hand the vector to the reference encoder;
+ *   TQ_Q8_ZERO  y is all zeros: the block is all zeros;
+ *   TQ_Q8_OK    *amax = max|y|, *inv = 127 / max (the reference's factors). */
+enum tq_q8_plan { TQ_Q8_OK = 0, TQ_Q8_ZERO = 1, TQ_Q8_REF = 2 };
+static inline enum tq_q8_plan tq_q8_plan(uint32_t amax_bits, float *amax, float *inv)
+{
+	if (amax_bits >= 0x7f800000u)
+		return TQ_Q8_REF;
+	memcpy(amax, &amax_bits, 4);
+	if (*amax == 0.0f)
+		return TQ_Q8_ZERO;
+	*inv = 127.0f / *amax;
+	return *inv <= 3.4028234663852886e38f ? TQ_Q8_OK : TQ_Q8_REF;
+}
+
 /* One ISA's implementation of the batch calls.  src rows are converted to
  * fp32 first; `conv` is scratch of [dim] floats owned by the caller. */
 struct tq_codec_ops {
