@@ -25,6 +25,7 @@ enum opt_type {
 	OPT_I32,       /* int32_t in [min, max]                     */
 	OPT_SIZE,      /* uint64_t bytes in [min, max]              */
 	OPT_DURATION,  /* uint64_t milliseconds in [min, max]       */
+	OPT_BOOL,      /* bool: yes/no, true/false, on/off, 1/0     */
 	OPT_UIDS,      /* tenant_conf.any_uid / n_uids / uids       */
 	OPT_GIDS,      /* tenant_conf.n_gids / gids                 */
 };
@@ -61,11 +62,23 @@ static const struct opt opts[] = {
 	{ "daemon", "control_tcp_port", OPT_U32, G(control_tcp_port), 0, 65535, "0", NULL, false,
 	  "also serve the control API on 127.0.0.1:PORT (0: unix socket only)" },
 	{ "daemon", "control_group", OPT_NAME, G(control_group), 0, 0, "", NULL, false,
-	  "group that owns control.sock (mode 0660); empty: the daemon's group" },
+	  "group that owns control.sock and data.sock (mode 0660): its members are clients; "
+	  "empty: the daemon's group" },
+	{ "daemon", "operator_group", OPT_NAME, G(operator_group), 0, 0, "", NULL, true,
+	  "members may act on every session, budgets and the configuration (root and the daemon's "
+	  "user always may); empty: nobody else" },
 	{ "daemon", "max_sessions", OPT_U32, G(max_sessions), 1, 65536, "1024", NULL, true,
 	  "sessions open or evicted at once; OpenSession beyond it fails" },
-	{ "daemon", "session_idle_ttl", OPT_DURATION, G(session_idle_ttl_ms), 0, 30 * DAY_MS, "0", NULL, true,
+	{ "daemon", "max_sessions_per_uid", OPT_U32, G(max_sessions_per_uid), 1, 65536, "256", NULL, true,
+	  "sessions one user may hold at once (open or evicted)" },
+	{ "daemon", "session_idle_ttl", OPT_DURATION, G(session_idle_ttl_ms), 0, 30 * DAY_MS, "1h", NULL, true,
 	  "evict sessions idle this long, drop evicted ones after as long again (0: never)" },
+	{ "daemon", "max_clients", OPT_U32, G(max_clients), 1, 65536, "256", NULL, true,
+	  "data connections (data.sock) at once, all users; one thread each" },
+	{ "daemon", "max_clients_per_uid", OPT_U32, G(max_clients_per_uid), 1, 65536, "32", NULL, true,
+	  "data connections one user may hold at once (handshakes in progress count)" },
+	{ "daemon", "max_arena_per_uid", OPT_SIZE, G(max_arena_per_uid), MiB, PiB, "16GiB", NULL, true,
+	  "shared ring memory one user's data connections may map together" },
 	{ "daemon", "data_workers", OPT_U32, G(data_workers), 0, 256, "0", NULL, false,
 	  "threads running data operations (append, attention); 0: one per CPU" },
 	{ "daemon", "attention_threads", OPT_U32, G(attention_threads), 1, 256, "1", NULL, false,
@@ -78,6 +91,8 @@ static const struct opt opts[] = {
 	  "pool page size (a multiple of 4KiB): one (session, layer)'s run of tokens" },
 	{ "pool", "numa_node", OPT_I32, G(numa_node), (uint64_t)(int64_t)-1, 1023, "-1", NULL, false,
 	  "bind the pool to this NUMA node (libnuma); -1: no binding" },
+	{ "pool", "allow_overcommit", OPT_BOOL, G(allow_overcommit), 0, 0, "no", NULL, false,
+	  "start even when pool_bytes exceeds the machine's available memory (MemAvailable)" },
 	{ "tenant", "guaranteed", OPT_SIZE, T(guaranteed), 0, PiB, "0", NULL, true,
 	  "bytes this tenant keeps under pressure; all guarantees fit in pool_bytes" },
 	{ "tenant", "limit", OPT_SIZE, T(limit), MiB, PiB, NULL, "pool_bytes", true,
@@ -365,6 +380,16 @@ static int opt_parse(const struct opt *o, void *base, const char *value, char *w
 		*(uint64_t *)f = v;
 		return 0;
 	}
+	case OPT_BOOL:
+		if (!strcmp(value, "yes") || !strcmp(value, "true") || !strcmp(value, "on") || !strcmp(value, "1"))
+			*(bool *)f = true;
+		else if (!strcmp(value, "no") || !strcmp(value, "false") || !strcmp(value, "off") || !strcmp(value, "0"))
+			*(bool *)f = false;
+		else {
+			snprintf(why, whylen, "'%s' is not a boolean (yes or no)", value);
+			return -EINVAL;
+		}
+		return 0;
 	case OPT_UIDS: {
 		struct tenant_conf *t = base;
 		return parse_id_list(value, true, &t->any_uid, t->uids, &t->n_uids, why, whylen);
@@ -401,6 +426,9 @@ static void opt_format(const struct opt *o, const void *base, char *buf, size_t 
 		return;
 	case OPT_DURATION:
 		config_format_duration_ms(*(const uint64_t *)f, buf, n);
+		return;
+	case OPT_BOOL:
+		snprintf(buf, n, "%s", *(const bool *)f ? "yes" : "no");
 		return;
 	case OPT_UIDS:
 	case OPT_GIDS: {
@@ -440,6 +468,7 @@ static void opt_copy(const struct opt *o, void *dst, const void *src)
 	case OPT_I32: sz = sizeof(int32_t); break;
 	case OPT_SIZE:
 	case OPT_DURATION: sz = sizeof(uint64_t); break;
+	case OPT_BOOL: sz = sizeof(bool); break;
 	case OPT_UIDS: {
 		struct tenant_conf *d = dst;
 		const struct tenant_conf *s = src;
@@ -673,6 +702,13 @@ static int validate(const struct config *c, struct errbuf *e)
 		if (getgrnam_r(c->control_group, &gr, nb, sizeof(nb), &r) != 0 || !r)
 			err_add(e, "%s:%d: daemon.control_group: unknown group '%s'", file, c->opt_line[3],
 				c->control_group);
+	}
+	if (c->operator_group[0]) {
+		struct group gr, *r = NULL;
+		char nb[8192];
+		if (getgrnam_r(c->operator_group, &gr, nb, sizeof(nb), &r) != 0 || !r)
+			err_add(e, "%s:%d: daemon.operator_group: unknown group '%s'", file, c->opt_line[4],
+				c->operator_group);
 	}
 	if (c->n_tenants == 0)
 		err_add(e, "%s: no tenants", file);

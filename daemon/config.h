@@ -48,9 +48,14 @@ struct config {
 	char run_dir[CONFIG_DIR_MAX];
 	int log_level;                       /* LOG_ERR .. LOG_DEBUG */
 	uint32_t control_tcp_port;           /* 0 = no TCP listener */
-	char control_group[CONFIG_NAME_MAX]; /* "" = the daemon's group */
+	char control_group[CONFIG_NAME_MAX]; /* "" = the daemon's group (both sockets) */
+	char operator_group[CONFIG_NAME_MAX];/* "" = only root and the daemon's user */
 	uint32_t max_sessions;
+	uint32_t max_sessions_per_uid;
 	uint64_t session_idle_ttl_ms;        /* 0 = never */
+	uint32_t max_clients;                /* data connections at once */
+	uint32_t max_clients_per_uid;
+	uint64_t max_arena_per_uid;          /* ring memory one uid may map, all connections */
 	uint32_t data_workers;               /* ring worker threads; 0 = one per CPU */
 	uint32_t attention_threads;          /* threads per attention call (per worker) */
 	/* [pool] */
@@ -58,6 +63,7 @@ struct config {
 	char spill_dir[CONFIG_DIR_MAX];
 	uint64_t page_bytes;                 /* pool page size */
 	int32_t numa_node;                   /* -1 = no binding */
+	bool allow_overcommit;               /* pool_bytes may exceed MemAvailable */
 	/* [tenant NAME] sections; the embedded "default" tenant when none */
 	uint32_t n_tenants;
 	struct tenant_conf tenant[CONFIG_MAX_TENANTS];

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <grp.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <signal.h>
@@ -24,6 +25,7 @@
 
 #include "config.h"
 #include "dataop.h"
+#include "idstore.h"
 #include "log.h"
 #include "notify.h"
 #include "pool.h"
@@ -45,6 +47,7 @@ struct daemon {
 	int lock_fd;
 	int sig_fd;
 	struct tenant_table *tenants;
+	struct idstore *ids;       /* session ids never repeat (spill_dir/session-ids) */
 	struct session_table *sessions;
 	struct rpc_server *rpc;
 	/* the data path: pool -> kvstore (page tables) -> ring server */
@@ -236,7 +239,9 @@ static void reload(struct daemon *d)
 	free(merged);
 	log_set_level(d->cfg->log_level);
 	tenant_table_apply(d->tenants, d->cfg);
-	session_table_set_max(d->sessions, d->cfg->max_sessions);
+	session_table_set_max(d->sessions, d->cfg->max_sessions, d->cfg->max_sessions_per_uid);
+	ring_server_set_limits(d->ring, d->cfg->max_clients, d->cfg->max_clients_per_uid,
+			       d->cfg->max_arena_per_uid);
 	rpc_set_config(d->rpc, d->cfg);
 	log_notice("reload: done, %d option%s changed", changed, changed == 1 ? "" : "s");
 done:
@@ -261,6 +266,53 @@ static uint64_t real_ms(void)
 	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
+/* MemAvailable from /proc/meminfo in bytes, or 0 when unknown. */
+static uint64_t mem_available(void)
+{
+	FILE *f = fopen("/proc/meminfo", "re");
+	char line[256];
+	unsigned long long kb = 0;
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+			break;
+	fclose(f);
+	return (uint64_t)kb << 10;
+}
+
+/* A pool the machine cannot back fails later, under load, when its pages
+ * are touched (the OOM killer, or SIGBUS): refuse it now unless the
+ * operator said otherwise. */
+static int check_pool_fits(struct daemon *d)
+{
+	uint64_t avail = mem_available();
+	char want[32], have[32];
+
+	if (!avail) {
+		log_warning("pool: cannot read MemAvailable from /proc/meminfo; not checking pool.pool_bytes "
+			    "against the machine's memory");
+		return 0;
+	}
+	config_format_size_human(d->cfg->pool_bytes, want, sizeof(want));
+	config_format_size_human(avail, have, sizeof(have));
+	if (d->cfg->pool_bytes > avail) {
+		if (!d->cfg->allow_overcommit) {
+			log_err("pool: pool.pool_bytes is %s but this machine has only %s available "
+				"(MemAvailable): lower pool_bytes, or set pool.allow_overcommit = yes to start anyway",
+				want, have);
+			return -ENOMEM;
+		}
+		log_warning("pool: pool.pool_bytes %s exceeds the %s available (MemAvailable); starting "
+			    "because pool.allow_overcommit = yes: allocations may fail under load", want, have);
+	} else if (d->cfg->pool_bytes > avail / 10 * 9) {
+		log_warning("pool: pool.pool_bytes %s is more than 90%% of the %s available (MemAvailable)",
+			    want, have);
+	}
+	return 0;
+}
+
 /* The page pool (host memory) and the page tables over it. */
 static int start_pool(struct daemon *d)
 {
@@ -274,6 +326,8 @@ static int start_pool(struct daemon *d)
 	char why[256];
 	int r;
 
+	if ((r = check_pool_fits(d)) < 0)
+		return r;
 	if ((r = pool_new(&d->pool, &pp, why, sizeof(why))) < 0) {
 		log_err("pool: %s", why);
 		return r;
@@ -298,17 +352,30 @@ static int start_ring(struct daemon *d)
 		.n_workers = d->cfg->data_workers ? d->cfg->data_workers
 			   : ncpu > 0 ? (uint32_t)(ncpu < 64 ? ncpu : 64) : 2,
 		.attn_threads = d->cfg->attention_threads ? d->cfg->attention_threads : 1,
-		.max_clients = 256,
+		.max_clients = d->cfg->max_clients,
+		.max_clients_per_uid = d->cfg->max_clients_per_uid,
+		.max_arena_per_uid = d->cfg->max_arena_per_uid,
+		.sock_gid = (gid_t)-1,
 		.spin_us = 50,
 	};
 	char why[256];
 	int r;
 
+	if (d->cfg->control_group[0]) {
+		struct group gr, *res = NULL;
+		char buf[8192];
+		if (getgrnam_r(d->cfg->control_group, &gr, buf, sizeof(buf), &res) != 0 || !res) {
+			log_err("data server: daemon.control_group: unknown group '%s'", d->cfg->control_group);
+			return -ENOENT;
+		}
+		rp.sock_gid = gr.gr_gid;
+	}
 	if ((r = ring_server_new(&d->ring, &rp, d->sessions, d->kv, why, sizeof(why))) < 0) {
 		log_err("data server: %s", why);
 		return r;
 	}
-	log_info("data server: unix:%s/%s, %u workers", d->cfg->run_dir, TQKV_DATA_SOCK, rp.n_workers);
+	log_info("data server: unix:%s/%s, %u workers, at most %u clients (%u per uid)", d->cfg->run_dir,
+		 TQKV_DATA_SOCK, rp.n_workers, rp.max_clients, rp.max_clients_per_uid);
 	return 0;
 }
 
@@ -458,6 +525,16 @@ int main(int argc, char **argv)
 		log_err("start-up: %s", strerror(-r));
 		goto fail;
 	}
+	session_table_set_max(d.sessions, d.cfg->max_sessions, d.cfg->max_sessions_per_uid);
+	{
+		uint64_t first_id;
+		if (idstore_open(&d.ids, d.cfg->spill_dir, &first_id, err, sizeof(err)) < 0) {
+			log_err("session ids: %s", err);
+			goto fail;
+		}
+		session_table_set_ids(d.sessions, first_id, idstore_reserve, d.ids);
+		log_info("session ids continue at %" PRIu64 " (%s/%s)", first_id, d.cfg->spill_dir, IDSTORE_FILE);
+	}
 	if (rpc_start(&d.rpc, d.cfg, d.sessions, d.tenants, err, sizeof(err)) < 0) {
 		log_err("control server: %s", err);
 		goto fail;
@@ -488,6 +565,7 @@ fail:
 	ring_server_free(d.ring);
 	rpc_stop(d.rpc, 0);
 	session_table_free(d.sessions);   /* runs kvstore_release for what is left */
+	idstore_close(d.ids);
 	kvstore_free(d.kv);
 	tq_cache_free(d.codebooks);
 	pool_free(d.pool);

@@ -7,13 +7,14 @@
 #   tenant.c    tenants and per-tenant byte accounting (charge/uncharge)
 #   session.c   the session table (refcounted, thread-safe; the data path's entry)
 #   rpc.c       gRPC C-core control server (tqkv.v1.Control) and its handlers
+#   idstore.c   the persistent session-id high-water mark (ids never repeat)
 #
 # Sources are listed, not globbed, so a module another engineer is still
 # writing in daemon/ does not break this build: add a file here when it is
 # ready to link.  DAEMON_OBJS is everything but main.o, for unit tests.
 DAEMON_SRC  := daemon/main.c daemon/config.c daemon/log.c daemon/notify.c \
 	daemon/tenant.c daemon/session.c daemon/rpc.c \
-	daemon/backend_host.c daemon/pool.c daemon/dataop.c daemon/ring.c
+	daemon/backend_host.c daemon/pool.c daemon/dataop.c daemon/ring.c daemon/idstore.c
 DAEMON_OBJS := $(filter-out $(OBJ)/daemon/main.o,$(DAEMON_SRC:%.c=$(OBJ)/%.o))
 DAEMON_LIBS := $(GRPC_LIBS) $(PBC_LIBS) $(SD_LIBS) $(INIH_LIBS) $(NUMA_LIBS)
 TQKVD       := $(BIN)/tqkvd

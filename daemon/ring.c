@@ -30,12 +30,14 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "tq_size.h"
 #include "tqkv_ring.h"
 
 #define MAP_BUCKETS    1024            /* attach map; power of two */
 #define SLEEP_MS       100             /* futex sleeps end at least this often */
 #define LOG_BURST      5               /* client-error log lines per window */
 #define LOG_WINDOW_MS  10000
+#define CLIENT_STACK   (512u << 10)    /* ring threads: small stacks, many threads */
 
 struct ring_client;
 
@@ -50,7 +52,8 @@ struct binding {
 	struct ring_client *c;
 	struct session_geom geom;          /* copied at ATTACH (immutable) */
 	bool ephemeral;                    /* closed with the connection */
-	bool detached;                     /* DETACH seen: freed once idle */
+	bool detached;                     /* DETACH or CLOSE seen: freed once idle */
+	bool close_requested;              /* CLOSE seen: the session is closed in order */
 	bool queued;                       /* on the run queue or running */
 	struct op *head, *tail;            /* pending operations, in order */
 	struct binding *rq_next;           /* run queue */
@@ -67,6 +70,7 @@ struct ring_client {
 	pthread_t thread;
 	bool thread_started;
 	bool live;                         /* handshake done (set under rs->lock) */
+	uint64_t arena_claim;              /* ring bytes counted against the uid (rs->lock) */
 	struct ring_client *next;          /* rs->clients */
 
 	/* the shared mapping and what the daemon copied out of it at the handshake */
@@ -114,6 +118,10 @@ struct ring_server {
 	bool ctl_started;
 	int stopping;                      /* atomic: ring-ctl ends, clients close */
 	int workers_stop;                  /* atomic: set once every client is gone */
+
+	/* limits (atomic: a reload changes them) */
+	uint32_t max_clients, max_clients_per_uid;
+	uint64_t max_arena_per_uid;
 
 	pthread_mutex_t lock;
 	pthread_cond_t work;               /* run queue not empty / stopping */
@@ -171,7 +179,7 @@ static inline void cpu_relax(void)
 static const char *op_name(uint32_t op)
 {
 	static const char *const n[TQKV_OP__COUNT] = { "NOP", "ATTACH", "DETACH", "APPEND", "ATTEND",
-						       "APPEND_ATTEND", "TRUNCATE" };
+						       "APPEND_ATTEND", "TRUNCATE", "CLOSE" };
 	return op < TQKV_OP__COUNT ? n[op] : "?";
 }
 
@@ -394,6 +402,8 @@ static void do_attach(struct ring_client *c, const struct tqkv_sqe *e)
 	b = *pp;
 	if (b && b->c != c) {
 		st = TQKV_ST_ATTACHED_ELSEWHERE;
+	} else if (b && b->close_requested) {
+		st = TQKV_ST_CLOSING;
 	} else if (b) {
 		/* attached here already (or detached and still draining): re-arm */
 		b->detached = false;
@@ -451,6 +461,7 @@ static void dispatch(struct ring_client *c, const struct tqkv_sqe *e)
 	case TQKV_OP_ATTACH:
 		return do_attach(c, e);
 	case TQKV_OP_DETACH:
+	case TQKV_OP_CLOSE:
 	case TQKV_OP_APPEND:
 	case TQKV_OP_ATTEND:
 	case TQKV_OP_APPEND_ATTEND:
@@ -469,12 +480,14 @@ static void dispatch(struct ring_client *c, const struct tqkv_sqe *e)
 	b = *map_slot(rs, e->session);
 	if (!b || b->c != c || b->detached) {
 		st = TQKV_ST_NOT_ATTACHED;
-	} else if (e->opcode == TQKV_OP_DETACH) {
+	} else if (e->opcode == TQKV_OP_DETACH || e->opcode == TQKV_OP_CLOSE) {
 		if (e->flags || e->dtype || e->layer || e->n_tokens || e->n_q || e->k_off || e->v_off ||
-		    e->q_off || e->pos_off || e->out_off || e->pos)
+		    e->q_off || e->pos_off || e->out_off || e->pos) {
 			st = TQKV_ST_BAD_FIELD;
-		else
+		} else {
 			b->detached = true; /* later SQEs of this session: NOT_ATTACHED */
+			b->close_requested = e->opcode == TQKV_OP_CLOSE;
+		}
 	} else {
 		st = sqe_check(c, e, b, &detail);
 	}
@@ -636,7 +649,7 @@ static void client_teardown(struct ring_client *c)
 	while (c->bindings) {
 		struct binding *b = c->bindings;
 		uint64_t id = b->id;
-		bool eph = b->ephemeral && !b->detached;
+		bool eph = (b->ephemeral && !b->detached) || b->close_requested;
 
 		binding_unlink(rs, b);
 		free(b);
@@ -668,6 +681,15 @@ static void run_op(struct ring_server *rs, struct ring_worker *w, struct binding
 
 	if (e->opcode == TQKV_OP_DETACH)
 		return cq_post(c, e, 0, TQKV_ST_OK, 0, 0, NULL);
+	if (e->opcode == TQKV_OP_CLOSE) {
+		uint64_t released = 0;
+		if ((x = session_close(rs->st, b->id, &released)) < 0)
+			return cq_post(c, e, x, TQKV_ST_NO_SESSION, 0, 0, NULL);
+		log_info("session %llu closed by data client %llu (pid %d uid %u), %llu bytes released",
+			 (unsigned long long)b->id, (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid,
+			 (unsigned long long)released);
+		return cq_post(c, e, 0, TQKV_ST_OK, 0, 0, NULL);
+	}
 	if ((x = session_acquire(rs->st, b->id, now_real_ms(), &s)) < 0)
 		return cq_post(c, e, x, session_errno_status(x), 0, 0, NULL);
 	switch (e->opcode) {
@@ -736,7 +758,9 @@ static void *worker_main(void *arg)
 		c = b->c;
 		pthread_mutex_unlock(&rs->lock);
 
-		if (__atomic_load_n(&c->closing, __ATOMIC_ACQUIRE))
+		/* A departed client's queued work is dropped, but never a CLOSE:
+		 * once sent, a close completes whatever the client does next. */
+		if (__atomic_load_n(&c->closing, __ATOMIC_ACQUIRE) && o->e.opcode != TQKV_OP_CLOSE)
 			__atomic_add_fetch(&rs->ops_dropped, 1, __ATOMIC_RELAXED);
 		else
 			run_op(rs, w, b, &o->e);
@@ -799,8 +823,6 @@ static int handshake(struct ring_server *rs, struct ring_client *c, char *why, s
 {
 	struct tqkv_hello h;
 	struct tqkv_ring_layout lay;
-	struct ucred cred;
-	socklen_t cl = sizeof(cred);
 	union { struct cmsghdr h; char buf[CMSG_SPACE(sizeof(int) * 4)]; } cbuf;
 	struct iovec iov = { &h, sizeof(h) };
 	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf.buf,
@@ -808,19 +830,15 @@ static int handshake(struct ring_server *rs, struct ring_client *c, char *why, s
 	struct timeval tv = { 2, 0 };
 	struct stat sb;
 	int memfd = -1, seals, r;
+	size_t n_fds = 0;
 	ssize_t n;
 
-	if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0) {
-		r = -errno;
-		snprintf(why, whylen, "SO_PEERCRED: %s", strerror(errno));
-		goto fail;
-	}
-	c->uid = cred.uid;
-	c->pid = cred.pid;
 	setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 	memset(&h, 0, sizeof(h));
 	memset(&cbuf, 0, sizeof(cbuf));
-	n = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC);
+	/* MSG_TRUNC: n is the message's real length even when it was longer
+	 * than the hello (SOCK_SEQPACKET), so the refusal can say so. */
+	n = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC | MSG_TRUNC);
 	/* Take ownership of every passed fd before judging the message — only
 	 * of a message that arrived: after a failed recvmsg the control buffer
 	 * holds no fds, and walking it would close fds that are not ours. */
@@ -831,6 +849,7 @@ static int handshake(struct ring_server *rs, struct ring_client *c, char *why, s
 		for (size_t i = 0; i < nfd; i++) {
 			int fd;
 			memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+			n_fds++;
 			if (memfd < 0)
 				memfd = fd;
 			else
@@ -842,9 +861,15 @@ static int handshake(struct ring_server *rs, struct ring_client *c, char *why, s
 		snprintf(why, whylen, "reading the hello: %s", strerror(errno));
 		goto fail;
 	}
-	if ((size_t)n != sizeof(h) || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+	if ((size_t)n != sizeof(h)) {
 		r = -EPROTO;
 		snprintf(why, whylen, "hello of %zd bytes (expected %zu)", n, sizeof(h));
+		goto fail;
+	}
+	if ((msg.msg_flags & MSG_CTRUNC) || n_fds > 1) {
+		r = -EPROTO;
+		snprintf(why, whylen, "the hello must carry exactly one fd (the ring's memfd); it carried %s",
+			 (msg.msg_flags & MSG_CTRUNC) ? "more than 4" : "several");
 		goto fail;
 	}
 	if (h.magic != TQKV_RING_MAGIC) {
@@ -882,6 +907,25 @@ static int handshake(struct ring_server *rs, struct ring_client *c, char *why, s
 			 (unsigned long long)h.total_bytes);
 		goto fail;
 	}
+	/* The uid's ring memory, all its connections together, is capped. */
+	pthread_mutex_lock(&rs->lock);
+	uint64_t mine = 0, cap = __atomic_load_n(&rs->max_arena_per_uid, __ATOMIC_RELAXED);
+	for (struct ring_client *o = rs->clients; o; o = o->next)
+		if (o != c && o->uid == c->uid)
+			mine += o->arena_claim;
+	if (cap && (h.total_bytes > cap || mine > cap - h.total_bytes)) {
+		pthread_mutex_unlock(&rs->lock);
+		char a[32], b[32], m[32];
+		tq_size_format_human(h.total_bytes, a, sizeof(a));
+		tq_size_format_human(mine, m, sizeof(m));
+		tq_size_format_human(cap, b, sizeof(b));
+		r = -EUSERS;
+		snprintf(why, whylen, "uid %u maps %s of rings already; %s more passes max_arena_per_uid %s",
+			 (unsigned)c->uid, m, a, b);
+		goto fail;
+	}
+	c->arena_claim = h.total_bytes;
+	pthread_mutex_unlock(&rs->lock);
 	c->map = mmap(NULL, h.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
 	if (c->map == MAP_FAILED) {
 		c->map = NULL;
@@ -917,47 +961,106 @@ fail:
 	return r;
 }
 
+/* Refuse a connection at once, on ring-ctl: the welcome with the reason,
+ * then whatever the client already sent is read and dropped (closing any
+ * fd it passed) — closing a socket with unread data would make the
+ * client's next read fail with ECONNRESET before it sees the reason. */
+static void refuse_now(int fd, int res, const char *why)
+{
+	union { struct cmsghdr h; char buf[CMSG_SPACE(sizeof(int) * 4)]; } cbuf;
+	char junk[256];
+
+	welcome_send(fd, res, 0, why);
+	shutdown(fd, SHUT_WR);
+	for (int i = 0; i < 4; i++) {
+		struct iovec iov = { junk, sizeof(junk) };
+		struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf.buf,
+				      .msg_controllen = sizeof(cbuf.buf) };
+		ssize_t n = recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+		if (n < 0)
+			break;
+		for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+			if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+				continue;
+			for (size_t k = 0; k < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int); k++) {
+				int x;
+				memcpy(&x, CMSG_DATA(cm) + k * sizeof(int), sizeof(int));
+				close(x);
+			}
+		}
+	}
+	close(fd);
+}
+
 /* The handshake runs on the client's own thread (client_start), so a peer
  * that connects and says nothing delays nobody: ring-ctl only accepts,
- * counts the client against max_clients and starts its thread. */
+ * reads the peer's credentials, counts the client against max_clients and
+ * its uid's max_clients_per_uid, and starts its thread. */
 static void accept_one(struct ring_server *rs)
 {
 	struct ring_client *c = NULL;
+	struct ucred cred;
+	socklen_t cl = sizeof(cred);
 	char why[160] = "";
+	uint32_t mine = 0, cap_all, cap_uid;
+	pthread_attr_t attr;
 	int fd, r;
 
 	fd = accept4(rs->listen_fd, NULL, NULL, SOCK_CLOEXEC);
 	if (fd < 0)
 		return; /* EAGAIN, or the client gave up: nothing to do */
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0) {
+		log_warning("data socket: peer credentials: %s", strerror(errno));
+		close(fd);
+		return;
+	}
 	c = calloc(1, sizeof(*c));
 	if (!c) {
-		close(fd);
+		refuse_now(fd, -ENOMEM, "the daemon is out of memory");
 		return;
 	}
 	c->rs = rs;
 	c->fd = fd;
+	c->uid = cred.uid;
+	c->pid = cred.pid;
 	pthread_mutex_init(&c->cq_lock, NULL);
 	pthread_cond_init(&c->idle, NULL);
 
+	cap_all = __atomic_load_n(&rs->max_clients, __ATOMIC_RELAXED);
+	cap_uid = __atomic_load_n(&rs->max_clients_per_uid, __ATOMIC_RELAXED);
 	pthread_mutex_lock(&rs->lock);
 	c->id = ++rs->next_client_id;
-	r = rs->n_clients >= rs->p.max_clients ? -EUSERS : 0;
-	if (r == 0) {
+	for (struct ring_client *o = rs->clients; o; o = o->next)
+		mine += o->uid == c->uid;
+	if (cap_uid && mine >= cap_uid) {
+		r = -EUSERS;
+		snprintf(why, sizeof(why), "uid %u has %u data connections already (daemon.max_clients_per_uid)",
+			 (unsigned)c->uid, mine);
+	} else if (rs->n_clients >= cap_all) {
+		r = -EUSERS;
+		snprintf(why, sizeof(why), "%u data clients already connected (daemon.max_clients)", rs->n_clients);
+	} else {
 		/* counted from now on: pending handshakes count too */
+		r = 0;
 		c->next = rs->clients;
 		rs->clients = c;
 		rs->n_clients++;
 	}
 	pthread_mutex_unlock(&rs->lock);
 	if (r < 0) {
-		snprintf(why, sizeof(why), "%u data clients already connected", rs->p.max_clients);
 		__atomic_add_fetch(&rs->handshakes_failed, 1, __ATOMIC_RELAXED);
-		log_info("data client %llu refused: %s", (unsigned long long)c->id, why);
-		welcome_send(fd, r, 0, why);
+		log_info("data client %llu (pid %d uid %u) refused: %s", (unsigned long long)c->id,
+			 (int)c->pid, (unsigned)c->uid, why);
+		c->fd = -1;
 		client_free(c);
+		refuse_now(fd, r, why);
 		return;
 	}
-	if ((r = pthread_create(&c->thread, NULL, client_main, c)) != 0) {
+	pthread_attr_init(&attr);
+	pthread_attr_setstacksize(&attr, CLIENT_STACK);
+	r = pthread_create(&c->thread, &attr, client_main, c);
+	pthread_attr_destroy(&attr);
+	if (r != 0) {
 		log_err("data client %llu: cannot start its thread: %s", (unsigned long long)c->id, strerror(r));
 		welcome_send(fd, -r, 0, "the daemon cannot start a thread for this client");
 		__atomic_store_n(&c->done, 1, __ATOMIC_RELEASE); /* reaped below */
@@ -1094,6 +1197,9 @@ int ring_server_new(struct ring_server **out, const struct ring_params *p,
 		return -ENOMEM;
 	rs->p = *p;
 	rs->p.run_dir = NULL;
+	rs->max_clients = p->max_clients;
+	rs->max_clients_per_uid = p->max_clients_per_uid;
+	rs->max_arena_per_uid = p->max_arena_per_uid;
 	rs->st = st;
 	rs->ks = ks;
 	rs->listen_fd = rs->epoll_fd = rs->event_fd = -1;
@@ -1115,10 +1221,16 @@ int ring_server_new(struct ring_server **out, const struct ring_params *p,
 		snprintf(why, whylen, "socket/epoll/eventfd: %s", strerror(errno));
 		goto fail;
 	}
-	/* The caller holds the run directory's lock: a stale socket is ours. */
+	/* The caller holds the run directory's lock: a stale socket is ours.
+	 * Mode 0660 and the clients' group, as control.sock: whoever may open
+	 * a session must be able to reach its data too. */
 	unlink(rs->sock_path);
-	if (bind(rs->listen_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
-	    listen(rs->listen_fd, 64) < 0) {
+	mode_t old = umask(0117);
+	r = bind(rs->listen_fd, (struct sockaddr *)&sa, sizeof(sa));
+	umask(old);
+	if (r < 0 || chmod(rs->sock_path, 0660) < 0 ||
+	    (p->sock_gid != (gid_t)-1 && chown(rs->sock_path, (uid_t)-1, p->sock_gid) < 0) ||
+	    listen(rs->listen_fd, 128) < 0) {
 		r = -errno;
 		snprintf(why, whylen, "%s: %s", rs->sock_path, strerror(errno));
 		goto fail;
@@ -1239,4 +1351,53 @@ void ring_server_stats(struct ring_server *rs, struct ring_stats *out)
 	out->rings_broken = __atomic_load_n(&rs->rings_broken, __ATOMIC_RELAXED);
 	out->sessions_closed_on_eof = __atomic_load_n(&rs->sessions_closed_on_eof, __ATOMIC_RELAXED);
 	out->arena_bytes = __atomic_load_n(&rs->arena_bytes, __ATOMIC_RELAXED);
+}
+
+void ring_server_set_limits(struct ring_server *rs, uint32_t max_clients, uint32_t max_clients_per_uid,
+			    uint64_t max_arena_per_uid)
+{
+	if (!rs)
+		return;
+	__atomic_store_n(&rs->max_clients, max_clients ? max_clients : 1, __ATOMIC_RELAXED);
+	__atomic_store_n(&rs->max_clients_per_uid, max_clients_per_uid, __ATOMIC_RELAXED);
+	__atomic_store_n(&rs->max_arena_per_uid, max_arena_per_uid, __ATOMIC_RELAXED);
+}
+
+int ring_server_bind(struct ring_server *rs, uint64_t client_id, uid_t uid, uint64_t id,
+		     const struct session_geom *g, bool detached)
+{
+	struct ring_client *c;
+	struct binding *b, **pp;
+	int r = 0;
+
+	pthread_mutex_lock(&rs->lock);
+	for (c = rs->clients; c && !(c->id == client_id && c->live); c = c->next)
+		;
+	/* closing is checked under rs->lock: the ring thread's teardown walks
+	 * the bindings under it after closing is set, so a binding made here
+	 * is either refused or seen (and its session closed) by the teardown. */
+	if (!c)
+		r = -ENOENT;
+	else if (c->uid != uid)
+		r = -EPERM;
+	else if (__atomic_load_n(&c->closing, __ATOMIC_ACQUIRE))
+		r = -ESHUTDOWN;
+	else if (*(pp = map_slot(rs, id)))
+		r = -EBUSY;
+	else if (c->n_bindings >= TQKV_MAX_ATTACHED)
+		r = -EUSERS;
+	else if (!(b = calloc(1, sizeof(*b))))
+		r = -ENOMEM;
+	if (r == 0) {
+		b->id = id;
+		b->c = c;
+		b->geom = *g;
+		b->ephemeral = !detached;
+		*pp = b;
+		b->c_next = c->bindings;
+		c->bindings = b;
+		c->n_bindings++;
+	}
+	pthread_mutex_unlock(&rs->lock);
+	return r;
 }

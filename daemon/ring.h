@@ -14,8 +14,8 @@
  *                 sessions in parallel), post the CQE, ring the client's
  *                 doorbell.
  *
- * Trust: nothing in a client's shared memory is trusted (docs/ARCHITECTURE-
- * datapath.md).  A client's mistakes complete its own SQEs with an error
+ * Trust: nothing in a client's shared memory is trusted (docs/ARCHITECTURE.md
+ * §5, "Trust model").  A client's mistakes complete its own SQEs with an error
  * (logged once per client, rate-limited); a corrupted index stops that ring;
  * the socket's EOF drops the client's queued work, closes its ephemeral
  * sessions and unmaps its memory.
@@ -26,8 +26,10 @@
 #ifndef TQKVD_RING_H
 #define TQKVD_RING_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "dataop.h"
 #include "session.h"
@@ -36,10 +38,13 @@
 struct ring_server;
 
 struct ring_params {
-	const char *run_dir;       /* data.sock is created here (0660 by umask)       */
+	const char *run_dir;       /* data.sock is created here, mode 0660            */
+	gid_t sock_gid;            /* group of data.sock; (gid_t)-1: the daemon's     */
 	uint32_t n_workers;        /* 1 .. 256                                        */
 	uint32_t attn_threads;     /* attention threads per worker (1: none extra)    */
 	uint32_t max_clients;      /* connections at once                             */
+	uint32_t max_clients_per_uid; /* connections of one uid at once (0: max_clients) */
+	uint64_t max_arena_per_uid;   /* ring bytes one uid may map (0: no cap)        */
 	uint32_t spin_us;          /* longest adaptive spin before a futex sleep      */
 };
 
@@ -63,5 +68,17 @@ int ring_server_new(struct ring_server **out, const struct ring_params *p,
  * are running, drops the queued ones, closes ephemeral sessions, joins. */
 void ring_server_free(struct ring_server *rs);
 void ring_server_stats(struct ring_server *rs, struct ring_stats *out);
+/* New connection limits (a reload); connections already made stay. */
+void ring_server_set_limits(struct ring_server *rs, uint32_t max_clients, uint32_t max_clients_per_uid,
+			    uint64_t max_arena_per_uid);
+/* Attach session `id` (just opened by `uid` over the control channel) to
+ * the live data connection `client_id` of the same uid, as ATTACH does but
+ * in the caller's step (OpenSession with data_client): from here on the
+ * connection's end closes the session unless `detached`.  0, or -ENOENT
+ * (no such live connection), -EPERM (another uid's), -ESHUTDOWN (it is
+ * ending), -EBUSY (the session is attached already), -EUSERS (too many
+ * sessions on it), -ENOMEM. */
+int ring_server_bind(struct ring_server *rs, uint64_t client_id, uid_t uid, uint64_t id,
+		     const struct session_geom *g, bool detached);
 
 #endif

@@ -1,11 +1,14 @@
 /* rpc.c — the gRPC control server and its handlers.
  *
- * Trust model (docs/ARCHITECTURE-daemon.md): whoever can connect to
- * control.sock (mode 0660, owner = the daemon's user, group =
- * daemon.control_group) is an operator and may run every method.  The
- * session owner recorded by OpenSession is the caller's uid as the kernel
- * reports it (SO_PEERCRED, read by our own acceptor), never a value the
- * client sends.  gRPC 1.51 exposes no peer credentials of its own, so we
+ * Trust model (docs/ARCHITECTURE.md §4, "Who may do what"): whoever can
+ * connect to control.sock (mode 0660, owner = the daemon's user, group =
+ * daemon.control_group) is a client: it may open sessions in the tenants
+ * that allow it and see, evict and close its own sessions.  Operators —
+ * root, the daemon's own uid and members of daemon.operator_group — may
+ * act on every session, change budgets and read the configuration.  Rights
+ * come from the kernel's credentials of the connection (SO_PEERCRED and
+ * SO_PEERGROUPS, read by our own acceptor), never from a value the client
+ * sends; a TCP peer has none and may only call Health and GetStats.  gRPC 1.51 exposes no peer credentials of its own, so we
  * accept the unix connections ourselves and pass each one to gRPC with
  * grpc_server_add_channel_from_fd(); gRPC names such a peer "fd:N", which
  * leads back to the credentials recorded for fd N (checked against the
@@ -49,11 +52,23 @@
 
 #define N_METHODS 10
 
+#define PEER_GROUPS_MAX 64
+
 /* Who is calling.  has_cred: kernel credentials of a unix-socket peer. */
 struct peer {
 	bool has_cred;
+	bool operator_;         /* may act on everything (see the top of this file) */
 	struct ucred cred;
+	int n_groups;           /* supplementary groups at connect time */
+	gid_t groups[PEER_GROUPS_MAX];
 	char desc[96];          /* "uid 1000 pid 42" or "ipv4:127.0.0.1:5555" */
+};
+
+/* What a method needs from its caller. */
+enum right {
+	RIGHT_ANY,              /* any peer, TCP included */
+	RIGHT_CLIENT,           /* kernel credentials (unix socket); the handler checks ownership */
+	RIGHT_OPERATOR,         /* an operator */
 };
 
 struct reply {
@@ -86,6 +101,8 @@ struct peer_slot {
 	bool valid;
 	ino_t ino;
 	struct ucred cred;
+	int n_groups;
+	gid_t groups[PEER_GROUPS_MAX];
 };
 
 struct rpc_server {
@@ -95,9 +112,10 @@ struct rpc_server {
 	struct ring_server *ring;
 	uint64_t start_ms, start_mono_ms;
 
-	pthread_mutex_t cfg_lock;       /* guards cfg, reloads */
+	pthread_mutex_t cfg_lock;       /* guards cfg, reloads, operator_gid */
 	struct config *cfg;
 	uint64_t reloads;
+	gid_t operator_gid;             /* (gid_t)-1: no operator group */
 
 	grpc_server *server;
 	grpc_completion_queue *cq;
@@ -291,7 +309,15 @@ static const char *known_codecs(char *buf, size_t len)
 	return buf;
 }
 
-/* uid's supplementary groups, for allow_gids. */
+static bool in_groups(gid_t g, const gid_t *groups, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (groups[i] == g)
+			return true;
+	return false;
+}
+
+/* uid's groups from the user database (when SO_PEERGROUPS is missing). */
 static int peer_groups(uid_t uid, gid_t gid, gid_t *groups, int max)
 {
 	struct passwd pw, *r = NULL;
@@ -305,6 +331,43 @@ static int peer_groups(uid_t uid, gid_t gid, gid_t *groups, int max)
 	return n;
 }
 
+/* OpenSession with data_client: attach the new session to that data
+ * connection in this same call, or close it again and say why. */
+static int bind_new_session(struct rpc_server *srv, const struct peer *peer,
+			    const Tqkv__V1__OpenSessionRequest *q, struct session_info *si,
+			    struct reply *rep)
+{
+	struct ring_server *ring = __atomic_load_n(&srv->ring, __ATOMIC_ACQUIRE);
+	int r = ring ? ring_server_bind(ring, q->data_client, peer->cred.uid, si->id, &si->geom, q->detached)
+		     : -ENOENT;
+
+	if (r == 0)
+		return 0;
+	session_close(srv->sessions, si->id, NULL);
+	switch (r) {
+	case -ENOENT:
+		rep_error(rep, GRPC_STATUS_FAILED_PRECONDITION, "no live data connection %" PRIu64
+			  " (data_client); the session was not opened", q->data_client);
+		break;
+	case -EPERM:
+		rep_error(rep, GRPC_STATUS_PERMISSION_DENIED, "data connection %" PRIu64
+			  " belongs to another user; the session was not opened", q->data_client);
+		break;
+	case -ESHUTDOWN:
+		rep_error(rep, GRPC_STATUS_FAILED_PRECONDITION, "data connection %" PRIu64
+			  " is closing; the session was not opened", q->data_client);
+		break;
+	case -EUSERS:
+		rep_error(rep, GRPC_STATUS_RESOURCE_EXHAUSTED, "data connection %" PRIu64 " has %u sessions "
+			  "attached already; the session was not opened", q->data_client, TQKV_MAX_ATTACHED);
+		break;
+	default:
+		rep_error(rep, GRPC_STATUS_INTERNAL, "cannot attach the session to data connection %" PRIu64
+			  ": %s; the session was not opened", q->data_client, strerror(-r));
+	}
+	return r;
+}
+
 static void h_open_session(struct rpc_server *srv, const struct peer *peer,
 			   const ProtobufCMessage *req, struct reply *rep)
 {
@@ -314,8 +377,7 @@ static void h_open_session(struct rpc_server *srv, const struct peer *peer,
 	struct tenant *t;
 	char why[256];
 	uint64_t seed;
-	gid_t groups[64];
-	int r, n_groups;
+	int r;
 
 	if (!peer->has_cred) {
 		rep_error(rep, GRPC_STATUS_PERMISSION_DENIED,
@@ -351,8 +413,12 @@ static void h_open_session(struct rpc_server *srv, const struct peer *peer,
 	g.n_q_heads = q->n_q_heads;
 	g.head_dim = q->head_dim;
 	g.max_tokens = q->max_tokens;
-	n_groups = peer_groups(peer->cred.uid, peer->cred.gid, groups, 64);
-	if (!tenant_allows(t, peer->cred.uid, peer->cred.gid, groups, n_groups)) {
+	if (q->detached && !q->data_client) {
+		rep_error(rep, GRPC_STATUS_INVALID_ARGUMENT, "detached applies to data_client (the connection "
+			  "the session is attached to); without data_client a session is not attached");
+		return;
+	}
+	if (!tenant_allows(t, peer->cred.uid, peer->cred.gid, peer->groups, peer->n_groups)) {
 		rep_error(rep, GRPC_STATUS_PERMISSION_DENIED, "uid %u may not use tenant '%s' (allow_uids/allow_gids)",
 			  (unsigned)peer->cred.uid, tname);
 		return;
@@ -380,10 +446,13 @@ static void h_open_session(struct rpc_server *srv, const struct peer *peer,
 			 why, sizeof(why));
 	switch (r) {
 	case 0:
+		if (q->data_client && bind_new_session(srv, peer, q, &si, rep) < 0)
+			return;
 		log_info("session %" PRIu64 " opened: tenant %s, uid %u, name '%s', %u layers x %u/%u heads x %u, "
-			 "%s/%s, max %" PRIu64 " tokens", si.id, si.tenant, si.owner_uid, si.name,
+			 "%s/%s, max %" PRIu64 " tokens%s", si.id, si.tenant, si.owner_uid, si.name,
 			 g.n_layers, g.n_kv_heads, g.n_q_heads, g.head_dim, tq_codec_name(g.k_codec),
-			 tq_codec_name(g.v_codec), g.max_tokens);
+			 tq_codec_name(g.v_codec), g.max_tokens,
+			 !q->data_client ? ", not attached" : q->detached ? ", attached (detached)" : ", attached");
 		rep_session(rep, &si);
 		return;
 	case -EINVAL:
@@ -412,14 +481,35 @@ static bool check_id(uint64_t id, struct reply *rep)
 	return true;
 }
 
+/* Session `id` for a caller that must own it (operators may touch any):
+ * true and *si, or false with the reply set.  Another user's session is
+ * "not yours", never more about it. */
+static bool own_session(struct rpc_server *srv, const struct peer *peer, uint64_t id,
+			struct session_info *si, struct reply *rep)
+{
+	if (!check_id(id, rep))
+		return false;
+	if (session_get_info(srv->sessions, id, si) < 0) {
+		rep_error(rep, GRPC_STATUS_NOT_FOUND, "no session %" PRIu64, id);
+		return false;
+	}
+	if (!peer->operator_ && si->owner_uid != (uint32_t)peer->cred.uid) {
+		rep_error(rep, GRPC_STATUS_PERMISSION_DENIED, "session %" PRIu64 " belongs to another user "
+			  "(only its owner or an operator may act on it)", id);
+		return false;
+	}
+	return true;
+}
+
 static void h_close_session(struct rpc_server *srv, const struct peer *peer,
 			    const ProtobufCMessage *req, struct reply *rep)
 {
 	const Tqkv__V1__SessionRef *q = (const void *)req;
 	Tqkv__V1__CloseSessionReply r = TQKV__V1__CLOSE_SESSION_REPLY__INIT;
+	struct session_info si;
 	uint64_t released = 0;
 
-	if (!check_id(q->id, rep))
+	if (!own_session(srv, peer, q->id, &si, rep))
 		return;
 	if (session_close(srv->sessions, q->id, &released) < 0) {
 		rep_error(rep, GRPC_STATUS_NOT_FOUND, "no session %" PRIu64, q->id);
@@ -436,12 +526,8 @@ static void h_get_session(struct rpc_server *srv, const struct peer *peer,
 	const Tqkv__V1__SessionRef *q = (const void *)req;
 	struct session_info si;
 
-	if (!check_id(q->id, rep))
+	if (!own_session(srv, peer, q->id, &si, rep))
 		return;
-	if (session_get_info(srv->sessions, q->id, &si) < 0) {
-		rep_error(rep, GRPC_STATUS_NOT_FOUND, "no session %" PRIu64, q->id);
-		return;
-	}
 	rep_session(rep, &si);
 }
 
@@ -465,11 +551,15 @@ static void h_list_sessions(struct rpc_server *srv, const struct peer *peer,
 	pm = calloc(n ? n : 1, sizeof(*pm));
 	if (!m || !pm)
 		goto nomem;
+	size_t k = 0;
 	for (size_t i = 0; i < n; i++) {
-		session_to_msg(&v[i], &m[i]);
-		pm[i] = &m[i];
+		if (!peer->operator_ && v[i].owner_uid != (uint32_t)peer->cred.uid)
+			continue; /* a client sees its own sessions only */
+		session_to_msg(&v[i], &m[k]);
+		pm[k] = &m[k];
+		k++;
 	}
-	r.n_sessions = n;
+	r.n_sessions = k;
 	r.sessions = pm;
 	rep_ok(rep, &r.base);
 	goto out;
@@ -488,7 +578,7 @@ static void h_evict_session(struct rpc_server *srv, const struct peer *peer,
 	struct session_info si;
 	int r;
 
-	if (!check_id(q->id, rep))
+	if (!own_session(srv, peer, q->id, &si, rep))
 		return;
 	r = session_evict(srv->sessions, q->id, &si);
 	if (r == -ENOENT) {
@@ -527,20 +617,26 @@ static void h_list_tenants(struct rpc_server *srv, const struct peer *peer,
 {
 	Tqkv__V1__ListTenantsReply r = TQKV__V1__LIST_TENANTS_REPLY__INIT;
 	uint32_t n = tenant_count(srv->tenants);
-	struct tenant_info *ti = calloc(n, sizeof(*ti));
-	Tqkv__V1__Tenant *m = calloc(n, sizeof(*m));
-	Tqkv__V1__Tenant **pm = calloc(n, sizeof(*pm));
+	struct tenant_info *ti = calloc(n ? n : 1, sizeof(*ti));
+	Tqkv__V1__Tenant *m = calloc(n ? n : 1, sizeof(*m));
+	Tqkv__V1__Tenant **pm = calloc(n ? n : 1, sizeof(*pm));
 
 	if (!ti || !m || !pm) {
 		rep_error(rep, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
 		goto out;
 	}
+	uint32_t k = 0;
 	for (uint32_t i = 0; i < n; i++) {
-		tenant_get_info(tenant_at(srv->tenants, i), &ti[i]);
-		tenant_to_msg(&ti[i], &m[i]);
-		pm[i] = &m[i];
+		struct tenant *t = tenant_at(srv->tenants, i);
+		/* a client sees the tenants it may use */
+		if (!peer->operator_ && !tenant_allows(t, peer->cred.uid, peer->cred.gid, peer->groups, peer->n_groups))
+			continue;
+		tenant_get_info(t, &ti[k]);
+		tenant_to_msg(&ti[k], &m[k]);
+		pm[k] = &m[k];
+		k++;
 	}
-	r.n_tenants = n;
+	r.n_tenants = k;
 	r.tenants = pm;
 	rep_ok(rep, &r.base);
 out:
@@ -664,21 +760,88 @@ out:
 static const struct {
 	const char *name;
 	handler_fn fn;
+	enum right need;
 } methods[N_METHODS] = {
-	{ "Health", h_health },
-	{ "GetStats", h_get_stats },
-	{ "OpenSession", h_open_session },
-	{ "CloseSession", h_close_session },
-	{ "GetSession", h_get_session },
-	{ "ListSessions", h_list_sessions },
-	{ "EvictSession", h_evict_session },
-	{ "ListTenants", h_list_tenants },
-	{ "SetTenantBudget", h_set_tenant_budget },
-	{ "GetConfig", h_get_config },
+	{ "Health", h_health, RIGHT_ANY },
+	{ "GetStats", h_get_stats, RIGHT_ANY },
+	{ "OpenSession", h_open_session, RIGHT_CLIENT },
+	{ "CloseSession", h_close_session, RIGHT_CLIENT },
+	{ "GetSession", h_get_session, RIGHT_CLIENT },
+	{ "ListSessions", h_list_sessions, RIGHT_CLIENT },
+	{ "EvictSession", h_evict_session, RIGHT_CLIENT },
+	{ "ListTenants", h_list_tenants, RIGHT_CLIENT },
+	{ "SetTenantBudget", h_set_tenant_budget, RIGHT_OPERATOR },
+	{ "GetConfig", h_get_config, RIGHT_OPERATOR },
 };
 
+/* protobuf-c turns a string with an embedded NUL into its prefix (a C
+ * string), so "prod\0x" would silently name tenant "prod".  Walk the wire
+ * bytes with the message's descriptor and refuse such strings, nested
+ * messages included.  Malformed wire data is left to the unpacker:
+ * returns 0 then, or -EINVAL with *field naming the offending field. */
+static int wire_check_strings(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n,
+			      int depth, const char **field)
+{
+	size_t i = 0;
+
+	if (depth > 8)
+		return 0;
+	while (i < n) {
+		uint64_t key = 0, len = 0;
+		int shift = 0;
+		do {
+			if (i >= n || shift > 63)
+				return 0;
+			key |= (uint64_t)(p[i] & 0x7f) << shift;
+			shift += 7;
+		} while (p[i++] & 0x80);
+		switch (key & 7) {
+		case 0:
+			while (i < n && (p[i] & 0x80))
+				i++;
+			i++;
+			continue;
+		case 1: i += 8; continue;
+		case 5: i += 4; continue;
+		case 2: break;
+		default: return 0;
+		}
+		shift = 0;
+		do {
+			if (i >= n || shift > 63)
+				return 0;
+			len |= (uint64_t)(p[i] & 0x7f) << shift;
+			shift += 7;
+		} while (p[i++] & 0x80);
+		if (len > n - i)
+			return 0;
+		const ProtobufCFieldDescriptor *f =
+			key >> 3 <= UINT32_MAX ? protobuf_c_message_descriptor_get_field(d, (unsigned)(key >> 3)) : NULL;
+		if (f && f->type == PROTOBUF_C_TYPE_STRING && memchr(p + i, 0, len)) {
+			*field = f->name;
+			return -EINVAL;
+		}
+		if (f && f->type == PROTOBUF_C_TYPE_MESSAGE &&
+		    wire_check_strings(f->descriptor, p + i, len, depth + 1, field) < 0)
+			return -EINVAL;
+		i += len;
+	}
+	return 0;
+}
+
 /* ---- peers ------------------------------------------------------------------------ */
-static void peer_record(struct rpc_server *srv, int fd, const struct ucred *cred, ino_t ino)
+/* The peer's supplementary groups as the kernel saw them at connect time
+ * (SO_PEERGROUPS, Linux 4.13); without it, the user database's. */
+static int peer_groups_of(int fd, const struct ucred *cred, gid_t *groups)
+{
+	socklen_t len = PEER_GROUPS_MAX * sizeof(gid_t);
+
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) == 0)
+		return (int)(len / sizeof(gid_t));
+	return peer_groups(cred->uid, cred->gid, groups, PEER_GROUPS_MAX);
+}
+static void peer_record(struct rpc_server *srv, int fd, const struct ucred *cred, ino_t ino,
+			const gid_t *groups, int n_groups)
 {
 	pthread_mutex_lock(&srv->peer_lock);
 	if ((size_t)fd >= srv->n_peers) {
@@ -690,7 +853,8 @@ static void peer_record(struct rpc_server *srv, int fd, const struct ucred *cred
 		srv->peers = p;
 		srv->n_peers = n;
 	}
-	srv->peers[fd] = (struct peer_slot){ .valid = true, .ino = ino, .cred = *cred };
+	srv->peers[fd] = (struct peer_slot){ .valid = true, .ino = ino, .cred = *cred, .n_groups = n_groups };
+	memcpy(srv->peers[fd].groups, groups, (size_t)n_groups * sizeof(gid_t));
 out:
 	pthread_mutex_unlock(&srv->peer_lock);
 }
@@ -709,11 +873,20 @@ static void peer_lookup(struct rpc_server *srv, grpc_call *call, struct peer *p)
 		if ((size_t)fd < srv->n_peers && srv->peers[fd].valid && srv->peers[fd].ino == st.st_ino) {
 			p->has_cred = true;
 			p->cred = srv->peers[fd].cred;
+			p->n_groups = srv->peers[fd].n_groups;
+			memcpy(p->groups, srv->peers[fd].groups, sizeof(p->groups));
 		}
 		pthread_mutex_unlock(&srv->peer_lock);
-		if (p->has_cred)
-			snprintf(p->desc, sizeof(p->desc), "uid %u pid %d", (unsigned)p->cred.uid,
-				 (int)p->cred.pid);
+		if (p->has_cred) {
+			gid_t og;
+			pthread_mutex_lock(&srv->cfg_lock);
+			og = srv->operator_gid;
+			pthread_mutex_unlock(&srv->cfg_lock);
+			p->operator_ = p->cred.uid == 0 || p->cred.uid == geteuid() ||
+				       (og != (gid_t)-1 && (p->cred.gid == og || in_groups(og, p->groups, p->n_groups)));
+			snprintf(p->desc, sizeof(p->desc), "uid %u pid %d%s", (unsigned)p->cred.uid,
+				 (int)p->cred.pid, p->operator_ ? " (operator)" : "");
+		}
 	}
 	gpr_free(s);
 }
@@ -749,7 +922,9 @@ static void *accept_main(void *arg)
 			close(fd);
 			continue;
 		}
-		peer_record(srv, fd, &cred, st.st_ino);
+		gid_t groups[PEER_GROUPS_MAX];
+		int n_groups = peer_groups_of(fd, &cred, groups);
+		peer_record(srv, fd, &cred, st.st_ino, groups, n_groups);
 		log_debug("control connection fd %d from uid %u pid %d", fd, (unsigned)cred.uid, (int)cred.pid);
 		/* gRPC owns fd from here and closes it when the connection ends */
 		grpc_server_add_channel_from_fd(srv->server, fd, srv->fd_creds);
@@ -802,6 +977,20 @@ static void call_free(struct call *c)
 	free(c);
 }
 
+/* May `peer` call a method that needs `need`?  false with the reply set. */
+static bool allowed(const struct peer *peer, enum right need, const char *mname, struct reply *rep)
+{
+	if (need == RIGHT_ANY || (need == RIGHT_CLIENT && peer->has_cred) || peer->operator_)
+		return true;
+	if (!peer->has_cred)
+		rep_error(rep, GRPC_STATUS_PERMISSION_DENIED, "%s needs the unix control socket: a TCP peer has "
+			  "no credentials and may only call Health and GetStats", mname);
+	else
+		rep_error(rep, GRPC_STATUS_PERMISSION_DENIED, "%s is for operators (root, the daemon's user or "
+			  "daemon.operator_group); uid %u is a client", mname, (unsigned)peer->cred.uid);
+	return false;
+}
+
 /* Decode, run the handler, start sending the reply. */
 static void call_handle(struct rpc_server *srv, struct call *c)
 {
@@ -825,17 +1014,26 @@ static void call_handle(struct rpc_server *srv, struct call *c)
 			if (!grpc_byte_buffer_reader_init(&rd, c->payload)) {
 				rep_error(&rep, GRPC_STATUS_INVALID_ARGUMENT, "%s: unreadable request", mname);
 			} else {
+				const char *bad = NULL;
 				s = grpc_byte_buffer_reader_readall(&rd);
 				grpc_byte_buffer_reader_destroy(&rd);
-				req = protobuf_c_message_unpack(md->input, NULL, GRPC_SLICE_LENGTH(s),
-								GRPC_SLICE_START_PTR(s));
+				if (wire_check_strings(md->input, GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s), 0,
+						       &bad) < 0) {
+					rep_error(&rep, GRPC_STATUS_INVALID_ARGUMENT,
+						  "%s: field '%s' contains a NUL byte", mname, bad);
+				} else {
+					req = protobuf_c_message_unpack(md->input, NULL, GRPC_SLICE_LENGTH(s),
+									GRPC_SLICE_START_PTR(s));
+					if (!req)
+						rep_error(&rep, GRPC_STATUS_INVALID_ARGUMENT,
+							  "%s: malformed %s message", mname, md->input->name);
+				}
 				grpc_slice_unref(s);
-				if (!req)
-					rep_error(&rep, GRPC_STATUS_INVALID_ARGUMENT, "%s: malformed %s message",
-						  mname, md->input->name);
 			}
 		}
-		if (req)
+		if (req && !allowed(&peer, methods[c->method].need, mname, &rep))
+			;
+		else if (req)
 			methods[c->method].fn(srv, &peer, req, &rep);
 	}
 	if (req)
@@ -922,6 +1120,23 @@ static void *rpc_main(void *arg)
 	return NULL;
 }
 
+/* daemon.operator_group → gid ((gid_t)-1: none, or unknown — the config
+ * check refuses an unknown group, so that only happens if it vanished). */
+static gid_t operator_gid_of(const struct config *cfg)
+{
+	struct group gr, *res = NULL;
+	char buf[8192];
+
+	if (!cfg->operator_group[0])
+		return (gid_t)-1;
+	if (getgrnam_r(cfg->operator_group, &gr, buf, sizeof(buf), &res) != 0 || !res) {
+		log_warning("daemon.operator_group: unknown group '%s'; only root and the daemon's user are "
+			    "operators", cfg->operator_group);
+		return (gid_t)-1;
+	}
+	return gr.gr_gid;
+}
+
 /* ---- start / stop ------------------------------------------------------------------- */
 static int listen_unix(struct rpc_server *srv, const struct config *cfg, char *err, size_t errlen)
 {
@@ -1000,6 +1215,7 @@ int rpc_start(struct rpc_server **out, const struct config *cfg,
 		goto fail;
 	}
 	memcpy(srv->cfg, cfg, sizeof(*cfg));
+	srv->operator_gid = operator_gid_of(cfg);
 
 	const ProtobufCServiceDescriptor *sd = &tqkv__v1__control__descriptor;
 	if (sd->n_methods != N_METHODS) {
@@ -1118,7 +1334,10 @@ void rpc_stop(struct rpc_server *srv, int drain_ms)
 
 void rpc_set_config(struct rpc_server *srv, const struct config *cfg)
 {
+	gid_t og = operator_gid_of(cfg);
+
 	pthread_mutex_lock(&srv->cfg_lock);
+	srv->operator_gid = og;
 	memcpy(srv->cfg, cfg, sizeof(*cfg));
 	srv->reloads++;
 	pthread_mutex_unlock(&srv->cfg_lock);

@@ -42,7 +42,11 @@ struct session_table {
 	struct session *bucket[N_BUCKETS];
 	uint32_t n;                  /* listed: open + evicted */
 	uint32_t max_sessions;
+	uint32_t max_per_uid;        /* 0: max_sessions */
 	uint64_t next_id;
+	uint64_t reserved;           /* ids <= reserved may be handed out */
+	session_reserve_fn reserve;  /* NULL: ids are not persisted */
+	void *reserve_ctx;
 	session_release_fn release;
 	void *release_ctx;
 	/* counters (atomic) */
@@ -128,10 +132,22 @@ void session_table_free(struct session_table *st)
 	free(st);
 }
 
-void session_table_set_max(struct session_table *st, uint32_t max_sessions)
+void session_table_set_max(struct session_table *st, uint32_t max_sessions, uint32_t max_per_uid)
 {
 	pthread_mutex_lock(&st->lock);
 	st->max_sessions = max_sessions;
+	st->max_per_uid = max_per_uid;
+	pthread_mutex_unlock(&st->lock);
+}
+
+void session_table_set_ids(struct session_table *st, uint64_t first_id,
+			   session_reserve_fn reserve, void *ctx)
+{
+	pthread_mutex_lock(&st->lock);
+	st->next_id = first_id ? first_id : 1;
+	st->reserved = st->next_id - 1;
+	st->reserve = reserve;
+	st->reserve_ctx = ctx;
 	pthread_mutex_unlock(&st->lock);
 }
 
@@ -269,17 +285,29 @@ int session_open(struct session_table *st, struct tenant *t, const char *name, u
 		r = -EUSERS;
 		goto fail;
 	}
-	if (name[0]) {
-		for (size_t b = 0; b < N_BUCKETS; b++) {
-			for (struct session *o = st->bucket[b]; o; o = o->next) {
-				if (o->tenant == t && strcmp(o->name, name) == 0) {
-					snprintf(why, whylen, "tenant '%s' has a session named '%s' already (id %llu)",
-						 tenant_name(t), name, (unsigned long long)o->id);
-					r = -EEXIST;
-					goto fail;
-				}
+	uint32_t mine = 0;
+	for (size_t b = 0; b < N_BUCKETS; b++) {
+		for (struct session *o = st->bucket[b]; o; o = o->next) {
+			mine += o->owner == owner;
+			if (name[0] && o->tenant == t && strcmp(o->name, name) == 0) {
+				snprintf(why, whylen, "tenant '%s' has a session named '%s' already (id %llu)",
+					 tenant_name(t), name, (unsigned long long)o->id);
+				r = -EEXIST;
+				goto fail;
 			}
 		}
+	}
+	if (st->max_per_uid && mine >= st->max_per_uid) {
+		snprintf(why, whylen, "uid %u holds %u sessions already (daemon.max_sessions_per_uid)",
+			 (unsigned)owner, mine);
+		r = -EUSERS;
+		goto fail;
+	}
+	if (st->reserve && st->next_id > st->reserved) {
+		uint64_t through = st->next_id + SESSION_ID_BLOCK - 1;
+		if ((r = st->reserve(st->reserve_ctx, through, why, whylen)) < 0)
+			goto fail;
+		st->reserved = through;
 	}
 	s->id = st->next_id++;
 	struct session **pp = slot_of(st, s->id);

@@ -85,11 +85,25 @@ struct session_table;
  * the thread that triggered it, with no session-table lock held. */
 typedef void (*session_release_fn)(void *ctx, struct session *s);
 
+/* Persists that ids up to `through` may be handed out: 0, or a negative
+ * errno (the open that needed it then fails with why set).  Called under
+ * the table's lock, once per SESSION_ID_BLOCK ids. */
+typedef int (*session_reserve_fn)(void *ctx, uint64_t through, char *why, size_t whylen);
+#define SESSION_ID_BLOCK 1024
+
+/* Ids start at 1 and are never persisted unless session_table_set_ids()
+ * gives the table a source (the daemon's idstore). */
 int session_table_new(struct session_table **out, uint32_t max_sessions,
 		      session_release_fn release, void *release_ctx);
 /* Closes every session; no operation may be in flight. */
 void session_table_free(struct session_table *st);
-void session_table_set_max(struct session_table *st, uint32_t max_sessions);
+/* max_per_uid: sessions one owner may hold (0: max_sessions). */
+void session_table_set_max(struct session_table *st, uint32_t max_sessions, uint32_t max_per_uid);
+/* Before the first open: ids continue at first_id; reserve() is called
+ * before any id beyond the last reservation is handed out, so an id is
+ * never handed out twice, across restarts too. */
+void session_table_set_ids(struct session_table *st, uint64_t first_id,
+			   session_reserve_fn reserve, void *ctx);
 void session_table_stats(struct session_table *st, struct session_stats *out);
 
 /* Check a geometry: 0 and *bytes_per_token, or -EINVAL / -EOVERFLOW with
@@ -99,8 +113,9 @@ int session_geom_check(const struct session_geom *g, uint64_t *bytes_per_token,
 
 /* Admit a session.  name may be "" (none) and must be unique in the tenant.
  * -EINVAL (geometry, name; why says what), -EEXIST (name taken),
- * -EUSERS (max_sessions reached), -ENOSPC (max_tokens would not fit in the
- * tenant's limit even alone). */
+ * -EUSERS (max_sessions or the owner's max_per_uid reached), -ENOSPC
+ * (max_tokens would not fit in the tenant's limit even alone), or the
+ * reserve hook's error (ids could not be persisted). */
 int session_open(struct session_table *st, struct tenant *t, const char *name, uid_t owner,
 		 const struct session_geom *g, uint64_t seed, uint64_t now_ms,
 		 struct session_info *out, char *why, size_t whylen);

@@ -37,7 +37,7 @@
 
 #define TQKV_RING_MAGIC         UINT64_C(0x474e49525f564b51) /* "QKV_RING" */
 #define TQKV_RING_VERSION_MAJOR 1u
-#define TQKV_RING_VERSION_MINOR 0u
+#define TQKV_RING_VERSION_MINOR 1u
 #define TQKV_RING_VERSION       ((TQKV_RING_VERSION_MAJOR << 16) | TQKV_RING_VERSION_MINOR)
 #define TQKV_DATA_SOCK          "data.sock"
 
@@ -95,6 +95,8 @@ enum tqkv_op {
 	TQKV_OP_ATTEND = 4,        /* n_q queries at positions for `layer`, causal    */
 	TQKV_OP_APPEND_ATTEND = 5, /* APPEND then ATTEND in one round trip            */
 	TQKV_OP_TRUNCATE = 6,      /* drop tokens at positions >= pos                 */
+	TQKV_OP_CLOSE = 7,         /* close the session (in order after its queued    */
+				   /* operations; completes even if the client leaves) */
 	TQKV_OP__COUNT
 };
 
@@ -286,7 +288,7 @@ static_assert(offsetof(struct tqkv_cqe, n_tokens) == 16, "cqe.n_tokens");
 static_assert(offsetof(struct tqkv_cqe, detail) == 24, "cqe.detail");
 static_assert(sizeof(struct tqkv_hello) == 64, "hello is 64 bytes");
 static_assert(sizeof(struct tqkv_welcome) == 128, "welcome is 128 bytes");
-static_assert(TQKV_OP__COUNT == 7, "opcodes are append-only");
+static_assert(TQKV_OP__COUNT == 8, "opcodes are append-only");
 static_assert(TQKV_ST__COUNT == 24, "status codes are append-only");
 
 #endif /* TQKV_RING_H */
