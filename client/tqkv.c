@@ -37,6 +37,7 @@
 #define DEFAULT_ARENA     ((uint64_t)64 << 20)
 #define SPIN_NS           20000u     /* spin on the CQ before sleeping */
 #define SLEEP_MS          50         /* futex sleeps end this often to check the socket */
+#define DEFAULT_OP_TIMEOUT_MS 60000  /* data operations (tqkv_connect_opts.op_timeout_ms) */
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -44,6 +45,7 @@ struct tqkv_req {
 	tqkv *c;
 	uint32_t idx, gen;
 	bool in_use, done;
+	bool abandoned;               /* timed out: freed when its CQE comes (or the connection dies) */
 	uint32_t slot0, n_slots;      /* arena slots held */
 	float *out;                   /* caller's output, or NULL */
 	uint64_t out_off;
@@ -67,7 +69,9 @@ struct tqkv {
 	uint64_t arena_bytes;
 	uint64_t client_id;
 	uint32_t flags;
-	int timeout_ms;
+	int timeout_ms;               /* control calls */
+	int op_timeout_ms;            /* data operations; < 0: none */
+	const char *die_at;           /* $TQKV_TEST_DIE_AT: tests only, see test_die() */
 
 	pthread_mutex_t ctl_lock;     /* struct ctl is one-thread-at-a-time */
 	struct ctl *ctl;
@@ -146,6 +150,17 @@ static inline void cpu_relax(void)
 
 /* ---- completions (c->lock held) --------------------------------------------------- */
 
+static void req_free_locked(tqkv *c, struct tqkv_req *q);
+
+/* A test-only hook: with $TQKV_TEST_DIE_AT naming this point, the process
+ * exits on the spot, as if killed there (tests/integration prove that the
+ * daemon cleans up after a client that dies inside a call). */
+static void test_die(const tqkv *c, const char *point)
+{
+	if (c->die_at && strcmp(c->die_at, point) == 0)
+		_exit(86);
+}
+
 static void mark_dead(tqkv *c, int err)
 {
 	if (c->dead)
@@ -153,7 +168,9 @@ static void mark_dead(tqkv *c, int err)
 	c->dead = err;
 	for (uint32_t i = 0; i < c->cq_entries; i++) {
 		struct tqkv_req *q = &c->reqs[i];
-		if (q->in_use && !q->done) {
+		if (q->in_use && q->abandoned)
+			req_free_locked(c, q);
+		else if (q->in_use && !q->done) {
 			q->done = true;
 			q->res.res = err;
 		}
@@ -171,7 +188,9 @@ static void reap_locked(tqkv *c)
 		uint32_t idx = (uint32_t)e.user_data, gen = (uint32_t)(e.user_data >> 32);
 		if (idx < c->cq_entries) {
 			struct tqkv_req *q = &c->reqs[idx];
-			if (q->in_use && !q->done && q->gen == gen) {
+			if (q->in_use && q->abandoned && q->gen == gen) {
+				req_free_locked(c, q); /* its waiter gave up; the arena slots are free now */
+			} else if (q->in_use && !q->done && q->gen == gen) {
 				q->done = true;
 				q->res.res = e.res;
 				q->res.status = e.status;
@@ -193,11 +212,17 @@ static void reap_locked(tqkv *c)
 }
 
 /* Wait for some progress: become the reaper (spin, then futex) or sleep
- * until the reaper reports.  c->lock held on entry and exit. */
-static void progress_locked(tqkv *c)
+ * until the reaper reports.  c->lock held on entry and exit.  deadline: a
+ * CLOCK_MONOTONIC time in ns, or 0; the caller checks whether it passed. */
+static void progress_locked(tqkv *c, uint64_t deadline)
 {
 	if (c->reaping) {
-		pthread_cond_wait(&c->cond, &c->lock);
+		if (deadline) {
+			struct timespec ts = { (time_t)(deadline / 1000000000u), (long)(deadline % 1000000000u) };
+			pthread_cond_timedwait(&c->cond, &c->lock, &ts);
+		} else {
+			pthread_cond_wait(&c->cond, &c->lock);
+		}
 		return;
 	}
 	uint32_t before = c->cq_head;
@@ -222,8 +247,13 @@ static void progress_locked(tqkv *c)
 	}
 	if (!got) {
 		__atomic_store_n(&c->hdr->cq_waiting, 1, __ATOMIC_SEQ_CST);
-		if (__atomic_load_n(&c->hdr->cq_tail, __ATOMIC_SEQ_CST) == seen)
-			futex_wait(&c->hdr->cq_tail, seen, SLEEP_MS);
+		int ms = SLEEP_MS;
+		if (deadline) {
+			uint64_t now = now_ns();
+			ms = now >= deadline ? 0 : (deadline - now) / 1000000u < SLEEP_MS ? (int)((deadline - now) / 1000000u) + 1 : SLEEP_MS;
+		}
+		if (ms > 0 && __atomic_load_n(&c->hdr->cq_tail, __ATOMIC_SEQ_CST) == seen)
+			futex_wait(&c->hdr->cq_tail, seen, ms);
 		__atomic_store_n(&c->hdr->cq_waiting, 0, __ATOMIC_RELAXED);
 	}
 	pthread_mutex_lock(&c->lock);
@@ -274,7 +304,7 @@ static void req_free_locked(tqkv *c, struct tqkv_req *q)
 static int submit(tqkv *c, struct tqkv_sqe *e, struct in_buf *in, int n_in, float *out,
 		  size_t out_bytes, uint64_t *out_off, tqkv_req **reqp)
 {
-	uint64_t total = 0, off;
+	uint64_t total = 0, off, deadline;
 	uint32_t need, first = 0;
 	struct tqkv_req *q;
 	int r;
@@ -288,6 +318,7 @@ static int submit(tqkv *c, struct tqkv_sqe *e, struct in_buf *in, int n_in, floa
 		return fail(-E2BIG, "operation needs %llu bytes of arena, the connection has %llu",
 			    (unsigned long long)total, (unsigned long long)c->arena_bytes);
 
+	deadline = c->op_timeout_ms > 0 ? now_ns() + (uint64_t)c->op_timeout_ms * 1000000u : 0;
 	pthread_mutex_lock(&c->lock);
 	for (;;) {
 		if (c->dead) {
@@ -297,7 +328,12 @@ static int submit(tqkv *c, struct tqkv_sqe *e, struct in_buf *in, int n_in, floa
 		if (c->n_free && (need == 0 || slots_find(c, need, &first)) &&
 		    c->sq_tail - __atomic_load_n(&c->hdr->sq_head, __ATOMIC_ACQUIRE) < c->sq_entries)
 			break;
-		progress_locked(c);
+		if (deadline && now_ns() >= deadline) {
+			r = fail(-ETIMEDOUT, "no room in the ring for %d ms: tqkvd is not taking operations "
+				 "(stopped or overloaded); nothing was submitted", c->op_timeout_ms);
+			goto out;
+		}
+		progress_locked(c, deadline);
 	}
 	q = &c->reqs[c->free_reqs[--c->n_free]];
 	q->in_use = true;
@@ -332,14 +368,29 @@ out:
 	return r;
 }
 
-EXPORT int tqkv_wait(tqkv_req *q, struct tqkv_result *res)
+EXPORT int tqkv_wait_timeout(tqkv_req *q, struct tqkv_result *res, int timeout_ms)
 {
 	tqkv *c = q->c;
+	int ms = timeout_ms == TQKV_WAIT_DEFAULT ? c->op_timeout_ms : timeout_ms;
+	uint64_t deadline = ms > 0 ? now_ns() + (uint64_t)ms * 1000000u : 0;
 	int r;
 
 	pthread_mutex_lock(&c->lock);
-	while (!q->done)
-		progress_locked(c);
+	while (!q->done) {
+		if (deadline && now_ns() >= deadline) {
+			/* Abandon it: the arena slots stay reserved until its
+			 * completion comes, since the daemon may still write them. */
+			q->abandoned = true;
+			if (res) {
+				memset(res, 0, sizeof(*res));
+				res->res = -ETIMEDOUT;
+			}
+			pthread_mutex_unlock(&c->lock);
+			return fail(-ETIMEDOUT, "no completion from tqkvd in %d ms; the operation was abandoned "
+				    "(it may still run: the session's state after it is unknown)", ms);
+		}
+		progress_locked(c, deadline);
+	}
 	if (q->res.res >= 0 && q->out && q->out_bytes)
 		memcpy(q->out, c->arena + q->out_off, q->out_bytes);
 	if (res)
@@ -352,6 +403,11 @@ EXPORT int tqkv_wait(tqkv_req *q, struct tqkv_result *res)
 	req_free_locked(c, q);
 	pthread_mutex_unlock(&c->lock);
 	return r;
+}
+
+EXPORT int tqkv_wait(tqkv_req *q, struct tqkv_result *res)
+{
+	return tqkv_wait_timeout(q, res, TQKV_WAIT_DEFAULT);
 }
 
 static size_t dsize(enum tqkv_dtype dt)
@@ -509,6 +565,7 @@ static int handshake(tqkv *c, int memfd, const struct tqkv_ring_layout *lay)
 			      .msg_controllen = sizeof(cbuf.buf) };
 	struct cmsghdr *cm;
 	struct timeval tv = { 10, 0 };
+	int send_err = 0;
 	ssize_t n;
 
 	memset(&h, 0, sizeof(h));
@@ -524,13 +581,26 @@ static int handshake(tqkv *c, int memfd, const struct tqkv_ring_layout *lay)
 	cm->cmsg_type = SCM_RIGHTS;
 	cm->cmsg_len = CMSG_LEN(sizeof(int));
 	memcpy(CMSG_DATA(cm), &memfd, sizeof(int));
-	if (sendmsg(c->fd, &msg, MSG_NOSIGNAL) != (ssize_t)sizeof(h))
-		return fail(-errno, "sending the ring handshake: %s", strerror(errno));
 	setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	n = recv(c->fd, &w, sizeof(w), 0);
-	if (n != (ssize_t)sizeof(w))
-		return fail(n < 0 ? -errno : -EPROTO, "no answer to the ring handshake%s%s",
-			    n < 0 ? ": " : "", n < 0 ? strerror(errno) : "");
+	/* A daemon that refuses the connection (limits) answers first and
+	 * closes: the send may then fail with EPIPE/ECONNRESET while its
+	 * answer waits in our queue.  Read it either way, so the caller
+	 * gets the daemon's reason, not a bare errno. */
+	if (sendmsg(c->fd, &msg, MSG_NOSIGNAL) != (ssize_t)sizeof(h)) {
+		int err = errno;
+		if (err != EPIPE && err != ECONNRESET)
+			return fail(-err, "sending the ring handshake: %s", strerror(err));
+		send_err = err;
+	}
+	for (int tries = 0;; tries++) {
+		n = recv(c->fd, &w, sizeof(w), 0);
+		if (n >= 0 || errno != ECONNRESET || tries > 0)
+			break; /* the reset is reported before queued data at most once */
+	}
+	if (n != (ssize_t)sizeof(w)) {
+		int err = send_err ? send_err : n < 0 ? errno : EPROTO;
+		return fail(-err, "no answer to the ring handshake: %s", strerror(err));
+	}
 	w.msg[sizeof(w.msg) - 1] = 0;
 	if (w.magic != TQKV_RING_MAGIC)
 		return fail(-EPROTO, "the data socket's answer is not tqkvd's");
@@ -565,7 +635,10 @@ EXPORT uint64_t tqkv_client_id(const tqkv *c)
 	return c->client_id;
 }
 
-EXPORT int tqkv_connect(tqkv **out, const struct tqkv_connect_opts *o)
+/* tqkv_connect@@TQKV_0.2: see the 0.1 twin below. */
+int tqkv_connect_0_2(tqkv **out, const struct tqkv_connect_opts *o);
+__asm__(".symver tqkv_connect_0_2,tqkv_connect@@TQKV_0.2");
+EXPORT int tqkv_connect_0_2(tqkv **out, const struct tqkv_connect_opts *o)
 {
 	struct tqkv_connect_opts d = { 0 };
 	struct tqkv_ring_layout lay;
@@ -584,9 +657,15 @@ EXPORT int tqkv_connect(tqkv **out, const struct tqkv_connect_opts *o)
 	c->fd = -1;
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_mutex_init(&c->ctl_lock, NULL);
-	pthread_cond_init(&c->cond, NULL);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* deadlines are monotonic */
+	pthread_cond_init(&c->cond, &ca);
+	pthread_condattr_destroy(&ca);
 	c->flags = o->flags;
 	c->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 10000;
+	c->op_timeout_ms = o->op_timeout_ms ? o->op_timeout_ms : DEFAULT_OP_TIMEOUT_MS;
+	c->die_at = getenv("TQKV_TEST_DIE_AT");
 	c->sq_entries = o->queue_depth ? o->queue_depth : DEFAULT_DEPTH;
 	c->cq_entries = c->sq_entries * 2 <= TQKV_CQ_ENTRIES_MAX ? c->sq_entries * 2 : c->sq_entries;
 	c->arena_bytes = o->arena_bytes ? o->arena_bytes : DEFAULT_ARENA;
@@ -677,6 +756,31 @@ fail:
 	return r;
 }
 
+/* The 0.1 ABI's tqkv_connect: its options end before op_timeout_ms. */
+struct tqkv_connect_opts_0_1 {
+	const char *run_dir;
+	uint32_t queue_depth;
+	uint64_t arena_bytes;
+	uint32_t flags;
+	int timeout_ms;
+};
+
+int tqkv_connect_0_1(tqkv **out, const struct tqkv_connect_opts_0_1 *o);
+EXPORT int tqkv_connect_0_1(tqkv **out, const struct tqkv_connect_opts_0_1 *o)
+{
+	struct tqkv_connect_opts n = { 0 };
+
+	if (o) {
+		n.run_dir = o->run_dir;
+		n.queue_depth = o->queue_depth;
+		n.arena_bytes = o->arena_bytes;
+		n.flags = o->flags;
+		n.timeout_ms = o->timeout_ms;
+	}
+	return tqkv_connect_0_2(out, o ? &n : NULL);
+}
+__asm__(".symver tqkv_connect_0_1,tqkv_connect@TQKV_0.1");
+
 /* ---- sessions ------------------------------------------------------------------------------ */
 
 /* gRPC status -> errno */
@@ -760,21 +864,16 @@ EXPORT int tqkv_session_open(tqkv *c, const struct tqkv_session_params *p, tqkv_
 	q.max_tokens = p->max_tokens;
 	q.has_rotation_seed = p->has_seed != 0;
 	q.rotation_seed = p->seed;
+	/* Opened already attached to this data connection, in one step: an
+	 * ephemeral session is tied to the connection from the moment it
+	 * exists, so no death of this process can leave it behind. */
+	q.data_client = c->client_id;
+	q.detached = (p->flags & TQKV_SESSION_DETACHED) != 0;
 	if ((r = ctl_do(c, "OpenSession", &q.base, &rep)) < 0)
 		goto fail;
+	test_die(c, "open-after-rpc");
 	session_from_reply(s, (const Tqkv__V1__Session *)rep);
 	protobuf_c_message_free_unpacked(rep, NULL);
-	if ((r = attach_op(s, p->flags)) < 0) {
-		/* do not leave a session nobody holds */
-		Tqkv__V1__SessionRef ref = TQKV__V1__SESSION_REF__INIT;
-		char keep[sizeof(last_err)];
-		ref.id = s->id;
-		memcpy(keep, last_err, sizeof(keep));
-		if (ctl_do(c, "CloseSession", &ref.base, &rep) == 0)
-			protobuf_c_message_free_unpacked(rep, NULL);
-		memcpy(last_err, keep, sizeof(keep));
-		goto fail;
-	}
 	*out = s;
 	return 0;
 fail:
@@ -836,25 +935,23 @@ EXPORT int tqkv_session_detach(tqkv_session *s)
 
 EXPORT int tqkv_session_close(tqkv_session *s)
 {
-	Tqkv__V1__SessionRef ref = TQKV__V1__SESSION_REF__INIT;
-	ProtobufCMessage *rep;
-	tqkv *c;
-	uint64_t id;
+	struct tqkv_sqe e;
+	tqkv_req *q;
 	int r;
 
 	if (!s)
 		return 0;
-	c = s->c;
-	id = s->id;
-	/* Detach first (in order after this session's operations), so the
-	 * connection does not keep a binding for a closed session. */
-	r = tqkv_session_detach(s);
-	if (!c->ctl)
-		return fail(-ENOTSUP, "no control channel: session %llu detached (%s), not closed",
-			    (unsigned long long)id, r < 0 ? tqkv_strerror(r) : "ok");
-	ref.id = id;
-	if ((r = ctl_do(c, "CloseSession", &ref.base, &rep)) == 0)
-		protobuf_c_message_free_unpacked(rep, NULL);
+	/* One CLOSE on the ring, in order after this session's operations:
+	 * once submitted, the daemon completes it even if this process dies
+	 * before the answer comes. */
+	memset(&e, 0, sizeof(e));
+	e.opcode = TQKV_OP_CLOSE;
+	e.session = s->id;
+	if ((r = submit(s->c, &e, NULL, 0, NULL, 0, NULL, &q)) == 0) {
+		test_die(s->c, "close-after-submit");
+		r = tqkv_wait(q, NULL);
+	}
+	free(s);
 	return r;
 }
 

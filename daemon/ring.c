@@ -87,6 +87,7 @@ struct ring_client {
 	                                      cq_lock, read atomically without it) */
 
 	int closing;                       /* atomic: stop taking SQEs, drop queued work */
+	bool broken;                       /* ring_break: the ring is not read again */
 	int done;                          /* atomic: the ring thread has finished */
 	uint32_t inflight;                 /* queued + running operations: written under
 	                                      rs->lock, read atomically without it */
@@ -516,6 +517,7 @@ static void ring_break(struct ring_client *c, const char *what, uint32_t a, uint
 		    (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid, what, a, b);
 	__atomic_store_n(&c->hdr->state_status, TQKV_ST_RING_CORRUPT, __ATOMIC_RELAXED);
 	__atomic_store_n(&c->hdr->state, TQKV_RING_BROKEN, __ATOMIC_SEQ_CST);
+	c->broken = true;
 	__atomic_add_fetch(&c->rs->rings_broken, 1, __ATOMIC_RELAXED);
 	__atomic_store_n(&c->closing, 1, __ATOMIC_SEQ_CST);
 	futex_wake(&c->hdr->cq_tail);
@@ -581,6 +583,25 @@ static void client_teardown(struct ring_client *c);
 
 static int client_start(struct ring_client *c);
 
+/* The client has gone (or the daemon stops): a CLOSE it managed to queue
+ * still completes — once sent, a close must not depend on the client
+ * living on (it may die right after the submit).  Other SQEs left in the
+ * SQ are not taken.  Not after ring_break: that ring is not trusted. */
+static void sweep_closes(struct ring_client *c)
+{
+	uint32_t tail = __atomic_load_n(&c->hdr->sq_tail, __ATOMIC_ACQUIRE);
+
+	if (c->broken || tail - c->sq_head > c->sq_entries)
+		return;
+	for (; c->sq_head != tail; c->sq_head++) {
+		struct tqkv_sqe e;
+		memcpy(&e, c->sq + (size_t)(c->sq_head & (c->sq_entries - 1)) * sizeof(e), sizeof(e));
+		if (e.opcode == TQKV_OP_CLOSE)
+			dispatch(c, &e);
+	}
+	__atomic_store_n(&c->hdr->sq_head, c->sq_head, __ATOMIC_RELEASE);
+}
+
 static void *client_main(void *arg)
 {
 	struct ring_client *c = arg;
@@ -631,6 +652,7 @@ static void *client_main(void *arg)
 			futex_wait(&c->hdr->sq_tail, tail, SLEEP_MS);
 		__atomic_store_n(&c->hdr->sq_sleeping, 0, __ATOMIC_RELAXED);
 	}
+	sweep_closes(c);
 	client_teardown(c);
 	return NULL;
 }

@@ -11,11 +11,14 @@
  *   tqkv_session_close(s);
  *   tqkv_disconnect(c);
  *
- * Two channels: control (gRPC on unix:<run_dir>/control.sock) opens and
- * closes sessions; data (a shared-memory ring handed over
- * unix:<run_dir>/data.sock) carries appends and attention.  Sessions opened
- * here are ephemeral — closed by the daemon when this connection ends (the
- * process exits or is killed) — unless opened with TQKV_SESSION_DETACHED.
+ * Two channels: control (gRPC on unix:<run_dir>/control.sock) opens
+ * sessions; data (a shared-memory ring handed over unix:<run_dir>/data.sock)
+ * carries appends, attention and close.  Sessions opened here are ephemeral
+ * — closed by the daemon when this connection ends (the process exits or
+ * is killed, at any point, even inside tqkv_session_open) — unless opened
+ * with TQKV_SESSION_DETACHED.  The caller needs the group of both sockets
+ * (tqkvd's daemon.control_group); it may open, inspect and close only its
+ * own uid's sessions.
  *
  * Shapes (row-major, dtype = the call's element type):
  *   k, v:  [n_tokens][n_kv_heads][head_dim]   K after RoPE
@@ -32,6 +35,14 @@
  * the calling thread's last detailed message (the daemon's reason where
  * there is one).  The ring's precise reason for a failed operation is in
  * struct tqkv_result.status (tqkv_status_name()).
+ *
+ * Deadlines: every data operation has one (op_timeout_ms, default 60 s;
+ * tqkv_wait_timeout per call).  When it passes the call returns
+ * -ETIMEDOUT and the operation is abandoned: it may still run in the
+ * daemon, so the session's state after it is unknown (e.g. re-read the
+ * length with a truncate to a known position).  A daemon that dies is
+ * noticed within about 50 ms: every call then returns -ECONNRESET (or
+ * -ESHUTDOWN when it stopped in order).
  *
  * Thread safety: a tqkv connection and its sessions may be used from any
  * number of threads at once.  Operations on one session run in the order
@@ -76,6 +87,8 @@ struct tqkv_connect_opts {
 				  /* operation's inputs and output must fit in it           */
 	uint32_t flags;           /* TQKV_CONNECT_*                                          */
 	int timeout_ms;           /* control calls (0: 10000)                                */
+	int op_timeout_ms;        /* data operations: submit + wait (0: 60000, < 0: none)    */
+				  /* (added in 0.2; a 0.1 binary gets the defaults)         */
 };
 
 /* opts may be NULL (all defaults).  -ENOENT/-ECONNREFUSED: no daemon;
@@ -114,9 +127,10 @@ int tqkv_session_attach(tqkv *c, uint64_t id, const struct tqkv_session_params *
 			uint32_t flags, tqkv_session **out);
 /* Detach (the session stays open in the daemon) and free the handle. */
 int tqkv_session_detach(tqkv_session *s);
-/* Detach, close the session in the daemon (control channel) and free the
- * handle.  On a TQKV_CONNECT_NO_CONTROL connection the session is only
- * detached and the call returns -ENOTSUP. */
+/* Close the session in the daemon (its pages are freed) after the
+ * operations submitted before, and free the handle.  Goes over the data
+ * ring, so it works on TQKV_CONNECT_NO_CONTROL connections too; once it
+ * was submitted the close completes even if this process dies. */
 int tqkv_session_close(tqkv_session *s);
 uint64_t tqkv_session_id(const tqkv_session *s);
 uint64_t tqkv_session_seed(const tqkv_session *s);  /* 0 when attached with a geometry */
@@ -158,8 +172,16 @@ int tqkv_submit_append_attend(tqkv_session *s, uint32_t layer, const void *k, co
 int tqkv_submit_truncate(tqkv_session *s, uint32_t layer, uint64_t pos, tqkv_req **req);
 int tqkv_submit_nop(tqkv *c, tqkv_req **req);
 /* Wait for req, copy its output to the caller's `out`, free it.  Returns
- * the operation's result (res as above); r may be NULL. */
+ * the operation's result (res as above); r may be NULL.  Waits at most the
+ * connection's op_timeout_ms. */
 int tqkv_wait(tqkv_req *req, struct tqkv_result *r);
+/* The same with this call's own deadline: timeout_ms > 0, or
+ * TQKV_WAIT_DEFAULT (the connection's), or TQKV_WAIT_FOREVER.  -ETIMEDOUT:
+ * req is abandoned and freed (do not wait for it again), `out` is not
+ * written; see "Deadlines" above. */
+#define TQKV_WAIT_DEFAULT 0
+#define TQKV_WAIT_FOREVER (-1)
+int tqkv_wait_timeout(tqkv_req *req, struct tqkv_result *r, int timeout_ms);
 
 /* ---- errors ------------------------------------------------------------------- */
 const char *tqkv_strerror(int err);          /* err: a negative (or positive) errno */
