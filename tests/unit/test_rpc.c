@@ -6,7 +6,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <grpc/status.h>
@@ -48,11 +51,15 @@ static void setup(void)
 	snprintf(dir, sizeof(dir), "/tmp/tq-rpc-XXXXXX");
 	if (!mkdtemp(dir) || port <= 0)
 		t_skip("no temporary directory or TCP port");
+	/* As root, the rights test below runs clients as uid 65534: the socket's
+	 * group is then nogroup (client) and operators are the group users. */
+	bool groups = geteuid() == 0 && getgrnam("nogroup") && getgrnam("users");
 	snprintf(text, sizeof(text),
-		 "[daemon]\nrun_dir = %s\nmax_sessions = 4\ncontrol_tcp_port = %d\n"
+		 "[daemon]\nrun_dir = %s\nmax_sessions = 4\ncontrol_tcp_port = %d\n%s"
 		 "[pool]\npool_bytes = 64M\n"
 		 "[tenant default]\nlimit = 32M\nallow_uids = *\n"
-		 "[tenant locked]\nlimit = 16M\nallow_uids = 4242\n", dir, port);
+		 "[tenant locked]\nlimit = 16M\nallow_uids = 4242\n", dir, port,
+		 groups ? "control_group = nogroup\noperator_group = users\n" : "");
 	cfg = malloc(sizeof(*cfg));
 	if (!cfg || config_load_string(cfg, "test.conf", text, err, sizeof(err)) != 0) {
 		fprintf(stderr, "%s\n", err);
@@ -309,6 +316,14 @@ static void test_bad_messages(void)
 	     GRPC_STATUS_INVALID_ARGUMENT);
 	T_EQ(ctl_call_raw(cl, "/tqkv.v1.Control/GetSession", endless, sizeof(endless), &rep, &len, 5000, &st),
 	     GRPC_STATUS_INVALID_ARGUMENT);
+	/* a string with an embedded NUL is refused, not taken as its prefix
+	 * ("default\0x" would otherwise name tenant 'default') */
+	static const uint8_t nul_tenant[] = { 0x0a, 0x09, 'd', 'e', 'f', 'a', 'u', 'l', 't', 0, 'x' };
+	T_EQ(ctl_call_raw(cl, "/tqkv.v1.Control/ListSessions", nul_tenant, sizeof(nul_tenant), &rep, &len, 5000, &st),
+	     GRPC_STATUS_INVALID_ARGUMENT);
+	T_ASSERT(strstr(st.msg, "NUL"));
+	T_EQ(ctl_call_raw(cl, "/tqkv.v1.Control/SetTenantBudget", nul_tenant, sizeof(nul_tenant), &rep, &len, 5000, &st),
+	     GRPC_STATUS_INVALID_ARGUMENT);
 	/* unknown method */
 	T_EQ(ctl_call_raw(cl, "/tqkv.v1.Control/Explode", "", 0, &rep, &len, 5000, &st), GRPC_STATUS_UNIMPLEMENTED);
 	T_EQ(ctl_call_raw(cl, "/other.Service/Health", "", 0, &rep, &len, 5000, &st), GRPC_STATUS_UNIMPLEMENTED);
@@ -327,8 +342,151 @@ static void test_bad_messages(void)
 	free(rep);
 }
 
-int main(void)
+/* ---- who may do what (run as root: clients as uid 65534) ---------------------------- */
+
+static int child_fails;
+#define C_EXPECT(call, want) do { \
+	int got_ = (call); \
+	if (got_ != (want)) { \
+		fprintf(stderr, "  as uid %u: %s: got %d, want %d (%s)\n", (unsigned)getuid(), #call, got_, \
+			(want), st.msg); \
+		child_fails++; \
+	} \
+} while (0)
+
+/* In the child, as uid 65534: every method once, on its own session and
+ * on root's.  operator: the child has the operator group. */
+static int rights_child(const char *sock, uint64_t roots, int operator_)
 {
+	struct ctl *c;
+	struct ctl_status st;
+	ProtobufCMessage *rep;
+	Tqkv__V1__Session *mine;
+	Tqkv__V1__SessionRef ref = TQKV__V1__SESSION_REF__INIT;
+	Tqkv__V1__HealthRequest hq = TQKV__V1__HEALTH_REQUEST__INIT;
+	Tqkv__V1__GetStatsRequest sq = TQKV__V1__GET_STATS_REQUEST__INIT;
+	Tqkv__V1__ListSessionsRequest lq = TQKV__V1__LIST_SESSIONS_REQUEST__INIT;
+	Tqkv__V1__ListTenantsRequest tq = TQKV__V1__LIST_TENANTS_REQUEST__INIT;
+	Tqkv__V1__SetTenantBudgetRequest bq = TQKV__V1__SET_TENANT_BUDGET_REQUEST__INIT;
+	Tqkv__V1__GetConfigRequest cq = TQKV__V1__GET_CONFIG_REQUEST__INIT;
+	int denied = GRPC_STATUS_PERMISSION_DENIED, ok_op = operator_ ? 0 : denied;
+
+	if (ctl_open(&c, sock, &st) < 0) {
+		fprintf(stderr, "  as uid %u: connect %s: %s\n", (unsigned)getuid(), sock, st.msg);
+		return 1;
+	}
+	C_EXPECT(ctl_call(c, "Health", &hq.base, &rep, 5000, &st), 0);
+	C_EXPECT(ctl_call(c, "GetStats", &sq.base, &rep, 5000, &st), 0);
+	/* its own session: open, get, list (only its own unless operator), evict, close */
+	C_EXPECT(open_session(c, "default", "", 64, 100, &mine, &st), 0);
+	if (!mine)
+		return 1;
+	C_EXPECT((int)mine->owner_uid, (int)getuid());
+	C_EXPECT(open_session(c, "locked", "", 64, 100, NULL, &st), denied); /* allow_uids 4242 */
+	ref.id = mine->id;
+	C_EXPECT(ctl_call(c, "GetSession", &ref.base, &rep, 5000, &st), 0);
+	C_EXPECT(ctl_call(c, "ListSessions", &lq.base, &rep, 5000, &st), 0);
+	if (rep) {
+		Tqkv__V1__ListSessionsReply *l = (void *)rep;
+		size_t others = 0;
+		for (size_t i = 0; i < l->n_sessions; i++)
+			others += l->sessions[i]->owner_uid != getuid();
+		C_EXPECT(others > 0, operator_ != 0);
+	}
+	C_EXPECT(ctl_call(c, "ListTenants", &tq.base, &rep, 5000, &st), 0);
+	C_EXPECT(ctl_call(c, "EvictSession", &ref.base, &rep, 5000, &st), 0);
+	C_EXPECT(ctl_call(c, "CloseSession", &ref.base, &rep, 5000, &st), 0);
+	/* root's session */
+	ref.id = roots;
+	C_EXPECT(ctl_call(c, "GetSession", &ref.base, &rep, 5000, &st), ok_op);
+	if (!operator_ && !strstr(st.msg, "belongs to another user")) {
+		fprintf(stderr, "  GetSession of another's session: '%s'\n", st.msg);
+		child_fails++;
+	}
+	C_EXPECT(ctl_call(c, "EvictSession", &ref.base, &rep, 5000, &st), ok_op);
+	if (!operator_)
+		C_EXPECT(ctl_call(c, "CloseSession", &ref.base, &rep, 5000, &st), denied);
+	/* operators only */
+	bq.tenant = "default";
+	bq.set_limit = 1;
+	bq.limit_bytes = 32 << 20;
+	C_EXPECT(ctl_call(c, "SetTenantBudget", &bq.base, &rep, 5000, &st), ok_op);
+	if (!operator_ && !strstr(st.msg, "operator")) {
+		fprintf(stderr, "  SetTenantBudget refusal does not say why: '%s'\n", st.msg);
+		child_fails++;
+	}
+	C_EXPECT(ctl_call(c, "GetConfig", &cq.base, &rep, 5000, &st), ok_op);
+	ctl_close(c);
+	return child_fails ? 1 : 0;
+}
+
+/* fork, drop to uid 65534 (with the operator group or not), exec the copy. */
+static int run_as_65534(const char *exe, uint64_t roots, bool operator_)
+{
+	char idbuf[32], sock[128];
+	pid_t pid;
+	int wst;
+
+	snprintf(idbuf, sizeof(idbuf), "%llu", (unsigned long long)roots);
+	snprintf(sock, sizeof(sock), "unix:%s/control.sock", dir);
+	pid = fork();
+	if (pid == 0) {
+		gid_t g = getgrnam("users")->gr_gid;
+		if (setgroups(operator_ ? 1 : 0, &g) < 0 || setgid(65534) < 0 || setuid(65534) < 0)
+			_exit(99);
+		execl(exe, exe, "--rights-child", sock, idbuf, operator_ ? "1" : "0", (char *)NULL);
+		_exit(98);
+	}
+	if (pid < 0 || waitpid(pid, &wst, 0) < 0)
+		return -1;
+	return WIFEXITED(wst) ? WEXITSTATUS(wst) : 128 + WTERMSIG(wst);
+}
+
+static void test_rights(void)
+{
+	char exe[128], cmd[320];
+	Tqkv__V1__Session *s;
+	struct ctl_status st;
+
+	if (geteuid() != 0 || !getgrnam("nogroup") || !getgrnam("users")) {
+		fprintf(stderr, "    skipped: needs root and the groups nogroup and users\n");
+		return;
+	}
+	/* the child runs from a copy it can read, in a directory it can reach */
+	snprintf(exe, sizeof(exe), "%s/test_rpc", dir);
+	snprintf(cmd, sizeof(cmd), "cp /proc/%d/exe %s && chmod 0755 %s", (int)getpid(), exe, exe);
+	T_EQ(system(cmd), 0);
+	T_EQ(chmod(dir, 0711), 0);
+	/* room under max_sessions: close what the earlier cases left */
+	Tqkv__V1__ListSessionsRequest lq = TQKV__V1__LIST_SESSIONS_REQUEST__INIT;
+	ProtobufCMessage *lrep;
+	T_EQ(ctl_call(cl, "ListSessions", &lq.base, &lrep, 5000, &st), 0);
+	Tqkv__V1__ListSessionsReply *l = (void *)lrep;
+	for (size_t i = 0; i < l->n_sessions; i++) {
+		Tqkv__V1__SessionRef r0 = TQKV__V1__SESSION_REF__INIT;
+		ProtobufCMessage *crep;
+		r0.id = l->sessions[i]->id;
+		T_EQ(ctl_call(cl, "CloseSession", &r0.base, &crep, 5000, &st), 0);
+		protobuf_c_message_free_unpacked(crep, NULL);
+	}
+	protobuf_c_message_free_unpacked(lrep, NULL);
+	T_EQ(open_session(cl, "default", "roots", 64, 100, &s, &st), 0);
+	uint64_t id = s->id;
+	protobuf_c_message_free_unpacked(&s->base, NULL);
+	T_EQ(run_as_65534(exe, id, false), 0);   /* a client */
+	T_EQ(run_as_65534(exe, id, true), 0);    /* an operator (operator_group) */
+	Tqkv__V1__SessionRef ref = TQKV__V1__SESSION_REF__INIT;
+	ProtobufCMessage *rep;
+	ref.id = id;
+	T_EQ(ctl_call(cl, "CloseSession", &ref.base, &rep, 5000, &st), 0);
+	protobuf_c_message_free_unpacked(rep, NULL);
+	unlink(exe);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 5 && !strcmp(argv[1], "--rights-child"))
+		return rights_child(argv[2], strtoull(argv[3], NULL, 0), atoi(argv[4]));
 	setup();
 	T_RUN(test_health);
 	T_RUN(test_open_defaults_and_owner);
@@ -337,6 +495,7 @@ int main(void)
 	T_RUN(test_tenants_and_budget);
 	T_RUN(test_stats_and_config);
 	T_RUN(test_bad_messages);
+	T_RUN(test_rights);
 	T_RUN(teardown);
 	return t_done();
 }
