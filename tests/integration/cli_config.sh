@@ -31,4 +31,19 @@ out=$("$TQKVD" --run-dir "$T/run" --spill-dir "$T/file/spill" 2>&1); rc=$?
 [ "$rc" = 1 ] && grep -q "spill directory $T/file/spill" <<<"$out" || fail "bad spill dir: $rc $out"
 # plain (non-systemd) logs carry a timestamp
 grep -q '^[0-9-]* [0-9:.]* err: spill directory' <<<"$out" || fail "plain log format: $out"
+# a pool larger than the machine's available memory is refused, unless the
+# operator says so explicitly (then it starts, with a warning)
+avail_mib=$(awk '/^MemAvailable:/ {print int($2 / 1024)}' /proc/meminfo)
+printf '[pool]\npool_bytes = %dM\n' $((avail_mib + 2048)) >"$T/big.conf"
+out=$(timeout 20 "$TQKVD" --config "$T/big.conf" --run-dir "$T/run" --spill-dir "$T/spill" 2>&1); rc=$?
+[ "$rc" = 1 ] && grep -q "available (MemAvailable): lower pool_bytes, or set pool.allow_overcommit = yes" <<<"$out" \
+	|| fail "a pool beyond MemAvailable: exit $rc: $out"
+printf 'allow_overcommit = yes\n' >>"$T/big.conf"
+start_daemon --config "$T/big.conf"
+wait_up
+grep -q "because pool.allow_overcommit = yes" "$LOG" || fail "no warning for an overcommitted pool"
+stop_daemon
+[ "$STOP_RC" = 0 ] || fail "overcommitted pool: exit $STOP_RC"
+# ephemeral leaks are never permanent by default: idle sessions go after 1h
+"$TQKVD" --check-config 2>&1 | grep -q '^daemon.session_idle_ttl *= 1h' || fail "session_idle_ttl default is not 1h"
 echo ok

@@ -513,6 +513,118 @@ static int client_spin(const char *dir, uint64_t id, int gi)
 	}
 }
 
+static double ms_since(const struct timespec *t0)
+{
+	struct timespec t1;
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	return (double)(t1.tv_sec - t0->tv_sec) * 1e3 + (double)(t1.tv_nsec - t0->tv_nsec) * 1e-6;
+}
+
+/* life DIR detached|ephemeral: a session's whole life through libtqkv —
+ * open, append, attend, close.  $TQKV_TEST_DIE_AT makes it die inside. */
+static int client_life(const char *dir, bool detached)
+{
+	struct tqkv_connect_opts o = { .run_dir = dir };
+	const struct sgeom *g = &G[0];
+	struct tqkv_session_params p = { .n_layers = g->n_layers, .n_kv_heads = g->n_kv, .n_q_heads = g->n_q,
+					 .head_dim = g->dim, .k_codec = "tq4", .v_codec = "tq3", .max_tokens = 1024,
+					 .flags = detached ? TQKV_SESSION_DETACHED : 0 };
+	static float k[64 * 2 * 128], v[64 * 2 * 128], q[8 * 128], out[8 * 128];
+	uint64_t rs = 5;
+	int32_t pos = 63;
+	tqkv *c;
+	tqkv_session *s;
+
+	fill(k, TQ_DTYPE_F32, sizeof(k) / 4, &rs);
+	fill(v, TQ_DTYPE_F32, sizeof(v) / 4, &rs);
+	fill(q, TQ_DTYPE_F32, sizeof(q) / 4, &rs);
+	if (tqkv_connect(&c, &o) < 0 || tqkv_session_open(c, &p, &s) < 0) {
+		printf("life: %s\n", tqkv_last_error());
+		return 2;
+	}
+	printf("id %llu\n", (unsigned long long)tqkv_session_id(s));
+	fflush(stdout);
+	for (uint32_t l = 0; l < g->n_layers; l++)
+		if (tqkv_append(s, l, k, v, 64, TQKV_F32) != 64) {
+			printf("append: %s\n", tqkv_last_error());
+			return 3;
+		}
+	if (tqkv_attend(s, 0, q, &pos, 1, TQKV_F32, out) != 1) {
+		printf("attend: %s\n", tqkv_last_error());
+		return 3;
+	}
+	if (tqkv_session_close(s) < 0) {
+		printf("close: %s\n", tqkv_last_error());
+		return 4;
+	}
+	tqkv_disconnect(c);
+	printf("ok\n");
+	return 0;
+}
+
+/* conns DIR N hold|exit: N data connections (1 MiB arenas); says how long
+ * the last connect took, or why one was refused; hold: until killed. */
+static int client_conns(const char *dir, int n, bool hold)
+{
+	struct tqkv_connect_opts o = { .run_dir = dir, .flags = TQKV_CONNECT_NO_CONTROL, .queue_depth = 4,
+				       .arena_bytes = MiB };
+	struct timespec t0;
+	double ms = 0;
+
+	for (int i = 0; i < n; i++) {
+		tqkv *c;
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		int r = tqkv_connect(&c, &o);
+		ms = ms_since(&t0);
+		if (r < 0) {
+			printf("refused after %d: %s: %s\n", i, tqkv_strerror(r), tqkv_last_error());
+			return 3;
+		}
+	}
+	printf("connected %d, the last in %.2f ms\n", n, ms);
+	fflush(stdout);
+	while (hold)
+		pause();
+	return 0;
+}
+
+/* stall DIR OP_TIMEOUT_MS: a session, then one attend per line on stdin,
+ * printing "rc=R ms=T" for each (the daemon may be stopped meanwhile). */
+static int client_stall(const char *dir, int op_timeout_ms)
+{
+	struct tqkv_connect_opts o = { .run_dir = dir, .op_timeout_ms = op_timeout_ms };
+	const struct sgeom *g = &G[0];
+	struct tqkv_session_params p = { .n_layers = g->n_layers, .n_kv_heads = g->n_kv, .n_q_heads = g->n_q,
+					 .head_dim = g->dim, .max_tokens = 1024 };
+	static float k[64 * 2 * 128], v[64 * 2 * 128], q[8 * 128], out[8 * 128];
+	uint64_t rs = 6;
+	int32_t pos = 63;
+	char line[64];
+	tqkv *c;
+	tqkv_session *s;
+
+	fill(k, TQ_DTYPE_F32, sizeof(k) / 4, &rs);
+	fill(v, TQ_DTYPE_F32, sizeof(v) / 4, &rs);
+	fill(q, TQ_DTYPE_F32, sizeof(q) / 4, &rs);
+	if (tqkv_connect(&c, &o) < 0 || tqkv_session_open(c, &p, &s) < 0 ||
+	    tqkv_append(s, 0, k, v, 64, TQKV_F32) != 64) {
+		printf("stall: %s\n", tqkv_last_error());
+		return 2;
+	}
+	printf("ready\n");
+	fflush(stdout);
+	while (fgets(line, sizeof(line), stdin)) {
+		struct timespec t0;
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		int r = tqkv_attend(s, 0, q, &pos, 1, TQKV_F32, out);
+		printf("rc=%d ms=%.0f %s\n", r, ms_since(&t0), r < 0 ? tqkv_last_error() : "");
+		fflush(stdout);
+	}
+	tqkv_session_close(s);
+	tqkv_disconnect(c);
+	return 0;
+}
+
 static int client_main(int argc, char **argv)
 {
 	const char *mode = argv[2], *dir = argv[3];
@@ -598,6 +710,30 @@ static int client_main(int argc, char **argv)
 	}
 	if (!strcmp(mode, "spin"))
 		return client_spin(dir, strtoull(argv[4], NULL, 0), atoi(argv[5]));
+	if (!strcmp(mode, "life") && argc > 4)
+		return client_life(dir, !strcmp(argv[4], "detached"));
+	if (!strcmp(mode, "conns") && argc > 5)
+		return client_conns(dir, atoi(argv[4]), !strcmp(argv[5], "hold"));
+	if (!strcmp(mode, "stall") && argc > 4)
+		return client_stall(dir, atoi(argv[4]));
+	if (!strcmp(mode, "attach") && argc > 4) {
+		/* attach DIR ID: attach by id with G[0]'s geometry; prints the result */
+		struct tqkv_connect_opts o = { .run_dir = dir, .flags = TQKV_CONNECT_NO_CONTROL };
+		struct tqkv_session_params p = { .n_layers = G[0].n_layers, .n_kv_heads = G[0].n_kv,
+						 .n_q_heads = G[0].n_q, .head_dim = G[0].dim };
+		tqkv *c;
+		tqkv_session *s;
+		if (tqkv_connect(&c, &o) < 0) {
+			printf("connect: %s\n", tqkv_last_error());
+			return 2;
+		}
+		int r = tqkv_session_attach(c, strtoull(argv[4], NULL, 0), &p, TQKV_SESSION_DETACHED, &s);
+		printf("attach %s: %d %s\n", argv[4], r, r < 0 ? tqkv_last_error() : "ok");
+		if (r == 0)
+			tqkv_session_detach(s);
+		tqkv_disconnect(c);
+		return r < 0 ? 3 : 0;
+	}
 	return 100;
 }
 
@@ -873,6 +1009,91 @@ static void test_limits_tenant(void)
 	T_EQ(srv_wait_idle(&s), 0);
 	T_EQ(tenant_used(tenant_find(s.tt, "small")), 0);
 	T_EQ(session_get_info(s.st, id, &(struct session_info){ 0 }), -ENOENT);
+	srv_stop(&s);
+}
+
+/* A raw hello of `bytes` bytes carrying n_fds memfds: the welcome. */
+static int raw_hello(const char *dir, size_t bytes, int n_fds, struct tqkv_welcome *w)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	uint8_t buf[256] = { 0 };
+	struct tqkv_hello h = { TQKV_RING_MAGIC, TQKV_RING_VERSION, 0, 8, 16, MiB, 0, { 0 } };
+	struct tqkv_ring_layout lay;
+	union { struct cmsghdr c; char b[CMSG_SPACE(sizeof(int) * 3)]; } cb;
+	struct iovec iov = { buf, bytes };
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cb.b,
+			    .msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)n_fds) };
+	int fds[3], fd, r = 0;
+
+	tqkv_ring_layout(8, 16, MiB, &lay);
+	h.total_bytes = lay.total_bytes;
+	memcpy(buf, &h, sizeof(h));
+	memset(&cb, 0, sizeof(cb));
+	for (int i = 0; i < n_fds; i++) {
+		fds[i] = memfd_create("raw", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+		if (ftruncate(fds[i], (off_t)lay.total_bytes) < 0)
+			return -errno;
+		fcntl(fds[i], F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);
+	}
+	struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)n_fds);
+	memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)n_fds);
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/%s", dir, TQKV_DATA_SOCK);
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || sendmsg(fd, &m, 0) < 0 ||
+	    recv(fd, w, sizeof(*w), 0) != sizeof(*w))
+		r = -EPROTO;
+	else
+		r = w->res;
+	w->msg[sizeof(w->msg) - 1] = 0;
+	close(fd);
+	for (int i = 0; i < n_fds; i++)
+		close(fds[i]);
+	return r;
+}
+
+/* Per-uid limits (daemon.max_clients_per_uid, max_arena_per_uid) refuse
+ * with the reason, every time, and the slots come back. */
+static void test_limits_uid(void)
+{
+	struct srv s;
+	tqkv *c[4] = { NULL };
+	struct tqkv_connect_opts o = { .flags = TQKV_CONNECT_NO_CONTROL, .queue_depth = 4, .arena_bytes = MiB };
+
+	T_ASSERT(srv_start(&s, 64 * MiB, 1) == 0);
+	o.run_dir = s.dir;
+	ring_server_set_limits(s.rs, 16, 3, 0);
+	for (int i = 0; i < 3; i++)
+		T_EQ(tqkv_connect(&c[i], &o), 0);
+	for (int i = 0; i < 20; i++) { /* never a bare ECONNRESET or EPIPE */
+		T_EQ(tqkv_connect(&c[3], &o), -EUSERS);
+		T_ASSERT(strstr(tqkv_last_error(), "has 3 data connections already (daemon.max_clients_per_uid)"));
+	}
+	tqkv_disconnect(c[2]);
+	c[2] = NULL;
+	int ok = -1;
+	for (int i = 0; i < 100 && ok < 0; i++) { /* the slot comes back once the daemon saw the EOF */
+		ok = tqkv_connect(&c[2], &o);
+		if (ok < 0)
+			usleep(10000);
+	}
+	T_EQ(ok, 0);
+	/* the ring memory of a uid, all its connections together */
+	ring_server_set_limits(s.rs, 16, 0, 4 * MiB);
+	o.arena_bytes = 2 * MiB;
+	T_EQ(tqkv_connect(&c[3], &o), -EUSERS);
+	T_ASSERT(strstr(tqkv_last_error(), "max_arena_per_uid"));
+	for (int i = 0; i < 4; i++)
+		tqkv_disconnect(c[i]);
+	/* hellos of the wrong size or with the wrong number of fds say so */
+	struct tqkv_welcome w;
+	T_EQ(raw_hello(s.dir, 100, 1, &w), -EPROTO);
+	T_ASSERT(strstr(w.msg, "hello of 100 bytes (expected 64)"));
+	T_EQ(raw_hello(s.dir, 64, 3, &w), -EPROTO);
+	T_ASSERT(strstr(w.msg, "exactly one fd"));
+	T_EQ(raw_hello(s.dir, 64, 0, &w), -EBADF);
 	srv_stop(&s);
 }
 
@@ -1262,6 +1483,7 @@ int main(int argc, char **argv)
 	T_RUN(test_threads_one_connection);
 	T_RUN(test_limits_tenant);
 	T_RUN(test_limits_pool);
+	T_RUN(test_limits_uid);
 	T_RUN(test_hostile);
 	T_RUN(test_random_sqes);
 	T_RUN(test_sigkill);
