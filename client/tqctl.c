@@ -705,6 +705,11 @@ static void usage(FILE *f)
 		fprintf(f, "  %-9s %s\n", cmds[i].name, cmds[i].summary);
 	fprintf(f,
 		"\n"
+		"Who may do what: any member of the socket's group (daemon.control_group)\n"
+		"may run health and stats, open sessions and list, inspect, evict and close\n"
+		"its own; operators (root, tqkvd's own user, daemon.operator_group) act on\n"
+		"every session and alone may run budget and config.\n"
+		"\n"
 		"Options (also accepted after COMMAND):\n"
 		"  -s, --socket PATH   the control socket; default $TQKVD_SOCKET, else\n"
 		"                      " DEV_SOCKET " if it exists (make run), else\n"
