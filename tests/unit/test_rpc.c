@@ -356,6 +356,16 @@ static int child_fails;
 
 /* In the child, as uid 65534: every method once, on its own session and
  * on root's.  operator: the child has the operator group. */
+/* ctl_call, the reply freed: only the status matters here. */
+static int cc(struct ctl *c, const char *method, const ProtobufCMessage *q, struct ctl_status *st)
+{
+	ProtobufCMessage *rep = NULL;
+	int r = ctl_call(c, method, q, &rep, 5000, st);
+	if (rep)
+		protobuf_c_message_free_unpacked(rep, NULL);
+	return r;
+}
+
 static int rights_child(const char *sock, uint64_t roots, int operator_)
 {
 	struct ctl *c;
@@ -375,8 +385,8 @@ static int rights_child(const char *sock, uint64_t roots, int operator_)
 		fprintf(stderr, "  as uid %u: connect %s: %s\n", (unsigned)getuid(), sock, st.msg);
 		return 1;
 	}
-	C_EXPECT(ctl_call(c, "Health", &hq.base, &rep, 5000, &st), 0);
-	C_EXPECT(ctl_call(c, "GetStats", &sq.base, &rep, 5000, &st), 0);
+	C_EXPECT(cc(c, "Health", &hq.base, &st), 0);
+	C_EXPECT(cc(c, "GetStats", &sq.base, &st), 0);
 	/* its own session: open, get, list (only its own unless operator), evict, close */
 	C_EXPECT(open_session(c, "default", "", 64, 100, &mine, &st), 0);
 	if (!mine)
@@ -384,7 +394,7 @@ static int rights_child(const char *sock, uint64_t roots, int operator_)
 	C_EXPECT((int)mine->owner_uid, (int)getuid());
 	C_EXPECT(open_session(c, "locked", "", 64, 100, NULL, &st), denied); /* allow_uids 4242 */
 	ref.id = mine->id;
-	C_EXPECT(ctl_call(c, "GetSession", &ref.base, &rep, 5000, &st), 0);
+	C_EXPECT(cc(c, "GetSession", &ref.base, &st), 0);
 	C_EXPECT(ctl_call(c, "ListSessions", &lq.base, &rep, 5000, &st), 0);
 	if (rep) {
 		Tqkv__V1__ListSessionsReply *l = (void *)rep;
@@ -392,30 +402,32 @@ static int rights_child(const char *sock, uint64_t roots, int operator_)
 		for (size_t i = 0; i < l->n_sessions; i++)
 			others += l->sessions[i]->owner_uid != getuid();
 		C_EXPECT(others > 0, operator_ != 0);
+		protobuf_c_message_free_unpacked(rep, NULL);
 	}
-	C_EXPECT(ctl_call(c, "ListTenants", &tq.base, &rep, 5000, &st), 0);
-	C_EXPECT(ctl_call(c, "EvictSession", &ref.base, &rep, 5000, &st), 0);
-	C_EXPECT(ctl_call(c, "CloseSession", &ref.base, &rep, 5000, &st), 0);
+	C_EXPECT(cc(c, "ListTenants", &tq.base, &st), 0);
+	C_EXPECT(cc(c, "EvictSession", &ref.base, &st), 0);
+	C_EXPECT(cc(c, "CloseSession", &ref.base, &st), 0);
 	/* root's session */
 	ref.id = roots;
-	C_EXPECT(ctl_call(c, "GetSession", &ref.base, &rep, 5000, &st), ok_op);
+	C_EXPECT(cc(c, "GetSession", &ref.base, &st), ok_op);
 	if (!operator_ && !strstr(st.msg, "belongs to another user")) {
 		fprintf(stderr, "  GetSession of another's session: '%s'\n", st.msg);
 		child_fails++;
 	}
-	C_EXPECT(ctl_call(c, "EvictSession", &ref.base, &rep, 5000, &st), ok_op);
+	C_EXPECT(cc(c, "EvictSession", &ref.base, &st), ok_op);
 	if (!operator_)
-		C_EXPECT(ctl_call(c, "CloseSession", &ref.base, &rep, 5000, &st), denied);
+		C_EXPECT(cc(c, "CloseSession", &ref.base, &st), denied);
 	/* operators only */
 	bq.tenant = "default";
 	bq.set_limit = 1;
 	bq.limit_bytes = 32 << 20;
-	C_EXPECT(ctl_call(c, "SetTenantBudget", &bq.base, &rep, 5000, &st), ok_op);
+	C_EXPECT(cc(c, "SetTenantBudget", &bq.base, &st), ok_op);
 	if (!operator_ && !strstr(st.msg, "operator")) {
 		fprintf(stderr, "  SetTenantBudget refusal does not say why: '%s'\n", st.msg);
 		child_fails++;
 	}
-	C_EXPECT(ctl_call(c, "GetConfig", &cq.base, &rep, 5000, &st), ok_op);
+	C_EXPECT(cc(c, "GetConfig", &cq.base, &st), ok_op);
+	protobuf_c_message_free_unpacked(&mine->base, NULL);
 	ctl_close(c);
 	return child_fails ? 1 : 0;
 }
