@@ -2,11 +2,14 @@
  * races the data path will create (evict/close during an operation). */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "config.h"
+#include "idstore.h"
 #include "session.h"
 #include "tenant.h"
 
@@ -320,6 +323,96 @@ static void *racer(void *arg)
 	return NULL;
 }
 
+/* Open one session in a fresh table over the idstore in dir: its id. */
+static int64_t open_one(const char *dir, struct tenant *t, struct session_table **stp, struct idstore **isp,
+			char *why, size_t whylen)
+{
+	struct session_info si;
+	uint64_t first;
+	int r;
+
+	if ((r = idstore_open(isp, dir, &first, why, whylen)) < 0)
+		return r;
+	if (session_table_new(stp, 64, NULL, NULL) < 0)
+		return -ENOMEM;
+	session_table_set_ids(*stp, first, idstore_reserve, *isp);
+	if ((r = session_open(*stp, t, "", 1000, &g_small, 1, 1000, &si, why, whylen)) < 0)
+		return r;
+	return (int64_t)si.id;
+}
+
+/* Session ids never repeat across restarts (idstore): a new table over the
+ * same directory continues past the last reserved block, a damaged file is
+ * an error, a failing store fails the open (never hands out an id unsaved). */
+static void test_ids_persist(void)
+{
+	struct config *c = two_tenants();
+	struct tenant_table *tt;
+	struct session_table *st;
+	struct idstore *is;
+	struct session_info si;
+	char dir[] = "/tmp/tq-ids-XXXXXX", path[64], why[256];
+	FILE *f;
+
+	T_ASSERT(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/%s", dir, IDSTORE_FILE);
+	T_EQ(tenant_table_new(&tt, c), 0);
+	struct tenant *b = tenant_find(tt, "b");
+	T_EQ(open_one(dir, b, &st, &is, why, sizeof(why)), 1);       /* a fresh directory */
+	for (int i = 0; i < 40; i++) { /* past a block boundary: open and close */
+		T_EQ(session_open(st, b, "", 1000, &g_small, 1, 1000, &si, why, sizeof(why)), 0);
+		T_EQ(session_close(st, si.id, NULL), 0);
+	}
+	T_EQ(si.id, 41);
+	/* a "crash": no clean close of anything; the next run starts after the block */
+	session_table_free(st);
+	idstore_close(is);
+	T_EQ(open_one(dir, b, &st, &is, why, sizeof(why)), SESSION_ID_BLOCK + 1);
+	session_table_free(st);
+	idstore_close(is);
+	T_EQ(open_one(dir, b, &st, &is, why, sizeof(why)), 2 * SESSION_ID_BLOCK + 1);
+	/* the store cannot write (its directory is gone): the open that needs a new
+	 * block fails with the reason; ids already reserved are still handed out */
+	session_table_free(st);
+	idstore_close(is);
+	T_ASSERT((f = fopen(path, "w")) != NULL);
+	fprintf(f, "tqkvd session-ids 1 reserved_through=5\n");
+	fclose(f);
+	T_EQ(open_one(dir, b, &st, &is, why, sizeof(why)), 6);
+	T_EQ(unlink(path), 0);
+	T_EQ(rmdir(dir), 0);
+	for (int i = 0; i < 5; i++) /* 7..11: reserved at open_one's first open */
+		(void)session_open(st, b, "", 1000, &g_small, 1, 1000, &si, why, sizeof(why));
+	int r = 0;
+	for (int i = 0; i < SESSION_ID_BLOCK + 1 && r == 0; i++) {
+		r = session_open(st, b, "", 1000, &g_small, 1, 1000, &si, why, sizeof(why));
+		if (r == 0)
+			session_close(st, si.id, NULL);
+	}
+	T_ASSERT(r < 0);
+	T_ASSERT(strstr(why, "cannot persist the session-id counter"));
+	session_table_free(st);
+	idstore_close(is);
+	/* damaged or foreign files are refused at open, not guessed at */
+	strcpy(dir, "/tmp/tq-ids-XXXXXX");
+	T_ASSERT(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/%s", dir, IDSTORE_FILE);
+	const char *bad[] = { "garbage\n", "tqkvd session-ids 1 reserved_through=\n",
+			      "tqkvd session-ids 1 reserved_through=12x\n", "" };
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		uint64_t first;
+		T_ASSERT((f = fopen(path, "w")) != NULL);
+		fputs(bad[i], f);
+		fclose(f);
+		T_ASSERT(idstore_open(&is, dir, &first, why, sizeof(why)) < 0);
+		T_ASSERT(strstr(why, path));
+	}
+	unlink(path);
+	rmdir(dir);
+	tenant_table_free(tt);
+	free(c);
+}
+
 static void test_concurrent_evict_close(void)
 {
 	struct config *c = two_tenants();
@@ -370,5 +463,6 @@ int main(void)
 	T_RUN(test_evict_during_operation);
 	T_RUN(test_idle_expiry);
 	T_RUN(test_concurrent_evict_close);
+	T_RUN(test_ids_persist);
 	return t_done();
 }
