@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "tq_page.h"
 #include "tqkv_ring.h"
@@ -369,12 +370,12 @@ void dataop_append(struct kvstore *ks, struct session *s, uint32_t layer, const 
 	pthread_mutex_unlock(&kv->lock);
 }
 
-/* Copy n values of dtype from src (shared memory) to dst and check that
- * each is finite.  Returns the index of the first bad row of `row` values,
- * or -1. */
-static long copy_finite(void *dst, const void *src, enum tq_dtype dtype, size_t n, size_t row)
+/* The index of the first row (of `row` values) of buf holding a NaN or an
+ * Inf, or -1. */
+static long first_nonfinite(const void *buf, enum tq_dtype dtype, size_t n, size_t row)
 {
-	memcpy(dst, src, n * tq_dtype_size(dtype));
+	const void *dst = buf;
+
 	for (size_t i = 0; i < n; i++) {
 		bool bad;
 		if (dtype == TQ_DTYPE_F32) {
@@ -392,18 +393,70 @@ static long copy_finite(void *dst, const void *src, enum tq_dtype dtype, size_t 
 	return -1;
 }
 
+/* Copy n values of dtype from src (shared memory) to dst and check that
+ * each is finite.  Returns the index of the first bad row, or -1. */
+static long copy_finite(void *dst, const void *src, enum tq_dtype dtype, size_t n, size_t row)
+{
+	memcpy(dst, src, n * tq_dtype_size(dtype));
+	return first_nonfinite(dst, dtype, n, row);
+}
+
+/* Worker scratch comes straight from mmap, so what a trim gives back
+ * really leaves the process (malloc would keep it in an arena).  Contents
+ * are not kept across a resize: every user fills its buffer after
+ * reserving it. */
 static int ws_reserve(void **buf, size_t *have, size_t need)
 {
 	void *p;
 
 	if (*have >= need)
 		return 0;
-	p = realloc(*buf, need);
-	if (!p)
+	need = (need + 65535) & ~(size_t)65535;
+	p = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
 		return -ENOMEM;
+	if (*buf)
+		munmap(*buf, *have);
 	*buf = p;
 	*have = need;
 	return 0;
+}
+
+static void ws_drop(void **buf, size_t *have)
+{
+	if (*buf)
+		munmap(*buf, *have);
+	*buf = NULL;
+	*have = 0;
+}
+
+/* After an operation: a worker keeps at most DATAOP_WS_KEEP of scratch. */
+static void ws_trim(struct dataop_ws *ws)
+{
+	if (ws->attn_bytes + ws->q_bytes + ws->pos_bytes <= DATAOP_WS_KEEP)
+		return;
+	ws_drop(&ws->attn, &ws->attn_bytes);
+	ws_drop(&ws->q, &ws->q_bytes);
+	ws_drop((void **)&ws->pos, &ws->pos_bytes);
+}
+
+/* Queries per pass of one ATTEND: all of them when their copy and the
+ * kernel's workspace fit DATAOP_Q_CHUNK_BYTES and DATAOP_WS_CHUNK_BYTES,
+ * else halves until they do (at least one query per pass), so what one
+ * operation takes is bounded whatever n_q and the context length. */
+static uint32_t attend_chunk(struct tq_attn_params *ap, uint32_t n_q, size_t q_row_bytes)
+{
+	uint32_t c = n_q ? n_q : 1;
+	tq_error te;
+
+	for (;;) {
+		ap->n_q = (int)c;
+		long wsb = tq_attn_workspace_bytes(ap, &te);
+		if (c == 1 || ((size_t)c * q_row_bytes <= DATAOP_Q_CHUNK_BYTES &&
+			       wsb >= 0 && (size_t)wsb <= DATAOP_WS_CHUNK_BYTES))
+			return c;
+		c = (c + 1) / 2;
+	}
 }
 
 void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, uint32_t layer,
@@ -413,10 +466,11 @@ void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, 
 {
 	struct kv_sess *kv;
 	struct kv_layer *L;
-	size_t qn, row;
+	size_t row, q_row_bytes;
 	uint64_t new_len;
 	long bad, wsb;
 	size_t pos_bytes = (size_t)n_q * sizeof(int32_t);
+	uint32_t chunk;
 	tq_error te;
 	int e;
 
@@ -428,17 +482,18 @@ void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, 
 	if (check_args(kv, layer, dtype, r) < 0)
 		return;
 	row = (size_t)kv->n_q_heads * kv->dim;
-	qn = (size_t)n_q * row;
-	if (ws_reserve(&ws->q, &ws->q_bytes, qn * tq_dtype_size(dtype) + 1) < 0 ||
-	    ws_reserve((void **)&ws->pos, &ws->pos_cap, pos_bytes + 1) < 0) {
+	q_row_bytes = row * tq_dtype_size(dtype);
+	if (ws_reserve((void **)&ws->pos, &ws->pos_bytes, pos_bytes + 1) < 0) {
 		res_set(r, -ENOMEM, TQKV_ST_NOMEM, 0);
 		return;
 	}
-	/* Private copies first: the client may change its arena at any time. */
+	/* Private copies first: the client may change its arena at any time.
+	 * Queries are checked in place here (before anything is appended) and
+	 * again as each pass copies them. */
 	memcpy(ws->pos, pos, pos_bytes);
-	if ((bad = copy_finite(ws->q, q, dtype, qn, row)) >= 0) {
+	if ((bad = first_nonfinite(q, dtype, (size_t)n_q * row, row)) >= 0) {
 		res_set(r, -EINVAL, TQKV_ST_NONFINITE, (uint32_t)bad);
-		return;
+		goto trim;
 	}
 
 	pthread_mutex_lock(&kv->lock);
@@ -466,33 +521,61 @@ void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, 
 		.v_codec = L->vc,
 		.n_q_heads = (int)kv->n_q_heads,
 		.kv = &pt,
-		.n_q = (int)n_q,
-		.q = ws->q,
 		.q_dtype = dtype,
-		.q_pos = ws->pos,
 		.causal = 1,
-		.out = out,
 		.isa = TQ_ISA_AUTO,
 		.threads = ws->threads,
 	};
-	if ((wsb = tq_attn_workspace_bytes(&ap, &te)) < 0 ||
-	    ws_reserve(&ws->attn, &ws->attn_bytes, (size_t)wsb) < 0) {
-		e = wsb < 0 ? (int)wsb : -ENOMEM;
-		res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_INTERNAL, 0);
-		snprintf(r->msg, sizeof(r->msg), "attention workspace: %s", wsb < 0 ? te.msg : "out of memory");
+	ap.q = q;               /* for planning: sizes only, nothing read */
+	ap.q_pos = ws->pos;
+	ap.out = out;
+	chunk = attend_chunk(&ap, n_q, q_row_bytes);
+	if (ws_reserve(&ws->q, &ws->q_bytes, (size_t)chunk * q_row_bytes + 1) < 0) {
+		res_set(r, -ENOMEM, TQKV_ST_NOMEM, 0);
 		goto out;
 	}
-	ap.workspace = ws->attn;
-	ap.workspace_bytes = ws->attn_bytes;
-	if ((e = tq_attend(&ap, &te)) < 0) {
-		res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_INTERNAL, 0);
-		snprintf(r->msg, sizeof(r->msg), "attention: %s", te.msg);
-		goto out;
+	for (uint32_t q0 = 0; q0 < n_q; q0 += chunk) {
+		uint32_t nq = n_q - q0 < chunk ? n_q - q0 : chunk;
+		float *o = out + (size_t)q0 * row;
+
+		if ((bad = copy_finite(ws->q, (const uint8_t *)q + (size_t)q0 * q_row_bytes, dtype,
+				       (size_t)nq * row, row)) >= 0) {
+			res_set(r, -EINVAL, TQKV_ST_NONFINITE, q0 + (uint32_t)bad);
+			goto out;
+		}
+		ap.n_q = (int)nq;
+		ap.q = ws->q;
+		ap.q_pos = ws->pos + q0;
+		ap.out = o;
+		if ((wsb = tq_attn_workspace_bytes(&ap, &te)) < 0 ||
+		    ws_reserve(&ws->attn, &ws->attn_bytes, (size_t)wsb) < 0) {
+			e = wsb < 0 ? (int)wsb : -ENOMEM;
+			res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_INTERNAL, 0);
+			snprintf(r->msg, sizeof(r->msg), "attention workspace: %s", wsb < 0 ? te.msg : "out of memory");
+			goto out;
+		}
+		ap.workspace = ws->attn;
+		ap.workspace_bytes = ws->attn_bytes;
+		if ((e = tq_attend(&ap, &te)) < 0) {
+			res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_INTERNAL, 0);
+			snprintf(r->msg, sizeof(r->msg), "attention: %s", te.msg);
+			goto out;
+		}
+		/* Finite inputs can still overflow (q·k beyond FLT_MAX): the
+		 * kernels then leave NaN in the row, never a wrong number. */
+		if ((bad = first_nonfinite(o, TQ_DTYPE_F32, (size_t)nq * row, row)) >= 0) {
+			res_set(r, -ERANGE, TQKV_ST_NONFINITE, q0 + (uint32_t)bad);
+			snprintf(r->msg, sizeof(r->msg), "attention overflowed float range for query %u "
+				 "(logits or outputs beyond 3.4e38)", q0 + (uint32_t)bad);
+			goto out;
+		}
 	}
 	res_set(r, (int)n_q, TQKV_ST_OK, 0);
 out:
 	r->n_tokens = L->n_tokens;
 	pthread_mutex_unlock(&kv->lock);
+trim:
+	ws_trim(ws);
 }
 
 static void truncate_layer(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l,
@@ -542,9 +625,9 @@ void dataop_ws_free(struct dataop_ws *ws)
 {
 	if (!ws)
 		return;
-	free(ws->attn);
-	free(ws->q);
-	free(ws->pos);
+	ws_drop(&ws->attn, &ws->attn_bytes);
+	ws_drop(&ws->q, &ws->q_bytes);
+	ws_drop((void **)&ws->pos, &ws->pos_bytes);
 	tq_threads_free(ws->threads);
 	memset(ws, 0, sizeof(*ws));
 }

@@ -34,6 +34,13 @@
 struct kvstore;
 
 /* Worker-private scratch: one per worker thread, never shared. */
+/* Bounds on a worker's scratch: one ATTEND runs its queries in passes whose
+ * query copy and attention workspace fit the CHUNK sizes, and a worker
+ * keeps at most DATAOP_WS_KEEP between operations (the rest is unmapped). */
+#define DATAOP_Q_CHUNK_BYTES  ((size_t)4 << 20)
+#define DATAOP_WS_CHUNK_BYTES ((size_t)16 << 20)
+#define DATAOP_WS_KEEP        ((size_t)8 << 20)
+
 struct dataop_ws {
 	tq_threads *threads;     /* attention pool of this worker (NULL: caller only) */
 	void *attn;              /* tq_attend workspace                                */
@@ -41,7 +48,7 @@ struct dataop_ws {
 	void *q;                 /* private copy of the queries                        */
 	size_t q_bytes;
 	int32_t *pos;            /* private copy of the positions                      */
-	size_t pos_cap;
+	size_t pos_bytes;
 };
 
 struct dataop_res {

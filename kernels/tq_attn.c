@@ -13,6 +13,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -367,14 +368,26 @@ static inline float *ml_at(const struct job *jb, int s, int h, int r)
 	return (float *)(void *)(jb->ws + jb->pl.off_ml) + row * 2;
 }
 
-/* out row = R_v^T (acc / l), zeros when nothing was visible (empty cache). */
-static void finish_row(const struct job *jb, const float *acc, float m, float l,
+/* out row = R_v^T (acc / l), zeros when nothing was visible (empty cache).
+ * Row r of a head's rows sees at least one key unless the cache is empty
+ * or its position is negative: then a running max of -inf, or a max or sum
+ * that is not finite, means the logits overflowed float range (finite
+ * inputs can: q·k beyond 3.4e38), and the row is NaN — never a plausible
+ * wrong number; callers that check outputs (tqkvd) report it. */
+static void finish_row(const struct job *jb, int r, const float *acc, float m, float l,
 		       float *tmp, float *out)
 {
+	const struct tq_attn_params *p = jb->p;
 	int d = jb->sh.dim;
+	bool sees = p->kv->n_tokens > 0 && (!p->causal || p->q_pos[r / jb->sh.group] >= 0);
 
-	if (m == -INFINITY || !(l > 0.0f)) {
+	if (m == -INFINITY && !sees) {
 		memset(out, 0, (size_t)d * 4);
+		return;
+	}
+	if (!isfinite(m) || !isfinite(l) || !(l > 0.0f)) {
+		for (int j = 0; j < d; j++)
+			out[j] = NAN;
 		return;
 	}
 	float inv = 1.0f / l;
@@ -577,7 +590,7 @@ static void task_compute(void *arg, int task, int thread)
 
 	if (pl->n_split == 1) {
 		for (int i = 0; i < nrows; i++)
-			finish_row(jb, acc0 + (size_t)i * d, mrow[i], lrow[i], tmp,
+			finish_row(jb, r0 + i, acc0 + (size_t)i * d, mrow[i], lrow[i], tmp,
 				   p->out + out_row(jb, h, r0 + i));
 		return;
 	}
@@ -617,7 +630,7 @@ static void task_merge(void *arg, int task, int thread)
 					sum[j] += a[j] * f;
 			}
 		}
-		finish_row(jb, sum, M, L, tmp, jb->p->out + out_row(jb, h, r0 + i));
+		finish_row(jb, r0 + i, sum, M, L, tmp, jb->p->out + out_row(jb, h, r0 + i));
 	}
 }
 

@@ -1,0 +1,242 @@
+/* test_dataop — the data operations on their own (no ring): what one huge
+ * ATTEND costs a worker, during and after (issue 15 item 5), and attention
+ * whose finite inputs overflow float range (item 8). */
+#include <errno.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "harness.h"
+#include "config.h"
+#include "dataop.h"
+#include "pool.h"
+#include "session.h"
+#include "tenant.h"
+#include "tq_attn.h"
+#include "tqkv_ring.h"
+
+#define MiB (1ull << 20)
+
+struct fix {
+	struct config cfg;
+	struct tenant_table *tt;
+	struct pool *pool;
+	tq_cache *cache;
+	struct kvstore *ks;
+	struct session_table *st;
+};
+
+static void fix_start(struct fix *f)
+{
+	char err[CONFIG_ERR_MAX], why[200];
+	const char *text = "[pool]\npool_bytes = 64M\n[tenant t]\nlimit = 64M\nallow_uids = *\n";
+	struct pool_params pp = { .bytes = 64 * MiB, .page_bytes = 64 << 10, .numa_node = -1 };
+
+	memset(f, 0, sizeof(*f));
+	if (config_load_string(&f->cfg, "t.conf", text, err, sizeof(err)) != 0 ||
+	    tenant_table_new(&f->tt, &f->cfg) < 0 || pool_new(&f->pool, &pp, why, sizeof(why)) < 0 ||
+	    !(f->cache = tq_cache_new()) || kvstore_new(&f->ks, f->pool, f->cache) < 0 ||
+	    session_table_new(&f->st, 16, kvstore_release, f->ks) < 0) {
+		fprintf(stderr, "setup failed\n");
+		exit(1);
+	}
+}
+
+static void fix_stop(struct fix *f)
+{
+	session_table_free(f->st);
+	kvstore_free(f->ks);
+	tq_cache_free(f->cache);
+	pool_free(f->pool);
+	tenant_table_free(f->tt);
+}
+
+static struct session *fix_open(struct fix *f, const struct session_geom *g, uint64_t *id)
+{
+	struct session_info si;
+	struct session *s;
+	char why[200];
+
+	if (session_open(f->st, tenant_find(f->tt, "t"), "", 1000, g, 7, 0, &si, why, sizeof(why)) < 0 ||
+	    session_acquire(f->st, si.id, 0, &s) < 0) {
+		fprintf(stderr, "open: %s\n", why);
+		exit(1);
+	}
+	*id = si.id;
+	return s;
+}
+
+/* kB of anonymous memory this process holds (RssAnon), or of its peak (VmHWM). */
+static long status_kb(const char *key)
+{
+	char line[256];
+	long kb = -1;
+	FILE *fp = fopen("/proc/self/status", "r");
+
+	while (fp && fgets(line, sizeof(line), fp))
+		if (!strncmp(line, key, strlen(key)))
+			kb = strtol(line + strlen(key), NULL, 10);
+	if (fp)
+		fclose(fp);
+	return kb;
+}
+
+static uint64_t rng = 0x1234567;
+static float frand(void)
+{
+	rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+	return (float)(rng >> 40) / (float)(1 << 24) - 0.5f;
+}
+
+/* Buffers the test owns come from mmap and are touched before measuring,
+ * so RssAnon before and after differ only by what the worker keeps. */
+static void *touched(size_t bytes)
+{
+	void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		abort();
+	memset(p, 0, bytes);
+	return p;
+}
+
+/* One ATTEND of 65,536 queries: its scratch is bounded while it runs (it
+ * goes in passes) and given back after; its answers match the oracle. */
+static void test_big_attend_rss(void)
+{
+	struct fix f;
+	struct dataop_ws ws = { 0 };
+	struct dataop_res r;
+	const struct session_geom g = { 1, 2, 8, 64, TQ_CODEC_Q8, TQ_CODEC_TQ4, 4096 };
+	const uint32_t ctx = 256, nq = 65536;
+	const size_t row = 8 * 64, kvrow = 2 * 64;
+	uint64_t id;
+
+	fix_start(&f);
+	struct session *s = fix_open(&f, &g, &id);
+	float *k = touched(ctx * kvrow * 4), *v = touched(ctx * kvrow * 4);
+	float *q = touched((size_t)nq * row * 4), *out = touched((size_t)nq * row * 4);
+	int32_t *pos = touched((size_t)nq * 4);
+	for (size_t i = 0; i < ctx * kvrow; i++) {
+		k[i] = frand();
+		v[i] = frand();
+	}
+	for (size_t i = 0; i < (size_t)nq * row; i++)
+		q[i] = frand();
+	for (uint32_t i = 0; i < nq; i++)
+		pos[i] = (int32_t)(i % ctx);
+	dataop_append(f.ks, s, 0, k, v, TQ_DTYPE_F32, ctx, &r);
+	T_EQ(r.status, TQKV_ST_OK);
+	/* warm: the small ops a worker does all day */
+	dataop_attend(f.ks, s, &ws, 0, NULL, NULL, 0, q, pos, 4, TQ_DTYPE_F32, out, &r);
+	T_EQ(r.status, TQKV_ST_OK);
+
+	/* "5" resets the peak (VmHWM) to the current RSS (Linux >= 4.0) */
+	FILE *cr = fopen("/proc/self/clear_refs", "w");
+	bool peak = cr && fputs("5", cr) >= 0 && fclose(cr) == 0;
+	long before = status_kb("RssAnon:"), rss0 = status_kb("VmRSS:");
+	dataop_attend(f.ks, s, &ws, 0, NULL, NULL, 0, q, pos, nq, TQ_DTYPE_F32, out, &r);
+	long after = status_kb("RssAnon:"), hwm = status_kb("VmHWM:");
+	T_EQ(r.status, TQKV_ST_OK);
+	T_EQ(r.res, (int)nq);
+	fprintf(stderr, "    RssAnon before %ld kB, after %ld kB (+%ld kB); peak +%ld kB during the call; "
+		"worker keeps %zu kB; queries %zu MiB\n", before, after, after - before,
+		peak ? hwm - rss0 : -1L, (ws.attn_bytes + ws.q_bytes + ws.pos_bytes) >> 10,
+		((size_t)nq * row * 4) >> 20);
+	/* what one operation takes is bounded by the pass sizes, not by n_q */
+	if (peak)
+		T_ASSERT(hwm - rss0 < (long)((DATAOP_Q_CHUNK_BYTES + DATAOP_WS_CHUNK_BYTES) >> 10) + 8192);
+	/* what stays is bounded by the cap, not by the operation's size */
+	T_ASSERT(ws.attn_bytes + ws.q_bytes + ws.pos_bytes <= DATAOP_WS_KEEP);
+	T_ASSERT(after - before < (long)(DATAOP_WS_KEEP >> 10) + 4096);
+
+	/* the passes answer like the same queries alone: first, middle, last */
+	uint32_t probe[] = { 0, 1, 255, 32768, nq - 2, nq - 1 };
+	for (size_t i = 0; i < sizeof(probe) / sizeof(probe[0]); i++) {
+		float one[8 * 64];
+		dataop_attend(f.ks, s, &ws, 0, NULL, NULL, 0, q + (size_t)probe[i] * row, pos + probe[i], 1,
+			      TQ_DTYPE_F32, one, &r);
+		T_EQ(r.status, TQKV_ST_OK);
+		for (size_t j = 0; j < row; j++)
+			if (fabsf(one[j] - out[(size_t)probe[i] * row + j]) > 1e-5f)
+				T_FAIL("query %u element %zu: %g in the big ATTEND, %g alone", probe[i], j,
+				       out[(size_t)probe[i] * row + j], one[j]);
+	}
+	session_release(s);
+	dataop_ws_free(&ws);
+	munmap(k, ctx * kvrow * 4);
+	munmap(v, ctx * kvrow * 4);
+	munmap(q, (size_t)nq * row * 4);
+	munmap(out, (size_t)nq * row * 4);
+	munmap(pos, (size_t)nq * 4);
+	T_EQ(session_close(f.st, id, NULL), 0);
+	fix_stop(&f);
+}
+
+/* f32 K/V, K[0] = 1e30 and q = 1e10, everything finite: q·k[0] overflows
+ * to +inf.  The exact answer is V[0]; the daemon must say NONFINITE rather
+ * than answer anything else. */
+static void test_overflow_nonfinite(void)
+{
+	struct fix f;
+	struct dataop_ws ws = { 0 };
+	struct dataop_res r;
+	const struct session_geom g = { 1, 1, 1, 64, TQ_CODEC_F32, TQ_CODEC_F32, 64 };
+	float k[4 * 64], v[4 * 64], q[64], out[64];
+	int32_t pos = 3;
+	uint64_t id;
+
+	fix_start(&f);
+	struct session *s = fix_open(&f, &g, &id);
+	for (int i = 0; i < 4 * 64; i++) {
+		k[i] = 0.0f;
+		v[i] = 0.0f;
+	}
+	for (int j = 0; j < 64; j++) {
+		k[j] = 1e30f;     /* key 0 */
+		v[j] = 1.0f;      /* value 0: the exact answer is all ones */
+		q[j] = 1e10f;
+	}
+	dataop_append(f.ks, s, 0, k, v, TQ_DTYPE_F32, 4, &r);
+	T_EQ(r.status, TQKV_ST_OK);
+	dataop_attend(f.ks, s, &ws, 0, NULL, NULL, 0, q, &pos, 1, TQ_DTYPE_F32, out, &r);
+	T_EQ(r.status, TQKV_ST_NONFINITE);
+	T_ASSERT(r.res < 0);
+	T_ASSERT(strstr(r.msg, "overflow"));
+	/* every visible logit overflowing to -inf is caught as well */
+	dataop_truncate(f.ks, s, 0, 0, 0, &r);
+	T_EQ(r.status, TQKV_ST_OK);
+	for (int i = 0; i < 4 * 64; i++)
+		k[i] = 1e30f;
+	for (int j = 0; j < 64; j++)
+		q[j] = -1e10f;
+	dataop_append(f.ks, s, 0, k, v, TQ_DTYPE_F32, 4, &r);
+	T_EQ(r.status, TQKV_ST_OK);
+	dataop_attend(f.ks, s, &ws, 0, NULL, NULL, 0, q, &pos, 1, TQ_DTYPE_F32, out, &r);
+	T_EQ(r.status, TQKV_ST_NONFINITE);
+	/* the same session with ordinary values still answers, and exactly */
+	dataop_truncate(f.ks, s, 0, 0, 0, &r);
+	for (int i = 0; i < 4 * 64; i++)
+		k[i] = (float)(i % 7) * 0.01f;
+	for (int j = 0; j < 64; j++)
+		q[j] = 0.5f;
+	dataop_append(f.ks, s, 0, k, v, TQ_DTYPE_F32, 4, &r);
+	pos = 3;
+	dataop_attend(f.ks, s, &ws, 0, NULL, NULL, 0, q, &pos, 1, TQ_DTYPE_F32, out, &r);
+	T_EQ(r.status, TQKV_ST_OK);
+	for (int j = 0; j < 64; j++)
+		T_ASSERT(isfinite(out[j]));
+	session_release(s);
+	dataop_ws_free(&ws);
+	T_EQ(session_close(f.st, id, NULL), 0);
+	fix_stop(&f);
+}
+
+int main(void)
+{
+	T_RUN(test_big_attend_rss);
+	T_RUN(test_overflow_nonfinite);
+	return t_done();
+}
