@@ -12,9 +12,10 @@ static inline uint16_t get_u16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2);
 
 static int fail_row(tq_error *err, int code, size_t row, const char *what, int elem)
 {
-	if (err)
-		snprintf(err->msg, sizeof(err->msg), "vector %zu: %s%s%d", row, what,
-			 elem >= 0 ? " at element " : "", elem >= 0 ? elem : 0);
+	if (err && elem >= 0)
+		snprintf(err->msg, sizeof(err->msg), "vector %zu: %s at element %d", row, what, elem);
+	else if (err)
+		snprintf(err->msg, sizeof(err->msg), "vector %zu: %s", row, what);
 	return code;
 }
 

@@ -365,10 +365,16 @@ static void test_zero_and_range(void)
 		for (int i = 0; i < 128; i++)
 			x[i] = (i & 1) ? 3e38f : -3e38f;
 		int r = tq_encode(c, x, TQ_DTYPE_F32, 1, blk, &err);
-		if (id == TQ_CODEC_F32)
+		if (id == TQ_CODEC_F32) {
 			T_EQ(r, 0);
-		else
+		} else {
 			T_EQ(r, -ERANGE);
+			/* the message names the vector and ends there: no stray element number */
+			size_t n = strlen(err.msg);
+			T_ASSERT(strncmp(err.msg, "vector 0: ", 10) == 0 && n > 10);
+			if (err.msg[n - 1] >= '0' && err.msg[n - 1] <= '9')
+				T_FAIL("%s: message ends in a number: '%s'", tq_codec_name(id), err.msg);
+		}
 		x[0] = 70000.0f;
 		for (int i = 1; i < 128; i++)
 			x[i] = 1.0f;
