@@ -74,6 +74,7 @@ GRPC_LIBS   := $(call pc,--libs,grpc_unsecure) -lgpr
 PBC_CFLAGS  := $(call pc,--cflags,libprotobuf-c)
 PBC_LIBS    := $(call pc,--libs,libprotobuf-c)
 URING_LIBS  := $(call pc,--libs,liburing)
+ISAL_LIBS   := $(call pc,--libs,libisal)
 NUMA_LIBS   := $(call pc,--libs,numa)
 SD_LIBS     := $(call pc,--libs,libsystemd)
 INIH_CFLAGS := $(call pc,--cflags,inih)

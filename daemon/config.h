@@ -64,6 +64,8 @@ struct config {
 	uint64_t page_bytes;                 /* pool page size */
 	int32_t numa_node;                   /* -1 = no binding */
 	bool allow_overcommit;               /* pool_bytes may exceed MemAvailable */
+	uint64_t spill_bytes;                /* spill file capacity; 0 = 4 x pool_bytes */
+	bool spill_fallback;                 /* pread/pwrite when io_uring/O_DIRECT fail */
 	/* [tenant NAME] sections; the embedded "default" tenant when none */
 	uint32_t n_tenants;
 	struct tenant_conf tenant[CONFIG_MAX_TENANTS];

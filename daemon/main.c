@@ -26,6 +26,7 @@
 #include "config.h"
 #include "dataop.h"
 #include "idstore.h"
+#include "spill.h"
 #include "log.h"
 #include "notify.h"
 #include "pool.h"
@@ -33,6 +34,7 @@
 #include "rpc.h"
 #include "session.h"
 #include "tenant.h"
+#include "tq_size.h"
 #include "version.h"
 
 #define EXIT_USAGE 2
@@ -54,6 +56,7 @@ struct daemon {
 	struct pool *pool;
 	tq_cache *codebooks;
 	struct kvstore *kv;
+	struct spill *spill;       /* the spill tier: spill_dir/spill.dat */
 	struct ring_server *ring;
 };
 
@@ -343,6 +346,31 @@ static int start_pool(struct daemon *d)
 	return 0;
 }
 
+/* The spill store in spill_dir, sized pool.spill_bytes (0: 4 x pool). */
+static int start_spill(struct daemon *d)
+{
+	uint64_t bytes = d->cfg->spill_bytes ? d->cfg->spill_bytes : 4 * d->cfg->pool_bytes;
+	struct spill_params sp = {
+		.dir = d->cfg->spill_dir,
+		.bytes = bytes,
+		.page_bytes = pool_page_bytes(d->pool),
+		.allow_fallback = d->cfg->spill_fallback,
+	};
+	struct spill_stats st;
+	char why[512], cap[32];
+	int r;
+
+	if ((r = spill_open(&d->spill, &sp, why, sizeof(why))) < 0) {
+		log_err("spill: %s", why);
+		return r;
+	}
+	spill_stats(d->spill, &st);
+	tq_size_format_human(st.slots_total * st.slot_bytes, cap, sizeof(cap));
+	log_info("spill: %s, %" PRIu64 " page slots (%s), %s", spill_path(d->spill), st.slots_total, cap,
+		 spill_engine(d->spill));
+	return 0;
+}
+
 /* The data ring server on RUN_DIR/data.sock. */
 static int start_ring(struct daemon *d)
 {
@@ -518,7 +546,7 @@ int main(int argc, char **argv)
 		log_err("spill directory %s: %s", d.cfg->spill_dir, strerror(r < 0 ? -r : errno));
 		goto fail;
 	}
-	if ((r = start_pool(&d)) < 0)
+	if ((r = start_pool(&d)) < 0 || (r = start_spill(&d)) < 0)
 		goto fail;
 	if ((r = tenant_table_new(&d.tenants, d.cfg)) < 0 ||
 	    (r = session_table_new(&d.sessions, d.cfg->max_sessions, kvstore_release, d.kv)) < 0) {
@@ -567,6 +595,7 @@ fail:
 	session_table_free(d.sessions);   /* runs kvstore_release for what is left */
 	idstore_close(d.ids);
 	kvstore_free(d.kv);
+	spill_close(d.spill);
 	tq_cache_free(d.codebooks);
 	pool_free(d.pool);
 	tenant_table_free(d.tenants);

@@ -8,15 +8,17 @@
 #   session.c   the session table (refcounted, thread-safe; the data path's entry)
 #   rpc.c       gRPC C-core control server (tqkv.v1.Control) and its handlers
 #   idstore.c   the persistent session-id high-water mark (ids never repeat)
+#   spill.c     the spill store: page slots in an O_DIRECT file, io_uring I/O thread
 #
 # Sources are listed, not globbed, so a module another engineer is still
 # writing in daemon/ does not break this build: add a file here when it is
 # ready to link.  DAEMON_OBJS is everything but main.o, for unit tests.
 DAEMON_SRC  := daemon/main.c daemon/config.c daemon/log.c daemon/notify.c \
 	daemon/tenant.c daemon/session.c daemon/rpc.c \
-	daemon/backend_host.c daemon/pool.c daemon/dataop.c daemon/ring.c daemon/idstore.c
+	daemon/backend_host.c daemon/pool.c daemon/dataop.c daemon/ring.c daemon/idstore.c \
+	daemon/spill.c
 DAEMON_OBJS := $(filter-out $(OBJ)/daemon/main.o,$(DAEMON_SRC:%.c=$(OBJ)/%.o))
-DAEMON_LIBS := $(GRPC_LIBS) $(PBC_LIBS) $(SD_LIBS) $(INIH_LIBS) $(NUMA_LIBS)
+DAEMON_LIBS := $(GRPC_LIBS) $(PBC_LIBS) $(SD_LIBS) $(INIH_LIBS) $(NUMA_LIBS) $(URING_LIBS) $(ISAL_LIBS)
 TQKVD       := $(BIN)/tqkvd
 
 # rpc.c includes the generated header: generate it first on a clean -j build.
@@ -35,6 +37,8 @@ TEST_OBJS_test_session = $(OBJ)/daemon/session.o $(OBJ)/daemon/idstore.o $(OBJ)/
 TEST_LIBS_test_session = $(INIH_LIBS)
 TEST_OBJS_test_rpc     = $(DAEMON_OBJS) $(CTL_OBJS)
 TEST_LIBS_test_rpc     = $(DAEMON_LIBS)
+TEST_OBJS_test_spill   = $(OBJ)/daemon/spill.o $(OBJ)/daemon/log.o
+TEST_LIBS_test_spill   = $(URING_LIBS) $(ISAL_LIBS)
 $(OBJ)/tests/unit/test_rpc.o: | $(PROTO_H)
 
 # the data path (pool, ring server, operations): its unit tests

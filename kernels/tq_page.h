@@ -34,6 +34,8 @@
 #define TQ_PAGE_FN static inline
 #endif
 
+#define TQ_PAGE_LAYOUT_ID  1u         /* bumped whenever the layout below changes:  */
+					/* spilled pages record it (daemon/spill.h)    */
 #define TQ_PAGE_ALIGN      64u        /* cache line; also the alignment of v_offset */
 #define TQ_PAGE_TOKENS_MAX 65536u     /* tokens per page, upper bound */
 #define TQ_KV_HEADS_MAX    1024u

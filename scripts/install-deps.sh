@@ -3,11 +3,12 @@
 # As root: runs apt-get.  Otherwise: prints the exact command and fails.
 set -eu
 
-# build + run-time dependencies (fixed by the product's users); procps gives
+# build + run-time dependencies (fixed by the product's users; libisal: crc32c
+# of spilled pages, hardware-accelerated on x86-64 and aarch64); procps gives
 # /bin/kill, which the unit's ExecReload uses
 PKGS="gcc make pkg-config procps
 liburing-dev libnuma-dev libprotobuf-c-dev protobuf-c-compiler
-libgrpc-dev libsystemd-dev libinih-dev"
+libgrpc-dev libsystemd-dev libinih-dev libisal-dev"
 # test tools: systemd-analyze (unit verification), valgrind (leak checks),
 # python3 (the integration scripts read JSON and listen on NOTIFY_SOCKET)
 PKGS="$PKGS systemd valgrind python3"

@@ -34,7 +34,7 @@ grep -q '^[0-9-]* [0-9:.]* err: spill directory' <<<"$out" || fail "plain log fo
 # a pool larger than the machine's available memory is refused, unless the
 # operator says so explicitly (then it starts, with a warning)
 avail_mib=$(awk '/^MemAvailable:/ {print int($2 / 1024)}' /proc/meminfo)
-printf '[pool]\npool_bytes = %dM\n' $((avail_mib + 2048)) >"$T/big.conf"
+printf '[pool]\npool_bytes = %dM\nspill_bytes = 64M\n' $((avail_mib + 2048)) >"$T/big.conf"
 out=$(timeout 20 "$TQKVD" --config "$T/big.conf" --run-dir "$T/run" --spill-dir "$T/spill" 2>&1); rc=$?
 [ "$rc" = 1 ] && grep -q "available (MemAvailable): lower pool_bytes, or set pool.allow_overcommit = yes" <<<"$out" \
 	|| fail "a pool beyond MemAvailable: exit $rc: $out"

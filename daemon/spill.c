@@ -1,0 +1,752 @@
+/* spill.c — the spill store (see spill.h): slots in a preallocated
+ * O_DIRECT file, one I/O thread driving io_uring (or pread/pwrite when the
+ * operator allowed the fallback). */
+#include "spill.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <liburing.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <isa-l/crc.h>
+
+#include "log.h"
+#include "tq_page.h"
+#include "tq_size.h"
+
+#define DEFAULT_QD   32u
+#define LAT_SAMPLES  1024u
+
+enum req_op { REQ_WRITE, REQ_READ };
+
+struct req {
+	struct req *next;
+	enum req_op op;
+	uint64_t slot;
+	struct spill_page_hdr hdr;   /* write: what to write; read: what to expect */
+	const void *src;             /* write: the page */
+	void *dst;                   /* read: where the page goes */
+	spill_done_fn fn;
+	void *ctx;
+	uint64_t t0_ns;
+	uint32_t stage;              /* staging slot while in flight */
+};
+
+struct spill {
+	char path[320];
+	char engine[256];
+	int fd;
+	bool uring;                  /* else pread/pwrite */
+	uint32_t page_bytes, qd;
+	uint64_t slot_bytes, n_slots;
+
+	pthread_mutex_t lock;        /* everything below */
+	pthread_cond_t cond;         /* the fallback engine's queue */
+	uint64_t *bitmap;            /* [n_slots/64] used slots */
+	uint64_t used, hint;
+	struct req *q_head, *q_tail; /* waiting for a staging slot */
+	bool stop;
+	uint64_t fault_nth[2];
+	int fault_err[2];
+	struct spill_stats st;
+	uint32_t lat_us[LAT_SAMPLES], lat_n;
+
+	/* the I/O thread's own */
+	pthread_t thread;
+	struct io_uring ring;
+	int efd;                     /* submitters -> I/O thread */
+	int cq_efd;                  /* the ring -> I/O thread (completions) */
+	uint8_t *staging;            /* qd slots of slot_bytes, 4 KiB aligned */
+	size_t staging_bytes;
+	struct req **inflight;       /* [qd] by staging slot */
+	uint32_t *free_stage, n_free_stage;
+};
+
+uint32_t spill_crc32c(uint32_t crc, const void *buf, size_t n)
+{
+	const unsigned char *p = buf;
+
+	while (n) { /* crc32_iscsi takes an int length */
+		int k = n > (1u << 30) ? (1 << 30) : (int)n;
+		crc = ~crc32_iscsi((unsigned char *)p, k, ~crc);
+		p += k;
+		n -= (size_t)k;
+	}
+	return crc;
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- slots --------------------------------------------------------------------- */
+
+int spill_slot_alloc(struct spill *sp, uint64_t *slot)
+{
+	int r = -ENOSPC;
+
+	pthread_mutex_lock(&sp->lock);
+	if (sp->used < sp->n_slots) {
+		uint64_t words = (sp->n_slots + 63) / 64;
+		for (uint64_t i = 0; i < words; i++) {
+			uint64_t w = (sp->hint + i) % words;
+			uint64_t freebits = ~sp->bitmap[w];
+			if (w == words - 1 && sp->n_slots % 64)
+				freebits &= (1ull << (sp->n_slots % 64)) - 1;
+			if (!freebits)
+				continue;
+			int b = __builtin_ctzll(freebits);
+			sp->bitmap[w] |= 1ull << b;
+			sp->used++;
+			sp->hint = w;
+			*slot = w * 64 + (uint64_t)b;
+			r = 0;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&sp->lock);
+	return r;
+}
+
+void spill_slot_free(struct spill *sp, uint64_t slot)
+{
+	pthread_mutex_lock(&sp->lock);
+	if (slot < sp->n_slots && (sp->bitmap[slot / 64] & (1ull << (slot % 64)))) {
+		sp->bitmap[slot / 64] &= ~(1ull << (slot % 64));
+		sp->used--;
+	} else {
+		log_err("spill: slot %" PRIu64 " freed twice or out of range (internal error)", slot);
+	}
+	pthread_mutex_unlock(&sp->lock);
+}
+
+/* ---- checks ------------------------------------------------------------------------ */
+
+static uint32_t page_crc(const struct spill_page_hdr *h, const void *payload, uint32_t bytes)
+{
+	struct spill_page_hdr c = *h;
+
+	c.crc32c = 0;
+	return spill_crc32c(spill_crc32c(0, &c, sizeof(c)), payload, bytes);
+}
+
+/* 0, or -EBADMSG with why: the header and payload in staging against what
+ * the reader expects. */
+static int verify(struct spill *sp, const struct req *q, const uint8_t *buf, char *why, size_t whylen)
+{
+	struct spill_page_hdr h;
+	const struct spill_page_hdr *e = &q->hdr;
+	uint64_t off = q->slot * sp->slot_bytes;
+
+	memcpy(&h, buf, sizeof(h));
+	if (h.magic != SPILL_MAGIC || h.hdr_bytes != SPILL_HDR_BYTES)
+		snprintf(why, whylen, "not a spilled page (bad magic)");
+	else if (h.format != SPILL_FORMAT)
+		snprintf(why, whylen, "page format %u, this tqkvd reads %u", h.format, SPILL_FORMAT);
+	else if (h.layout_id != TQ_PAGE_LAYOUT_ID || h.payload_bytes != sp->page_bytes)
+		snprintf(why, whylen, "page layout %u of %u bytes, expected layout %u of %u", h.layout_id,
+			 h.payload_bytes, TQ_PAGE_LAYOUT_ID, sp->page_bytes);
+	else if (h.crc32c != page_crc(&h, buf + SPILL_HDR_BYTES, sp->page_bytes))
+		snprintf(why, whylen, "checksum mismatch (crc32c %08x stored, %08x computed)", h.crc32c,
+			 page_crc(&h, buf + SPILL_HDR_BYTES, sp->page_bytes));
+	else if (h.session_id != e->session_id || h.layer != e->layer || h.page_index != e->page_index ||
+		 h.generation != e->generation)
+		snprintf(why, whylen, "holds session %" PRIu64 " layer %u page %u generation %" PRIu64
+			 ", expected session %" PRIu64 " layer %u page %u generation %" PRIu64,
+			 h.session_id, h.layer, h.page_index, h.generation, e->session_id, e->layer,
+			 e->page_index, e->generation);
+	else
+		return 0;
+	/* prefix the location: the log and the session's error name it */
+	char tmp[256];
+	snprintf(tmp, sizeof(tmp), "%s", why);
+	snprintf(why, whylen, "%s offset %" PRIu64 " (slot %" PRIu64 "): %s", sp->path, off, q->slot, tmp);
+	return -EBADMSG;
+}
+
+/* ---- completion (I/O thread) ----------------------------------------------------------- */
+
+static int fault_take(struct spill *sp, enum req_op op)
+{
+	int err = 0;
+
+	pthread_mutex_lock(&sp->lock);
+	if (sp->fault_nth[op] && --sp->fault_nth[op] == 0)
+		err = sp->fault_err[op];
+	pthread_mutex_unlock(&sp->lock);
+	return err;
+}
+
+/* res: the syscall's result for the whole slot (bytes, or -errno). */
+static void complete(struct spill *sp, struct req *q, const uint8_t *buf, long res)
+{
+	char why[1024] = "";
+	int r = 0, inj = fault_take(sp, q->op);
+	uint64_t off = q->slot * sp->slot_bytes;
+
+	if (inj) {
+		r = inj;
+		snprintf(why, sizeof(why), "%s offset %" PRIu64 ": %s (injected fault)", sp->path, off, strerror(-inj));
+	} else if (res < 0) {
+		r = (int)res;
+		snprintf(why, sizeof(why), "%s offset %" PRIu64 ": %s failed: %s", sp->path, off,
+			 q->op == REQ_WRITE ? "write" : "read", strerror((int)-res));
+	} else if ((uint64_t)res != sp->slot_bytes) {
+		r = -EIO;
+		snprintf(why, sizeof(why), "%s offset %" PRIu64 ": short %s (%ld of %" PRIu64 " bytes)", sp->path,
+			 off, q->op == REQ_WRITE ? "write" : "read", res, sp->slot_bytes);
+	} else if (q->op == REQ_READ && (r = verify(sp, q, buf, why, sizeof(why))) == 0) {
+		memcpy(q->dst, buf + SPILL_HDR_BYTES, sp->page_bytes);
+	}
+
+	uint64_t us = (now_ns() - q->t0_ns) / 1000u;
+	pthread_mutex_lock(&sp->lock);
+	if (q->op == REQ_WRITE) {
+		sp->st.writes++;
+		if (r == 0)
+			sp->st.bytes_written += sp->slot_bytes;
+	} else {
+		sp->st.reads++;
+		if (r == 0)
+			sp->st.bytes_read += sp->slot_bytes;
+		sp->lat_us[sp->lat_n++ % LAT_SAMPLES] = us > UINT32_MAX ? UINT32_MAX : (uint32_t)us;
+	}
+	if (r == -EBADMSG)
+		sp->st.crc_failures++;
+	else if (r < 0)
+		sp->st.io_errors++;
+	pthread_mutex_unlock(&sp->lock);
+	if (r < 0)
+		log_err("spill: %s", why);
+	q->fn(q->ctx, r, why);
+	free(q);
+}
+
+/* Fill staging slot s for a write: header + crc + payload. */
+static void stage_write(struct spill *sp, struct req *q, uint8_t *buf)
+{
+	struct spill_page_hdr h = q->hdr;
+
+	h.magic = SPILL_MAGIC;
+	h.format = SPILL_FORMAT;
+	h.hdr_bytes = SPILL_HDR_BYTES;
+	h.layout_id = TQ_PAGE_LAYOUT_ID;
+	h.payload_bytes = sp->page_bytes;
+	h.crc32c = 0;
+	memcpy(buf + SPILL_HDR_BYTES, q->src, sp->page_bytes);
+	h.crc32c = page_crc(&h, buf + SPILL_HDR_BYTES, sp->page_bytes);
+	memset(buf, 0, SPILL_HDR_BYTES);
+	memcpy(buf, &h, sizeof(h));
+}
+
+/* ---- the io_uring engine --------------------------------------------------------------- */
+
+/* The I/O thread sleeps in poll() on two eventfds — submitters' doorbell
+ * and the ring's completion eventfd (io_uring_register_eventfd) — rather
+ * than in io_uring_enter: plain blocking syscalls that every tool (gdb,
+ * strace, valgrind) understands. */
+static void drain_efd(int fd)
+{
+	uint64_t v;
+	if (read(fd, &v, sizeof(v)) < 0) {
+		/* EAGAIN: nothing was signalled */
+	}
+}
+
+static void *uring_main(void *arg)
+{
+	struct spill *sp = arg;
+
+	for (;;) {
+		/* take what is queued, as far as staging slots go */
+		unsigned queued = 0;
+		pthread_mutex_lock(&sp->lock);
+		bool stop = sp->stop;
+		while (sp->q_head && sp->n_free_stage) {
+			struct req *q = sp->q_head;
+			sp->q_head = q->next;
+			if (!sp->q_head)
+				sp->q_tail = NULL;
+			q->stage = sp->free_stage[--sp->n_free_stage];
+			pthread_mutex_unlock(&sp->lock);
+			uint8_t *buf = sp->staging + (size_t)q->stage * sp->slot_bytes;
+			struct io_uring_sqe *e = io_uring_get_sqe(&sp->ring); /* qd entries, qd stages */
+			if (q->op == REQ_WRITE) {
+				stage_write(sp, q, buf);
+				io_uring_prep_write_fixed(e, 0, buf, (unsigned)sp->slot_bytes, q->slot * sp->slot_bytes, 0);
+			} else {
+				io_uring_prep_read_fixed(e, 0, buf, (unsigned)sp->slot_bytes, q->slot * sp->slot_bytes, 0);
+			}
+			e->flags |= IOSQE_FIXED_FILE;
+			io_uring_sqe_set_data64(e, q->stage);
+			sp->inflight[q->stage] = q;
+			queued++;
+			pthread_mutex_lock(&sp->lock);
+		}
+		uint32_t busy = sp->qd - sp->n_free_stage;
+		bool more = sp->q_head != NULL;
+		pthread_mutex_unlock(&sp->lock);
+		if (stop && busy == 0 && !more)
+			break;
+		if (queued) { /* one submission for the whole batch */
+			int r = io_uring_submit(&sp->ring);
+			if (r < 0)
+				log_err("spill: io_uring_submit: %s", strerror(-r));
+		}
+		/* hand back every completion there is */
+		struct io_uring_cqe *cqe;
+		unsigned head, n = 0;
+		io_uring_for_each_cqe(&sp->ring, head, cqe) {
+			uint64_t tag = io_uring_cqe_get_data64(cqe);
+			struct req *q = sp->inflight[tag];
+			n++;
+			sp->inflight[tag] = NULL;
+			complete(sp, q, sp->staging + (size_t)tag * sp->slot_bytes, cqe->res);
+			pthread_mutex_lock(&sp->lock);
+			sp->free_stage[sp->n_free_stage++] = (uint32_t)tag;
+			pthread_mutex_unlock(&sp->lock);
+		}
+		io_uring_cq_advance(&sp->ring, n);
+		if (n || queued)
+			continue; /* look again before sleeping: stages were freed */
+		struct pollfd pf[2] = { { sp->efd, POLLIN, 0 }, { sp->cq_efd, POLLIN, 0 } };
+		if (poll(pf, 2, busy ? 100 : -1) > 0) {
+			if (pf[0].revents)
+				drain_efd(sp->efd);
+			if (pf[1].revents)
+				drain_efd(sp->cq_efd);
+		}
+	}
+	return NULL;
+}
+
+/* ---- the pread/pwrite engine ------------------------------------------------------------ */
+
+static void *sync_main(void *arg)
+{
+	struct spill *sp = arg;
+	uint8_t *buf = sp->staging;
+
+	pthread_mutex_lock(&sp->lock);
+	for (;;) {
+		while (!sp->q_head && !sp->stop)
+			pthread_cond_wait(&sp->cond, &sp->lock);
+		if (!sp->q_head)
+			break;
+		struct req *q = sp->q_head;
+		sp->q_head = q->next;
+		if (!sp->q_head)
+			sp->q_tail = NULL;
+		pthread_mutex_unlock(&sp->lock);
+		off_t off = (off_t)(q->slot * sp->slot_bytes);
+		ssize_t n;
+		if (q->op == REQ_WRITE) {
+			stage_write(sp, q, buf);
+			n = pwrite(sp->fd, buf, sp->slot_bytes, off);
+		} else {
+			n = pread(sp->fd, buf, sp->slot_bytes, off);
+		}
+		complete(sp, q, buf, n < 0 ? -errno : (long)n);
+		pthread_mutex_lock(&sp->lock);
+	}
+	pthread_mutex_unlock(&sp->lock);
+	return NULL;
+}
+
+/* ---- submission ------------------------------------------------------------------------ */
+
+static int submit(struct spill *sp, enum req_op op, uint64_t slot, const struct spill_page_hdr *hdr,
+		  const void *src, void *dst, spill_done_fn fn, void *ctx)
+{
+	struct req *q;
+
+	if (slot >= sp->n_slots)
+		return -EINVAL;
+	if (!(q = calloc(1, sizeof(*q))))
+		return -ENOMEM;
+	q->op = op;
+	q->slot = slot;
+	q->hdr = *hdr;
+	q->src = src;
+	q->dst = dst;
+	q->fn = fn;
+	q->ctx = ctx;
+	q->t0_ns = now_ns();
+	pthread_mutex_lock(&sp->lock);
+	if (sp->stop) {
+		pthread_mutex_unlock(&sp->lock);
+		free(q);
+		return -ESHUTDOWN;
+	}
+	if (sp->q_tail)
+		sp->q_tail->next = q;
+	else
+		sp->q_head = q;
+	sp->q_tail = q;
+	pthread_cond_signal(&sp->cond);
+	pthread_mutex_unlock(&sp->lock);
+	if (sp->uring) {
+		uint64_t one = 1;
+		if (write(sp->efd, &one, sizeof(one)) < 0) {
+			/* counter saturated: the I/O thread is due to look anyway */
+		}
+	}
+	return 0;
+}
+
+int spill_write(struct spill *sp, uint64_t slot, const struct spill_page_hdr *hdr, const void *page,
+		spill_done_fn fn, void *ctx)
+{
+	return submit(sp, REQ_WRITE, slot, hdr, page, NULL, fn, ctx);
+}
+
+int spill_read(struct spill *sp, uint64_t slot, const struct spill_page_hdr *expect, void *page,
+	       spill_done_fn fn, void *ctx)
+{
+	return submit(sp, REQ_READ, slot, expect, NULL, page, fn, ctx);
+}
+
+struct waiter {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool done;
+	int res;
+	char why[1024];
+};
+
+static void wake(void *ctx, int res, const char *why)
+{
+	struct waiter *w = ctx;
+
+	pthread_mutex_lock(&w->lock);
+	w->res = res;
+	snprintf(w->why, sizeof(w->why), "%s", why ? why : "");
+	w->done = true;
+	pthread_cond_signal(&w->cond);
+	pthread_mutex_unlock(&w->lock);
+}
+
+static int wait_for(struct waiter *w, int r, char *why, size_t whylen)
+{
+	if (r == 0) {
+		pthread_mutex_lock(&w->lock);
+		while (!w->done)
+			pthread_cond_wait(&w->cond, &w->lock);
+		pthread_mutex_unlock(&w->lock);
+		r = w->res;
+		if (why && whylen)
+			snprintf(why, whylen, "%s", w->why);
+	} else if (why && whylen) {
+		snprintf(why, whylen, "spill: %s", strerror(-r));
+	}
+	pthread_mutex_destroy(&w->lock);
+	pthread_cond_destroy(&w->cond);
+	return r;
+}
+
+int spill_write_sync(struct spill *sp, uint64_t slot, const struct spill_page_hdr *hdr, const void *page,
+		     char *why, size_t whylen)
+{
+	struct waiter w = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0, "" };
+	return wait_for(&w, spill_write(sp, slot, hdr, page, wake, &w), why, whylen);
+}
+
+int spill_read_sync(struct spill *sp, uint64_t slot, const struct spill_page_hdr *expect, void *page,
+		    char *why, size_t whylen)
+{
+	struct waiter w = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0, "" };
+	return wait_for(&w, spill_read(sp, slot, expect, page, wake, &w), why, whylen);
+}
+
+void spill_fault_arm(struct spill *sp, enum spill_fault kind, uint64_t nth, int err)
+{
+	enum req_op op = kind == SPILL_FAULT_WRITE ? REQ_WRITE : REQ_READ;
+
+	pthread_mutex_lock(&sp->lock);
+	sp->fault_nth[op] = nth;
+	sp->fault_err[op] = err < 0 ? err : -EIO;
+	pthread_mutex_unlock(&sp->lock);
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+void spill_stats(struct spill *sp, struct spill_stats *out)
+{
+	uint32_t lat[LAT_SAMPLES], n;
+
+	pthread_mutex_lock(&sp->lock);
+	*out = sp->st;
+	out->slots_total = sp->n_slots;
+	out->slots_used = sp->used;
+	out->slot_bytes = sp->slot_bytes;
+	n = sp->lat_n < LAT_SAMPLES ? sp->lat_n : LAT_SAMPLES;
+	memcpy(lat, sp->lat_us, n * sizeof(lat[0]));
+	pthread_mutex_unlock(&sp->lock);
+	if (n) {
+		qsort(lat, n, sizeof(lat[0]), cmp_u32);
+		out->read_p50_us = lat[(n - 1) / 2];
+		out->read_p99_us = lat[(uint64_t)(n - 1) * 99 / 100];
+	}
+}
+
+const char *spill_engine(const struct spill *sp)
+{
+	return sp->engine;
+}
+
+const char *spill_path(const struct spill *sp)
+{
+	return sp->path;
+}
+
+/* ---- open / close ----------------------------------------------------------------------- */
+
+/* Why io_uring is refused here, in words an operator can act on. */
+static void uring_why(int err, char *buf, size_t len)
+{
+	FILE *f = fopen("/proc/sys/kernel/io_uring_disabled", "r");
+	int disabled = 0;
+
+	if (f) {
+		if (fscanf(f, "%d", &disabled) != 1)
+			disabled = 0;
+		fclose(f);
+	}
+	if (err == ENOSYS)
+		snprintf(buf, len, "io_uring is not available: the kernel lacks it (ENOSYS; Linux >= 5.6 needed)");
+	else if (err == EPERM && disabled)
+		snprintf(buf, len, "io_uring is disabled by kernel.io_uring_disabled = %d (EPERM)", disabled);
+	else if (err == EPERM)
+		snprintf(buf, len, "io_uring is not permitted here (EPERM: a seccomp filter, e.g. a container's, "
+			 "or io_uring_group)");
+	else if (err == ENOMEM)
+		snprintf(buf, len, "io_uring could not lock its memory (ENOMEM: raise LimitMEMLOCK / ulimit -l)");
+	else
+		snprintf(buf, len, "io_uring setup failed: %s", strerror(err));
+}
+
+static int start_uring(struct spill *sp, char *why, size_t whylen)
+{
+	struct iovec iov = { sp->staging, sp->staging_bytes };
+	int r;
+
+	if ((r = io_uring_queue_init(sp->qd, &sp->ring, 0)) < 0) {
+		uring_why(-r, why, whylen);
+		return r;
+	}
+	if ((r = io_uring_register_files(&sp->ring, &sp->fd, 1)) < 0 ||
+	    (r = io_uring_register_buffers(&sp->ring, &iov, 1)) < 0) {
+		if (r == -ENOMEM)
+			uring_why(ENOMEM, why, whylen);
+		else
+			snprintf(why, whylen, "io_uring: registering the spill file and buffers: %s", strerror(-r));
+		io_uring_queue_exit(&sp->ring);
+		return r;
+	}
+	sp->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	sp->cq_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (sp->efd < 0 || sp->cq_efd < 0 || (r = io_uring_register_eventfd(&sp->ring, sp->cq_efd)) < 0) {
+		r = sp->efd < 0 || sp->cq_efd < 0 ? -errno : r;
+		snprintf(why, whylen, "io_uring: completion eventfd: %s", strerror(-r));
+		io_uring_queue_exit(&sp->ring);
+		return r;
+	}
+	return 0;
+}
+
+/* Create or reuse DIR/spill.dat at its size, preallocated: 0 or -errno. */
+static int open_file(struct spill *sp, uint64_t bytes, bool *direct, char *why, size_t whylen)
+{
+	struct statvfs vfs;
+	struct stat sb;
+	char have[32], need[32];
+
+	sp->fd = open(sp->path, O_RDWR | O_CREAT | O_CLOEXEC | O_DIRECT, 0600);
+	*direct = sp->fd >= 0;
+	if (sp->fd < 0 && errno == EINVAL)
+		sp->fd = open(sp->path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (sp->fd < 0) {
+		snprintf(why, whylen, "%s: %s", sp->path, strerror(errno));
+		return -errno;
+	}
+	if (fstat(sp->fd, &sb) < 0 || fstatvfs(sp->fd, &vfs) < 0) {
+		snprintf(why, whylen, "%s: %s", sp->path, strerror(errno));
+		return -errno;
+	}
+	/* What the file already holds counts toward the size. */
+	uint64_t held = (uint64_t)sb.st_blocks * 512u;
+	uint64_t avail = (uint64_t)vfs.f_bavail * vfs.f_frsize;
+	if (bytes > held && bytes - held > avail) {
+		tq_size_format_human(bytes, need, sizeof(need));
+		tq_size_format_human(avail + held, have, sizeof(have));
+		snprintf(why, whylen, "pool.spill_bytes is %s but the file system of %s has room for %s: "
+			 "lower spill_bytes or free space", need, sp->path, have);
+		return -ENOSPC;
+	}
+	if (fallocate(sp->fd, 0, 0, (off_t)bytes) < 0) {
+		int e = errno;
+		tq_size_format_human(bytes, need, sizeof(need));
+		snprintf(why, whylen, "%s: preallocating %s: %s", sp->path, need, strerror(e));
+		return -e;
+	}
+	if ((uint64_t)sb.st_size > bytes && ftruncate(sp->fd, (off_t)bytes) < 0) {
+		snprintf(why, whylen, "%s: %s", sp->path, strerror(errno));
+		return -errno;
+	}
+	return 0;
+}
+
+int spill_open(struct spill **out, const struct spill_params *p, char *why, size_t whylen)
+{
+	struct spill *sp;
+	bool direct;
+	char uwhy[256] = "";
+	int r;
+
+	*out = NULL;
+	if (!p->page_bytes || p->page_bytes % 4096) {
+		snprintf(why, whylen, "spill: page size %u is not a multiple of 4 KiB", p->page_bytes);
+		return -EINVAL;
+	}
+	sp = calloc(1, sizeof(*sp));
+	if (!sp) {
+		snprintf(why, whylen, "out of memory");
+		return -ENOMEM;
+	}
+	sp->fd = -1;
+	sp->efd = -1;
+	sp->cq_efd = -1;
+	pthread_mutex_init(&sp->lock, NULL);
+	pthread_cond_init(&sp->cond, NULL);
+	sp->page_bytes = p->page_bytes;
+	sp->slot_bytes = (uint64_t)SPILL_HDR_BYTES + p->page_bytes;
+	sp->n_slots = p->bytes / sp->slot_bytes;
+	sp->qd = p->queue_depth ? p->queue_depth : DEFAULT_QD;
+	if ((size_t)snprintf(sp->path, sizeof(sp->path), "%s/%s", p->dir, SPILL_FILE) >= sizeof(sp->path)) {
+		snprintf(why, whylen, "spill directory %.200s...: path too long", p->dir);
+		r = -ENAMETOOLONG;
+		goto fail;
+	}
+	if (sp->n_slots == 0) {
+		snprintf(why, whylen, "pool.spill_bytes %" PRIu64 " holds no page of %" PRIu64 " bytes (with its header)",
+			 p->bytes, sp->slot_bytes);
+		r = -EINVAL;
+		goto fail;
+	}
+	if ((r = open_file(sp, sp->n_slots * sp->slot_bytes, &direct, why, whylen)) < 0)
+		goto fail;
+	if (!(sp->bitmap = calloc((sp->n_slots + 63) / 64, sizeof(uint64_t))) ||
+	    !(sp->inflight = calloc(sp->qd, sizeof(*sp->inflight))) ||
+	    !(sp->free_stage = calloc(sp->qd, sizeof(*sp->free_stage)))) {
+		snprintf(why, whylen, "out of memory");
+		r = -ENOMEM;
+		goto fail;
+	}
+	sp->staging_bytes = (size_t)sp->qd * sp->slot_bytes;
+	sp->staging = mmap(NULL, sp->staging_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (sp->staging == MAP_FAILED) {
+		sp->staging = NULL;
+		snprintf(why, whylen, "spill staging buffers: %s", strerror(errno));
+		r = -ENOMEM;
+		goto fail;
+	}
+	for (uint32_t i = 0; i < sp->qd; i++)
+		sp->free_stage[sp->n_free_stage++] = sp->qd - 1 - i;
+
+	if (p->force_fallback)
+		snprintf(uwhy, sizeof(uwhy), "forced by the caller (tests)");
+	else if (!direct)
+		snprintf(uwhy, sizeof(uwhy), "%s has no O_DIRECT (tmpfs?)", p->dir);
+	else if (start_uring(sp, uwhy, sizeof(uwhy)) == 0)
+		sp->uring = true;
+	if (sp->uring) {
+		snprintf(sp->engine, sizeof(sp->engine), "io_uring, O_DIRECT, %u in flight", sp->qd);
+	} else if (p->allow_fallback || p->force_fallback) {
+		snprintf(sp->engine, sizeof(sp->engine), "pread/pwrite%s (fallback: %s)",
+			 direct ? ", O_DIRECT" : ", page cache", uwhy);
+		log_warning("spill: %s; using pread/pwrite because pool.spill_fallback = yes: slower, "
+			    "one I/O at a time", uwhy);
+	} else {
+		snprintf(why, whylen, "spill: %s; set pool.spill_fallback = yes to use pread/pwrite instead "
+			 "(slower)", uwhy);
+		r = direct ? -EOPNOTSUPP : -EINVAL;
+		goto fail;
+	}
+	if ((r = pthread_create(&sp->thread, NULL, sp->uring ? uring_main : sync_main, sp)) != 0) {
+		snprintf(why, whylen, "spill: cannot start the I/O thread: %s", strerror(r));
+		r = -r;
+		if (sp->uring) {
+			io_uring_queue_exit(&sp->ring);
+			sp->uring = false;
+		}
+		goto fail;
+	}
+	*out = sp;
+	return 0;
+fail:
+	if (sp->fd >= 0)
+		close(sp->fd);
+	if (sp->efd >= 0)
+		close(sp->efd);
+	if (sp->cq_efd >= 0)
+		close(sp->cq_efd);
+	if (sp->staging)
+		munmap(sp->staging, sp->staging_bytes);
+	free(sp->bitmap);
+	free(sp->inflight);
+	free(sp->free_stage);
+	pthread_mutex_destroy(&sp->lock);
+	pthread_cond_destroy(&sp->cond);
+	free(sp);
+	return r;
+}
+
+/* Waits for queued and running I/O, then closes. */
+void spill_close(struct spill *sp)
+{
+	if (!sp)
+		return;
+	pthread_mutex_lock(&sp->lock);
+	sp->stop = true;
+	pthread_cond_signal(&sp->cond);
+	pthread_mutex_unlock(&sp->lock);
+	if (sp->uring) {
+		uint64_t one = 1;
+		if (write(sp->efd, &one, sizeof(one)) < 0) {
+			/* the I/O thread is due to look anyway */
+		}
+	}
+	pthread_join(sp->thread, NULL);
+	if (sp->uring)
+		io_uring_queue_exit(&sp->ring);
+	if (sp->efd >= 0)
+		close(sp->efd);
+	if (sp->cq_efd >= 0)
+		close(sp->cq_efd);
+	close(sp->fd);
+	munmap(sp->staging, sp->staging_bytes);
+	free(sp->bitmap);
+	free(sp->inflight);
+	free(sp->free_stage);
+	pthread_mutex_destroy(&sp->lock);
+	pthread_cond_destroy(&sp->cond);
+	free(sp);
+}

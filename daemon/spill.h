@@ -1,0 +1,128 @@
+/* spill.h — the spill store: pool pages on local NVMe, in one preallocated
+ * file, through io_uring.
+ *
+ * The store knows slots, not sessions: a slot holds one pool page behind a
+ * 4 KiB header (struct spill_page_hdr) that names what the page is (session,
+ * layer, page index, generation, layout, codecs, seed, token count) and
+ * carries a crc32c of the header and the payload.  A read verifies all of
+ * it against what the caller expects; a page that fails is never handed
+ * out (-EBADMSG, the reason names the file, the offset and what failed).
+ *
+ * File: DIR/spill.dat, mode 0600, preallocated with fallocate to
+ * spill_bytes (whole slots) at start, checked against the file system's
+ * free space first, so a write never meets a full disk later.  Opened
+ * O_DIRECT: slot offsets and the staging buffers are 4 KiB aligned, pages
+ * never pass through the page cache.
+ *
+ * Engine: one I/O thread owns an io_uring with the file registered
+ * (IOSQE_FIXED_FILE) and a staging area registered as fixed buffers (one
+ * staging slot per queue entry: header + page), submits every queued
+ * request at once (batched), and hands each completion back through the
+ * request's callback (on the I/O thread).  A write copies the page into
+ * staging when it is taken, so the page may change again once its callback
+ * ran; a read lands in staging, is verified, then copied out.  When
+ * io_uring is not available (kernel, seccomp, io_uring_disabled, memlock)
+ * or the file system has no O_DIRECT (tmpfs), spill_open fails and says
+ * exactly which — unless params.allow_fallback, when the same thread does
+ * pread/pwrite instead and the start-up log says so (slower; never silent).
+ *
+ * Thread-safe: any thread may allocate slots and submit.
+ */
+#ifndef TQKVD_SPILL_H
+#define TQKVD_SPILL_H
+
+#include <assert.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define SPILL_FILE      "spill.dat"
+#define SPILL_MAGIC     0x314c505356514b54ull   /* "TQKVSPL1" */
+#define SPILL_FORMAT    1u
+#define SPILL_HDR_BYTES 4096u                   /* one O_DIRECT block */
+
+/* On disk, little-endian, at the start of the slot's 4 KiB header block. */
+struct spill_page_hdr {
+	uint64_t magic;           /* SPILL_MAGIC                                  */
+	uint32_t format;          /* SPILL_FORMAT                                 */
+	uint32_t hdr_bytes;       /* SPILL_HDR_BYTES                              */
+	uint32_t layout_id;       /* TQ_PAGE_LAYOUT_ID of the payload             */
+	uint32_t payload_bytes;   /* the pool's page size                         */
+	uint64_t session_id;
+	uint64_t generation;      /* the writer's count: a stale copy never fits  */
+	uint64_t rotation_seed;
+	uint32_t layer;
+	uint32_t page_index;      /* in the layer's page table                    */
+	uint32_t n_tokens;        /* tokens in this page                          */
+	uint8_t k_codec, v_codec; /* enum tq_codec_id                             */
+	uint16_t reserved0;
+	uint32_t crc32c;          /* header (this field 0) + payload              */
+	uint32_t reserved[3];
+};
+static_assert(sizeof(struct spill_page_hdr) == 80, "spill header layout");
+
+struct spill_params {
+	const char *dir;
+	uint64_t bytes;           /* capacity; rounded down to whole slots        */
+	uint32_t page_bytes;      /* payload per slot: the pool's page size       */
+	uint32_t queue_depth;     /* I/Os in flight (0: 32)                       */
+	bool allow_fallback;      /* pread/pwrite when io_uring/O_DIRECT fail     */
+	bool force_fallback;      /* tests: pread/pwrite even where io_uring works */
+};
+
+struct spill_stats {
+	uint64_t slots_total, slots_used;
+	uint64_t slot_bytes;
+	uint64_t bytes_written, bytes_read;
+	uint64_t writes, reads;
+	uint64_t io_errors;       /* failed reads and writes (I/O errors)         */
+	uint64_t crc_failures;    /* pages whose checks failed: never served      */
+	uint64_t read_p50_us, read_p99_us; /* of the last 1024 reads              */
+};
+
+struct spill;
+
+/* Open the store (creating and preallocating the file): 0, or a negative
+ * errno with why set (what failed and what to do about it). */
+int spill_open(struct spill **out, const struct spill_params *p, char *why, size_t whylen);
+void spill_close(struct spill *sp);
+/* "io_uring, O_DIRECT" or "pread/pwrite (fallback: <why>)". */
+const char *spill_engine(const struct spill *sp);
+const char *spill_path(const struct spill *sp);
+void spill_stats(struct spill *sp, struct spill_stats *out);
+
+/* A free slot: 0, or -ENOSPC when the store is full. */
+int spill_slot_alloc(struct spill *sp, uint64_t *slot);
+void spill_slot_free(struct spill *sp, uint64_t slot);
+
+/* Completion: res 0 or a negative errno (-EIO, -EBADMSG: the page failed
+ * its checks), why says what happened (file, offset, reason) when res < 0.
+ * Runs on the I/O thread: keep it short, never call back into the store's
+ * synchronous functions from it. */
+typedef void (*spill_done_fn)(void *ctx, int res, const char *why);
+
+/* Write page (payload_bytes) to slot with hdr (crc computed here).  page
+ * must stay unchanged until fn runs.  0 if queued (fn will run), or a
+ * negative errno at once (fn will not run). */
+int spill_write(struct spill *sp, uint64_t slot, const struct spill_page_hdr *hdr, const void *page,
+		spill_done_fn fn, void *ctx);
+/* Read slot into page after checking it against expect (magic, format,
+ * layout, size, session, layer, page index, generation, crc). */
+int spill_read(struct spill *sp, uint64_t slot, const struct spill_page_hdr *expect, void *page,
+	       spill_done_fn fn, void *ctx);
+/* The same, waiting for the result; why (may be NULL) gets the reason. */
+int spill_write_sync(struct spill *sp, uint64_t slot, const struct spill_page_hdr *hdr, const void *page,
+		     char *why, size_t whylen);
+int spill_read_sync(struct spill *sp, uint64_t slot, const struct spill_page_hdr *expect, void *page,
+		    char *why, size_t whylen);
+
+/* Fault injection (tests): the nth next write (or read) from now
+ * completes with err (-EIO, -ENOSPC, ...) whatever the disk did.
+ * nth 0 disarms. */
+enum spill_fault { SPILL_FAULT_WRITE, SPILL_FAULT_READ };
+void spill_fault_arm(struct spill *sp, enum spill_fault kind, uint64_t nth, int err);
+
+/* crc32c (Castagnoli) of n bytes, continuing from crc (0 to start). */
+uint32_t spill_crc32c(uint32_t crc, const void *buf, size_t n);
+
+#endif
