@@ -218,12 +218,15 @@ static void scores_scalar(const float *q, const float *tile, const float *scale,
 void tqa_softmax_scalar(float *s, int n, const int *vis, float *m, float *l, float *alpha)
 {
 	for (int r = 0; r < TQA_ROWS; r++) {
-		float cm = -INFINITY;
-		for (int t = 0; t < vis[r]; t++)
+		float cm = -INFINITY, bad = 0.0f; /* 0, NaN after a score that is not finite */
+		for (int t = 0; t < vis[r]; t++) {
 			cm = fmaxf(cm, s[t * TQA_ROWS + r]);
+			bad += s[t * TQA_ROWS + r] * 0.0f;
+		}
 		float mn = fmaxf(m[r], cm);
-		if (mn == -INFINITY) { /* nothing visible yet */
+		if (mn == -INFINITY) { /* nothing visible yet, or no finite score */
 			alpha[r] = 1.0f;
+			l[r] += bad;
 			for (int t = 0; t < TQA_CHUNK; t++)
 				s[t * TQA_ROWS + r] = 0.0f;
 			continue;
@@ -235,7 +238,7 @@ void tqa_softmax_scalar(float *s, int n, const int *vis, float *m, float *l, flo
 			s[t * TQA_ROWS + r] = v;
 			sum += v;
 		}
-		l[r] = l[r] * alpha[r] + sum;
+		l[r] = l[r] * alpha[r] + sum + bad;
 		m[r] = mn;
 	}
 	(void)n;
@@ -372,8 +375,9 @@ static inline float *ml_at(const struct job *jb, int s, int h, int r)
  * Row r of a head's rows sees at least one key unless the cache is empty
  * or its position is negative: then a running max of -inf, or a max or sum
  * that is not finite, means the logits overflowed float range (finite
- * inputs can: q·k beyond 3.4e38), and the row is NaN — never a plausible
- * wrong number; callers that check outputs (tqkvd) report it. */
+ * inputs can: q·k beyond 3.4e38; the softmax ops leave l NaN after any
+ * score that is not finite), and the row is NaN — never a plausible wrong
+ * number; callers that check outputs (tqkvd) report it. */
 static void finish_row(const struct job *jb, int r, const float *acc, float m, float l,
 		       float *tmp, float *out)
 {
@@ -621,7 +625,9 @@ static void task_merge(void *arg, int task, int thread)
 		if (M != -INFINITY) {
 			for (int s = 0; s < pl->n_split; s++) {
 				const float *ml = ml_at(jb, s, h, r0 + i);
-				if (ml[0] == -INFINITY)
+				/* nothing seen, unless a score that was not
+				 * finite left l NaN: that must reach the row */
+				if (ml[0] == -INFINITY && !isnan(ml[1]))
 					continue;
 				float f = exp2f(ml[0] - M);
 				const float *a = acc_at(jb, s, h, r0 + i);

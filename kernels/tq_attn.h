@@ -75,8 +75,9 @@ struct tq_attn_params {
 /* Fused attention.  0, or -EINVAL (bad shapes, codecs, positions, non-finite
  * queries; err says which), -EOPNOTSUPP (ISA), -ENOMEM, -ENOSPC (workspace
  * too small).  With kv_len == 0 and no causal mask the output is zeros.
- * Finite inputs whose logits overflow float range (|q·k|·scale > 3.4e38)
- * give NaN rows, never a plausible wrong number: check outputs where that
+ * Finite inputs whose logits leave float range (|q·k|·scale beyond 3.4e38,
+ * to ±inf or NaN, for any key a row sees) give that row NaN, on every ISA
+ * and codec, never a plausible wrong number: check outputs where that
  * matters (tqkvd answers NONFINITE).  On error `out` may be partly written. */
 int tq_attend(const struct tq_attn_params *p, tq_error *err);
 

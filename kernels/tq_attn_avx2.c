@@ -207,14 +207,16 @@ static void softmax_avx2(float *s, int n, const int *vis, float *m, float *l, fl
 	const __m256i tok = _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0);
 	const __m256i visv = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)vis));
 	const __m256 ninf = _mm256_set1_ps(-INFINITY);
+	const __m256 zero = _mm256_setzero_ps();
 	__m256 mk[TQA_CHUNK / 2], v[TQA_CHUNK / 2];
-	__m256 mx = ninf;
+	__m256 mx = ninf, bad = zero;   /* bad: 0, NaN after a visible score that is not finite */
 	int nk = (n + 1) / 2;
 
 	for (int k = 0; k < nk; k++) {
 		mk[k] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(visv, _mm256_add_epi32(tok, _mm256_set1_epi32(2 * k))));
 		v[k] = _mm256_loadu_ps(s + 8 * k);
 		mx = _mm256_max_ps(mx, _mm256_blendv_ps(ninf, v[k], mk[k]));
+		bad = _mm256_fmadd_ps(_mm256_and_ps(mk[k], v[k]), zero, bad);
 	}
 	mx = _mm256_max_ps(mx, _mm256_permute2f128_ps(mx, mx, 0x01));
 	__m256 mold = _mm256_broadcast_ps((const __m128 *)(const void *)m);
@@ -230,8 +232,10 @@ static void softmax_avx2(float *s, int n, const int *vis, float *m, float *l, fl
 	for (int k = nk; k < TQA_CHUNK / 2; k++)
 		_mm256_storeu_ps(s + 8 * k, _mm256_setzero_ps());
 	sum = _mm256_add_ps(sum, _mm256_permute2f128_ps(sum, sum, 0x01));
+	bad = _mm256_add_ps(bad, _mm256_permute2f128_ps(bad, bad, 0x01));
 	__m128 a4 = _mm256_castps256_ps128(al);
-	_mm_storeu_ps(l, _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(l), a4), _mm256_castps256_ps128(sum)));
+	_mm_storeu_ps(l, _mm_add_ps(_mm_add_ps(_mm_mul_ps(_mm_loadu_ps(l), a4), _mm256_castps256_ps128(sum)),
+				    _mm256_castps256_ps128(bad)));
 	_mm_storeu_ps(m, _mm256_castps256_ps128(mnew));
 	_mm_storeu_ps(alpha, a4);
 }

@@ -280,15 +280,17 @@ static void softmax_avx512(float *s, int n, const int *vis, float *m, float *l, 
 	const __m512i tok = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
 	const __m512i visv = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)vis));
 	const __m512 ninf = _mm512_set1_ps(-INFINITY);
+	const __m512 zero = _mm512_setzero_ps();
 	__mmask16 mk[TQA_CHUNK / 4];
 	__m512 v[TQA_CHUNK / 4];
-	__m512 mx = ninf;
+	__m512 mx = ninf, bad = zero;   /* bad: 0, NaN after a visible score that is not finite */
 	int nk = (n + 3) / 4;
 
 	for (int k = 0; k < nk; k++) {
 		mk[k] = _mm512_cmplt_epi32_mask(_mm512_add_epi32(tok, _mm512_set1_epi32(4 * k)), visv);
 		v[k] = _mm512_loadu_ps(s + 16 * k);
 		mx = _mm512_mask_max_ps(mx, mk[k], mx, v[k]);
+		bad = _mm512_mask3_fmadd_ps(v[k], zero, bad, mk[k]);
 	}
 	mx = rowmax(mx);
 	__m512 mold = _mm512_broadcast_f32x4(_mm_loadu_ps(m));
@@ -306,8 +308,9 @@ static void softmax_avx512(float *s, int n, const int *vis, float *m, float *l, 
 	for (int k = nk; k < TQA_CHUNK / 4; k++)
 		_mm512_storeu_ps(s + 16 * k, _mm512_setzero_ps());
 	sum = rowsum(sum);
-	__m128 l4 = _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(l), _mm512_castps512_ps128(al)),
-			       _mm512_castps512_ps128(sum));
+	bad = rowsum(bad);
+	__m128 l4 = _mm_add_ps(_mm_add_ps(_mm_mul_ps(_mm_loadu_ps(l), _mm512_castps512_ps128(al)),
+					  _mm512_castps512_ps128(sum)), _mm512_castps512_ps128(bad));
 	/* rows with nothing visible keep m = -inf, l = 0 */
 	_mm_storeu_ps(l, l4);
 	_mm_storeu_ps(m, _mm512_castps512_ps128(mnew));

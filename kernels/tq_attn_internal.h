@@ -38,7 +38,9 @@ struct tqa_ops {
 	 * to row r (0 <= vis[r] <= n).  Updates m[r] (running max, -inf when
 	 * nothing seen yet) and l[r] (running sum), writes alpha[r] (factor
 	 * for the old accumulator) and turns s into p = 2^(s - m_new), 0 for
-	 * invisible entries, for t < TQA_CHUNK. */
+	 * invisible entries, for t < TQA_CHUNK.  A visible score that is not
+	 * finite (a logit beyond float range) makes l[r] NaN, which every
+	 * later step keeps: the row comes out NaN, never silently wrong. */
 	void (*softmax)(float *s, int n, const int *vis, float *m, float *l, float *alpha);
 	/* acc[r][:] = acc[r][:] * alpha[r] + Σ_{t<n} w[t][r] vscale[t] tile[t][:]
 	 * for r < TQA_ROWS.  acc: [TQA_ROWS][dim]; w: [TQA_CHUNK][TQA_ROWS];

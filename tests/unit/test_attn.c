@@ -1,6 +1,7 @@
 /* test_attn — fused attention (every ISA path this CPU runs) against the
  * oracle on the same compressed pages; page layout; edge cases and errors;
- * split-K merge; sparse-V; the thread pool. */
+ * split-K merge; sparse-V; the thread pool; logits beyond float range give
+ * NaN rows. */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -600,6 +601,80 @@ static void test_threads(void)
 	T_EQ((long)rb, 0);
 }
 
+/* f32 keys: key t of every KV head := x[dim] (their blocks are the values). */
+static void kv_set_key(struct kv *c, uint32_t t, const float *x)
+{
+	const struct tq_page_geom *g = &c->table.geom;
+
+	for (int h = 0; h < c->n_kv; h++)
+		memcpy(c->pages[t / g->page_tokens] + tq_page_k_off(g, (uint32_t)h, t % g->page_tokens), x,
+		       (size_t)c->dim * sizeof(float));
+}
+
+/* Query row r of out is all NaN (want) or all finite and within TOL of ref. */
+static int row_ok(const float *out, const float *ref, size_t r, int dim, int want_nan)
+{
+	for (int j = 0; j < dim; j++)
+		if (want_nan ? !isnan(out[r * dim + j]) : !isfinite(out[r * dim + j]))
+			return 0;
+	return want_nan || row_err(out + r * dim, ref + r * dim, 1, dim) <= TOL;
+}
+
+/* Finite inputs whose logits leave float range (f32 keys: the test sets
+ * every product): (a) one key's logit +inf; (b) every logit -inf; (c) NaN
+ * logits (products overflowing both ways) in a whole chunk before ordinary
+ * keys; (d) NaN logits filling the last split of a split-K call, next to a
+ * query that sees only ordinary keys.  Every ISA, pooled or not, tile
+ * (d 64) and register-direct (d 128) paths: those rows are NaN — never a
+ * finite number — and the ordinary one matches the oracle. */
+static void test_overflow(void)
+{
+	static float big[128], alt[128], qb[2 * 128];
+	float out[2 * 128], ref[2 * 128];
+	tq_error err;
+
+	for (int j = 0; j < 128; j++) {
+		big[j] = 1e30f;
+		alt[j] = (j & 1) ? -1e30f : 1e30f;
+	}
+	for (int dim = 64; dim <= 128; dim += 64)
+		for (int cs = 0; cs < 4; cs++) {
+			const uint32_t len = cs == 3 ? 2000 : 40;
+			const int nq = cs == 3 ? 2 : 1;
+			int32_t pos[2] = { (int32_t)len - 1, 1000 };
+			struct kv c;
+
+			T_ASSERT(kv_build(&c, TQ_CODEC_F32, TQ_CODEC_F32, dim, 1, 256, len, t_seed()) == 0);
+			for (uint32_t t = 0; t < len; t++)
+				if ((cs == 0 && t == 0) || cs == 1)
+					kv_set_key(&c, t, big);
+				else if ((cs == 2 && t < 32) || (cs == 3 && t >= 1300))
+					kv_set_key(&c, t, alt);
+			for (int j = 0; j < dim; j++) {
+				qb[j] = cs == 1 ? -1e10f : 1e10f;
+				qb[dim + j] = gauss();
+			}
+			struct qset s = { .n_q = nq, .n_q_heads = 1, .q = qb, .pos = pos };
+			struct tq_attn_params p = params_for(&c, &s, ref, 1);
+			T_EQ(tq_attend_ref(&p, &err), 0);
+			for (size_t i = 0; i < sizeof(isas) / sizeof(isas[0]); i++) {
+				if (!tq_attn_isa_supported(isas[i]))
+					continue;
+				for (int pooled = 0; pooled < 2; pooled++) {
+					p.isa = isas[i];
+					p.threads = pooled ? pool3 : NULL;
+					p.out = out;
+					T_EQ(tq_attend(&p, &err), 0);
+					if (!row_ok(out, ref, 0, dim, 1) || (nq > 1 && !row_ok(out, ref, 1, dim, 0)))
+						T_FAIL("case %c d %d %s%s: out[0] %g, out[%d] %g", 'a' + cs, dim,
+						       tq_isa_name(isas[i]), pooled ? " pooled" : "", out[0], dim,
+						       out[dim]);
+				}
+			}
+			kv_free(&c);
+		}
+}
+
 int main(void)
 {
 	cache = tq_cache_new();
@@ -621,6 +696,7 @@ int main(void)
 	T_RUN(test_query_dtypes);
 	T_RUN(test_scale_noncausal);
 	T_RUN(test_sparse_v);
+	T_RUN(test_overflow);
 	tq_threads_free(pool3);
 	tq_cache_free(cache);
 	return t_done();

@@ -1,6 +1,6 @@
 /* test_dataop — the data operations on their own (no ring): what one huge
  * ATTEND costs a worker, during and after (issue 15 item 5), and attention
- * whose finite inputs overflow float range (item 8). */
+ * whose finite inputs overflow float range, for every key codec (item 8). */
 #include <errno.h>
 #include <math.h>
 #include <stdbool.h>
@@ -204,6 +204,7 @@ static void test_overflow_nonfinite(void)
 	dataop_attend(f.ks, s, &ws, 0, NULL, NULL, 0, q, &pos, 1, TQ_DTYPE_F32, out, &r);
 	T_EQ(r.status, TQKV_ST_NONFINITE);
 	T_ASSERT(r.res < 0);
+	T_EQ(r.detail, 0);
 	T_ASSERT(strstr(r.msg, "overflow"));
 	/* every visible logit overflowing to -inf is caught as well */
 	dataop_truncate(f.ks, s, 0, 0, 0, &r);
@@ -216,21 +217,111 @@ static void test_overflow_nonfinite(void)
 	T_EQ(r.status, TQKV_ST_OK);
 	dataop_attend(f.ks, s, &ws, 0, NULL, NULL, 0, q, &pos, 1, TQ_DTYPE_F32, out, &r);
 	T_EQ(r.status, TQKV_ST_NONFINITE);
-	/* the same session with ordinary values still answers, and exactly */
+	/* the same session with ordinary values still answers, and right:
+	 * V[0] is ones, the others zeros, so every output is key 0's weight */
 	dataop_truncate(f.ks, s, 0, 0, 0, &r);
 	for (int i = 0; i < 4 * 64; i++)
 		k[i] = (float)(i % 7) * 0.01f;
 	for (int j = 0; j < 64; j++)
 		q[j] = 0.5f;
 	dataop_append(f.ks, s, 0, k, v, TQ_DTYPE_F32, 4, &r);
+	T_EQ(r.status, TQKV_ST_OK);
 	pos = 3;
 	dataop_attend(f.ks, s, &ws, 0, NULL, NULL, 0, q, &pos, 1, TQ_DTYPE_F32, out, &r);
 	T_EQ(r.status, TQKV_ST_OK);
+	double e[4], sum = 0.0;
+	for (int t = 0; t < 4; t++) {
+		double dot = 0.0;
+		for (int j = 0; j < 64; j++)
+			dot += (double)q[j] * k[t * 64 + j];
+		sum += e[t] = exp(dot / 8.0);
+	}
 	for (int j = 0; j < 64; j++)
-		T_ASSERT(isfinite(out[j]));
+		T_NEAR(out[j], e[0] / sum, 1e-5);
 	session_release(s);
 	dataop_ws_free(&ws);
 	T_EQ(session_close(f.st, id, NULL), 0);
+	fix_stop(&f);
+}
+
+/* Every key codec, through the tile path (d 64) and the register-direct
+ * one (d 128): a key whose logit overflows to +inf is NONFINITE.  Codecs
+ * that keep the values as given (f32, f16, q4a: no rotation, no scale
+ * after the dot product) also get 32 keys whose products overflow both
+ * ways (NaN logits, the exact logit is 0) before 8 ordinary ones: NONFINITE
+ * too, where an unchecked path answers from the ordinary keys alone.
+ * Ordinary values in the same session still answer. */
+static void test_overflow_every_codec(void)
+{
+	static const enum tq_codec_id kcs[] = {
+		TQ_CODEC_F32, TQ_CODEC_F16, TQ_CODEC_Q4A, TQ_CODEC_Q8, TQ_CODEC_TQ2, TQ_CODEC_TQ3, TQ_CODEC_TQ4,
+	};
+	static const uint32_t dims[] = { 64, 128 };
+	enum { T = 40, DMAX = 128 };
+	static float k[T * DMAX], v[T * DMAX];
+	float q[DMAX], out[DMAX];
+	struct fix f;
+	struct dataop_ws ws = { 0 };
+	struct dataop_res r;
+	uint64_t id;
+
+	fix_start(&f);
+	for (size_t c = 0; c < sizeof(kcs) / sizeof(kcs[0]); c++)
+		for (size_t di = 0; di < 2; di++) {
+			const uint32_t d = dims[di];
+			const struct session_geom g = { 1, 1, 1, d, kcs[c], TQ_CODEC_TQ4, T };
+			/* keys within each codec's range (fp16 values; a tq norm
+			 * whose square fits fp32); |q·k| · scale beyond 3.4e38 */
+			const bool f16 = kcs[c] == TQ_CODEC_F16 || kcs[c] == TQ_CODEC_Q4A;
+			const bool tq = tq_codec_rotated(kcs[c]) && kcs[c] != TQ_CODEC_Q8;
+			const float big = f16 ? 60000.0f : tq ? 1e18f : 1e30f;
+			const float qbig = f16 ? 1e34f : tq ? 1e22f : 1e10f;
+			int32_t pos;
+			struct session *s = fix_open(&f, &g, &id);
+
+			for (uint32_t i = 0; i < T * d; i++) {
+				k[i] = frand();
+				v[i] = frand();
+			}
+			for (uint32_t j = 0; j < d; j++) {
+				k[j] = big;
+				q[j] = qbig;
+			}
+			dataop_append(f.ks, s, 0, k, v, TQ_DTYPE_F32, 4, &r);
+			if (r.status != TQKV_ST_OK)
+				T_FAIL("K %s d %u: append: status %u: %s", tq_codec_name(kcs[c]), d, r.status, r.msg);
+			pos = 3;
+			dataop_attend(f.ks, s, &ws, 0, NULL, NULL, 0, q, &pos, 1, TQ_DTYPE_F32, out, &r);
+			if (r.status != TQKV_ST_NONFINITE)
+				T_FAIL("K %s d %u, +inf logit: status %u, out[0] %g", tq_codec_name(kcs[c]), d,
+				       r.status, out[0]);
+
+			if (!tq_codec_rotated(kcs[c])) {
+				dataop_truncate(f.ks, s, 0, 0, 0, &r);
+				for (uint32_t i = 0; i < 32 * d; i++)
+					k[i] = (i & 1) ? -big : big;
+				dataop_append(f.ks, s, 0, k, v, TQ_DTYPE_F32, T, &r);
+				T_EQ(r.status, TQKV_ST_OK);
+				pos = T - 1;
+				dataop_attend(f.ks, s, &ws, 0, NULL, NULL, 0, q, &pos, 1, TQ_DTYPE_F32, out, &r);
+				if (r.status != TQKV_ST_NONFINITE)
+					T_FAIL("K %s d %u, NaN logits: status %u, out[0] %g", tq_codec_name(kcs[c]),
+					       d, r.status, out[0]);
+			}
+
+			dataop_truncate(f.ks, s, 0, 0, 0, &r);
+			for (uint32_t i = 0; i < T * d; i++)
+				k[i] = frand();
+			for (uint32_t j = 0; j < d; j++)
+				q[j] = frand();
+			dataop_append(f.ks, s, 0, k, v, TQ_DTYPE_F32, T, &r);
+			pos = T - 1;
+			dataop_attend(f.ks, s, &ws, 0, NULL, NULL, 0, q, &pos, 1, TQ_DTYPE_F32, out, &r);
+			T_EQ(r.status, TQKV_ST_OK);
+			session_release(s);
+			T_EQ(session_close(f.st, id, NULL), 0);
+		}
+	dataop_ws_free(&ws);
 	fix_stop(&f);
 }
 
@@ -238,5 +329,6 @@ int main(void)
 {
 	T_RUN(test_big_attend_rss);
 	T_RUN(test_overflow_nonfinite);
+	T_RUN(test_overflow_every_codec);
 	return t_done();
 }
