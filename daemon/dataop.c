@@ -440,20 +440,27 @@ static void ws_trim(struct dataop_ws *ws)
 	ws_drop((void **)&ws->pos, &ws->pos_bytes);
 }
 
-/* Queries per pass of one ATTEND: all of them when their copy and the
- * kernel's workspace fit DATAOP_Q_CHUNK_BYTES and DATAOP_WS_CHUNK_BYTES,
- * else halves until they do (at least one query per pass), so what one
- * operation takes is bounded whatever n_q and the context length. */
+/* Queries per pass of one ATTEND: as many as their copy fits
+ * DATAOP_Q_CHUNK_BYTES, halved until the kernel's workspace fits
+ * DATAOP_WS_CHUNK_BYTES (at least one query per pass), so what one
+ * operation takes is bounded whatever n_q and the context length.  Every
+ * pass plans its split of the keys as the whole call would (plan_n_q):
+ * the answers are bit-identical to one pass over all n_q queries.
+ * ap->q_pos must hold all n_q positions; ap->q at least the first pass. */
 static uint32_t attend_chunk(struct tq_attn_params *ap, uint32_t n_q, size_t q_row_bytes)
 {
-	uint32_t c = n_q ? n_q : 1;
+	uint32_t c = DATAOP_Q_CHUNK_BYTES / q_row_bytes;
 	tq_error te;
 
+	if (c > n_q)
+		c = n_q;
+	if (c < 1)
+		c = 1;
+	ap->plan_n_q = (int)n_q;
 	for (;;) {
 		ap->n_q = (int)c;
 		long wsb = tq_attn_workspace_bytes(ap, &te);
-		if (c == 1 || ((size_t)c * q_row_bytes <= DATAOP_Q_CHUNK_BYTES &&
-			       wsb >= 0 && (size_t)wsb <= DATAOP_WS_CHUNK_BYTES))
+		if (c == 1 || (wsb >= 0 && (size_t)wsb <= DATAOP_WS_CHUNK_BYTES))
 			return c;
 		c = (c + 1) / 2;
 	}
@@ -526,7 +533,7 @@ void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, 
 		.isa = TQ_ISA_AUTO,
 		.threads = ws->threads,
 	};
-	ap.q = q;               /* for planning: sizes only, nothing read */
+	ap.q = q;               /* planning checks the first pass's queries in place */
 	ap.q_pos = ws->pos;
 	ap.out = out;
 	chunk = attend_chunk(&ap, n_q, q_row_bytes);

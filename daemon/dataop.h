@@ -88,7 +88,9 @@ void dataop_append(struct kvstore *ks, struct session *s, uint32_t layer, const 
  * q: [n_q][n_q_heads][head_dim] of dtype; pos: [n_q] int32 (unaligned
  * allowed), each < the layer's length after the append; out:
  * [n_q][n_q_heads][head_dim] fp32.  Queries and positions are checked
- * before anything is appended.  Logits beyond float range (finite inputs
+ * before anything is appended.  The queries go through the kernel in passes
+ * (scratch bounded by the DATAOP_* sizes above) whose answers are the bits
+ * of one call over all of them.  Logits beyond float range (finite inputs
  * can overflow) fail the operation with TQKV_ST_NONFINITE, detail = the
  * first such query; `out` then holds no meaning. */
 void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, uint32_t layer,

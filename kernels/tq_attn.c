@@ -50,6 +50,9 @@ int tqa_validate(const struct tq_attn_params *p, struct tqa_shape *sh, tq_error 
 			       p->n_q_heads, g->n_kv_heads);
 	if (p->n_q < 0 || p->n_q > TQ_ATTN_MAX_Q)
 		return tq_fail(err, "attention: n_q %d out of range", p->n_q);
+	if (p->plan_n_q && (p->plan_n_q < p->n_q || p->plan_n_q > TQ_ATTN_MAX_Q))
+		return tq_fail(err, "attention: plan_n_q %d is neither 0 nor in [n_q %d, %d]",
+			       p->plan_n_q, p->n_q, TQ_ATTN_MAX_Q);
 	if (kv->n_pages < tq_page_count(g, kv->n_tokens))
 		return tq_fail(err, "attention: %u pages cannot hold %u tokens", kv->n_pages, kv->n_tokens);
 	if (kv->n_tokens && !kv->pages)
@@ -292,6 +295,22 @@ struct plan {
 
 static size_t al64(size_t x) { return (x + 63) & ~(size_t)63; }
 
+/* Rows per row tile for rows_ph rows of a head: RT_MAX, or all of them
+ * rounded up to TQA_ROWS. */
+static int tile_rows(int rows_ph)
+{
+	int rt = rows_ph < RT_MAX ? (rows_ph + TQA_ROWS - 1) / TQA_ROWS * TQA_ROWS : RT_MAX;
+
+	return rt ? rt : TQA_ROWS;
+}
+
+static int tile_count(int rows_ph)
+{
+	int rt = tile_rows(rows_ph), n = (rows_ph + rt - 1) / rt;
+
+	return n ? n : 1;
+}
+
 static void plan_make(const struct tq_attn_params *p, const struct tqa_shape *sh, struct plan *pl)
 {
 	int d = sh->dim;
@@ -299,16 +318,14 @@ static void plan_make(const struct tq_attn_params *p, const struct tqa_shape *sh
 	memset(pl, 0, sizeof(*pl));
 	pl->n_threads = tq_threads_count(p->threads);
 	pl->rows_ph = p->n_q * sh->group;
-	pl->rt_rows = pl->rows_ph < RT_MAX ? (pl->rows_ph + TQA_ROWS - 1) / TQA_ROWS * TQA_ROWS : RT_MAX;
-	if (pl->rt_rows == 0)
-		pl->rt_rows = TQA_ROWS;
-	pl->n_rt = (pl->rows_ph + pl->rt_rows - 1) / pl->rt_rows;
-	if (pl->n_rt == 0)
-		pl->n_rt = 1;
+	pl->rt_rows = tile_rows(pl->rows_ph);
+	pl->n_rt = tile_count(pl->rows_ph);
 	pl->rows_pad = pl->n_rt * pl->rt_rows;
 
-	/* splits: enough tasks to balance the pool, none shorter than SPLIT_MIN */
-	int base_tasks = sh->n_kv * pl->n_rt;
+	/* splits: enough tasks to balance the pool, none shorter than SPLIT_MIN;
+	 * counted on the tiles of plan_n_q queries where the caller gives it
+	 * (the split is all a row's bits depend on besides its own inputs) */
+	int base_tasks = sh->n_kv * (p->plan_n_q > p->n_q ? tile_count(p->plan_n_q * sh->group) : pl->n_rt);
 	int want = pl->n_threads > 1 ? (TASKS_PER_THREAD * pl->n_threads + base_tasks - 1) / base_tasks : 1;
 	uint32_t max_split = sh->kv_len / SPLIT_MIN;
 	if (max_split < 1)

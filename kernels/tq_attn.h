@@ -68,17 +68,24 @@ struct tq_attn_params {
 				     /* caps it); a pinned ISA the CPU lacks       */
 				     /* (tq_attn_isa_supported) is -EOPNOTSUPP      */
 	tq_threads *threads;         /* NULL: everything on the calling thread     */
+	int plan_n_q;                /* 0, or n_q .. TQ_ATTN_MAX_Q: split the keys */
+				     /* across the pool as for plan_n_q queries.   */
+				     /* With sparse_v off nothing else of a call   */
+				     /* changes a row's bits, so passes over parts */
+				     /* of one call's queries, each with plan_n_q  */
+				     /* = the whole count, give the call's bits    */
 	void *workspace;             /* NULL: allocated per call (-ENOMEM)         */
 	size_t workspace_bytes;      /* >= tq_attn_workspace_bytes() if given      */
 };
 
 /* Fused attention.  0, or -EINVAL (bad shapes, codecs, positions, non-finite
- * queries; err says which), -EOPNOTSUPP (ISA), -ENOMEM, -ENOSPC (workspace
- * too small).  With kv_len == 0 and no causal mask the output is zeros.
- * Finite inputs whose logits leave float range (|q·k|·scale beyond 3.4e38,
- * to ±inf or NaN, for any key a row sees) give that row NaN, on every ISA
- * and codec, never a plausible wrong number: check outputs where that
- * matters (tqkvd answers NONFINITE).  On error `out` may be partly written. */
+ * queries, plan_n_q; err says which), -EOPNOTSUPP (ISA), -ENOMEM, -ENOSPC
+ * (workspace too small).  With kv_len == 0 and no causal mask the output is
+ * zeros.  Finite inputs whose logits leave float range (|q·k|·scale beyond
+ * 3.4e38, to ±inf or NaN, for any key a row sees) give that row NaN, on
+ * every ISA and codec, never a plausible wrong number: check outputs where
+ * that matters (tqkvd answers NONFINITE).  On error `out` may be partly
+ * written. */
 int tq_attend(const struct tq_attn_params *p, tq_error *err);
 
 /* Workspace tq_attend needs for these parameters and the pool in p->threads
@@ -89,7 +96,8 @@ long tq_attn_workspace_bytes(const struct tq_attn_params *p, tq_error *err);
  * attention paths need only the CPU features, not the codec's SIMD paths. */
 int tq_attn_isa_supported(enum tq_isa isa);
 
-/* The oracle (slow, allocates; ignores isa, threads, workspace, sparse_v). */
+/* The oracle (slow, allocates; ignores isa, threads, plan_n_q, workspace,
+ * sparse_v). */
 int tq_attend_ref(const struct tq_attn_params *p, tq_error *err);
 
 #ifdef __cplusplus

@@ -1,7 +1,7 @@
 /* test_attn — fused attention (every ISA path this CPU runs) against the
  * oracle on the same compressed pages; page layout; edge cases and errors;
- * split-K merge; sparse-V; the thread pool; logits beyond float range give
- * NaN rows. */
+ * split-K merge; sparse-V; the thread pool; passes planned as one call
+ * (plan_n_q), bit for bit; logits beyond float range give NaN rows. */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -601,6 +601,61 @@ static void test_threads(void)
 	T_EQ((long)rb, 0);
 }
 
+/* plan_n_q: the queries of one call run as several calls, each planned as
+ * the whole (plan_n_q = its n_q), give the whole call's bits on every ISA,
+ * with the pool splitting the keys (1100 tokens: a pass of a few queries
+ * alone would be split in 2, the whole call's 5 row tiles x 2 KV heads are
+ * not).  Out of range: -EINVAL. */
+static void test_plan_n_q(void)
+{
+	enum { NQ = 130, G = 4, D = 128 };
+	struct kv c;
+	struct qset s;
+	int32_t pos[NQ];
+	tq_error err;
+
+	for (int i = 0; i < NQ; i++)
+		pos[i] = 1099 - 7 * i;
+	T_ASSERT(kv_build(&c, TQ_CODEC_Q8, TQ_CODEC_TQ4, D, 2, 256, 1100, t_seed()) == 0);
+	qset_make(&s, NQ, 2 * G, D, pos);
+	const size_t row = (size_t)2 * G * D;
+	float *whole = malloc(NQ * row * sizeof(float)), *part = malloc(NQ * row * sizeof(float));
+	T_ASSERT(whole && part);
+	for (size_t i = 0; i < sizeof(isas) / sizeof(isas[0]); i++) {
+		if (!tq_attn_isa_supported(isas[i]))
+			continue;
+		struct tq_attn_params p = params_for(&c, &s, whole, 1);
+		p.isa = isas[i];
+		p.threads = pool3;
+		T_EQ(tq_attend(&p, &err), 0);
+		/* passes of 1, 3, 5, ... queries */
+		for (int q0 = 0, n = 1; q0 < NQ; q0 += n, n += 2) {
+			if (n > NQ - q0)
+				n = NQ - q0;
+			p.n_q = n;
+			p.plan_n_q = NQ;
+			p.q = s.q + (size_t)q0 * row;
+			p.q_pos = pos + q0;
+			p.out = part + (size_t)q0 * row;
+			T_EQ(tq_attend(&p, &err), 0);
+		}
+		for (int q = 0; q < NQ; q++)
+			if (memcmp(whole + q * row, part + q * row, row * sizeof(float)))
+				T_FAIL("%s: query %d differs between the whole call and its pass",
+				       tq_isa_name(isas[i]), q);
+		p.n_q = 2;
+		p.plan_n_q = 1;
+		T_EQ(tq_attend(&p, &err), -EINVAL);
+		T_ASSERT(strstr(err.msg, "plan_n_q"));
+		p.plan_n_q = TQ_ATTN_MAX_Q + 1;
+		T_EQ(tq_attn_workspace_bytes(&p, &err), -EINVAL);
+	}
+	free(whole);
+	free(part);
+	qset_free(&s);
+	kv_free(&c);
+}
+
 /* f32 keys: key t of every KV head := x[dim] (their blocks are the values). */
 static void kv_set_key(struct kv *c, uint32_t t, const float *x)
 {
@@ -696,6 +751,7 @@ int main(void)
 	T_RUN(test_query_dtypes);
 	T_RUN(test_scale_noncausal);
 	T_RUN(test_sparse_v);
+	T_RUN(test_plan_n_q);
 	T_RUN(test_overflow);
 	tq_threads_free(pool3);
 	tq_cache_free(cache);
