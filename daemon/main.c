@@ -570,6 +570,7 @@ int main(int argc, char **argv)
 	if ((r = start_ring(&d)) < 0)
 		goto fail;
 	rpc_set_datapath(d.rpc, d.pool, d.ring);
+	rpc_set_spill(d.rpc, d.spill);
 	status_line(&d, status, sizeof(status));
 	log_notice("tqkvd %s ready: control unix:%s/%s%s, pool %s, spill %s, %u tenant%s, config %s",
 		   TQ_VERSION, d.cfg->run_dir, CONFIG_CONTROL_SOCK,

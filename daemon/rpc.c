@@ -47,6 +47,7 @@
 #include "log.h"
 #include "pool.h"
 #include "ring.h"
+#include "spill.h"
 #include "tqkv.pb-c.h"
 #include "version.h"
 
@@ -110,6 +111,7 @@ struct rpc_server {
 	struct tenant_table *tenants;
 	struct pool *pool;              /* atomic pointers: rpc_set_datapath */
 	struct ring_server *ring;
+	struct spill *spill;            /* atomic pointer: rpc_set_spill */
 	uint64_t start_ms, start_mono_ms;
 
 	pthread_mutex_t cfg_lock;       /* guards cfg, reloads, operator_gid */
@@ -251,6 +253,23 @@ static void h_get_stats(struct rpc_server *srv, const struct peer *peer,
 		r.data_ops_total = rs.ops_total;
 		r.data_op_errors_total = rs.op_errors_total;
 		r.data_arena_bytes = rs.arena_bytes;
+	}
+	struct spill *sp = __atomic_load_n(&srv->spill, __ATOMIC_ACQUIRE);
+	if (sp) {
+		struct spill_stats st;
+		spill_stats(sp, &st);
+		r.spill_path = (char *)spill_path(sp);
+		r.spill_engine = (char *)spill_engine(sp);
+		r.spill_capacity_bytes = st.slots_total * st.slot_bytes;
+		r.spill_used_bytes = st.slots_used * st.slot_bytes;
+		r.spill_bytes_written = st.bytes_written;
+		r.spill_bytes_read = st.bytes_read;
+		r.spill_writes = st.writes;
+		r.spill_reads = st.reads;
+		r.spill_io_errors = st.io_errors;
+		r.spill_checksum_failures = st.crc_failures;
+		r.spill_restore_p50_us = st.read_p50_us;
+		r.spill_restore_p99_us = st.read_p99_us;
 	}
 	rep_ok(rep, &r.base);
 }
@@ -1347,6 +1366,11 @@ void rpc_set_datapath(struct rpc_server *srv, struct pool *pool, struct ring_ser
 {
 	__atomic_store_n(&srv->pool, pool, __ATOMIC_RELEASE);
 	__atomic_store_n(&srv->ring, ring, __ATOMIC_RELEASE);
+}
+
+void rpc_set_spill(struct rpc_server *srv, struct spill *sp)
+{
+	__atomic_store_n(&srv->spill, sp, __ATOMIC_RELEASE);
 }
 
 void rpc_get_counters(struct rpc_server *srv, struct rpc_counters *out)

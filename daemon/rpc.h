@@ -47,5 +47,8 @@ void rpc_get_counters(struct rpc_server *srv, struct rpc_counters *out);
 struct pool;
 struct ring_server;
 void rpc_set_datapath(struct rpc_server *srv, struct pool *pool, struct ring_server *ring);
+struct spill;
+/* The spill store GetStats reports (NULL: none). */
+void rpc_set_spill(struct rpc_server *srv, struct spill *sp);
 
 #endif

@@ -639,7 +639,11 @@ int spill_open(struct spill **out, const struct spill_params *p, char *why, size
 	sp->page_bytes = p->page_bytes;
 	sp->slot_bytes = (uint64_t)SPILL_HDR_BYTES + p->page_bytes;
 	sp->n_slots = p->bytes / sp->slot_bytes;
-	sp->qd = p->queue_depth ? p->queue_depth : DEFAULT_QD;
+	/* staging is registered (locked) memory: keep it under 8 MiB, the
+	 * default RLIMIT_MEMLOCK, unless the caller asks for more */
+	sp->qd = p->queue_depth ? p->queue_depth : (uint32_t)(((size_t)6 << 20) / sp->slot_bytes);
+	if (!p->queue_depth)
+		sp->qd = sp->qd < 2 ? 2 : sp->qd > DEFAULT_QD ? DEFAULT_QD : sp->qd;
 	if ((size_t)snprintf(sp->path, sizeof(sp->path), "%s/%s", p->dir, SPILL_FILE) >= sizeof(sp->path)) {
 		snprintf(why, whylen, "spill directory %.200s...: path too long", p->dir);
 		r = -ENAMETOOLONG;

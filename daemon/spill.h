@@ -16,8 +16,10 @@
  *
  * Engine: one I/O thread owns an io_uring with the file registered
  * (IOSQE_FIXED_FILE) and a staging area registered as fixed buffers (one
- * staging slot per queue entry: header + page), submits every queued
- * request at once (batched), and hands each completion back through the
+ * staging slot per queue entry: header + page; at most 32 entries and
+ * under 8 MiB, the default RLIMIT_MEMLOCK), submits every queued request
+ * at once (batched), sleeps in poll() on a doorbell eventfd and the
+ * ring's completion eventfd, and hands each completion back through the
  * request's callback (on the I/O thread).  A write copies the page into
  * staging when it is taken, so the page may change again once its callback
  * ran; a read lands in staging, is verified, then copied out.  When

@@ -27,7 +27,11 @@ json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)" <<<"$OU
 expect 0 health;                 has '^SERVING: tqkvd'
 expect 0 health --json;          [ "$(json 'd["status"]')" = SERVING ] || fail "health --json"
 expect 0 stats;                  has 'pool: .*512 MiB'
+has "^spill: .* used of 2.00 GiB ($T/spill/spill.dat; io_uring"
 expect 0 stats --json;           [ "$(json 'd["tenants"]')" = 2 ] || fail "stats --json"
+# the spill tier: 4 x pool_bytes by default, in the spill directory
+[ "$(json 'int(d["spill_capacity_bytes"]) // 2**20')" -le 2048 ] && [ "$(json 'int(d["spill_capacity_bytes"]) // 2**20')" -ge 2040 ] \
+	|| fail "stats --json: spill capacity $(json 'd["spill_capacity_bytes"]')"
 expect 0 tenants;                has '^TENANT  *PRIO'; has '^locked .*64.0 MiB'
 expect 0 tenants --json;         [ "$(json 'd["tenants"][1]["allow_uids"][0]')" = 4242 ] || fail "tenants --json"
 expect 0 sessions;               has 'no sessions'
