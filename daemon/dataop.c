@@ -12,14 +12,34 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "log.h"
+#include "spill.h"
 #include "tq_page.h"
 #include "tqkv_ring.h"
 
 #define N_BUCKETS 1024 /* power of two */
 
+/* Residency of one page (kv->lock held for every transition; WRITING and
+ * READING last only while the thread that set them waits for its I/O). */
+enum page_state {
+	PG_RESIDENT = 0,          /* in the pool: pages[i] is its base               */
+	PG_WRITING,               /* in the pool, being copied to its spill slot     */
+	PG_SPILLED,               /* only in its spill slot: pages[i] is NULL        */
+	PG_READING,               /* being read back into a fresh pool page          */
+	PG_LOST,                  /* its slot failed its checks: the tokens are gone */
+};
+
+struct kv_page_meta {
+	uint64_t slot;            /* spill slot while SPILLED                        */
+	uint64_t gen;             /* generation written to the slot                  */
+	uint8_t state;            /* enum page_state                                 */
+};
+
 struct kv_layer {
 	uint8_t **pages;          /* [cap] page bases; [0, n_pages) are held        */
+	struct kv_page_meta *meta; /* [cap] residency of each page                   */
 	uint32_t n_pages, cap;
+	uint32_t n_out;           /* pages not resident (SPILLED or LOST)            */
 	uint32_t n_tokens;        /* tokens 0..n_tokens-1 are committed              */
 	tq_codec *kc, *vc;        /* created on first use                            */
 };
@@ -35,12 +55,15 @@ struct kv_sess {
 	uint64_t max_tokens;      /* per layer, from the session                     */
 	uint64_t max_len;         /* longest layer (the session's token count)       */
 	uint64_t n_pages;         /* all layers                                      */
+	uint64_t n_spilled;       /* pages in spill slots, all layers                */
+	uint64_t gen_next;        /* spill generations                               */
 	struct kv_layer layer[];  /* [n_layers] */
 };
 
 struct kvstore {
 	struct pool *pool;
 	tq_cache *cache;
+	struct spill *spill;      /* NULL: no spill tier */
 	uint32_t page_bytes;
 	pthread_mutex_t lock;     /* guards bucket[] and n */
 	struct kv_sess *bucket[N_BUCKETS];
@@ -69,15 +92,37 @@ int kvstore_new(struct kvstore **out, struct pool *pool, tq_cache *cache)
 	return 0;
 }
 
+void kvstore_set_spill(struct kvstore *ks, struct spill *sp)
+{
+	ks->spill = sp;
+}
+
+/* Give back page i of L: its pool page, or its spill slot. */
+static void page_drop(struct kvstore *ks, struct kv_layer *L, uint32_t i)
+{
+	if (L->meta[i].state == PG_SPILLED)
+		spill_slot_free(ks->spill, L->meta[i].slot);
+	else if (L->meta[i].state == PG_RESIDENT)
+		pool_pages_free(ks->pool, &L->pages[i], 1);
+	if (L->meta[i].state == PG_SPILLED || L->meta[i].state == PG_LOST)
+		L->n_out--;
+	L->pages[i] = NULL;
+	L->meta[i].state = PG_RESIDENT;
+}
+
 static void kv_sess_free(struct kvstore *ks, struct kv_sess *kv)
 {
 	if (!kv)
 		return;
 	for (uint32_t l = 0; l < kv->n_layers; l++) {
 		struct kv_layer *L = &kv->layer[l];
-		if (L->n_pages)
+		if (L->n_out == 0 && L->n_pages)
 			pool_pages_free(ks->pool, L->pages, L->n_pages);
+		else
+			for (uint32_t i = 0; i < L->n_pages; i++)
+				page_drop(ks, L, i);
 		free(L->pages);
+		free(L->meta);
 		tq_codec_free(L->kc);
 		tq_codec_free(L->vc);
 	}
@@ -128,6 +173,7 @@ void kvstore_stats(struct kvstore *ks, struct kvstore_stats *out)
 	for (size_t b = 0; b < N_BUCKETS; b++)
 		for (struct kv_sess *kv = ks->bucket[b]; kv; kv = kv->next) {
 			out->pages += __atomic_load_n(&kv->n_pages, __ATOMIC_RELAXED);
+			out->spilled_pages += __atomic_load_n(&kv->n_spilled, __ATOMIC_RELAXED);
 			out->tokens += __atomic_load_n(&kv->max_len, __ATOMIC_RELAXED);
 		}
 	pthread_mutex_unlock(&ks->lock);
@@ -282,11 +328,15 @@ static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *
 		while (cap < old_pages + need)
 			cap *= 2;
 		uint8_t **np = realloc(L->pages, sizeof(*np) * cap);
-		if (!np) {
+		if (np)
+			L->pages = np;
+		struct kv_page_meta *nm = np ? realloc(L->meta, sizeof(*nm) * cap) : NULL;
+		if (!nm) {
 			res_set(r, -ENOMEM, TQKV_ST_NOMEM, 0);
 			return r->res;
 		}
-		L->pages = np;
+		memset(nm + L->cap, 0, sizeof(*nm) * (cap - L->cap)); /* PG_RESIDENT */
+		L->meta = nm;
 		L->cap = cap;
 	}
 	charge = (uint64_t)need * ks->page_bytes;
@@ -336,6 +386,292 @@ static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *
 	return 0;
 }
 
+/* ---- the spill tier: spill, restore --------------------------------------------------- */
+
+/* One batch of spill I/O: submitted together, waited for together. */
+struct io_batch {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	uint32_t pending;
+};
+
+struct io_one {
+	struct io_batch *b;
+	int res;
+	char why[320];
+};
+
+static void io_done(void *ctx, int res, const char *why)
+{
+	struct io_one *o = ctx;
+
+	o->res = res;
+	snprintf(o->why, sizeof(o->why), "%s", why ? why : "");
+	pthread_mutex_lock(&o->b->lock);
+	if (--o->b->pending == 0)
+		pthread_cond_signal(&o->b->cond);
+	pthread_mutex_unlock(&o->b->lock);
+}
+
+static void batch_wait(struct io_batch *b)
+{
+	pthread_mutex_lock(&b->lock);
+	while (b->pending)
+		pthread_cond_wait(&b->cond, &b->lock);
+	pthread_mutex_unlock(&b->lock);
+	pthread_mutex_destroy(&b->lock);
+	pthread_cond_destroy(&b->cond);
+}
+
+static struct spill_page_hdr hdr_of(const struct kv_sess *kv, uint32_t l, uint32_t i)
+{
+	const struct kv_layer *L = &kv->layer[l];
+	struct spill_page_hdr h;
+	uint32_t first = i * kv->geom.page_tokens;
+
+	memset(&h, 0, sizeof(h));
+	h.session_id = kv->id;
+	h.generation = L->meta[i].gen;
+	h.rotation_seed = kv->seed;
+	h.layer = l;
+	h.page_index = i;
+	h.n_tokens = L->n_tokens - first < kv->geom.page_tokens ? L->n_tokens - first : kv->geom.page_tokens;
+	h.k_codec = (uint8_t)kv->k_id;
+	h.v_codec = (uint8_t)kv->v_id;
+	return h;
+}
+
+/* Bring layer l's spilled pages back into the pool before an operation
+ * uses them (kv->lock held: no other operation of this session runs, and
+ * nothing can spill them meanwhile).  0, or an error in r: TENANT_LIMIT,
+ * POOL_FULL, SPILL_IO (the page stays spilled: a retry may work) or
+ * DATA_LOSS (its copy failed its checks: never served). */
+static int restore_layer_locked(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l,
+				struct dataop_res *r)
+{
+	struct kv_layer *L = &kv->layer[l];
+	struct io_batch b = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0 };
+	uint32_t n = 0, k = 0, bad_page = 0;
+	uint8_t **fresh = NULL;
+	struct io_one *io = NULL;
+	int e, err = 0;
+
+	if (!L->n_out)
+		return 0;
+	for (uint32_t i = 0; i < L->n_pages; i++) {
+		if (L->meta[i].state == PG_LOST) {
+			uint32_t t0 = i * kv->geom.page_tokens;
+			res_set(r, -EBADMSG, TQKV_ST_DATA_LOSS, i);
+			snprintf(r->msg, sizeof(r->msg), "layer %u page %u (tokens from %u) was lost: its spilled copy "
+				 "failed its checks; truncate the layer to %u or close the session", l, i, t0, t0);
+			return r->res;
+		}
+		n += L->meta[i].state == PG_SPILLED;
+	}
+	uint64_t bytes = (uint64_t)n * ks->page_bytes;
+	if ((e = session_restore_move(s, bytes)) < 0) {
+		struct tenant *t = session_tenant(s);
+		res_set(r, e, TQKV_ST_TENANT_LIMIT, 0);
+		snprintf(r->msg, sizeof(r->msg), "restoring %u spilled page(s) of layer %u; tenant '%s' holds %llu of %llu bytes",
+			 n, l, tenant_name(t), (unsigned long long)tenant_used(t), (unsigned long long)tenant_limit(t));
+		return e;
+	}
+	if (!(fresh = calloc(n, sizeof(*fresh))) || !(io = calloc(n, sizeof(*io)))) {
+		free(fresh);
+		session_spill_move(s, bytes);
+		res_set(r, -ENOMEM, TQKV_ST_NOMEM, 0);
+		return r->res;
+	}
+	if ((e = pool_pages_alloc(ks->pool, n, fresh)) < 0) {
+		session_spill_move(s, bytes);
+		res_set(r, e, TQKV_ST_POOL_FULL, 0);
+		snprintf(r->msg, sizeof(r->msg), "restoring %u spilled page(s) of layer %u; %u of the pool's pages are free",
+			 n, l, pool_pages_free_count(ks->pool));
+		free(fresh);
+		free(io);
+		return e;
+	}
+	b.pending = n;
+	for (uint32_t i = 0; i < L->n_pages; i++) {
+		if (L->meta[i].state != PG_SPILLED)
+			continue;
+		struct spill_page_hdr h = hdr_of(kv, l, i);
+		L->meta[i].state = PG_READING;
+		io[k].b = &b;
+		if ((e = spill_read(ks->spill, L->meta[i].slot, &h, fresh[k], io_done, &io[k])) < 0) {
+			snprintf(io[k].why, sizeof(io[k].why), "spill: %s", strerror(-e));
+			io[k].res = e;
+			pthread_mutex_lock(&b.lock);
+			b.pending--;
+			pthread_mutex_unlock(&b.lock);
+		}
+		k++;
+	}
+	batch_wait(&b);
+	k = 0;
+	for (uint32_t i = 0; i < L->n_pages; i++) {
+		if (L->meta[i].state != PG_READING)
+			continue;
+		struct io_one *o = &io[k];
+		if (o->res == 0) {
+			L->pages[i] = fresh[k];
+			spill_slot_free(ks->spill, L->meta[i].slot);
+			L->meta[i].state = PG_RESIDENT;
+			L->n_out--;
+			__atomic_sub_fetch(&kv->n_spilled, 1, __ATOMIC_RELAXED);
+		} else {
+			pool_pages_free(ks->pool, &fresh[k], 1);
+			session_spill_move(s, ks->page_bytes);
+			if (o->res == -EBADMSG) { /* never served, never retried */
+				spill_slot_free(ks->spill, L->meta[i].slot);
+				session_unspill(s, ks->page_bytes);
+				L->meta[i].state = PG_LOST;
+				__atomic_sub_fetch(&kv->n_spilled, 1, __ATOMIC_RELAXED);
+				log_err("session %llu layer %u page %u lost: %s", (unsigned long long)kv->id, l, i, o->why);
+			} else {
+				L->meta[i].state = PG_SPILLED;
+			}
+			if (!err || o->res == -EBADMSG) {
+				err = o->res;
+				bad_page = i;
+				snprintf(r->msg, sizeof(r->msg), "layer %u page %u: %.200s", l, i, o->why);
+			}
+		}
+		k++;
+	}
+	free(fresh);
+	free(io);
+	if (err) {
+		res_set(r, err, err == -EBADMSG ? TQKV_ST_DATA_LOSS : TQKV_ST_SPILL_IO, bad_page);
+		return err;
+	}
+	return 0;
+}
+
+int dataop_spill(struct kvstore *ks, struct session *s, uint64_t want, uint64_t *spilled, char *why, size_t whylen)
+{
+	struct io_batch b = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0 };
+	struct kv_sess *kv;
+	uint64_t n_want, n_cand = 0;
+	struct { uint32_t l, i; } *cand = NULL;
+	struct io_one *io = NULL;
+	int e, err = 0;
+
+	*spilled = 0;
+	why[0] = 0;
+	if (!ks->spill) {
+		snprintf(why, whylen, "this tqkvd has no spill tier");
+		return -EOPNOTSUPP;
+	}
+	if ((e = kv_get(ks, s, &kv)) < 0) {
+		snprintf(why, whylen, "session state: %s", strerror(-e));
+		return e;
+	}
+	n_want = want / ks->page_bytes + (want % ks->page_bytes != 0);
+	pthread_mutex_lock(&kv->lock);
+	/* Coldest first: full pages, oldest tokens first, every layer; then
+	 * the layers' tail pages (the next appends write there). */
+	uint64_t resident = __atomic_load_n(&kv->n_pages, __ATOMIC_RELAXED);
+	if (!(cand = calloc(resident + 1, sizeof(*cand))) || !(io = calloc(resident + 1, sizeof(*io)))) {
+		err = -ENOMEM;
+		snprintf(why, whylen, "out of memory");
+		goto out;
+	}
+	for (int pass = 0; pass < 2; pass++) {
+		uint32_t max_pages = 0;
+		for (uint32_t l = 0; l < kv->n_layers; l++)
+			max_pages = kv->layer[l].n_pages > max_pages ? kv->layer[l].n_pages : max_pages;
+		for (uint32_t i = 0; i < max_pages && n_cand < n_want; i++) {
+			for (uint32_t l = 0; l < kv->n_layers && n_cand < n_want; l++) {
+				struct kv_layer *L = &kv->layer[l];
+				if (i >= L->n_pages || L->meta[i].state != PG_RESIDENT)
+					continue;
+				bool full = (uint64_t)(i + 1) * kv->geom.page_tokens <= L->n_tokens;
+				if (full != (pass == 0))
+					continue;
+				uint64_t slot;
+				if (spill_slot_alloc(ks->spill, &slot) < 0) {
+					struct spill_stats st;
+					spill_stats(ks->spill, &st);
+					snprintf(why, whylen, "the spill tier is full (%llu of %llu slots in use)",
+						 (unsigned long long)st.slots_used, (unsigned long long)st.slots_total);
+					err = -ENOSPC;
+					goto submit;
+				}
+				L->meta[i].slot = slot;
+				L->meta[i].gen = ++kv->gen_next;
+				L->meta[i].state = PG_WRITING;
+				cand[n_cand].l = l;
+				cand[n_cand].i = i;
+				n_cand++;
+			}
+		}
+	}
+submit:
+	b.pending = (uint32_t)n_cand;
+	for (uint64_t k = 0; k < n_cand; k++) {
+		struct kv_layer *L = &kv->layer[cand[k].l];
+		struct spill_page_hdr h = hdr_of(kv, cand[k].l, cand[k].i);
+		io[k].b = &b;
+		if ((e = spill_write(ks->spill, L->meta[cand[k].i].slot, &h, L->pages[cand[k].i], io_done, &io[k])) < 0) {
+			snprintf(io[k].why, sizeof(io[k].why), "spill: %s", strerror(-e));
+			io[k].res = e;
+			pthread_mutex_lock(&b.lock);
+			b.pending--;
+			pthread_mutex_unlock(&b.lock);
+		}
+	}
+	batch_wait(&b);
+	for (uint64_t k = 0; k < n_cand; k++) {
+		struct kv_layer *L = &kv->layer[cand[k].l];
+		uint32_t i = cand[k].i;
+		if (io[k].res == 0) {
+			pool_pages_free(ks->pool, &L->pages[i], 1);
+			L->pages[i] = NULL;
+			L->meta[i].state = PG_SPILLED;
+			L->n_out++;
+			__atomic_add_fetch(&kv->n_spilled, 1, __ATOMIC_RELAXED);
+			session_spill_move(s, ks->page_bytes);
+			*spilled += ks->page_bytes;
+		} else {
+			spill_slot_free(ks->spill, L->meta[i].slot);
+			L->meta[i].state = PG_RESIDENT;
+			if (!err || err == -ENOSPC) {
+				err = io[k].res;
+				snprintf(why, whylen, "layer %u page %u: %s", cand[k].l, i, io[k].why);
+			}
+		}
+	}
+out:
+	pthread_mutex_unlock(&kv->lock);
+	free(cand);
+	free(io);
+	return *spilled || !err ? 0 : err;
+}
+
+int dataop_restore(struct kvstore *ks, struct session *s, char *why, size_t whylen)
+{
+	struct kv_sess *kv;
+	struct dataop_res r;
+	int e, err = 0;
+
+	why[0] = 0;
+	if ((e = kv_get(ks, s, &kv)) < 0) {
+		snprintf(why, whylen, "session state: %s", strerror(-e));
+		return e;
+	}
+	pthread_mutex_lock(&kv->lock);
+	for (uint32_t l = 0; l < kv->n_layers; l++) {
+		memset(&r, 0, sizeof(r));
+		if (restore_layer_locked(ks, s, kv, l, &r) < 0 && !err) {
+			err = r.res;
+			snprintf(why, whylen, "%s", r.msg);
+		}
+	}
+	pthread_mutex_unlock(&kv->lock);
+	return err;
+}
+
 static int check_args(struct kv_sess *kv, uint32_t layer, enum tq_dtype dtype, struct dataop_res *r)
 {
 	if (layer >= kv->n_layers) {
@@ -363,7 +699,7 @@ void dataop_append(struct kvstore *ks, struct session *s, uint32_t layer, const 
 	if (check_args(kv, layer, dtype, r) < 0)
 		return;
 	pthread_mutex_lock(&kv->lock);
-	if (layer_codecs(ks, kv, layer, r) == 0 &&
+	if (layer_codecs(ks, kv, layer, r) == 0 && restore_layer_locked(ks, s, kv, layer, r) == 0 &&
 	    append_locked(ks, s, kv, layer, k, v, dtype, n, r) == 0)
 		res_set(r, (int)n, TQKV_ST_OK, 0);
 	r->n_tokens = kv->layer[layer].n_tokens;
@@ -512,7 +848,7 @@ void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, 
 			goto out;
 		}
 	}
-	if (layer_codecs(ks, kv, layer, r) < 0)
+	if (layer_codecs(ks, kv, layer, r) < 0 || restore_layer_locked(ks, s, kv, layer, r) < 0)
 		goto out;
 	if (n_append && append_locked(ks, s, kv, layer, k, v, dtype, n_append, r) < 0)
 		goto out;
@@ -597,8 +933,18 @@ static void truncate_layer(struct kvstore *ks, struct session *s, struct kv_sess
 	keep = tq_page_count(&kv->geom, L->n_tokens);
 	if (keep < L->n_pages) {
 		uint32_t drop = L->n_pages - keep;
-		pool_pages_free(ks->pool, L->pages + keep, drop);
-		session_uncharge(s, (uint64_t)drop * ks->page_bytes);
+		uint64_t resident = 0, spilled = 0;
+		for (uint32_t i = keep; i < L->n_pages; i++) {
+			if (L->meta[i].state == PG_RESIDENT)
+				resident += ks->page_bytes;
+			else if (L->meta[i].state == PG_SPILLED)
+				spilled += ks->page_bytes, __atomic_sub_fetch(&kv->n_spilled, 1, __ATOMIC_RELAXED);
+			page_drop(ks, L, i);
+		}
+		if (resident)
+			session_uncharge(s, resident);
+		if (spilled)
+			session_unspill(s, spilled);
 		L->n_pages = keep;
 		__atomic_sub_fetch(&kv->n_pages, drop, __ATOMIC_RELAXED);
 	}

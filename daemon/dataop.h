@@ -61,7 +61,8 @@ struct dataop_res {
 
 struct kvstore_stats {
 	uint32_t sessions;       /* sessions with KV state                             */
-	uint64_t pages;          /* pages they hold                                    */
+	uint64_t pages;          /* pages they hold (resident or spilled)              */
+	uint64_t spilled_pages;  /* of which in spill slots                            */
 	uint64_t tokens;         /* sum over sessions of the longest layer             */
 };
 
@@ -72,6 +73,27 @@ void kvstore_free(struct kvstore *ks);
  * state and returns its pages to the pool. */
 void kvstore_release(void *ks, struct session *s);
 void kvstore_stats(struct kvstore *ks, struct kvstore_stats *out);
+
+/* ---- the spill tier's hooks (daemon/spill.h holds the store) -------------------
+ * A page is resident, being written, spilled, being read back, or lost (its
+ * copy failed its checks).  Every transition happens under the session's
+ * operation lock, so pages an operation uses can never be spilled under
+ * it; other sessions run meanwhile.  An append or attend on a layer with
+ * spilled pages restores them first (TENANT_LIMIT, POOL_FULL, SPILL_IO or
+ * DATA_LOSS when it cannot).  A spilled page gives its pool page back and
+ * its bytes move from the session's resident_bytes (and the tenant's use)
+ * to spilled_bytes. */
+struct spill;
+void kvstore_set_spill(struct kvstore *ks, struct spill *sp);
+/* Spill at least `want` bytes of s (whole pages; UINT64_MAX: all), the
+ * coldest first: full pages, oldest tokens first, then the layers' tail
+ * pages.  0 with *spilled (maybe less than asked: not that many resident
+ * pages), or a negative errno with why when nothing could be spilled
+ * (-ENOSPC: the tier is full; -EIO). */
+int dataop_spill(struct kvstore *ks, struct session *s, uint64_t want, uint64_t *spilled,
+		 char *why, size_t whylen);
+/* Restore every spilled page of s: 0, or the first error with why. */
+int dataop_restore(struct kvstore *ks, struct session *s, char *why, size_t whylen);
 /* Tokens per page of page_bytes for a geometry (the most that fit with the
  * K and V regions rounded up to TQ_PAGE_ALIGN): > 0, or -E2BIG when one
  * token of all KV heads does not fit a page, -EINVAL on a bad geometry.

@@ -9,13 +9,13 @@
 #   test_dataop     the operations alone: a huge ATTEND's memory, during and
 #                   after; attention overflowing float range
 DATAPATH_OBJS := $(OBJ)/daemon/backend_host.o $(OBJ)/daemon/pool.o \
-	$(OBJ)/daemon/dataop.o $(OBJ)/daemon/ring.o
+	$(OBJ)/daemon/dataop.o $(OBJ)/daemon/ring.o $(OBJ)/daemon/spill.o
 TEST_OBJS_test_pool := $(OBJ)/daemon/backend_host.o $(OBJ)/daemon/pool.o
 TEST_LIBS_test_pool := $(NUMA_LIBS)
 TEST_OBJS_test_ring = $(DATAPATH_OBJS) $(OBJ)/daemon/session.o $(OBJ)/daemon/tenant.o \
 	$(OBJ)/daemon/config.o $(OBJ)/daemon/log.o $(LIBTQKV_OBJS)
-TEST_LIBS_test_ring = $(NUMA_LIBS) $(INIH_LIBS) $(LIBTQKV_LIBS)
+TEST_LIBS_test_ring = $(NUMA_LIBS) $(INIH_LIBS) $(LIBTQKV_LIBS) $(URING_LIBS) $(ISAL_LIBS)
 $(OBJ)/tests/unit/test_ring.o: | $(PROTO_H)
 TEST_OBJS_test_dataop = $(DATAPATH_OBJS) $(OBJ)/daemon/session.o $(OBJ)/daemon/tenant.o \
 	$(OBJ)/daemon/config.o $(OBJ)/daemon/log.o
-TEST_LIBS_test_dataop = $(NUMA_LIBS) $(INIH_LIBS)
+TEST_LIBS_test_dataop = $(NUMA_LIBS) $(INIH_LIBS) $(URING_LIBS) $(ISAL_LIBS)

@@ -250,6 +250,8 @@ static int status_errno(uint32_t st)
 	case TQKV_ST_EVICTED: return -ESTALE;
 	case TQKV_ST_CLOSING: return -ESHUTDOWN;
 	case TQKV_ST_TOO_MANY_SESSIONS: return -EUSERS;
+	case TQKV_ST_DATA_LOSS: return -EBADMSG;
+	case TQKV_ST_SPILL_IO: return -EIO;
 	default: return -EINVAL;
 	}
 }

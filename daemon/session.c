@@ -553,6 +553,38 @@ void session_uncharge(struct session *s, uint64_t bytes)
 	tenant_uncharge(s->tenant, bytes);
 }
 
+void session_spill_move(struct session *s, uint64_t bytes)
+{
+	pthread_mutex_lock(&s->lock);
+	assert(s->resident_bytes >= bytes && "spilled more than the session holds");
+	s->resident_bytes -= bytes;
+	s->spilled_bytes += bytes;
+	pthread_mutex_unlock(&s->lock);
+	tenant_uncharge(s->tenant, bytes);
+}
+
+int session_restore_move(struct session *s, uint64_t bytes)
+{
+	int r;
+
+	pthread_mutex_lock(&s->lock);
+	assert(s->spilled_bytes >= bytes && "restored more than the session spilled");
+	if ((r = tenant_charge(s->tenant, bytes)) == 0) {
+		s->spilled_bytes -= bytes;
+		s->resident_bytes += bytes;
+	}
+	pthread_mutex_unlock(&s->lock);
+	return r;
+}
+
+void session_unspill(struct session *s, uint64_t bytes)
+{
+	pthread_mutex_lock(&s->lock);
+	assert(s->spilled_bytes >= bytes && "dropped more spilled bytes than the session has");
+	s->spilled_bytes -= bytes;
+	pthread_mutex_unlock(&s->lock);
+}
+
 void session_set_tokens(struct session *s, uint64_t n)
 {
 	pthread_mutex_lock(&s->lock);

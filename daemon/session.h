@@ -138,6 +138,13 @@ void session_release(struct session *s);
  * the session was evicted or closed meanwhile.  Only inside an operation. */
 int session_charge(struct session *s, uint64_t bytes);
 void session_uncharge(struct session *s, uint64_t bytes);
+/* The spill tier's transitions: resident -> spilled (the tenant is
+ * uncharged: a spilled page holds no pool memory), spilled -> resident
+ * (charged again: -ENOSPC over the tenant's limit, nothing moved), and
+ * spilled bytes dropped (truncated, or lost to a failed check). */
+void session_spill_move(struct session *s, uint64_t bytes);
+int session_restore_move(struct session *s, uint64_t bytes);
+void session_unspill(struct session *s, uint64_t bytes);
 /* The session's length: its longest layer's token count. */
 void session_set_tokens(struct session *s, uint64_t n);
 uint64_t session_id(const struct session *s);

@@ -37,7 +37,7 @@
 
 #define TQKV_RING_MAGIC         UINT64_C(0x474e49525f564b51) /* "QKV_RING" */
 #define TQKV_RING_VERSION_MAJOR 1u
-#define TQKV_RING_VERSION_MINOR 1u
+#define TQKV_RING_VERSION_MINOR 2u
 #define TQKV_RING_VERSION       ((TQKV_RING_VERSION_MAJOR << 16) | TQKV_RING_VERSION_MINOR)
 #define TQKV_DATA_SOCK          "data.sock"
 
@@ -169,6 +169,8 @@ enum tqkv_status {
 	TQKV_ST_RING_CORRUPT = 21,   /* -EPROTO   the client's SQ/CQ indices are inconsistent */
 	TQKV_ST_TOO_MANY_SESSIONS = 22, /* -EUSERS too many sessions attached here          */
 	TQKV_ST_GEOMETRY = 23,       /* -E2BIG    one token of all KV heads exceeds a pool page */
+	TQKV_ST_DATA_LOSS = 24,      /* -EBADMSG  a spilled page failed its checks: lost    */
+	TQKV_ST_SPILL_IO = 25,       /* -EIO      the spill tier could not read or write    */
 	TQKV_ST__COUNT
 };
 
@@ -199,6 +201,8 @@ static inline const char *tqkv_status_str(uint32_t st)
 		[TQKV_ST_RING_CORRUPT] = "ring indices corrupted; the daemon stopped this ring",
 		[TQKV_ST_TOO_MANY_SESSIONS] = "too many sessions attached to this connection",
 		[TQKV_ST_GEOMETRY] = "one token of all KV heads does not fit a pool page",
+		[TQKV_ST_DATA_LOSS] = "a spilled page failed its checks: its tokens are lost",
+		[TQKV_ST_SPILL_IO] = "the spill tier could not read or write a page",
 	};
 	return st < TQKV_ST__COUNT && s[st] ? s[st] : "unknown status";
 }
@@ -289,6 +293,6 @@ static_assert(offsetof(struct tqkv_cqe, detail) == 24, "cqe.detail");
 static_assert(sizeof(struct tqkv_hello) == 64, "hello is 64 bytes");
 static_assert(sizeof(struct tqkv_welcome) == 128, "welcome is 128 bytes");
 static_assert(TQKV_OP__COUNT == 8, "opcodes are append-only");
-static_assert(TQKV_ST__COUNT == 24, "status codes are append-only");
+static_assert(TQKV_ST__COUNT == 26, "status codes are append-only");
 
 #endif /* TQKV_RING_H */
