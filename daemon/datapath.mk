@@ -19,3 +19,6 @@ $(OBJ)/tests/unit/test_ring.o: | $(PROTO_H)
 TEST_OBJS_test_dataop = $(DATAPATH_OBJS) $(OBJ)/daemon/session.o $(OBJ)/daemon/tenant.o \
 	$(OBJ)/daemon/config.o $(OBJ)/daemon/log.o
 TEST_LIBS_test_dataop = $(NUMA_LIBS) $(INIH_LIBS) $(URING_LIBS) $(ISAL_LIBS)
+TEST_OBJS_test_residency = $(DATAPATH_OBJS) $(OBJ)/daemon/session.o $(OBJ)/daemon/tenant.o \
+	$(OBJ)/daemon/config.o $(OBJ)/daemon/log.o
+TEST_LIBS_test_residency = $(NUMA_LIBS) $(INIH_LIBS) $(URING_LIBS) $(ISAL_LIBS)

@@ -1,0 +1,294 @@
+/* test_residency — pages moving between the pool and the spill tier under
+ * the data operations: spill, restore on access (bit-exact attention),
+ * exact accounting through every transition, a corrupted or unreadable
+ * copy reported to its own session only, a full tier. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "config.h"
+#include "dataop.h"
+#include "pool.h"
+#include "session.h"
+#include "spill.h"
+#include "tenant.h"
+#include "tqkv_ring.h"
+
+#define MiB (1ull << 20)
+/* in helpers that return a value (T_* return from the caller) */
+#define MUST(x) do { if (!(x)) { fprintf(stderr, "%s:%d: %s failed\n", __FILE__, __LINE__, #x); exit(1); } } while (0)
+#define PAGE (16u << 10)
+
+struct fix {
+	char dir[64];
+	struct config cfg;
+	struct tenant_table *tt;
+	struct pool *pool;
+	tq_cache *cache;
+	struct kvstore *ks;
+	struct session_table *st;
+	struct spill *sp;
+};
+
+static void fix_start(struct fix *f, uint64_t spill_slots)
+{
+	char err[CONFIG_ERR_MAX], why[512];
+	const char *text = "[pool]\npool_bytes = 16M\n[tenant t]\nlimit = 16M\nallow_uids = *\n";
+	struct pool_params pp = { .bytes = 16 * MiB, .page_bytes = PAGE, .numa_node = -1 };
+
+	memset(f, 0, sizeof(*f));
+	snprintf(f->dir, sizeof(f->dir), "/tmp/tq-res-XXXXXX");
+	struct spill_params sp = { .dir = f->dir, .bytes = spill_slots * (SPILL_HDR_BYTES + PAGE), .page_bytes = PAGE,
+				   .allow_fallback = true };
+	if (!mkdtemp(f->dir) || config_load_string(&f->cfg, "t.conf", text, err, sizeof(err)) != 0 ||
+	    tenant_table_new(&f->tt, &f->cfg) < 0 || pool_new(&f->pool, &pp, why, sizeof(why)) < 0 ||
+	    !(f->cache = tq_cache_new()) || kvstore_new(&f->ks, f->pool, f->cache) < 0 ||
+	    session_table_new(&f->st, 16, kvstore_release, f->ks) < 0 ||
+	    spill_open(&f->sp, &sp, why, sizeof(why)) < 0) {
+		fprintf(stderr, "setup failed: %s\n", why);
+		exit(1);
+	}
+	kvstore_set_spill(f->ks, f->sp);
+}
+
+static void fix_stop(struct fix *f)
+{
+	char path[128];
+
+	session_table_free(f->st);
+	kvstore_free(f->ks);
+	spill_close(f->sp);
+	tq_cache_free(f->cache);
+	pool_free(f->pool);
+	tenant_table_free(f->tt);
+	snprintf(path, sizeof(path), "%s/%s", f->dir, SPILL_FILE);
+	unlink(path);
+	rmdir(f->dir);
+}
+
+static const struct session_geom G = { 3, 2, 4, 64, TQ_CODEC_TQ4, TQ_CODEC_TQ3, 1024 };
+
+static uint64_t open_filled(struct fix *f, uint32_t tokens, uint64_t seed)
+{
+	struct session_info si;
+	struct session *s;
+	struct dataop_res r;
+	char why[200];
+	float *k = malloc((size_t)tokens * 2 * 64 * 4), *v = malloc((size_t)tokens * 2 * 64 * 4);
+
+	if (session_open(f->st, tenant_find(f->tt, "t"), "", 1000, &G, seed, 0, &si, why, sizeof(why)) < 0)
+		exit(1);
+	for (size_t i = 0; i < (size_t)tokens * 2 * 64; i++) {
+		seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+		k[i] = (float)(seed >> 40) / (float)(1 << 24) - 0.5f;
+		v[i] = (float)(seed >> 20 & 0xfffff) / (float)(1 << 20) - 0.5f;
+	}
+	MUST(session_acquire(f->st, si.id, 0, &s) == 0);
+	for (uint32_t l = 0; l < G.n_layers; l++) {
+		dataop_append(f->ks, s, l, k, v, TQ_DTYPE_F32, tokens, &r);
+		MUST(r.status == TQKV_ST_OK);
+	}
+	session_release(s);
+	free(k);
+	free(v);
+	return si.id;
+}
+
+/* out[4 queries][4 heads][64] over layer l, positions spread over the context */
+static int attend(struct fix *f, uint64_t id, uint32_t l, uint32_t tokens, float *out, struct dataop_res *r)
+{
+	struct dataop_ws ws = { 0 };
+	struct session *s;
+	float q[4 * 4 * 64];
+	int32_t pos[4] = { 0, (int32_t)tokens / 3, (int32_t)tokens / 2, (int32_t)tokens - 1 };
+
+	for (int i = 0; i < 4 * 4 * 64; i++)
+		q[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
+	MUST(session_acquire(f->st, id, 0, &s) == 0);
+	dataop_attend(f->ks, s, &ws, l, NULL, NULL, 0, q, pos, 4, TQ_DTYPE_F32, out, r);
+	session_release(s);
+	dataop_ws_free(&ws);
+	return r->res;
+}
+
+static void info(struct fix *f, uint64_t id, struct session_info *si)
+{
+	T_EQ(session_get_info(f->st, id, si), 0);
+}
+
+static int spill(struct fix *f, uint64_t id, uint64_t bytes, uint64_t *done, char *why)
+{
+	struct session *s;
+	MUST(session_acquire(f->st, id, 0, &s) == 0);
+	int r = dataop_spill(f->ks, s, bytes, done, why, 512);
+	session_release(s);
+	return r;
+}
+
+static void test_spill_restore_exact(void)
+{
+	struct fix f;
+	struct session_info si, si2;
+	struct dataop_res r;
+	struct spill_stats st;
+	static float before[3][4 * 4 * 64], after[4 * 4 * 64];
+	uint64_t done;
+	char why[512];
+	const uint32_t tokens = 700;
+
+	fix_start(&f, 256);
+	uint32_t free0 = pool_pages_free_count(f.pool);
+	uint64_t id = open_filled(&f, tokens, 11), other = open_filled(&f, 100, 12);
+	for (uint32_t l = 0; l < 3; l++)
+		T_EQ(attend(&f, id, l, tokens, before[l], &r), 4);
+	info(&f, id, &si);
+	uint64_t resident0 = si.resident_bytes, pages = resident0 / PAGE;
+	T_ASSERT(pages >= 6);
+	uint64_t used0 = tenant_table_used(f.tt);
+	uint32_t free1 = pool_pages_free_count(f.pool);
+
+	/* part of it: whole pages, full ones first */
+	T_EQ(spill(&f, id, 2 * PAGE + 1, &done, why), 0);
+	T_EQ(done, 3 * PAGE);
+	info(&f, id, &si);
+	T_EQ(si.resident_bytes, resident0 - 3 * PAGE);
+	T_EQ(si.spilled_bytes, 3 * PAGE);
+	T_EQ(tenant_table_used(f.tt), used0 - 3 * PAGE);
+	T_EQ(pool_pages_free_count(f.pool), free1 + 3);
+	/* all of it */
+	T_EQ(spill(&f, id, UINT64_MAX, &done, why), 0);
+	T_EQ(done, resident0 - 3 * PAGE);
+	info(&f, id, &si);
+	T_EQ(si.resident_bytes, 0);
+	T_EQ(si.spilled_bytes, resident0);
+	T_EQ(pool_pages_free_count(f.pool), free1 + pages);
+	T_EQ(spill(&f, id, UINT64_MAX, &done, why), 0); /* nothing left to spill */
+	T_EQ(done, 0);
+	spill_stats(f.sp, &st);
+	T_EQ(st.slots_used, pages);
+	/* the other session is untouched and still served */
+	info(&f, other, &si2);
+	T_EQ(si2.spilled_bytes, 0);
+	T_EQ(attend(&f, other, 0, 100, after, &r), 4);
+	/* an attend restores the layer it needs, bit-exact */
+	T_EQ(attend(&f, id, 1, tokens, after, &r), 4);
+	T_ASSERT(memcmp(after, before[1], sizeof(after)) == 0);
+	info(&f, id, &si);
+	T_EQ(si.resident_bytes + si.spilled_bytes, resident0);
+	T_ASSERT(si.resident_bytes > 0 && si.spilled_bytes > 0);
+	/* restore the rest: everything back, the slots free again */
+	struct session *s;
+	T_EQ(session_acquire(f.st, id, 0, &s), 0);
+	T_EQ(dataop_restore(f.ks, s, why, sizeof(why)), 0);
+	session_release(s);
+	info(&f, id, &si);
+	T_EQ(si.resident_bytes, resident0);
+	T_EQ(si.spilled_bytes, 0);
+	T_EQ(tenant_table_used(f.tt), used0);
+	spill_stats(f.sp, &st);
+	T_EQ(st.slots_used, 0);
+	for (uint32_t l = 0; l < 3; l++) {
+		T_EQ(attend(&f, id, l, tokens, after, &r), 4);
+		T_ASSERT(memcmp(after, before[l], sizeof(after)) == 0);
+	}
+	/* spill, then truncate and close: slots and bytes come back */
+	T_EQ(spill(&f, id, UINT64_MAX, &done, why), 0);
+	T_EQ(session_acquire(f.st, id, 0, &s), 0);
+	dataop_truncate(f.ks, s, 0, 0, 10, &r);
+	session_release(s);
+	T_EQ(r.status, TQKV_ST_OK);
+	info(&f, id, &si);
+	T_EQ(si.resident_bytes, 0);
+	T_ASSERT(si.spilled_bytes < resident0);
+	T_EQ(session_close(f.st, id, NULL), 0);
+	T_EQ(session_close(f.st, other, NULL), 0);
+	spill_stats(f.sp, &st);
+	T_EQ(st.slots_used, 0);
+	T_EQ(tenant_table_used(f.tt), 0);
+	T_EQ(pool_pages_free_count(f.pool), free0);
+	fix_stop(&f);
+}
+
+static void test_faults(void)
+{
+	struct fix f;
+	struct session_info si;
+	struct dataop_res r;
+	float out[4 * 4 * 64];
+	uint64_t done;
+	char why[512], path[128];
+
+	fix_start(&f, 8);
+	uint64_t id = open_filled(&f, 700, 21), other = open_filled(&f, 300, 22);
+	info(&f, id, &si);
+	uint64_t pages = si.resident_bytes / PAGE;
+	/* a full tier: what fits goes, the rest says why */
+	T_EQ(spill(&f, id, UINT64_MAX, &done, why), 0);
+	T_EQ(done, 8 * PAGE);
+	T_ASSERT(pages > 8);
+	T_EQ(spill(&f, other, UINT64_MAX, &done, why), -ENOSPC);
+	T_ASSERT(strstr(why, "the spill tier is full (8 of 8 slots in use)"));
+	/* an unreadable page: SPILL_IO, still spilled, a retry works */
+	spill_fault_arm(f.sp, SPILL_FAULT_READ, 1, -EIO);
+	T_EQ(attend(&f, id, 0, 700, out, &r), -EIO);
+	T_EQ(r.status, TQKV_ST_SPILL_IO);
+	T_ASSERT(strstr(r.msg, "injected"));
+	T_EQ(attend(&f, id, 0, 700, out, &r), 4);
+	/* a write that fails: the page stays resident, nothing is lost */
+	struct session *s;
+	T_EQ(session_acquire(f.st, id, 0, &s), 0);
+	T_EQ(dataop_restore(f.ks, s, why, sizeof(why)), 0);
+	session_release(s);
+	spill_fault_arm(f.sp, SPILL_FAULT_WRITE, 1, -EIO);
+	T_EQ(spill(&f, other, PAGE, &done, why), -EIO);
+	T_EQ(done, 0);
+	info(&f, other, &si);
+	T_EQ(si.spilled_bytes, 0);
+	T_EQ(attend(&f, other, 0, 300, out, &r), 4);
+	/* a corrupted copy: DATA_LOSS for its session only, never served */
+	T_EQ(spill(&f, id, PAGE, &done, why), 0);
+	snprintf(path, sizeof(path), "%s/%s", f.dir, SPILL_FILE);
+	int fd = open(path, O_RDWR);
+	T_ASSERT(fd >= 0);
+	for (uint64_t slot = 0; slot < 8; slot++) { /* flip a payload byte in every slot */
+		uint8_t b;
+		off_t off = (off_t)(slot * (SPILL_HDR_BYTES + PAGE) + SPILL_HDR_BYTES + 77);
+		T_EQ(pread(fd, &b, 1, off), 1);
+		b ^= 0x40;
+		T_EQ(pwrite(fd, &b, 1, off), 1);
+	}
+	close(fd);
+	T_EQ(attend(&f, id, 0, 700, out, &r), -EBADMSG);
+	T_EQ(r.status, TQKV_ST_DATA_LOSS);
+	T_ASSERT(strstr(r.msg, "checksum mismatch"));
+	T_EQ(attend(&f, id, 0, 700, out, &r), -EBADMSG); /* and stays lost */
+	T_ASSERT(strstr(r.msg, "was lost"));
+	T_EQ(attend(&f, id, 1, 700, out, &r), 4);          /* other layers are fine */
+	T_EQ(attend(&f, other, 0, 300, out, &r), 4);       /* the other session too */
+	info(&f, id, &si);
+	T_EQ(si.spilled_bytes, 0);
+	/* truncating below the lost page makes the layer usable again */
+	T_EQ(session_acquire(f.st, id, 0, &s), 0);
+	dataop_truncate(f.ks, s, 0, 0, 0, &r);
+	session_release(s);
+	T_EQ(session_close(f.st, id, NULL), 0);
+	T_EQ(session_close(f.st, other, NULL), 0);
+	struct spill_stats st;
+	spill_stats(f.sp, &st);
+	T_EQ(st.slots_used, 0);
+	T_EQ(st.crc_failures, 1);
+	T_EQ(tenant_table_used(f.tt), 0);
+	fix_stop(&f);
+}
+
+int main(void)
+{
+	T_RUN(test_spill_restore_exact);
+	T_RUN(test_faults);
+	return t_done();
+}
