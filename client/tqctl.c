@@ -501,6 +501,48 @@ static int cmd_close(struct ctx *x, int argc, char **argv)
 	return session_ref_cmd(x, argc, argv, "CloseSession");
 }
 
+/* spill ID [SIZE] / restore ID: both answer with the session. */
+static int spill_cmd(struct ctx *x, int argc, char **argv, bool spill)
+{
+	Tqkv__V1__SpillSessionRequest sq = TQKV__V1__SPILL_SESSION_REQUEST__INIT;
+	Tqkv__V1__SessionRef rq = TQKV__V1__SESSION_REF__INIT;
+	ProtobufCMessage *rep;
+	char a[32], b[32];
+	int r;
+
+	if (argc < 1 || argc > (spill ? 2 : 1)) {
+		usage_error("%s", argc ? "too many arguments" : "a session ID is required");
+		return EXIT_USAGE;
+	}
+	if (parse_id(argv[0], spill ? &sq.id : &rq.id) < 0)
+		return EXIT_USAGE;
+	if (argc == 2 && ctl_parse_size(argv[1], &sq.bytes) < 0) {
+		usage_error("'%s' is not a size (examples: 64M, 1GiB)", argv[1]);
+		return EXIT_USAGE;
+	}
+	if ((r = call(x, spill ? "SpillSession" : "RestoreSession", spill ? &sq.base : &rq.base, &rep)) != 0)
+		return r;
+	if (x->json) {
+		print_json(rep);
+	} else {
+		Tqkv__V1__Session *s = (void *)rep;
+		printf("session %" PRIu64 " %s: %s resident, %s spilled\n", s->id, spill ? "spilled" : "restored",
+		       sz(s->resident_bytes, a, sizeof(a)), sz(s->spilled_bytes, b, sizeof(b)));
+	}
+	protobuf_c_message_free_unpacked(rep, NULL);
+	return 0;
+}
+
+static int cmd_spill(struct ctx *x, int argc, char **argv)
+{
+	return spill_cmd(x, argc, argv, true);
+}
+
+static int cmd_restore(struct ctx *x, int argc, char **argv)
+{
+	return spill_cmd(x, argc, argv, false);
+}
+
 static void tenant_row(struct table *t, const Tqkv__V1__Tenant *m)
 {
 	char prio[16], g[24], l[24], u[24], pct[16], ns[16], allow[256];
@@ -688,6 +730,13 @@ static const struct cmd cmds[] = {
 	  "call; `tqctl close ID` removes it.", true, cmd_evict },
 	{ "close", "ID", "drop a session (CloseSession)",
 	  "Removes session ID and releases its memory.", true, cmd_close },
+	{ "spill", "ID [SIZE]", "move a session's pages to the spill tier (SpillSession)",
+	  "Writes at least SIZE bytes (whole pages; default: all) of session ID to the\n"
+	  "spill file, coldest first, and gives their pool memory back.  The session's\n"
+	  "next operation on a layer reads that layer back.  Operators only.", true, cmd_spill },
+	{ "restore", "ID", "read a session's spilled pages back (RestoreSession)",
+	  "Reads every spilled page of session ID back into the pool.  A page that fails\n"
+	  "its checksum is never served: DATA_LOSS.  Operators only.", true, cmd_restore },
 	{ "tenants", "", "tenants, budgets and use (ListTenants)",
 	  "Per tenant: priority, guaranteed bytes, limit, bytes used, sessions, and the\n"
 	  "users/groups allowed to open sessions.", true, cmd_tenants },
@@ -720,7 +769,7 @@ static void usage(FILE *f)
 		"Who may do what: any member of the socket's group (daemon.control_group)\n"
 		"may run health and stats, open sessions and list, inspect, evict and close\n"
 		"its own; operators (root, tqkvd's own user, daemon.operator_group) act on\n"
-		"every session and alone may run budget and config.\n"
+		"every session and alone may run budget, config, spill and restore.\n"
 		"\n"
 		"Options (also accepted after COMMAND):\n"
 		"  -s, --socket PATH   the control socket; default $TQKVD_SOCKET, else\n"

@@ -364,6 +364,7 @@ static int start_spill(struct daemon *d)
 		log_err("spill: %s", why);
 		return r;
 	}
+	kvstore_set_spill(d->kv, d->spill);
 	spill_stats(d->spill, &st);
 	tq_size_format_human(st.slots_total * st.slot_bytes, cap, sizeof(cap));
 	log_info("spill: %s, %" PRIu64 " page slots (%s), %s", spill_path(d->spill), st.slots_total, cap,
@@ -570,7 +571,7 @@ int main(int argc, char **argv)
 	if ((r = start_ring(&d)) < 0)
 		goto fail;
 	rpc_set_datapath(d.rpc, d.pool, d.ring);
-	rpc_set_spill(d.rpc, d.spill);
+	rpc_set_spill(d.rpc, d.spill, d.kv);
 	status_line(&d, status, sizeof(status));
 	log_notice("tqkvd %s ready: control unix:%s/%s%s, pool %s, spill %s, %u tenant%s, config %s",
 		   TQ_VERSION, d.cfg->run_dir, CONFIG_CONTROL_SOCK,

@@ -51,7 +51,7 @@
 #include "tqkv.pb-c.h"
 #include "version.h"
 
-#define N_METHODS 10
+#define N_METHODS 12
 
 #define PEER_GROUPS_MAX 64
 
@@ -111,7 +111,8 @@ struct rpc_server {
 	struct tenant_table *tenants;
 	struct pool *pool;              /* atomic pointers: rpc_set_datapath */
 	struct ring_server *ring;
-	struct spill *spill;            /* atomic pointer: rpc_set_spill */
+	struct spill *spill;            /* atomic pointers: rpc_set_spill */
+	struct kvstore *kv;
 	uint64_t start_ms, start_mono_ms;
 
 	pthread_mutex_t cfg_lock;       /* guards cfg, reloads, operator_gid */
@@ -614,6 +615,70 @@ static void h_evict_session(struct rpc_server *srv, const struct peer *peer,
 	rep_session(rep, &si);
 }
 
+/* SpillSession / RestoreSession: the session held (acquired) for the I/O,
+ * so it cannot be closed under it; its own operations wait on its lock. */
+static void spill_or_restore(struct rpc_server *srv, const struct peer *peer, uint64_t id, bool spill,
+			     uint64_t bytes, struct reply *rep)
+{
+	struct kvstore *kv = __atomic_load_n(&srv->kv, __ATOMIC_ACQUIRE);
+	struct session_info si;
+	struct session *s;
+	uint64_t done = 0;
+	char why[512];
+	int r;
+
+	if (!check_id(id, rep))
+		return;
+	if (!kv || !__atomic_load_n(&srv->spill, __ATOMIC_ACQUIRE)) {
+		rep_error(rep, GRPC_STATUS_FAILED_PRECONDITION, "this tqkvd has no spill tier");
+		return;
+	}
+	if ((r = session_acquire(srv->sessions, id, now_realtime_ms(), &s)) < 0) {
+		rep_error(rep, r == -ENOENT ? GRPC_STATUS_NOT_FOUND : GRPC_STATUS_FAILED_PRECONDITION,
+			  "session %" PRIu64 ": %s", id, r == -ENOENT ? "no such session" :
+			  r == -ESTALE ? "evicted" : "closing");
+		return;
+	}
+	r = spill ? dataop_spill(kv, s, bytes ? bytes : UINT64_MAX, &done, why, sizeof(why))
+		  : dataop_restore(kv, s, why, sizeof(why));
+	session_release(s);
+	if (r < 0) {
+		int code = r == -EBADMSG ? GRPC_STATUS_DATA_LOSS :
+			   r == -ENOSPC ? GRPC_STATUS_RESOURCE_EXHAUSTED :
+			   r == -EOPNOTSUPP ? GRPC_STATUS_FAILED_PRECONDITION : GRPC_STATUS_UNAVAILABLE;
+		rep_error(rep, code, "session %" PRIu64 ": %s", id, why);
+		return;
+	}
+	if (session_get_info(srv->sessions, id, &si) < 0) {
+		rep_error(rep, GRPC_STATUS_NOT_FOUND, "no session %" PRIu64, id);
+		return;
+	}
+	if (spill)
+		log_info("session %" PRIu64 " (tenant %s): %" PRIu64 " bytes spilled by %s; %" PRIu64
+			 " resident, %" PRIu64 " spilled", id, si.tenant, done, peer->desc, si.resident_bytes,
+			 si.spilled_bytes);
+	else
+		log_info("session %" PRIu64 " (tenant %s) restored by %s; %" PRIu64 " resident", id, si.tenant,
+			 peer->desc, si.resident_bytes);
+	rep_session(rep, &si);
+}
+
+static void h_spill_session(struct rpc_server *srv, const struct peer *peer,
+			    const ProtobufCMessage *req, struct reply *rep)
+{
+	const Tqkv__V1__SpillSessionRequest *q = (const void *)req;
+
+	spill_or_restore(srv, peer, q->id, true, q->bytes, rep);
+}
+
+static void h_restore_session(struct rpc_server *srv, const struct peer *peer,
+			      const ProtobufCMessage *req, struct reply *rep)
+{
+	const Tqkv__V1__SessionRef *q = (const void *)req;
+
+	spill_or_restore(srv, peer, q->id, false, 0, rep);
+}
+
 /* The message's arrays point into `ti`. */
 static void tenant_to_msg(struct tenant_info *ti, Tqkv__V1__Tenant *m)
 {
@@ -791,6 +856,8 @@ static const struct {
 	{ "ListTenants", h_list_tenants, RIGHT_CLIENT },
 	{ "SetTenantBudget", h_set_tenant_budget, RIGHT_OPERATOR },
 	{ "GetConfig", h_get_config, RIGHT_OPERATOR },
+	{ "SpillSession", h_spill_session, RIGHT_OPERATOR },
+	{ "RestoreSession", h_restore_session, RIGHT_OPERATOR },
 };
 
 /* protobuf-c turns a string with an embedded NUL into its prefix (a C
@@ -1368,8 +1435,9 @@ void rpc_set_datapath(struct rpc_server *srv, struct pool *pool, struct ring_ser
 	__atomic_store_n(&srv->ring, ring, __ATOMIC_RELEASE);
 }
 
-void rpc_set_spill(struct rpc_server *srv, struct spill *sp)
+void rpc_set_spill(struct rpc_server *srv, struct spill *sp, struct kvstore *kv)
 {
+	__atomic_store_n(&srv->kv, kv, __ATOMIC_RELEASE);
 	__atomic_store_n(&srv->spill, sp, __ATOMIC_RELEASE);
 }
 

@@ -48,7 +48,9 @@ struct pool;
 struct ring_server;
 void rpc_set_datapath(struct rpc_server *srv, struct pool *pool, struct ring_server *ring);
 struct spill;
-/* The spill store GetStats reports (NULL: none). */
-void rpc_set_spill(struct rpc_server *srv, struct spill *sp);
+struct kvstore;
+/* The spill store (GetStats, SpillSession, RestoreSession) and the page
+ * tables it moves pages of; NULL: none. */
+void rpc_set_spill(struct rpc_server *srv, struct spill *sp, struct kvstore *kv);
 
 #endif

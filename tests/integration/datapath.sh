@@ -67,6 +67,17 @@ wait_stat data_clients 0
 [ "$(stat sessions_open)" = 1 ] || fail "the detached session was closed with its client"
 ctl session "$ID" --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert int(d["tokens"]) == 2048 and int(d["resident_bytes"]) > 0, d' \
 	|| fail "session $ID does not show its tokens and resident bytes"
+# the spill tier: all of its pages to the spill file and back
+out=$(ctl spill "$ID") || fail "tqctl spill $ID: $out"
+ctl session "$ID" --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert int(d["resident_bytes"]) == 0 and int(d["spilled_bytes"]) > 0, d' \
+	|| fail "after tqctl spill: $(ctl session "$ID" --json)"
+wait_stat used_bytes 0
+[ "$(stat spill_used_bytes)" -gt 0 ] || fail "GetStats shows no spill use"
+out=$(ctl restore "$ID") || fail "tqctl restore $ID: $out"
+ctl session "$ID" --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert int(d["spilled_bytes"]) == 0 and int(d["resident_bytes"]) > 0, d' \
+	|| fail "after tqctl restore: $(ctl session "$ID" --json)"
+[ "$(stat spill_used_bytes)" = 0 ] || fail "slots still in use after the restore"
+[ "$(stat spill_reads)" -gt 0 ] && [ "$(stat spill_checksum_failures)" = 0 ] || fail "spill stats"
 ctl close "$ID" >/dev/null || fail "tqctl close $ID"
 wait_stat used_bytes 0
 wait_stat pages_free "$TOTAL"
