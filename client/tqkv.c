@@ -955,6 +955,47 @@ EXPORT int tqkv_session_close(tqkv_session *s)
 	return r;
 }
 
+EXPORT int tqkv_session_prefetch(tqkv_session *s)
+{
+	struct tqkv_sqe e;
+	tqkv_req *q;
+	int r;
+
+	memset(&e, 0, sizeof(e));
+	e.opcode = TQKV_OP_PREFETCH;
+	e.session = s->id;
+	if ((r = submit(s->c, &e, NULL, 0, NULL, 0, NULL, &q)) < 0)
+		return r;
+	/* nobody waits for it: freed when its completion comes */
+	pthread_mutex_lock(&s->c->lock);
+	q->abandoned = true;
+	if (q->done)
+		req_free_locked(s->c, q);
+	pthread_mutex_unlock(&s->c->lock);
+	return 0;
+}
+
+EXPORT int tqkv_session_info(tqkv_session *s, struct tqkv_session_info *out)
+{
+	Tqkv__V1__SessionRef ref = TQKV__V1__SESSION_REF__INIT;
+	ProtobufCMessage *rep;
+	int r;
+
+	memset(out, 0, sizeof(*out));
+	ref.id = s->id;
+	if ((r = ctl_do(s->c, "GetSession", &ref.base, &rep)) < 0)
+		return r;
+	const Tqkv__V1__Session *m = (const void *)rep;
+	out->id = m->id;
+	out->tokens = m->tokens;
+	out->max_tokens = m->max_tokens;
+	out->resident_bytes = m->resident_bytes;
+	out->spilled_bytes = m->spilled_bytes;
+	out->evicted = m->state == TQKV__V1__SESSION_STATE__SESSION_STATE_EVICTED;
+	protobuf_c_message_free_unpacked(rep, NULL);
+	return 0;
+}
+
 EXPORT uint64_t tqkv_session_id(const tqkv_session *s)
 {
 	return s->id;

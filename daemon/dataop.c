@@ -649,27 +649,35 @@ out:
 	return *spilled || !err ? 0 : err;
 }
 
-int dataop_restore(struct kvstore *ks, struct session *s, char *why, size_t whylen)
+void dataop_prefetch(struct kvstore *ks, struct session *s, struct dataop_res *r)
 {
 	struct kv_sess *kv;
-	struct dataop_res r;
-	int e, err = 0;
+	struct dataop_res lr;
+	int e;
 
-	why[0] = 0;
+	memset(r, 0, sizeof(*r));
 	if ((e = kv_get(ks, s, &kv)) < 0) {
-		snprintf(why, whylen, "session state: %s", strerror(-e));
-		return e;
+		res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_GEOMETRY, 0);
+		return;
 	}
+	res_set(r, 0, TQKV_ST_OK, 0);
 	pthread_mutex_lock(&kv->lock);
 	for (uint32_t l = 0; l < kv->n_layers; l++) {
-		memset(&r, 0, sizeof(r));
-		if (restore_layer_locked(ks, s, kv, l, &r) < 0 && !err) {
-			err = r.res;
-			snprintf(why, whylen, "%s", r.msg);
-		}
+		memset(&lr, 0, sizeof(lr));
+		if (restore_layer_locked(ks, s, kv, l, &lr) < 0 && r->res == 0)
+			*r = lr; /* the first failure; the other layers still come back */
 	}
+	r->n_tokens = kv->max_len;
 	pthread_mutex_unlock(&kv->lock);
-	return err;
+}
+
+int dataop_restore(struct kvstore *ks, struct session *s, char *why, size_t whylen)
+{
+	struct dataop_res r;
+
+	dataop_prefetch(ks, s, &r);
+	snprintf(why, whylen, "%s", r.res < 0 ? r.msg : "");
+	return r.res < 0 ? r.res : 0;
 }
 
 static int check_args(struct kv_sess *kv, uint32_t layer, enum tq_dtype dtype, struct dataop_res *r)

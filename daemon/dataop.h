@@ -94,6 +94,8 @@ int dataop_spill(struct kvstore *ks, struct session *s, uint64_t want, uint64_t 
 		 char *why, size_t whylen);
 /* Restore every spilled page of s: 0, or the first error with why. */
 int dataop_restore(struct kvstore *ks, struct session *s, char *why, size_t whylen);
+/* The same as a ring operation (PREFETCH): the first failure in r. */
+void dataop_prefetch(struct kvstore *ks, struct session *s, struct dataop_res *r);
 /* Tokens per page of page_bytes for a geometry (the most that fit with the
  * K and V regions rounded up to TQ_PAGE_ALIGN): > 0, or -E2BIG when one
  * token of all KV heads does not fit a page, -EINVAL on a bad geometry.

@@ -180,7 +180,7 @@ static inline void cpu_relax(void)
 static const char *op_name(uint32_t op)
 {
 	static const char *const n[TQKV_OP__COUNT] = { "NOP", "ATTACH", "DETACH", "APPEND", "ATTEND",
-						       "APPEND_ATTEND", "TRUNCATE", "CLOSE" };
+						       "APPEND_ATTEND", "TRUNCATE", "CLOSE", "PREFETCH" };
 	return op < TQKV_OP__COUNT ? n[op] : "?";
 }
 
@@ -465,6 +465,7 @@ static void dispatch(struct ring_client *c, const struct tqkv_sqe *e)
 		return do_attach(c, e);
 	case TQKV_OP_DETACH:
 	case TQKV_OP_CLOSE:
+	case TQKV_OP_PREFETCH:
 	case TQKV_OP_APPEND:
 	case TQKV_OP_ATTEND:
 	case TQKV_OP_APPEND_ATTEND:
@@ -491,6 +492,10 @@ static void dispatch(struct ring_client *c, const struct tqkv_sqe *e)
 			b->detached = true; /* later SQEs of this session: NOT_ATTACHED */
 			b->close_requested = e->opcode == TQKV_OP_CLOSE;
 		}
+	} else if (e->opcode == TQKV_OP_PREFETCH) {
+		if (e->flags || e->dtype || e->layer || e->n_tokens || e->n_q || e->k_off || e->v_off ||
+		    e->q_off || e->pos_off || e->out_off || e->pos)
+			st = TQKV_ST_BAD_FIELD;
 	} else {
 		st = sqe_check(c, e, b, &detail);
 	}
@@ -732,6 +737,9 @@ static void run_op(struct ring_server *rs, struct ring_worker *w, struct binding
 	}
 	case TQKV_OP_TRUNCATE:
 		dataop_truncate(rs->ks, s, e->layer, (e->flags & TQKV_SQE_ALL_LAYERS) != 0, e->pos, &r);
+		break;
+	case TQKV_OP_PREFETCH:
+		dataop_prefetch(rs->ks, s, &r);
 		break;
 	default:
 		assert(!"dispatch let an unknown opcode through");

@@ -97,6 +97,8 @@ enum tqkv_op {
 	TQKV_OP_TRUNCATE = 6,      /* drop tokens at positions >= pos                 */
 	TQKV_OP_CLOSE = 7,         /* close the session (in order after its queued    */
 				   /* operations; completes even if the client leaves) */
+	TQKV_OP_PREFETCH = 8,      /* read the session's spilled pages back now, so   */
+				   /* its next operations find them resident        */
 	TQKV_OP__COUNT
 };
 
@@ -292,7 +294,7 @@ static_assert(offsetof(struct tqkv_cqe, n_tokens) == 16, "cqe.n_tokens");
 static_assert(offsetof(struct tqkv_cqe, detail) == 24, "cqe.detail");
 static_assert(sizeof(struct tqkv_hello) == 64, "hello is 64 bytes");
 static_assert(sizeof(struct tqkv_welcome) == 128, "welcome is 128 bytes");
-static_assert(TQKV_OP__COUNT == 8, "opcodes are append-only");
+static_assert(TQKV_OP__COUNT == 9, "opcodes are append-only");
 static_assert(TQKV_ST__COUNT == 26, "status codes are append-only");
 
 #endif /* TQKV_RING_H */

@@ -133,6 +133,22 @@ int tqkv_session_detach(tqkv_session *s);
  * was submitted the close completes even if this process dies. */
 int tqkv_session_close(tqkv_session *s);
 uint64_t tqkv_session_id(const tqkv_session *s);
+/* Ask the daemon to read the session's spilled pages back now (after the
+ * operations submitted before), so later operations find them resident.
+ * Returns at once: 0 when queued, or a negative errno; nothing to wait
+ * for (operations restore what they need anyway). */
+int tqkv_session_prefetch(tqkv_session *s);
+struct tqkv_session_info {
+	uint64_t id;
+	uint64_t tokens;          /* the longest layer's length                              */
+	uint64_t max_tokens;
+	uint64_t resident_bytes;  /* in the daemon's memory pool                             */
+	uint64_t spilled_bytes;   /* in its spill tier (read back on use)                    */
+	int evicted;              /* the session was evicted: operations fail with -ESTALE   */
+};
+/* The session as the daemon sees it (control channel: -ENOTSUP on a
+ * TQKV_CONNECT_NO_CONTROL connection). */
+int tqkv_session_info(tqkv_session *s, struct tqkv_session_info *out);
 uint64_t tqkv_session_seed(const tqkv_session *s);  /* 0 when attached with a geometry */
 
 /* ---- operations: blocking ---------------------------------------------------- */

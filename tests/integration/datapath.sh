@@ -73,6 +73,10 @@ ctl session "$ID" --json | python3 -c 'import json,sys; d=json.load(sys.stdin); 
 	|| fail "after tqctl spill: $(ctl session "$ID" --json)"
 wait_stat used_bytes 0
 [ "$(stat spill_used_bytes)" -gt 0 ] || fail "GetStats shows no spill use"
+# a client's prefetch reads them back (asynchronously: it watches them come)
+out=$("$CLIENT" --client prefetch "$T/run" "$ID" 2>&1) || fail "prefetch: $out"
+grep -q "^after: resident [1-9][0-9]* spilled 0$" <<<"$out" || fail "prefetch: $out"
+out=$(ctl spill "$ID") || fail "tqctl spill $ID (again): $out"
 out=$(ctl restore "$ID") || fail "tqctl restore $ID: $out"
 ctl session "$ID" --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert int(d["spilled_bytes"]) == 0 and int(d["resident_bytes"]) > 0, d' \
 	|| fail "after tqctl restore: $(ctl session "$ID" --json)"

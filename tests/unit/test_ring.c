@@ -721,6 +721,33 @@ static int client_main(int argc, char **argv)
 		return client_conns(dir, atoi(argv[4]), !strcmp(argv[5], "hold"));
 	if (!strcmp(mode, "stall") && argc > 4)
 		return client_stall(dir, atoi(argv[4]));
+	if (!strcmp(mode, "prefetch") && argc > 4) {
+		/* prefetch DIR ID: attach (G[0]), prefetch, watch the spilled bytes go */
+		struct tqkv_connect_opts o = { .run_dir = dir };
+		struct tqkv_session_params p = { .n_layers = G[0].n_layers, .n_kv_heads = G[0].n_kv,
+						 .n_q_heads = G[0].n_q, .head_dim = G[0].dim };
+		struct tqkv_session_info si;
+		tqkv *c;
+		tqkv_session *s;
+		if (tqkv_connect(&c, &o) < 0 ||
+		    tqkv_session_attach(c, strtoull(argv[4], NULL, 0), &p, TQKV_SESSION_DETACHED, &s) < 0) {
+			printf("prefetch: %s\n", tqkv_last_error());
+			return 2;
+		}
+		if (tqkv_session_info(s, &si) < 0 || tqkv_session_prefetch(s) < 0) {
+			printf("prefetch: %s\n", tqkv_last_error());
+			return 3;
+		}
+		printf("before: resident %llu spilled %llu\n", (unsigned long long)si.resident_bytes,
+		       (unsigned long long)si.spilled_bytes);
+		for (int i = 0; i < 500 && tqkv_session_info(s, &si) == 0 && si.spilled_bytes; i++)
+			usleep(10000);
+		printf("after: resident %llu spilled %llu\n", (unsigned long long)si.resident_bytes,
+		       (unsigned long long)si.spilled_bytes);
+		tqkv_session_detach(s);
+		tqkv_disconnect(c);
+		return si.spilled_bytes ? 4 : 0;
+	}
 	if (!strcmp(mode, "attach") && argc > 4) {
 		/* attach DIR ID: attach by id with G[0]'s geometry; prints the result */
 		struct tqkv_connect_opts o = { .run_dir = dir, .flags = TQKV_CONNECT_NO_CONTROL };
