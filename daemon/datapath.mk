@@ -22,3 +22,7 @@ TEST_LIBS_test_dataop = $(NUMA_LIBS) $(INIH_LIBS) $(URING_LIBS) $(ISAL_LIBS)
 TEST_OBJS_test_residency = $(DATAPATH_OBJS) $(OBJ)/daemon/session.o $(OBJ)/daemon/tenant.o \
 	$(OBJ)/daemon/config.o $(OBJ)/daemon/log.o
 TEST_LIBS_test_residency = $(NUMA_LIBS) $(INIH_LIBS) $(URING_LIBS) $(ISAL_LIBS)
+# tqbench spill runs the pool, page tables and spill store in-process
+TQBENCH_OBJS += $(DATAPATH_OBJS) $(OBJ)/daemon/session.o $(OBJ)/daemon/tenant.o \
+	$(OBJ)/daemon/config.o $(OBJ)/daemon/log.o
+TQBENCH_LIBS += $(NUMA_LIBS) $(INIH_LIBS) $(URING_LIBS) $(ISAL_LIBS)
