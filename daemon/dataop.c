@@ -39,7 +39,8 @@ struct kv_layer {
 	uint8_t **pages;          /* [cap] page bases; [0, n_pages) are held        */
 	struct kv_page_meta *meta; /* [cap] residency of each page                   */
 	uint32_t n_pages, cap;
-	uint32_t n_out;           /* pages not resident (SPILLED or LOST)            */
+	uint32_t n_out;           /* pages not resident (SPILLED, READING or LOST)   */
+	struct kv_readahead *ra;  /* reads of its spilled pages in flight, or NULL   */
 	uint32_t n_tokens;        /* tokens 0..n_tokens-1 are committed              */
 	tq_codec *kc, *vc;        /* created on first use                            */
 };
@@ -92,6 +93,8 @@ int kvstore_new(struct kvstore **out, struct pool *pool, tq_cache *cache)
 	return 0;
 }
 
+static void readahead_finish(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l);
+
 void kvstore_set_spill(struct kvstore *ks, struct spill *sp)
 {
 	ks->spill = sp;
@@ -116,6 +119,7 @@ static void kv_sess_free(struct kvstore *ks, struct kv_sess *kv)
 		return;
 	for (uint32_t l = 0; l < kv->n_layers; l++) {
 		struct kv_layer *L = &kv->layer[l];
+		readahead_finish(ks, NULL, kv, l); /* the session's bytes go with it */
 		if (L->n_out == 0 && L->n_pages)
 			pool_pages_free(ks->pool, L->pages, L->n_pages);
 		else
@@ -441,13 +445,145 @@ static struct spill_page_hdr hdr_of(const struct kv_sess *kv, uint32_t l, uint32
 	return h;
 }
 
+/* Read-ahead: an operation that had to read layer l back starts reading
+ * layer l + 1's spilled pages too, without waiting, so a decode step that
+ * walks the layers overlaps one layer's attention with the next one's
+ * reads.  The batch belongs to the layer until an operation on it (or a
+ * truncate, a spill, the session's end) collects it under kv->lock; the
+ * I/O callbacks touch only the batch. */
+struct kv_readahead {
+	struct io_batch b;
+	uint32_t n;
+	uint32_t *idx;            /* [n] page indices */
+	uint8_t **fresh;          /* [n] pool pages being read into */
+	struct io_one *io;        /* [n] */
+};
+
+static void ra_free(struct kv_readahead *ra)
+{
+	free(ra->idx);
+	free(ra->fresh);
+	free(ra->io);
+	free(ra);
+}
+
+static void readahead_start(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l)
+{
+	struct kv_layer *L = &kv->layer[l];
+	struct kv_readahead *ra;
+	uint32_t n = 0, k = 0;
+
+	if (!L->n_out || L->ra)
+		return;
+	for (uint32_t i = 0; i < L->n_pages; i++) {
+		if (L->meta[i].state == PG_LOST)
+			return; /* the operation on it will say so */
+		n += L->meta[i].state == PG_SPILLED;
+	}
+	if (!n || !(ra = calloc(1, sizeof(*ra))))
+		return;
+	if (!(ra->idx = calloc(n, sizeof(*ra->idx))) || !(ra->fresh = calloc(n, sizeof(*ra->fresh))) ||
+	    !(ra->io = calloc(n, sizeof(*ra->io)))) {
+		ra_free(ra);
+		return;
+	}
+	/* best effort: over the tenant's limit or a full pool, the operation
+	 * on the layer will read it itself and report why */
+	if (session_restore_move(s, (uint64_t)n * ks->page_bytes) < 0) {
+		ra_free(ra);
+		return;
+	}
+	if (pool_pages_alloc(ks->pool, n, ra->fresh) < 0) {
+		session_spill_move(s, (uint64_t)n * ks->page_bytes);
+		ra_free(ra);
+		return;
+	}
+	pthread_mutex_init(&ra->b.lock, NULL);
+	pthread_cond_init(&ra->b.cond, NULL);
+	ra->n = n;
+	ra->b.pending = n;
+	for (uint32_t i = 0; i < L->n_pages; i++) {
+		if (L->meta[i].state != PG_SPILLED)
+			continue;
+		struct spill_page_hdr h = hdr_of(kv, l, i);
+		int e;
+		ra->idx[k] = i;
+		ra->io[k].b = &ra->b;
+		L->meta[i].state = PG_READING;
+		if ((e = spill_read(ks->spill, L->meta[i].slot, &h, ra->fresh[k], io_done, &ra->io[k])) < 0) {
+			snprintf(ra->io[k].why, sizeof(ra->io[k].why), "spill: %s", strerror(-e));
+			ra->io[k].res = e;
+			pthread_mutex_lock(&ra->b.lock);
+			ra->b.pending--;
+			pthread_mutex_unlock(&ra->b.lock);
+		}
+		k++;
+	}
+	L->ra = ra;
+}
+
+/* Wait for layer l's read-ahead and take its pages: the ones that came
+ * back become resident; a failed one is spilled again (-EIO: the next
+ * read retries) or lost (failed its checks: never served). */
+static void readahead_finish(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l)
+{
+	struct kv_layer *L = &kv->layer[l];
+	struct kv_readahead *ra = L->ra;
+
+	if (!ra)
+		return;
+	batch_wait(&ra->b);
+	for (uint32_t k = 0; k < ra->n; k++) {
+		uint32_t i = ra->idx[k];
+		if (ra->io[k].res == 0) {
+			L->pages[i] = ra->fresh[k];
+			spill_slot_free(ks->spill, L->meta[i].slot);
+			L->meta[i].state = PG_RESIDENT;
+			L->n_out--;
+			__atomic_sub_fetch(&kv->n_spilled, 1, __ATOMIC_RELAXED);
+			continue;
+		}
+		pool_pages_free(ks->pool, &ra->fresh[k], 1);
+		if (s)
+			session_spill_move(s, ks->page_bytes);
+		if (ra->io[k].res == -EBADMSG) {
+			spill_slot_free(ks->spill, L->meta[i].slot);
+			if (s)
+				session_unspill(s, ks->page_bytes);
+			L->meta[i].state = PG_LOST;
+			__atomic_sub_fetch(&kv->n_spilled, 1, __ATOMIC_RELAXED);
+			log_err("session %llu layer %u page %u lost: %s", (unsigned long long)kv->id, l, i, ra->io[k].why);
+		} else {
+			L->meta[i].state = PG_SPILLED;
+		}
+	}
+	L->ra = NULL;
+	ra_free(ra);
+}
+
+/* Bring layer l's spilled pages back (its read-ahead first, then whatever
+ * is still out), and start reading layer l + 1's. */
+static int restore_sync_locked(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l,
+			       struct dataop_res *r);
+
+static int restore_layer_locked(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l,
+				struct dataop_res *r)
+{
+	int e;
+
+	readahead_finish(ks, s, kv, l);
+	if ((e = restore_sync_locked(ks, s, kv, l, r)) == 0 && l + 1 < kv->n_layers)
+		readahead_start(ks, s, kv, l + 1);
+	return e;
+}
+
 /* Bring layer l's spilled pages back into the pool before an operation
  * uses them (kv->lock held: no other operation of this session runs, and
  * nothing can spill them meanwhile).  0, or an error in r: TENANT_LIMIT,
  * POOL_FULL, SPILL_IO (the page stays spilled: a retry may work) or
  * DATA_LOSS (its copy failed its checks: never served). */
-static int restore_layer_locked(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l,
-				struct dataop_res *r)
+static int restore_sync_locked(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l,
+			       struct dataop_res *r)
 {
 	struct kv_layer *L = &kv->layer[l];
 	struct io_batch b = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0 };
@@ -935,6 +1071,7 @@ static void truncate_layer(struct kvstore *ks, struct session *s, struct kv_sess
 	struct kv_layer *L = &kv->layer[l];
 	uint32_t keep;
 
+	readahead_finish(ks, s, kv, l);
 	if (pos >= L->n_tokens)
 		return;
 	L->n_tokens = (uint32_t)pos;

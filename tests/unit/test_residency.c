@@ -286,9 +286,75 @@ static void test_faults(void)
 	fix_stop(&f);
 }
 
+/* Reading layer l back starts reading layer l + 1 (read-ahead): by the
+ * time its attention comes, its pages are in; a corrupted page read ahead
+ * is lost for that layer's operation all the same. */
+static void test_readahead(void)
+{
+	struct fix f;
+	struct session_info si;
+	struct dataop_res r;
+	struct spill_stats st;
+	static float before[3][4 * 4 * 64], out[4 * 4 * 64];
+	uint64_t done;
+	char why[512], path[128];
+
+	fix_start(&f, 64);
+	uint64_t id = open_filled(&f, 700, 31);
+	for (uint32_t l = 0; l < 3; l++)
+		T_EQ(attend(&f, id, l, 700, before[l], &r), 4);
+	info(&f, id, &si);
+	uint64_t all = si.resident_bytes, per_layer = all / 3;
+	T_EQ(spill(&f, id, UINT64_MAX, &done, why), 0);
+	T_EQ(attend(&f, id, 0, 700, out, &r), 4);
+	T_ASSERT(memcmp(out, before[0], sizeof(out)) == 0);
+	info(&f, id, &si); /* layer 0 back, layer 1 charged and on its way */
+	T_EQ(si.resident_bytes, 2 * per_layer);
+	T_EQ(si.spilled_bytes, per_layer);
+	for (uint32_t l = 1; l < 3; l++) {
+		T_EQ(attend(&f, id, l, 700, out, &r), 4);
+		T_ASSERT(memcmp(out, before[l], sizeof(out)) == 0);
+	}
+	info(&f, id, &si);
+	T_EQ(si.resident_bytes, all);
+	spill_stats(f.sp, &st);
+	T_EQ(st.slots_used, 0);
+	/* a corrupted page of layer 1, read ahead while layer 0 is served */
+	T_EQ(spill(&f, id, UINT64_MAX, &done, why), 0);
+	snprintf(path, sizeof(path), "%s/%s", f.dir, SPILL_FILE);
+	int fd = open(path, O_RDWR);
+	T_ASSERT(fd >= 0);
+	for (uint64_t slot = 0; slot < 64; slot++) { /* every slot of layer 1 */
+		uint8_t h[SPILL_HDR_BYTES];
+		off_t off = (off_t)(slot * (SPILL_HDR_BYTES + PAGE));
+		if (pread(fd, h, sizeof(h), off) != (ssize_t)sizeof(h))
+			break;
+		struct spill_page_hdr ph;
+		memcpy(&ph, h, sizeof(ph));
+		if (ph.magic == SPILL_MAGIC && ph.layer == 1) {
+			uint8_t b;
+			T_EQ(pread(fd, &b, 1, off + SPILL_HDR_BYTES + 5), 1);
+			b ^= 1;
+			T_EQ(pwrite(fd, &b, 1, off + SPILL_HDR_BYTES + 5), 1);
+		}
+	}
+	close(fd);
+	T_EQ(attend(&f, id, 0, 700, out, &r), 4);
+	T_EQ(attend(&f, id, 1, 700, out, &r), -EBADMSG);
+	T_EQ(r.status, TQKV_ST_DATA_LOSS);
+	T_EQ(attend(&f, id, 2, 700, out, &r), 4);
+	T_ASSERT(memcmp(out, before[2], sizeof(out)) == 0);
+	T_EQ(session_close(f.st, id, NULL), 0);
+	spill_stats(f.sp, &st);
+	T_EQ(st.slots_used, 0);
+	T_EQ(tenant_table_used(f.tt), 0);
+	fix_stop(&f);
+}
+
 int main(void)
 {
 	T_RUN(test_spill_restore_exact);
 	T_RUN(test_faults);
+	T_RUN(test_readahead);
 	return t_done();
 }
