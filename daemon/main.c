@@ -427,6 +427,7 @@ static int run(struct daemon *d)
 			uint32_t n = session_table_expire(d->sessions, real_ms(), d->cfg->session_idle_ttl_ms);
 			if (n)
 				log_info("idle timer: %u session%s evicted or dropped", n, n == 1 ? "" : "s");
+			spill_check(d->spill);
 			status_line(d, status, sizeof(status));
 			if (strcmp(status, last_status) != 0) {
 				notify_status(status);

@@ -48,6 +48,7 @@ struct spill {
 	char engine[256];
 	int fd;
 	bool uring;                  /* else pread/pwrite */
+	int check_state;             /* spill_check: the last condition logged */
 	uint32_t page_bytes, qd;
 	uint64_t slot_bytes, n_slots;
 
@@ -505,6 +506,38 @@ void spill_stats(struct spill *sp, struct spill_stats *out)
 		out->read_p50_us = lat[(n - 1) / 2];
 		out->read_p99_us = lat[(uint64_t)(n - 1) * 99 / 100];
 	}
+}
+
+int spill_check(struct spill *sp)
+{
+	struct stat held, now;
+	char dir[sizeof(sp->path)];
+	int r = 0;
+
+	if (!sp)
+		return 0;
+	snprintf(dir, sizeof(dir), "%s", sp->path);
+	char *slash = strrchr(dir, '/');
+	if (slash)
+		*slash = 0;
+	if (fstat(sp->fd, &held) < 0 || stat(sp->path, &now) < 0 || now.st_ino != held.st_ino ||
+	    now.st_dev != held.st_dev)
+		r = -ENOENT;
+	else if (access(dir, W_OK) < 0)
+		r = errno == EROFS ? -EROFS : -EACCES;
+	if (r != sp->check_state) {
+		if (r == -ENOENT)
+			log_err("spill: %s was removed or replaced while tqkvd runs: spilled pages stay readable "
+				"through the open file until tqkvd stops, then they are gone; new session ids may "
+				"fail to persist (session-ids lives beside it)", sp->path);
+		else if (r)
+			log_err("spill: %s is no longer writable (%s): the session-id counter cannot be saved "
+				"there", dir, strerror(-r));
+		else
+			log_notice("spill: %s is back to normal", sp->path);
+		sp->check_state = r;
+	}
+	return r;
 }
 
 const char *spill_engine(const struct spill *sp)

@@ -39,7 +39,7 @@
 #include <stdint.h>
 
 #define SPILL_FILE      "spill.dat"
-#define SPILL_MAGIC     0x314c505356514b54ull   /* "TQKVSPL1" */
+#define SPILL_MAGIC     0x314c5053564b5154ull   /* "TQKVSPL1" on disk */
 #define SPILL_FORMAT    1u
 #define SPILL_HDR_BYTES 4096u                   /* one O_DIRECT block */
 
@@ -123,6 +123,13 @@ int spill_read_sync(struct spill *sp, uint64_t slot, const struct spill_page_hdr
  * nth 0 disarms. */
 enum spill_fault { SPILL_FAULT_WRITE, SPILL_FAULT_READ };
 void spill_fault_arm(struct spill *sp, enum spill_fault kind, uint64_t nth, int err);
+
+/* Called once a second (main thread): is spill.dat still the file we hold
+ * open, in a directory we can write?  Logs once when that changes (the
+ * directory removed, replaced or made read-only): spilled pages stay
+ * readable through the open file, but the operator must know.  Returns 0,
+ * or -ENOENT / -EROFS / -EACCES while the condition lasts. */
+int spill_check(struct spill *sp);
 
 /* crc32c (Castagnoli) of n bytes, continuing from crc (0 to start). */
 uint32_t spill_crc32c(uint32_t crc, const void *buf, size_t n);
