@@ -60,6 +60,7 @@ struct spill {
 	bool stop;
 	uint64_t fault_nth[2];
 	int fault_err[2];
+	uint32_t delay_us;           /* spill_fault_delay */
 	struct spill_stats st;
 	uint32_t lat_us[LAT_SAMPLES], lat_n;
 
@@ -198,6 +199,13 @@ static void complete(struct spill *sp, struct req *q, const uint8_t *buf, long r
 	char why[1024] = "";
 	int r = 0, inj = fault_take(sp, q->op);
 	uint64_t off = q->slot * sp->slot_bytes;
+	uint32_t delay = __atomic_load_n(&sp->delay_us, __ATOMIC_RELAXED);
+
+	if (delay) { /* a slow disk: this I/O took at least `delay` */
+		uint64_t due = q->t0_ns + (uint64_t)delay * 1000u, now = now_ns();
+		if (now < due)
+			usleep((useconds_t)((due - now) / 1000u));
+	}
 
 	if (inj) {
 		r = inj;
@@ -481,6 +489,11 @@ void spill_fault_arm(struct spill *sp, enum spill_fault kind, uint64_t nth, int 
 	sp->fault_nth[op] = nth;
 	sp->fault_err[op] = err < 0 ? err : -EIO;
 	pthread_mutex_unlock(&sp->lock);
+}
+
+void spill_fault_delay(struct spill *sp, uint32_t us)
+{
+	__atomic_store_n(&sp->delay_us, us, __ATOMIC_RELAXED);
 }
 
 static int cmp_u32(const void *a, const void *b)

@@ -123,6 +123,9 @@ int spill_read_sync(struct spill *sp, uint64_t slot, const struct spill_page_hdr
  * nth 0 disarms. */
 enum spill_fault { SPILL_FAULT_WRITE, SPILL_FAULT_READ };
 void spill_fault_arm(struct spill *sp, enum spill_fault kind, uint64_t nth, int err);
+/* A slow disk (tests): every I/O completes at least us microseconds after
+ * it was submitted; 0 restores full speed. */
+void spill_fault_delay(struct spill *sp, uint32_t us);
 
 /* Called once a second (main thread): is spill.dat still the file we hold
  * open, in a directory we can write?  Logs once when that changes (the
