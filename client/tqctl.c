@@ -545,7 +545,7 @@ static int cmd_restore(struct ctx *x, int argc, char **argv)
 
 static void tenant_row(struct table *t, const Tqkv__V1__Tenant *m)
 {
-	char prio[16], g[24], l[24], u[24], pct[16], ns[16], allow[256];
+	char prio[16], g[24], l[24], u[24], sp[24], pct[16], ns[16], allow[256];
 	size_t n = 0;
 
 	snprintf(prio, sizeof(prio), "%d", m->priority);
@@ -559,11 +559,12 @@ static void tenant_row(struct table *t, const Tqkv__V1__Tenant *m)
 	for (size_t i = 0; i < m->n_allow_gids && n < sizeof(allow); i++)
 		n += (size_t)snprintf(allow + n, sizeof(allow) - n, "%sgid %u", n ? "," : "", m->allow_gids[i]);
 	table_row(t, m->name, prio, sz(m->guaranteed_bytes, g, sizeof(g)), sz(m->limit_bytes, l, sizeof(l)),
-		  sz(m->used_bytes, u, sizeof(u)), pct, ns, allow);
+		  sz(m->used_bytes, u, sizeof(u)), pct, sz(m->spilled_bytes, sp, sizeof(sp)), ns, allow);
 }
 
-#define TENANT_TABLE { .ncol = 8, .hdr = { "TENANT", "PRIO", "GUARANTEED", "LIMIT", "USED", "USE%", \
-	"SESSIONS", "ALLOWED" }, .right = (1u << 1) | (1u << 2) | (1u << 3) | (1u << 4) | (1u << 5) | (1u << 6) }
+#define TENANT_TABLE { .ncol = 9, .hdr = { "TENANT", "PRIO", "GUARANTEED", "LIMIT", "USED", "USE%", \
+	"SPILLED", "SESSIONS", "ALLOWED" }, \
+	.right = (1u << 1) | (1u << 2) | (1u << 3) | (1u << 4) | (1u << 5) | (1u << 6) | (1u << 7) }
 
 static int cmd_tenants(struct ctx *x, int argc, char **argv)
 {
@@ -738,7 +739,8 @@ static const struct cmd cmds[] = {
 	  "Reads every spilled page of session ID back into the pool.  A page that fails\n"
 	  "its checksum is never served: DATA_LOSS.  Operators only.", true, cmd_restore },
 	{ "tenants", "", "tenants, budgets and use (ListTenants)",
-	  "Per tenant: priority, guaranteed bytes, limit, bytes used, sessions, and the\n"
+	  "Per tenant: priority, guaranteed bytes, limit, bytes used (in the pool),\n"
+	  "bytes spilled (in the spill tier, not counted in USED), sessions, and the\n"
 	  "users/groups allowed to open sessions.", true, cmd_tenants },
 	{ "budget", "set TENANT [--limit SIZE] [--guaranteed SIZE]", "change a tenant's budget (SetTenantBudget)",
 	  "SIZE: an integer with an optional binary unit: 4096, 512M, 2GiB, 1T.\n"

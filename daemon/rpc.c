@@ -688,6 +688,7 @@ static void tenant_to_msg(struct tenant_info *ti, Tqkv__V1__Tenant *m)
 	m->limit_bytes = ti->limit;
 	m->priority = ti->priority;
 	m->used_bytes = ti->used;
+	m->spilled_bytes = ti->spilled;
 	m->sessions = ti->sessions;
 	m->any_uid = ti->any_uid;
 	m->n_allow_uids = ti->n_uids;

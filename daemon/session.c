@@ -96,11 +96,14 @@ static void do_release(struct session *s)
 		st->release(st->release_ctx, s);
 	pthread_mutex_lock(&s->lock);
 	bytes = s->resident_bytes;
+	uint64_t spilled = s->spilled_bytes;
 	s->resident_bytes = 0;
 	s->spilled_bytes = 0;
 	pthread_mutex_unlock(&s->lock);
 	if (bytes)
 		tenant_uncharge(s->tenant, bytes);
+	if (spilled)
+		tenant_spilled_add(s->tenant, -(int64_t)spilled);
 }
 
 int session_table_new(struct session_table **out, uint32_t max_sessions,
@@ -561,6 +564,7 @@ void session_spill_move(struct session *s, uint64_t bytes)
 	s->spilled_bytes += bytes;
 	pthread_mutex_unlock(&s->lock);
 	tenant_uncharge(s->tenant, bytes);
+	tenant_spilled_add(s->tenant, (int64_t)bytes);
 }
 
 int session_restore_move(struct session *s, uint64_t bytes)
@@ -572,6 +576,7 @@ int session_restore_move(struct session *s, uint64_t bytes)
 	if ((r = tenant_charge(s->tenant, bytes)) == 0) {
 		s->spilled_bytes -= bytes;
 		s->resident_bytes += bytes;
+		tenant_spilled_add(s->tenant, -(int64_t)bytes);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return r;
@@ -583,6 +588,7 @@ void session_unspill(struct session *s, uint64_t bytes)
 	assert(s->spilled_bytes >= bytes && "dropped more spilled bytes than the session has");
 	s->spilled_bytes -= bytes;
 	pthread_mutex_unlock(&s->lock);
+	tenant_spilled_add(s->tenant, -(int64_t)bytes);
 }
 
 void session_set_tokens(struct session *s, uint64_t n)

@@ -9,6 +9,7 @@
 struct tenant {
 	char name[CONFIG_NAME_MAX];
 	uint64_t used;                  /* atomic: bytes charged           */
+	uint64_t spilled;               /* atomic: its sessions' bytes in the spill tier */
 	uint64_t limit;                 /* atomic: read by every charge    */
 	uint32_t sessions;              /* atomic                          */
 	pthread_mutex_t lock;           /* guards the fields below         */
@@ -122,6 +123,7 @@ void tenant_get_info(struct tenant *t, struct tenant_info *out)
 	memcpy(out->gids, t->gids, sizeof(out->gids));
 	pthread_mutex_unlock(&t->lock);
 	out->used = tenant_used(t);
+	out->spilled = __atomic_load_n(&t->spilled, __ATOMIC_RELAXED);
 	out->sessions = __atomic_load_n(&t->sessions, __ATOMIC_RELAXED);
 }
 
@@ -153,6 +155,14 @@ void tenant_uncharge(struct tenant *t, uint64_t bytes)
 	uint64_t old = __atomic_fetch_sub(&t->used, bytes, __ATOMIC_ACQ_REL);
 
 	assert(old >= bytes && "uncharged more than was charged");
+	(void)old;
+}
+
+void tenant_spilled_add(struct tenant *t, int64_t delta)
+{
+	uint64_t old = __atomic_fetch_add(&t->spilled, (uint64_t)delta, __ATOMIC_RELAXED);
+
+	assert((delta >= 0 || old >= (uint64_t)-delta) && "tenant spilled bytes below zero");
 	(void)old;
 }
 

@@ -28,7 +28,8 @@ struct tenant_info {
 	uint64_t guaranteed;
 	uint64_t limit;
 	int32_t priority;
-	uint64_t used;
+	uint64_t used;                /* pool bytes charged (resident pages) */
+	uint64_t spilled;             /* its sessions' bytes in the spill tier (not charged) */
 	uint32_t sessions;
 	bool any_uid;
 	uint32_t n_uids, n_gids;
@@ -56,6 +57,8 @@ uint64_t tenant_table_used(struct tenant_table *tt);
 int tenant_charge(struct tenant *t, uint64_t bytes);
 void tenant_uncharge(struct tenant *t, uint64_t bytes);
 uint64_t tenant_used(const struct tenant *t);
+/* Bytes of the tenant's sessions in the spill tier (session.c keeps it). */
+void tenant_spilled_add(struct tenant *t, int64_t delta);
 uint64_t tenant_limit(const struct tenant *t);
 
 /* Session counting (the session table keeps it). */

@@ -73,6 +73,8 @@ ctl session "$ID" --json | python3 -c 'import json,sys; d=json.load(sys.stdin); 
 	|| fail "after tqctl spill: $(ctl session "$ID" --json)"
 wait_stat used_bytes 0
 [ "$(stat spill_used_bytes)" -gt 0 ] || fail "GetStats shows no spill use"
+ctl tenants --json | python3 -c 'import json,sys; t=json.load(sys.stdin)["tenants"][0]; assert int(t.get("spilled_bytes", 0)) > 0 and int(t.get("used_bytes", 0)) == 0, t' \
+	|| fail "the tenant does not show its spilled bytes: $(ctl tenants --json)"
 # a client's prefetch reads them back (asynchronously: it watches them come)
 out=$("$CLIENT" --client prefetch "$T/run" "$ID" 2>&1) || fail "prefetch: $out"
 grep -q "^after: resident [1-9][0-9]* spilled 0$" <<<"$out" || fail "prefetch: $out"

@@ -169,6 +169,10 @@ static void test_spill_restore_exact(void)
 	T_EQ(si.resident_bytes, 0);
 	T_EQ(si.spilled_bytes, resident0);
 	T_EQ(pool_pages_free_count(f.pool), free1 + pages);
+	struct tenant_info ti;
+	tenant_get_info(tenant_find(f.tt, "t"), &ti);
+	T_EQ(ti.spilled, resident0);
+	T_EQ(ti.used, used0 - resident0);
 	T_EQ(spill(&f, id, UINT64_MAX, &done, why), 0); /* nothing left to spill */
 	T_EQ(done, 0);
 	spill_stats(f.sp, &st);
@@ -192,6 +196,8 @@ static void test_spill_restore_exact(void)
 	T_EQ(si.resident_bytes, resident0);
 	T_EQ(si.spilled_bytes, 0);
 	T_EQ(tenant_table_used(f.tt), used0);
+	tenant_get_info(tenant_find(f.tt, "t"), &ti);
+	T_EQ(ti.spilled, 0);
 	spill_stats(f.sp, &st);
 	T_EQ(st.slots_used, 0);
 	for (uint32_t l = 0; l < 3; l++) {
@@ -212,6 +218,8 @@ static void test_spill_restore_exact(void)
 	spill_stats(f.sp, &st);
 	T_EQ(st.slots_used, 0);
 	T_EQ(tenant_table_used(f.tt), 0);
+	tenant_get_info(tenant_find(f.tt, "t"), &ti);
+	T_EQ(ti.spilled, 0);
 	T_EQ(pool_pages_free_count(f.pool), free0);
 	fix_stop(&f);
 }
