@@ -660,6 +660,25 @@ static int open_file(struct spill *sp, uint64_t bytes, bool *direct, char *why, 
 	return 0;
 }
 
+/* What spill_open set up, whatever it got to (no thread, no ring). */
+static void spill_free(struct spill *sp)
+{
+	if (sp->fd >= 0)
+		close(sp->fd);
+	if (sp->efd >= 0)
+		close(sp->efd);
+	if (sp->cq_efd >= 0)
+		close(sp->cq_efd);
+	if (sp->staging)
+		munmap(sp->staging, sp->staging_bytes);
+	free(sp->bitmap);
+	free(sp->inflight);
+	free(sp->free_stage);
+	pthread_mutex_destroy(&sp->lock);
+	pthread_cond_destroy(&sp->cond);
+	free(sp);
+}
+
 int spill_open(struct spill **out, const struct spill_params *p, char *why, size_t whylen)
 {
 	struct spill *sp;
@@ -752,20 +771,7 @@ int spill_open(struct spill **out, const struct spill_params *p, char *why, size
 	*out = sp;
 	return 0;
 fail:
-	if (sp->fd >= 0)
-		close(sp->fd);
-	if (sp->efd >= 0)
-		close(sp->efd);
-	if (sp->cq_efd >= 0)
-		close(sp->cq_efd);
-	if (sp->staging)
-		munmap(sp->staging, sp->staging_bytes);
-	free(sp->bitmap);
-	free(sp->inflight);
-	free(sp->free_stage);
-	pthread_mutex_destroy(&sp->lock);
-	pthread_cond_destroy(&sp->cond);
-	free(sp);
+	spill_free(sp);
 	return r;
 }
 
@@ -787,16 +793,5 @@ void spill_close(struct spill *sp)
 	pthread_join(sp->thread, NULL);
 	if (sp->uring)
 		io_uring_queue_exit(&sp->ring);
-	if (sp->efd >= 0)
-		close(sp->efd);
-	if (sp->cq_efd >= 0)
-		close(sp->cq_efd);
-	close(sp->fd);
-	munmap(sp->staging, sp->staging_bytes);
-	free(sp->bitmap);
-	free(sp->inflight);
-	free(sp->free_stage);
-	pthread_mutex_destroy(&sp->lock);
-	pthread_cond_destroy(&sp->cond);
-	free(sp);
+	spill_free(sp);
 }

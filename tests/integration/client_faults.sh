@@ -23,11 +23,6 @@ CONF
 start_daemon --config "$T/tqkvd.conf"
 wait_up
 
-stat() { ctl stats --json | python3 -c "import json,sys; d=json.load(sys.stdin); print(d.get('$1', 0))"; }
-wait_stat() {
-	for _ in $(seq "${3:-50}"); do [ "$(stat "$1")" = "$2" ] && return 0; sleep 0.1; done
-	fail "GetStats $1 is $(stat "$1"), expected $2 ($4)"
-}
 
 # 1. deaths inside open and close (TQKV_TEST_DIE_AT: libtqkv's test hook
 # exits with 86 at the named point, as a SIGKILL there would)

@@ -20,18 +20,12 @@ CONF
 start_daemon --config "$T/tqkvd.conf"
 wait_up
 
-stat() { ctl stats --json | python3 -c "import json,sys; d=json.load(sys.stdin); print(d.get('$1', 0))"; }
-# wait_stat FIELD VALUE [TENTHS]: until GetStats shows it (default 5 s)
-wait_stat() {
-	for _ in $(seq "${3:-50}"); do [ "$(stat "$1")" = "$2" ] && return 0; sleep 0.1; done
-	fail "GetStats $1 is $(stat "$1"), expected $2"
-}
-TOTAL=$(stat pages_total)
+TOTAL=$(gstat pages_total)
 [ "$TOTAL" -gt 0 ] || fail "GetStats has no pool pages"
-[ "$(stat pool_backend)" = host ] || fail "pool backend is not host"
+[ "$(gstat pool_backend)" = host ] || fail "pool backend is not host"
 
 # 1. bit-exact through the daemon, sessions over the control channel
-PAGE=$(stat page_bytes)
+PAGE=$(gstat page_bytes)
 "$CLIENT" --client exact-ctl "$T/run" 77 25 "$PAGE" || fail "results through tqkvd differ from the kernels"
 wait_stat data_clients 0
 wait_stat used_bytes 0
@@ -42,10 +36,10 @@ wait_stat pages_free "$TOTAL"
 HOLD=$!
 for _ in $(seq 100); do grep -q ready "$T/hold.out" && break; sleep 0.1; done
 grep -q ready "$T/hold.out" || fail "client did not get ready: $(cat "$T/hold.out")"
-[ "$(stat data_clients)" = 1 ] || fail "data_clients is not 1"
-[ "$(stat used_bytes)" -gt 0 ] || fail "no bytes charged"
-[ "$(stat pages_free)" -lt "$TOTAL" ] || fail "no pages in use"
-[ "$(stat sessions_open)" = 1 ] || fail "the session is not open"
+[ "$(gstat data_clients)" = 1 ] || fail "data_clients is not 1"
+[ "$(gstat used_bytes)" -gt 0 ] || fail "no bytes charged"
+[ "$(gstat pages_free)" -lt "$TOTAL" ] || fail "no pages in use"
+[ "$(gstat sessions_open)" = 1 ] || fail "the session is not open"
 sleep 0.2
 kill -KILL $HOLD
 wait $HOLD 2>/dev/null
@@ -64,7 +58,7 @@ ID=$(awk '/ready/ {print $1}' "$T/hold2.out")
 kill -KILL $HOLD
 wait $HOLD 2>/dev/null
 wait_stat data_clients 0
-[ "$(stat sessions_open)" = 1 ] || fail "the detached session was closed with its client"
+[ "$(gstat sessions_open)" = 1 ] || fail "the detached session was closed with its client"
 ctl session "$ID" --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert int(d["tokens"]) == 2048 and int(d["resident_bytes"]) > 0, d' \
 	|| fail "session $ID does not show its tokens and resident bytes"
 # the spill tier: all of its pages to the spill file and back
@@ -72,7 +66,7 @@ out=$(ctl spill "$ID") || fail "tqctl spill $ID: $out"
 ctl session "$ID" --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert int(d["resident_bytes"]) == 0 and int(d["spilled_bytes"]) > 0, d' \
 	|| fail "after tqctl spill: $(ctl session "$ID" --json)"
 wait_stat used_bytes 0
-[ "$(stat spill_used_bytes)" -gt 0 ] || fail "GetStats shows no spill use"
+[ "$(gstat spill_used_bytes)" -gt 0 ] || fail "GetStats shows no spill use"
 ctl tenants --json | python3 -c 'import json,sys; t=json.load(sys.stdin)["tenants"][0]; assert int(t.get("spilled_bytes", 0)) > 0 and int(t.get("used_bytes", 0)) == 0, t' \
 	|| fail "the tenant does not show its spilled bytes: $(ctl tenants --json)"
 # a client's prefetch reads them back (asynchronously: it watches them come)
@@ -82,8 +76,8 @@ out=$(ctl spill "$ID") || fail "tqctl spill $ID (again): $out"
 out=$(ctl restore "$ID") || fail "tqctl restore $ID: $out"
 ctl session "$ID" --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert int(d["spilled_bytes"]) == 0 and int(d["resident_bytes"]) > 0, d' \
 	|| fail "after tqctl restore: $(ctl session "$ID" --json)"
-[ "$(stat spill_used_bytes)" = 0 ] || fail "slots still in use after the restore"
-[ "$(stat spill_reads)" -gt 0 ] && [ "$(stat spill_checksum_failures)" = 0 ] || fail "spill stats"
+[ "$(gstat spill_used_bytes)" = 0 ] || fail "slots still in use after the restore"
+[ "$(gstat spill_reads)" -gt 0 ] && [ "$(gstat spill_checksum_failures)" = 0 ] || fail "spill stats"
 ctl close "$ID" >/dev/null || fail "tqctl close $ID"
 wait_stat used_bytes 0
 wait_stat pages_free "$TOTAL"

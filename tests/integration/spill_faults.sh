@@ -21,8 +21,6 @@ allow_uids = *
 CONF
 start_daemon --config "$T/tqkvd.conf"
 wait_up
-stat() { ctl stats --json | python3 -c "import json,sys; d=json.load(sys.stdin); print(d.get('$1', 0))"; }
-sess() { ctl session "$1" --json | python3 -c "import json,sys; d=json.load(sys.stdin); print(d.get('$2', 0))"; }
 
 hold() { # a detached session with pages; prints its id
 	"$CLIENT" --client hold "$T/run" detached >"$T/hold.out" 2>&1 &
@@ -55,7 +53,7 @@ out=$(ctl restore "$A" 2>&1) && fail "a corrupted session was restored: $out"
 grep -q "checksum mismatch" <<<"$out" || fail "the DATA_LOSS reason: $out"
 grep -q "err: spill: $T/spill/spill.dat offset [0-9]* (slot [0-9]*): checksum mismatch" "$LOG" \
 	|| fail "the log does not name the file, offset and reason"
-[ "$(stat spill_checksum_failures)" -ge 1 ] || fail "no checksum failure counted"
+[ "$(gstat spill_checksum_failures)" -ge 1 ] || fail "no checksum failure counted"
 out=$(ctl restore "$B") || fail "session B was hurt by A's corruption: $out"
 [ "$(sess "$B" spilled_bytes)" = 0 ] && [ "$(sess "$B" resident_bytes)" -gt 0 ] || fail "B not restored"
 ctl health >/dev/null || fail "the daemon stopped answering"

@@ -86,3 +86,13 @@ stop_daemon() {
 	STOP_MS=$(( (t1 - t0) / 1000000 ))
 	DAEMON_PID=
 }
+
+# gstat FIELD: one field of GetStats (tqctl stats --json); 0 when absent.
+gstat() { ctl stats --json | python3 -c "import json,sys; d=json.load(sys.stdin); print(d.get('$1', 0))"; }
+# sess ID FIELD: one field of GetSession.
+sess() { ctl session "$1" --json | python3 -c "import json,sys; d=json.load(sys.stdin); print(d.get('$2', 0))"; }
+# wait_stat FIELD VALUE [TENTHS] [WHY]: until GetStats shows it (default 5 s).
+wait_stat() {
+	for _ in $(seq "${3:-50}"); do [ "$(gstat "$1")" = "$2" ] && return 0; sleep 0.1; done
+	fail "GetStats $1 is $(gstat "$1"), expected $2${4:+ ($4)}"
+}
