@@ -427,6 +427,11 @@ static int rights_child(const char *sock, uint64_t roots, int operator_)
 		child_fails++;
 	}
 	C_EXPECT(cc(c, "GetConfig", &cq.base, &st), ok_op);
+	/* the spill tier's actions: operators only (this server has no tier) */
+	Tqkv__V1__SpillSessionRequest spq = TQKV__V1__SPILL_SESSION_REQUEST__INIT;
+	spq.id = roots;
+	C_EXPECT(cc(c, "SpillSession", &spq.base, &st), operator_ ? GRPC_STATUS_FAILED_PRECONDITION : denied);
+	C_EXPECT(cc(c, "RestoreSession", &ref.base, &st), operator_ ? GRPC_STATUS_FAILED_PRECONDITION : denied);
 	protobuf_c_message_free_unpacked(&mine->base, NULL);
 	ctl_close(c);
 	return child_fails ? 1 : 0;
