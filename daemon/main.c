@@ -365,6 +365,13 @@ static int start_spill(struct daemon *d)
 		return r;
 	}
 	kvstore_set_spill(d->kv, d->spill);
+	/* test hook: a slow disk, for the tests of what it must not hold up */
+	const char *delay = getenv("TQKVD_TEST_SPILL_DELAY_US");
+	if (delay && atoi(delay) > 0) {
+		spill_fault_delay(d->spill, (uint32_t)atoi(delay));
+		log_warning("spill: TQKVD_TEST_SPILL_DELAY_US=%s: every spill I/O takes at least that long "
+			    "(a test hook; unset it in production)", delay);
+	}
 	spill_stats(d->spill, &st);
 	tq_size_format_human(st.slots_total * st.slot_bytes, cap, sizeof(cap));
 	log_info("spill: %s, %" PRIu64 " page slots (%s), %s", spill_path(d->spill), st.slots_total, cap,

@@ -143,6 +143,7 @@ struct rpc_server {
 	size_t n_peers;
 
 	uint64_t calls, errors;         /* atomic */
+	uint32_t slow_calls;            /* atomic: slow methods running on their own threads */
 };
 
 static uint64_t now_realtime_ms(void)
@@ -846,19 +847,20 @@ static const struct {
 	const char *name;
 	handler_fn fn;
 	enum right need;
+	bool slow;              /* disk I/O: runs on its own thread (call_async) */
 } methods[N_METHODS] = {
-	{ "Health", h_health, RIGHT_ANY },
-	{ "GetStats", h_get_stats, RIGHT_ANY },
-	{ "OpenSession", h_open_session, RIGHT_CLIENT },
-	{ "CloseSession", h_close_session, RIGHT_CLIENT },
-	{ "GetSession", h_get_session, RIGHT_CLIENT },
-	{ "ListSessions", h_list_sessions, RIGHT_CLIENT },
-	{ "EvictSession", h_evict_session, RIGHT_CLIENT },
-	{ "ListTenants", h_list_tenants, RIGHT_CLIENT },
-	{ "SetTenantBudget", h_set_tenant_budget, RIGHT_OPERATOR },
-	{ "GetConfig", h_get_config, RIGHT_OPERATOR },
-	{ "SpillSession", h_spill_session, RIGHT_OPERATOR },
-	{ "RestoreSession", h_restore_session, RIGHT_OPERATOR },
+	{ "Health", h_health, RIGHT_ANY, false },
+	{ "GetStats", h_get_stats, RIGHT_ANY, false },
+	{ "OpenSession", h_open_session, RIGHT_CLIENT, false },
+	{ "CloseSession", h_close_session, RIGHT_CLIENT, false },
+	{ "GetSession", h_get_session, RIGHT_CLIENT, false },
+	{ "ListSessions", h_list_sessions, RIGHT_CLIENT, false },
+	{ "EvictSession", h_evict_session, RIGHT_CLIENT, false },
+	{ "ListTenants", h_list_tenants, RIGHT_CLIENT, false },
+	{ "SetTenantBudget", h_set_tenant_budget, RIGHT_OPERATOR, false },
+	{ "GetConfig", h_get_config, RIGHT_OPERATOR, false },
+	{ "SpillSession", h_spill_session, RIGHT_OPERATOR, true },
+	{ "RestoreSession", h_restore_session, RIGHT_OPERATOR, true },
 };
 
 /* protobuf-c turns a string with an embedded NUL into its prefix (a C
@@ -1079,6 +1081,67 @@ static bool allowed(const struct peer *peer, enum right need, const char *mname,
 }
 
 /* Decode, run the handler, start sending the reply. */
+static void call_reply(struct rpc_server *srv, struct call *c, const struct peer *peer, const char *mname,
+		       struct reply *rep);
+
+/* A slow method (spill I/O) runs on a thread of its own, so the RPC thread
+ * keeps answering everything else meanwhile.  At most SLOW_CALLS_MAX at
+ * once; gRPC core takes a call's batch from any thread, and a server
+ * shutdown waits for the reply like for any call in flight. */
+#define SLOW_CALLS_MAX 4
+
+struct slow_call {
+	struct rpc_server *srv;
+	struct call *c;
+	struct peer peer;
+	ProtobufCMessage *req;
+};
+
+static void *slow_main(void *arg)
+{
+	struct slow_call *sc = arg;
+	struct reply rep = { .code = GRPC_STATUS_OK };
+
+	methods[sc->c->method].fn(sc->srv, &sc->peer, sc->req, &rep);
+	protobuf_c_message_free_unpacked(sc->req, NULL);
+	call_reply(sc->srv, sc->c, &sc->peer, methods[sc->c->method].name, &rep);
+	__atomic_sub_fetch(&sc->srv->slow_calls, 1, __ATOMIC_RELEASE);
+	free(sc);
+	return NULL;
+}
+
+/* 0: the call's thread owns req and replies; else rep says why not. */
+static int call_async(struct rpc_server *srv, struct call *c, const struct peer *peer, ProtobufCMessage *req,
+		      struct reply *rep)
+{
+	struct slow_call *sc;
+	pthread_attr_t attr;
+	pthread_t th;
+	int r;
+
+	if (__atomic_add_fetch(&srv->slow_calls, 1, __ATOMIC_ACQ_REL) > SLOW_CALLS_MAX) {
+		__atomic_sub_fetch(&srv->slow_calls, 1, __ATOMIC_RELEASE);
+		rep_error(rep, GRPC_STATUS_RESOURCE_EXHAUSTED, "%d spill/restore calls are running already; "
+			  "try again when one is done", SLOW_CALLS_MAX);
+		return -EBUSY;
+	}
+	if (!(sc = malloc(sizeof(*sc)))) {
+		__atomic_sub_fetch(&srv->slow_calls, 1, __ATOMIC_RELEASE);
+		return -ENOMEM; /* run it inline */
+	}
+	*sc = (struct slow_call){ srv, c, *peer, req };
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	r = pthread_create(&th, &attr, slow_main, sc);
+	pthread_attr_destroy(&attr);
+	if (r != 0) {
+		free(sc);
+		__atomic_sub_fetch(&srv->slow_calls, 1, __ATOMIC_RELEASE);
+		return -r; /* run it inline */
+	}
+	return 0;
+}
+
 static void call_handle(struct rpc_server *srv, struct call *c)
 {
 	struct reply rep = { .code = GRPC_STATUS_OK };
@@ -1120,16 +1183,27 @@ static void call_handle(struct rpc_server *srv, struct call *c)
 		}
 		if (req && !allowed(&peer, methods[c->method].need, mname, &rep))
 			;
+		else if (req && methods[c->method].slow && call_async(srv, c, &peer, req, &rep) == 0)
+			return; /* its thread replies */
 		else if (req)
 			methods[c->method].fn(srv, &peer, req, &rep);
 	}
 	if (req)
 		protobuf_c_message_free_unpacked(req, NULL);
+	call_reply(srv, c, &peer, mname, &rep);
+}
+
+/* Log the outcome and start sending the reply: the call is freed when the
+ * batch completes (RPC thread).  Any thread may call this for its call. */
+static void call_reply(struct rpc_server *srv, struct call *c, const struct peer *peer, const char *mname,
+		       struct reply *rep_)
+{
+	struct reply rep = *rep_;
 	if (rep.code != GRPC_STATUS_OK) {
 		__atomic_add_fetch(&srv->errors, 1, __ATOMIC_RELAXED);
-		log_info("%s from %s: %s", mname, peer.desc, rep.msg);
+		log_info("%s from %s: %s", mname, peer->desc, rep.msg);
 	} else {
-		log_debug("%s from %s: ok", mname, peer.desc);
+		log_debug("%s from %s: ok", mname, peer->desc);
 	}
 
 	grpc_op ops[4];
@@ -1396,6 +1470,14 @@ void rpc_stop(struct rpc_server *srv, int drain_ms)
 	}
 	if (srv->wake_fd >= 0)
 		close(srv->wake_fd);
+	/* Spill/restore calls on their own threads use the page tables and the
+	 * spill store, which go after this returns: let them finish (and reply). */
+	for (int i = 0; __atomic_load_n(&srv->slow_calls, __ATOMIC_ACQUIRE); i++) {
+		if (i == 0)
+			log_notice("waiting for %u spill/restore call(s) to finish",
+				   __atomic_load_n(&srv->slow_calls, __ATOMIC_ACQUIRE));
+		usleep(10000);
+	}
 	if (srv->server) {
 		if (!srv->started)
 			grpc_server_start(srv->server); /* shutdown wants a started server */

@@ -69,7 +69,26 @@ ctl close "$B" >/dev/null || fail "close B"
 stop_daemon
 [ "$STOP_RC" = 0 ] || fail "exit $STOP_RC"
 
-# 3. not enough room for spill_bytes: refused at start (root: a 32 MiB tmpfs)
+# 3. a slow disk holds up the spill call, not the control plane: while a
+# spill of a session runs (every I/O made to take 0.6 s), Health answers
+# at once
+TQKVD_TEST_SPILL_DELAY_US=600000 start_daemon --config "$T/tqkvd.conf"
+wait_up
+C=$(hold)
+[ -n "$C" ] || fail "client did not get ready"
+t0=$(date +%s%N)
+ctl --timeout 20000 spill "$C" >"$T/spill.out" 2>&1 &
+SP=$!
+sleep 0.2
+h0=$(date +%s%N); ctl health >/dev/null || fail "health during a slow spill"; h1=$(date +%s%N)
+wait $SP || fail "the slow spill: $(cat "$T/spill.out")"
+t1=$(date +%s%N)
+[ $(( (h1 - h0) / 1000000 )) -lt 300 ] || fail "health took $(( (h1 - h0) / 1000000 )) ms during a spill"
+[ $(( (t1 - t0) / 1000000 )) -ge 600 ] || fail "the spill did not wait for the slow disk"
+stop_daemon
+[ "$STOP_RC" = 0 ] || fail "exit $STOP_RC"
+
+# 4. not enough room for spill_bytes: refused at start (root: a 32 MiB tmpfs)
 if [ "$(id -u)" = 0 ] && mkdir -p "$T/small" && mount -t tmpfs -o size=32M tmpfs "$T/small" 2>/dev/null; then
 	out=$(timeout 20 "$TQKVD" --config "$T/tqkvd.conf" --run-dir "$T/run2" --spill-dir "$T/small" 2>&1); rc=$?
 	umount "$T/small"
