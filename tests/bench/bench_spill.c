@@ -86,31 +86,70 @@ static int cmp_d(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
+/* 1,000 random single-page reads at queue depth 1: p50 and p99 in us. */
+static int qd1_reads(struct spill *sp, const uint64_t *slots, uint64_t n_slots, void *pg, uint64_t *rng,
+		     double *p50, double *p99)
+{
+	enum { N = 1000 };
+	static double lat[N];
+	char why[512];
+
+	for (int i = 0; i < N; i++) {
+		*rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+		uint64_t k = (*rng >> 20) % n_slots;
+		struct spill_page_hdr h = { .session_id = 1, .page_index = (uint32_t)k, .generation = 1 };
+		double t0 = bench_now();
+		if (spill_read_sync(sp, slots[k], &h, pg, why, sizeof(why)) < 0) {
+			fprintf(stderr, "tqbench spill: %s\n", why);
+			return -1;
+		}
+		lat[i] = (bench_now() - t0) * 1e6;
+	}
+	qsort(lat, N, sizeof(lat[0]), cmp_d);
+	*p50 = lat[N / 2];
+	*p99 = lat[N * 99 / 100];
+	return 0;
+}
+
+static double median3(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof(*v), cmp_d);
+	return v[n / 2];
+}
+
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: tqbench spill [--dir DIR] [--mib N] [--json]\n"
+	fprintf(f, "usage: tqbench spill [--dir DIR] [--mib N] [--rounds R] [--json]\n"
 		   "  --dir DIR  where the spill file and fio's file go (default build/bench-spill);\n"
 		   "             put it on the disk you mean to measure\n"
-		   "  --mib N    session size (default 1024)\n");
+		   "  --mib N    session size (default 1024)\n"
+		   "  --rounds R rounds of every measurement, ours then fio's (1..9, default 3);\n"
+		   "             the medians are printed\n");
 }
 
 static int bench_spill_main(int argc, char **argv)
 {
 	const char *dir = "build/bench-spill";
 	uint64_t mib = 1024;
-	int json = 0;
+	int json = 0, rounds = 3;
 
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--dir") && i + 1 < argc)
 			dir = argv[++i];
 		else if (!strcmp(argv[i], "--mib") && i + 1 < argc)
 			mib = strtoull(argv[++i], NULL, 0);
+		else if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
+			rounds = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--json"))
 			json = 1;
 		else {
 			usage(!strcmp(argv[i], "--help") ? stdout : stderr);
 			return strcmp(argv[i], "--help") ? 2 : 0;
 		}
+	}
+	if (rounds < 1 || rounds > 9) {
+		usage(stderr);
+		return 2;
 	}
 	if (system("command -v fio >/dev/null") != 0) {
 		fprintf(stderr, "tqbench spill: fio is not installed (apt-get install fio): it is the baseline\n");
@@ -160,24 +199,7 @@ static int bench_spill_main(int argc, char **argv)
 			return 1;
 		}
 	}
-	const int nread = 2000;
-	double *lat = malloc(nread * sizeof(*lat));
 	uint64_t rng = 0x9e3779b97f4a7c15ull;
-	for (int i = 0; i < nread; i++) {
-		rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-		uint64_t k = (rng >> 20) % qd1_pages;
-		struct spill_page_hdr h = { .session_id = 1, .page_index = (uint32_t)k, .generation = 1 };
-		double t0 = bench_now();
-		if (spill_read_sync(sp, slots[k], &h, pg, why, sizeof(why)) < 0) {
-			fprintf(stderr, "tqbench spill: %s\n", why);
-			return 1;
-		}
-		lat[i] = (bench_now() - t0) * 1e6;
-	}
-	qsort(lat, nread, sizeof(*lat), cmp_d);
-	double qd1_p50 = lat[nread / 2], qd1_p99 = lat[nread * 99 / 100];
-	for (uint64_t i = 0; i < qd1_pages; i++)
-		spill_slot_free(sp, slots[i]);
 
 	/* the session: 32 layers x 8 KV heads x 128, filled to about mib MiB */
 	const struct session_geom g0 = { 32, 8, 32, 128, TQ_CODEC_Q8, TQ_CODEC_TQ4, 1 };
@@ -217,69 +239,85 @@ static int bench_spill_main(int argc, char **argv)
 		fprintf(stderr, "tqbench spill: warm-up: %s\n", why);
 		return 1;
 	}
-	double t0 = bench_now();
-	if (dataop_spill(ks, s, UINT64_MAX, &done, why, sizeof(why)) < 0 || done != bytes) {
-		fprintf(stderr, "tqbench spill: spill: %s\n", why);
-		return 1;
-	}
-	double t_spill = bench_now() - t0;
-	t0 = bench_now();
-	if (dataop_restore(ks, s, why, sizeof(why)) < 0) {
-		fprintf(stderr, "tqbench spill: restore: %s\n", why);
-		return 1;
-	}
-	double t_restore = bench_now() - t0;
-	/* restore + attend: every layer read back by the attention that needs it */
+	/* rounds: ours, then fio, alternating, so a disk that drifts during the
+	 * run drifts for both; medians of the rounds are reported */
 	struct dataop_ws ws = { 0 };
 	float q[32 * 128], out[32 * 128];
 	int32_t pos = (int32_t)tokens - 1;
 	for (int i = 0; i < 32 * 128; i++)
 		q[i] = kv[i];
-	dataop_spill(ks, s, UINT64_MAX, &done, why, sizeof(why));
-	t0 = bench_now();
-	for (uint32_t l = 0; l < 32; l++) {
-		dataop_attend(ks, s, &ws, l, NULL, NULL, 0, q, &pos, 1, TQ_DTYPE_F32, out, &r);
-		if (r.res < 0) {
-			fprintf(stderr, "tqbench spill: attend: %s %s\n", tqkv_status_str(r.status), r.msg);
-			return 1;
-		}
-	}
-	double t_ra = bench_now() - t0;
-	bench_sink(out);
-	dataop_ws_free(&ws);
-	session_release(s);
-	session_close(st, si.id, NULL);
-
-	/* fio on the same file system, same block size */
 	char file[512];
-	struct fio_res fw, fr, fq;
 	snprintf(file, sizeof(file), "%s/fio.dat", dir);
-	/* preallocated like the spill file, so both write into allocated blocks;
-	 * every fio job runs 5 s (one pass over a small file is mostly start-up) */
+	/* preallocated like the spill file, so both write into allocated blocks */
 	int ffd = open(file, O_RDWR | O_CREAT, 0600);
 	if (ffd < 0 || posix_fallocate(ffd, 0, (off_t)bytes) != 0) {
 		fprintf(stderr, "tqbench spill: %s: cannot preallocate\n", file);
 		return 1;
 	}
 	close(ffd);
-	if (fio_run(file, bytes, slot_bytes, "write", 32, 5, &fw) < 0 ||
-	    fio_run(file, bytes, slot_bytes, "read", 32, 5, &fr) < 0 ||
-	    fio_run(file, bytes, slot_bytes, "randread", 1, 5, &fq) < 0) {
-		fprintf(stderr, "tqbench spill: no figures from fio\n");
-		return 1;
+	enum { RMAX = 9 };
+	double v_spill[RMAX], v_restore[RMAX], v_ra[RMAX], v_p50[RMAX], v_p99[RMAX];
+	double f_w[RMAX], f_r[RMAX], f_p50[RMAX], f_p99[RMAX];
+	for (int k = 0; k < rounds; k++) {
+		double t0 = bench_now();
+		if (dataop_spill(ks, s, UINT64_MAX, &done, why, sizeof(why)) < 0 || done != bytes) {
+			fprintf(stderr, "tqbench spill: spill: %s\n", why);
+			return 1;
+		}
+		v_spill[k] = (double)bytes / (bench_now() - t0);
+		t0 = bench_now();
+		if (dataop_restore(ks, s, why, sizeof(why)) < 0) {
+			fprintf(stderr, "tqbench spill: restore: %s\n", why);
+			return 1;
+		}
+		double t_restore = bench_now() - t0;
+		v_restore[k] = (double)bytes / t_restore;
+		/* restore + attend: every layer read back by the attention that needs it */
+		dataop_spill(ks, s, UINT64_MAX, &done, why, sizeof(why));
+		t0 = bench_now();
+		for (uint32_t l = 0; l < 32; l++) {
+			dataop_attend(ks, s, &ws, l, NULL, NULL, 0, q, &pos, 1, TQ_DTYPE_F32, out, &r);
+			if (r.res < 0) {
+				fprintf(stderr, "tqbench spill: attend: %s %s\n", tqkv_status_str(r.status), r.msg);
+				return 1;
+			}
+		}
+		v_ra[k] = (bench_now() - t0) / t_restore;
+		bench_sink(out);
+		if (qd1_reads(sp, slots, qd1_pages, pg, &rng, &v_p50[k], &v_p99[k]) < 0)
+			return 1;
+		struct fio_res fw, fr, fq;
+		if (fio_run(file, bytes, slot_bytes, "write", 32, 5, &fw) < 0 ||
+		    fio_run(file, bytes, slot_bytes, "read", 32, 5, &fr) < 0 ||
+		    fio_run(file, bytes, slot_bytes, "randread", 1, 5, &fq) < 0) {
+			fprintf(stderr, "tqbench spill: no figures from fio\n");
+			return 1;
+		}
+		f_w[k] = fw.bw;
+		f_r[k] = fr.bw;
+		f_p50[k] = fq.p50_us;
+		f_p99[k] = fq.p99_us;
 	}
 	unlink(file);
+	dataop_ws_free(&ws);
+	session_release(s);
+	session_close(st, si.id, NULL);
+	for (uint64_t i = 0; i < qd1_pages; i++)
+		spill_slot_free(sp, slots[i]);
+	double spill_bw = median3(v_spill, rounds), restore_bw = median3(v_restore, rounds);
+	double qd1_p50 = median3(v_p50, rounds), qd1_p99 = median3(v_p99, rounds), ra = median3(v_ra, rounds);
+	struct fio_res fw = { median3(f_w, rounds), 0, 0 }, fr = { median3(f_r, rounds), 0, 0 };
+	struct fio_res fq = { 0, median3(f_p50, rounds), median3(f_p99, rounds) };
 
 	double gb = (double)bytes / 1e9;
-	double spill_bw = (double)bytes / t_spill, restore_bw = (double)bytes / t_restore;
 	const char *isa = tq_isa_name(tq_isa_best());
 	if (json) {
 		printf("{\"suite\":\"spill\",\"isa\":\"%s\",\"engine\":\"%s\",\"session_bytes\":%" PRIu64
 		       ",\"tokens\":%u,\"block_bytes\":%" PRIu64 ",\"spill_GBps\":%.3f,\"fio_write_GBps\":%.3f,"
 		       "\"restore_GBps\":%.3f,\"fio_read_GBps\":%.3f,\"qd1_p50_us\":%.1f,\"qd1_p99_us\":%.1f,"
-		       "\"fio_qd1_p50_us\":%.1f,\"fio_qd1_p99_us\":%.1f,\"restore_s\":%.4f,\"restore_attend_s\":%.4f}\n",
+		       "\"fio_qd1_p50_us\":%.1f,\"fio_qd1_p99_us\":%.1f,\"restore_attend_vs_restore\":%.3f,\"rounds\":%d}\n",
 		       isa, spill_engine(sp), bytes, tokens, slot_bytes, spill_bw / 1e9, fw.bw / 1e9, restore_bw / 1e9,
-		       fr.bw / 1e9, qd1_p50, qd1_p99, fq.p50_us, fq.p99_us, t_restore, t_ra);
+		       fr.bw / 1e9, qd1_p50, qd1_p99, fq.p50_us, fq.p99_us, ra, rounds);
 	} else {
 		printf("spill tier: %s; %s; ISA %s\n", spill_path(sp), spill_engine(sp), isa);
 		printf("session: %.2f GB, %u tokens x 32 layers x 8 KV heads x 128 (q8/tq4); blocks of %" PRIu64
@@ -293,8 +331,8 @@ static int bench_spill_main(int argc, char **argv)
 		       qd1_p50 / fq.p50_us);
 		printf("%-34s %10.1f us %9.1f us %8.2f\n", "single-page restore QD1 p99", qd1_p99, fq.p99_us,
 		       qd1_p99 / fq.p99_us);
-		printf("%-34s %11.1f ms %9.1f ms %8.2f\n", "restore + attend vs restore alone", t_ra * 1e3,
-		       t_restore * 1e3, t_ra / t_restore);
+		printf("%-34s %12s %12s %8.2f\n", "restore + attend / restore alone", "", "", ra);
+		printf("\n(medians of %d rounds, each: ours, then fio's three 5 s jobs)\n", rounds);
 	}
 	spill_close(sp);
 	kvstore_free(ks);
@@ -305,8 +343,7 @@ static int bench_spill_main(int argc, char **argv)
 	free(kv);
 	free(pg);
 	free(slots);
-	free(lat);
 	return 0;
 }
 
-TQ_BENCH_SUITE(spill, "spill [--dir DIR] [--mib N] [--json]", bench_spill_main)
+TQ_BENCH_SUITE(spill, "spill [--dir DIR] [--mib N] [--rounds R] [--json]", bench_spill_main)
