@@ -752,7 +752,9 @@ static const struct cmd cmds[] = {
 	  "                 [--k-codec C] [--v-codec C] [--name NAME] [--seed S]",
 	  "admit a session owned by you (OpenSession)",
 	  "For operators and tests; inference processes open sessions through libtqkv.\n"
-	  "Codecs default to q8 (K) and tq4 (V).", true, cmd_open },
+	  "Codecs default to q8 (K) and tq4 (V).  The session is not tied to any\n"
+	  "connection: it stays until closed or evicted, or idle past\n"
+	  "daemon.session_idle_ttl (default 1h).", true, cmd_open },
 };
 #define N_CMDS (sizeof(cmds) / sizeof(cmds[0]))
 
