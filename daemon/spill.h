@@ -16,7 +16,7 @@
  *
  * Engine: one I/O thread owns an io_uring with the file registered
  * (IOSQE_FIXED_FILE) and a staging area registered as fixed buffers (one
- * staging slot per queue entry: header + page; at most 32 entries and
+ * staging slot per queue entry: header + page; at most 64 entries and
  * under 8 MiB, the default RLIMIT_MEMLOCK), submits every queued request
  * at once (batched), sleeps in poll() on a doorbell eventfd and the
  * ring's completion eventfd, and hands each completion back through the
