@@ -916,6 +916,47 @@ fail:
 	return r;
 }
 
+EXPORT int tqkv_session_attach_name(tqkv *c, const char *tenant, const char *name, uint32_t flags,
+				    tqkv_session **out)
+{
+	Tqkv__V1__ListSessionsRequest q = TQKV__V1__LIST_SESSIONS_REQUEST__INIT;
+	ProtobufCMessage *rep;
+	tqkv_session *s;
+	int r;
+
+	*out = NULL;
+	if (!name || !name[0])
+		return fail(-EINVAL, "a session name is required");
+	q.tenant = (char *)(tenant && tenant[0] ? tenant : "default");
+	if ((r = ctl_do(c, "ListSessions", &q.base, &rep)) < 0)
+		return r;
+	const Tqkv__V1__ListSessionsReply *l = (const void *)rep;
+	const Tqkv__V1__Session *m = NULL;
+	for (size_t i = 0; i < l->n_sessions && !m; i++)
+		if (!strcmp(l->sessions[i]->name, name))
+			m = l->sessions[i];
+	if (!m) {
+		r = fail(-ENOENT, "no session named '%s' in tenant '%s' that you may use", name, q.tenant);
+		protobuf_c_message_free_unpacked(rep, NULL);
+		return r;
+	}
+	if (!(s = calloc(1, sizeof(*s)))) {
+		protobuf_c_message_free_unpacked(rep, NULL);
+		return fail(-ENOMEM, "out of memory");
+	}
+	s->c = c;
+	session_from_reply(s, m);
+	protobuf_c_message_free_unpacked(rep, NULL);
+	/* by id from here: ids never repeat, so a session closed since the
+	 * lookup is "no such session", never another one */
+	if ((r = attach_op(s, flags)) < 0) {
+		free(s);
+		return r;
+	}
+	*out = s;
+	return 0;
+}
+
 EXPORT int tqkv_session_detach(tqkv_session *s)
 {
 	struct tqkv_sqe e;

@@ -125,6 +125,11 @@ int tqkv_session_open(tqkv *c, const struct tqkv_session_params *p, tqkv_session
  * control channel.  flags: TQKV_SESSION_DETACHED or 0 (ephemeral). */
 int tqkv_session_attach(tqkv *c, uint64_t id, const struct tqkv_session_params *geom,
 			uint32_t flags, tqkv_session **out);
+/* Attach the caller's session named `name` in `tenant` (NULL or "":
+ * "default"), e.g. a worker's detached session after the worker restarted.
+ * -ENOENT when there is none (control channel: -ENOTSUP without it). */
+int tqkv_session_attach_name(tqkv *c, const char *tenant, const char *name, uint32_t flags,
+			     tqkv_session **out);
 /* Detach (the session stays open in the daemon) and free the handle. */
 int tqkv_session_detach(tqkv_session *s);
 /* Close the session in the daemon (its pages are freed) after the

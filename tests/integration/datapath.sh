@@ -50,7 +50,7 @@ wait_stat pages_free "$TOTAL"
 wait_stat data_arena_bytes 0
 
 # 3. a detached session outlives its client; closing it returns the pages
-"$CLIENT" --client hold "$T/run" detached >"$T/hold2.out" 2>&1 &
+"$CLIENT" --client hold "$T/run" detached worker-7 >"$T/hold2.out" 2>&1 &
 HOLD=$!
 for _ in $(seq 100); do grep -q ready "$T/hold2.out" && break; sleep 0.1; done
 ID=$(awk '/ready/ {print $1}' "$T/hold2.out")
@@ -61,6 +61,11 @@ wait_stat data_clients 0
 [ "$(gstat sessions_open)" = 1 ] || fail "the detached session was closed with its client"
 ctl session "$ID" --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert int(d["tokens"]) == 2048 and int(d["resident_bytes"]) > 0, d' \
 	|| fail "session $ID does not show its tokens and resident bytes"
+# a restarted worker finds its detached session again by name
+out=$("$CLIENT" --client attach-name "$T/run" worker-7 2>&1) || fail "attach by name: $out"
+grep -q "session $ID, attend 1 ok" <<<"$out" || fail "attach by name: $out"
+out=$("$CLIENT" --client attach-name "$T/run" worker-8 2>&1) && fail "attached a name that does not exist: $out"
+grep -q "no session named 'worker-8' in tenant 'default'" <<<"$out" || fail "attach by a wrong name: $out"
 # the spill tier: all of its pages to the spill file and back
 out=$(ctl spill "$ID") || fail "tqctl spill $ID: $out"
 ctl session "$ID" --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert int(d["resident_bytes"]) == 0 and int(d["spilled_bytes"]) > 0, d' \

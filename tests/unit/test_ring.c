@@ -672,12 +672,13 @@ static int client_main(int argc, char **argv)
 		return client_exact(dir, NG, ids, gi, seeds, pt, strtoull(argv[4], NULL, 0), atoi(argv[5]), 1);
 	}
 	if (!strcmp(mode, "hold") && argc > 4) {
-		/* hold DIR detached|ephemeral: a session with pages, then wait to be killed */
+		/* hold DIR detached|ephemeral [NAME]: a session with pages, then wait to be killed */
 		struct tqkv_connect_opts o = { .run_dir = dir };
 		const struct sgeom *g = &G[0];
 		struct tqkv_session_params p = { .n_layers = g->n_layers, .n_kv_heads = g->n_kv, .n_q_heads = g->n_q,
 						 .head_dim = g->dim, .k_codec = "tq4", .v_codec = "tq3", .max_tokens = 4096,
-						 .flags = strcmp(argv[4], "detached") ? 0 : TQKV_SESSION_DETACHED };
+						 .flags = strcmp(argv[4], "detached") ? 0 : TQKV_SESSION_DETACHED,
+						 .name = argc > 5 ? argv[5] : NULL };
 		static float k[256 * 2 * 128], v[256 * 2 * 128], q[8 * 128], out[8 * 128];
 		uint64_t rs = 9;
 		tqkv *c;
@@ -747,6 +748,31 @@ static int client_main(int argc, char **argv)
 		tqkv_session_detach(s);
 		tqkv_disconnect(c);
 		return si.spilled_bytes ? 4 : 0;
+	}
+	if (!strcmp(mode, "attach-name") && argc > 4) {
+		/* attach-name DIR NAME: a worker finding its detached session again */
+		struct tqkv_connect_opts o = { .run_dir = dir };
+		tqkv *c;
+		tqkv_session *s;
+		if (tqkv_connect(&c, &o) < 0) {
+			printf("connect: %s\n", tqkv_last_error());
+			return 2;
+		}
+		int r = tqkv_session_attach_name(c, NULL, argv[4], TQKV_SESSION_DETACHED, &s);
+		if (r == 0) {
+			static float q[8 * 128], out[8 * 128];
+			int32_t pos = 2047;
+			uint64_t rs = 3;
+			fill(q, TQ_DTYPE_F32, sizeof(q) / 4, &rs);
+			r = tqkv_attend(s, 0, q, &pos, 1, TQKV_F32, out);
+			printf("attach %s: session %llu, attend %d %s\n", argv[4], (unsigned long long)tqkv_session_id(s),
+			       r, r < 0 ? tqkv_last_error() : "ok");
+			tqkv_session_detach(s);
+		} else {
+			printf("attach %s: %d %s\n", argv[4], r, tqkv_last_error());
+		}
+		tqkv_disconnect(c);
+		return r < 0 ? 3 : 0;
 	}
 	if (!strcmp(mode, "attach") && argc > 4) {
 		/* attach DIR ID: attach by id with G[0]'s geometry; prints the result */
