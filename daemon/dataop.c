@@ -445,12 +445,14 @@ static struct spill_page_hdr hdr_of(const struct kv_sess *kv, uint32_t l, uint32
 	return h;
 }
 
-/* Read-ahead: an operation that had to read layer l back starts reading
- * layer l + 1's spilled pages too, without waiting, so a decode step that
- * walks the layers overlaps one layer's attention with the next one's
- * reads.  The batch belongs to the layer until an operation on it (or a
- * truncate, a spill, the session's end) collects it under kv->lock; the
- * I/O callbacks touch only the batch. */
+/* Reading spilled pages back.  One layer's reads are a batch that belongs
+ * to the layer (L->ra) from reads_start until reads_finish collects it
+ * under kv->lock; the I/O callbacks touch only the batch.  An operation on
+ * a layer starts and finishes its batch at once; it also starts layer
+ * l + 1's without waiting (read-ahead), so a decode step that walks the
+ * layers overlaps one layer's attention with the next one's reads, and
+ * the next operation on l + 1 (or a truncate, a spill, the session's end)
+ * collects it. */
 struct kv_readahead {
 	struct io_batch b;
 	uint32_t n;
@@ -467,36 +469,53 @@ static void ra_free(struct kv_readahead *ra)
 	free(ra);
 }
 
-static void readahead_start(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l)
+/* Start reading layer l's spilled pages back: charge the tenant, take
+ * pool pages, submit.  r == NULL: best effort (read-ahead), nothing said;
+ * else 0 or an error in r (TENANT_LIMIT, NOMEM, POOL_FULL). */
+static int reads_start(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l, struct dataop_res *r)
 {
 	struct kv_layer *L = &kv->layer[l];
 	struct kv_readahead *ra;
 	uint32_t n = 0, k = 0;
+	int e;
 
 	if (!L->n_out || L->ra)
-		return;
+		return 0;
 	for (uint32_t i = 0; i < L->n_pages; i++) {
 		if (L->meta[i].state == PG_LOST)
-			return; /* the operation on it will say so */
+			return 0; /* the layer is unusable: restore_layer_locked says so */
 		n += L->meta[i].state == PG_SPILLED;
 	}
-	if (!n || !(ra = calloc(1, sizeof(*ra))))
-		return;
-	if (!(ra->idx = calloc(n, sizeof(*ra->idx))) || !(ra->fresh = calloc(n, sizeof(*ra->fresh))) ||
-	    !(ra->io = calloc(n, sizeof(*ra->io)))) {
-		ra_free(ra);
-		return;
+	if (!n)
+		return 0;
+	if (!(ra = calloc(1, sizeof(*ra))) || !(ra->idx = calloc(n, sizeof(*ra->idx))) ||
+	    !(ra->fresh = calloc(n, sizeof(*ra->fresh))) || !(ra->io = calloc(n, sizeof(*ra->io)))) {
+		if (ra)
+			ra_free(ra);
+		if (r)
+			res_set(r, -ENOMEM, TQKV_ST_NOMEM, 0);
+		return -ENOMEM;
 	}
-	/* best effort: over the tenant's limit or a full pool, the operation
-	 * on the layer will read it itself and report why */
-	if (session_restore_move(s, (uint64_t)n * ks->page_bytes) < 0) {
+	if ((e = session_restore_move(s, (uint64_t)n * ks->page_bytes)) < 0) {
+		if (r) {
+			struct tenant *t = session_tenant(s);
+			res_set(r, e, TQKV_ST_TENANT_LIMIT, 0);
+			snprintf(r->msg, sizeof(r->msg), "restoring %u spilled page(s) of layer %u; tenant '%s' holds "
+				 "%llu of %llu bytes", n, l, tenant_name(t), (unsigned long long)tenant_used(t),
+				 (unsigned long long)tenant_limit(t));
+		}
 		ra_free(ra);
-		return;
+		return e;
 	}
-	if (pool_pages_alloc(ks->pool, n, ra->fresh) < 0) {
+	if ((e = pool_pages_alloc(ks->pool, n, ra->fresh)) < 0) {
 		session_spill_move(s, (uint64_t)n * ks->page_bytes);
+		if (r) {
+			res_set(r, e, TQKV_ST_POOL_FULL, 0);
+			snprintf(r->msg, sizeof(r->msg), "restoring %u spilled page(s) of layer %u; %u of the pool's "
+				 "pages are free", n, l, pool_pages_free_count(ks->pool));
+		}
 		ra_free(ra);
-		return;
+		return e;
 	}
 	pthread_mutex_init(&ra->b.lock, NULL);
 	pthread_cond_init(&ra->b.cond, NULL);
@@ -506,7 +525,6 @@ static void readahead_start(struct kvstore *ks, struct session *s, struct kv_ses
 		if (L->meta[i].state != PG_SPILLED)
 			continue;
 		struct spill_page_hdr h = hdr_of(kv, l, i);
-		int e;
 		ra->idx[k] = i;
 		ra->io[k].b = &ra->b;
 		L->meta[i].state = PG_READING;
@@ -520,22 +538,29 @@ static void readahead_start(struct kvstore *ks, struct session *s, struct kv_ses
 		k++;
 	}
 	L->ra = ra;
+	return 0;
 }
 
-/* Wait for layer l's read-ahead and take its pages: the ones that came
- * back become resident; a failed one is spilled again (-EIO: the next
- * read retries) or lost (failed its checks: never served). */
-static void readahead_finish(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l)
+/* Wait for layer l's batch and take its pages: the ones that came back
+ * become resident; a failed one is spilled again (-EIO: the next read
+ * retries) or lost (failed its checks: never served, never retried).
+ * s == NULL: the session is going away (no accounting).  r: the first
+ * failure (DATA_LOSS before SPILL_IO), or NULL to say nothing. */
+static int reads_finish(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l,
+			struct dataop_res *r)
 {
 	struct kv_layer *L = &kv->layer[l];
 	struct kv_readahead *ra = L->ra;
+	uint32_t bad_page = 0;
+	int err = 0;
 
 	if (!ra)
-		return;
+		return 0;
 	batch_wait(&ra->b);
 	for (uint32_t k = 0; k < ra->n; k++) {
 		uint32_t i = ra->idx[k];
-		if (ra->io[k].res == 0) {
+		struct io_one *o = &ra->io[k];
+		if (o->res == 0) {
 			L->pages[i] = ra->fresh[k];
 			spill_slot_free(ks->spill, L->meta[i].slot);
 			L->meta[i].state = PG_RESIDENT;
@@ -546,55 +571,48 @@ static void readahead_finish(struct kvstore *ks, struct session *s, struct kv_se
 		pool_pages_free(ks->pool, &ra->fresh[k], 1);
 		if (s)
 			session_spill_move(s, ks->page_bytes);
-		if (ra->io[k].res == -EBADMSG) {
+		if (o->res == -EBADMSG) {
 			spill_slot_free(ks->spill, L->meta[i].slot);
 			if (s)
 				session_unspill(s, ks->page_bytes);
 			L->meta[i].state = PG_LOST;
 			__atomic_sub_fetch(&kv->n_spilled, 1, __ATOMIC_RELAXED);
-			log_err("session %llu layer %u page %u lost: %s", (unsigned long long)kv->id, l, i, ra->io[k].why);
+			log_err("session %llu layer %u page %u lost: %s", (unsigned long long)kv->id, l, i, o->why);
 		} else {
 			L->meta[i].state = PG_SPILLED;
+		}
+		if (r && (!err || o->res == -EBADMSG)) {
+			err = o->res;
+			bad_page = i;
+			snprintf(r->msg, sizeof(r->msg), "layer %u page %u: %.200s", l, i, o->why);
 		}
 	}
 	L->ra = NULL;
 	ra_free(ra);
+	if (err)
+		res_set(r, err, err == -EBADMSG ? TQKV_ST_DATA_LOSS : TQKV_ST_SPILL_IO, bad_page);
+	return err;
 }
 
-/* Bring layer l's spilled pages back (its read-ahead first, then whatever
- * is still out), and start reading layer l + 1's. */
-static int restore_sync_locked(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l,
-			       struct dataop_res *r);
-
-static int restore_layer_locked(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l,
-				struct dataop_res *r)
+static void readahead_finish(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l)
 {
-	int e;
-
-	readahead_finish(ks, s, kv, l);
-	if ((e = restore_sync_locked(ks, s, kv, l, r)) == 0 && l + 1 < kv->n_layers)
-		readahead_start(ks, s, kv, l + 1);
-	return e;
+	reads_finish(ks, s, kv, l, NULL);
 }
 
 /* Bring layer l's spilled pages back into the pool before an operation
  * uses them (kv->lock held: no other operation of this session runs, and
- * nothing can spill them meanwhile).  0, or an error in r: TENANT_LIMIT,
- * POOL_FULL, SPILL_IO (the page stays spilled: a retry may work) or
- * DATA_LOSS (its copy failed its checks: never served). */
-static int restore_sync_locked(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l,
-			       struct dataop_res *r)
+ * nothing can spill them meanwhile): its read-ahead first, then whatever
+ * is still out; then start reading layer l + 1's.  0, or an error in r:
+ * TENANT_LIMIT, POOL_FULL, SPILL_IO (the page stays spilled: a retry may
+ * work) or DATA_LOSS (its copy failed its checks: never served). */
+static int restore_layer_locked(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l,
+				struct dataop_res *r)
 {
 	struct kv_layer *L = &kv->layer[l];
-	struct io_batch b = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0 };
-	uint32_t n = 0, k = 0, bad_page = 0;
-	uint8_t **fresh = NULL;
-	struct io_one *io = NULL;
-	int e, err = 0;
+	int e;
 
-	if (!L->n_out)
-		return 0;
-	for (uint32_t i = 0; i < L->n_pages; i++) {
+	readahead_finish(ks, s, kv, l);
+	for (uint32_t i = 0; L->n_out && i < L->n_pages; i++) {
 		if (L->meta[i].state == PG_LOST) {
 			uint32_t t0 = i * kv->geom.page_tokens;
 			res_set(r, -EBADMSG, TQKV_ST_DATA_LOSS, i);
@@ -602,85 +620,11 @@ static int restore_sync_locked(struct kvstore *ks, struct session *s, struct kv_
 				 "failed its checks; truncate the layer to %u or close the session", l, i, t0, t0);
 			return r->res;
 		}
-		n += L->meta[i].state == PG_SPILLED;
 	}
-	uint64_t bytes = (uint64_t)n * ks->page_bytes;
-	if ((e = session_restore_move(s, bytes)) < 0) {
-		struct tenant *t = session_tenant(s);
-		res_set(r, e, TQKV_ST_TENANT_LIMIT, 0);
-		snprintf(r->msg, sizeof(r->msg), "restoring %u spilled page(s) of layer %u; tenant '%s' holds %llu of %llu bytes",
-			 n, l, tenant_name(t), (unsigned long long)tenant_used(t), (unsigned long long)tenant_limit(t));
+	if ((e = reads_start(ks, s, kv, l, r)) < 0 || (e = reads_finish(ks, s, kv, l, r)) < 0)
 		return e;
-	}
-	if (!(fresh = calloc(n, sizeof(*fresh))) || !(io = calloc(n, sizeof(*io)))) {
-		free(fresh);
-		session_spill_move(s, bytes);
-		res_set(r, -ENOMEM, TQKV_ST_NOMEM, 0);
-		return r->res;
-	}
-	if ((e = pool_pages_alloc(ks->pool, n, fresh)) < 0) {
-		session_spill_move(s, bytes);
-		res_set(r, e, TQKV_ST_POOL_FULL, 0);
-		snprintf(r->msg, sizeof(r->msg), "restoring %u spilled page(s) of layer %u; %u of the pool's pages are free",
-			 n, l, pool_pages_free_count(ks->pool));
-		free(fresh);
-		free(io);
-		return e;
-	}
-	b.pending = n;
-	for (uint32_t i = 0; i < L->n_pages; i++) {
-		if (L->meta[i].state != PG_SPILLED)
-			continue;
-		struct spill_page_hdr h = hdr_of(kv, l, i);
-		L->meta[i].state = PG_READING;
-		io[k].b = &b;
-		if ((e = spill_read(ks->spill, L->meta[i].slot, &h, fresh[k], io_done, &io[k])) < 0) {
-			snprintf(io[k].why, sizeof(io[k].why), "spill: %s", strerror(-e));
-			io[k].res = e;
-			pthread_mutex_lock(&b.lock);
-			b.pending--;
-			pthread_mutex_unlock(&b.lock);
-		}
-		k++;
-	}
-	batch_wait(&b);
-	k = 0;
-	for (uint32_t i = 0; i < L->n_pages; i++) {
-		if (L->meta[i].state != PG_READING)
-			continue;
-		struct io_one *o = &io[k];
-		if (o->res == 0) {
-			L->pages[i] = fresh[k];
-			spill_slot_free(ks->spill, L->meta[i].slot);
-			L->meta[i].state = PG_RESIDENT;
-			L->n_out--;
-			__atomic_sub_fetch(&kv->n_spilled, 1, __ATOMIC_RELAXED);
-		} else {
-			pool_pages_free(ks->pool, &fresh[k], 1);
-			session_spill_move(s, ks->page_bytes);
-			if (o->res == -EBADMSG) { /* never served, never retried */
-				spill_slot_free(ks->spill, L->meta[i].slot);
-				session_unspill(s, ks->page_bytes);
-				L->meta[i].state = PG_LOST;
-				__atomic_sub_fetch(&kv->n_spilled, 1, __ATOMIC_RELAXED);
-				log_err("session %llu layer %u page %u lost: %s", (unsigned long long)kv->id, l, i, o->why);
-			} else {
-				L->meta[i].state = PG_SPILLED;
-			}
-			if (!err || o->res == -EBADMSG) {
-				err = o->res;
-				bad_page = i;
-				snprintf(r->msg, sizeof(r->msg), "layer %u page %u: %.200s", l, i, o->why);
-			}
-		}
-		k++;
-	}
-	free(fresh);
-	free(io);
-	if (err) {
-		res_set(r, err, err == -EBADMSG ? TQKV_ST_DATA_LOSS : TQKV_ST_SPILL_IO, bad_page);
-		return err;
-	}
+	if (l + 1 < kv->n_layers)
+		reads_start(ks, s, kv, l + 1, NULL);
 	return 0;
 }
 
