@@ -119,12 +119,13 @@ static double median3(double *v, int n)
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: tqbench spill [--dir DIR] [--mib N] [--rounds R] [--json]\n"
+	fprintf(f, "usage: tqbench spill [--dir DIR] [--mib N] [--rounds R] [--isa scalar|avx2|avx512] [--json]\n"
 		   "  --dir DIR  where the spill file and fio's file go (default build/bench-spill);\n"
 		   "             put it on the disk you mean to measure\n"
 		   "  --mib N    session size (default 1024)\n"
 		   "  --rounds R rounds of every measurement, ours then fio's (1..9, default 3);\n"
-		   "             the medians are printed\n");
+		   "             the medians are printed\n"
+		   "  --isa I    cap the kernels' ISA (restore + attend, encoding); default: the best\n");
 }
 
 static int bench_spill_main(int argc, char **argv)
@@ -138,7 +139,15 @@ static int bench_spill_main(int argc, char **argv)
 			dir = argv[++i];
 		else if (!strcmp(argv[i], "--mib") && i + 1 < argc)
 			mib = strtoull(argv[++i], NULL, 0);
-		else if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
+		else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
+			const char *isa = argv[++i];
+			if (strcmp(isa, "scalar") && strcmp(isa, "avx2") && strcmp(isa, "avx512")) {
+				fprintf(stderr, "tqbench spill: unknown isa %s\n", isa);
+				return 2;
+			}
+			/* the daemon's code picks TQ_ISA_AUTO; TQ_ISA caps that choice */
+			setenv("TQ_ISA", isa, 1);
+		} else if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
 			rounds = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--json"))
 			json = 1;
@@ -346,4 +355,4 @@ static int bench_spill_main(int argc, char **argv)
 	return 0;
 }
 
-TQ_BENCH_SUITE(spill, "spill [--dir DIR] [--mib N] [--rounds R] [--json]", bench_spill_main)
+TQ_BENCH_SUITE(spill, "spill [--dir DIR] [--mib N] [--rounds R] [--isa I] [--json]", bench_spill_main)
