@@ -333,7 +333,8 @@ static void print_session_row(struct table *t, const Tqkv__V1__Session *s)
 	snprintf(codecs, sizeof(codecs), "%s/%s", s->k_codec, s->v_codec);
 	snprintf(uid, sizeof(uid), "%u", s->owner_uid);
 	table_row(t, num(s->id, id, sizeof(id)), s->name[0] ? s->name : "-", s->tenant, uid,
-		  state_name(s->state), geo, codecs, num(s->tokens, tok, sizeof(tok)),
+		  s->persistent ? (s->state == TQKV__V1__SESSION_STATE__SESSION_STATE_OPEN ? "open,P" : state_name(s->state))
+				: state_name(s->state), geo, codecs, num(s->tokens, tok, sizeof(tok)),
 		  sz(s->resident_bytes, res, sizeof(res)), sz(s->spilled_bytes, sp, sizeof(sp)),
 		  ago(s->last_access_ms, idle, sizeof(idle)));
 }
@@ -346,7 +347,7 @@ static void print_session_detail(const Tqkv__V1__Session *s)
 	printf("name:            %s\n", s->name[0] ? s->name : "-");
 	printf("tenant:          %s\n", s->tenant);
 	printf("owner uid:       %u\n", s->owner_uid);
-	printf("state:           %s\n", state_name(s->state));
+	printf("state:           %s%s\n", state_name(s->state), s->persistent ? " (persistent)" : "");
 	printf("layers:          %u\n", s->n_layers);
 	printf("kv heads:        %u\n", s->n_kv_heads);
 	printf("query heads:     %u\n", s->n_q_heads);
@@ -422,6 +423,11 @@ static int cmd_stats(struct ctx *x, int argc, char **argv)
 			       s->spill_checksum_failures);
 			printf("restore latency:   p50 %" PRIu64 " us, p99 %" PRIu64 " us (per page, last 1024)\n",
 			       s->spill_restore_p50_us, s->spill_restore_p99_us);
+			printf("persistent:        %u sessions; %" PRIu64 " checkpoints (%" PRIu64 " failed), %" PRIu64
+			       " journal records (%s); at start %" PRIu64 " restored, %" PRIu64 " dropped\n",
+			       s->persistent_sessions, s->checkpoints_total, s->checkpoint_failures_total,
+			       s->journal_records_total, sz(s->journal_bytes_total, c, sizeof(c)), s->persistent_restored,
+			       s->persistent_dropped);
 		}
 	}
 	protobuf_c_message_free_unpacked(rep, NULL);
@@ -501,8 +507,8 @@ static int cmd_close(struct ctx *x, int argc, char **argv)
 	return session_ref_cmd(x, argc, argv, "CloseSession");
 }
 
-/* spill ID [SIZE] / restore ID: both answer with the session. */
-static int spill_cmd(struct ctx *x, int argc, char **argv, bool spill)
+/* spill ID [SIZE] / restore ID / checkpoint ID: all answer with the session. */
+static int spill_cmd(struct ctx *x, int argc, char **argv, bool spill, const char *method)
 {
 	Tqkv__V1__SpillSessionRequest sq = TQKV__V1__SPILL_SESSION_REQUEST__INIT;
 	Tqkv__V1__SessionRef rq = TQKV__V1__SESSION_REF__INIT;
@@ -520,13 +526,14 @@ static int spill_cmd(struct ctx *x, int argc, char **argv, bool spill)
 		usage_error("'%s' is not a size (examples: 64M, 1GiB)", argv[1]);
 		return EXIT_USAGE;
 	}
-	if ((r = call(x, spill ? "SpillSession" : "RestoreSession", spill ? &sq.base : &rq.base, &rep)) != 0)
+	if ((r = call(x, method, spill ? &sq.base : &rq.base, &rep)) != 0)
 		return r;
 	if (x->json) {
 		print_json(rep);
 	} else {
 		Tqkv__V1__Session *s = (void *)rep;
-		printf("session %" PRIu64 " %s: %s resident, %s spilled\n", s->id, spill ? "spilled" : "restored",
+		printf("session %" PRIu64 " %s: %" PRIu64 " tokens, %s resident, %s spilled\n", s->id,
+		       spill ? "spilled" : strcmp(method, "RestoreSession") ? "checkpointed" : "restored", s->tokens,
 		       sz(s->resident_bytes, a, sizeof(a)), sz(s->spilled_bytes, b, sizeof(b)));
 	}
 	protobuf_c_message_free_unpacked(rep, NULL);
@@ -535,12 +542,17 @@ static int spill_cmd(struct ctx *x, int argc, char **argv, bool spill)
 
 static int cmd_spill(struct ctx *x, int argc, char **argv)
 {
-	return spill_cmd(x, argc, argv, true);
+	return spill_cmd(x, argc, argv, true, "SpillSession");
 }
 
 static int cmd_restore(struct ctx *x, int argc, char **argv)
 {
-	return spill_cmd(x, argc, argv, false);
+	return spill_cmd(x, argc, argv, false, "RestoreSession");
+}
+
+static int cmd_checkpoint(struct ctx *x, int argc, char **argv)
+{
+	return spill_cmd(x, argc, argv, false, "CheckpointSession");
 }
 
 static void tenant_row(struct table *t, const Tqkv__V1__Tenant *m)
@@ -666,7 +678,7 @@ static int cmd_config(struct ctx *x, int argc, char **argv)
 	return 0;
 }
 
-/* argv (after option parsing): tenant layers kv q dim kcodec vcodec max name seed */
+/* argv (after option parsing): tenant layers kv q dim kcodec vcodec max name seed persistent */
 static int cmd_open(struct ctx *x, int argc, char **argv)
 {
 	Tqkv__V1__OpenSessionRequest q = TQKV__V1__OPEN_SESSION_REQUEST__INIT;
@@ -705,6 +717,7 @@ static int cmd_open(struct ctx *x, int argc, char **argv)
 		}
 		q.has_rotation_seed = true;
 	}
+	q.persistent = argv[10][0] != 0;
 	if ((r = call(x, "OpenSession", &q.base, &rep)) != 0)
 		return r;
 	if (x->json)
@@ -738,6 +751,10 @@ static const struct cmd cmds[] = {
 	{ "restore", "ID", "read a session's spilled pages back (RestoreSession)",
 	  "Reads every spilled page of session ID back into the pool.  A page that fails\n"
 	  "its checksum is never served: DATA_LOSS.  Operators only.", true, cmd_restore },
+	{ "checkpoint", "ID", "write a persistent session to disk now (CheckpointSession)",
+	  "Writes the pages of persistent session ID that have no copy on disk and\n"
+	  "replaces its manifest, as pool.checkpoint_interval does.  Its owner or an\n"
+	  "operator.", true, cmd_checkpoint },
 	{ "tenants", "", "tenants, budgets and use (ListTenants)",
 	  "Per tenant: priority, guaranteed bytes, limit, bytes used (in the pool),\n"
 	  "bytes spilled (in the spill tier, not counted in USED), sessions, and the\n"
@@ -749,12 +766,13 @@ static const struct cmd cmds[] = {
 	{ "config", "", "the daemon's effective configuration (GetConfig)",
 	  "Every option with its value, default and whether SIGHUP reloads it.", true, cmd_config },
 	{ "open", "--tenant T --layers N --kv-heads N --q-heads N --head-dim D --max-tokens N\n"
-	  "                 [--k-codec C] [--v-codec C] [--name NAME] [--seed S]",
+	  "                 [--k-codec C] [--v-codec C] [--name NAME] [--seed S] [--persistent]",
 	  "admit a session owned by you (OpenSession)",
 	  "For operators and tests; inference processes open sessions through libtqkv.\n"
 	  "Codecs default to q8 (K) and tq4 (V).  The session is not tied to any\n"
 	  "connection: it stays until closed or evicted, or idle past\n"
-	  "daemon.session_idle_ttl (default 1h).", true, cmd_open },
+	  "daemon.session_idle_ttl (default 1h).  --persistent: the session is kept on\n"
+	  "disk and survives a restart of the daemon; it is never idle-expired.", true, cmd_open },
 };
 #define N_CMDS (sizeof(cmds) / sizeof(cmds[0]))
 
@@ -807,7 +825,8 @@ static const char *default_socket(void)
 
 int main(int argc, char **argv)
 {
-	enum { O_TENANT = 256, O_LIMIT, O_GUAR, O_LAYERS, O_KVH, O_QH, O_DIM, O_KC, O_VC, O_MAXT, O_NAME, O_SEED };
+	enum { O_TENANT = 256, O_LIMIT, O_GUAR, O_LAYERS, O_KVH, O_QH, O_DIM, O_KC, O_VC, O_MAXT, O_NAME, O_SEED,
+	       O_PERSIST };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, 's' },
 		{ "json", no_argument, NULL, 'j' },
@@ -826,11 +845,12 @@ int main(int argc, char **argv)
 		{ "max-tokens", required_argument, NULL, O_MAXT },
 		{ "name", required_argument, NULL, O_NAME },
 		{ "seed", required_argument, NULL, O_SEED },
+		{ "persistent", no_argument, NULL, O_PERSIST },
 		{ NULL, 0, NULL, 0 },
 	};
 	struct ctx x = { .timeout_ms = DEFAULT_TIMEOUT_MS };
 	/* values of the command-specific options, "" = not given */
-	const char *val[O_SEED - O_TENANT + 1];
+	const char *val[O_PERSIST - O_TENANT + 1];
 	bool help = false;
 	char target[4200];
 	char *pos[16];
@@ -881,7 +901,7 @@ int main(int argc, char **argv)
 			fprintf(stderr, "Try 'tqctl %s --help'.\n", cur_cmd->name);
 			return EXIT_USAGE;
 		default:
-			val[opt - O_TENANT] = optarg;
+			val[opt - O_TENANT] = opt == O_PERSIST ? "yes" : optarg;
 			break;
 		}
 	}
@@ -903,7 +923,7 @@ int main(int argc, char **argv)
 	/* options that only some commands take */
 	bool is_sessions = cur_cmd->fn == cmd_sessions, is_budget = cur_cmd->fn == cmd_budget,
 	     is_open = cur_cmd->fn == cmd_open;
-	for (int i = 0; i <= O_SEED - O_TENANT; i++) {
+	for (int i = 0; i <= O_PERSIST - O_TENANT; i++) {
 		int o = O_TENANT + i;
 		bool ok = (o == O_TENANT && (is_sessions || is_open)) ||
 			  ((o == O_LIMIT || o == O_GUAR) && is_budget) || (o >= O_LAYERS && is_open);
@@ -931,11 +951,12 @@ int main(int argc, char **argv)
 			usage_error("%s", "open takes options only");
 			return EXIT_USAGE;
 		}
-		static const int need[] = { O_TENANT, O_LAYERS, O_KVH, O_QH, O_DIM, O_KC, O_VC, O_MAXT, O_NAME, O_SEED };
+		static const int need[] = { O_TENANT, O_LAYERS, O_KVH, O_QH, O_DIM, O_KC, O_VC, O_MAXT, O_NAME, O_SEED,
+					    O_PERSIST };
 		for (size_t i = 0; i < sizeof(need) / sizeof(need[0]); i++) {
 			const char *v = val[need[i] - O_TENANT];
 			bool optional = need[i] == O_KC || need[i] == O_VC || need[i] == O_NAME ||
-					need[i] == O_SEED || need[i] == O_TENANT;
+					need[i] == O_SEED || need[i] == O_TENANT || need[i] == O_PERSIST;
 			if (!v && !optional) {
 				usage_error("--%s is required", longopts[5 + need[i] - O_TENANT].name);
 				return EXIT_USAGE;

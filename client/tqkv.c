@@ -868,7 +868,8 @@ EXPORT int tqkv_session_open(tqkv *c, const struct tqkv_session_params *p, tqkv_
 	 * ephemeral session is tied to the connection from the moment it
 	 * exists, so no death of this process can leave it behind. */
 	q.data_client = c->client_id;
-	q.detached = (p->flags & TQKV_SESSION_DETACHED) != 0;
+	q.detached = (p->flags & (TQKV_SESSION_DETACHED | TQKV_SESSION_PERSISTENT)) != 0;
+	q.persistent = (p->flags & TQKV_SESSION_PERSISTENT) != 0;
 	if ((r = ctl_do(c, "OpenSession", &q.base, &rep)) < 0)
 		goto fail;
 	test_die(c, "open-after-rpc");
@@ -1033,6 +1034,20 @@ EXPORT int tqkv_session_info(tqkv_session *s, struct tqkv_session_info *out)
 	out->resident_bytes = m->resident_bytes;
 	out->spilled_bytes = m->spilled_bytes;
 	out->evicted = m->state == TQKV__V1__SESSION_STATE__SESSION_STATE_EVICTED;
+	out->persistent = m->persistent;
+	protobuf_c_message_free_unpacked(rep, NULL);
+	return 0;
+}
+
+EXPORT int tqkv_session_checkpoint(tqkv_session *s)
+{
+	Tqkv__V1__SessionRef ref = TQKV__V1__SESSION_REF__INIT;
+	ProtobufCMessage *rep;
+	int r;
+
+	ref.id = s->id;
+	if ((r = ctl_do(s->c, "CheckpointSession", &ref.base, &rep)) < 0)
+		return r;
 	protobuf_c_message_free_unpacked(rep, NULL);
 	return 0;
 }

@@ -97,6 +97,9 @@ static const struct opt opts[] = {
 	  "capacity of the spill file in spill_dir, preallocated at start; 0: 4 x pool_bytes" },
 	{ "pool", "spill_fallback", OPT_BOOL, G(spill_fallback), 0, 0, "no", NULL, false,
 	  "use pread/pwrite when io_uring or O_DIRECT is unavailable (slower; logged)" },
+	{ "pool", "checkpoint_interval", OPT_DURATION, G(checkpoint_interval_ms), 100, 3600 * 1000, "5s", NULL, true,
+	  "persistent sessions: write what changed (pages, manifest) this often; a power loss "
+	  "loses at most this much (a killed daemon loses nothing: appends are journaled)" },
 	{ "tenant", "guaranteed", OPT_SIZE, T(guaranteed), 0, PiB, "0", NULL, true,
 	  "bytes this tenant keeps under pressure; all guarantees fit in pool_bytes" },
 	{ "tenant", "limit", OPT_SIZE, T(limit), MiB, PiB, NULL, "pool_bytes", true,

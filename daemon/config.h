@@ -66,6 +66,7 @@ struct config {
 	bool allow_overcommit;               /* pool_bytes may exceed MemAvailable */
 	uint64_t spill_bytes;                /* spill file capacity; 0 = 4 x pool_bytes */
 	bool spill_fallback;                 /* pread/pwrite when io_uring/O_DIRECT fail */
+	uint64_t checkpoint_interval_ms;     /* persistent sessions' checkpoints */
 	/* [tenant NAME] sections; the embedded "default" tenant when none */
 	uint32_t n_tenants;
 	struct tenant_conf tenant[CONFIG_MAX_TENANTS];

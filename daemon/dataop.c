@@ -1,6 +1,7 @@
 /* dataop.c — per-session page tables and the append / attend / truncate
  * operations over them. */
 #include "dataop.h"
+#include "dataop_internal.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -12,66 +13,13 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "kvpersist.h"
 #include "log.h"
 #include "spill.h"
 #include "tq_page.h"
 #include "tqkv_ring.h"
 
-#define N_BUCKETS 1024 /* power of two */
-
-/* Residency of one page (kv->lock held for every transition; WRITING and
- * READING last only while the thread that set them waits for its I/O). */
-enum page_state {
-	PG_RESIDENT = 0,          /* in the pool: pages[i] is its base               */
-	PG_WRITING,               /* in the pool, being copied to its spill slot     */
-	PG_SPILLED,               /* only in its spill slot: pages[i] is NULL        */
-	PG_READING,               /* being read back into a fresh pool page          */
-	PG_LOST,                  /* its slot failed its checks: the tokens are gone */
-};
-
-struct kv_page_meta {
-	uint64_t slot;            /* spill slot while SPILLED                        */
-	uint64_t gen;             /* generation written to the slot                  */
-	uint8_t state;            /* enum page_state                                 */
-};
-
-struct kv_layer {
-	uint8_t **pages;          /* [cap] page bases; [0, n_pages) are held        */
-	struct kv_page_meta *meta; /* [cap] residency of each page                   */
-	uint32_t n_pages, cap;
-	uint32_t n_out;           /* pages not resident (SPILLED, READING or LOST)   */
-	struct kv_readahead *ra;  /* reads of its spilled pages in flight, or NULL   */
-	uint32_t n_tokens;        /* tokens 0..n_tokens-1 are committed              */
-	tq_codec *kc, *vc;        /* created on first use                            */
-};
-
-struct kv_sess {
-	uint64_t id;
-	struct kv_sess *next;     /* bucket chain; kvstore lock                      */
-	pthread_mutex_t lock;     /* serializes operations on this session           */
-	struct tq_page_geom geom;
-	uint32_t n_layers, n_q_heads, dim;
-	enum tq_codec_id k_id, v_id;
-	uint64_t seed;
-	uint64_t max_tokens;      /* per layer, from the session                     */
-	uint64_t max_len;         /* longest layer (the session's token count)       */
-	uint64_t n_pages;         /* all layers                                      */
-	uint64_t n_spilled;       /* pages in spill slots, all layers                */
-	uint64_t gen_next;        /* spill generations                               */
-	struct kv_layer layer[];  /* [n_layers] */
-};
-
-struct kvstore {
-	struct pool *pool;
-	tq_cache *cache;
-	struct spill *spill;      /* NULL: no spill tier */
-	uint32_t page_bytes;
-	pthread_mutex_t lock;     /* guards bucket[] and n */
-	struct kv_sess *bucket[N_BUCKETS];
-	uint32_t n;
-};
-
-static void res_set(struct dataop_res *r, int res, uint32_t status, uint32_t detail)
+void dataop_res_set(struct dataop_res *r, int res, uint32_t status, uint32_t detail)
 {
 	r->res = res;
 	r->status = status;
@@ -93,43 +41,56 @@ int kvstore_new(struct kvstore **out, struct pool *pool, tq_cache *cache)
 	return 0;
 }
 
-static void readahead_finish(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l);
 
 void kvstore_set_spill(struct kvstore *ks, struct spill *sp)
 {
 	ks->spill = sp;
 }
 
-/* Give back page i of L: its pool page, or its spill slot. */
-static void page_drop(struct kvstore *ks, struct kv_layer *L, uint32_t i)
+void dataop_slot_release(struct kvstore *ks, struct kv_sess *kv, uint64_t slot)
 {
-	if (L->meta[i].state == PG_SPILLED)
-		spill_slot_free(ks->spill, L->meta[i].slot);
-	else if (L->meta[i].state == PG_RESIDENT)
+	if (kv->p)
+		kvp_defer_free(kv, slot);
+	else
+		spill_slot_free(ks->spill, slot);
+}
+
+/* Give back page i of L: its pool page, its spill slot, or both. */
+static void page_drop(struct kvstore *ks, struct kv_sess *kv, struct kv_layer *L, uint32_t i)
+{
+	struct kv_page_meta *m = &L->meta[i];
+
+	if (m->state == PG_SPILLED || (m->state == PG_RESIDENT && m->clean))
+		dataop_slot_release(ks, kv, m->slot);
+	if (m->state == PG_RESIDENT)
 		pool_pages_free(ks->pool, &L->pages[i], 1);
-	if (L->meta[i].state == PG_SPILLED || L->meta[i].state == PG_LOST)
+	if (m->state == PG_SPILLED || m->state == PG_LOST)
 		L->n_out--;
 	L->pages[i] = NULL;
-	L->meta[i].state = PG_RESIDENT;
+	m->state = PG_RESIDENT;
+	m->clean = 0;
 }
 
 static void kv_sess_free(struct kvstore *ks, struct kv_sess *kv)
 {
 	if (!kv)
 		return;
+	if (kv->p)
+		kvp_wt_collect(ks, kv);
 	for (uint32_t l = 0; l < kv->n_layers; l++) {
 		struct kv_layer *L = &kv->layer[l];
-		readahead_finish(ks, NULL, kv, l); /* the session's bytes go with it */
-		if (L->n_out == 0 && L->n_pages)
+		dataop_readahead_finish(ks, NULL, kv, l); /* the session's bytes go with it */
+		if (L->n_out == 0 && L->n_pages && !kv->p)
 			pool_pages_free(ks->pool, L->pages, L->n_pages);
 		else
 			for (uint32_t i = 0; i < L->n_pages; i++)
-				page_drop(ks, L, i);
+				page_drop(ks, kv, L, i);
 		free(L->pages);
 		free(L->meta);
 		tq_codec_free(L->kc);
 		tq_codec_free(L->vc);
 	}
+	kvp_sess_free(ks, kv); /* a closed persistent session's files and slots */
 	pthread_mutex_destroy(&kv->lock);
 	free(kv);
 }
@@ -218,7 +179,7 @@ int dataop_page_tokens(uint32_t page_bytes, const struct session_geom *g)
 }
 
 /* The KV state of s, created on first use. */
-static int kv_get(struct kvstore *ks, struct session *s, struct kv_sess **out)
+int dataop_kv_get(struct kvstore *ks, struct session *s, struct kv_sess **out)
 {
 	const struct session_geom *g = session_geom(s);
 	uint64_t id = session_id(s);
@@ -252,6 +213,10 @@ static int kv_get(struct kvstore *ks, struct session *s, struct kv_sess **out)
 	/* Positions are int32 (tq_attn.h): a layer holds at most INT32_MAX tokens. */
 	kv->max_tokens = g->max_tokens < INT32_MAX ? g->max_tokens : INT32_MAX;
 	kv->next = NULL;
+	if (session_persistent(s) && ks->persist && (r = kvp_sess_new(ks, kv)) < 0) {
+		pthread_mutex_destroy(&kv->lock);
+		goto fail;
+	}
 	*pp = kv;
 	ks->n++;
 	*out = kv;
@@ -287,13 +252,13 @@ static int layer_codecs(struct kvstore *ks, struct kv_sess *kv, uint32_t l, stru
 	}
 	return 0;
 fail:
-	res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_INTERNAL, l);
+	dataop_res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_INTERNAL, l);
 	snprintf(r->msg, sizeof(r->msg), "layer %u codec: %s", l, te.msg);
 	return e;
 }
 
 /* Report a change of the session's longest layer to the session table. */
-static void update_tokens(struct session *s, struct kv_sess *kv)
+void dataop_update_tokens(struct session *s, struct kv_sess *kv)
 {
 	uint64_t m = 0, old = kv->max_len;
 
@@ -306,27 +271,23 @@ static void update_tokens(struct session *s, struct kv_sess *kv)
 	session_set_tokens(s, m);
 }
 
-/* The append proper; kv->lock held, codecs present. */
-static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l,
-			 const void *k, const void *v, enum tq_dtype dtype, uint32_t n,
-			 struct dataop_res *r)
+int dataop_layer_grow(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l, uint64_t new_len,
+		      uint32_t *added, struct dataop_res *r)
 {
 	struct kv_layer *L = &kv->layer[l];
-	const struct tq_page_geom *g = &kv->geom;
-	size_t row = (size_t)kv->dim * tq_dtype_size(dtype);
-	uint64_t new_len = (uint64_t)L->n_tokens + n;
 	uint32_t need, old_pages = L->n_pages;
 	uint64_t charge;
-	tq_error te;
 	int e;
 
+	*added = 0;
 	if (new_len > kv->max_tokens) {
-		res_set(r, -ENOSPC, TQKV_ST_MAX_TOKENS, 0);
-		snprintf(r->msg, sizeof(r->msg), "layer %u has %u tokens, +%u > max_tokens %llu", l,
-			 L->n_tokens, n, (unsigned long long)kv->max_tokens);
+		dataop_res_set(r, -ENOSPC, TQKV_ST_MAX_TOKENS, 0);
+		snprintf(r->msg, sizeof(r->msg), "layer %u has %u tokens, +%llu > max_tokens %llu", l,
+			 L->n_tokens, (unsigned long long)(new_len - L->n_tokens),
+			 (unsigned long long)kv->max_tokens);
 		return r->res;
 	}
-	need = tq_page_count(g, (uint32_t)new_len) - old_pages;
+	need = tq_page_count(&kv->geom, (uint32_t)new_len) - old_pages;
 	if (old_pages + need > L->cap) {
 		uint32_t cap = L->cap ? L->cap : 8;
 		while (cap < old_pages + need)
@@ -336,32 +297,67 @@ static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *
 			L->pages = np;
 		struct kv_page_meta *nm = np ? realloc(L->meta, sizeof(*nm) * cap) : NULL;
 		if (!nm) {
-			res_set(r, -ENOMEM, TQKV_ST_NOMEM, 0);
+			dataop_res_set(r, -ENOMEM, TQKV_ST_NOMEM, 0);
 			return r->res;
 		}
 		memset(nm + L->cap, 0, sizeof(*nm) * (cap - L->cap)); /* PG_RESIDENT */
 		L->meta = nm;
 		L->cap = cap;
 	}
+	if (!need)
+		return 0;
 	charge = (uint64_t)need * ks->page_bytes;
-	if (need) {
-		if ((e = session_charge(s, charge)) < 0) {
-			struct tenant *t = session_tenant(s);
-			res_set(r, e, e == -ENOSPC ? TQKV_ST_TENANT_LIMIT : TQKV_ST_EVICTED, 0);
-			if (e == -ENOSPC)
-				snprintf(r->msg, sizeof(r->msg),
-					 "%u new page(s) of %u bytes; tenant '%s' holds %llu of %llu bytes",
-					 need, ks->page_bytes, tenant_name(t), (unsigned long long)tenant_used(t),
-					 (unsigned long long)tenant_limit(t));
-			return e;
-		}
-		if ((e = pool_pages_alloc(ks->pool, need, L->pages + old_pages)) < 0) {
-			session_uncharge(s, charge);
-			res_set(r, e, TQKV_ST_POOL_FULL, 0);
-			snprintf(r->msg, sizeof(r->msg), "%u new page(s); %u of the pool's pages are free", need,
-				 pool_pages_free_count(ks->pool));
-			return e;
-		}
+	if ((e = session_charge(s, charge)) < 0) {
+		struct tenant *t = session_tenant(s);
+		dataop_res_set(r, e, e == -ENOSPC ? TQKV_ST_TENANT_LIMIT : TQKV_ST_EVICTED, 0);
+		if (e == -ENOSPC)
+			snprintf(r->msg, sizeof(r->msg),
+				 "%u new page(s) of %u bytes; tenant '%s' holds %llu of %llu bytes",
+				 need, ks->page_bytes, tenant_name(t), (unsigned long long)tenant_used(t),
+				 (unsigned long long)tenant_limit(t));
+		return e;
+	}
+	if ((e = pool_pages_alloc(ks->pool, need, L->pages + old_pages)) < 0) {
+		session_uncharge(s, charge);
+		dataop_res_set(r, e, TQKV_ST_POOL_FULL, 0);
+		snprintf(r->msg, sizeof(r->msg), "%u new page(s); %u of the pool's pages are free", need,
+			 pool_pages_free_count(ks->pool));
+		return e;
+	}
+	for (uint32_t i = old_pages; i < old_pages + need; i++)
+		L->meta[i] = (struct kv_page_meta){ .state = PG_RESIDENT };
+	*added = need;
+	return 0;
+}
+
+/* Give back the pages dataop_layer_grow added (an append that failed). */
+static void layer_shrink(struct kvstore *ks, struct session *s, struct kv_layer *L, uint32_t added)
+{
+	if (!added)
+		return;
+	pool_pages_free(ks->pool, L->pages + L->n_pages, added);
+	session_uncharge(s, (uint64_t)added * ks->page_bytes);
+}
+
+/* The append proper; kv->lock held, codecs present, no page spilled. */
+static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l,
+			 const void *k, const void *v, enum tq_dtype dtype, uint32_t n,
+			 struct dataop_res *r)
+{
+	struct kv_layer *L = &kv->layer[l];
+	const struct tq_page_geom *g = &kv->geom;
+	size_t row = (size_t)kv->dim * tq_dtype_size(dtype);
+	uint64_t new_len = (uint64_t)L->n_tokens + n;
+	uint32_t added, tail = L->n_tokens / g->page_tokens;
+	tq_error te;
+	int e;
+
+	if ((e = dataop_layer_grow(ks, s, kv, l, new_len, &added, r)) < 0)
+		return e;
+	/* The tail page changes: a copy of it in a slot is stale now. */
+	if (n && tail < L->n_pages && L->meta[tail].clean) {
+		dataop_slot_release(ks, kv, L->meta[tail].slot);
+		L->meta[tail].clean = 0;
 	}
 	for (uint32_t t = 0; t < n; t++) {
 		uint32_t p = L->n_tokens + t;
@@ -373,39 +369,30 @@ static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *
 		for (uint32_t h = 0; h < g->n_kv_heads; h++) {
 			if ((e = tq_encode(L->kc, krow + h * row, dtype, 1, page + tq_page_k_off(g, h, slot), &te)) < 0 ||
 			    (e = tq_encode(L->vc, vrow + h * row, dtype, 1, page + tq_page_v_off(g, h, slot), &te)) < 0) {
-				if (need) {
-					pool_pages_free(ks->pool, L->pages + old_pages, need);
-					session_uncharge(s, charge);
-				}
-				res_set(r, e, e == -EINVAL || e == -ERANGE ? TQKV_ST_NONFINITE : TQKV_ST_INTERNAL, t);
+				layer_shrink(ks, s, L, added);
+				dataop_res_set(r, e, e == -EINVAL || e == -ERANGE ? TQKV_ST_NONFINITE : TQKV_ST_INTERNAL, t);
 				snprintf(r->msg, sizeof(r->msg), "token %u head %u: %s", t, h, te.msg);
 				return e;
 			}
 		}
 	}
-	L->n_pages = old_pages + need;
+	/* A persistent session's journal has the tokens before they count. */
+	if (kv->p && (e = kvp_journal_append(ks, s, kv, l, L->n_tokens, n, r)) < 0) {
+		layer_shrink(ks, s, L, added);
+		return e;
+	}
+	L->n_pages += added;
 	L->n_tokens = (uint32_t)new_len;
-	__atomic_add_fetch(&kv->n_pages, need, __ATOMIC_RELAXED);
-	update_tokens(s, kv);
+	__atomic_add_fetch(&kv->n_pages, added, __ATOMIC_RELAXED);
+	dataop_update_tokens(s, kv);
+	if (kv->p)
+		kvp_write_through(ks, kv, l, tail, L->n_tokens / g->page_tokens);
 	return 0;
 }
 
 /* ---- the spill tier: spill, restore --------------------------------------------------- */
 
-/* One batch of spill I/O: submitted together, waited for together. */
-struct io_batch {
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
-	uint32_t pending;
-};
-
-struct io_one {
-	struct io_batch *b;
-	int res;
-	char why[320];
-};
-
-static void io_done(void *ctx, int res, const char *why)
+void dataop_io_done(void *ctx, int res, const char *why)
 {
 	struct io_one *o = ctx;
 
@@ -417,7 +404,7 @@ static void io_done(void *ctx, int res, const char *why)
 	pthread_mutex_unlock(&o->b->lock);
 }
 
-static void batch_wait(struct io_batch *b)
+void dataop_batch_wait(struct io_batch *b)
 {
 	pthread_mutex_lock(&b->lock);
 	while (b->pending)
@@ -427,7 +414,7 @@ static void batch_wait(struct io_batch *b)
 	pthread_cond_destroy(&b->cond);
 }
 
-static struct spill_page_hdr hdr_of(const struct kv_sess *kv, uint32_t l, uint32_t i)
+struct spill_page_hdr dataop_hdr_of(const struct kv_sess *kv, uint32_t l, uint32_t i)
 {
 	const struct kv_layer *L = &kv->layer[l];
 	struct spill_page_hdr h;
@@ -493,13 +480,13 @@ static int reads_start(struct kvstore *ks, struct session *s, struct kv_sess *kv
 		if (ra)
 			ra_free(ra);
 		if (r)
-			res_set(r, -ENOMEM, TQKV_ST_NOMEM, 0);
+			dataop_res_set(r, -ENOMEM, TQKV_ST_NOMEM, 0);
 		return -ENOMEM;
 	}
 	if ((e = session_restore_move(s, (uint64_t)n * ks->page_bytes)) < 0) {
 		if (r) {
 			struct tenant *t = session_tenant(s);
-			res_set(r, e, TQKV_ST_TENANT_LIMIT, 0);
+			dataop_res_set(r, e, TQKV_ST_TENANT_LIMIT, 0);
 			snprintf(r->msg, sizeof(r->msg), "restoring %u spilled page(s) of layer %u; tenant '%s' holds "
 				 "%llu of %llu bytes", n, l, tenant_name(t), (unsigned long long)tenant_used(t),
 				 (unsigned long long)tenant_limit(t));
@@ -510,7 +497,7 @@ static int reads_start(struct kvstore *ks, struct session *s, struct kv_sess *kv
 	if ((e = pool_pages_alloc(ks->pool, n, ra->fresh)) < 0) {
 		session_spill_move(s, (uint64_t)n * ks->page_bytes);
 		if (r) {
-			res_set(r, e, TQKV_ST_POOL_FULL, 0);
+			dataop_res_set(r, e, TQKV_ST_POOL_FULL, 0);
 			snprintf(r->msg, sizeof(r->msg), "restoring %u spilled page(s) of layer %u; %u of the pool's "
 				 "pages are free", n, l, pool_pages_free_count(ks->pool));
 		}
@@ -524,11 +511,11 @@ static int reads_start(struct kvstore *ks, struct session *s, struct kv_sess *kv
 	for (uint32_t i = 0; i < L->n_pages; i++) {
 		if (L->meta[i].state != PG_SPILLED)
 			continue;
-		struct spill_page_hdr h = hdr_of(kv, l, i);
+		struct spill_page_hdr h = dataop_hdr_of(kv, l, i);
 		ra->idx[k] = i;
 		ra->io[k].b = &ra->b;
 		L->meta[i].state = PG_READING;
-		if ((e = spill_read(ks->spill, L->meta[i].slot, &h, ra->fresh[k], io_done, &ra->io[k])) < 0) {
+		if ((e = spill_read(ks->spill, L->meta[i].slot, &h, ra->fresh[k], dataop_io_done, &ra->io[k])) < 0) {
 			snprintf(ra->io[k].why, sizeof(ra->io[k].why), "spill: %s", strerror(-e));
 			ra->io[k].res = e;
 			pthread_mutex_lock(&ra->b.lock);
@@ -556,13 +543,17 @@ static int reads_finish(struct kvstore *ks, struct session *s, struct kv_sess *k
 
 	if (!ra)
 		return 0;
-	batch_wait(&ra->b);
+	dataop_batch_wait(&ra->b);
 	for (uint32_t k = 0; k < ra->n; k++) {
 		uint32_t i = ra->idx[k];
 		struct io_one *o = &ra->io[k];
 		if (o->res == 0) {
 			L->pages[i] = ra->fresh[k];
-			spill_slot_free(ks->spill, L->meta[i].slot);
+			/* a persistent session's copy stays: a checkpoint names it */
+			if (kv->p)
+				L->meta[i].clean = 1;
+			else
+				spill_slot_free(ks->spill, L->meta[i].slot);
 			L->meta[i].state = PG_RESIDENT;
 			L->n_out--;
 			__atomic_sub_fetch(&kv->n_spilled, 1, __ATOMIC_RELAXED);
@@ -572,7 +563,7 @@ static int reads_finish(struct kvstore *ks, struct session *s, struct kv_sess *k
 		if (s)
 			session_spill_move(s, ks->page_bytes);
 		if (o->res == -EBADMSG) {
-			spill_slot_free(ks->spill, L->meta[i].slot);
+			dataop_slot_release(ks, kv, L->meta[i].slot);
 			if (s)
 				session_unspill(s, ks->page_bytes);
 			L->meta[i].state = PG_LOST;
@@ -590,11 +581,11 @@ static int reads_finish(struct kvstore *ks, struct session *s, struct kv_sess *k
 	L->ra = NULL;
 	ra_free(ra);
 	if (err)
-		res_set(r, err, err == -EBADMSG ? TQKV_ST_DATA_LOSS : TQKV_ST_SPILL_IO, bad_page);
+		dataop_res_set(r, err, err == -EBADMSG ? TQKV_ST_DATA_LOSS : TQKV_ST_SPILL_IO, bad_page);
 	return err;
 }
 
-static void readahead_finish(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l)
+void dataop_readahead_finish(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l)
 {
 	reads_finish(ks, s, kv, l, NULL);
 }
@@ -605,17 +596,17 @@ static void readahead_finish(struct kvstore *ks, struct session *s, struct kv_se
  * is still out; then start reading layer l + 1's.  0, or an error in r:
  * TENANT_LIMIT, POOL_FULL, SPILL_IO (the page stays spilled: a retry may
  * work) or DATA_LOSS (its copy failed its checks: never served). */
-static int restore_layer_locked(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l,
+int dataop_restore_layer_locked(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l,
 				struct dataop_res *r)
 {
 	struct kv_layer *L = &kv->layer[l];
 	int e;
 
-	readahead_finish(ks, s, kv, l);
+	dataop_readahead_finish(ks, s, kv, l);
 	for (uint32_t i = 0; L->n_out && i < L->n_pages; i++) {
 		if (L->meta[i].state == PG_LOST) {
 			uint32_t t0 = i * kv->geom.page_tokens;
-			res_set(r, -EBADMSG, TQKV_ST_DATA_LOSS, i);
+			dataop_res_set(r, -EBADMSG, TQKV_ST_DATA_LOSS, i);
 			snprintf(r->msg, sizeof(r->msg), "layer %u page %u (tokens from %u) was lost: its spilled copy "
 				 "failed its checks; truncate the layer to %u or close the session", l, i, t0, t0);
 			return r->res;
@@ -630,12 +621,8 @@ static int restore_layer_locked(struct kvstore *ks, struct session *s, struct kv
 
 int dataop_spill(struct kvstore *ks, struct session *s, uint64_t want, uint64_t *spilled, char *why, size_t whylen)
 {
-	struct io_batch b = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0 };
 	struct kv_sess *kv;
-	uint64_t n_want, n_cand = 0;
-	struct { uint32_t l, i; } *cand = NULL;
-	struct io_one *io = NULL;
-	int e, err = 0;
+	int e;
 
 	*spilled = 0;
 	why[0] = 0;
@@ -643,12 +630,41 @@ int dataop_spill(struct kvstore *ks, struct session *s, uint64_t want, uint64_t 
 		snprintf(why, whylen, "this tqkvd has no spill tier");
 		return -EOPNOTSUPP;
 	}
-	if ((e = kv_get(ks, s, &kv)) < 0) {
+	if ((e = dataop_kv_get(ks, s, &kv)) < 0) {
 		snprintf(why, whylen, "session state: %s", strerror(-e));
 		return e;
 	}
-	n_want = want / ks->page_bytes + (want % ks->page_bytes != 0);
 	pthread_mutex_lock(&kv->lock);
+	e = dataop_spill_locked(ks, s, kv, want, spilled, why, whylen);
+	pthread_mutex_unlock(&kv->lock);
+	return e;
+}
+
+/* Page i of L leaves the pool for its slot (written, or a clean copy). */
+static void page_out(struct kvstore *ks, struct session *s, struct kv_sess *kv, struct kv_layer *L, uint32_t i)
+{
+	pool_pages_free(ks->pool, &L->pages[i], 1);
+	L->pages[i] = NULL;
+	L->meta[i].state = PG_SPILLED;
+	L->meta[i].clean = 0;
+	L->n_out++;
+	__atomic_add_fetch(&kv->n_spilled, 1, __ATOMIC_RELAXED);
+	session_spill_move(s, ks->page_bytes);
+}
+
+int dataop_spill_locked(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint64_t want,
+			uint64_t *spilled, char *why, size_t whylen)
+{
+	struct io_batch b = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0 };
+	uint64_t n_want, n_cand = 0;
+	struct { uint32_t l, i; } *cand = NULL;
+	struct io_one *io = NULL;
+	int e, err = 0;
+
+	*spilled = 0;
+	n_want = want / ks->page_bytes + (want % ks->page_bytes != 0);
+	if (kv->p)
+		kvp_wt_collect(ks, kv); /* no page is read by a write-through meanwhile */
 	/* Coldest first: full pages, oldest tokens first, every layer; then
 	 * the layers' tail pages (the next appends write there). */
 	uint64_t resident = __atomic_load_n(&kv->n_pages, __ATOMIC_RELAXED);
@@ -669,6 +685,12 @@ int dataop_spill(struct kvstore *ks, struct session *s, uint64_t want, uint64_t 
 				bool full = (uint64_t)(i + 1) * kv->geom.page_tokens <= L->n_tokens;
 				if (full != (pass == 0))
 					continue;
+				if (L->meta[i].clean) { /* its copy is on disk already */
+					page_out(ks, s, kv, L, i);
+					*spilled += ks->page_bytes;
+					n_want--;
+					continue;
+				}
 				uint64_t slot;
 				if (spill_slot_alloc(ks->spill, &slot) < 0) {
 					struct spill_stats st;
@@ -691,9 +713,9 @@ submit:
 	b.pending = (uint32_t)n_cand;
 	for (uint64_t k = 0; k < n_cand; k++) {
 		struct kv_layer *L = &kv->layer[cand[k].l];
-		struct spill_page_hdr h = hdr_of(kv, cand[k].l, cand[k].i);
+		struct spill_page_hdr h = dataop_hdr_of(kv, cand[k].l, cand[k].i);
 		io[k].b = &b;
-		if ((e = spill_write(ks->spill, L->meta[cand[k].i].slot, &h, L->pages[cand[k].i], io_done, &io[k])) < 0) {
+		if ((e = spill_write(ks->spill, L->meta[cand[k].i].slot, &h, L->pages[cand[k].i], dataop_io_done, &io[k])) < 0) {
 			snprintf(io[k].why, sizeof(io[k].why), "spill: %s", strerror(-e));
 			io[k].res = e;
 			pthread_mutex_lock(&b.lock);
@@ -701,17 +723,12 @@ submit:
 			pthread_mutex_unlock(&b.lock);
 		}
 	}
-	batch_wait(&b);
+	dataop_batch_wait(&b);
 	for (uint64_t k = 0; k < n_cand; k++) {
 		struct kv_layer *L = &kv->layer[cand[k].l];
 		uint32_t i = cand[k].i;
 		if (io[k].res == 0) {
-			pool_pages_free(ks->pool, &L->pages[i], 1);
-			L->pages[i] = NULL;
-			L->meta[i].state = PG_SPILLED;
-			L->n_out++;
-			__atomic_add_fetch(&kv->n_spilled, 1, __ATOMIC_RELAXED);
-			session_spill_move(s, ks->page_bytes);
+			page_out(ks, s, kv, L, i);
 			*spilled += ks->page_bytes;
 		} else {
 			spill_slot_free(ks->spill, L->meta[i].slot);
@@ -723,7 +740,6 @@ submit:
 		}
 	}
 out:
-	pthread_mutex_unlock(&kv->lock);
 	free(cand);
 	free(io);
 	return *spilled || !err ? 0 : err;
@@ -736,15 +752,15 @@ void dataop_prefetch(struct kvstore *ks, struct session *s, struct dataop_res *r
 	int e;
 
 	memset(r, 0, sizeof(*r));
-	if ((e = kv_get(ks, s, &kv)) < 0) {
-		res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_GEOMETRY, 0);
+	if ((e = dataop_kv_get(ks, s, &kv)) < 0) {
+		dataop_res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_GEOMETRY, 0);
 		return;
 	}
-	res_set(r, 0, TQKV_ST_OK, 0);
+	dataop_res_set(r, 0, TQKV_ST_OK, 0);
 	pthread_mutex_lock(&kv->lock);
 	for (uint32_t l = 0; l < kv->n_layers; l++) {
 		memset(&lr, 0, sizeof(lr));
-		if (restore_layer_locked(ks, s, kv, l, &lr) < 0 && r->res == 0)
+		if (dataop_restore_layer_locked(ks, s, kv, l, &lr) < 0 && r->res == 0)
 			*r = lr; /* the first failure; the other layers still come back */
 	}
 	r->n_tokens = kv->max_len;
@@ -763,11 +779,11 @@ int dataop_restore(struct kvstore *ks, struct session *s, char *why, size_t whyl
 static int check_args(struct kv_sess *kv, uint32_t layer, enum tq_dtype dtype, struct dataop_res *r)
 {
 	if (layer >= kv->n_layers) {
-		res_set(r, -EINVAL, TQKV_ST_BAD_LAYER, layer);
+		dataop_res_set(r, -EINVAL, TQKV_ST_BAD_LAYER, layer);
 		return r->res;
 	}
 	if (dtype != TQ_DTYPE_F32 && dtype != TQ_DTYPE_F16 && dtype != TQ_DTYPE_BF16) {
-		res_set(r, -EINVAL, TQKV_ST_BAD_DTYPE, (uint32_t)dtype);
+		dataop_res_set(r, -EINVAL, TQKV_ST_BAD_DTYPE, (uint32_t)dtype);
 		return r->res;
 	}
 	return 0;
@@ -780,16 +796,16 @@ void dataop_append(struct kvstore *ks, struct session *s, uint32_t layer, const 
 	int e;
 
 	memset(r, 0, sizeof(*r));
-	if ((e = kv_get(ks, s, &kv)) < 0) {
-		res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_GEOMETRY, 0);
+	if ((e = dataop_kv_get(ks, s, &kv)) < 0) {
+		dataop_res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_GEOMETRY, 0);
 		return;
 	}
 	if (check_args(kv, layer, dtype, r) < 0)
 		return;
 	pthread_mutex_lock(&kv->lock);
-	if (layer_codecs(ks, kv, layer, r) == 0 && restore_layer_locked(ks, s, kv, layer, r) == 0 &&
+	if (layer_codecs(ks, kv, layer, r) == 0 && dataop_restore_layer_locked(ks, s, kv, layer, r) == 0 &&
 	    append_locked(ks, s, kv, layer, k, v, dtype, n, r) == 0)
-		res_set(r, (int)n, TQKV_ST_OK, 0);
+		dataop_res_set(r, (int)n, TQKV_ST_OK, 0);
 	r->n_tokens = kv->layer[layer].n_tokens;
 	pthread_mutex_unlock(&kv->lock);
 }
@@ -906,8 +922,8 @@ void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, 
 	int e;
 
 	memset(r, 0, sizeof(*r));
-	if ((e = kv_get(ks, s, &kv)) < 0) {
-		res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_GEOMETRY, 0);
+	if ((e = dataop_kv_get(ks, s, &kv)) < 0) {
+		dataop_res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_GEOMETRY, 0);
 		return;
 	}
 	if (check_args(kv, layer, dtype, r) < 0)
@@ -915,7 +931,7 @@ void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, 
 	row = (size_t)kv->n_q_heads * kv->dim;
 	q_row_bytes = row * tq_dtype_size(dtype);
 	if (ws_reserve((void **)&ws->pos, &ws->pos_bytes, pos_bytes + 1) < 0) {
-		res_set(r, -ENOMEM, TQKV_ST_NOMEM, 0);
+		dataop_res_set(r, -ENOMEM, TQKV_ST_NOMEM, 0);
 		return;
 	}
 	/* Private copies first: the client may change its arena at any time.
@@ -923,7 +939,7 @@ void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, 
 	 * again as each pass copies them. */
 	memcpy(ws->pos, pos, pos_bytes);
 	if ((bad = first_nonfinite(q, dtype, (size_t)n_q * row, row)) >= 0) {
-		res_set(r, -EINVAL, TQKV_ST_NONFINITE, (uint32_t)bad);
+		dataop_res_set(r, -EINVAL, TQKV_ST_NONFINITE, (uint32_t)bad);
 		goto trim;
 	}
 
@@ -932,11 +948,11 @@ void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, 
 	new_len = (uint64_t)L->n_tokens + n_append;
 	for (uint32_t i = 0; i < n_q; i++) {
 		if (ws->pos[i] < 0 || (uint64_t)ws->pos[i] >= new_len) {
-			res_set(r, -EINVAL, TQKV_ST_BAD_POSITION, i);
+			dataop_res_set(r, -EINVAL, TQKV_ST_BAD_POSITION, i);
 			goto out;
 		}
 	}
-	if (layer_codecs(ks, kv, layer, r) < 0 || restore_layer_locked(ks, s, kv, layer, r) < 0)
+	if (layer_codecs(ks, kv, layer, r) < 0 || dataop_restore_layer_locked(ks, s, kv, layer, r) < 0)
 		goto out;
 	if (n_append && append_locked(ks, s, kv, layer, k, v, dtype, n_append, r) < 0)
 		goto out;
@@ -962,7 +978,7 @@ void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, 
 	ap.out = out;
 	chunk = attend_chunk(&ap, n_q, q_row_bytes);
 	if (ws_reserve(&ws->q, &ws->q_bytes, (size_t)chunk * q_row_bytes + 1) < 0) {
-		res_set(r, -ENOMEM, TQKV_ST_NOMEM, 0);
+		dataop_res_set(r, -ENOMEM, TQKV_ST_NOMEM, 0);
 		goto out;
 	}
 	for (uint32_t q0 = 0; q0 < n_q; q0 += chunk) {
@@ -971,7 +987,7 @@ void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, 
 
 		if ((bad = copy_finite(ws->q, (const uint8_t *)q + (size_t)q0 * q_row_bytes, dtype,
 				       (size_t)nq * row, row)) >= 0) {
-			res_set(r, -EINVAL, TQKV_ST_NONFINITE, q0 + (uint32_t)bad);
+			dataop_res_set(r, -EINVAL, TQKV_ST_NONFINITE, q0 + (uint32_t)bad);
 			goto out;
 		}
 		ap.n_q = (int)nq;
@@ -981,27 +997,27 @@ void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, 
 		if ((wsb = tq_attn_workspace_bytes(&ap, &te)) < 0 ||
 		    ws_reserve(&ws->attn, &ws->attn_bytes, (size_t)wsb) < 0) {
 			e = wsb < 0 ? (int)wsb : -ENOMEM;
-			res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_INTERNAL, 0);
+			dataop_res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_INTERNAL, 0);
 			snprintf(r->msg, sizeof(r->msg), "attention workspace: %s", wsb < 0 ? te.msg : "out of memory");
 			goto out;
 		}
 		ap.workspace = ws->attn;
 		ap.workspace_bytes = ws->attn_bytes;
 		if ((e = tq_attend(&ap, &te)) < 0) {
-			res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_INTERNAL, 0);
+			dataop_res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_INTERNAL, 0);
 			snprintf(r->msg, sizeof(r->msg), "attention: %s", te.msg);
 			goto out;
 		}
 		/* Finite inputs can still overflow (q·k beyond FLT_MAX): the
 		 * kernels then leave NaN in the row, never a wrong number. */
 		if ((bad = first_nonfinite(o, TQ_DTYPE_F32, (size_t)nq * row, row)) >= 0) {
-			res_set(r, -ERANGE, TQKV_ST_NONFINITE, q0 + (uint32_t)bad);
+			dataop_res_set(r, -ERANGE, TQKV_ST_NONFINITE, q0 + (uint32_t)bad);
 			snprintf(r->msg, sizeof(r->msg), "attention overflowed float range for query %u "
 				 "(logits or outputs beyond 3.4e38)", q0 + (uint32_t)bad);
 			goto out;
 		}
 	}
-	res_set(r, (int)n_q, TQKV_ST_OK, 0);
+	dataop_res_set(r, (int)n_q, TQKV_ST_OK, 0);
 out:
 	r->n_tokens = L->n_tokens;
 	pthread_mutex_unlock(&kv->lock);
@@ -1009,15 +1025,17 @@ trim:
 	ws_trim(ws);
 }
 
-static void truncate_layer(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l,
+void dataop_truncate_layer(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l,
 			   uint64_t pos)
 {
 	struct kv_layer *L = &kv->layer[l];
 	uint32_t keep;
 
-	readahead_finish(ks, s, kv, l);
+	dataop_readahead_finish(ks, s, kv, l);
 	if (pos >= L->n_tokens)
 		return;
+	if (kv->p)
+		kvp_wt_collect(ks, kv); /* pages it drops may be being written through */
 	L->n_tokens = (uint32_t)pos;
 	keep = tq_page_count(&kv->geom, L->n_tokens);
 	if (keep < L->n_pages) {
@@ -1028,7 +1046,7 @@ static void truncate_layer(struct kvstore *ks, struct session *s, struct kv_sess
 				resident += ks->page_bytes;
 			else if (L->meta[i].state == PG_SPILLED)
 				spilled += ks->page_bytes, __atomic_sub_fetch(&kv->n_spilled, 1, __ATOMIC_RELAXED);
-			page_drop(ks, L, i);
+			page_drop(ks, kv, L, i);
 		}
 		if (resident)
 			session_uncharge(s, resident);
@@ -1046,21 +1064,25 @@ void dataop_truncate(struct kvstore *ks, struct session *s, uint32_t layer, int 
 	int e;
 
 	memset(r, 0, sizeof(*r));
-	if ((e = kv_get(ks, s, &kv)) < 0) {
-		res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_GEOMETRY, 0);
+	if ((e = dataop_kv_get(ks, s, &kv)) < 0) {
+		dataop_res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_GEOMETRY, 0);
 		return;
 	}
 	if (!all_layers && layer >= kv->n_layers) {
-		res_set(r, -EINVAL, TQKV_ST_BAD_LAYER, layer);
+		dataop_res_set(r, -EINVAL, TQKV_ST_BAD_LAYER, layer);
 		return;
 	}
 	pthread_mutex_lock(&kv->lock);
+	/* A persistent session's journal has the truncation before it happens. */
+	if (kv->p && kvp_journal_truncate(ks, s, kv, all_layers ? PERSIST_ALL_LAYERS : layer, pos, r) < 0)
+		goto out;
 	for (uint32_t l = all_layers ? 0 : layer; l < (all_layers ? kv->n_layers : layer + 1); l++)
-		truncate_layer(ks, s, kv, l, pos);
-	update_tokens(s, kv);
+		dataop_truncate_layer(ks, s, kv, l, pos);
+	dataop_update_tokens(s, kv);
+	dataop_res_set(r, 0, TQKV_ST_OK, 0);
+out:
 	r->n_tokens = all_layers ? kv->max_len : kv->layer[layer].n_tokens;
 	pthread_mutex_unlock(&kv->lock);
-	res_set(r, 0, TQKV_ST_OK, 0);
 }
 
 void dataop_ws_free(struct dataop_ws *ws)

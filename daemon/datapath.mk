@@ -9,7 +9,8 @@
 #   test_dataop     the operations alone: a huge ATTEND's memory, during and
 #                   after; attention overflowing float range
 DATAPATH_OBJS := $(OBJ)/daemon/backend_host.o $(OBJ)/daemon/pool.o \
-	$(OBJ)/daemon/dataop.o $(OBJ)/daemon/ring.o $(OBJ)/daemon/spill.o
+	$(OBJ)/daemon/dataop.o $(OBJ)/daemon/ring.o $(OBJ)/daemon/spill.o $(OBJ)/daemon/crc32c.o \
+	$(OBJ)/daemon/persist.o $(OBJ)/daemon/kvpersist.o
 TEST_OBJS_test_pool := $(OBJ)/daemon/backend_host.o $(OBJ)/daemon/pool.o
 TEST_LIBS_test_pool := $(NUMA_LIBS)
 TEST_OBJS_test_ring = $(DATAPATH_OBJS) $(OBJ)/daemon/session.o $(OBJ)/daemon/tenant.o \
@@ -26,3 +27,8 @@ TEST_LIBS_test_residency = $(NUMA_LIBS) $(INIH_LIBS) $(URING_LIBS) $(ISAL_LIBS)
 TQBENCH_OBJS += $(DATAPATH_OBJS) $(OBJ)/daemon/session.o $(OBJ)/daemon/tenant.o \
 	$(OBJ)/daemon/config.o $(OBJ)/daemon/log.o
 TQBENCH_LIBS += $(NUMA_LIBS) $(INIH_LIBS) $(URING_LIBS) $(ISAL_LIBS)
+# test_persist: persist.c's formats; also the client of tests/integration/persist.sh
+TEST_OBJS_test_persist = $(OBJ)/daemon/persist.o $(OBJ)/daemon/crc32c.o $(OBJ)/daemon/config.o \
+	$(OBJ)/daemon/log.o $(LIBTQKV_OBJS)
+TEST_LIBS_test_persist = $(INIH_LIBS) $(LIBTQKV_LIBS) $(ISAL_LIBS)
+$(OBJ)/tests/unit/test_persist.o: | $(PROTO_H)

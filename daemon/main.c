@@ -27,6 +27,7 @@
 #include "dataop.h"
 #include "idstore.h"
 #include "spill.h"
+#include "kvpersist.h"
 #include "log.h"
 #include "notify.h"
 #include "pool.h"
@@ -243,6 +244,7 @@ static void reload(struct daemon *d)
 	log_set_level(d->cfg->log_level);
 	tenant_table_apply(d->tenants, d->cfg);
 	session_table_set_max(d->sessions, d->cfg->max_sessions, d->cfg->max_sessions_per_uid);
+	kvstore_persist_set_interval(d->kv, d->cfg->checkpoint_interval_ms);
 	ring_server_set_limits(d->ring, d->cfg->max_clients, d->cfg->max_clients_per_uid,
 			       d->cfg->max_arena_per_uid);
 	rpc_set_config(d->rpc, d->cfg);
@@ -571,6 +573,22 @@ int main(int argc, char **argv)
 		}
 		session_table_set_ids(d.sessions, first_id, idstore_reserve, d.ids);
 		log_info("session ids continue at %" PRIu64 " (%s/%s)", first_id, d.cfg->spill_dir, IDSTORE_FILE);
+		/* persistent sessions come back under their ids (below first_id
+		 * unless session-ids was lost: then new ids go above them) */
+		uint64_t max_id;
+		if (kvstore_persist_open(d.kv, d.cfg->spill_dir, d.cfg->checkpoint_interval_ms, err, sizeof(err)) < 0) {
+			log_err("persistent sessions: %s", err);
+			goto fail;
+		}
+		r = 0;
+		if (kvstore_recover(d.kv, d.sessions, d.tenants, &max_id) < 0 ||
+		    (r = kvstore_persist_start(d.kv, d.sessions)) < 0) {
+			log_err("persistent sessions: cannot start%s%s", r < 0 ? ": " : "", r < 0 ? strerror(-r) : "");
+			goto fail;
+		}
+		if (max_id >= first_id)
+			log_warning("persistent session ids reach %" PRIu64 ", beyond %s/%s: new ids continue above",
+				    max_id, d.cfg->spill_dir, IDSTORE_FILE);
 	}
 	if (rpc_start(&d.rpc, d.cfg, d.sessions, d.tenants, err, sizeof(err)) < 0) {
 		log_err("control server: %s", err);
@@ -598,12 +616,17 @@ int main(int argc, char **argv)
 	d.ring = NULL;
 	rpc_stop(d.rpc, DRAIN_MS);
 	d.rpc = NULL;
+	/* persistent sessions: everything to disk, then their files stay */
+	kvstore_persist_stop(d.kv, d.sessions);
 	log_notice("stopped");
 fail:
 	ring_server_free(d.ring);
 	rpc_stop(d.rpc, 0);
+	if (d.kv)
+		kvstore_persist_stop(d.kv, NULL); /* a failed start: persistent files stay */
 	session_table_free(d.sessions);   /* runs kvstore_release for what is left */
 	idstore_close(d.ids);
+	kvstore_persist_close(d.kv);
 	kvstore_free(d.kv);
 	spill_close(d.spill);
 	tq_cache_free(d.codebooks);

@@ -9,6 +9,10 @@
 #   rpc.c       gRPC C-core control server (tqkv.v1.Control) and its handlers
 #   idstore.c   the persistent session-id high-water mark (ids never repeat)
 #   spill.c     the spill store: page slots in an O_DIRECT file, io_uring I/O thread
+#   crc32c.c    the on-disk checksum (ISA-L)
+#   persist.c   persistent sessions' files: manifests and journals (formats, I/O)
+#   kvpersist.c persistent sessions over the page tables: journal, write-through,
+#               checkpoints, recovery at start
 #
 # Sources are listed, not globbed, so a module another engineer is still
 # writing in daemon/ does not break this build: add a file here when it is
@@ -16,7 +20,7 @@
 DAEMON_SRC  := daemon/main.c daemon/config.c daemon/log.c daemon/notify.c \
 	daemon/tenant.c daemon/session.c daemon/rpc.c \
 	daemon/backend_host.c daemon/pool.c daemon/dataop.c daemon/ring.c daemon/idstore.c \
-	daemon/spill.c
+	daemon/spill.c daemon/crc32c.c daemon/persist.c daemon/kvpersist.c
 DAEMON_OBJS := $(filter-out $(OBJ)/daemon/main.o,$(DAEMON_SRC:%.c=$(OBJ)/%.o))
 DAEMON_LIBS := $(GRPC_LIBS) $(PBC_LIBS) $(SD_LIBS) $(INIH_LIBS) $(NUMA_LIBS) $(URING_LIBS) $(ISAL_LIBS)
 TQKVD       := $(BIN)/tqkvd
@@ -37,7 +41,7 @@ TEST_OBJS_test_session = $(OBJ)/daemon/session.o $(OBJ)/daemon/idstore.o $(OBJ)/
 TEST_LIBS_test_session = $(INIH_LIBS)
 TEST_OBJS_test_rpc     = $(DAEMON_OBJS) $(CTL_OBJS)
 TEST_LIBS_test_rpc     = $(DAEMON_LIBS)
-TEST_OBJS_test_spill   = $(OBJ)/daemon/spill.o $(OBJ)/daemon/log.o
+TEST_OBJS_test_spill   = $(OBJ)/daemon/spill.o $(OBJ)/daemon/crc32c.o $(OBJ)/daemon/log.o
 TEST_LIBS_test_spill   = $(URING_LIBS) $(ISAL_LIBS)
 $(OBJ)/tests/unit/test_rpc.o: | $(PROTO_H)
 

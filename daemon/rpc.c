@@ -44,6 +44,7 @@
 #include <grpc/support/time.h>
 
 #include "dataop.h"
+#include "kvpersist.h"
 #include "log.h"
 #include "pool.h"
 #include "ring.h"
@@ -51,7 +52,7 @@
 #include "tqkv.pb-c.h"
 #include "version.h"
 
-#define N_METHODS 12
+#define N_METHODS 13
 
 #define PEER_GROUPS_MAX 64
 
@@ -273,6 +274,18 @@ static void h_get_stats(struct rpc_server *srv, const struct peer *peer,
 		r.spill_restore_p50_us = st.read_p50_us;
 		r.spill_restore_p99_us = st.read_p99_us;
 	}
+	struct kvstore *ks = __atomic_load_n(&srv->kv, __ATOMIC_ACQUIRE);
+	if (ks) {
+		struct kvpersist_stats ps;
+		kvstore_persist_stats(ks, &ps);
+		r.persistent_sessions = ps.sessions;
+		r.checkpoints_total = ps.checkpoints;
+		r.checkpoint_failures_total = ps.checkpoint_failures;
+		r.journal_records_total = ps.journal_records;
+		r.journal_bytes_total = ps.journal_bytes;
+		r.persistent_restored = ps.restored;
+		r.persistent_dropped = ps.dropped;
+	}
 	rep_ok(rep, &r.base);
 }
 
@@ -298,6 +311,7 @@ static void session_to_msg(struct session_info *si, Tqkv__V1__Session *m)
 	m->created_ms = si->created_ms;
 	m->last_access_ms = si->last_access_ms;
 	m->state = (Tqkv__V1__SessionState)si->state;
+	m->persistent = si->persistent;
 	m->bytes_per_token = si->bytes_per_token;
 }
 
@@ -359,8 +373,8 @@ static int bind_new_session(struct rpc_server *srv, const struct peer *peer,
 			    struct reply *rep)
 {
 	struct ring_server *ring = __atomic_load_n(&srv->ring, __ATOMIC_ACQUIRE);
-	int r = ring ? ring_server_bind(ring, q->data_client, peer->cred.uid, si->id, &si->geom, q->detached)
-		     : -ENOENT;
+	int r = ring ? ring_server_bind(ring, q->data_client, peer->cred.uid, si->id, &si->geom,
+					q->detached || q->persistent) : -ENOENT;
 
 	if (r == 0)
 		return 0;
@@ -386,6 +400,27 @@ static int bind_new_session(struct rpc_server *srv, const struct peer *peer,
 		rep_error(rep, GRPC_STATUS_INTERNAL, "cannot attach the session to data connection %" PRIu64
 			  ": %s; the session was not opened", q->data_client, strerror(-r));
 	}
+	return r;
+}
+
+/* A new persistent session's first manifest, before its open is answered;
+ * on failure the session is closed and the reply says why. */
+static int persist_new_session(struct rpc_server *srv, uint64_t id, struct reply *rep)
+{
+	struct kvstore *ks = __atomic_load_n(&srv->kv, __ATOMIC_ACQUIRE);
+	struct session *s;
+	char why[320] = "";
+	int r;
+
+	if ((r = session_acquire(srv->sessions, id, 0, &s)) == 0) {
+		r = dataop_persist_init(ks, s, why, sizeof(why));
+		session_release(s);
+	}
+	if (r == 0)
+		return 0;
+	session_close(srv->sessions, id, NULL);
+	rep_error(rep, GRPC_STATUS_UNAVAILABLE, "cannot keep the session on disk: %s; the session was not opened",
+		  why[0] ? why : strerror(-r));
 	return r;
 }
 
@@ -434,6 +469,14 @@ static void h_open_session(struct rpc_server *srv, const struct peer *peer,
 	g.n_q_heads = q->n_q_heads;
 	g.head_dim = q->head_dim;
 	g.max_tokens = q->max_tokens;
+	if (q->persistent) {
+		struct kvstore *ks = __atomic_load_n(&srv->kv, __ATOMIC_ACQUIRE);
+		if (!ks || !kvstore_persist_enabled(ks)) {
+			rep_error(rep, GRPC_STATUS_FAILED_PRECONDITION, "this tqkvd keeps no persistent sessions "
+				  "(no spill tier, or still starting)");
+			return;
+		}
+	}
 	if (q->detached && !q->data_client) {
 		rep_error(rep, GRPC_STATUS_INVALID_ARGUMENT, "detached applies to data_client (the connection "
 			  "the session is attached to); without data_client a session is not attached");
@@ -463,17 +506,21 @@ static void h_open_session(struct rpc_server *srv, const struct peer *peer,
 		return;
 	}
 	why[0] = '\0';
-	r = session_open(srv->sessions, t, q->name, peer->cred.uid, &g, seed, now_realtime_ms(), &si,
-			 why, sizeof(why));
+	r = session_open(srv->sessions, t, q->name, peer->cred.uid, &g, seed,
+			 q->persistent ? SESSION_PERSISTENT : 0, now_realtime_ms(), &si, why, sizeof(why));
 	switch (r) {
 	case 0:
+		if (q->persistent && persist_new_session(srv, si.id, rep) < 0)
+			return;
 		if (q->data_client && bind_new_session(srv, peer, q, &si, rep) < 0)
 			return;
 		log_info("session %" PRIu64 " opened: tenant %s, uid %u, name '%s', %u layers x %u/%u heads x %u, "
-			 "%s/%s, max %" PRIu64 " tokens%s", si.id, si.tenant, si.owner_uid, si.name,
+			 "%s/%s, max %" PRIu64 " tokens%s%s", si.id, si.tenant, si.owner_uid, si.name,
 			 g.n_layers, g.n_kv_heads, g.n_q_heads, g.head_dim, tq_codec_name(g.k_codec),
 			 tq_codec_name(g.v_codec), g.max_tokens,
-			 !q->data_client ? ", not attached" : q->detached ? ", attached (detached)" : ", attached");
+			 !q->data_client ? ", not attached" : q->detached || q->persistent ? ", attached (detached)"
+							     : ", attached",
+			 q->persistent ? ", persistent" : "");
 		rep_session(rep, &si);
 		return;
 	case -EINVAL:
@@ -616,10 +663,13 @@ static void h_evict_session(struct rpc_server *srv, const struct peer *peer,
 	rep_session(rep, &si);
 }
 
-/* SpillSession / RestoreSession: the session held (acquired) for the I/O,
- * so it cannot be closed under it; its own operations wait on its lock. */
-static void spill_or_restore(struct rpc_server *srv, const struct peer *peer, uint64_t id, bool spill,
-			     uint64_t bytes, struct reply *rep)
+enum disk_op { OP_SPILL, OP_RESTORE, OP_CHECKPOINT };
+
+/* SpillSession / RestoreSession / CheckpointSession: the session held
+ * (acquired) for the I/O, so it cannot be closed under it; its own
+ * operations wait on its lock. */
+static void disk_op(struct rpc_server *srv, const struct peer *peer, uint64_t id, enum disk_op op,
+		    uint64_t bytes, struct reply *rep)
 {
 	struct kvstore *kv = __atomic_load_n(&srv->kv, __ATOMIC_ACQUIRE);
 	struct session_info si;
@@ -628,7 +678,7 @@ static void spill_or_restore(struct rpc_server *srv, const struct peer *peer, ui
 	char why[512];
 	int r;
 
-	if (!check_id(id, rep))
+	if (op == OP_CHECKPOINT ? !own_session(srv, peer, id, &si, rep) : !check_id(id, rep))
 		return;
 	if (!kv || !__atomic_load_n(&srv->spill, __ATOMIC_ACQUIRE)) {
 		rep_error(rep, GRPC_STATUS_FAILED_PRECONDITION, "this tqkvd has no spill tier");
@@ -640,13 +690,14 @@ static void spill_or_restore(struct rpc_server *srv, const struct peer *peer, ui
 			  r == -ESTALE ? "evicted" : "closing");
 		return;
 	}
-	r = spill ? dataop_spill(kv, s, bytes ? bytes : UINT64_MAX, &done, why, sizeof(why))
-		  : dataop_restore(kv, s, why, sizeof(why));
+	r = op == OP_SPILL ? dataop_spill(kv, s, bytes ? bytes : UINT64_MAX, &done, why, sizeof(why))
+	  : op == OP_RESTORE ? dataop_restore(kv, s, why, sizeof(why))
+			     : dataop_checkpoint(kv, s, why, sizeof(why));
 	session_release(s);
 	if (r < 0) {
 		int code = r == -EBADMSG ? GRPC_STATUS_DATA_LOSS :
 			   r == -ENOSPC ? GRPC_STATUS_RESOURCE_EXHAUSTED :
-			   r == -EOPNOTSUPP ? GRPC_STATUS_FAILED_PRECONDITION : GRPC_STATUS_UNAVAILABLE;
+			   r == -EOPNOTSUPP || r == -EINVAL ? GRPC_STATUS_FAILED_PRECONDITION : GRPC_STATUS_UNAVAILABLE;
 		rep_error(rep, code, "session %" PRIu64 ": %s", id, why);
 		return;
 	}
@@ -654,10 +705,13 @@ static void spill_or_restore(struct rpc_server *srv, const struct peer *peer, ui
 		rep_error(rep, GRPC_STATUS_NOT_FOUND, "no session %" PRIu64, id);
 		return;
 	}
-	if (spill)
+	if (op == OP_SPILL)
 		log_info("session %" PRIu64 " (tenant %s): %" PRIu64 " bytes spilled by %s; %" PRIu64
 			 " resident, %" PRIu64 " spilled", id, si.tenant, done, peer->desc, si.resident_bytes,
 			 si.spilled_bytes);
+	else if (op == OP_CHECKPOINT)
+		log_info("session %" PRIu64 " (tenant %s) checkpointed by %s; %" PRIu64 " tokens", id, si.tenant,
+			 peer->desc, si.tokens);
 	else
 		log_info("session %" PRIu64 " (tenant %s) restored by %s; %" PRIu64 " resident", id, si.tenant,
 			 peer->desc, si.resident_bytes);
@@ -669,7 +723,7 @@ static void h_spill_session(struct rpc_server *srv, const struct peer *peer,
 {
 	const Tqkv__V1__SpillSessionRequest *q = (const void *)req;
 
-	spill_or_restore(srv, peer, q->id, true, q->bytes, rep);
+	disk_op(srv, peer, q->id, OP_SPILL, q->bytes, rep);
 }
 
 static void h_restore_session(struct rpc_server *srv, const struct peer *peer,
@@ -677,7 +731,15 @@ static void h_restore_session(struct rpc_server *srv, const struct peer *peer,
 {
 	const Tqkv__V1__SessionRef *q = (const void *)req;
 
-	spill_or_restore(srv, peer, q->id, false, 0, rep);
+	disk_op(srv, peer, q->id, OP_RESTORE, 0, rep);
+}
+
+static void h_checkpoint_session(struct rpc_server *srv, const struct peer *peer,
+				 const ProtobufCMessage *req, struct reply *rep)
+{
+	const Tqkv__V1__SessionRef *q = (const void *)req;
+
+	disk_op(srv, peer, q->id, OP_CHECKPOINT, 0, rep);
 }
 
 /* The message's arrays point into `ti`. */
@@ -861,6 +923,7 @@ static const struct {
 	{ "GetConfig", h_get_config, RIGHT_OPERATOR, false },
 	{ "SpillSession", h_spill_session, RIGHT_OPERATOR, true },
 	{ "RestoreSession", h_restore_session, RIGHT_OPERATOR, true },
+	{ "CheckpointSession", h_checkpoint_session, RIGHT_CLIENT, true },
 };
 
 /* protobuf-c turns a string with an embedded NUL into its prefix (a C

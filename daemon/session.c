@@ -21,6 +21,7 @@ struct session {
 	uint64_t seed;
 	uint64_t bytes_per_token;
 	uint64_t created_ms;
+	unsigned flags;              /* SESSION_PERSISTENT */
 	struct session_table *st;
 
 	uint32_t refs;               /* atomic: table (while listed) + acquirers */
@@ -241,16 +242,20 @@ static void fill_info(struct session *s, struct session_info *out)
 	out->last_access_ms = s->last_access_ms;
 	out->state = s->state;
 	pthread_mutex_unlock(&s->lock);
+	out->persistent = (s->flags & SESSION_PERSISTENT) != 0;
 }
 
-int session_open(struct session_table *st, struct tenant *t, const char *name, uid_t owner,
-		 const struct session_geom *g, uint64_t seed, uint64_t now_ms,
-		 struct session_info *out, char *why, size_t whylen)
+/* A new session's struct after the checks every admission makes: 0 and
+ * *out, or an error with why. */
+static int session_new(struct tenant *t, const char *name, uid_t owner, const struct session_geom *g,
+		       uint64_t seed, unsigned flags, uint64_t created_ms, uint64_t now_ms,
+		       struct session **out, char *why, size_t whylen)
 {
-	struct session *s = NULL;
+	struct session *s;
 	uint64_t bpt, footprint;
 	int r;
 
+	*out = NULL;
 	if ((r = session_geom_check(g, &bpt, why, whylen)) < 0)
 		return r;
 	if (name[0] && config_check_name(name) < 0) {
@@ -275,31 +280,65 @@ int session_open(struct session_table *st, struct tenant *t, const char *name, u
 	s->owner = owner;
 	s->geom = *g;
 	s->seed = seed;
+	s->flags = flags & SESSION_PERSISTENT;
 	s->bytes_per_token = bpt;
-	s->created_ms = now_ms;
+	s->created_ms = created_ms;
 	s->last_access_ms = now_ms;
-	s->st = st;
 	s->state = SESSION_OPEN;
 	s->refs = 1; /* the table's */
+	*out = s;
+	return 0;
+}
 
+/* Is `name` free in t?  Table lock held; *mine counts owner's sessions. */
+static int name_free(struct session_table *st, struct tenant *t, const char *name, uid_t owner,
+		     uint32_t *mine, char *why, size_t whylen)
+{
+	*mine = 0;
+	for (size_t b = 0; b < N_BUCKETS; b++) {
+		for (struct session *o = st->bucket[b]; o; o = o->next) {
+			*mine += o->owner == owner;
+			if (name[0] && o->tenant == t && strcmp(o->name, name) == 0) {
+				snprintf(why, whylen, "tenant '%s' has a session named '%s' already (id %llu)",
+					 tenant_name(t), name, (unsigned long long)o->id);
+				return -EEXIST;
+			}
+		}
+	}
+	return 0;
+}
+
+/* List s under its id; table lock held. */
+static void insert(struct session_table *st, struct session *s)
+{
+	struct session **pp = slot_of(st, s->id);
+
+	assert(!*pp);
+	s->st = st;
+	*pp = s;
+	st->n++;
+	tenant_session_add(s->tenant, 1);
+	__atomic_add_fetch(&st->opened_total, 1, __ATOMIC_RELAXED);
+}
+
+int session_open(struct session_table *st, struct tenant *t, const char *name, uid_t owner,
+		 const struct session_geom *g, uint64_t seed, unsigned flags, uint64_t now_ms,
+		 struct session_info *out, char *why, size_t whylen)
+{
+	struct session *s = NULL;
+	uint32_t mine;
+	int r;
+
+	if ((r = session_new(t, name, owner, g, seed, flags, now_ms, now_ms, &s, why, whylen)) < 0)
+		return r;
 	pthread_mutex_lock(&st->lock);
 	if (st->n >= st->max_sessions) {
 		snprintf(why, whylen, "%u sessions already (daemon.max_sessions)", st->n);
 		r = -EUSERS;
 		goto fail;
 	}
-	uint32_t mine = 0;
-	for (size_t b = 0; b < N_BUCKETS; b++) {
-		for (struct session *o = st->bucket[b]; o; o = o->next) {
-			mine += o->owner == owner;
-			if (name[0] && o->tenant == t && strcmp(o->name, name) == 0) {
-				snprintf(why, whylen, "tenant '%s' has a session named '%s' already (id %llu)",
-					 tenant_name(t), name, (unsigned long long)o->id);
-				r = -EEXIST;
-				goto fail;
-			}
-		}
-	}
+	if ((r = name_free(st, t, name, owner, &mine, why, whylen)) < 0)
+		goto fail;
 	if (st->max_per_uid && mine >= st->max_per_uid) {
 		snprintf(why, whylen, "uid %u holds %u sessions already (daemon.max_sessions_per_uid)",
 			 (unsigned)owner, mine);
@@ -313,13 +352,42 @@ int session_open(struct session_table *st, struct tenant *t, const char *name, u
 		st->reserved = through;
 	}
 	s->id = st->next_id++;
-	struct session **pp = slot_of(st, s->id);
-	assert(!*pp);
-	*pp = s;
-	st->n++;
-	tenant_session_add(t, 1);
-	__atomic_add_fetch(&st->opened_total, 1, __ATOMIC_RELAXED);
+	insert(st, s);
 	fill_info(s, out);
+	pthread_mutex_unlock(&st->lock);
+	return 0;
+fail:
+	pthread_mutex_unlock(&st->lock);
+	session_free(s);
+	return r;
+}
+
+int session_adopt(struct session_table *st, struct tenant *t, const char *name, uid_t owner,
+		  const struct session_geom *g, uint64_t seed, unsigned flags, uint64_t id,
+		  uint64_t created_ms, uint64_t now_ms, char *why, size_t whylen)
+{
+	struct session *s = NULL;
+	uint32_t mine;
+	int r;
+
+	if (id == 0 || id == UINT64_MAX) {
+		snprintf(why, whylen, "session id %llu is not valid", (unsigned long long)id);
+		return -EINVAL;
+	}
+	if ((r = session_new(t, name, owner, g, seed, flags, created_ms, now_ms, &s, why, whylen)) < 0)
+		return r;
+	pthread_mutex_lock(&st->lock);
+	if (*slot_of(st, id)) {
+		snprintf(why, whylen, "session id %llu is taken", (unsigned long long)id);
+		r = -EEXIST;
+		goto fail;
+	}
+	if ((r = name_free(st, t, name, owner, &mine, why, whylen)) < 0)
+		goto fail;
+	s->id = id;
+	if (id >= st->next_id)
+		st->next_id = id + 1; /* reserved again before it is handed out */
+	insert(st, s);
 	pthread_mutex_unlock(&st->lock);
 	return 0;
 fail:
@@ -466,7 +534,8 @@ uint32_t session_table_expire(struct session_table *st, uint64_t now_ms, uint64_
 	for (size_t b = 0; b < N_BUCKETS; b++) {
 		for (struct session *s = st->bucket[b]; s; s = s->next) {
 			pthread_mutex_lock(&s->lock);
-			if (s->state == SESSION_OPEN && s->ops == 0 && now_ms >= s->last_access_ms &&
+			if (s->state == SESSION_OPEN && s->ops == 0 && !(s->flags & SESSION_PERSISTENT) &&
+			    now_ms >= s->last_access_ms &&
 			    now_ms - s->last_access_ms >= ttl_ms && n_evict < BATCH)
 				evict[n_evict++] = s->id;
 			else if (s->state == SESSION_EVICTED && now_ms >= s->evicted_ms &&
@@ -505,7 +574,8 @@ int session_acquire(struct session_table *st, uint64_t id, uint64_t now_ms, stru
 		r = -ESHUTDOWN;
 	} else {
 		s->ops++;
-		s->last_access_ms = now_ms;
+		if (now_ms)
+			s->last_access_ms = now_ms;
 		__atomic_add_fetch(&s->refs, 1, __ATOMIC_RELAXED);
 	}
 	pthread_mutex_unlock(&s->lock);
@@ -591,6 +661,14 @@ void session_unspill(struct session *s, uint64_t bytes)
 	tenant_spilled_add(s->tenant, -(int64_t)bytes);
 }
 
+void session_add_spilled(struct session *s, uint64_t bytes)
+{
+	pthread_mutex_lock(&s->lock);
+	s->spilled_bytes += bytes;
+	pthread_mutex_unlock(&s->lock);
+	tenant_spilled_add(s->tenant, (int64_t)bytes);
+}
+
 void session_set_tokens(struct session *s, uint64_t n)
 {
 	pthread_mutex_lock(&s->lock);
@@ -603,3 +681,5 @@ uid_t session_owner(const struct session *s) { return s->owner; }
 uint64_t session_seed(const struct session *s) { return s->seed; }
 const struct session_geom *session_geom(const struct session *s) { return &s->geom; }
 struct tenant *session_tenant(const struct session *s) { return s->tenant; }
+bool session_persistent(const struct session *s) { return (s->flags & SESSION_PERSISTENT) != 0; }
+void session_info_of(struct session *s, struct session_info *out) { fill_info(s, out); }

@@ -26,6 +26,7 @@
 #ifndef TQKVD_SESSION_H
 #define TQKVD_SESSION_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -71,6 +72,7 @@ struct session_info {
 	uint64_t created_ms;         /* CLOCK_REALTIME, ms */
 	uint64_t last_access_ms;
 	enum session_state state;
+	bool persistent;             /* survives restarts (SESSION_PERSISTENT) */
 };
 
 struct session_stats {
@@ -111,14 +113,24 @@ void session_table_stats(struct session_table *st, struct session_stats *out);
 int session_geom_check(const struct session_geom *g, uint64_t *bytes_per_token,
 		       char *why, size_t whylen);
 
+/* Flags at open. */
+#define SESSION_PERSISTENT 0x1u  /* kept on disk across restarts; never idle-expired */
+
 /* Admit a session.  name may be "" (none) and must be unique in the tenant.
  * -EINVAL (geometry, name; why says what), -EEXIST (name taken),
  * -EUSERS (max_sessions or the owner's max_per_uid reached), -ENOSPC
  * (max_tokens would not fit in the tenant's limit even alone), or the
  * reserve hook's error (ids could not be persisted). */
 int session_open(struct session_table *st, struct tenant *t, const char *name, uid_t owner,
-		 const struct session_geom *g, uint64_t seed, uint64_t now_ms,
+		 const struct session_geom *g, uint64_t seed, unsigned flags, uint64_t now_ms,
 		 struct session_info *out, char *why, size_t whylen);
+/* Recovery (a persistent session found on disk at start): admit it under
+ * its own id, created_ms and flags, with no limit on counts (it existed
+ * already).  -EEXIST (id or name taken), -EINVAL (geometry, name).  Ids
+ * handed out later are above it. */
+int session_adopt(struct session_table *st, struct tenant *t, const char *name, uid_t owner,
+		  const struct session_geom *g, uint64_t seed, unsigned flags, uint64_t id,
+		  uint64_t created_ms, uint64_t now_ms, char *why, size_t whylen);
 int session_get_info(struct session_table *st, uint64_t id, struct session_info *out);
 /* All sessions (of tenant t, or all when NULL), by id; *out is malloc'd. */
 int session_list(struct session_table *st, const struct tenant *t,
@@ -127,11 +139,13 @@ int session_list(struct session_table *st, const struct tenant *t,
 int session_evict(struct session_table *st, uint64_t id, struct session_info *out);
 /* Removes the session; *released = the bytes it held.  -ENOENT. */
 int session_close(struct session_table *st, uint64_t id, uint64_t *released);
-/* Idle handling: OPEN sessions idle for ttl are evicted, EVICTED ones
+/* Idle handling: OPEN sessions idle for ttl are evicted (never persistent
+ * ones: they last until closed), EVICTED ones
  * idle for another ttl are closed.  Returns how many changed. */
 uint32_t session_table_expire(struct session_table *st, uint64_t now_ms, uint64_t ttl_ms);
 
 /* ---- the data path --------------------------------------------------------- */
+/* now_ms 0: housekeeping (checkpoints), last_access_ms stays as it is. */
 int session_acquire(struct session_table *st, uint64_t id, uint64_t now_ms, struct session **out);
 void session_release(struct session *s);
 /* Charge bytes to the tenant and the session: 0, -ENOSPC, or -ESTALE when
@@ -145,6 +159,8 @@ void session_uncharge(struct session *s, uint64_t bytes);
 void session_spill_move(struct session *s, uint64_t bytes);
 int session_restore_move(struct session *s, uint64_t bytes);
 void session_unspill(struct session *s, uint64_t bytes);
+/* Recovery: bytes the session holds in the spill tier from the start. */
+void session_add_spilled(struct session *s, uint64_t bytes);
 /* The session's length: its longest layer's token count. */
 void session_set_tokens(struct session *s, uint64_t n);
 uint64_t session_id(const struct session *s);
@@ -152,5 +168,7 @@ uid_t session_owner(const struct session *s);
 uint64_t session_seed(const struct session *s);
 const struct session_geom *session_geom(const struct session *s);
 struct tenant *session_tenant(const struct session *s);
+bool session_persistent(const struct session *s);
+void session_info_of(struct session *s, struct session_info *out);
 
 #endif

@@ -19,8 +19,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <isa-l/crc.h>
-
 #include "log.h"
 #include "tq_page.h"
 #include "tq_size.h"
@@ -76,19 +74,6 @@ struct spill {
 	uint32_t *free_stage, n_free_stage;
 };
 
-uint32_t spill_crc32c(uint32_t crc, const void *buf, size_t n)
-{
-	const unsigned char *p = buf;
-
-	while (n) { /* crc32_iscsi takes an int length */
-		int k = n > (1u << 30) ? (1 << 30) : (int)n;
-		crc = ~crc32_iscsi((unsigned char *)p, k, ~crc);
-		p += k;
-		n -= (size_t)k;
-	}
-	return crc;
-}
-
 static uint64_t now_ns(void)
 {
 	struct timespec ts;
@@ -138,6 +123,28 @@ void spill_slot_free(struct spill *sp, uint64_t slot)
 }
 
 /* ---- checks ------------------------------------------------------------------------ */
+
+int spill_slot_claim(struct spill *sp, uint64_t slot)
+{
+	int r = 0;
+
+	pthread_mutex_lock(&sp->lock);
+	if (slot >= sp->n_slots)
+		r = -ERANGE;
+	else if (sp->bitmap[slot / 64] & (1ull << (slot % 64)))
+		r = -EEXIST;
+	else {
+		sp->bitmap[slot / 64] |= 1ull << (slot % 64);
+		sp->used++;
+	}
+	pthread_mutex_unlock(&sp->lock);
+	return r;
+}
+
+int spill_sync(struct spill *sp)
+{
+	return fdatasync(sp->fd) < 0 ? -errno : 0;
+}
 
 static uint32_t page_crc(const struct spill_page_hdr *h, const void *payload, uint32_t bytes)
 {

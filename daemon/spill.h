@@ -38,6 +38,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "crc32c.h"
+
 #define SPILL_FILE      "spill.dat"
 #define SPILL_MAGIC     0x314c5053564b5154ull   /* "TQKVSPL1" on disk */
 #define SPILL_FORMAT    1u
@@ -96,6 +98,13 @@ void spill_stats(struct spill *sp, struct spill_stats *out);
 /* A free slot: 0, or -ENOSPC when the store is full. */
 int spill_slot_alloc(struct spill *sp, uint64_t *slot);
 void spill_slot_free(struct spill *sp, uint64_t slot);
+/* Recovery: mark a slot a persistent session's manifest names as used:
+ * 0, -ERANGE (beyond the store) or -EEXIST (claimed already). */
+int spill_slot_claim(struct spill *sp, uint64_t slot);
+/* Make every completed write durable (fdatasync of spill.dat): 0 or
+ * -errno.  O_DIRECT puts the bytes on the device; the extents' metadata
+ * (preallocated space becomes written space) needs this. */
+int spill_sync(struct spill *sp);
 
 /* Completion: res 0 or a negative errno (-EIO, -EBADMSG: the page failed
  * its checks), why says what happened (file, offset, reason) when res < 0.
@@ -135,6 +144,6 @@ void spill_fault_delay(struct spill *sp, uint32_t us);
 int spill_check(struct spill *sp);
 
 /* crc32c (Castagnoli) of n bytes, continuing from crc (0 to start). */
-uint32_t spill_crc32c(uint32_t crc, const void *buf, size_t n);
+#define spill_crc32c tq_crc32c
 
 #endif

@@ -102,6 +102,10 @@ uint64_t tqkv_client_id(const tqkv *c);
 
 /* ---- sessions -------------------------------------------------------------- */
 #define TQKV_SESSION_DETACHED 0x1u /* survives this connection (closed, evicted or idle TTL) */
+/* Kept on disk: survives a restart of the daemon, clean or killed (every
+ * append is journaled before it completes); implies DETACHED; never
+ * idle-expired.  After a restart, re-attach by id or by (tenant, name). */
+#define TQKV_SESSION_PERSISTENT 0x2u
 
 struct tqkv_session_params {
 	const char *tenant;       /* NULL or "": "default"                                   */
@@ -150,11 +154,18 @@ struct tqkv_session_info {
 	uint64_t resident_bytes;  /* in the daemon's memory pool                             */
 	uint64_t spilled_bytes;   /* in its spill tier (read back on use)                    */
 	int evicted;              /* the session was evicted: operations fail with -ESTALE   */
+	int persistent;           /* opened with TQKV_SESSION_PERSISTENT                     */
 };
 /* The session as the daemon sees it (control channel: -ENOTSUP on a
  * TQKV_CONNECT_NO_CONTROL connection). */
 int tqkv_session_info(tqkv_session *s, struct tqkv_session_info *out);
 uint64_t tqkv_session_seed(const tqkv_session *s);  /* 0 when attached with a geometry */
+/* A persistent session: write what changed to disk now (the daemon does
+ * so every pool.checkpoint_interval anyway; a killed daemon loses nothing
+ * either way — this bounds what a power loss may take).  0 or -errno:
+ * -EBUSY when the session is not persistent; another error when the disk
+ * failed (tqkv_last_error says how). */
+int tqkv_session_checkpoint(tqkv_session *s);
 
 /* ---- operations: blocking ---------------------------------------------------- */
 /* Each returns >= 0 on success (append: the layer's new length; attend:

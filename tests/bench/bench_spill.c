@@ -219,7 +219,7 @@ static int bench_spill_main(int argc, char **argv)
 	g.max_tokens = tokens;
 	struct session_info si;
 	struct session *s;
-	if (session_open(st, tenant_find(tt, "t"), "", 0, &g, 7, 0, &si, why, sizeof(why)) < 0 ||
+	if (session_open(st, tenant_find(tt, "t"), "", 0, &g, 7, 0, 0, &si, why, sizeof(why)) < 0 ||
 	    session_acquire(st, si.id, 0, &s) < 0) {
 		fprintf(stderr, "tqbench spill: session: %s\n", why);
 		return 1;

@@ -62,7 +62,7 @@ static struct session *fix_open(struct fix *f, const struct session_geom *g, uin
 	struct session *s;
 	char why[200];
 
-	if (session_open(f->st, tenant_find(f->tt, "t"), "", 1000, g, 7, 0, &si, why, sizeof(why)) < 0 ||
+	if (session_open(f->st, tenant_find(f->tt, "t"), "", 1000, g, 7, 0, 0, &si, why, sizeof(why)) < 0 ||
 	    session_acquire(f->st, si.id, 0, &s) < 0) {
 		fprintf(stderr, "open: %s\n", why);
 		exit(1);

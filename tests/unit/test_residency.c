@@ -83,7 +83,7 @@ static uint64_t open_filled(struct fix *f, uint32_t tokens, uint64_t seed)
 	char why[200];
 	float *k = malloc((size_t)tokens * 2 * 64 * 4), *v = malloc((size_t)tokens * 2 * 64 * 4);
 
-	if (session_open(f->st, tenant_find(f->tt, "t"), "", 1000, &G, seed, 0, &si, why, sizeof(why)) < 0)
+	if (session_open(f->st, tenant_find(f->tt, "t"), "", 1000, &G, seed, 0, 0, &si, why, sizeof(why)) < 0)
 		exit(1);
 	for (size_t i = 0; i < (size_t)tokens * 2 * 64; i++) {
 		seed = seed * 6364136223846793005ull + 1442695040888963407ull;

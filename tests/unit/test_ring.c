@@ -121,7 +121,7 @@ static uint64_t srv_open(struct srv *s, const char *tenant, uid_t owner, const s
 	struct session_info info;
 	char why[200];
 
-	if (session_open(s->st, tenant_find(s->tt, tenant), "", owner, &sg, seed, 0, &info, why, sizeof(why)) < 0) {
+	if (session_open(s->st, tenant_find(s->tt, tenant), "", owner, &sg, seed, 0, 0, &info, why, sizeof(why)) < 0) {
 		fprintf(stderr, "session_open: %s\n", why);
 		return 0;
 	}

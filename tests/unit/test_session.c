@@ -149,22 +149,22 @@ static void test_open_and_names(void)
 	T_EQ(tenant_table_new(&tt, c), 0);
 	T_EQ(session_table_new(&st, 3, NULL, NULL), 0);
 	struct tenant *a = tenant_find(tt, "a"), *b = tenant_find(tt, "b");
-	T_EQ(session_open(st, a, "x", 1000, &g, 42, 1000, &si, why, sizeof(why)), 0);
+	T_EQ(session_open(st, a, "x", 1000, &g, 42, 0, 1000, &si, why, sizeof(why)), 0);
 	T_EQ(si.id, 1);
 	T_EQ(si.state, SESSION_OPEN);
 	T_EQ(si.seed, 42);
 	T_EQ(si.owner_uid, 1000);
 	T_ASSERT(strcmp(si.tenant, "a") == 0);
-	T_EQ(session_open(st, a, "x", 1000, &g, 1, 1000, &si2, why, sizeof(why)), -EEXIST);
-	T_EQ(session_open(st, b, "x", 1000, &g, 1, 1000, &si2, why, sizeof(why)), 0); /* other tenant */
-	T_EQ(session_open(st, a, "bad name", 1000, &g, 1, 1000, &si2, why, sizeof(why)), -EINVAL);
+	T_EQ(session_open(st, a, "x", 1000, &g, 1, 0, 1000, &si2, why, sizeof(why)), -EEXIST);
+	T_EQ(session_open(st, b, "x", 1000, &g, 1, 0, 1000, &si2, why, sizeof(why)), 0); /* other tenant */
+	T_EQ(session_open(st, a, "bad name", 1000, &g, 1, 0, 1000, &si2, why, sizeof(why)), -EINVAL);
 	/* footprint beyond the tenant's limit (16 MiB): 800 B/token */
 	g.max_tokens = 16 * MiB / 800 + 1;
-	T_EQ(session_open(st, a, "", 1000, &g, 1, 1000, &si2, why, sizeof(why)), -ENOSPC);
+	T_EQ(session_open(st, a, "", 1000, &g, 1, 0, 1000, &si2, why, sizeof(why)), -ENOSPC);
 	T_ASSERT(strstr(why, "tenant 'a'"));
 	g.max_tokens = 16 * MiB / 800;
-	T_EQ(session_open(st, a, "", 1000, &g, 1, 1000, &si2, why, sizeof(why)), 0);
-	T_EQ(session_open(st, a, "", 1000, &g, 1, 1000, &si2, why, sizeof(why)), -EUSERS); /* max 3 */
+	T_EQ(session_open(st, a, "", 1000, &g, 1, 0, 1000, &si2, why, sizeof(why)), 0);
+	T_EQ(session_open(st, a, "", 1000, &g, 1, 0, 1000, &si2, why, sizeof(why)), -EUSERS); /* max 3 */
 	struct tenant_info ti;
 	tenant_get_info(a, &ti);
 	T_EQ(ti.sessions, 2);
@@ -183,7 +183,7 @@ static void test_open_and_names(void)
 	T_EQ(session_close(st, si.id, NULL), -ENOENT);
 	T_EQ(session_get_info(st, si.id, &si2), -ENOENT);
 	g = g_small;
-	T_EQ(session_open(st, a, "x", 1000, &g, 1, 1000, &si2, why, sizeof(why)), 0);
+	T_EQ(session_open(st, a, "x", 1000, &g, 1, 0, 1000, &si2, why, sizeof(why)), 0);
 	T_ASSERT(si2.id > si.id); /* ids are not reused */
 	struct session_stats ss;
 	session_table_stats(st, &ss);
@@ -218,7 +218,7 @@ static void test_evict_during_operation(void)
 	T_EQ(tenant_table_new(&tt, c), 0);
 	T_EQ(session_table_new(&st, 8, on_release, NULL), 0);
 	struct tenant *a = tenant_find(tt, "a");
-	T_EQ(session_open(st, a, "", 1000, &g_small, 1, 1000, &si, why, sizeof(why)), 0);
+	T_EQ(session_open(st, a, "", 1000, &g_small, 1, 0, 1000, &si, why, sizeof(why)), 0);
 	T_EQ(session_acquire(st, si.id, 2000, &s), 0);
 	T_EQ(session_charge(s, 4 * MiB), 0);
 	T_EQ(session_charge(s, 13 * MiB), -ENOSPC);  /* 4 + 13 > 16 */
@@ -245,7 +245,7 @@ static void test_evict_during_operation(void)
 	T_EQ(released_count, 1);                     /* released once only */
 
 	/* close during an operation */
-	T_EQ(session_open(st, a, "", 1000, &g_small, 1, 1000, &si, why, sizeof(why)), 0);
+	T_EQ(session_open(st, a, "", 1000, &g_small, 1, 0, 1000, &si, why, sizeof(why)), 0);
 	T_EQ(session_acquire(st, si.id, 3000, &s), 0);
 	T_EQ(session_charge(s, 2 * MiB), 0);
 	T_EQ(session_close(st, si.id, &rel), 0);
@@ -273,8 +273,8 @@ static void test_idle_expiry(void)
 	T_EQ(tenant_table_new(&tt, c), 0);
 	T_EQ(session_table_new(&st, 8, NULL, NULL), 0);
 	struct tenant *b = tenant_find(tt, "b");
-	T_EQ(session_open(st, b, "", 1, &g_small, 1, 1000, &s1, why, sizeof(why)), 0);
-	T_EQ(session_open(st, b, "", 1, &g_small, 1, 1000, &s2, why, sizeof(why)), 0);
+	T_EQ(session_open(st, b, "", 1, &g_small, 1, 0, 1000, &s1, why, sizeof(why)), 0);
+	T_EQ(session_open(st, b, "", 1, &g_small, 1, 0, 1000, &s2, why, sizeof(why)), 0);
 	T_EQ(session_acquire(st, s2.id, 5000, &s), 0);
 	session_release(s);
 	T_EQ(session_table_expire(st, 5500, 0), 0);     /* ttl 0: off */
@@ -336,7 +336,7 @@ static int64_t open_one(const char *dir, struct tenant *t, struct session_table 
 	if (session_table_new(stp, 64, NULL, NULL) < 0)
 		return -ENOMEM;
 	session_table_set_ids(*stp, first, idstore_reserve, *isp);
-	if ((r = session_open(*stp, t, "", 1000, &g_small, 1, 1000, &si, why, whylen)) < 0)
+	if ((r = session_open(*stp, t, "", 1000, &g_small, 1, 0, 1000, &si, why, whylen)) < 0)
 		return r;
 	return (int64_t)si.id;
 }
@@ -360,7 +360,7 @@ static void test_ids_persist(void)
 	struct tenant *b = tenant_find(tt, "b");
 	T_EQ(open_one(dir, b, &st, &is, why, sizeof(why)), 1);       /* a fresh directory */
 	for (int i = 0; i < 40; i++) { /* past a block boundary: open and close */
-		T_EQ(session_open(st, b, "", 1000, &g_small, 1, 1000, &si, why, sizeof(why)), 0);
+		T_EQ(session_open(st, b, "", 1000, &g_small, 1, 0, 1000, &si, why, sizeof(why)), 0);
 		T_EQ(session_close(st, si.id, NULL), 0);
 	}
 	T_EQ(si.id, 41);
@@ -382,10 +382,10 @@ static void test_ids_persist(void)
 	T_EQ(unlink(path), 0);
 	T_EQ(rmdir(dir), 0);
 	for (int i = 0; i < 5; i++) /* 7..11: reserved at open_one's first open */
-		(void)session_open(st, b, "", 1000, &g_small, 1, 1000, &si, why, sizeof(why));
+		(void)session_open(st, b, "", 1000, &g_small, 1, 0, 1000, &si, why, sizeof(why));
 	int r = 0;
 	for (int i = 0; i < SESSION_ID_BLOCK + 1 && r == 0; i++) {
-		r = session_open(st, b, "", 1000, &g_small, 1, 1000, &si, why, sizeof(why));
+		r = session_open(st, b, "", 1000, &g_small, 1, 0, 1000, &si, why, sizeof(why));
 		if (r == 0)
 			session_close(st, si.id, NULL);
 	}
@@ -429,7 +429,7 @@ static void test_concurrent_evict_close(void)
 	r.st = st;
 	r.n_ids = 32;
 	for (int i = 0; i < r.n_ids; i++) {
-		T_EQ(session_open(st, b, "", 1, &g_small, 1, 1, &si, why, sizeof(why)), 0);
+		T_EQ(session_open(st, b, "", 1, &g_small, 1, 0, 1, &si, why, sizeof(why)), 0);
 		if (i == 0)
 			r.first_id = si.id;
 	}

@@ -1,0 +1,1004 @@
+/* kvpersist.c — persistent sessions over the page tables (kvpersist.h). */
+#include "kvpersist.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dataop_internal.h"
+#include "log.h"
+#include "persist.h"
+#include "spill.h"
+#include "tqkv_ring.h"
+
+struct kvpersist {
+	int dirfd;                /* spill_dir/sessions */
+	uint64_t interval_ms;     /* atomic */
+	pthread_t thread;
+	bool running, stop, shutdown;
+	pthread_mutex_t lock;     /* guards stop and kick (with cond) */
+	pthread_cond_t cond;
+	bool kick;                /* a journal passed KVP_JOURNAL_CHECKPOINT */
+	struct session_table *st;
+	/* counters (atomic) */
+	uint64_t checkpoints, checkpoint_failures, journal_records, journal_bytes;
+	uint64_t restored, dropped;
+};
+
+struct kvp_wt {                   /* one page being written through */
+	uint32_t l, i;
+	uint64_t slot, gen;
+	struct io_one io;
+};
+
+struct kvp_sess {
+	int jfd;                  /* the journal; -1: a checkpoint must come first */
+	uint64_t joff;            /* its end */
+	uint32_t jseq;            /* next record's number in this epoch */
+	uint64_t epoch;           /* of the manifest on disk (0: none yet) */
+	bool dirty;               /* atomic: changed since that manifest */
+	uint64_t last_ckpt_ms;
+	uint64_t *dfree;          /* slots a manifest on disk may still name */
+	size_t n_dfree, cap_dfree;
+	struct io_batch wt_b;     /* write-through in flight */
+	struct kvp_wt *wt;
+	uint32_t wt_n, wt_cap;
+	bool wt_warned;
+	uint8_t *buf;             /* journal record scratch */
+	size_t buf_cap;
+};
+
+static uint64_t mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+bool kvstore_persist_enabled(struct kvstore *ks)
+{
+	return ks->persist != NULL && ks->spill != NULL;
+}
+
+/* ---- per session ------------------------------------------------------------------ */
+int kvp_sess_new(struct kvstore *ks, struct kv_sess *kv)
+{
+	(void)ks;
+	if (!(kv->p = calloc(1, sizeof(*kv->p))))
+		return -ENOMEM;
+	kv->p->jfd = -1;
+	kv->p->last_ckpt_ms = mono_ms();
+	return 0;
+}
+
+void kvp_defer_free(struct kv_sess *kv, uint64_t slot)
+{
+	struct kvp_sess *p = kv->p;
+
+	if (p->n_dfree == p->cap_dfree) {
+		size_t cap = p->cap_dfree ? p->cap_dfree * 2 : 64;
+		uint64_t *n = realloc(p->dfree, cap * sizeof(*n));
+		if (!n) {
+			/* cannot remember it: leak the slot rather than risk
+			 * reusing one a manifest names (freed at restart) */
+			log_err("session %" PRIu64 ": out of memory; spill slot %" PRIu64 " stays used until restart",
+				kv->id, slot);
+			return;
+		}
+		p->dfree = n;
+		p->cap_dfree = cap;
+	}
+	p->dfree[p->n_dfree++] = slot;
+}
+
+static void free_deferred(struct kvstore *ks, struct kvp_sess *p)
+{
+	for (size_t i = 0; i < p->n_dfree; i++)
+		spill_slot_free(ks->spill, p->dfree[i]);
+	p->n_dfree = 0;
+}
+
+void kvp_sess_free(struct kvstore *ks, struct kv_sess *kv)
+{
+	struct kvp_sess *p = kv->p;
+
+	if (!p)
+		return;
+	if (ks->persist && !ks->persist->shutdown) {
+		/* closed or evicted: the copy on disk goes too (files first, so
+		 * a crash in between never finds a manifest naming free slots) */
+		int r = persist_remove(ks->persist->dirfd, kv->id);
+		if (r < 0)
+			log_err("session %" PRIu64 ": removing its persistent copy (%s/%" PRIu64 ".tqm): %s", kv->id,
+				PERSIST_SUBDIR, kv->id, strerror(-r));
+		else
+			log_info("session %" PRIu64 ": persistent copy removed", kv->id);
+	}
+	free_deferred(ks, p);
+	if (p->jfd >= 0)
+		close(p->jfd);
+	free(p->dfree);
+	free(p->wt);
+	free(p->buf);
+	free(p);
+	kv->p = NULL;
+}
+
+/* ---- write-through ------------------------------------------------------------------- */
+void kvp_wt_collect(struct kvstore *ks, struct kv_sess *kv)
+{
+	struct kvp_sess *p = kv->p;
+
+	if (!p || !p->wt_n)
+		return;
+	dataop_batch_wait(&p->wt_b);
+	for (uint32_t k = 0; k < p->wt_n; k++) {
+		struct kvp_wt *w = &p->wt[k];
+		struct kv_page_meta *m = &kv->layer[w->l].meta[w->i];
+		if (w->io.res == 0) {
+			m->slot = w->slot;
+			m->gen = w->gen;
+			m->clean = 1;
+			continue;
+		}
+		spill_slot_free(ks->spill, w->slot);
+		if (!p->wt_warned)
+			log_warning("session %" PRIu64 ": writing layer %u page %u through failed: %s (the next "
+				    "checkpoint writes it; the journal holds its tokens meanwhile)", kv->id, w->l, w->i,
+				    w->io.why);
+		p->wt_warned = true;
+	}
+	p->wt_n = 0;
+}
+
+/* Queue pages of kv for writing (kv->lock held, no batch in flight):
+ * every RESIDENT page without a copy among (l, from..to) or, for l ==
+ * UINT32_MAX, every layer's.  Returns how many are queued; *err: the
+ * first failure to queue one (-ENOSPC: the tier is full). */
+static uint32_t wt_queue(struct kvstore *ks, struct kv_sess *kv, uint32_t l0, uint32_t from, uint32_t to, int *err)
+{
+	struct kvp_sess *p = kv->p;
+	uint32_t want = 0;
+
+	*err = 0;
+	for (uint32_t l = l0 == UINT32_MAX ? 0 : l0; l < (l0 == UINT32_MAX ? kv->n_layers : l0 + 1); l++) {
+		struct kv_layer *L = &kv->layer[l];
+		uint32_t a = l0 == UINT32_MAX ? 0 : from, b = l0 == UINT32_MAX ? L->n_pages : to;
+		for (uint32_t i = a; i < b && i < L->n_pages; i++)
+			want += L->meta[i].state == PG_RESIDENT && !L->meta[i].clean;
+	}
+	if (!want)
+		return 0;
+	if (want > p->wt_cap) {
+		struct kvp_wt *n = realloc(p->wt, want * sizeof(*n));
+		if (!n) {
+			*err = -ENOMEM;
+			return 0;
+		}
+		p->wt = n;
+		p->wt_cap = want;
+	}
+	pthread_mutex_init(&p->wt_b.lock, NULL);
+	pthread_cond_init(&p->wt_b.cond, NULL);
+	p->wt_b.pending = 0;
+	p->wt_n = 0;
+	for (uint32_t l = l0 == UINT32_MAX ? 0 : l0; l < (l0 == UINT32_MAX ? kv->n_layers : l0 + 1); l++) {
+		struct kv_layer *L = &kv->layer[l];
+		uint32_t a = l0 == UINT32_MAX ? 0 : from, b = l0 == UINT32_MAX ? L->n_pages : to;
+		for (uint32_t i = a; i < b && i < L->n_pages; i++) {
+			if (L->meta[i].state != PG_RESIDENT || L->meta[i].clean)
+				continue;
+			struct kvp_wt *w = &p->wt[p->wt_n];
+			int e = spill_slot_alloc(ks->spill, &w->slot);
+			if (e < 0) {
+				*err = e;
+				goto submit;
+			}
+			w->l = l;
+			w->i = i;
+			w->gen = ++kv->gen_next;
+			w->io.b = &p->wt_b;
+			w->io.res = 0;
+			w->io.why[0] = 0;
+			p->wt_n++;
+		}
+	}
+submit:
+	/* pending first: a completion may come before the last submit */
+	p->wt_b.pending = p->wt_n;
+	for (uint32_t k = 0; k < p->wt_n; k++) {
+		struct kvp_wt *w = &p->wt[k];
+		struct spill_page_hdr h = dataop_hdr_of(kv, w->l, w->i);
+		int e;
+		h.generation = w->gen;
+		if ((e = spill_write(ks->spill, w->slot, &h, kv->layer[w->l].pages[w->i], dataop_io_done, &w->io)) < 0)
+			dataop_io_done(&w->io, e, strerror(-e));
+	}
+	if (!p->wt_n) {
+		pthread_mutex_destroy(&p->wt_b.lock);
+		pthread_cond_destroy(&p->wt_b.cond);
+	}
+	return p->wt_n;
+}
+
+void kvp_write_through(struct kvstore *ks, struct kv_sess *kv, uint32_t l, uint32_t from, uint32_t to)
+{
+	int err;
+
+	if (from >= to)
+		return;
+	kvp_wt_collect(ks, kv);
+	wt_queue(ks, kv, l, from, to, &err);
+	if (err && !kv->p->wt_warned) {
+		log_warning("session %" PRIu64 ": cannot write layer %u's full pages through: %s (the next "
+			    "checkpoint tries again; the journal holds their tokens meanwhile)", kv->id, l,
+			    strerror(-err));
+		kv->p->wt_warned = true;
+	}
+}
+
+/* ---- checkpoints --------------------------------------------------------------------- */
+static int checkpoint_locked(struct kvstore *ks, struct session *s, struct kv_sess *kv, char *why, size_t whylen)
+{
+	struct kvpersist *kp = ks->persist;
+	struct kvp_sess *p = kv->p;
+	struct persist_manifest m;
+	struct session_info si;
+	int err, r;
+
+	for (uint32_t l = 0; l < kv->n_layers; l++)
+		dataop_readahead_finish(ks, s, kv, l);
+	kvp_wt_collect(ks, kv);
+	/* every page without a copy on disk gets one */
+	wt_queue(ks, kv, UINT32_MAX, 0, 0, &err);
+	if (p->wt_n) {
+		dataop_batch_wait(&p->wt_b);
+		for (uint32_t k = 0; k < p->wt_n; k++) {
+			struct kvp_wt *w = &p->wt[k];
+			if (w->io.res == 0) {
+				struct kv_page_meta *pm = &kv->layer[w->l].meta[w->i];
+				pm->slot = w->slot;
+				pm->gen = w->gen;
+				pm->clean = 1;
+			} else {
+				spill_slot_free(ks->spill, w->slot);
+				if (!err) {
+					err = w->io.res;
+					snprintf(why, whylen, "layer %u page %u: %s", w->l, w->i, w->io.why);
+				}
+			}
+		}
+		p->wt_n = 0;
+	}
+	if (err) {
+		if (!why[0] && err == -ENOSPC) {
+			struct spill_stats st;
+			spill_stats(ks->spill, &st);
+			snprintf(why, whylen, "the spill tier is full (%" PRIu64 " of %" PRIu64 " slots in use)",
+				 st.slots_used, st.slots_total);
+		} else if (!why[0]) {
+			snprintf(why, whylen, "%s", strerror(-err));
+		}
+		return err;
+	}
+	if ((r = spill_sync(ks->spill)) < 0) {
+		snprintf(why, whylen, "fdatasync of %s: %s", spill_path(ks->spill), strerror(-r));
+		return r;
+	}
+	session_info_of(s, &si);
+	memset(&m, 0, sizeof(m));
+	m.id = kv->id;
+	snprintf(m.tenant, sizeof(m.tenant), "%s", si.tenant);
+	snprintf(m.name, sizeof(m.name), "%s", si.name);
+	m.owner_uid = si.owner_uid;
+	m.geom = si.geom;
+	m.seed = kv->seed;
+	m.created_ms = si.created_ms;
+	m.page_bytes = ks->page_bytes;
+	m.layout_id = TQ_PAGE_LAYOUT_ID;
+	{
+		struct spill_stats st;
+		spill_stats(ks->spill, &st);
+		m.slot_bytes = st.slot_bytes;
+	}
+	m.epoch = p->epoch + 1;
+	m.gen_next = kv->gen_next;
+	if (!(m.layers = calloc(kv->n_layers, sizeof(*m.layers)))) {
+		snprintf(why, whylen, "out of memory");
+		return -ENOMEM;
+	}
+	for (uint32_t l = 0; l < kv->n_layers; l++) {
+		struct kv_layer *L = &kv->layer[l];
+		m.layers[l].n_tokens = L->n_tokens;
+		m.layers[l].n_pages = L->n_pages;
+		if (L->n_pages && !(m.layers[l].pages = calloc(L->n_pages, sizeof(struct persist_page)))) {
+			persist_manifest_free(&m);
+			snprintf(why, whylen, "out of memory");
+			return -ENOMEM;
+		}
+		for (uint32_t i = 0; i < L->n_pages; i++) {
+			struct kv_page_meta *pm = &L->meta[i];
+			bool copy = pm->state == PG_SPILLED || (pm->state == PG_RESIDENT && pm->clean);
+			m.layers[l].pages[i].slot = copy ? pm->slot : PERSIST_SLOT_LOST;
+			m.layers[l].pages[i].gen = copy ? pm->gen : 0;
+		}
+	}
+	r = persist_manifest_write(kp->dirfd, &m, why, whylen);
+	persist_manifest_free(&m);
+	if (r < 0)
+		return r;
+	/* The manifest is on disk: the old journal and the slots only the old
+	 * manifest named are history. */
+	p->epoch++;
+	if (p->jfd >= 0)
+		close(p->jfd);
+	p->jfd = persist_journal_reset(kp->dirfd, kv->id, p->epoch, why, whylen);
+	if (p->jfd < 0)
+		log_err("session %" PRIu64 ": new journal: %s (the next append checkpoints again)", kv->id, why);
+	p->joff = PERSIST_JNL_HDR;
+	p->jseq = 0;
+	free_deferred(ks, p);
+	__atomic_store_n(&p->dirty, false, __ATOMIC_RELAXED);
+	p->last_ckpt_ms = mono_ms();
+	p->wt_warned = false;
+	__atomic_add_fetch(&kp->checkpoints, 1, __ATOMIC_RELAXED);
+	why[0] = 0;
+	return 0;
+}
+
+static int checkpoint_or_count(struct kvstore *ks, struct session *s, struct kv_sess *kv, char *why, size_t whylen)
+{
+	int r = checkpoint_locked(ks, s, kv, why, whylen);
+
+	if (r < 0)
+		__atomic_add_fetch(&ks->persist->checkpoint_failures, 1, __ATOMIC_RELAXED);
+	return r;
+}
+
+int dataop_checkpoint(struct kvstore *ks, struct session *s, char *why, size_t whylen)
+{
+	struct kv_sess *kv;
+	int r;
+
+	why[0] = 0;
+	if (!session_persistent(s) || !kvstore_persist_enabled(ks)) {
+		snprintf(why, whylen, "session %" PRIu64 " is not persistent", session_id(s));
+		return -EINVAL;
+	}
+	if ((r = dataop_kv_get(ks, s, &kv)) < 0) {
+		snprintf(why, whylen, "session state: %s", strerror(-r));
+		return r;
+	}
+	pthread_mutex_lock(&kv->lock);
+	if (kv->p->epoch && kv->p->jfd >= 0 && !__atomic_load_n(&kv->p->dirty, __ATOMIC_RELAXED))
+		r = 0; /* nothing changed */
+	else
+		r = checkpoint_or_count(ks, s, kv, why, whylen);
+	pthread_mutex_unlock(&kv->lock);
+	return r;
+}
+
+int dataop_persist_init(struct kvstore *ks, struct session *s, char *why, size_t whylen)
+{
+	return dataop_checkpoint(ks, s, why, whylen);
+}
+
+/* ---- the journal ---------------------------------------------------------------------- */
+/* The journal is usable (else a checkpoint makes a new one): 0 or an error in r. */
+static int journal_ready(struct kvstore *ks, struct session *s, struct kv_sess *kv, struct dataop_res *r)
+{
+	char why[256] = "";
+
+	if (kv->p->jfd >= 0)
+		return 0;
+	if (checkpoint_or_count(ks, s, kv, why, sizeof(why)) == 0 && kv->p->jfd >= 0)
+		return 0;
+	dataop_res_set(r, -EIO, TQKV_ST_SPILL_IO, 0);
+	snprintf(r->msg, sizeof(r->msg), "persistent session: no journal for the operation: %.180s", why);
+	return r->res;
+}
+
+static int journal_put(struct kvstore *ks, struct kv_sess *kv, struct persist_rec *rec, const void *p1, size_t n1,
+		       const void *p2, size_t n2, struct dataop_res *r)
+{
+	struct kvpersist *kp = ks->persist;
+	struct kvp_sess *p = kv->p;
+	int e;
+
+	rec->seq = p->jseq;
+	rec->epoch = p->epoch;
+	if ((e = persist_journal_write(p->jfd, &p->joff, rec, p1, n1, p2, n2)) < 0) {
+		/* whatever reached the file is a torn record replay stops at;
+		 * nothing more goes after it before a checkpoint */
+		close(p->jfd);
+		p->jfd = -1;
+		dataop_res_set(r, e, TQKV_ST_SPILL_IO, 0);
+		snprintf(r->msg, sizeof(r->msg), "persistent session: writing its journal (%s/%" PRIu64 ".tqj): %s",
+			 PERSIST_SUBDIR, kv->id, strerror(-e));
+		log_err("session %" PRIu64 ": %s", kv->id, r->msg);
+		return e;
+	}
+	p->jseq++;
+	__atomic_store_n(&p->dirty, true, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&kp->journal_records, 1, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&kp->journal_bytes, PERSIST_REC_HDR + n1 + n2, __ATOMIC_RELAXED);
+	if (p->joff >= KVP_JOURNAL_CHECKPOINT) {
+		pthread_mutex_lock(&kp->lock);
+		kp->kick = true;
+		pthread_cond_signal(&kp->cond);
+		pthread_mutex_unlock(&kp->lock);
+	}
+	return 0;
+}
+
+int kvp_journal_append(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l, uint32_t first,
+		       uint32_t n, struct dataop_res *r)
+{
+	const struct tq_page_geom *g = &kv->geom;
+	struct kvp_sess *p = kv->p;
+	struct kv_layer *L = &kv->layer[l];
+	size_t kb = g->k_block_bytes, vb = g->v_block_bytes;
+	size_t kpart = (size_t)n * g->n_kv_heads * kb, vpart = (size_t)n * g->n_kv_heads * vb;
+	struct persist_rec rec = { .type = PERSIST_REC_APPEND, .layer = l, .first = first, .n = n };
+	int e;
+
+	if (!n)
+		return 0;
+	if (kpart + vpart > PERSIST_REC_MAX) {
+		dataop_res_set(r, -E2BIG, TQKV_ST_SPILL_IO, 0);
+		snprintf(r->msg, sizeof(r->msg), "persistent session: one append of %u tokens is %zu compressed "
+			 "bytes, more than a journal record holds (%u); append in smaller steps", n, kpart + vpart,
+			 PERSIST_REC_MAX);
+		return r->res;
+	}
+	if ((e = journal_ready(ks, s, kv, r)) < 0)
+		return e;
+	if (p->buf_cap < kpart + vpart) {
+		uint8_t *nb = malloc(kpart + vpart);
+		if (!nb) {
+			dataop_res_set(r, -ENOMEM, TQKV_ST_NOMEM, 0);
+			return r->res;
+		}
+		free(p->buf);
+		p->buf = nb;
+		p->buf_cap = kpart + vpart;
+	}
+	uint8_t *kd = p->buf, *vd = p->buf + kpart;
+	for (uint32_t t = 0; t < n; t++) {
+		uint32_t tok = first + t;
+		const uint8_t *page = L->pages[tok / g->page_tokens];
+		uint32_t slot = tok % g->page_tokens;
+		for (uint32_t h = 0; h < g->n_kv_heads; h++) {
+			memcpy(kd + ((size_t)t * g->n_kv_heads + h) * kb, page + tq_page_k_off(g, h, slot), kb);
+			memcpy(vd + ((size_t)t * g->n_kv_heads + h) * vb, page + tq_page_v_off(g, h, slot), vb);
+		}
+	}
+	rec.payload_bytes = (uint32_t)(kpart + vpart);
+	e = journal_put(ks, kv, &rec, kd, kpart, vd, vpart, r);
+	if (p->buf_cap > ((size_t)1 << 20)) { /* keep at most 1 MiB between appends */
+		free(p->buf);
+		p->buf = NULL;
+		p->buf_cap = 0;
+	}
+	return e;
+}
+
+int kvp_journal_truncate(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t layer, uint64_t pos,
+			 struct dataop_res *r)
+{
+	struct persist_rec rec = { .type = PERSIST_REC_TRUNCATE, .layer = layer,
+				   .first = pos > UINT32_MAX ? UINT32_MAX : (uint32_t)pos };
+	bool changes = false;
+	int e;
+
+	for (uint32_t l = 0; l < kv->n_layers; l++)
+		if ((layer == PERSIST_ALL_LAYERS || l == layer) && pos < kv->layer[l].n_tokens)
+			changes = true;
+	if (!changes)
+		return 0;
+	if ((e = journal_ready(ks, s, kv, r)) < 0)
+		return e;
+	return journal_put(ks, kv, &rec, NULL, 0, NULL, 0, r);
+}
+
+/* ---- the checkpoint thread ------------------------------------------------------------- */
+static void checkpoint_due(struct kvstore *ks, struct session_table *st, bool all)
+{
+	struct kvpersist *kp = ks->persist;
+	uint64_t now = mono_ms(), iv = __atomic_load_n(&kp->interval_ms, __ATOMIC_RELAXED);
+	uint64_t *ids = NULL;
+	size_t n = 0, cap = 0;
+
+	pthread_mutex_lock(&ks->lock);
+	for (size_t b = 0; b < N_BUCKETS; b++)
+		for (struct kv_sess *kv = ks->bucket[b]; kv; kv = kv->next) {
+			struct kvp_sess *p = kv->p;
+			if (!p || !__atomic_load_n(&p->dirty, __ATOMIC_RELAXED))
+				continue;
+			if (!all && now - p->last_ckpt_ms < iv && p->joff < KVP_JOURNAL_CHECKPOINT)
+				continue;
+			if (n == cap) {
+				uint64_t *ni = realloc(ids, (cap ? cap * 2 : 16) * sizeof(*ni));
+				if (!ni)
+					break;
+				ids = ni;
+				cap = cap ? cap * 2 : 16;
+			}
+			ids[n++] = kv->id;
+		}
+	pthread_mutex_unlock(&ks->lock);
+	for (size_t i = 0; i < n; i++) {
+		struct session *s;
+		char why[320];
+		if (session_acquire(st, ids[i], 0, &s) < 0)
+			continue; /* closed or evicted meanwhile */
+		if (dataop_checkpoint(ks, s, why, sizeof(why)) < 0)
+			log_err("session %" PRIu64 ": checkpoint failed: %s (the journal keeps every change; "
+				"retried in %" PRIu64 " ms)", ids[i], why, iv);
+		session_release(s);
+	}
+	free(ids);
+}
+
+static void *persist_main(void *arg)
+{
+	struct kvstore *ks = arg;
+	struct kvpersist *kp = ks->persist;
+
+	pthread_mutex_lock(&kp->lock);
+	while (!kp->stop) {
+		uint64_t iv = __atomic_load_n(&kp->interval_ms, __ATOMIC_RELAXED);
+		uint64_t tick = iv < 1000 ? iv : 1000;
+		struct timespec ts;
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		ts.tv_sec += (time_t)(tick / 1000);
+		ts.tv_nsec += (long)(tick % 1000) * 1000000L;
+		if (ts.tv_nsec >= 1000000000L) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000L;
+		}
+		if (!kp->kick)
+			pthread_cond_timedwait(&kp->cond, &kp->lock, &ts);
+		if (kp->stop)
+			break;
+		kp->kick = false;
+		pthread_mutex_unlock(&kp->lock);
+		checkpoint_due(ks, kp->st, false);
+		pthread_mutex_lock(&kp->lock);
+	}
+	pthread_mutex_unlock(&kp->lock);
+	return NULL;
+}
+
+int kvstore_persist_open(struct kvstore *ks, const char *spill_dir, uint64_t interval_ms, char *why, size_t whylen)
+{
+	struct kvpersist *kp;
+	int fd;
+
+	if (!ks->spill) {
+		snprintf(why, whylen, "persistent sessions need the spill tier");
+		return -EINVAL;
+	}
+	if ((fd = persist_dir_open(spill_dir, why, whylen)) < 0)
+		return fd;
+	if (!(kp = calloc(1, sizeof(*kp)))) {
+		close(fd);
+		snprintf(why, whylen, "out of memory");
+		return -ENOMEM;
+	}
+	kp->dirfd = fd;
+	kp->interval_ms = interval_ms ? interval_ms : 5000;
+	pthread_mutex_init(&kp->lock, NULL);
+	{
+		pthread_condattr_t ca;
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+		pthread_cond_init(&kp->cond, &ca);
+		pthread_condattr_destroy(&ca);
+	}
+	ks->persist = kp;
+	return 0;
+}
+
+void kvstore_persist_set_interval(struct kvstore *ks, uint64_t interval_ms)
+{
+	if (ks->persist && interval_ms)
+		__atomic_store_n(&ks->persist->interval_ms, interval_ms, __ATOMIC_RELAXED);
+}
+
+int kvstore_persist_start(struct kvstore *ks, struct session_table *st)
+{
+	struct kvpersist *kp = ks->persist;
+	int r;
+
+	if (!kp)
+		return 0;
+	kp->st = st;
+	if ((r = pthread_create(&kp->thread, NULL, persist_main, ks)) != 0)
+		return -r;
+	kp->running = true;
+	return 0;
+}
+
+void kvstore_persist_stop(struct kvstore *ks, struct session_table *st)
+{
+	struct kvpersist *kp = ks->persist;
+
+	if (!kp)
+		return;
+	if (kp->running) {
+		pthread_mutex_lock(&kp->lock);
+		kp->stop = true;
+		pthread_cond_signal(&kp->cond);
+		pthread_mutex_unlock(&kp->lock);
+		pthread_join(kp->thread, NULL);
+		kp->running = false;
+	}
+	if (st) {
+		uint64_t before = __atomic_load_n(&kp->checkpoints, __ATOMIC_RELAXED);
+		checkpoint_due(ks, st, true);
+		uint64_t done = __atomic_load_n(&kp->checkpoints, __ATOMIC_RELAXED) - before;
+		if (done)
+			log_info("persistent sessions: %" PRIu64 " checkpointed at shutdown", done);
+	}
+	kp->shutdown = true;
+}
+
+void kvstore_persist_close(struct kvstore *ks)
+{
+	struct kvpersist *kp = ks ? ks->persist : NULL;
+
+	if (!kp)
+		return;
+	kvstore_persist_stop(ks, NULL);
+	close(kp->dirfd);
+	pthread_mutex_destroy(&kp->lock);
+	pthread_cond_destroy(&kp->cond);
+	free(kp);
+	ks->persist = NULL;
+}
+
+void kvstore_persist_stats(struct kvstore *ks, struct kvpersist_stats *out)
+{
+	struct kvpersist *kp = ks->persist;
+
+	memset(out, 0, sizeof(*out));
+	if (!kp)
+		return;
+	pthread_mutex_lock(&ks->lock);
+	for (size_t b = 0; b < N_BUCKETS; b++)
+		for (struct kv_sess *kv = ks->bucket[b]; kv; kv = kv->next)
+			out->sessions += kv->p != NULL;
+	pthread_mutex_unlock(&ks->lock);
+	out->checkpoints = __atomic_load_n(&kp->checkpoints, __ATOMIC_RELAXED);
+	out->checkpoint_failures = __atomic_load_n(&kp->checkpoint_failures, __ATOMIC_RELAXED);
+	out->journal_records = __atomic_load_n(&kp->journal_records, __ATOMIC_RELAXED);
+	out->journal_bytes = __atomic_load_n(&kp->journal_bytes, __ATOMIC_RELAXED);
+	out->restored = kp->restored;
+	out->dropped = kp->dropped;
+}
+
+/* ---- recovery ------------------------------------------------------------------------ */
+struct replay {
+	struct kvstore *ks;
+	struct session *s;
+	struct kv_sess *kv;
+	char why[320];
+};
+
+/* Read page i of layer l back (only it: a journal appends to the tail). */
+static int restore_page(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l, uint32_t i,
+			char *why, size_t whylen)
+{
+	struct kv_layer *L = &kv->layer[l];
+	struct kv_page_meta *pm = &L->meta[i];
+	struct spill_page_hdr h;
+	uint8_t *pg;
+	int r;
+
+	if (pm->state == PG_RESIDENT)
+		return 0;
+	if (pm->state != PG_SPILLED) {
+		snprintf(why, whylen, "layer %u page %u, which the journal appends to, was lost", l, i);
+		return -EBADMSG;
+	}
+	if ((r = session_restore_move(s, ks->page_bytes)) < 0) {
+		snprintf(why, whylen, "layer %u page %u: the tenant's limit leaves no room to read it back", l, i);
+		return r;
+	}
+	if ((r = pool_pages_alloc(ks->pool, 1, &pg)) < 0) {
+		session_spill_move(s, ks->page_bytes);
+		snprintf(why, whylen, "layer %u page %u: the pool is full", l, i);
+		return r;
+	}
+	h = dataop_hdr_of(kv, l, i);
+	if ((r = spill_read_sync(ks->spill, pm->slot, &h, pg, why, whylen)) < 0) {
+		pool_pages_free(ks->pool, &pg, 1);
+		session_spill_move(s, ks->page_bytes);
+		return r;
+	}
+	L->pages[i] = pg;
+	pm->state = PG_RESIDENT;
+	pm->clean = 1;
+	L->n_out--;
+	kv->n_spilled--;
+	return 0;
+}
+
+static int replay_rec(void *ctx, const struct persist_rec *rec, const uint8_t *payload)
+{
+	struct replay *rp = ctx;
+	struct kvstore *ks = rp->ks;
+	struct kv_sess *kv = rp->kv;
+	const struct tq_page_geom *g = &kv->geom;
+	struct dataop_res r;
+
+	memset(&r, 0, sizeof(r));
+	if (rec->type == PERSIST_REC_TRUNCATE) {
+		if (rec->layer != PERSIST_ALL_LAYERS && rec->layer >= kv->n_layers) {
+			snprintf(rp->why, sizeof(rp->why), "truncation of layer %u (of %u)", rec->layer, kv->n_layers);
+			return -EBADMSG;
+		}
+		for (uint32_t l = 0; l < kv->n_layers; l++)
+			if (rec->layer == PERSIST_ALL_LAYERS || l == rec->layer)
+				dataop_truncate_layer(ks, rp->s, kv, l, rec->first);
+		return 0;
+	}
+	if (rec->type != PERSIST_REC_APPEND || rec->layer >= kv->n_layers || rec->n == 0 ||
+	    rec->first != kv->layer[rec->layer].n_tokens ||
+	    (uint64_t)rec->payload_bytes != (uint64_t)rec->n * g->n_kv_heads * (g->k_block_bytes + g->v_block_bytes)) {
+		snprintf(rp->why, sizeof(rp->why), "record (type %u, layer %u, tokens %u..+%u, %u bytes) does not "
+			 "follow the session's state", rec->type, rec->layer, rec->first, rec->n, rec->payload_bytes);
+		return -EBADMSG;
+	}
+	struct kv_layer *L = &kv->layer[rec->layer];
+	uint32_t added, tail = L->n_tokens / g->page_tokens;
+	if (L->n_tokens % g->page_tokens && restore_page(ks, rp->s, kv, rec->layer, tail, rp->why, sizeof(rp->why)) < 0)
+		return -EIO;
+	if (dataop_layer_grow(ks, rp->s, kv, rec->layer, (uint64_t)L->n_tokens + rec->n, &added, &r) < 0) {
+		snprintf(rp->why, sizeof(rp->why), "applying an append to layer %u: %s%s%s", rec->layer,
+			 tqkv_status_str(r.status), r.msg[0] ? ": " : "", r.msg);
+		return -EIO;
+	}
+	if (tail < L->n_pages && L->meta[tail].clean) {
+		dataop_slot_release(ks, kv, L->meta[tail].slot);
+		L->meta[tail].clean = 0;
+	}
+	const uint8_t *kd = payload, *vd = payload + (size_t)rec->n * g->n_kv_heads * g->k_block_bytes;
+	for (uint32_t t = 0; t < rec->n; t++) {
+		uint32_t tok = rec->first + t;
+		uint8_t *page = L->pages[tok / g->page_tokens];
+		uint32_t slot = tok % g->page_tokens;
+		for (uint32_t h = 0; h < g->n_kv_heads; h++) {
+			memcpy(page + tq_page_k_off(g, h, slot), kd + ((size_t)t * g->n_kv_heads + h) * g->k_block_bytes,
+			       g->k_block_bytes);
+			memcpy(page + tq_page_v_off(g, h, slot), vd + ((size_t)t * g->n_kv_heads + h) * g->v_block_bytes,
+			       g->v_block_bytes);
+		}
+	}
+	L->n_pages += added;
+	L->n_tokens += rec->n;
+	__atomic_add_fetch(&kv->n_pages, added, __ATOMIC_RELAXED);
+	return 0;
+}
+
+/* Why a manifest cannot be used here, or NULL. */
+static const char *manifest_misfit(struct kvstore *ks, const struct persist_manifest *m, uint64_t slot_bytes,
+				   struct tenant_table *tt, char *buf, size_t n)
+{
+	struct tq_page_geom pg;
+	uint64_t bpt;
+	char why[256];
+
+	if (m->layout_id != TQ_PAGE_LAYOUT_ID)
+		snprintf(buf, n, "page layout %u, this tqkvd uses %u", m->layout_id, TQ_PAGE_LAYOUT_ID);
+	else if (m->page_bytes != ks->page_bytes || m->slot_bytes != slot_bytes)
+		snprintf(buf, n, "written with pool.page_bytes %u (slots of %" PRIu64 " bytes), the pool now has "
+			 "pages of %u bytes", m->page_bytes, m->slot_bytes, ks->page_bytes);
+	else if (!tenant_find(tt, m->tenant))
+		snprintf(buf, n, "tenant '%s' is no longer configured", m->tenant);
+	else if (session_geom_check(&m->geom, &bpt, why, sizeof(why)) < 0)
+		snprintf(buf, n, "geometry: %s", why);
+	else if (dataop_page_tokens(ks->page_bytes, &m->geom) < 0)
+		snprintf(buf, n, "one token does not fit a page");
+	else {
+		pg.page_tokens = (uint32_t)dataop_page_tokens(ks->page_bytes, &m->geom);
+		for (uint32_t l = 0; l < m->geom.n_layers; l++) {
+			const struct persist_layer *L = &m->layers[l];
+			uint64_t want = ((uint64_t)L->n_tokens + pg.page_tokens - 1) / pg.page_tokens;
+			if (L->n_tokens > m->geom.max_tokens || L->n_tokens > INT32_MAX || L->n_pages != want) {
+				snprintf(buf, n, "layer %u: %u tokens in %u pages (expected %" PRIu64 ", max_tokens %"
+					 PRIu64 ")", l, L->n_tokens, L->n_pages, want, m->geom.max_tokens);
+				return buf;
+			}
+		}
+		return NULL;
+	}
+	return buf;
+}
+
+/* Claim every slot m names: 0, or the reason in buf (nothing claimed). */
+static int claim_slots(struct kvstore *ks, const struct persist_manifest *m, char *buf, size_t n)
+{
+	for (uint32_t l = 0; l < m->geom.n_layers; l++)
+		for (uint32_t i = 0; i < m->layers[l].n_pages; i++) {
+			uint64_t slot = m->layers[l].pages[i].slot;
+			int r;
+			if (slot == PERSIST_SLOT_LOST)
+				continue;
+			if ((r = spill_slot_claim(ks->spill, slot)) < 0) {
+				snprintf(buf, n, "layer %u page %u names spill slot %" PRIu64 ", %s", l, i, slot,
+					 r == -ERANGE ? "beyond the spill file (pool.spill_bytes shrank?)"
+						      : "which another page names too");
+				/* give back what was claimed */
+				for (uint32_t l2 = 0; l2 <= l; l2++)
+					for (uint32_t i2 = 0; i2 < (l2 == l ? i : m->layers[l2].n_pages); i2++)
+						if (m->layers[l2].pages[i2].slot != PERSIST_SLOT_LOST)
+							spill_slot_free(ks->spill, m->layers[l2].pages[i2].slot);
+				return r;
+			}
+		}
+	return 0;
+}
+
+/* Page tables of kv from m: every page spilled at its slot (or lost). */
+static int build_tables(struct kvstore *ks, struct session *s, struct kv_sess *kv, const struct persist_manifest *m)
+{
+	uint64_t spilled = 0;
+
+	for (uint32_t l = 0; l < kv->n_layers; l++) {
+		const struct persist_layer *pl = &m->layers[l];
+		struct kv_layer *L = &kv->layer[l];
+		uint32_t cap = 8;
+		while (cap < pl->n_pages)
+			cap *= 2;
+		if (!(L->pages = calloc(cap, sizeof(*L->pages))) || !(L->meta = calloc(cap, sizeof(*L->meta))))
+			return -ENOMEM;
+		L->cap = cap;
+		for (uint32_t i = 0; i < pl->n_pages; i++) {
+			struct kv_page_meta *pm = &L->meta[i];
+			if (pl->pages[i].slot == PERSIST_SLOT_LOST) {
+				pm->state = PG_LOST;
+			} else {
+				pm->state = PG_SPILLED;
+				pm->slot = pl->pages[i].slot;
+				pm->gen = pl->pages[i].gen;
+				spilled++;
+			}
+			L->n_out++;
+		}
+		L->n_pages = pl->n_pages;
+		L->n_tokens = pl->n_tokens;
+		kv->n_pages += pl->n_pages;
+	}
+	kv->n_spilled = spilled;
+	kv->gen_next = m->gen_next;
+	kv->p->epoch = m->epoch;
+	session_add_spilled(s, spilled * ks->page_bytes);
+	return 0;
+}
+
+/* One manifest: the session back in the table, or dropped.  1 restored,
+ * 0 dropped. */
+static int recover_one(struct kvstore *ks, struct session_table *st, struct tenant_table *tt, uint64_t id,
+		       uint64_t slot_bytes, uint64_t *max_id)
+{
+	struct kvpersist *kp = ks->persist;
+	struct persist_manifest m;
+	struct session *s = NULL;
+	struct kv_sess *kv;
+	struct replay rp = { .ks = ks };
+	char why[512] = "", jwhy[320] = "";
+	uint32_t n_rec = 0;
+	uint64_t spilled;
+	int r;
+
+	if (id > *max_id)
+		*max_id = id;
+	if ((r = persist_manifest_read(kp->dirfd, id, &m, why, sizeof(why))) < 0)
+		goto drop;
+	if (manifest_misfit(ks, &m, slot_bytes, tt, why, sizeof(why)))
+		goto drop;
+	if (claim_slots(ks, &m, why, sizeof(why)) < 0)
+		goto drop;
+	if (session_adopt(st, tenant_find(tt, m.tenant), m.name, (uid_t)m.owner_uid, &m.geom, m.seed,
+			  SESSION_PERSISTENT, m.id, m.created_ms, (uint64_t)time(NULL) * 1000u, why, sizeof(why)) < 0 ||
+	    session_acquire(st, id, 0, &s) < 0 || dataop_kv_get(ks, s, &kv) < 0 || !kv->p) {
+		if (!why[0])
+			snprintf(why, sizeof(why), "cannot re-create the session (out of memory?)");
+		for (uint32_t l = 0; l < m.geom.n_layers; l++)
+			for (uint32_t i = 0; i < m.layers[l].n_pages; i++)
+				if (m.layers[l].pages[i].slot != PERSIST_SLOT_LOST)
+					spill_slot_free(ks->spill, m.layers[l].pages[i].slot);
+		if (s) {
+			session_release(s);
+			session_close(st, id, NULL);
+		}
+		goto drop;
+	}
+	pthread_mutex_lock(&kv->lock);
+	if ((r = build_tables(ks, s, kv, &m)) < 0) {
+		pthread_mutex_unlock(&kv->lock);
+		snprintf(why, sizeof(why), "out of memory");
+		session_release(s);
+		kp->shutdown = true; /* keep its files: nothing is wrong with them */
+		session_close(st, id, NULL);
+		kp->shutdown = false;
+		goto drop_keep;
+	}
+	rp.s = s;
+	rp.kv = kv;
+	r = persist_journal_replay(kp->dirfd, id, id, m.epoch, replay_rec, &rp, &n_rec, jwhy, sizeof(jwhy));
+	if (r > 0 || (r < 0 && r != -ENOENT))
+		log_warning("session %" PRIu64 ": journal replay stopped after %u record(s): %s; the changes after "
+			    "it are dropped", id, n_rec, rp.why[0] ? rp.why : jwhy);
+	else if (jwhy[0] && n_rec)
+		log_info("session %" PRIu64 ": journal: %u record(s) replayed; then %s", id, n_rec, jwhy);
+	dataop_update_tokens(s, kv);
+	if (n_rec) {
+		uint64_t out;
+		__atomic_store_n(&kv->p->dirty, true, __ATOMIC_RELAXED);
+		if (checkpoint_or_count(ks, s, kv, why, sizeof(why)) < 0)
+			log_err("session %" PRIu64 ": checkpoint after replay failed: %s (the journal is kept)", id, why);
+		else
+			dataop_spill_locked(ks, s, kv, UINT64_MAX, &out, why, sizeof(why));
+	} else {
+		kv->p->jfd = persist_journal_reset(kp->dirfd, id, kv->p->epoch, jwhy, sizeof(jwhy));
+		kv->p->joff = PERSIST_JNL_HDR;
+		if (kv->p->jfd < 0)
+			log_err("session %" PRIu64 ": journal: %s (the first append checkpoints first)", id, jwhy);
+	}
+	spilled = __atomic_load_n(&kv->n_spilled, __ATOMIC_RELAXED);
+	log_info("session %" PRIu64 " '%s' (tenant %s, uid %u) restored from disk: %" PRIu64 " tokens, %" PRIu64
+		 " page(s) spilled%s%s", id, m.name, m.tenant, m.owner_uid, kv->max_len, spilled,
+		 n_rec ? ", journal replayed" : "", kv->n_pages - spilled > 0 ? ", some pages lost" : "");
+	pthread_mutex_unlock(&kv->lock);
+	session_release(s);
+	persist_manifest_free(&m);
+	return 1;
+drop:
+	persist_set_aside(kp->dirfd, id);
+drop_keep:
+	log_warning("persistent session %" PRIu64 "%s%s%s dropped: %s (manifest kept as %s/%" PRIu64 ".tqm.dropped)",
+		    id, m.tenant[0] ? " (tenant " : "", m.tenant, m.tenant[0] ? ")" : "", why, PERSIST_SUBDIR, id);
+	persist_manifest_free(&m);
+	return 0;
+}
+
+int kvstore_recover(struct kvstore *ks, struct session_table *st, struct tenant_table *tt, uint64_t *max_id)
+{
+	struct kvpersist *kp = ks->persist;
+	struct spill_stats sst;
+	uint64_t *ids = NULL;
+	size_t n = 0;
+	uint32_t removed = 0;
+	int r;
+
+	*max_id = 0;
+	if (!kp)
+		return 0;
+	if ((r = persist_scan(kp->dirfd, &ids, &n, &removed)) < 0) {
+		log_err("persistent sessions: cannot read %s/: %s", PERSIST_SUBDIR, strerror(-r));
+		return r;
+	}
+	spill_stats(ks->spill, &sst);
+	for (size_t i = 0; i < n; i++) {
+		if (recover_one(ks, st, tt, ids[i], sst.slot_bytes, max_id))
+			kp->restored++;
+		else
+			kp->dropped++;
+	}
+	free(ids);
+	if (n || removed)
+		log_notice("persistent sessions: %" PRIu64 " restored (spilled; restored on first use), %" PRIu64
+			   " dropped%s; %u leftover file(s) removed; spilled pages of other sessions from before "
+			   "the restart are discarded", kp->restored, kp->dropped, kp->dropped ? " (see above)" : "",
+			   removed);
+	return 0;
+}

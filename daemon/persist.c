@@ -1,0 +1,645 @@
+/* persist.c — manifests and journals of persistent sessions (persist.h). */
+#include "persist.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "crc32c.h"
+
+/* ---- little-endian fields ------------------------------------------------- */
+static void put32(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+	uint32_t v = 0;
+	for (int i = 3; i >= 0; i--)
+		v = v << 8 | p[i];
+	return v;
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+	uint64_t v = 0;
+	for (int i = 7; i >= 0; i--)
+		v = v << 8 | p[i];
+	return v;
+}
+
+/* Manifest, fixed part (PERSIST_MAN_HDR bytes):
+ *   0 magic  8 format  12 crc32c  16 file_bytes  24 id  32 epoch  40 gen_next
+ *  48 seed  56 created_ms  64 max_tokens  72 slot_bytes  80 page_bytes
+ *  84 layout_id  88 owner_uid  92 n_layers  96 n_kv_heads  100 n_q_heads
+ * 104 head_dim  108 k_codec  109 v_codec  112 tenant[64]  176 name[64]
+ * 240..255 zero.  Then n_layers x (n_tokens, n_pages: u32), then every
+ * layer's pages in order, (slot, gen: u64) each.  The crc covers the whole
+ * file with its own field zero. */
+enum {
+	M_MAGIC = 0, M_FORMAT = 8, M_CRC = 12, M_BYTES = 16, M_ID = 24, M_EPOCH = 32, M_GEN = 40,
+	M_SEED = 48, M_CREATED = 56, M_MAXTOK = 64, M_SLOTB = 72, M_PAGEB = 80, M_LAYOUT = 84,
+	M_OWNER = 88, M_LAYERS = 92, M_KVH = 96, M_QH = 100, M_DIM = 104, M_KC = 108, M_VC = 109,
+	M_TENANT = 112, M_NAME = 176,
+};
+
+uint8_t *persist_manifest_encode(const struct persist_manifest *m, size_t *len)
+{
+	uint32_t nl = m->geom.n_layers;
+	uint64_t pages = 0;
+	size_t n, off;
+	uint8_t *b;
+
+	for (uint32_t l = 0; l < nl; l++)
+		pages += m->layers[l].n_pages;
+	n = PERSIST_MAN_HDR + (size_t)nl * 8 + (size_t)pages * 16;
+	if (!(b = calloc(1, n)))
+		return NULL;
+	put64(b + M_MAGIC, PERSIST_MAN_MAGIC);
+	put32(b + M_FORMAT, PERSIST_FORMAT);
+	put64(b + M_BYTES, n);
+	put64(b + M_ID, m->id);
+	put64(b + M_EPOCH, m->epoch);
+	put64(b + M_GEN, m->gen_next);
+	put64(b + M_SEED, m->seed);
+	put64(b + M_CREATED, m->created_ms);
+	put64(b + M_MAXTOK, m->geom.max_tokens);
+	put64(b + M_SLOTB, m->slot_bytes);
+	put32(b + M_PAGEB, m->page_bytes);
+	put32(b + M_LAYOUT, m->layout_id);
+	put32(b + M_OWNER, m->owner_uid);
+	put32(b + M_LAYERS, nl);
+	put32(b + M_KVH, m->geom.n_kv_heads);
+	put32(b + M_QH, m->geom.n_q_heads);
+	put32(b + M_DIM, m->geom.head_dim);
+	b[M_KC] = (uint8_t)m->geom.k_codec;
+	b[M_VC] = (uint8_t)m->geom.v_codec;
+	memcpy(b + M_TENANT, m->tenant, strnlen(m->tenant, CONFIG_NAME_MAX - 1));
+	memcpy(b + M_NAME, m->name, strnlen(m->name, CONFIG_NAME_MAX - 1));
+	off = PERSIST_MAN_HDR;
+	for (uint32_t l = 0; l < nl; l++, off += 8) {
+		put32(b + off, m->layers[l].n_tokens);
+		put32(b + off + 4, m->layers[l].n_pages);
+	}
+	for (uint32_t l = 0; l < nl; l++)
+		for (uint32_t i = 0; i < m->layers[l].n_pages; i++, off += 16) {
+			put64(b + off, m->layers[l].pages[i].slot);
+			put64(b + off + 8, m->layers[l].pages[i].gen);
+		}
+	put32(b + M_CRC, tq_crc32c(0, b, n));
+	*len = n;
+	return b;
+}
+
+void persist_manifest_free(struct persist_manifest *m)
+{
+	if (!m || !m->layers)
+		return;
+	for (uint32_t l = 0; l < m->geom.n_layers; l++)
+		free(m->layers[l].pages);
+	free(m->layers);
+	m->layers = NULL;
+}
+
+/* A NUL-terminated name in a 64-byte field: "" allowed when may_be_empty. */
+static int get_name(char *dst, const uint8_t *src, int may_be_empty)
+{
+	size_t n = strnlen((const char *)src, CONFIG_NAME_MAX);
+
+	if (n == CONFIG_NAME_MAX)
+		return -1;
+	for (size_t i = n; i < CONFIG_NAME_MAX; i++)
+		if (src[i])
+			return -1;
+	memcpy(dst, src, n + 1);
+	if (n == 0)
+		return may_be_empty ? 0 : -1;
+	return config_check_name(dst) < 0 ? -1 : 0;
+}
+
+int persist_manifest_decode(const uint8_t *b, size_t len, struct persist_manifest *m, char *why, size_t whylen)
+{
+	uint8_t tmp[4] = { 0 };
+	uint32_t crc, nl;
+	uint64_t pages = 0;
+	size_t off;
+
+	memset(m, 0, sizeof(*m));
+	if (len < PERSIST_MAN_HDR || get64(b + M_MAGIC) != PERSIST_MAN_MAGIC) {
+		snprintf(why, whylen, "not a tqkvd manifest (%zu bytes, bad magic or too short)", len);
+		return -EBADMSG;
+	}
+	if (get32(b + M_FORMAT) != PERSIST_FORMAT) {
+		snprintf(why, whylen, "manifest format %u, this tqkvd reads format %u", get32(b + M_FORMAT),
+			 PERSIST_FORMAT);
+		return -EPROTO;
+	}
+	if (get64(b + M_BYTES) != len) {
+		snprintf(why, whylen, "manifest is %zu bytes, its header says %" PRIu64 " (torn write?)", len,
+			 get64(b + M_BYTES));
+		return -EBADMSG;
+	}
+	crc = tq_crc32c(0, b, M_CRC);
+	crc = tq_crc32c(crc, tmp, 4);
+	crc = tq_crc32c(crc, b + M_CRC + 4, len - M_CRC - 4);
+	if (crc != get32(b + M_CRC)) {
+		snprintf(why, whylen, "manifest checksum mismatch (crc32c %08x, stored %08x)", crc, get32(b + M_CRC));
+		return -EBADMSG;
+	}
+	nl = get32(b + M_LAYERS);
+	if (nl < 1 || nl > SESSION_MAX_LAYERS || (len - PERSIST_MAN_HDR) / 8 < nl) {
+		snprintf(why, whylen, "manifest names %u layers", nl);
+		return -EBADMSG;
+	}
+	m->id = get64(b + M_ID);
+	m->epoch = get64(b + M_EPOCH);
+	m->gen_next = get64(b + M_GEN);
+	m->seed = get64(b + M_SEED);
+	m->created_ms = get64(b + M_CREATED);
+	m->slot_bytes = get64(b + M_SLOTB);
+	m->page_bytes = get32(b + M_PAGEB);
+	m->layout_id = get32(b + M_LAYOUT);
+	m->owner_uid = get32(b + M_OWNER);
+	m->geom.n_layers = nl;
+	m->geom.n_kv_heads = get32(b + M_KVH);
+	m->geom.n_q_heads = get32(b + M_QH);
+	m->geom.head_dim = get32(b + M_DIM);
+	m->geom.k_codec = (enum tq_codec_id)b[M_KC];
+	m->geom.v_codec = (enum tq_codec_id)b[M_VC];
+	m->geom.max_tokens = get64(b + M_MAXTOK);
+	if (m->id == 0 || get_name(m->tenant, b + M_TENANT, 0) < 0 || get_name(m->name, b + M_NAME, 1) < 0) {
+		snprintf(why, whylen, "manifest has a bad id, tenant or session name");
+		return -EBADMSG;
+	}
+	for (off = 240; off < PERSIST_MAN_HDR; off++)
+		if (b[off]) {
+			snprintf(why, whylen, "manifest header byte %zu is not zero", off);
+			return -EBADMSG;
+		}
+	off = PERSIST_MAN_HDR;
+	for (uint32_t l = 0; l < nl; l++)
+		pages += get32(b + off + 8 * l + 4);
+	if ((len - PERSIST_MAN_HDR - (size_t)nl * 8) / 16 != pages || (len - PERSIST_MAN_HDR - (size_t)nl * 8) % 16) {
+		snprintf(why, whylen, "manifest names %" PRIu64 " pages but holds %zu bytes", pages, len);
+		return -EBADMSG;
+	}
+	if (!(m->layers = calloc(nl, sizeof(*m->layers)))) {
+		snprintf(why, whylen, "out of memory");
+		return -ENOMEM;
+	}
+	for (uint32_t l = 0; l < nl; l++, off += 8) {
+		m->layers[l].n_tokens = get32(b + off);
+		m->layers[l].n_pages = get32(b + off + 4);
+	}
+	for (uint32_t l = 0; l < nl; l++) {
+		struct persist_layer *L = &m->layers[l];
+		if (L->n_pages && !(L->pages = calloc(L->n_pages, sizeof(*L->pages)))) {
+			persist_manifest_free(m);
+			snprintf(why, whylen, "out of memory");
+			return -ENOMEM;
+		}
+		for (uint32_t i = 0; i < L->n_pages; i++, off += 16) {
+			L->pages[i].slot = get64(b + off);
+			L->pages[i].gen = get64(b + off + 8);
+		}
+	}
+	return 0;
+}
+
+/* ---- files ----------------------------------------------------------------- */
+int persist_dir_open(const char *spill_dir, char *why, size_t whylen)
+{
+	char path[4096];
+	int fd;
+
+	if ((size_t)snprintf(path, sizeof(path), "%s/%s", spill_dir, PERSIST_SUBDIR) >= sizeof(path)) {
+		snprintf(why, whylen, "%.200s/%s: path too long", spill_dir, PERSIST_SUBDIR);
+		return -ENAMETOOLONG;
+	}
+	if (mkdir(path, 0750) < 0 && errno != EEXIST) {
+		snprintf(why, whylen, "%s: %s", path, strerror(errno));
+		return -errno;
+	}
+	if ((fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+		snprintf(why, whylen, "%s: %s", path, strerror(errno));
+		return -errno;
+	}
+	return fd;
+}
+
+static void fname(char *buf, size_t n, uint64_t id, const char *ext)
+{
+	snprintf(buf, n, "%" PRIu64 ".%s", id, ext);
+}
+
+static int write_all(int fd, const uint8_t *p, size_t n, off_t off)
+{
+	while (n) {
+		ssize_t w = pwrite(fd, p, n, off);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0)
+			return -errno;
+		if (w == 0)
+			return -EIO;
+		p += w;
+		n -= (size_t)w;
+		off += w;
+	}
+	return 0;
+}
+
+int persist_manifest_write(int dirfd, const struct persist_manifest *m, char *why, size_t whylen)
+{
+	char tmp[64], dst[64];
+	size_t len;
+	uint8_t *b = persist_manifest_encode(m, &len);
+	int fd, r = 0;
+
+	if (!b) {
+		snprintf(why, whylen, "out of memory");
+		return -ENOMEM;
+	}
+	fname(tmp, sizeof(tmp), m->id, "tqm.tmp");
+	fname(dst, sizeof(dst), m->id, "tqm");
+	if ((fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0) {
+		r = -errno;
+		snprintf(why, whylen, "%s/%s: %s", PERSIST_SUBDIR, tmp, strerror(-r));
+		free(b);
+		return r;
+	}
+	if ((r = write_all(fd, b, len, 0)) < 0 || (fdatasync(fd) < 0 && (r = -errno))) {
+		snprintf(why, whylen, "writing %s/%s: %s", PERSIST_SUBDIR, tmp, strerror(-r));
+	} else if (renameat(dirfd, tmp, dirfd, dst) < 0) {
+		r = -errno;
+		snprintf(why, whylen, "renaming %s/%s: %s", PERSIST_SUBDIR, tmp, strerror(-r));
+	} else if (fsync(dirfd) < 0) {
+		r = -errno;
+		snprintf(why, whylen, "syncing %s/: %s", PERSIST_SUBDIR, strerror(-r));
+	}
+	close(fd);
+	if (r < 0)
+		unlinkat(dirfd, tmp, 0);
+	free(b);
+	return r;
+}
+
+/* A whole small file (at most max bytes): 0, or -errno / -EFBIG. */
+static int read_file_at(int dirfd, const char *name, size_t max, uint8_t **out, size_t *len)
+{
+	struct stat sb;
+	uint8_t *b;
+	size_t got = 0;
+	int fd, r = 0;
+
+	*out = NULL;
+	if ((fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC)) < 0)
+		return -errno;
+	if (fstat(fd, &sb) < 0) {
+		r = -errno;
+		goto out;
+	}
+	if (!S_ISREG(sb.st_mode) || (uint64_t)sb.st_size > max) {
+		r = S_ISREG(sb.st_mode) ? -EFBIG : -EINVAL;
+		goto out;
+	}
+	if (!(b = malloc((size_t)sb.st_size + 1))) {
+		r = -ENOMEM;
+		goto out;
+	}
+	while (got < (size_t)sb.st_size) {
+		ssize_t n = pread(fd, b + got, (size_t)sb.st_size - got, (off_t)got);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			r = n < 0 ? -errno : -EIO;
+			free(b);
+			goto out;
+		}
+		got += (size_t)n;
+	}
+	*out = b;
+	*len = got;
+out:
+	close(fd);
+	return r;
+}
+
+/* A manifest of SESSION_MAX_LAYERS layers of 2^20 pages each is far
+ * beyond any real pool; refuse more than 256 MiB. */
+#define MAN_MAX_BYTES ((size_t)256 << 20)
+
+int persist_manifest_read(int dirfd, uint64_t id, struct persist_manifest *m, char *why, size_t whylen)
+{
+	char name[64];
+	uint8_t *b;
+	size_t len = 0;
+	int r;
+
+	memset(m, 0, sizeof(*m));
+	fname(name, sizeof(name), id, "tqm");
+	if ((r = read_file_at(dirfd, name, MAN_MAX_BYTES, &b, &len)) < 0) {
+		snprintf(why, whylen, "%s/%s: %s", PERSIST_SUBDIR, name, strerror(-r));
+		return r;
+	}
+	r = persist_manifest_decode(b, len, m, why, whylen);
+	free(b);
+	if (r == 0 && m->id != id) {
+		snprintf(why, whylen, "%s/%s holds session %" PRIu64, PERSIST_SUBDIR, name, m->id);
+		persist_manifest_free(m);
+		r = -EBADMSG;
+	}
+	return r;
+}
+
+int persist_remove(int dirfd, uint64_t id)
+{
+	char name[64];
+	int r = 0;
+
+	fname(name, sizeof(name), id, "tqj");
+	if (unlinkat(dirfd, name, 0) < 0 && errno != ENOENT)
+		r = -errno;
+	fname(name, sizeof(name), id, "tqm");
+	if (unlinkat(dirfd, name, 0) < 0 && errno != ENOENT)
+		r = -errno;
+	fsync(dirfd);
+	return r;
+}
+
+void persist_set_aside(int dirfd, uint64_t id)
+{
+	char a[64], b[64];
+
+	fname(a, sizeof(a), id, "tqm");
+	fname(b, sizeof(b), id, "tqm.dropped");
+	if (renameat(dirfd, a, dirfd, b) < 0)
+		unlinkat(dirfd, a, 0);
+	fname(a, sizeof(a), id, "tqj");
+	unlinkat(dirfd, a, 0);
+	fsync(dirfd);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* "123.ext" with a decimal id > 0: the id, else 0. */
+static uint64_t id_of(const char *name, const char *ext)
+{
+	char *end;
+	uint64_t id;
+
+	if (name[0] < '1' || name[0] > '9')
+		return 0;
+	errno = 0;
+	id = strtoull(name, &end, 10);
+	if (errno || *end != '.' || strcmp(end + 1, ext))
+		return 0;
+	return id;
+}
+
+int persist_scan(int dirfd, uint64_t **ids, size_t *n, uint32_t *removed)
+{
+	int fd = dup(dirfd);
+	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+	struct dirent *de;
+	uint64_t *v = NULL;
+	size_t cap = 0, k = 0;
+
+	*ids = NULL;
+	*n = 0;
+	*removed = 0;
+	if (!d) {
+		if (fd >= 0)
+			close(fd);
+		return -errno;
+	}
+	rewinddir(d);
+	while ((de = readdir(d))) {
+		uint64_t id = id_of(de->d_name, "tqm");
+		if (!id) {
+			size_t l = strlen(de->d_name);
+			if (l > 4 && !strcmp(de->d_name + l - 4, ".tmp")) {
+				unlinkat(dirfd, de->d_name, 0);
+				(*removed)++;
+			}
+			continue;
+		}
+		if (k == cap) {
+			uint64_t *nv = realloc(v, sizeof(*v) * (cap ? cap * 2 : 16));
+			if (!nv) {
+				free(v);
+				closedir(d);
+				return -ENOMEM;
+			}
+			v = nv;
+			cap = cap ? cap * 2 : 16;
+		}
+		v[k++] = id;
+	}
+	/* journals whose session has no manifest */
+	rewinddir(d);
+	while ((de = readdir(d))) {
+		uint64_t id = id_of(de->d_name, "tqj");
+		bool found = false;
+		if (!id)
+			continue;
+		for (size_t i = 0; i < k && !found; i++)
+			found = v[i] == id;
+		if (!found) {
+			unlinkat(dirfd, de->d_name, 0);
+			(*removed)++;
+		}
+	}
+	closedir(d);
+	if (k)
+		qsort(v, k, sizeof(*v), cmp_u64);
+	*ids = v;
+	*n = k;
+	return 0;
+}
+
+/* ---- journal ---------------------------------------------------------------- */
+/* Header: 0 magic, 8 format, 12 crc32c (of the 64 bytes, this field 0),
+ * 16 session id, 24 epoch, 32..63 zero. */
+int persist_journal_reset(int dirfd, uint64_t id, uint64_t epoch, char *why, size_t whylen)
+{
+	uint8_t h[PERSIST_JNL_HDR] = { 0 };
+	char name[64];
+	int fd, r = 0;
+
+	fname(name, sizeof(name), id, "tqj");
+	if ((fd = openat(dirfd, name, O_RDWR | O_CREAT | O_CLOEXEC, 0600)) < 0) {
+		r = -errno;
+		snprintf(why, whylen, "%s/%s: %s", PERSIST_SUBDIR, name, strerror(-r));
+		return r;
+	}
+	put64(h, PERSIST_JNL_MAGIC);
+	put32(h + 8, PERSIST_FORMAT);
+	put64(h + 16, id);
+	put64(h + 24, epoch);
+	put32(h + 12, tq_crc32c(0, h, sizeof(h)));
+	if (ftruncate(fd, 0) < 0 || (r = write_all(fd, h, sizeof(h), 0)) < 0) {
+		r = r < 0 ? r : -errno;
+		snprintf(why, whylen, "%s/%s: %s", PERSIST_SUBDIR, name, strerror(-r));
+		close(fd);
+		return r;
+	}
+	return fd;
+}
+
+/* Record header: 0 magic, 4 type, 8 layer, 12 first, 16 n, 20 payload_bytes,
+ * 24 seq, 28 crc32c (header with this field 0, then payload), 32 epoch,
+ * 40..47 zero. */
+static void rec_encode(uint8_t *h, const struct persist_rec *r)
+{
+	memset(h, 0, PERSIST_REC_HDR);
+	put32(h, PERSIST_REC_MAGIC);
+	put32(h + 4, r->type);
+	put32(h + 8, r->layer);
+	put32(h + 12, r->first);
+	put32(h + 16, r->n);
+	put32(h + 20, r->payload_bytes);
+	put32(h + 24, r->seq);
+	put64(h + 32, r->epoch);
+}
+
+int persist_journal_write(int fd, uint64_t *off, const struct persist_rec *r, const void *p1, size_t n1,
+			  const void *p2, size_t n2)
+{
+	uint8_t h[PERSIST_REC_HDR];
+	uint32_t crc;
+	struct iovec iov[3] = { { h, sizeof(h) }, { (void *)p1, n1 }, { (void *)p2, n2 } };
+	size_t total = sizeof(h) + n1 + n2, done = 0;
+
+	if (n1 + n2 != r->payload_bytes || r->payload_bytes > PERSIST_REC_MAX)
+		return -EINVAL;
+	rec_encode(h, r);
+	crc = tq_crc32c(0, h, sizeof(h));
+	crc = tq_crc32c(crc, p1, n1);
+	crc = tq_crc32c(crc, p2, n2);
+	put32(h + 28, crc);
+	while (done < total) {
+		/* skip what is written already */
+		struct iovec v[3];
+		int nv = 0;
+		size_t skip = done;
+		for (int i = 0; i < 3; i++) {
+			if (skip >= iov[i].iov_len) {
+				skip -= iov[i].iov_len;
+				continue;
+			}
+			v[nv].iov_base = (uint8_t *)iov[i].iov_base + skip;
+			v[nv].iov_len = iov[i].iov_len - skip;
+			skip = 0;
+			nv++;
+		}
+		ssize_t w = pwritev(fd, v, nv, (off_t)(*off + done));
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return w < 0 ? -errno : -EIO;
+		done += (size_t)w;
+	}
+	*off += total;
+	return 0;
+}
+
+int persist_journal_replay_buf(const uint8_t *b, size_t len, uint64_t session_id, uint64_t epoch,
+			       persist_replay_fn fn, void *ctx, uint32_t *n_records, char *why, size_t whylen)
+{
+	uint8_t h[PERSIST_JNL_HDR];
+	size_t off = PERSIST_JNL_HDR;
+	uint32_t seq = 0;
+	int r;
+
+	*n_records = 0;
+	why[0] = 0;
+	if (len < PERSIST_JNL_HDR) {
+		snprintf(why, whylen, "journal header torn (%zu bytes)", len);
+		return 0;
+	}
+	memcpy(h, b, sizeof(h));
+	put32(h + 12, 0);
+	if (get64(b) != PERSIST_JNL_MAGIC || get32(b + 8) != PERSIST_FORMAT ||
+	    get32(b + 12) != tq_crc32c(0, h, sizeof(h)) || get64(b + 16) != session_id) {
+		snprintf(why, whylen, "journal header damaged or of another session");
+		return 0;
+	}
+	if (get64(b + 24) != epoch) {
+		snprintf(why, whylen, "journal of checkpoint %" PRIu64 ", the manifest is at %" PRIu64
+			 " (already in it)", get64(b + 24), epoch);
+		return 0;
+	}
+	while (len - off >= PERSIST_REC_HDR) {
+		const uint8_t *p = b + off;
+		struct persist_rec rec = {
+			.type = get32(p + 4), .layer = get32(p + 8), .first = get32(p + 12), .n = get32(p + 16),
+			.payload_bytes = get32(p + 20), .seq = get32(p + 24), .epoch = get64(p + 32),
+		};
+		uint8_t rh[PERSIST_REC_HDR];
+		if (get32(p) != PERSIST_REC_MAGIC || rec.payload_bytes > PERSIST_REC_MAX ||
+		    rec.payload_bytes > len - off - PERSIST_REC_HDR) {
+			snprintf(why, whylen, "record %u at offset %zu torn or damaged (header)", seq, off);
+			return 0;
+		}
+		memcpy(rh, p, sizeof(rh));
+		put32(rh + 28, 0);
+		uint32_t crc = tq_crc32c(tq_crc32c(0, rh, sizeof(rh)), p + PERSIST_REC_HDR, rec.payload_bytes);
+		if (crc != get32(p + 28)) {
+			snprintf(why, whylen, "record %u at offset %zu fails its checksum (torn write?)", seq, off);
+			return 0;
+		}
+		if (rec.epoch != epoch || rec.seq != seq) {
+			snprintf(why, whylen, "record at offset %zu is of checkpoint %" PRIu64 " #%u, expected %" PRIu64
+				 " #%u", off, rec.epoch, rec.seq, epoch, seq);
+			return 0;
+		}
+		if ((r = fn(ctx, &rec, p + PERSIST_REC_HDR)) != 0)
+			return r;
+		(*n_records)++;
+		seq++;
+		off += PERSIST_REC_HDR + rec.payload_bytes;
+	}
+	if (off != len)
+		snprintf(why, whylen, "%zu bytes of a torn record at the end", len - off);
+	return 0;
+}
+
+int persist_journal_replay(int dirfd, uint64_t id, uint64_t session_id, uint64_t epoch, persist_replay_fn fn,
+			   void *ctx, uint32_t *n_records, char *why, size_t whylen)
+{
+	char name[64];
+	uint8_t *b;
+	size_t len = 0;
+	int r;
+
+	*n_records = 0;
+	fname(name, sizeof(name), id, "tqj");
+	if ((r = read_file_at(dirfd, name, (size_t)1 << 40, &b, &len)) < 0) {
+		snprintf(why, whylen, "%s/%s: %s", PERSIST_SUBDIR, name, strerror(-r));
+		return r;
+	}
+	r = persist_journal_replay_buf(b, len, session_id, epoch, fn, ctx, n_records, why, whylen);
+	free(b);
+	return r;
+}

@@ -1,0 +1,139 @@
+/* persist.h — persistent sessions on disk: manifests and journals.
+ *
+ * A persistent session's pages live in spill slots (daemon/spill.h); what
+ * makes them a session again after a restart is in spill_dir/sessions/:
+ *
+ *   ID.tqm   the manifest: the session record (id, tenant, owner, name,
+ *            geometry, codecs, seed) and, per layer, its token count and
+ *            the (slot, generation) of each page at the last checkpoint.
+ *            crc32c over the whole file; written to ID.tqm.tmp, fdatasync'ed,
+ *            renamed over ID.tqm, the directory fsync'ed: a reader sees
+ *            the old manifest or the new one, never a mix.
+ *   ID.tqj   the journal: what happened since that checkpoint — appended
+ *            tokens (their encoded K and V blocks, as the pages hold them)
+ *            and truncations — one checksummed record per operation,
+ *            written before the operation completes.  Its header and each
+ *            record carry the manifest's epoch: records of an older epoch
+ *            are already in the manifest and are never replayed.
+ *
+ * This module is the formats and the files, nothing else: it never touches
+ * a page table (daemon/kvpersist.c does).  Everything read back is
+ * untrusted and validated (sizes, counts, names, checksums) before use.
+ */
+#ifndef TQKVD_PERSIST_H
+#define TQKVD_PERSIST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "session.h"
+
+#define PERSIST_SUBDIR     "sessions"
+#define PERSIST_MAN_MAGIC  0x314e414d564b5154ull   /* "TQKVMAN1" */
+#define PERSIST_JNL_MAGIC  0x314c4e4a564b5154ull   /* "TQKVJNL1" */
+#define PERSIST_REC_MAGIC  0x4345524au             /* "JREC"     */
+#define PERSIST_FORMAT     1u
+#define PERSIST_MAN_HDR    256u                    /* fixed part of a manifest */
+#define PERSIST_JNL_HDR    64u
+#define PERSIST_REC_HDR    48u
+#define PERSIST_SLOT_LOST  UINT64_MAX              /* a page whose copy failed its checks */
+/* A journal record's payload is at most this (one append's K and V blocks
+ * of one layer: larger appends are journaled in several records). */
+#define PERSIST_REC_MAX    ((uint32_t)32 << 20)
+
+struct persist_page {
+	uint64_t slot;            /* spill slot, or PERSIST_SLOT_LOST */
+	uint64_t gen;             /* generation written in the slot's header */
+};
+
+struct persist_layer {
+	uint32_t n_tokens;
+	uint32_t n_pages;
+	struct persist_page *pages;
+};
+
+struct persist_manifest {
+	uint64_t id;
+	char tenant[CONFIG_NAME_MAX];
+	char name[CONFIG_NAME_MAX];
+	uint32_t owner_uid;
+	struct session_geom geom;
+	uint64_t seed;
+	uint64_t created_ms;
+	uint32_t page_bytes;      /* the pool's page size when written */
+	uint32_t layout_id;       /* TQ_PAGE_LAYOUT_ID */
+	uint64_t slot_bytes;      /* the spill store's slot size */
+	uint64_t epoch;           /* checkpoint number: journal records carry it */
+	uint64_t gen_next;        /* page generations continue above this */
+	struct persist_layer *layers;  /* [geom.n_layers] */
+};
+
+enum persist_rec_type { PERSIST_REC_APPEND = 1, PERSIST_REC_TRUNCATE = 2 };
+#define PERSIST_ALL_LAYERS UINT32_MAX
+
+/* A journal record's header (on disk little-endian, PERSIST_REC_HDR bytes).
+ * APPEND: n tokens from `first` of `layer`; payload = their K blocks
+ * [n][n_kv_heads] then their V blocks [n][n_kv_heads].  TRUNCATE: tokens
+ * from `first` dropped from `layer` (or every layer: PERSIST_ALL_LAYERS);
+ * no payload. */
+struct persist_rec {
+	uint32_t type;
+	uint32_t layer;
+	uint32_t first;
+	uint32_t n;
+	uint32_t payload_bytes;
+	uint32_t seq;             /* 0, 1, 2, ... within an epoch */
+	uint64_t epoch;
+};
+
+/* spill_dir/sessions, created if missing: an O_DIRECTORY fd or -errno. */
+int persist_dir_open(const char *spill_dir, char *why, size_t whylen);
+
+/* Encode m: a malloc'd buffer of *len bytes (NULL: out of memory). */
+uint8_t *persist_manifest_encode(const struct persist_manifest *m, size_t *len);
+/* Decode and validate a manifest's bytes: 0, or -EBADMSG / -EPROTO
+ * (unknown format) / -ENOMEM with the reason.  *m owns its layers
+ * (persist_manifest_free).  Checks the encoding only: whether the pages
+ * fit the geometry and the slots fit the store is the caller's. */
+int persist_manifest_decode(const uint8_t *buf, size_t len, struct persist_manifest *m,
+			    char *why, size_t whylen);
+void persist_manifest_free(struct persist_manifest *m);
+
+/* Atomically replace ID.tqm (tmp, fdatasync, rename, fsync of the
+ * directory): 0 or -errno with why. */
+int persist_manifest_write(int dirfd, const struct persist_manifest *m, char *why, size_t whylen);
+/* Read and decode ID.tqm. */
+int persist_manifest_read(int dirfd, uint64_t id, struct persist_manifest *m, char *why, size_t whylen);
+/* Remove ID.tqm and ID.tqj (a closed session): 0 or -errno. */
+int persist_remove(int dirfd, uint64_t id);
+/* Keep a manifest that could not be used for the operator to look at:
+ * ID.tqm -> ID.tqm.dropped (ID.tqj removed). */
+void persist_set_aside(int dirfd, uint64_t id);
+
+/* Ids that have a manifest, ascending (*ids malloc'd).  Leftovers of an
+ * interrupted write (*.tmp) and journals without a manifest are removed;
+ * *removed counts them. */
+int persist_scan(int dirfd, uint64_t **ids, size_t *n, uint32_t *removed);
+
+/* ---- journal ---------------------------------------------------------------- */
+/* Create or empty ID.tqj and write its header for epoch: an fd (the
+ * journal's end is at PERSIST_JNL_HDR) or -errno with why. */
+int persist_journal_reset(int dirfd, uint64_t id, uint64_t epoch, char *why, size_t whylen);
+/* Write one record at *off (header + the payload in two parts), then
+ * advance *off: 0 or -errno (nothing is considered written then). */
+int persist_journal_write(int fd, uint64_t *off, const struct persist_rec *r, const void *p1, size_t n1,
+			  const void *p2, size_t n2);
+
+/* Replay: fn is called for each record of `epoch`, in order, with its
+ * verified payload; a nonzero return stops the replay (and is returned).
+ * Stops quietly at the end, at a torn or damaged record (*why says which
+ * and where) or at a record of another epoch.  *n_records: records
+ * replayed.  -ENOENT when there is no journal. */
+typedef int (*persist_replay_fn)(void *ctx, const struct persist_rec *r, const uint8_t *payload);
+int persist_journal_replay(int dirfd, uint64_t id, uint64_t session_id, uint64_t epoch, persist_replay_fn fn,
+			   void *ctx, uint32_t *n_records, char *why, size_t whylen);
+/* The same over a journal's bytes in memory (fuzzing, tests). */
+int persist_journal_replay_buf(const uint8_t *buf, size_t len, uint64_t session_id, uint64_t epoch,
+			       persist_replay_fn fn, void *ctx, uint32_t *n_records, char *why, size_t whylen);
+
+#endif

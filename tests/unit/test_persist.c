@@ -1,0 +1,460 @@
+/* test_persist — persistent sessions' files (daemon/persist.c): manifests
+ * round-trip and refuse every damaged byte, journals replay up to a torn or
+ * foreign record and never beyond.
+ *
+ * The same binary is the client of tests/integration/persist.sh
+ * (`--client MODE DIR ...`, through libtqkv against a real tqkvd):
+ *   fill DIR NAME SECONDS LOG  open (or re-attach) persistent session NAME and
+ *                              append to both layers until SECONDS pass or
+ *                              the daemon dies; after every completed append
+ *                              attend at the new last position and log
+ *                              (layer, length, output bits) to LOG
+ *   verify DIR NAME LOG        after a restart: re-attach by name; every
+ *                              layer holds at least the tokens LOG says
+ *                              completed; truncated to that length, attention
+ *                              at its last position equals LOG's bits
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "persist.h"
+#include "tqkv.h"
+
+/* ---- unit: manifests ------------------------------------------------------- */
+static void sample_manifest(struct persist_manifest *m, struct persist_layer *L, struct persist_page *pg)
+{
+	memset(m, 0, sizeof(*m));
+	m->id = 42;
+	snprintf(m->tenant, sizeof(m->tenant), "prod");
+	snprintf(m->name, sizeof(m->name), "chat-1");
+	m->owner_uid = 1000;
+	m->geom = (struct session_geom){ .n_layers = 2, .n_kv_heads = 2, .n_q_heads = 4, .head_dim = 64,
+					 .k_codec = TQ_CODEC_TQ4, .v_codec = TQ_CODEC_TQ3, .max_tokens = 4096 };
+	m->seed = 0x1234567890abcdefull;
+	m->created_ms = 1700000000000ull;
+	m->page_bytes = 65536;
+	m->layout_id = 1;
+	m->slot_bytes = 65536 + 4096;
+	m->epoch = 7;
+	m->gen_next = 99;
+	for (int i = 0; i < 3; i++)
+		pg[i] = (struct persist_page){ .slot = (uint64_t)(10 + i), .gen = (uint64_t)(50 + i) };
+	pg[2].slot = PERSIST_SLOT_LOST;
+	L[0] = (struct persist_layer){ .n_tokens = 300, .n_pages = 2, .pages = pg };
+	L[1] = (struct persist_layer){ .n_tokens = 100, .n_pages = 1, .pages = pg + 2 };
+	m->layers = L;
+}
+
+static void test_manifest_roundtrip(void)
+{
+	struct persist_manifest m, d;
+	struct persist_layer L[2];
+	struct persist_page pg[3];
+	char why[256];
+	size_t len;
+
+	sample_manifest(&m, L, pg);
+	uint8_t *b = persist_manifest_encode(&m, &len);
+	T_ASSERT(b);
+	T_EQ(len, PERSIST_MAN_HDR + 2 * 8 + 3 * 16);
+	T_EQ(persist_manifest_decode(b, len, &d, why, sizeof(why)), 0);
+	T_EQ(d.id, 42);
+	T_ASSERT(!strcmp(d.tenant, "prod") && !strcmp(d.name, "chat-1"));
+	T_EQ(d.owner_uid, 1000);
+	T_EQ(d.geom.n_layers, 2);
+	T_EQ(d.geom.head_dim, 64);
+	T_EQ(d.geom.k_codec, TQ_CODEC_TQ4);
+	T_EQ(d.geom.v_codec, TQ_CODEC_TQ3);
+	T_EQ(d.geom.max_tokens, 4096);
+	T_ASSERT(d.seed == m.seed && d.epoch == 7 && d.gen_next == 99 && d.slot_bytes == m.slot_bytes);
+	T_EQ(d.layers[0].n_tokens, 300);
+	T_EQ(d.layers[1].pages[0].slot, (long long)PERSIST_SLOT_LOST);
+	T_EQ(d.layers[0].pages[1].gen, 51);
+	persist_manifest_free(&d);
+	free(b);
+}
+
+/* Every single damaged byte, and every truncation, is refused. */
+static void test_manifest_damage(void)
+{
+	struct persist_manifest m, d;
+	struct persist_layer L[2];
+	struct persist_page pg[3];
+	char why[256];
+	size_t len;
+
+	sample_manifest(&m, L, pg);
+	uint8_t *b = persist_manifest_encode(&m, &len);
+	T_ASSERT(b);
+	for (size_t i = 0; i < len; i++) {
+		for (int bit = 0; bit < 8; bit += 3) {
+			b[i] ^= (uint8_t)(1u << bit);
+			int r = persist_manifest_decode(b, len, &d, why, sizeof(why));
+			b[i] ^= (uint8_t)(1u << bit);
+			if (r == 0) {
+				persist_manifest_free(&d);
+				T_FAIL("byte %zu bit %d flipped: accepted", i, bit);
+			}
+		}
+	}
+	for (size_t n = 0; n < len; n++)
+		if (persist_manifest_decode(b, n, &d, why, sizeof(why)) == 0) {
+			persist_manifest_free(&d);
+			T_FAIL("truncated to %zu bytes: accepted", n);
+		}
+	/* a valid checksum over nonsense counts is still refused */
+	b[92] = 0xff; /* n_layers */
+	b[12] = b[13] = b[14] = b[15] = 0;
+	T_ASSERT(persist_manifest_decode(b, len, &d, why, sizeof(why)) < 0);
+	free(b);
+}
+
+/* Files: atomic write, read back, scan removes leftovers. */
+static void test_manifest_files(void)
+{
+	char dir[] = "/tmp/tqp-XXXXXX", why[256], path[128];
+	struct persist_manifest m, d;
+	struct persist_layer L[2];
+	struct persist_page pg[3];
+	uint64_t *ids;
+	size_t n;
+	uint32_t removed;
+	int fd;
+
+	T_ASSERT(mkdtemp(dir));
+	fd = persist_dir_open(dir, why, sizeof(why));
+	T_ASSERT(fd >= 0);
+	sample_manifest(&m, L, pg);
+	T_EQ(persist_manifest_write(fd, &m, why, sizeof(why)), 0);
+	m.id = 7;
+	T_EQ(persist_manifest_write(fd, &m, why, sizeof(why)), 0);
+	snprintf(path, sizeof(path), "%s/sessions/9.tqm.tmp", dir);   /* an interrupted write */
+	close(open(path, O_CREAT | O_WRONLY, 0600));
+	snprintf(path, sizeof(path), "%s/sessions/8.tqj", dir);       /* a journal without a manifest */
+	close(open(path, O_CREAT | O_WRONLY, 0600));
+	T_EQ(persist_scan(fd, &ids, &n, &removed), 0);
+	T_EQ(n, 2);
+	T_EQ(ids[0], 7);
+	T_EQ(ids[1], 42);
+	T_EQ(removed, 2);
+	free(ids);
+	T_EQ(persist_manifest_read(fd, 42, &d, why, sizeof(why)), 0);
+	T_EQ(d.layers[0].n_pages, 2);
+	persist_manifest_free(&d);
+	/* 7.tqm holds id 7; renamed to 5.tqm it names another session: refused */
+	char a[128], bpath[128];
+	snprintf(a, sizeof(a), "%s/sessions/7.tqm", dir);
+	snprintf(bpath, sizeof(bpath), "%s/sessions/5.tqm", dir);
+	T_EQ(rename(a, bpath), 0);
+	T_ASSERT(persist_manifest_read(fd, 5, &d, why, sizeof(why)) < 0);
+	persist_set_aside(fd, 5);
+	snprintf(a, sizeof(a), "%s/sessions/5.tqm.dropped", dir);
+	T_EQ(access(a, F_OK), 0);
+	T_EQ(persist_remove(fd, 42), 0);
+	T_EQ(persist_scan(fd, &ids, &n, &removed), 0);
+	T_EQ(n, 0);
+	free(ids);
+	close(fd);
+	char cmd[256];
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	T_EQ(system(cmd), 0);
+}
+
+/* ---- unit: journals ---------------------------------------------------------- */
+struct collect {
+	uint32_t n;
+	uint32_t firsts[16];
+	uint8_t last_payload[64];
+};
+
+static int collect_fn(void *ctx, const struct persist_rec *r, const uint8_t *payload)
+{
+	struct collect *c = ctx;
+	if (c->n < 16)
+		c->firsts[c->n] = r->first;
+	if (r->payload_bytes <= sizeof(c->last_payload))
+		memcpy(c->last_payload, payload, r->payload_bytes);
+	c->n++;
+	return 0;
+}
+
+static void test_journal(void)
+{
+	char dir[] = "/tmp/tqj-XXXXXX", why[256], path[128];
+	uint8_t pay[40];
+	uint64_t off = PERSIST_JNL_HDR;
+	struct collect c;
+	uint32_t n;
+	int dfd, jfd;
+
+	T_ASSERT(mkdtemp(dir));
+	dfd = persist_dir_open(dir, why, sizeof(why));
+	T_ASSERT(dfd >= 0);
+	jfd = persist_journal_reset(dfd, 3, 5, why, sizeof(why));
+	T_ASSERT(jfd >= 0);
+	for (uint32_t i = 0; i < 4; i++) {
+		memset(pay, (int)i + 1, sizeof(pay));
+		struct persist_rec r = { .type = PERSIST_REC_APPEND, .layer = 0, .first = i * 2, .n = 2,
+					 .payload_bytes = sizeof(pay), .seq = i, .epoch = 5 };
+		T_EQ(persist_journal_write(jfd, &off, &r, pay, 16, pay + 16, 24), 0);
+	}
+	memset(&c, 0, sizeof(c));
+	T_EQ(persist_journal_replay(dfd, 3, 3, 5, collect_fn, &c, &n, why, sizeof(why)), 0);
+	T_EQ(n, 4);
+	T_EQ(c.firsts[3], 6);
+	T_EQ(c.last_payload[39], 4);
+	/* another epoch: the manifest has these already */
+	memset(&c, 0, sizeof(c));
+	T_EQ(persist_journal_replay(dfd, 3, 3, 6, collect_fn, &c, &n, why, sizeof(why)), 0);
+	T_EQ(n, 0);
+	/* a torn last record: the first three replay, not the fourth */
+	T_EQ(ftruncate(jfd, (off_t)off - 5), 0);
+	memset(&c, 0, sizeof(c));
+	T_EQ(persist_journal_replay(dfd, 3, 3, 5, collect_fn, &c, &n, why, sizeof(why)), 0);
+	T_EQ(n, 3);
+	T_ASSERT(strstr(why, "torn") || strstr(why, "damaged") || strstr(why, "checksum"));
+	/* a flipped byte in the second record's payload: only the first */
+	uint8_t x;
+	off_t second = PERSIST_JNL_HDR + PERSIST_REC_HDR + 40 + PERSIST_REC_HDR + 7;
+	T_EQ(pread(jfd, &x, 1, second), 1);
+	x ^= 0x10;
+	T_EQ(pwrite(jfd, &x, 1, second), 1);
+	memset(&c, 0, sizeof(c));
+	T_EQ(persist_journal_replay(dfd, 3, 3, 5, collect_fn, &c, &n, why, sizeof(why)), 0);
+	T_EQ(n, 1);
+	/* a journal of another session is not replayed */
+	T_EQ(persist_journal_replay(dfd, 3, 4, 5, collect_fn, &c, &n, why, sizeof(why)), 0);
+	T_EQ(n, 0);
+	close(jfd);
+	snprintf(path, sizeof(path), "rm -rf %s", dir);
+	close(dfd);
+	T_EQ(system(path), 0);
+}
+
+/* Mutations of a valid journal never crash the reader or replay a record
+ * whose bytes changed. */
+static void test_journal_fuzz(void)
+{
+	uint8_t buf[PERSIST_JNL_HDR + 3 * (PERSIST_REC_HDR + 16)];
+	char dir[] = "/tmp/tqf-XXXXXX", why[256], path[128];
+	uint64_t off = PERSIST_JNL_HDR, rs = t_seed();
+	struct collect c;
+	uint32_t n;
+	int dfd, jfd;
+
+	T_ASSERT(mkdtemp(dir));
+	dfd = persist_dir_open(dir, why, sizeof(why));
+	jfd = persist_journal_reset(dfd, 1, 1, why, sizeof(why));
+	T_ASSERT(jfd >= 0);
+	for (uint32_t i = 0; i < 3; i++) {
+		uint8_t pay[16];
+		memset(pay, 0x40 + (int)i, sizeof(pay));
+		struct persist_rec r = { .type = PERSIST_REC_APPEND, .first = i, .n = 1, .payload_bytes = 16, .seq = i,
+					 .epoch = 1 };
+		T_EQ(persist_journal_write(jfd, &off, &r, pay, 16, NULL, 0), 0);
+	}
+	T_EQ(pread(jfd, buf, sizeof(buf), 0), (long)sizeof(buf));
+	close(jfd);
+	for (int it = 0; it < 20000; it++) {
+		uint8_t m[sizeof(buf)];
+		memcpy(m, buf, sizeof(m));
+		rs = rs * 6364136223846793005ull + 1442695040888963407ull;
+		size_t pos = (rs >> 33) % sizeof(m);
+		m[pos] ^= (uint8_t)(1u << ((rs >> 20) & 7));
+		size_t len = (it & 1) ? sizeof(m) : (rs >> 40) % (sizeof(m) + 1);
+		memset(&c, 0, sizeof(c));
+		persist_journal_replay_buf(m, len, 1, 1, collect_fn, &c, &n, why, sizeof(why));
+		/* records before the damaged byte may replay, never the one holding it */
+		size_t limit = pos < PERSIST_JNL_HDR ? 0 : (pos - PERSIST_JNL_HDR) / (PERSIST_REC_HDR + 16);
+		if (n > limit)
+			T_FAIL("iteration %d: byte %zu damaged, %u records replayed (at most %zu)", it, pos, n, limit);
+	}
+	snprintf(path, sizeof(path), "rm -rf %s", dir);
+	close(dfd);
+	T_EQ(system(path), 0);
+}
+
+/* ---- the integration client ---------------------------------------------------- */
+#define L_N 2
+#define KVH 2
+#define QH 4
+#define DIM 64
+
+static float val_of(uint32_t tok, uint32_t layer, uint32_t h, uint32_t d, int kv)
+{
+	uint64_t x = ((uint64_t)tok * 1315423911u) ^ ((uint64_t)layer << 40) ^ ((uint64_t)h << 32) ^
+		     ((uint64_t)d << 16) ^ (uint64_t)kv;
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdull;
+	x ^= x >> 33;
+	return (float)((double)(x >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+static int open_session(const char *dir, const char *name, tqkv **c, tqkv_session **s)
+{
+	struct tqkv_connect_opts o = { .run_dir = dir, .timeout_ms = 5000 };
+	struct tqkv_session_params p = { .name = name, .n_layers = L_N, .n_kv_heads = KVH, .n_q_heads = QH,
+					 .head_dim = DIM, .k_codec = "tq4", .v_codec = "tq3",
+					 .max_tokens = 1u << 18, .flags = TQKV_SESSION_PERSISTENT };
+	int r;
+
+	for (int tries = 0; tries < 100; tries++) {
+		if ((r = tqkv_connect(c, &o)) == 0)
+			break;
+		usleep(100000);
+	}
+	if (r < 0)
+		return r;
+	if ((r = tqkv_session_attach_name(*c, NULL, name, TQKV_SESSION_DETACHED, s)) == 0)
+		return 0;
+	if (r != -ENOENT)
+		return r;
+	return tqkv_session_open(*c, &p, s);
+}
+
+/* One log record: layer, length, then the attention output's bits. */
+struct rec {
+	uint32_t layer, len;
+	float out[QH * DIM];
+};
+
+static int client_fill(const char *dir, const char *name, double seconds, const char *log)
+{
+	static float k[8 * KVH * DIM], v[8 * KVH * DIM], q[QH * DIM];
+	struct tqkv_session_info info;
+	tqkv *c;
+	tqkv_session *s;
+	struct timespec t0, t;
+	uint32_t len[L_N];
+	uint64_t rs = (uint64_t)getpid();
+	FILE *f;
+	int r;
+
+	if ((r = open_session(dir, name, &c, &s)) < 0) {
+		fprintf(stderr, "fill: %s\n", tqkv_last_error());
+		return 2;
+	}
+	if (!(f = fopen(log, "ab")))
+		return 2;
+	if ((r = tqkv_session_info(s, &info)) < 0 || !info.persistent) {
+		fprintf(stderr, "fill: session info: %s\n", r < 0 ? tqkv_last_error() : "not persistent");
+		return 2;
+	}
+	for (uint32_t l = 0; l < L_N; l++) { /* each layer's length: truncating past it is a no-op */
+		int n = tqkv_truncate(s, l, (uint32_t)info.tokens);
+		if (n < 0) {
+			fprintf(stderr, "fill: %s\n", tqkv_last_error());
+			return 2;
+		}
+		len[l] = (uint32_t)n;
+	}
+	for (int i = 0; i < QH * DIM; i++)
+		q[i] = val_of(7, 99, 0, (uint32_t)i, 3);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	printf("ready %u\n", len[0]);
+	fflush(stdout);
+	for (uint64_t step = 0;; step++) {
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		if ((double)(t.tv_sec - t0.tv_sec) + (double)(t.tv_nsec - t0.tv_nsec) * 1e-9 > seconds)
+			break;
+		rs = rs * 6364136223846793005ull + 1442695040888963407ull;
+		uint32_t l = (uint32_t)(step % L_N), n = 1 + (uint32_t)((rs >> 33) % 8);
+		for (uint32_t t2 = 0; t2 < n; t2++)
+			for (uint32_t h = 0; h < KVH; h++)
+				for (uint32_t d = 0; d < DIM; d++) {
+					k[(t2 * KVH + h) * DIM + d] = val_of(len[l] + t2, l, h, d, 0);
+					v[(t2 * KVH + h) * DIM + d] = val_of(len[l] + t2, l, h, d, 1);
+				}
+		if ((r = tqkv_append(s, l, k, v, n, TQKV_F32)) < 0)
+			break; /* the daemon died */
+		len[l] = (uint32_t)r;
+		struct rec rc = { .layer = l, .len = len[l] };
+		int32_t pos = (int32_t)len[l] - 1;
+		if (tqkv_attend(s, l, q, &pos, 1, TQKV_F32, rc.out) < 0)
+			break;
+		if (fwrite(&rc, sizeof(rc), 1, f) != 1 || fflush(f) != 0)
+			return 2;
+		usleep(500); /* a steady stream, not a flood: the session stays small */
+	}
+	fclose(f);
+	printf("stopped at %u/%u tokens: %s\n", len[0], len[1], r < 0 ? tqkv_strerror(r) : "time");
+	return 0;
+}
+
+static int client_verify(const char *dir, const char *name, const char *log)
+{
+	static float q[QH * DIM], out[QH * DIM];
+	struct rec last[L_N], rc;
+	bool have[L_N] = { false };
+	tqkv *c;
+	tqkv_session *s;
+	FILE *f = fopen(log, "rb");
+	int r, bad = 0;
+
+	if (!f)
+		return 2;
+	while (fread(&rc, sizeof(rc), 1, f) == 1) {
+		if (rc.layer < L_N) {
+			last[rc.layer] = rc;
+			have[rc.layer] = true;
+		}
+	}
+	fclose(f);
+	if ((r = open_session(dir, name, &c, &s)) < 0) {
+		fprintf(stderr, "verify: %s\n", tqkv_last_error());
+		return 2;
+	}
+	for (int i = 0; i < QH * DIM; i++)
+		q[i] = val_of(7, 99, 0, (uint32_t)i, 3);
+	for (uint32_t l = 0; l < L_N; l++) {
+		if (!have[l])
+			continue;
+		/* everything acknowledged is there: truncating to it leaves it */
+		if ((r = tqkv_truncate(s, l, last[l].len)) < 0 || (uint32_t)r != last[l].len) {
+			fprintf(stderr, "verify: layer %u: %u tokens were acknowledged, the session has %d (%s)\n", l,
+				last[l].len, r, r < 0 ? tqkv_last_error() : "tokens lost");
+			bad = 1;
+			continue;
+		}
+		int32_t pos = (int32_t)last[l].len - 1;
+		if ((r = tqkv_attend(s, l, q, &pos, 1, TQKV_F32, out)) < 0) {
+			fprintf(stderr, "verify: layer %u attend: %s\n", l, tqkv_last_error());
+			bad = 1;
+			continue;
+		}
+		if (memcmp(out, last[l].out, sizeof(out))) {
+			fprintf(stderr, "verify: layer %u at %u tokens: attention differs from before the restart\n", l,
+				last[l].len);
+			bad = 1;
+		}
+	}
+	printf("verified %u/%u tokens: %s\n", have[0] ? last[0].len : 0, have[1] ? last[1].len : 0,
+	       bad ? "MISMATCH" : "bit-identical");
+	tqkv_disconnect(c);
+	return bad;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc > 2 && !strcmp(argv[1], "--client")) {
+		if (!strcmp(argv[2], "fill") && argc == 7)
+			return client_fill(argv[3], argv[4], atof(argv[5]), argv[6]);
+		if (!strcmp(argv[2], "verify") && argc == 6)
+			return client_verify(argv[3], argv[4], argv[5]);
+		fprintf(stderr, "usage: %s --client fill DIR NAME SECONDS LOG | verify DIR NAME LOG\n", argv[0]);
+		return 2;
+	}
+	T_RUN(test_manifest_roundtrip);
+	T_RUN(test_manifest_damage);
+	T_RUN(test_manifest_files);
+	T_RUN(test_journal);
+	T_RUN(test_journal_fuzz);
+	return t_done();
+}
