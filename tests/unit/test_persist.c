@@ -377,7 +377,7 @@ static int client_fill(const char *dir, const char *name, double seconds, const 
 		len[l] = (uint32_t)r;
 		struct rec rc = { .layer = l, .len = len[l] };
 		int32_t pos = (int32_t)len[l] - 1;
-		if (tqkv_attend(s, l, q, &pos, 1, TQKV_F32, rc.out) < 0)
+		if ((r = tqkv_attend(s, l, q, &pos, 1, TQKV_F32, rc.out)) < 0)
 			break;
 		if (fwrite(&rc, sizeof(rc), 1, f) != 1 || fflush(f) != 0)
 			return 2;
