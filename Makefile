@@ -121,7 +121,7 @@ include daemon/module.mk
 include client/module.mk
 include tests/module.mk
 
-.PHONY: all deps test run install clean demo FORCE
+.PHONY: all deps test test-faults run install clean demo FORCE
 .DEFAULT_GOAL := all
 all: $(ALL_TARGETS)
 
@@ -151,6 +151,13 @@ test: deps
 # check: run the tests without the install step (used by `make test`)
 check: $(ALL_TARGETS)
 	@SANITIZER='$(SANITIZER)' BIN='$(BIN)' tests/run.sh
+
+# test-faults: the long fault runs — persistent sessions survive SIGKILL at a
+# random moment, KILL_ROUNDS times (default 20; `make test` runs 3)
+KILL_ROUNDS ?= 20
+test-faults: deps
+	@$(MAKE) --no-print-directory all
+	@KILL_ROUNDS=$(KILL_ROUNDS) TQ_BIN='$(BIN)' bash tests/integration/persist.sh
 
 # demo: stories260K end to end through a private tqkvd (scripts/demo.sh)
 demo: deps
