@@ -187,6 +187,10 @@ int persist_manifest_decode(const uint8_t *b, size_t len, struct persist_manifes
 		snprintf(why, whylen, "manifest has a bad id, tenant or session name");
 		return -EBADMSG;
 	}
+	if (b[M_VC + 1] || b[M_VC + 2]) {
+		snprintf(why, whylen, "manifest header bytes 110..111 are not zero");
+		return -EBADMSG;
+	}
 	for (off = 240; off < PERSIST_MAN_HDR; off++)
 		if (b[off]) {
 			snprintf(why, whylen, "manifest header byte %zu is not zero", off);

@@ -136,4 +136,7 @@ wait_up
 grep -q "DATA_LOSS\|lost" "$T/verify.out" || fail "damaged pages: $(cat "$T/verify.out")"
 grep -q "checksum mismatch" "$LOG" || fail "damaged pages: no checksum line in the log"
 ctl health >/dev/null || fail "the daemon stopped serving"
+stop_daemon TERM
+[ "$STOP_RC" = 0 ] || fail "final SIGTERM: exit $STOP_RC"
+grep -q "Sanitizer" "$LOG" && fail "a sanitizer report in the daemon's log"
 echo "persistent sessions: ok ($ROUNDS kill rounds)"

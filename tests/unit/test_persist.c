@@ -385,6 +385,8 @@ static int client_fill(const char *dir, const char *name, double seconds, const 
 	}
 	fclose(f);
 	printf("stopped at %u/%u tokens: %s\n", len[0], len[1], r < 0 ? tqkv_strerror(r) : "time");
+	tqkv_session_detach(s);
+	tqkv_disconnect(c);
 	return 0;
 }
 
@@ -437,12 +439,64 @@ static int client_verify(const char *dir, const char *name, const char *log)
 	}
 	printf("verified %u/%u tokens: %s\n", have[0] ? last[0].len : 0, have[1] ? last[1].len : 0,
 	       bad ? "MISMATCH" : "bit-identical");
+	tqkv_session_detach(s);
 	tqkv_disconnect(c);
 	return bad;
 }
 
+/* tests/fuzz/seeds/persist: a manifest and a journal, as fuzz_persist
+ * reads them (first byte: 0 manifest, 1 journal). */
+static int write_seeds(const char *dir)
+{
+	struct persist_manifest m;
+	struct persist_layer L[2];
+	struct persist_page pg[3];
+	char path[512], why[256], tmp[] = "/tmp/tqs-XXXXXX";
+	uint8_t tag;
+	size_t len;
+	uint64_t off = PERSIST_JNL_HDR;
+	FILE *f;
+
+	sample_manifest(&m, L, pg);
+	uint8_t *b = persist_manifest_encode(&m, &len);
+	snprintf(path, sizeof(path), "%s/manifest", dir);
+	if (!b || !(f = fopen(path, "wb")))
+		return 1;
+	tag = 0;
+	fwrite(&tag, 1, 1, f);
+	fwrite(b, 1, len, f);
+	fclose(f);
+	free(b);
+	if (!mkdtemp(tmp))
+		return 1;
+	int dfd = persist_dir_open(tmp, why, sizeof(why)), jfd = persist_journal_reset(dfd, 1, 1, why, sizeof(why));
+	uint8_t pay[24];
+	for (uint32_t i = 0; i < 3; i++) {
+		memset(pay, 0x30 + (int)i, sizeof(pay));
+		struct persist_rec r = { .type = i == 2 ? PERSIST_REC_TRUNCATE : PERSIST_REC_APPEND, .first = i,
+					 .n = i == 2 ? 0 : 1, .payload_bytes = i == 2 ? 0 : 24, .seq = i, .epoch = 1 };
+		if (persist_journal_write(jfd, &off, &r, pay, r.payload_bytes, NULL, 0) < 0)
+			return 1;
+	}
+	uint8_t jb[4096];
+	ssize_t n = pread(jfd, jb, sizeof(jb), 0);
+	snprintf(path, sizeof(path), "%s/journal", dir);
+	if (n <= 0 || !(f = fopen(path, "wb")))
+		return 1;
+	tag = 1;
+	fwrite(&tag, 1, 1, f);
+	fwrite(jb, 1, (size_t)n, f);
+	fclose(f);
+	close(jfd);
+	close(dfd);
+	snprintf(path, sizeof(path), "rm -rf %s", tmp);
+	return system(path) != 0;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc == 3 && !strcmp(argv[1], "--write-seeds"))
+		return write_seeds(argv[2]);
 	if (argc > 2 && !strcmp(argv[1], "--client")) {
 		if (!strcmp(argv[2], "fill") && argc == 7)
 			return client_fill(argv[3], argv[4], atof(argv[5]), argv[6]);
