@@ -596,7 +596,7 @@ void dataop_readahead_finish(struct kvstore *ks, struct session *s, struct kv_se
  * is still out; then start reading layer l + 1's.  0, or an error in r:
  * TENANT_LIMIT, POOL_FULL, SPILL_IO (the page stays spilled: a retry may
  * work) or DATA_LOSS (its copy failed its checks: never served). */
-int dataop_restore_layer_locked(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l,
+static int dataop_restore_layer_locked(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l,
 				struct dataop_res *r)
 {
 	struct kv_layer *L = &kv->layer[l];

@@ -89,8 +89,6 @@ struct spill_page_hdr dataop_hdr_of(const struct kv_sess *kv, uint32_t l, uint32
 /* A slot the session no longer needs: freed at once, or for a persistent
  * session kept until a checkpoint no longer names it. */
 void dataop_slot_release(struct kvstore *ks, struct kv_sess *kv, uint64_t slot);
-int dataop_restore_layer_locked(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l,
-				struct dataop_res *r);
 void dataop_readahead_finish(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l);
 /* Room for tokens up to new_len in layer l: page table capacity, charge,
  * pool pages; *added = the new pages.  0, or an error in r. */

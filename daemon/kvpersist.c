@@ -131,12 +131,16 @@ void kvp_sess_free(struct kvstore *ks, struct kv_sess *kv)
 }
 
 /* ---- write-through ------------------------------------------------------------------- */
-void kvp_wt_collect(struct kvstore *ks, struct kv_sess *kv)
+/* Wait for the batch in flight and take its results: written pages are
+ * clean, failed ones keep no slot.  The first failure: its errno, and
+ * why (may be NULL) says which page and how; 0 when all were written. */
+static int wt_finish(struct kvstore *ks, struct kv_sess *kv, char *why, size_t whylen)
 {
 	struct kvp_sess *p = kv->p;
+	int err = 0;
 
 	if (!p || !p->wt_n)
-		return;
+		return 0;
 	dataop_batch_wait(&p->wt_b);
 	for (uint32_t k = 0; k < p->wt_n; k++) {
 		struct kvp_wt *w = &p->wt[k];
@@ -148,13 +152,25 @@ void kvp_wt_collect(struct kvstore *ks, struct kv_sess *kv)
 			continue;
 		}
 		spill_slot_free(ks->spill, w->slot);
-		if (!p->wt_warned)
-			log_warning("session %" PRIu64 ": writing layer %u page %u through failed: %s (the next "
-				    "checkpoint writes it; the journal holds its tokens meanwhile)", kv->id, w->l, w->i,
-				    w->io.why);
-		p->wt_warned = true;
+		if (!err) {
+			err = w->io.res;
+			if (why)
+				snprintf(why, whylen, "layer %u page %u: %s", w->l, w->i, w->io.why);
+		}
 	}
 	p->wt_n = 0;
+	return err;
+}
+
+void kvp_wt_collect(struct kvstore *ks, struct kv_sess *kv)
+{
+	char why[384];
+
+	if (wt_finish(ks, kv, why, sizeof(why)) < 0 && !kv->p->wt_warned) {
+		log_warning("session %" PRIu64 ": writing a full page through failed: %s (the next checkpoint "
+			    "writes it; the journal holds its tokens meanwhile)", kv->id, why);
+		kv->p->wt_warned = true;
+	}
 }
 
 /* Queue pages of kv for writing (kv->lock held, no batch in flight):
@@ -257,25 +273,8 @@ static int checkpoint_locked(struct kvstore *ks, struct session *s, struct kv_se
 	kvp_wt_collect(ks, kv);
 	/* every page without a copy on disk gets one */
 	wt_queue(ks, kv, UINT32_MAX, 0, 0, &err);
-	if (p->wt_n) {
-		dataop_batch_wait(&p->wt_b);
-		for (uint32_t k = 0; k < p->wt_n; k++) {
-			struct kvp_wt *w = &p->wt[k];
-			if (w->io.res == 0) {
-				struct kv_page_meta *pm = &kv->layer[w->l].meta[w->i];
-				pm->slot = w->slot;
-				pm->gen = w->gen;
-				pm->clean = 1;
-			} else {
-				spill_slot_free(ks->spill, w->slot);
-				if (!err) {
-					err = w->io.res;
-					snprintf(why, whylen, "layer %u page %u: %s", w->l, w->i, w->io.why);
-				}
-			}
-		}
-		p->wt_n = 0;
-	}
+	r = wt_finish(ks, kv, why, whylen);
+	err = err ? err : r;
 	if (err) {
 		if (!why[0] && err == -ENOSPC) {
 			struct spill_stats st;
@@ -823,6 +822,15 @@ static const char *manifest_misfit(struct kvstore *ks, const struct persist_mani
 	return buf;
 }
 
+/* Give back the slots m names, in page order, before layer l's page i. */
+static void release_slots(struct kvstore *ks, const struct persist_manifest *m, uint32_t l_end, uint32_t i_end)
+{
+	for (uint32_t l = 0; l < m->geom.n_layers && l <= l_end; l++)
+		for (uint32_t i = 0; i < (l == l_end ? i_end : m->layers[l].n_pages); i++)
+			if (m->layers[l].pages[i].slot != PERSIST_SLOT_LOST)
+				spill_slot_free(ks->spill, m->layers[l].pages[i].slot);
+}
+
 /* Claim every slot m names: 0, or the reason in buf (nothing claimed). */
 static int claim_slots(struct kvstore *ks, const struct persist_manifest *m, char *buf, size_t n)
 {
@@ -836,11 +844,7 @@ static int claim_slots(struct kvstore *ks, const struct persist_manifest *m, cha
 				snprintf(buf, n, "layer %u page %u names spill slot %" PRIu64 ", %s", l, i, slot,
 					 r == -ERANGE ? "beyond the spill file (pool.spill_bytes shrank?)"
 						      : "which another page names too");
-				/* give back what was claimed */
-				for (uint32_t l2 = 0; l2 <= l; l2++)
-					for (uint32_t i2 = 0; i2 < (l2 == l ? i : m->layers[l2].n_pages); i2++)
-						if (m->layers[l2].pages[i2].slot != PERSIST_SLOT_LOST)
-							spill_slot_free(ks->spill, m->layers[l2].pages[i2].slot);
+				release_slots(ks, m, l, i); /* what was claimed */
 				return r;
 			}
 		}
@@ -912,10 +916,7 @@ static int recover_one(struct kvstore *ks, struct session_table *st, struct tena
 	    session_acquire(st, id, 0, &s) < 0 || dataop_kv_get(ks, s, &kv) < 0 || !kv->p) {
 		if (!why[0])
 			snprintf(why, sizeof(why), "cannot re-create the session (out of memory?)");
-		for (uint32_t l = 0; l < m.geom.n_layers; l++)
-			for (uint32_t i = 0; i < m.layers[l].n_pages; i++)
-				if (m.layers[l].pages[i].slot != PERSIST_SLOT_LOST)
-					spill_slot_free(ks->spill, m.layers[l].pages[i].slot);
+		release_slots(ks, &m, UINT32_MAX, 0);
 		if (s) {
 			session_release(s);
 			session_close(st, id, NULL);
