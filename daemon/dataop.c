@@ -398,20 +398,27 @@ void dataop_io_done(void *ctx, int res, const char *why)
 
 	o->res = res;
 	snprintf(o->why, sizeof(o->why), "%s", why ? why : "");
-	pthread_mutex_lock(&o->b->lock);
-	if (--o->b->pending == 0)
-		pthread_cond_signal(&o->b->cond);
-	pthread_mutex_unlock(&o->b->lock);
+	__atomic_sub_fetch(&o->b->pending, 1, __ATOMIC_RELEASE); /* o may be gone after this */
 }
 
-void dataop_batch_wait(struct io_batch *b)
+void dataop_io_fail(struct io_one *o, int res)
 {
-	pthread_mutex_lock(&b->lock);
-	while (b->pending)
-		pthread_cond_wait(&b->cond, &b->lock);
-	pthread_mutex_unlock(&b->lock);
-	pthread_mutex_destroy(&b->lock);
-	pthread_cond_destroy(&b->cond);
+	char why[64];
+
+	snprintf(why, sizeof(why), "spill: %s", strerror(-res));
+	dataop_io_done(o, res, why);
+}
+
+static bool batch_done(void *arg)
+{
+	struct io_batch *b = arg;
+	return __atomic_load_n(&b->pending, __ATOMIC_ACQUIRE) == 0;
+}
+
+void dataop_batch_wait(struct kvstore *ks, struct io_batch *b)
+{
+	if (!batch_done(b))
+		spill_wait(ks->spill, batch_done, b);
 }
 
 struct spill_page_hdr dataop_hdr_of(const struct kv_sess *kv, uint32_t l, uint32_t i)
@@ -504,8 +511,6 @@ static int reads_start(struct kvstore *ks, struct session *s, struct kv_sess *kv
 		ra_free(ra);
 		return e;
 	}
-	pthread_mutex_init(&ra->b.lock, NULL);
-	pthread_cond_init(&ra->b.cond, NULL);
 	ra->n = n;
 	ra->b.pending = n;
 	for (uint32_t i = 0; i < L->n_pages; i++) {
@@ -515,13 +520,9 @@ static int reads_start(struct kvstore *ks, struct session *s, struct kv_sess *kv
 		ra->idx[k] = i;
 		ra->io[k].b = &ra->b;
 		L->meta[i].state = PG_READING;
-		if ((e = spill_read(ks->spill, L->meta[i].slot, &h, ra->fresh[k], dataop_io_done, &ra->io[k])) < 0) {
-			snprintf(ra->io[k].why, sizeof(ra->io[k].why), "spill: %s", strerror(-e));
-			ra->io[k].res = e;
-			pthread_mutex_lock(&ra->b.lock);
-			ra->b.pending--;
-			pthread_mutex_unlock(&ra->b.lock);
-		}
+		if ((e = spill_read(ks->spill, L->meta[i].slot, &h, ra->fresh[k], dataop_io_done, &ra->io[k],
+				      r ? 0 : SPILL_BACKGROUND)) < 0)
+			dataop_io_fail(&ra->io[k], e);
 		k++;
 	}
 	L->ra = ra;
@@ -543,7 +544,7 @@ static int reads_finish(struct kvstore *ks, struct session *s, struct kv_sess *k
 
 	if (!ra)
 		return 0;
-	dataop_batch_wait(&ra->b);
+	dataop_batch_wait(ks, &ra->b);
 	for (uint32_t k = 0; k < ra->n; k++) {
 		uint32_t i = ra->idx[k];
 		struct io_one *o = &ra->io[k];
@@ -590,19 +591,11 @@ void dataop_readahead_finish(struct kvstore *ks, struct session *s, struct kv_se
 	reads_finish(ks, s, kv, l, NULL);
 }
 
-/* Bring layer l's spilled pages back into the pool before an operation
- * uses them (kv->lock held: no other operation of this session runs, and
- * nothing can spill them meanwhile): its read-ahead first, then whatever
- * is still out; then start reading layer l + 1's.  0, or an error in r:
- * TENANT_LIMIT, POOL_FULL, SPILL_IO (the page stays spilled: a retry may
- * work) or DATA_LOSS (its copy failed its checks: never served). */
-static int dataop_restore_layer_locked(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l,
-				struct dataop_res *r)
+/* DATA_LOSS in r if a page of layer l was lost (its copy failed its checks). */
+static int layer_lost(struct kv_sess *kv, uint32_t l, struct dataop_res *r)
 {
 	struct kv_layer *L = &kv->layer[l];
-	int e;
 
-	dataop_readahead_finish(ks, s, kv, l);
 	for (uint32_t i = 0; L->n_out && i < L->n_pages; i++) {
 		if (L->meta[i].state == PG_LOST) {
 			uint32_t t0 = i * kv->geom.page_tokens;
@@ -612,11 +605,32 @@ static int dataop_restore_layer_locked(struct kvstore *ks, struct session *s, st
 			return r->res;
 		}
 	}
-	if ((e = reads_start(ks, s, kv, l, r)) < 0 || (e = reads_finish(ks, s, kv, l, r)) < 0)
+	return 0;
+}
+
+/* Bring layer l's spilled pages back into the pool before an operation
+ * uses them (kv->lock held: no other operation of this session runs, and
+ * nothing can spill them meanwhile): its read-ahead, or reads started now;
+ * layer l + 1's reads go out behind them before we wait, so the disk does
+ * not idle between layers.  0, or an error in r: TENANT_LIMIT, POOL_FULL,
+ * SPILL_IO (the page stays spilled: a retry may work) or DATA_LOSS (its
+ * copy failed its checks: never served). */
+static int dataop_restore_layer_locked(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l,
+				       struct dataop_res *r)
+{
+	bool ahead = kv->layer[l].ra != NULL; /* its read-ahead is in flight */
+	int e;
+
+	if (!ahead && ((e = layer_lost(kv, l, r)) < 0 || (e = reads_start(ks, s, kv, l, r)) < 0))
 		return e;
 	if (l + 1 < kv->n_layers)
 		reads_start(ks, s, kv, l + 1, NULL);
-	return 0;
+	e = reads_finish(ks, s, kv, l, ahead ? NULL : r);
+	/* what a read-ahead could not bring back: said, and retried once */
+	if (ahead && ((e = layer_lost(kv, l, r)) < 0 || (e = reads_start(ks, s, kv, l, r)) < 0 ||
+		      (e = reads_finish(ks, s, kv, l, r)) < 0))
+		return e;
+	return e;
 }
 
 int dataop_spill(struct kvstore *ks, struct session *s, uint64_t want, uint64_t *spilled, char *why, size_t whylen)
@@ -655,7 +669,7 @@ static void page_out(struct kvstore *ks, struct session *s, struct kv_sess *kv, 
 int dataop_spill_locked(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint64_t want,
 			uint64_t *spilled, char *why, size_t whylen)
 {
-	struct io_batch b = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0 };
+	struct io_batch b = { 0 };
 	uint64_t n_want, n_cand = 0;
 	struct { uint32_t l, i; } *cand = NULL;
 	struct io_one *io = NULL;
@@ -715,15 +729,10 @@ submit:
 		struct kv_layer *L = &kv->layer[cand[k].l];
 		struct spill_page_hdr h = dataop_hdr_of(kv, cand[k].l, cand[k].i);
 		io[k].b = &b;
-		if ((e = spill_write(ks->spill, L->meta[cand[k].i].slot, &h, L->pages[cand[k].i], dataop_io_done, &io[k])) < 0) {
-			snprintf(io[k].why, sizeof(io[k].why), "spill: %s", strerror(-e));
-			io[k].res = e;
-			pthread_mutex_lock(&b.lock);
-			b.pending--;
-			pthread_mutex_unlock(&b.lock);
-		}
+		if ((e = spill_write(ks->spill, L->meta[cand[k].i].slot, &h, L->pages[cand[k].i], dataop_io_done, &io[k], 0)) < 0)
+			dataop_io_fail(&io[k], e);
 	}
-	dataop_batch_wait(&b);
+	dataop_batch_wait(ks, &b);
 	for (uint64_t k = 0; k < n_cand; k++) {
 		struct kv_layer *L = &kv->layer[cand[k].l];
 		uint32_t i = cand[k].i;

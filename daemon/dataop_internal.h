@@ -74,9 +74,7 @@ struct kvstore {
 void dataop_res_set(struct dataop_res *r, int res, uint32_t status, uint32_t detail);
 /* One batch of spill I/O and one request in it. */
 struct io_batch {
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
-	uint32_t pending;
+	uint32_t pending;         /* set before the first submit; atomic after */
 };
 struct io_one {
 	struct io_batch *b;
@@ -84,7 +82,10 @@ struct io_one {
 	char why[320];
 };
 void dataop_io_done(void *ctx, int res, const char *why);
-void dataop_batch_wait(struct io_batch *b);
+/* Wait for every request of b (driving the spill ring meanwhile). */
+void dataop_batch_wait(struct kvstore *ks, struct io_batch *b);
+/* A request of b that failed to submit: counts as done with res. */
+void dataop_io_fail(struct io_one *o, int res);
 struct spill_page_hdr dataop_hdr_of(const struct kv_sess *kv, uint32_t l, uint32_t i);
 /* A slot the session no longer needs: freed at once, or for a persistent
  * session kept until a checkpoint no longer names it. */

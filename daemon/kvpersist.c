@@ -141,7 +141,7 @@ static int wt_finish(struct kvstore *ks, struct kv_sess *kv, char *why, size_t w
 
 	if (!p || !p->wt_n)
 		return 0;
-	dataop_batch_wait(&p->wt_b);
+	dataop_batch_wait(ks, &p->wt_b);
 	for (uint32_t k = 0; k < p->wt_n; k++) {
 		struct kvp_wt *w = &p->wt[k];
 		struct kv_page_meta *m = &kv->layer[w->l].meta[w->i];
@@ -200,8 +200,6 @@ static uint32_t wt_queue(struct kvstore *ks, struct kv_sess *kv, uint32_t l0, ui
 		p->wt = n;
 		p->wt_cap = want;
 	}
-	pthread_mutex_init(&p->wt_b.lock, NULL);
-	pthread_cond_init(&p->wt_b.cond, NULL);
 	p->wt_b.pending = 0;
 	p->wt_n = 0;
 	for (uint32_t l = l0 == UINT32_MAX ? 0 : l0; l < (l0 == UINT32_MAX ? kv->n_layers : l0 + 1); l++) {
@@ -233,12 +231,9 @@ submit:
 		struct spill_page_hdr h = dataop_hdr_of(kv, w->l, w->i);
 		int e;
 		h.generation = w->gen;
-		if ((e = spill_write(ks->spill, w->slot, &h, kv->layer[w->l].pages[w->i], dataop_io_done, &w->io)) < 0)
-			dataop_io_done(&w->io, e, strerror(-e));
-	}
-	if (!p->wt_n) {
-		pthread_mutex_destroy(&p->wt_b.lock);
-		pthread_cond_destroy(&p->wt_b.cond);
+		if ((e = spill_write(ks->spill, w->slot, &h, kv->layer[w->l].pages[w->i], dataop_io_done, &w->io,
+				       SPILL_BACKGROUND)) < 0)
+			dataop_io_fail(&w->io, e);
 	}
 	return p->wt_n;
 }

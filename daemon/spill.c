@@ -26,6 +26,7 @@
 #define DEFAULT_QD   64u
 #define SUBMIT_EVERY 4u         /* staged SQEs per io_uring_submit */
 #define LAT_SAMPLES  1024u
+#define REAP_EVERY_US 200u      /* the I/O thread's passes while completions come */
 
 enum req_op { REQ_WRITE, REQ_READ };
 
@@ -40,6 +41,9 @@ struct req {
 	void *ctx;
 	uint64_t t0_ns;
 	uint32_t stage;              /* staging slot while in flight */
+	bool direct;                 /* the page itself is the I/O buffer */
+	int inject;                  /* an armed fault this request takes (-errno) */
+	struct iovec iov[2];         /* direct: header in staging, the page */
 };
 
 struct spill {
@@ -51,27 +55,41 @@ struct spill {
 	uint32_t page_bytes, qd;
 	uint64_t slot_bytes, n_slots;
 
-	pthread_mutex_t lock;        /* everything below */
-	pthread_cond_t cond;         /* the fallback engine's queue */
+	pthread_mutex_t lock;        /* the slot bitmap, stats, faults */
+	pthread_cond_t done_cond;    /* fallback engine: broadcast after each completion */
 	uint64_t *bitmap;            /* [n_slots/64] used slots */
 	uint64_t used, hint;
-	struct req *q_head, *q_tail; /* waiting for a staging slot */
-	bool stop;
 	uint64_t fault_nth[2];
 	int fault_err[2];
 	uint32_t delay_us;           /* spill_fault_delay */
 	struct spill_stats st;
 	uint32_t lat_us[LAT_SAMPLES], lat_n;
 
-	/* the I/O thread's own */
-	pthread_t thread;
-	struct io_uring ring;
-	int efd;                     /* submitters -> I/O thread */
-	int cq_efd;                  /* the ring -> I/O thread (completions) */
+	/* Submission side: the queue of requests waiting for a staging slot,
+	 * the staging slots, the ring's SQ.  Whoever submits stages and
+	 * submits in its own thread (copy + crc, then io_uring_submit); a
+	 * request that finds no free staging slot waits in the queue until a
+	 * completion frees one.  Fallback engine: the queue, and cond wakes
+	 * its thread. */
+	pthread_mutex_t sq_lock;
+	pthread_cond_t cond;
+	struct req *q_head, *q_tail;
+	bool stop;
 	uint8_t *staging;            /* qd slots of slot_bytes, 4 KiB aligned */
 	size_t staging_bytes;
 	struct req **inflight;       /* [qd] by staging slot */
 	uint32_t *free_stage, n_free_stage;
+
+	/* Completion side: whoever holds cq_lock reaps the ring's CQ and runs
+	 * the callbacks: a caller waiting in spill_wait (it sleeps in
+	 * io_uring_enter and is woken by the kernel itself), else the I/O
+	 * thread (woken by the ring's completion eventfd).  Order: cq_lock,
+	 * then sq_lock, then lock. */
+	pthread_mutex_t cq_lock;
+	struct io_uring ring;
+	pthread_t thread;
+	int efd;                     /* wakes the I/O thread: stop, a waiter left */
+	int cq_efd;                  /* the ring -> I/O thread (completions) */
 };
 
 static uint64_t now_ns(void)
@@ -154,9 +172,10 @@ static uint32_t page_crc(const struct spill_page_hdr *h, const void *payload, ui
 	return spill_crc32c(spill_crc32c(0, &c, sizeof(c)), payload, bytes);
 }
 
-/* 0, or -EBADMSG with why: the header and payload in staging against what
- * the reader expects. */
-static int verify(struct spill *sp, const struct req *q, const uint8_t *buf, char *why, size_t whylen)
+/* 0, or -EBADMSG with why: the header (in staging) and the payload
+ * against what the reader expects. */
+static int verify(struct spill *sp, const struct req *q, const uint8_t *buf, const uint8_t *payload, char *why,
+		  size_t whylen)
 {
 	struct spill_page_hdr h;
 	const struct spill_page_hdr *e = &q->hdr;
@@ -170,9 +189,9 @@ static int verify(struct spill *sp, const struct req *q, const uint8_t *buf, cha
 	else if (h.layout_id != TQ_PAGE_LAYOUT_ID || h.payload_bytes != sp->page_bytes)
 		snprintf(why, whylen, "page layout %u of %u bytes, expected layout %u of %u", h.layout_id,
 			 h.payload_bytes, TQ_PAGE_LAYOUT_ID, sp->page_bytes);
-	else if (h.crc32c != page_crc(&h, buf + SPILL_HDR_BYTES, sp->page_bytes))
+	else if (h.crc32c != page_crc(&h, payload, sp->page_bytes))
 		snprintf(why, whylen, "checksum mismatch (crc32c %08x stored, %08x computed)", h.crc32c,
-			 page_crc(&h, buf + SPILL_HDR_BYTES, sp->page_bytes));
+			 page_crc(&h, payload, sp->page_bytes));
 	else if (h.session_id != e->session_id || h.layer != e->layer || h.page_index != e->page_index ||
 		 h.generation != e->generation)
 		snprintf(why, whylen, "holds session %" PRIu64 " layer %u page %u generation %" PRIu64
@@ -188,7 +207,7 @@ static int verify(struct spill *sp, const struct req *q, const uint8_t *buf, cha
 	return -EBADMSG;
 }
 
-/* ---- completion (I/O thread) ----------------------------------------------------------- */
+/* ---- completion ------------------------------------------------------------------------- */
 
 static int fault_take(struct spill *sp, enum req_op op)
 {
@@ -201,11 +220,12 @@ static int fault_take(struct spill *sp, enum req_op op)
 	return err;
 }
 
-/* res: the syscall's result for the whole slot (bytes, or -errno). */
+/* res: the syscall's result for the whole slot (bytes, or -errno).  Runs
+ * on whichever thread reaps (cq_lock held), or the fallback's thread. */
 static void complete(struct spill *sp, struct req *q, const uint8_t *buf, long res)
 {
 	char why[1024] = "";
-	int r = 0, inj = fault_take(sp, q->op);
+	int r = 0, inj = q->inject;
 	uint64_t off = q->slot * sp->slot_bytes;
 	uint32_t delay = __atomic_load_n(&sp->delay_us, __ATOMIC_RELAXED);
 
@@ -226,8 +246,10 @@ static void complete(struct spill *sp, struct req *q, const uint8_t *buf, long r
 		r = -EIO;
 		snprintf(why, sizeof(why), "%s offset %" PRIu64 ": short %s (%ld of %" PRIu64 " bytes)", sp->path,
 			 off, q->op == REQ_WRITE ? "write" : "read", res, sp->slot_bytes);
-	} else if (q->op == REQ_READ && (r = verify(sp, q, buf, why, sizeof(why))) == 0) {
-		memcpy(q->dst, buf + SPILL_HDR_BYTES, sp->page_bytes);
+	} else if (q->op == REQ_READ) {
+		const uint8_t *payload = q->direct ? q->dst : buf + SPILL_HDR_BYTES;
+		if ((r = verify(sp, q, buf, payload, why, sizeof(why))) == 0 && !q->direct)
+			memcpy(q->dst, payload, sp->page_bytes);
 	}
 
 	uint64_t us = (now_ns() - q->t0_ns) / 1000u;
@@ -251,12 +273,19 @@ static void complete(struct spill *sp, struct req *q, const uint8_t *buf, long r
 		log_err("spill: %s", why);
 	q->fn(q->ctx, r, why);
 	free(q);
+	if (!sp->uring) { /* spill_wait's sleepers look again */
+		pthread_mutex_lock(&sp->lock);
+		pthread_cond_broadcast(&sp->done_cond);
+		pthread_mutex_unlock(&sp->lock);
+	}
 }
 
-/* Fill staging slot s for a write: header + crc + payload. */
+/* Fill staging slot buf for a write: the header with its crc, and the
+ * payload unless the page itself goes to the disk (direct). */
 static void stage_write(struct spill *sp, struct req *q, uint8_t *buf)
 {
 	struct spill_page_hdr h = q->hdr;
+	const void *payload = q->src;
 
 	h.magic = SPILL_MAGIC;
 	h.format = SPILL_FORMAT;
@@ -264,18 +293,23 @@ static void stage_write(struct spill *sp, struct req *q, uint8_t *buf)
 	h.layout_id = TQ_PAGE_LAYOUT_ID;
 	h.payload_bytes = sp->page_bytes;
 	h.crc32c = 0;
-	memcpy(buf + SPILL_HDR_BYTES, q->src, sp->page_bytes);
-	h.crc32c = page_crc(&h, buf + SPILL_HDR_BYTES, sp->page_bytes);
+	if (!q->direct)
+		payload = memcpy(buf + SPILL_HDR_BYTES, q->src, sp->page_bytes);
+	h.crc32c = page_crc(&h, payload, sp->page_bytes);
 	memset(buf, 0, SPILL_HDR_BYTES);
 	memcpy(buf, &h, sizeof(h));
 }
 
 /* ---- the io_uring engine --------------------------------------------------------------- */
 
-/* The I/O thread sleeps in poll() on two eventfds — submitters' doorbell
- * and the ring's completion eventfd (io_uring_register_eventfd) — rather
- * than in io_uring_enter: plain blocking syscalls that every tool (gdb,
- * strace, valgrind) understands. */
+static void kick(int fd)
+{
+	uint64_t one = 1;
+	if (write(fd, &one, sizeof(one)) < 0) {
+		/* counter saturated: the I/O thread is due to look anyway */
+	}
+}
+
 static void drain_efd(int fd)
 {
 	uint64_t v;
@@ -284,65 +318,119 @@ static void drain_efd(int fd)
 	}
 }
 
+static void ring_submit(struct spill *sp)
+{
+	int r = io_uring_submit(&sp->ring);
+	if (r < 0) /* the SQEs stay queued: the next submit (or the I/O thread's) retries */
+		log_err("spill: io_uring_submit: %s", strerror(-r));
+}
+
+/* Stage and submit queued requests, as far as staging slots go (sq_lock
+ * held).  Staging a write costs ~10 us (copy + crc): the disk gets every
+ * few at once rather than the whole batch at the end. */
+static void pump_locked(struct spill *sp)
+{
+	unsigned n = 0;
+
+	while (sp->q_head && sp->n_free_stage) {
+		struct req *q = sp->q_head;
+		sp->q_head = q->next;
+		if (!sp->q_head)
+			sp->q_tail = NULL;
+		q->stage = sp->free_stage[--sp->n_free_stage];
+		q->inject = fault_take(sp, q->op); /* in submission order: deterministic */
+		uint8_t *buf = sp->staging + (size_t)q->stage * sp->slot_bytes;
+		struct io_uring_sqe *e = io_uring_get_sqe(&sp->ring); /* qd entries, qd stages */
+		uint64_t off = q->slot * sp->slot_bytes;
+		void *page = q->op == REQ_WRITE ? (void *)q->src : q->dst;
+		/* A block-aligned page (every pool page) is the I/O buffer itself,
+		 * behind its header in staging: no copy.  Else all of the slot
+		 * goes through staging (registered buffers). */
+		q->direct = ((uintptr_t)page & (SPILL_HDR_BYTES - 1)) == 0;
+		q->iov[0] = (struct iovec){ buf, SPILL_HDR_BYTES };
+		q->iov[1] = (struct iovec){ page, sp->page_bytes };
+		if (q->op == REQ_WRITE)
+			stage_write(sp, q, buf);
+		if (q->direct && q->op == REQ_WRITE)
+			io_uring_prep_writev(e, 0, q->iov, 2, off);
+		else if (q->direct)
+			io_uring_prep_readv(e, 0, q->iov, 2, off);
+		else if (q->op == REQ_WRITE)
+			io_uring_prep_write_fixed(e, 0, buf, (unsigned)sp->slot_bytes, off, 0);
+		else
+			io_uring_prep_read_fixed(e, 0, buf, (unsigned)sp->slot_bytes, off, 0);
+		e->flags |= IOSQE_FIXED_FILE;
+		io_uring_sqe_set_data64(e, q->stage);
+		sp->inflight[q->stage] = q;
+		if (++n % SUBMIT_EVERY == 0)
+			ring_submit(sp);
+	}
+	if (n % SUBMIT_EVERY || io_uring_sq_ready(&sp->ring))
+		ring_submit(sp);
+}
+
+/* Hand back every completion there is (cq_lock held): callbacks, then the
+ * staging slots go back and queued requests take them.  Returns how many. */
+static unsigned reap_locked(struct spill *sp)
+{
+	struct io_uring_cqe *cqe;
+	unsigned head, n = 0;
+	uint32_t done[DEFAULT_QD * 2];
+
+	io_uring_for_each_cqe(&sp->ring, head, cqe) {
+		uint64_t tag = io_uring_cqe_get_data64(cqe);
+		struct req *q = sp->inflight[tag];
+		sp->inflight[tag] = NULL;
+		complete(sp, q, sp->staging + (size_t)tag * sp->slot_bytes, cqe->res);
+		done[n++] = (uint32_t)tag;
+		if (n == sizeof(done) / sizeof(done[0]))
+			break;
+	}
+	io_uring_cq_advance(&sp->ring, n);
+	if (n) {
+		pthread_mutex_lock(&sp->sq_lock);
+		for (unsigned i = 0; i < n; i++)
+			sp->free_stage[sp->n_free_stage++] = done[i];
+		pump_locked(sp);
+		pthread_mutex_unlock(&sp->sq_lock);
+	}
+	return n;
+}
+
+/* The I/O thread reaps what nobody waits for (write-through, read-ahead,
+ * anything whose waiter has not come yet).  It sleeps in poll() on the
+ * ring's completion eventfd and the wake-up eventfd — plain blocking
+ * syscalls every tool (gdb, strace, valgrind) understands — and steps
+ * aside while a waiter holds cq_lock. */
 static void *uring_main(void *arg)
 {
 	struct spill *sp = arg;
 
 	for (;;) {
-		/* take what is queued, as far as staging slots go */
-		unsigned queued = 0;
-		pthread_mutex_lock(&sp->lock);
-		bool stop = sp->stop;
-		while (sp->q_head && sp->n_free_stage) {
-			struct req *q = sp->q_head;
-			sp->q_head = q->next;
-			if (!sp->q_head)
-				sp->q_tail = NULL;
-			q->stage = sp->free_stage[--sp->n_free_stage];
-			pthread_mutex_unlock(&sp->lock);
-			uint8_t *buf = sp->staging + (size_t)q->stage * sp->slot_bytes;
-			struct io_uring_sqe *e = io_uring_get_sqe(&sp->ring); /* qd entries, qd stages */
-			if (q->op == REQ_WRITE) {
-				stage_write(sp, q, buf);
-				io_uring_prep_write_fixed(e, 0, buf, (unsigned)sp->slot_bytes, q->slot * sp->slot_bytes, 0);
-			} else {
-				io_uring_prep_read_fixed(e, 0, buf, (unsigned)sp->slot_bytes, q->slot * sp->slot_bytes, 0);
-			}
-			e->flags |= IOSQE_FIXED_FILE;
-			io_uring_sqe_set_data64(e, q->stage);
-			sp->inflight[q->stage] = q;
-			/* staging a page costs ~10 us (copy + crc): hand the disk
-			 * every few at once rather than the whole batch at the end */
-			if (++queued % SUBMIT_EVERY == 0 && io_uring_submit(&sp->ring) < 0)
-				log_err("spill: io_uring_submit failed");
-			pthread_mutex_lock(&sp->lock);
+		unsigned n = 0;
+		if (pthread_mutex_trylock(&sp->cq_lock) == 0) {
+			n = reap_locked(sp);
+			pthread_mutex_unlock(&sp->cq_lock);
 		}
+		pthread_mutex_lock(&sp->sq_lock);
+		uint32_t was_free = sp->n_free_stage;
+		pump_locked(sp); /* background requests; and a submit that failed before */
+		n += was_free - sp->n_free_stage;
+		bool stop = sp->stop, more = sp->q_head != NULL;
 		uint32_t busy = sp->qd - sp->n_free_stage;
-		bool more = sp->q_head != NULL;
-		pthread_mutex_unlock(&sp->lock);
+		pthread_mutex_unlock(&sp->sq_lock);
 		if (stop && busy == 0 && !more)
 			break;
-		if (queued % SUBMIT_EVERY) { /* the rest of the batch */
-			int r = io_uring_submit(&sp->ring);
-			if (r < 0)
-				log_err("spill: io_uring_submit: %s", strerror(-r));
+		if (n) {
+			/* Nobody waits on these (a waiter reaps for itself), so
+			 * take them in batches: one pass per REAP_EVERY_US rather
+			 * than a wake-up per completion, which would take CPU from
+			 * the attention that read-ahead overlaps with.  64 in
+			 * flight last milliseconds even on a fast disk. */
+			if (!stop)
+				usleep(REAP_EVERY_US);
+			continue;
 		}
-		/* hand back every completion there is */
-		struct io_uring_cqe *cqe;
-		unsigned head, n = 0;
-		io_uring_for_each_cqe(&sp->ring, head, cqe) {
-			uint64_t tag = io_uring_cqe_get_data64(cqe);
-			struct req *q = sp->inflight[tag];
-			n++;
-			sp->inflight[tag] = NULL;
-			complete(sp, q, sp->staging + (size_t)tag * sp->slot_bytes, cqe->res);
-			pthread_mutex_lock(&sp->lock);
-			sp->free_stage[sp->n_free_stage++] = (uint32_t)tag;
-			pthread_mutex_unlock(&sp->lock);
-		}
-		io_uring_cq_advance(&sp->ring, n);
-		if (n || queued)
-			continue; /* look again before sleeping: stages were freed */
 		struct pollfd pf[2] = { { sp->efd, POLLIN, 0 }, { sp->cq_efd, POLLIN, 0 } };
 		if (poll(pf, 2, busy ? 100 : -1) > 0) {
 			if (pf[0].revents)
@@ -361,17 +449,18 @@ static void *sync_main(void *arg)
 	struct spill *sp = arg;
 	uint8_t *buf = sp->staging;
 
-	pthread_mutex_lock(&sp->lock);
+	pthread_mutex_lock(&sp->sq_lock);
 	for (;;) {
 		while (!sp->q_head && !sp->stop)
-			pthread_cond_wait(&sp->cond, &sp->lock);
+			pthread_cond_wait(&sp->cond, &sp->sq_lock);
 		if (!sp->q_head)
 			break;
 		struct req *q = sp->q_head;
 		sp->q_head = q->next;
 		if (!sp->q_head)
 			sp->q_tail = NULL;
-		pthread_mutex_unlock(&sp->lock);
+		pthread_mutex_unlock(&sp->sq_lock);
+		q->inject = fault_take(sp, q->op);
 		off_t off = (off_t)(q->slot * sp->slot_bytes);
 		ssize_t n;
 		if (q->op == REQ_WRITE) {
@@ -381,16 +470,16 @@ static void *sync_main(void *arg)
 			n = pread(sp->fd, buf, sp->slot_bytes, off);
 		}
 		complete(sp, q, buf, n < 0 ? -errno : (long)n);
-		pthread_mutex_lock(&sp->lock);
+		pthread_mutex_lock(&sp->sq_lock);
 	}
-	pthread_mutex_unlock(&sp->lock);
+	pthread_mutex_unlock(&sp->sq_lock);
 	return NULL;
 }
 
-/* ---- submission ------------------------------------------------------------------------ */
+/* ---- submission and waiting ------------------------------------------------------------ */
 
 static int submit(struct spill *sp, enum req_op op, uint64_t slot, const struct spill_page_hdr *hdr,
-		  const void *src, void *dst, spill_done_fn fn, void *ctx)
+		  const void *src, void *dst, spill_done_fn fn, void *ctx, unsigned flags)
 {
 	struct req *q;
 
@@ -406,9 +495,9 @@ static int submit(struct spill *sp, enum req_op op, uint64_t slot, const struct 
 	q->fn = fn;
 	q->ctx = ctx;
 	q->t0_ns = now_ns();
-	pthread_mutex_lock(&sp->lock);
+	pthread_mutex_lock(&sp->sq_lock);
 	if (sp->stop) {
-		pthread_mutex_unlock(&sp->lock);
+		pthread_mutex_unlock(&sp->sq_lock);
 		free(q);
 		return -ESHUTDOWN;
 	}
@@ -417,32 +506,71 @@ static int submit(struct spill *sp, enum req_op op, uint64_t slot, const struct 
 	else
 		sp->q_head = q;
 	sp->q_tail = q;
-	pthread_cond_signal(&sp->cond);
-	pthread_mutex_unlock(&sp->lock);
-	if (sp->uring) {
-		uint64_t one = 1;
-		if (write(sp->efd, &one, sizeof(one)) < 0) {
-			/* counter saturated: the I/O thread is due to look anyway */
-		}
-	}
+	bool bg = sp->uring && (flags & SPILL_BACKGROUND);
+	if (sp->uring && !bg)
+		pump_locked(sp); /* in this thread: no hand-off before the disk sees it */
+	else if (!sp->uring)
+		pthread_cond_signal(&sp->cond);
+	pthread_mutex_unlock(&sp->sq_lock);
+	if (bg) /* the I/O thread submits it, so the kernel's completion work lands there too */
+		kick(sp->efd);
 	return 0;
 }
 
 int spill_write(struct spill *sp, uint64_t slot, const struct spill_page_hdr *hdr, const void *page,
-		spill_done_fn fn, void *ctx)
+		spill_done_fn fn, void *ctx, unsigned flags)
 {
-	return submit(sp, REQ_WRITE, slot, hdr, page, NULL, fn, ctx);
+	return submit(sp, REQ_WRITE, slot, hdr, page, NULL, fn, ctx, flags);
 }
 
 int spill_read(struct spill *sp, uint64_t slot, const struct spill_page_hdr *expect, void *page,
-	       spill_done_fn fn, void *ctx)
+	       spill_done_fn fn, void *ctx, unsigned flags)
 {
-	return submit(sp, REQ_READ, slot, expect, NULL, page, fn, ctx);
+	return submit(sp, REQ_READ, slot, expect, NULL, page, fn, ctx, flags);
+}
+
+void spill_wait(struct spill *sp, bool (*done)(void *arg), void *arg)
+{
+	if (!sp->uring) {
+		pthread_mutex_lock(&sp->lock);
+		while (!done(arg))
+			pthread_cond_wait(&sp->done_cond, &sp->lock);
+		pthread_mutex_unlock(&sp->lock);
+		return;
+	}
+	if (done(arg))
+		return;
+	/* Drive the ring from here until done: reap, and sleep in
+	 * io_uring_enter for the next completion.  A thread already doing so
+	 * reaps ours too; we take over when it leaves. */
+	pthread_mutex_lock(&sp->cq_lock);
+	/* nobody else reaps meanwhile: the I/O thread need not wake */
+	bool toggled = io_uring_cq_eventfd_toggle(&sp->ring, false) == 0;
+	while (!done(arg)) {
+		if (reap_locked(sp))
+			continue;
+		struct io_uring_cqe *cqe;
+		struct __kernel_timespec ts = { 1, 0 }; /* a safety net, not a timeout */
+		int r = io_uring_wait_cqe_timeout(&sp->ring, &cqe, &ts);
+		if (r == -ETIME) {
+			pthread_mutex_lock(&sp->sq_lock); /* an SQE a failed submit left behind? */
+			if (io_uring_sq_ready(&sp->ring))
+				ring_submit(sp);
+			pthread_mutex_unlock(&sp->sq_lock);
+		} else if (r < 0 && r != -EINTR && r != -EAGAIN) {
+			log_err("spill: waiting for completions: %s", strerror(-r));
+			usleep(1000);
+		}
+	}
+	if (toggled)
+		io_uring_cq_eventfd_toggle(&sp->ring, true);
+	pthread_mutex_unlock(&sp->cq_lock);
+	/* what completed between the last reap and the toggle went unsignalled */
+	if (io_uring_cq_ready(&sp->ring))
+		kick(sp->efd);
 }
 
 struct waiter {
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
 	bool done;
 	int res;
 	char why[1024];
@@ -452,44 +580,42 @@ static void wake(void *ctx, int res, const char *why)
 {
 	struct waiter *w = ctx;
 
-	pthread_mutex_lock(&w->lock);
 	w->res = res;
 	snprintf(w->why, sizeof(w->why), "%s", why ? why : "");
-	w->done = true;
-	pthread_cond_signal(&w->cond);
-	pthread_mutex_unlock(&w->lock);
+	__atomic_store_n(&w->done, true, __ATOMIC_RELEASE);
 }
 
-static int wait_for(struct waiter *w, int r, char *why, size_t whylen)
+static bool waiter_done(void *arg)
+{
+	struct waiter *w = arg;
+	return __atomic_load_n(&w->done, __ATOMIC_ACQUIRE);
+}
+
+static int wait_for(struct spill *sp, struct waiter *w, int r, char *why, size_t whylen)
 {
 	if (r == 0) {
-		pthread_mutex_lock(&w->lock);
-		while (!w->done)
-			pthread_cond_wait(&w->cond, &w->lock);
-		pthread_mutex_unlock(&w->lock);
+		spill_wait(sp, waiter_done, w);
 		r = w->res;
 		if (why && whylen)
 			snprintf(why, whylen, "%s", w->why);
 	} else if (why && whylen) {
 		snprintf(why, whylen, "spill: %s", strerror(-r));
 	}
-	pthread_mutex_destroy(&w->lock);
-	pthread_cond_destroy(&w->cond);
 	return r;
 }
 
 int spill_write_sync(struct spill *sp, uint64_t slot, const struct spill_page_hdr *hdr, const void *page,
 		     char *why, size_t whylen)
 {
-	struct waiter w = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0, "" };
-	return wait_for(&w, spill_write(sp, slot, hdr, page, wake, &w), why, whylen);
+	struct waiter w = { false, 0, "" };
+	return wait_for(sp, &w, spill_write(sp, slot, hdr, page, wake, &w, 0), why, whylen);
 }
 
 int spill_read_sync(struct spill *sp, uint64_t slot, const struct spill_page_hdr *expect, void *page,
 		    char *why, size_t whylen)
 {
-	struct waiter w = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0, "" };
-	return wait_for(&w, spill_read(sp, slot, expect, page, wake, &w), why, whylen);
+	struct waiter w = { false, 0, "" };
+	return wait_for(sp, &w, spill_read(sp, slot, expect, page, wake, &w, 0), why, whylen);
 }
 
 void spill_fault_arm(struct spill *sp, enum spill_fault kind, uint64_t nth, int err)
@@ -522,6 +648,7 @@ void spill_stats(struct spill *sp, struct spill_stats *out)
 	out->slots_total = sp->n_slots;
 	out->slots_used = sp->used;
 	out->slot_bytes = sp->slot_bytes;
+	out->queue_depth = sp->uring ? sp->qd : 1;
 	n = sp->lat_n < LAT_SAMPLES ? sp->lat_n : LAT_SAMPLES;
 	memcpy(lat, sp->lat_us, n * sizeof(lat[0]));
 	pthread_mutex_unlock(&sp->lock);
@@ -686,7 +813,10 @@ static void spill_free(struct spill *sp)
 	free(sp->inflight);
 	free(sp->free_stage);
 	pthread_mutex_destroy(&sp->lock);
+	pthread_mutex_destroy(&sp->sq_lock);
+	pthread_mutex_destroy(&sp->cq_lock);
 	pthread_cond_destroy(&sp->cond);
+	pthread_cond_destroy(&sp->done_cond);
 	free(sp);
 }
 
@@ -711,7 +841,10 @@ int spill_open(struct spill **out, const struct spill_params *p, char *why, size
 	sp->efd = -1;
 	sp->cq_efd = -1;
 	pthread_mutex_init(&sp->lock, NULL);
+	pthread_mutex_init(&sp->sq_lock, NULL);
+	pthread_mutex_init(&sp->cq_lock, NULL);
 	pthread_cond_init(&sp->cond, NULL);
+	pthread_cond_init(&sp->done_cond, NULL);
 	sp->page_bytes = p->page_bytes;
 	sp->slot_bytes = (uint64_t)SPILL_HDR_BYTES + p->page_bytes;
 	sp->n_slots = p->bytes / sp->slot_bytes;
@@ -791,16 +924,12 @@ void spill_close(struct spill *sp)
 {
 	if (!sp)
 		return;
-	pthread_mutex_lock(&sp->lock);
+	pthread_mutex_lock(&sp->sq_lock);
 	sp->stop = true;
 	pthread_cond_signal(&sp->cond);
-	pthread_mutex_unlock(&sp->lock);
-	if (sp->uring) {
-		uint64_t one = 1;
-		if (write(sp->efd, &one, sizeof(one)) < 0) {
-			/* the I/O thread is due to look anyway */
-		}
-	}
+	pthread_mutex_unlock(&sp->sq_lock);
+	if (sp->uring)
+		kick(sp->efd);
 	pthread_join(sp->thread, NULL);
 	if (sp->uring)
 		io_uring_queue_exit(&sp->ring);

@@ -14,19 +14,27 @@
  * O_DIRECT: slot offsets and the staging buffers are 4 KiB aligned, pages
  * never pass through the page cache.
  *
- * Engine: one I/O thread owns an io_uring with the file registered
- * (IOSQE_FIXED_FILE) and a staging area registered as fixed buffers (one
- * staging slot per queue entry: header + page; at most 64 entries and
- * under 8 MiB, the default RLIMIT_MEMLOCK), submits every queued request
- * at once (batched), sleeps in poll() on a doorbell eventfd and the
- * ring's completion eventfd, and hands each completion back through the
- * request's callback (on the I/O thread).  A write copies the page into
- * staging when it is taken, so the page may change again once its callback
- * ran; a read lands in staging, is verified, then copied out.  When
- * io_uring is not available (kernel, seccomp, io_uring_disabled, memlock)
- * or the file system has no O_DIRECT (tmpfs), spill_open fails and says
- * exactly which — unless params.allow_fallback, when the same thread does
- * pread/pwrite instead and the start-up log says so (slower; never silent).
+ * Engine: an io_uring with the file registered (IOSQE_FIXED_FILE) and a
+ * staging area registered as fixed buffers (one staging slot per queue
+ * entry: header + page; at most 64 entries and under 8 MiB, the default
+ * RLIMIT_MEMLOCK).  No thread sits between a caller and the disk: the
+ * submitting thread stages its request (a write's copy + crc) and submits
+ * it itself; a request that finds every staging slot busy waits in a queue
+ * that each completion drains.  Completions are reaped by whoever waits:
+ * a thread in spill_wait (or the _sync calls) drives the ring — it sleeps
+ * in io_uring_enter and is woken by the kernel itself, reaps, and runs the
+ * callbacks of every completion it finds, its own and others' — and the
+ * store's I/O thread reaps the rest (read-ahead, write-through) when
+ * nobody waits, woken by the ring's completion eventfd.  So a single-page
+ * restore costs one wake-up, as a program doing its own I/O would.  A
+ * write copies the page into staging when it is submitted (or leaves the
+ * queue), so the page may change again once its callback ran; a read
+ * lands in staging, is verified, then copied out.  When io_uring is not
+ * available (kernel, seccomp, io_uring_disabled, memlock) or the file
+ * system has no O_DIRECT (tmpfs), spill_open fails and says exactly which
+ * — unless params.allow_fallback, when the I/O thread does pread/pwrite
+ * one request at a time instead and the start-up log says so (slower;
+ * never silent).
  *
  * Thread-safe: any thread may allocate slots and submit.
  */
@@ -77,6 +85,7 @@ struct spill_params {
 struct spill_stats {
 	uint64_t slots_total, slots_used;
 	uint64_t slot_bytes;
+	uint32_t queue_depth;     /* I/Os the engine keeps in flight at most     */
 	uint64_t bytes_written, bytes_read;
 	uint64_t writes, reads;
 	uint64_t io_errors;       /* failed reads and writes (I/O errors)         */
@@ -108,26 +117,41 @@ int spill_sync(struct spill *sp);
 
 /* Completion: res 0 or a negative errno (-EIO, -EBADMSG: the page failed
  * its checks), why says what happened (file, offset, reason) when res < 0.
- * Runs on the I/O thread: keep it short, never call back into the store's
- * synchronous functions from it. */
+ * Runs on whichever thread reaps — one waiting in spill_wait (anyone's),
+ * or the I/O thread: keep it short, take only locks nothing holds while
+ * calling into the store, never wait on the store from it. */
 typedef void (*spill_done_fn)(void *ctx, int res, const char *why);
+
+/* flags: SPILL_BACKGROUND — nobody will wait for it soon (read-ahead,
+ * write-through): the I/O thread submits it, so the kernel's completion
+ * work (run in the submitter's context) does not interrupt a thread that
+ * is busy computing.  Without it the calling thread submits at once. */
+#define SPILL_BACKGROUND 1u
 
 /* Write page (payload_bytes) to slot with hdr (crc computed here).  page
  * must stay unchanged until fn runs.  0 if queued (fn will run), or a
- * negative errno at once (fn will not run). */
+ * negative errno at once (fn will not run).  A block-aligned page (4 KiB:
+ * every pool page) is itself the I/O buffer; any other goes through the
+ * store's staging buffers. */
 int spill_write(struct spill *sp, uint64_t slot, const struct spill_page_hdr *hdr, const void *page,
-		spill_done_fn fn, void *ctx);
+		spill_done_fn fn, void *ctx, unsigned flags);
 /* Read slot into page after checking it against expect (magic, format,
- * layout, size, session, layer, page index, generation, crc). */
+ * layout, size, session, layer, page index, generation, crc).  When the
+ * read fails, page's bytes are unspecified (a block-aligned page is read
+ * into directly): never use them. */
 int spill_read(struct spill *sp, uint64_t slot, const struct spill_page_hdr *expect, void *page,
-	       spill_done_fn fn, void *ctx);
+	       spill_done_fn fn, void *ctx, unsigned flags);
+/* Wait until done(arg) is true, done turning true in the callbacks of
+ * requests already submitted: drives the ring from this thread meanwhile
+ * (see Engine above).  done is called often, from this thread only. */
+void spill_wait(struct spill *sp, bool (*done)(void *arg), void *arg);
 /* The same, waiting for the result; why (may be NULL) gets the reason. */
 int spill_write_sync(struct spill *sp, uint64_t slot, const struct spill_page_hdr *hdr, const void *page,
 		     char *why, size_t whylen);
 int spill_read_sync(struct spill *sp, uint64_t slot, const struct spill_page_hdr *expect, void *page,
 		    char *why, size_t whylen);
 
-/* Fault injection (tests): the nth next write (or read) from now
+/* Fault injection (tests): the nth write (or read) submitted from now
  * completes with err (-EIO, -ENOSPC, ...) whatever the disk did.
  * nth 0 disarms. */
 enum spill_fault { SPILL_FAULT_WRITE, SPILL_FAULT_READ };

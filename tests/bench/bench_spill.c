@@ -8,8 +8,9 @@
  * first).  Single-page restores at queue depth 1 read random slots of the
  * store.  fio (Debian package) runs io_uring + O_DIRECT sequential write,
  * sequential read and QD1 random read with the same block size (one slot:
- * page + 4 KiB header) on a file in the same directory, in the same run;
- * the ratios are printed. */
+ * page + 4 KiB header) on a file in the same directory, each job paired
+ * with our measurement on the same amount of work, just before or after
+ * it in turns; the medians of the pairs' ratios are printed. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -34,7 +35,7 @@
 
 struct fio_res {
 	double bw;                 /* bytes/s */
-	double p50_us, p99_us;     /* completion latency */
+	double p50_us, p99_us;     /* total latency: submission to completion */
 };
 
 /* The number after "key" : inside the object that starts at `from`. */
@@ -48,18 +49,21 @@ static double json_num(const char *from, const char *key)
 	return p ? strtod(p + strlen(pat), NULL) : -1;
 }
 
-/* Run fio; 0 and the job's figures for `dir` ("read" or "write"). */
-static int fio_run(const char *file, uint64_t size, uint64_t bs, const char *rw, int qd, int seconds,
+/* Run fio over the first `size` bytes of file; n_ios > 0: that many I/Os,
+ * else one pass.  0 and the job's figures. */
+static int fio_run(const char *file, uint64_t size, uint64_t bs, const char *rw, int qd, int n_ios,
 		   struct fio_res *out)
 {
-	char cmd[1024], buf[1 << 16];
+	char cmd[1024], buf[1 << 16], extra[64] = "";
 	size_t n = 0;
 	FILE *f;
 
+	if (n_ios > 0)
+		snprintf(extra, sizeof(extra), "--number_ios=%d", n_ios);
 	snprintf(cmd, sizeof(cmd),
 		 "fio --name=tq --filename=%s --size=%" PRIu64 " --bs=%" PRIu64 " --rw=%s --ioengine=io_uring "
-		 "--direct=1 --iodepth=%d %s --output-format=json 2>&1",
-		 file, size, bs, rw, qd, seconds ? "--time_based --runtime=5" : "");
+		 "--direct=1 --iodepth=%d %s --lat_percentiles=1 --output-format=json 2>&1",
+		 file, size, bs, rw, qd, extra);
 	if (!(f = popen(cmd, "r")))
 		return -1;
 	while (n < sizeof(buf) - 1 && !feof(f))
@@ -74,7 +78,9 @@ static int fio_run(const char *file, uint64_t size, uint64_t bs, const char *rw,
 	if (!o)
 		return -1;
 	out->bw = json_num(o, "bw_bytes");
-	const char *cl = strstr(o, "\"clat_ns\"");
+	/* total latency (submission + completion), as ours is measured: the
+	 * caller's view; clat alone would leave out fio's submit syscall */
+	const char *cl = strstr(o, "\"lat_ns\"");
 	out->p50_us = cl ? json_num(cl, "50.000000") / 1e3 : -1;
 	out->p99_us = cl ? json_num(cl, "99.000000") / 1e3 : -1;
 	return out->bw > 0 ? 0 : -1;
@@ -86,11 +92,13 @@ static int cmp_d(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-/* 1,000 random single-page reads at queue depth 1: p50 and p99 in us. */
+#define QD1_N 2000
+
+/* QD1_N random single-page reads at queue depth 1: p50 and p99 in us. */
 static int qd1_reads(struct spill *sp, const uint64_t *slots, uint64_t n_slots, void *pg, uint64_t *rng,
 		     double *p50, double *p99)
 {
-	enum { N = 1000 };
+	enum { N = QD1_N };
 	static double lat[N];
 	char why[512];
 
@@ -111,7 +119,7 @@ static int qd1_reads(struct spill *sp, const uint64_t *slots, uint64_t n_slots, 
 	return 0;
 }
 
-static double median3(double *v, int n)
+static double median(double *v, int n)
 {
 	qsort(v, (size_t)n, sizeof(*v), cmp_d);
 	return v[n / 2];
@@ -123,8 +131,10 @@ static void usage(FILE *f)
 		   "  --dir DIR  where the spill file and fio's file go (default build/bench-spill);\n"
 		   "             put it on the disk you mean to measure\n"
 		   "  --mib N    session size (default 1024)\n"
-		   "  --rounds R rounds of every measurement, ours then fio's (1..9, default 3);\n"
-		   "             the medians are printed\n"
+		   "  --rounds R rounds (1..9, default 5): each measure runs ours and fio's\n"
+		   "             job back to back on the same amount of work, in turns\n"
+		   "             (odd rounds fio first); the medians of the pairs' ratios\n"
+		   "             are printed\n"
 		   "  --isa I    cap the kernels' ISA (restore + attend, encoding); default: the best\n");
 }
 
@@ -132,7 +142,7 @@ static int bench_spill_main(int argc, char **argv)
 {
 	const char *dir = "build/bench-spill";
 	uint64_t mib = 1024;
-	int json = 0, rounds = 3;
+	int json = 0, rounds = 5;
 
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--dir") && i + 1 < argc)
@@ -198,7 +208,7 @@ static int bench_spill_main(int argc, char **argv)
 	kvstore_set_spill(ks, sp);
 
 	/* QD1 single-page restores: pages of our own in slots, random reads */
-	uint8_t *pg = malloc(page);
+	uint8_t *pg = aligned_alloc(4096, page); /* a pool page is block-aligned */
 	uint64_t *slots = malloc(qd1_pages * sizeof(*slots));
 	memset(pg, 0x3c, page);
 	for (uint64_t i = 0; i < qd1_pages; i++) {
@@ -248,8 +258,10 @@ static int bench_spill_main(int argc, char **argv)
 		fprintf(stderr, "tqbench spill: warm-up: %s\n", why);
 		return 1;
 	}
-	/* rounds: ours, then fio, alternating, so a disk that drifts during the
-	 * run drifts for both; medians of the rounds are reported */
+	/* The disk of a cloud VM swings by 2x within seconds (bursts, host
+	 * neighbours), so each of our measurements is paired with fio's job on
+	 * the same amount of work run right before or after it (alternating),
+	 * and the medians of the pairs' ratios are reported. */
 	struct dataop_ws ws = { 0 };
 	float q[32 * 128], out[32 * 128];
 	int32_t pos = (int32_t)tokens - 1;
@@ -257,23 +269,42 @@ static int bench_spill_main(int argc, char **argv)
 		q[i] = kv[i];
 	char file[512];
 	snprintf(file, sizeof(file), "%s/fio.dat", dir);
-	/* preallocated like the spill file, so both write into allocated blocks */
+	/* preallocated and written once, like the spill file after warm-up */
 	int ffd = open(file, O_RDWR | O_CREAT, 0600);
 	if (ffd < 0 || posix_fallocate(ffd, 0, (off_t)bytes) != 0) {
 		fprintf(stderr, "tqbench spill: %s: cannot preallocate\n", file);
 		return 1;
 	}
 	close(ffd);
+	struct fio_res fw, fr, fq;
+	struct spill_stats sst;
+	spill_stats(sp, &sst);
+	int qd = (int)sst.queue_depth; /* fio keeps as many in flight as we do */
+	if (fio_run(file, bytes, slot_bytes, "write", qd, 0, &fw) < 0) {
+		fprintf(stderr, "tqbench spill: no figures from fio\n");
+		return 1;
+	}
 	enum { RMAX = 9 };
-	double v_spill[RMAX], v_restore[RMAX], v_ra[RMAX], v_p50[RMAX], v_p99[RMAX];
+	double v_spill[RMAX], v_restore[RMAX], v_ra[RMAX], v_at[RMAX], v_p50[RMAX], v_p99[RMAX];
 	double f_w[RMAX], f_r[RMAX], f_p50[RMAX], f_p99[RMAX];
+	double x_w[RMAX], x_r[RMAX], x_p50[RMAX], x_p99[RMAX];
 	for (int k = 0; k < rounds; k++) {
-		double t0 = bench_now();
+		bool fio_first = k % 2;
+		double t0;
+		/* spill vs sequential write */
+		if (fio_first && fio_run(file, bytes, slot_bytes, "write", qd, 0, &fw) < 0)
+			goto fio_failed;
+		t0 = bench_now();
 		if (dataop_spill(ks, s, UINT64_MAX, &done, why, sizeof(why)) < 0 || done != bytes) {
 			fprintf(stderr, "tqbench spill: spill: %s\n", why);
 			return 1;
 		}
 		v_spill[k] = (double)bytes / (bench_now() - t0);
+		if (!fio_first && fio_run(file, bytes, slot_bytes, "write", qd, 0, &fw) < 0)
+			goto fio_failed;
+		/* restore vs sequential read */
+		if (fio_first && fio_run(file, bytes, slot_bytes, "read", qd, 0, &fr) < 0)
+			goto fio_failed;
 		t0 = bench_now();
 		if (dataop_restore(ks, s, why, sizeof(why)) < 0) {
 			fprintf(stderr, "tqbench spill: restore: %s\n", why);
@@ -281,7 +312,15 @@ static int bench_spill_main(int argc, char **argv)
 		}
 		double t_restore = bench_now() - t0;
 		v_restore[k] = (double)bytes / t_restore;
-		/* restore + attend: every layer read back by the attention that needs it */
+		if (!fio_first && fio_run(file, bytes, slot_bytes, "read", qd, 0, &fr) < 0)
+			goto fio_failed;
+		/* attention alone, every page resident: what read-ahead hides */
+		t0 = bench_now();
+		for (uint32_t l = 0; l < 32; l++)
+			dataop_attend(ks, s, &ws, l, NULL, NULL, 0, q, &pos, 1, TQ_DTYPE_F32, out, &r);
+		v_at[k] = (bench_now() - t0) / t_restore;
+		/* restore + attend: every layer read back by the attention that
+		 * needs it, against the restore just measured */
 		dataop_spill(ks, s, UINT64_MAX, &done, why, sizeof(why));
 		t0 = bench_now();
 		for (uint32_t l = 0; l < 32; l++) {
@@ -293,19 +332,32 @@ static int bench_spill_main(int argc, char **argv)
 		}
 		v_ra[k] = (bench_now() - t0) / t_restore;
 		bench_sink(out);
+		/* single-page restores vs QD1 random reads */
+		if (fio_first && fio_run(file, bytes, slot_bytes, "randread", 1, QD1_N, &fq) < 0)
+			goto fio_failed;
 		if (qd1_reads(sp, slots, qd1_pages, pg, &rng, &v_p50[k], &v_p99[k]) < 0)
 			return 1;
-		struct fio_res fw, fr, fq;
-		if (fio_run(file, bytes, slot_bytes, "write", 32, 5, &fw) < 0 ||
-		    fio_run(file, bytes, slot_bytes, "read", 32, 5, &fr) < 0 ||
-		    fio_run(file, bytes, slot_bytes, "randread", 1, 5, &fq) < 0) {
-			fprintf(stderr, "tqbench spill: no figures from fio\n");
-			return 1;
-		}
+		if (!fio_first && fio_run(file, bytes, slot_bytes, "randread", 1, QD1_N, &fq) < 0)
+			goto fio_failed;
 		f_w[k] = fw.bw;
 		f_r[k] = fr.bw;
 		f_p50[k] = fq.p50_us;
 		f_p99[k] = fq.p99_us;
+		x_w[k] = v_spill[k] / fw.bw;
+		x_r[k] = v_restore[k] / fr.bw;
+		x_p50[k] = v_p50[k] / fq.p50_us;
+		x_p99[k] = v_p99[k] / fq.p99_us;
+		if (!json)
+			printf("round %d (%s first): write %.2f/%.2f GB/s, read %.2f/%.2f GB/s, QD1 p50 %.0f/%.0f us, "
+			       "p99 %.0f/%.0f us, attend alone %.2f, restore+attend %.2f\n", k + 1, fio_first ? "fio" : "ours",
+			       v_spill[k] / 1e9, fw.bw / 1e9, v_restore[k] / 1e9, fr.bw / 1e9, v_p50[k], fq.p50_us,
+			       v_p99[k], fq.p99_us, v_at[k], v_ra[k]);
+	}
+	if (0) {
+fio_failed:
+		fprintf(stderr, "tqbench spill: no figures from fio\n");
+		unlink(file);
+		return 1;
 	}
 	unlink(file);
 	dataop_ws_free(&ws);
@@ -313,10 +365,14 @@ static int bench_spill_main(int argc, char **argv)
 	session_close(st, si.id, NULL);
 	for (uint64_t i = 0; i < qd1_pages; i++)
 		spill_slot_free(sp, slots[i]);
-	double spill_bw = median3(v_spill, rounds), restore_bw = median3(v_restore, rounds);
-	double qd1_p50 = median3(v_p50, rounds), qd1_p99 = median3(v_p99, rounds), ra = median3(v_ra, rounds);
-	struct fio_res fw = { median3(f_w, rounds), 0, 0 }, fr = { median3(f_r, rounds), 0, 0 };
-	struct fio_res fq = { 0, median3(f_p50, rounds), median3(f_p99, rounds) };
+	double spill_bw = median(v_spill, rounds), restore_bw = median(v_restore, rounds);
+	double qd1_p50 = median(v_p50, rounds), qd1_p99 = median(v_p99, rounds), ra = median(v_ra, rounds);
+	fw.bw = median(f_w, rounds);
+	fr.bw = median(f_r, rounds);
+	fq.p50_us = median(f_p50, rounds);
+	fq.p99_us = median(f_p99, rounds);
+	double r_w = median(x_w, rounds), r_r = median(x_r, rounds), r_p50 = median(x_p50, rounds),
+	       r_p99 = median(x_p99, rounds);
 
 	double gb = (double)bytes / 1e9;
 	const char *isa = tq_isa_name(tq_isa_best());
@@ -324,24 +380,27 @@ static int bench_spill_main(int argc, char **argv)
 		printf("{\"suite\":\"spill\",\"isa\":\"%s\",\"engine\":\"%s\",\"session_bytes\":%" PRIu64
 		       ",\"tokens\":%u,\"block_bytes\":%" PRIu64 ",\"spill_GBps\":%.3f,\"fio_write_GBps\":%.3f,"
 		       "\"restore_GBps\":%.3f,\"fio_read_GBps\":%.3f,\"qd1_p50_us\":%.1f,\"qd1_p99_us\":%.1f,"
-		       "\"fio_qd1_p50_us\":%.1f,\"fio_qd1_p99_us\":%.1f,\"restore_attend_vs_restore\":%.3f,\"rounds\":%d}\n",
+		       "\"fio_qd1_p50_us\":%.1f,\"fio_qd1_p99_us\":%.1f,\"spill_vs_fio\":%.3f,\"restore_vs_fio\":%.3f,"
+		       "\"qd1_p50_vs_fio\":%.3f,\"qd1_p99_vs_fio\":%.3f,\"restore_attend_vs_restore\":%.3f,\"rounds\":%d}\n",
 		       isa, spill_engine(sp), bytes, tokens, slot_bytes, spill_bw / 1e9, fw.bw / 1e9, restore_bw / 1e9,
-		       fr.bw / 1e9, qd1_p50, qd1_p99, fq.p50_us, fq.p99_us, ra, rounds);
+		       fr.bw / 1e9, qd1_p50, qd1_p99, fq.p50_us, fq.p99_us, r_w, r_r, r_p50, r_p99, ra, rounds);
 	} else {
 		printf("spill tier: %s; %s; ISA %s\n", spill_path(sp), spill_engine(sp), isa);
 		printf("session: %.2f GB, %u tokens x 32 layers x 8 KV heads x 128 (q8/tq4); blocks of %" PRIu64
 		       " bytes\n\n", gb, tokens, slot_bytes);
 		printf("%-34s %12s %12s %8s\n", "measure", "tqkvd", "fio", "ratio");
 		printf("%-34s %9.2f GB/s %7.2f GB/s %8.2f\n", "spill (seq write)", spill_bw / 1e9,
-		       fw.bw / 1e9, spill_bw / fw.bw);
+		       fw.bw / 1e9, r_w);
 		printf("%-34s %9.2f GB/s %7.2f GB/s %8.2f\n", "restore (seq read)", restore_bw / 1e9,
-		       fr.bw / 1e9, restore_bw / fr.bw);
+		       fr.bw / 1e9, r_r);
 		printf("%-34s %10.1f us %9.1f us %8.2f\n", "single-page restore QD1 p50", qd1_p50, fq.p50_us,
-		       qd1_p50 / fq.p50_us);
+		       r_p50);
 		printf("%-34s %10.1f us %9.1f us %8.2f\n", "single-page restore QD1 p99", qd1_p99, fq.p99_us,
-		       qd1_p99 / fq.p99_us);
+		       r_p99);
 		printf("%-34s %12s %12s %8.2f\n", "restore + attend / restore alone", "", "", ra);
-		printf("\n(medians of %d rounds, each: ours, then fio's three 5 s jobs)\n", rounds);
+		printf("\n(%d rounds; each measure paired with fio's job on the same work, run just before or\n"
+		       " after it in turns; figures: medians of the rounds; ratio: median of the pairs' ratios)\n",
+		       rounds);
 	}
 	spill_close(sp);
 	kvstore_free(ks);
