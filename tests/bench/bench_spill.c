@@ -119,6 +119,31 @@ static int qd1_reads(struct spill *sp, const uint64_t *slots, uint64_t n_slots, 
 	return 0;
 }
 
+/* Open a session of g's geometry with tokens per layer and fill it. */
+static int open_filled(struct session_table *st, struct tenant *t, struct kvstore *ks, const struct session_geom *g0,
+		       uint32_t tokens, const float *kv, uint32_t chunk, struct session **s, struct session_info *si)
+{
+	struct session_geom g = *g0;
+	struct dataop_res r;
+	char why[512];
+
+	g.max_tokens = tokens;
+	if (session_open(st, t, "", 0, &g, 7, 0, 0, si, why, sizeof(why)) < 0 || session_acquire(st, si->id, 0, s) < 0) {
+		fprintf(stderr, "tqbench spill: session: %s\n", why);
+		return -1;
+	}
+	for (uint32_t l = 0; l < g.n_layers; l++)
+		for (uint32_t i = 0; i < tokens; i += chunk) {
+			dataop_append(ks, *s, l, kv, kv, TQ_DTYPE_F32, tokens - i < chunk ? tokens - i : chunk, &r);
+			if (r.res < 0) {
+				fprintf(stderr, "tqbench spill: append: %s\n", tqkv_status_str(r.status));
+				return -1;
+			}
+		}
+	session_get_info(st, si->id, si);
+	return 0;
+}
+
 static double median(double *v, int n)
 {
 	qsort(v, (size_t)n, sizeof(*v), cmp_d);
@@ -127,10 +152,11 @@ static double median(double *v, int n)
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: tqbench spill [--dir DIR] [--mib N] [--rounds R] [--isa scalar|avx2|avx512] [--json]\n"
+	fprintf(f, "usage: tqbench spill [--dir DIR] [--mib N] [--ctx T] [--rounds R] [--isa scalar|avx2|avx512] [--json]\n"
 		   "  --dir DIR  where the spill file and fio's file go (default build/bench-spill);\n"
 		   "             put it on the disk you mean to measure\n"
-		   "  --mib N    session size (default 1024)\n"
+		   "  --mib N    session size of the throughput measures (default 1024)\n"
+		   "  --ctx T    tokens of the restore + attend session (default 32768)\n"
 		   "  --rounds R rounds (1..9, default 5): each measure runs ours and fio's\n"
 		   "             job back to back on the same amount of work, in turns\n"
 		   "             (odd rounds fio first); the medians of the pairs' ratios\n"
@@ -142,6 +168,7 @@ static int bench_spill_main(int argc, char **argv)
 {
 	const char *dir = "build/bench-spill";
 	uint64_t mib = 1024;
+	uint32_t ctx = 32768;
 	int json = 0, rounds = 5;
 
 	for (int i = 1; i < argc; i++) {
@@ -149,6 +176,8 @@ static int bench_spill_main(int argc, char **argv)
 			dir = argv[++i];
 		else if (!strcmp(argv[i], "--mib") && i + 1 < argc)
 			mib = strtoull(argv[++i], NULL, 0);
+		else if (!strcmp(argv[i], "--ctx") && i + 1 < argc)
+			ctx = (uint32_t)strtoul(argv[++i], NULL, 0);
 		else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
 			const char *isa = argv[++i];
 			if (strcmp(isa, "scalar") && strcmp(isa, "avx2") && strcmp(isa, "avx512")) {
@@ -166,7 +195,7 @@ static int bench_spill_main(int argc, char **argv)
 			return strcmp(argv[i], "--help") ? 2 : 0;
 		}
 	}
-	if (rounds < 1 || rounds > 9) {
+	if (rounds < 1 || rounds > 9 || mib < 64 || mib > (1u << 20) || ctx < 1 || ctx > (1u << 20)) {
 		usage(stderr);
 		return 2;
 	}
@@ -182,7 +211,14 @@ static int bench_spill_main(int argc, char **argv)
 	log_set_level(LOG_WARNING);
 
 	const uint32_t page = 64 << 10;
-	uint64_t pool_bytes = (mib + mib / 4 + 64) * MiB;
+	/* the session of the throughput measures: about mib MiB; the one of
+	 * restore + attend: ctx tokens */
+	const struct session_geom g0 = { 32, 8, 32, 128, TQ_CODEC_Q8, TQ_CODEC_TQ4, 1 };
+	int pt = dataop_page_tokens(page, &g0);
+	uint64_t pages_per_layer = mib * MiB / page / 32;
+	uint32_t tokens = (uint32_t)(pages_per_layer * (uint64_t)pt);
+	uint64_t ctx_pages = ((uint64_t)ctx + (uint64_t)pt - 1) / (uint64_t)pt * 32;
+	uint64_t pool_bytes = (mib + mib / 4 + 64) * MiB + ctx_pages * page * 5 / 4;
 	char text[512], err[CONFIG_ERR_MAX], why[512];
 	struct config cfg;
 	struct tenant_table *tt;
@@ -196,7 +232,7 @@ static int bench_spill_main(int argc, char **argv)
 		 pool_bytes, pool_bytes);
 	uint64_t slot_bytes = SPILL_HDR_BYTES + page;
 	uint64_t qd1_pages = 4096;
-	struct spill_params spp = { .dir = dir, .bytes = (mib * MiB / page + 64 + qd1_pages) * slot_bytes,
+	struct spill_params spp = { .dir = dir, .bytes = (mib * MiB / page + 64 + qd1_pages + ctx_pages) * slot_bytes,
 				    .page_bytes = page };
 	if (config_load_string(&cfg, "bench.conf", text, err, sizeof(err)) != 0 || tenant_table_new(&tt, &cfg) < 0 ||
 	    pool_new(&pool, &pp, why, sizeof(why)) < 0 || !(cache = tq_cache_new()) ||
@@ -220,20 +256,7 @@ static int bench_spill_main(int argc, char **argv)
 	}
 	uint64_t rng = 0x9e3779b97f4a7c15ull;
 
-	/* the session: 32 layers x 8 KV heads x 128, filled to about mib MiB */
-	const struct session_geom g0 = { 32, 8, 32, 128, TQ_CODEC_Q8, TQ_CODEC_TQ4, 1 };
-	int pt = dataop_page_tokens(page, &g0);
-	uint64_t pages_per_layer = mib * MiB / page / 32;
-	uint32_t tokens = (uint32_t)(pages_per_layer * (uint64_t)pt);
-	struct session_geom g = g0;
-	g.max_tokens = tokens;
-	struct session_info si;
-	struct session *s;
-	if (session_open(st, tenant_find(tt, "t"), "", 0, &g, 7, 0, 0, &si, why, sizeof(why)) < 0 ||
-	    session_acquire(st, si.id, 0, &s) < 0) {
-		fprintf(stderr, "tqbench spill: session: %s\n", why);
-		return 1;
-	}
+	/* the sessions: 32 layers x 8 KV heads x 128 */
 	const uint32_t chunk = 256;
 	float *kv = malloc((size_t)chunk * 8 * 128 * sizeof(float));
 	for (size_t i = 0; i < (size_t)chunk * 8 * 128; i++) {
@@ -241,20 +264,17 @@ static int bench_spill_main(int argc, char **argv)
 		kv[i] = (float)(rng >> 40) / (float)(1 << 24) - 0.5f;
 	}
 	struct dataop_res r;
-	for (uint32_t l = 0; l < 32; l++)
-		for (uint32_t t = 0; t < tokens; t += chunk) {
-			dataop_append(ks, s, l, kv, kv, TQ_DTYPE_F32, tokens - t < chunk ? tokens - t : chunk, &r);
-			if (r.res < 0) {
-				fprintf(stderr, "tqbench spill: append: %s\n", tqkv_status_str(r.status));
-				return 1;
-			}
-		}
-	session_get_info(st, si.id, &si);
+	struct session_info si, si2;
+	struct session *s, *s2;
+	if (open_filled(st, tenant_find(tt, "t"), ks, &g0, tokens, kv, chunk, &s, &si) < 0 ||
+	    open_filled(st, tenant_find(tt, "t"), ks, &g0, ctx, kv, chunk, &s2, &si2) < 0)
+		return 1;
 	uint64_t bytes = si.resident_bytes, done;
 
 	/* a first pass writes the slots' fallocated (unwritten) extents, which
 	 * costs the file system extra once; the measured passes follow */
-	if (dataop_spill(ks, s, UINT64_MAX, &done, why, sizeof(why)) < 0 || dataop_restore(ks, s, why, sizeof(why)) < 0) {
+	if (dataop_spill(ks, s, UINT64_MAX, &done, why, sizeof(why)) < 0 || dataop_restore(ks, s, why, sizeof(why)) < 0 ||
+	    dataop_spill(ks, s2, UINT64_MAX, &done, why, sizeof(why)) < 0 || dataop_restore(ks, s2, why, sizeof(why)) < 0) {
 		fprintf(stderr, "tqbench spill: warm-up: %s\n", why);
 		return 1;
 	}
@@ -264,7 +284,7 @@ static int bench_spill_main(int argc, char **argv)
 	 * and the medians of the pairs' ratios are reported. */
 	struct dataop_ws ws = { 0 };
 	float q[32 * 128], out[32 * 128];
-	int32_t pos = (int32_t)tokens - 1;
+	int32_t pos = (int32_t)ctx - 1;
 	for (int i = 0; i < 32 * 128; i++)
 		q[i] = kv[i];
 	char file[512];
@@ -314,17 +334,25 @@ static int bench_spill_main(int argc, char **argv)
 		v_restore[k] = (double)bytes / t_restore;
 		if (!fio_first && fio_run(file, bytes, slot_bytes, "read", qd, 0, &fr) < 0)
 			goto fio_failed;
-		/* attention alone, every page resident: what read-ahead hides */
+		/* restore + attend, on the ctx-token session: restore alone; then
+		 * attention alone, every page resident (what read-ahead hides);
+		 * then spilled again, and every layer read back by the attention
+		 * that needs it */
+		dataop_spill(ks, s2, UINT64_MAX, &done, why, sizeof(why));
+		t0 = bench_now();
+		if (dataop_restore(ks, s2, why, sizeof(why)) < 0) {
+			fprintf(stderr, "tqbench spill: restore: %s\n", why);
+			return 1;
+		}
+		t_restore = bench_now() - t0;
 		t0 = bench_now();
 		for (uint32_t l = 0; l < 32; l++)
-			dataop_attend(ks, s, &ws, l, NULL, NULL, 0, q, &pos, 1, TQ_DTYPE_F32, out, &r);
+			dataop_attend(ks, s2, &ws, l, NULL, NULL, 0, q, &pos, 1, TQ_DTYPE_F32, out, &r);
 		v_at[k] = (bench_now() - t0) / t_restore;
-		/* restore + attend: every layer read back by the attention that
-		 * needs it, against the restore just measured */
-		dataop_spill(ks, s, UINT64_MAX, &done, why, sizeof(why));
+		dataop_spill(ks, s2, UINT64_MAX, &done, why, sizeof(why));
 		t0 = bench_now();
 		for (uint32_t l = 0; l < 32; l++) {
-			dataop_attend(ks, s, &ws, l, NULL, NULL, 0, q, &pos, 1, TQ_DTYPE_F32, out, &r);
+			dataop_attend(ks, s2, &ws, l, NULL, NULL, 0, q, &pos, 1, TQ_DTYPE_F32, out, &r);
 			if (r.res < 0) {
 				fprintf(stderr, "tqbench spill: attend: %s %s\n", tqkv_status_str(r.status), r.msg);
 				return 1;
@@ -363,6 +391,8 @@ fio_failed:
 	dataop_ws_free(&ws);
 	session_release(s);
 	session_close(st, si.id, NULL);
+	session_release(s2);
+	session_close(st, si2.id, NULL);
 	for (uint64_t i = 0; i < qd1_pages; i++)
 		spill_slot_free(sp, slots[i]);
 	double spill_bw = median(v_spill, rounds), restore_bw = median(v_restore, rounds);
@@ -381,13 +411,15 @@ fio_failed:
 		       ",\"tokens\":%u,\"block_bytes\":%" PRIu64 ",\"spill_GBps\":%.3f,\"fio_write_GBps\":%.3f,"
 		       "\"restore_GBps\":%.3f,\"fio_read_GBps\":%.3f,\"qd1_p50_us\":%.1f,\"qd1_p99_us\":%.1f,"
 		       "\"fio_qd1_p50_us\":%.1f,\"fio_qd1_p99_us\":%.1f,\"spill_vs_fio\":%.3f,\"restore_vs_fio\":%.3f,"
-		       "\"qd1_p50_vs_fio\":%.3f,\"qd1_p99_vs_fio\":%.3f,\"restore_attend_vs_restore\":%.3f,\"rounds\":%d}\n",
+		       "\"qd1_p50_vs_fio\":%.3f,\"qd1_p99_vs_fio\":%.3f,\"restore_attend_vs_restore\":%.3f,\"attend_vs_restore\":%.3f,\"ctx\":%u,\"rounds\":%d}\n",
 		       isa, spill_engine(sp), bytes, tokens, slot_bytes, spill_bw / 1e9, fw.bw / 1e9, restore_bw / 1e9,
-		       fr.bw / 1e9, qd1_p50, qd1_p99, fq.p50_us, fq.p99_us, r_w, r_r, r_p50, r_p99, ra, rounds);
+		       fr.bw / 1e9, qd1_p50, qd1_p99, fq.p50_us, fq.p99_us, r_w, r_r, r_p50, r_p99, ra, median(v_at, rounds), ctx, rounds);
 	} else {
 		printf("spill tier: %s; %s; ISA %s\n", spill_path(sp), spill_engine(sp), isa);
 		printf("session: %.2f GB, %u tokens x 32 layers x 8 KV heads x 128 (q8/tq4); blocks of %" PRIu64
-		       " bytes\n\n", gb, tokens, slot_bytes);
+		       " bytes\n", gb, tokens, slot_bytes);
+		printf("restore + attend: a session of %u tokens (%.2f GB), one query per layer at the last position\n\n",
+		       ctx, (double)si2.resident_bytes / 1e9);
 		printf("%-34s %12s %12s %8s\n", "measure", "tqkvd", "fio", "ratio");
 		printf("%-34s %9.2f GB/s %7.2f GB/s %8.2f\n", "spill (seq write)", spill_bw / 1e9,
 		       fw.bw / 1e9, r_w);
@@ -398,6 +430,7 @@ fio_failed:
 		printf("%-34s %10.1f us %9.1f us %8.2f\n", "single-page restore QD1 p99", qd1_p99, fq.p99_us,
 		       r_p99);
 		printf("%-34s %12s %12s %8.2f\n", "restore + attend / restore alone", "", "", ra);
+		printf("%-34s %12s %12s %8.2f\n", "(attend alone / restore alone)", "", "", median(v_at, rounds));
 		printf("\n(%d rounds; each measure paired with fio's job on the same work, run just before or\n"
 		       " after it in turns; figures: medians of the rounds; ratio: median of the pairs' ratios)\n",
 		       rounds);
@@ -414,4 +447,4 @@ fio_failed:
 	return 0;
 }
 
-TQ_BENCH_SUITE(spill, "spill [--dir DIR] [--mib N] [--rounds R] [--isa I] [--json]", bench_spill_main)
+TQ_BENCH_SUITE(spill, "spill [--dir DIR] [--mib N] [--ctx T] [--rounds R] [--isa I] [--json]", bench_spill_main)
