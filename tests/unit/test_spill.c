@@ -212,15 +212,24 @@ static void *mt_reader(void *arg)
 	return NULL;
 }
 
-static void test_concurrent_waiters(void)
+/* An io_uring store in a fresh directory, or NULL (said why, cleaned up):
+ * no io_uring or O_DIRECT here; the fallback's tests still run. */
+static struct spill *open_uring_store(void)
 {
 	mkdir_tmp();
 	struct spill *sp = open_store(64, false);
 	if (!sp) {
 		rm_tmp();
 		fprintf(stderr, "    skipped: io_uring with O_DIRECT is not available here\n");
-		return;
 	}
+	return sp;
+}
+
+static void test_concurrent_waiters(void)
+{
+	struct spill *sp = open_uring_store();
+	if (!sp)
+		return;
 	uint8_t *base, *pages = pages_of(&base, MT_PAGES, true);
 	uint64_t slots[MT_PAGES], wslots[8];
 	char why[512];
@@ -266,15 +275,9 @@ static void test_concurrent_waiters(void)
 
 static void test_roundtrip_uring(void)
 {
-	mkdir_tmp();
-	struct spill *sp = open_store(64, false);
-	if (!sp) {
-		/* no io_uring or O_DIRECT here: the message said which; the
-		 * fallback test below still runs */
-		rm_tmp();
-		fprintf(stderr, "    skipped: io_uring with O_DIRECT is not available here\n");
+	struct spill *sp = open_uring_store();
+	if (!sp)
 		return;
-	}
 	T_ASSERT(strstr(spill_engine(sp), "io_uring"));
 	roundtrip_counted(sp, true);
 	roundtrip_counted(sp, false);
