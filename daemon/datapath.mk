@@ -10,7 +10,7 @@
 #                   after; attention overflowing float range
 DATAPATH_OBJS := $(OBJ)/daemon/backend_host.o $(OBJ)/daemon/pool.o \
 	$(OBJ)/daemon/dataop.o $(OBJ)/daemon/ring.o $(OBJ)/daemon/spill.o $(OBJ)/daemon/crc32c.o \
-	$(OBJ)/daemon/persist.o $(OBJ)/daemon/kvpersist.o
+	$(OBJ)/daemon/persist.o $(OBJ)/daemon/kvpersist.o $(OBJ)/daemon/reclaim.o
 TEST_OBJS_test_pool := $(OBJ)/daemon/backend_host.o $(OBJ)/daemon/pool.o
 TEST_LIBS_test_pool := $(NUMA_LIBS)
 TEST_OBJS_test_ring = $(DATAPATH_OBJS) $(OBJ)/daemon/session.o $(OBJ)/daemon/tenant.o \
@@ -32,3 +32,7 @@ TEST_OBJS_test_persist = $(OBJ)/daemon/persist.o $(OBJ)/daemon/crc32c.o $(OBJ)/d
 	$(OBJ)/daemon/log.o $(LIBTQKV_OBJS)
 TEST_LIBS_test_persist = $(INIH_LIBS) $(LIBTQKV_LIBS) $(ISAL_LIBS)
 $(OBJ)/tests/unit/test_persist.o: | $(PROTO_H)
+# test_reclaim: the reclaimer's policy on the real pool, tenants, sessions, spill
+TEST_OBJS_test_reclaim = $(DATAPATH_OBJS) $(OBJ)/daemon/session.o $(OBJ)/daemon/tenant.o \
+	$(OBJ)/daemon/config.o $(OBJ)/daemon/log.o
+TEST_LIBS_test_reclaim = $(NUMA_LIBS) $(INIH_LIBS) $(URING_LIBS) $(ISAL_LIBS)
