@@ -29,7 +29,6 @@ struct reclaim {
 	bool kicked, stop, no_tier_said;
 	struct reclaim_stats stats;
 	pthread_t thread;
-	bool running;
 
 	pthread_mutex_t pass_lock; /* one pass at a time */
 };
@@ -255,7 +254,6 @@ int reclaim_start(struct reclaim **out, struct pool *pool, struct tenant_table *
 		free(rc);
 		return -r;
 	}
-	rc->running = true;
 	*out = rc;
 	return 0;
 }
@@ -268,8 +266,7 @@ void reclaim_stop(struct reclaim *rc)
 	rc->stop = true;
 	pthread_cond_signal(&rc->cond);
 	pthread_mutex_unlock(&rc->lock);
-	if (rc->running)
-		pthread_join(rc->thread, NULL);
+	pthread_join(rc->thread, NULL);
 	pthread_mutex_destroy(&rc->lock);
 	pthread_mutex_destroy(&rc->pass_lock);
 	pthread_cond_destroy(&rc->cond);

@@ -13,6 +13,7 @@
 #include "config.h"
 #include "dataop.h"
 #include "harness.h"
+#include "kvfix.h"
 #include "log.h"
 #include "pool.h"
 #include "reclaim.h"
@@ -27,14 +28,7 @@
 #define MUST(x) do { if (!(x)) { fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, #x); exit(1); } } while (0)
 
 struct fix {
-	char dir[64];
-	struct config cfg;
-	struct tenant_table *tt;
-	struct pool *pool;
-	tq_cache *cache;
-	struct kvstore *ks;
-	struct session_table *st;
-	struct spill *sp;
+	struct kvfix kv;
 	struct reclaim *rc;
 };
 
@@ -42,44 +36,23 @@ struct fix {
  * test 0 (priority 50); watermarks 75 % / 50 %. */
 static void fix_start(struct fix *f)
 {
-	char err[CONFIG_ERR_MAX], why[512];
-	const char *text = "[pool]\npool_bytes = 16M\n"
-			   "[tenant prod]\nguaranteed = 6M\nlimit = 16M\npriority = 90\nallow_uids = *\n"
-			   "[tenant test]\nlimit = 16M\npriority = 50\nallow_uids = *\n"
-			   "[tenant batch]\nlimit = 16M\npriority = 10\nallow_uids = *\n";
-	struct pool_params pp = { .bytes = 16 * MiB, .page_bytes = PAGE, .numa_node = -1 };
+	char why[512];
 	struct reclaim_params rp = { 75, 50 };
 
-	memset(f, 0, sizeof(*f));
-	snprintf(f->dir, sizeof(f->dir), "/tmp/tq-rec-XXXXXX");
-	struct spill_params sp = { .dir = f->dir, .bytes = 512 * (SPILL_HDR_BYTES + PAGE), .page_bytes = PAGE,
-				   .allow_fallback = true };
-	if (!mkdtemp(f->dir) || config_load_string(&f->cfg, "t.conf", text, err, sizeof(err)) != 0 ||
-	    tenant_table_new(&f->tt, &f->cfg) < 0 || pool_new(&f->pool, &pp, why, sizeof(why)) < 0 ||
-	    !(f->cache = tq_cache_new()) || kvstore_new(&f->ks, f->pool, f->cache) < 0 ||
-	    session_table_new(&f->st, 16, kvstore_release, f->ks) < 0 ||
-	    spill_open(&f->sp, &sp, why, sizeof(why)) < 0 ||
-	    reclaim_start(&f->rc, f->pool, f->tt, f->st, f->ks, &rp, why, sizeof(why)) < 0) {
-		fprintf(stderr, "setup failed: %s %s\n", err, why);
+	kvfix_start(&f->kv, "[pool]\npool_bytes = 16M\n"
+		    "[tenant prod]\nguaranteed = 6M\nlimit = 16M\npriority = 90\nallow_uids = *\n"
+		    "[tenant test]\nlimit = 16M\npriority = 50\nallow_uids = *\n"
+		    "[tenant batch]\nlimit = 16M\npriority = 10\nallow_uids = *\n", 16 * MiB, PAGE, 512);
+	if (reclaim_start(&f->rc, f->kv.pool, f->kv.tt, f->kv.st, f->kv.ks, &rp, why, sizeof(why)) < 0) {
+		fprintf(stderr, "setup failed: %s\n", why);
 		exit(1);
 	}
-	kvstore_set_spill(f->ks, f->sp);
 }
 
 static void fix_stop(struct fix *f)
 {
-	char path[128];
-
 	reclaim_stop(f->rc);
-	session_table_free(f->st);
-	kvstore_free(f->ks);
-	spill_close(f->sp);
-	tq_cache_free(f->cache);
-	pool_free(f->pool);
-	tenant_table_free(f->tt);
-	snprintf(path, sizeof(path), "%s/%s", f->dir, SPILL_FILE);
-	unlink(path);
-	rmdir(f->dir);
+	kvfix_stop(&f->kv);
 }
 
 /* 2 layers x 2 KV heads x 128, q8/tq4: about 2.5 MiB per 3,200 tokens */
@@ -96,15 +69,15 @@ static uint64_t open_filled(struct fix *f, const char *tenant, uint32_t tokens, 
 	float *k = malloc(n * 4), *v = malloc(n * 4);
 
 	MUST(k && v);
-	MUST(session_open(f->st, tenant_find(f->tt, tenant), "", 1000, &G, seed, 0, 0, &si, why, sizeof(why)) == 0);
+	MUST(session_open(f->kv.st, tenant_find(f->kv.tt, tenant), "", 1000, &G, seed, 0, 0, &si, why, sizeof(why)) == 0);
 	for (size_t i = 0; i < n; i++) {
 		seed = seed * 6364136223846793005ull + 1442695040888963407ull;
 		k[i] = (float)(seed >> 40) / (float)(1 << 24) - 0.5f;
 		v[i] = (float)(seed >> 20 & 0xfffff) / (float)(1 << 20) - 0.5f;
 	}
-	MUST(session_acquire(f->st, si.id, now_ms, &s) == 0);
+	MUST(session_acquire(f->kv.st, si.id, now_ms, &s) == 0);
 	for (uint32_t l = 0; l < G.n_layers; l++) {
-		dataop_append(f->ks, s, l, k, v, TQ_DTYPE_F32, tokens, &r);
+		dataop_append(f->kv.ks, s, l, k, v, TQ_DTYPE_F32, tokens, &r);
 		MUST(r.status == TQKV_ST_OK);
 	}
 	session_release(s);
@@ -124,9 +97,9 @@ static void attend(struct fix *f, uint64_t id, uint32_t tokens, float *out)
 
 	for (int i = 0; i < 3 * 4 * 128; i++)
 		q[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
-	MUST(session_acquire(f->st, id, 0, &s) == 0);
+	MUST(session_acquire(f->kv.st, id, 0, &s) == 0);
 	for (uint32_t l = 0; l < 2; l++) {
-		dataop_attend(f->ks, s, &ws, l, NULL, NULL, 0, q, pos, 3, TQ_DTYPE_F32, out + l * 3 * 4 * 128, &r);
+		dataop_attend(f->kv.ks, s, &ws, l, NULL, NULL, 0, q, pos, 3, TQ_DTYPE_F32, out + l * 3 * 4 * 128, &r);
 		MUST(r.status == TQKV_ST_OK);
 	}
 	session_release(s);
@@ -136,19 +109,19 @@ static void attend(struct fix *f, uint64_t id, uint32_t tokens, float *out)
 static struct session_info info(struct fix *f, uint64_t id)
 {
 	struct session_info si;
-	MUST(session_get_info(f->st, id, &si) == 0);
+	MUST(session_get_info(f->kv.st, id, &si) == 0);
 	return si;
 }
 
 static uint64_t tenant_used_of(struct fix *f, const char *name)
 {
-	return tenant_used(tenant_find(f->tt, name));
+	return tenant_used(tenant_find(f->kv.tt, name));
 }
 
 static uint64_t pool_used_bytes(struct fix *f)
 {
 	struct pool_stats ps;
-	pool_stats(f->pool, &ps);
+	pool_stats(f->kv.pool, &ps);
 	return (uint64_t)(ps.pages_total - ps.pages_free) * ps.page_bytes;
 }
 
@@ -209,7 +182,7 @@ static void test_lowered_limit(void)
 	uint64_t used = tenant_used_of(&f, "test");
 	/* a limit below current use is accepted; the reclaimer brings the
 	 * tenant down by spilling, although the pool is not under pressure */
-	T_EQ(tenant_set_budget(f.tt, tenant_find(f.tt, "test"), true, used / 2, false, 0), 0);
+	T_EQ(tenant_set_budget(f.kv.tt, tenant_find(f.kv.tt, "test"), true, used / 2, false, 0), 0);
 	T_ASSERT(reclaim_pass(f.rc) >= used - used / 2);
 	T_ASSERT(tenant_used_of(&f, "test") <= used / 2);
 	T_ASSERT(info(&f, t2).spilled_bytes > 0); /* the least recently used first */
@@ -217,7 +190,7 @@ static void test_lowered_limit(void)
 	struct reclaim_params bad = { 50, 60 };
 	T_EQ(reclaim_set_params(f.rc, &bad, why, sizeof(why)), -EINVAL);
 	T_ASSERT(strstr(why, "watermarks"));
-	T_EQ(tenant_set_budget(f.tt, tenant_find(f.tt, "test"), true, 16 * MiB, false, 0), 0);
+	T_EQ(tenant_set_budget(f.kv.tt, tenant_find(f.kv.tt, "test"), true, 16 * MiB, false, 0), 0);
 	attend(&f, t1, TOK, after);
 	T_ASSERT(memcmp(before, after, sizeof(after)) == 0);
 	fix_stop(&f);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "kvfix.h"
 #include "config.h"
 #include "dataop.h"
 #include "pool.h"
@@ -26,56 +27,15 @@
 #define MUST(x) do { if (!(x)) { fprintf(stderr, "%s:%d: %s failed\n", __FILE__, __LINE__, #x); exit(1); } } while (0)
 #define PAGE (16u << 10)
 
-struct fix {
-	char dir[64];
-	struct config cfg;
-	struct tenant_table *tt;
-	struct pool *pool;
-	tq_cache *cache;
-	struct kvstore *ks;
-	struct session_table *st;
-	struct spill *sp;
-};
-
-static void fix_start(struct fix *f, uint64_t spill_slots)
+static void fix_start(struct kvfix *f, uint64_t spill_slots)
 {
-	char err[CONFIG_ERR_MAX], why[512];
-	const char *text = "[pool]\npool_bytes = 16M\n[tenant t]\nlimit = 16M\nallow_uids = *\n";
-	struct pool_params pp = { .bytes = 16 * MiB, .page_bytes = PAGE, .numa_node = -1 };
-
-	memset(f, 0, sizeof(*f));
-	snprintf(f->dir, sizeof(f->dir), "/tmp/tq-res-XXXXXX");
-	struct spill_params sp = { .dir = f->dir, .bytes = spill_slots * (SPILL_HDR_BYTES + PAGE), .page_bytes = PAGE,
-				   .allow_fallback = true };
-	if (!mkdtemp(f->dir) || config_load_string(&f->cfg, "t.conf", text, err, sizeof(err)) != 0 ||
-	    tenant_table_new(&f->tt, &f->cfg) < 0 || pool_new(&f->pool, &pp, why, sizeof(why)) < 0 ||
-	    !(f->cache = tq_cache_new()) || kvstore_new(&f->ks, f->pool, f->cache) < 0 ||
-	    session_table_new(&f->st, 16, kvstore_release, f->ks) < 0 ||
-	    spill_open(&f->sp, &sp, why, sizeof(why)) < 0) {
-		fprintf(stderr, "setup failed: %s\n", why);
-		exit(1);
-	}
-	kvstore_set_spill(f->ks, f->sp);
-}
-
-static void fix_stop(struct fix *f)
-{
-	char path[128];
-
-	session_table_free(f->st);
-	kvstore_free(f->ks);
-	spill_close(f->sp);
-	tq_cache_free(f->cache);
-	pool_free(f->pool);
-	tenant_table_free(f->tt);
-	snprintf(path, sizeof(path), "%s/%s", f->dir, SPILL_FILE);
-	unlink(path);
-	rmdir(f->dir);
+	kvfix_start(f, "[pool]\npool_bytes = 16M\n[tenant t]\nlimit = 16M\nallow_uids = *\n", 16 * MiB, PAGE,
+		    spill_slots);
 }
 
 static const struct session_geom G = { 3, 2, 4, 64, TQ_CODEC_TQ4, TQ_CODEC_TQ3, 1024 };
 
-static uint64_t open_filled(struct fix *f, uint32_t tokens, uint64_t seed)
+static uint64_t open_filled(struct kvfix *f, uint32_t tokens, uint64_t seed)
 {
 	struct session_info si;
 	struct session *s;
@@ -102,7 +62,7 @@ static uint64_t open_filled(struct fix *f, uint32_t tokens, uint64_t seed)
 }
 
 /* out[4 queries][4 heads][64] over layer l, positions spread over the context */
-static int attend(struct fix *f, uint64_t id, uint32_t l, uint32_t tokens, float *out, struct dataop_res *r)
+static int attend(struct kvfix *f, uint64_t id, uint32_t l, uint32_t tokens, float *out, struct dataop_res *r)
 {
 	struct dataop_ws ws = { 0 };
 	struct session *s;
@@ -118,12 +78,12 @@ static int attend(struct fix *f, uint64_t id, uint32_t l, uint32_t tokens, float
 	return r->res;
 }
 
-static void info(struct fix *f, uint64_t id, struct session_info *si)
+static void info(struct kvfix *f, uint64_t id, struct session_info *si)
 {
 	T_EQ(session_get_info(f->st, id, si), 0);
 }
 
-static int spill(struct fix *f, uint64_t id, uint64_t bytes, uint64_t *done, char *why)
+static int spill(struct kvfix *f, uint64_t id, uint64_t bytes, uint64_t *done, char *why)
 {
 	struct session *s;
 	MUST(session_acquire(f->st, id, 0, &s) == 0);
@@ -134,7 +94,7 @@ static int spill(struct fix *f, uint64_t id, uint64_t bytes, uint64_t *done, cha
 
 static void test_spill_restore_exact(void)
 {
-	struct fix f;
+	struct kvfix f;
 	struct session_info si, si2;
 	struct dataop_res r;
 	struct spill_stats st;
@@ -221,12 +181,12 @@ static void test_spill_restore_exact(void)
 	tenant_get_info(tenant_find(f.tt, "t"), &ti);
 	T_EQ(ti.spilled, 0);
 	T_EQ(pool_pages_free_count(f.pool), free0);
-	fix_stop(&f);
+	kvfix_stop(&f);
 }
 
 static void test_faults(void)
 {
-	struct fix f;
+	struct kvfix f;
 	struct session_info si;
 	struct dataop_res r;
 	float out[4 * 4 * 64];
@@ -293,7 +253,7 @@ static void test_faults(void)
 	T_EQ(st.slots_used, 0);
 	T_EQ(st.crc_failures, 1);
 	T_EQ(tenant_table_used(f.tt), 0);
-	fix_stop(&f);
+	kvfix_stop(&f);
 }
 
 /* Reading layer l back starts reading layer l + 1 (read-ahead): by the
@@ -301,7 +261,7 @@ static void test_faults(void)
  * is lost for that layer's operation all the same. */
 static void test_readahead(void)
 {
-	struct fix f;
+	struct kvfix f;
 	struct session_info si;
 	struct dataop_res r;
 	struct spill_stats st;
@@ -358,11 +318,11 @@ static void test_readahead(void)
 	spill_stats(f.sp, &st);
 	T_EQ(st.slots_used, 0);
 	T_EQ(tenant_table_used(f.tt), 0);
-	fix_stop(&f);
+	kvfix_stop(&f);
 }
 
 struct bg_attend {
-	struct fix *f;
+	struct kvfix *f;
 	uint64_t id;
 	int res;
 	double ms;
@@ -391,7 +351,7 @@ static void *bg_attend_main(void *arg)
  * session's attention runs at its usual speed. */
 static void test_slow_disk(void)
 {
-	struct fix f;
+	struct kvfix f;
 	struct dataop_res r;
 	float out[4 * 4 * 64];
 	uint64_t done;
@@ -421,7 +381,7 @@ static void test_slow_disk(void)
 	T_ASSERT(worst < 100);
 	T_EQ(session_close(f.st, a, NULL), 0);
 	T_EQ(session_close(f.st, b, NULL), 0);
-	fix_stop(&f);
+	kvfix_stop(&f);
 }
 
 int main(void)

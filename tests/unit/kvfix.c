@@ -1,0 +1,43 @@
+/* kvfix.c — see kvfix.h. */
+#include "kvfix.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+void kvfix_start(struct kvfix *f, const char *conf, uint64_t pool_bytes, uint32_t page_bytes,
+		 uint64_t spill_slots)
+{
+	char err[CONFIG_ERR_MAX] = "", why[512] = "";
+	struct pool_params pp = { .bytes = pool_bytes, .page_bytes = page_bytes, .numa_node = -1 };
+
+	memset(f, 0, sizeof(*f));
+	snprintf(f->dir, sizeof(f->dir), "/tmp/tq-kvfix-XXXXXX");
+	struct spill_params sp = { .dir = f->dir, .bytes = spill_slots * (SPILL_HDR_BYTES + page_bytes),
+				   .page_bytes = page_bytes, .allow_fallback = true };
+	if (!mkdtemp(f->dir) || config_load_string(&f->cfg, "t.conf", conf, err, sizeof(err)) != 0 ||
+	    tenant_table_new(&f->tt, &f->cfg) < 0 || pool_new(&f->pool, &pp, why, sizeof(why)) < 0 ||
+	    !(f->cache = tq_cache_new()) || kvstore_new(&f->ks, f->pool, f->cache) < 0 ||
+	    session_table_new(&f->st, 16, kvstore_release, f->ks) < 0 ||
+	    spill_open(&f->sp, &sp, why, sizeof(why)) < 0) {
+		fprintf(stderr, "setup failed: %s %s\n", err, why);
+		exit(1);
+	}
+	kvstore_set_spill(f->ks, f->sp);
+}
+
+void kvfix_stop(struct kvfix *f)
+{
+	char path[128];
+
+	session_table_free(f->st);
+	kvstore_free(f->ks);
+	spill_close(f->sp);
+	tq_cache_free(f->cache);
+	pool_free(f->pool);
+	tenant_table_free(f->tt);
+	snprintf(path, sizeof(path), "%s/%s", f->dir, SPILL_FILE);
+	unlink(path);
+	rmdir(f->dir);
+}

@@ -1,0 +1,35 @@
+/* kvfix.h — the data path in-process, for unit tests: a config's tenants,
+ * a host pool, the page tables and a spill store in a fresh temporary
+ * directory (io_uring, or pread/pwrite where it is missing). */
+#ifndef TQKVD_TEST_KVFIX_H
+#define TQKVD_TEST_KVFIX_H
+
+#include <stdint.h>
+
+#include "config.h"
+#include "dataop.h"
+#include "pool.h"
+#include "session.h"
+#include "spill.h"
+#include "tenant.h"
+#include "tq_codec.h"
+
+struct kvfix {
+	char dir[64];
+	struct config cfg;
+	struct tenant_table *tt;
+	struct pool *pool;
+	tq_cache *cache;
+	struct kvstore *ks;
+	struct session_table *st;
+	struct spill *sp;
+};
+
+/* conf: the config text (its [pool] pool_bytes should match pool_bytes);
+ * pages of page_bytes; spill_slots slots.  Exits with the reason when
+ * anything fails. */
+void kvfix_start(struct kvfix *f, const char *conf, uint64_t pool_bytes, uint32_t page_bytes,
+		 uint64_t spill_slots);
+void kvfix_stop(struct kvfix *f);
+
+#endif
