@@ -396,7 +396,9 @@ EXPORT int tqkv_wait_timeout(tqkv_req *q, struct tqkv_result *res, int timeout_m
 	if (res)
 		*res = q->res;
 	r = q->res.res;
-	if (r < 0 && q->res.status)
+	if (r < 0 && q->res.status == TQKV_ST_EVICTED)
+		fail(r, "session %s", tqkv_evict_reason_str(q->res.detail));
+	else if (r < 0 && q->res.status)
 		fail(r, "%s (detail %u)", tqkv_status_str(q->res.status), q->res.detail);
 	else if (r < 0)
 		fail(r, "%s", tqkv_strerror(r));

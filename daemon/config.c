@@ -28,6 +28,7 @@ enum opt_type {
 	OPT_BOOL,      /* bool: yes/no, true/false, on/off, 1/0     */
 	OPT_UIDS,      /* tenant_conf.any_uid / n_uids / uids       */
 	OPT_GIDS,      /* tenant_conf.n_gids / gids                 */
+	OPT_CHOICE,    /* int: index into opt.choices               */
 };
 
 enum opt_scope { SCOPE_GLOBAL, SCOPE_TENANT };
@@ -43,7 +44,10 @@ struct opt {
 	const char *def_text;   /* shown when def is NULL                        */
 	bool reloadable;
 	const char *help;
+	const char *const *choices; /* OPT_CHOICE: the names, NULL-terminated   */
 };
+
+static const char *const pressure_actions[] = { "fail", "evict", NULL }; /* enum config_pressure_action */
 
 #define G(f) SCOPE_GLOBAL, offsetof(struct config, f)
 #define T(f) SCOPE_TENANT, offsetof(struct tenant_conf, f)
@@ -56,60 +60,72 @@ struct opt {
 /* The table.  Order = order in GetConfig, --check-config and the file. */
 static const struct opt opts[] = {
 	{ "daemon", "run_dir", OPT_PATH, G(run_dir), 0, 0, CONFIG_DEFAULT_RUN_DIR, NULL, false,
-	  "control socket and lock file directory (--run-dir overrides)" },
+	  "control socket and lock file directory (--run-dir overrides)", NULL },
 	{ "daemon", "log_level", OPT_LOGLEVEL, G(log_level), 0, 0, "info", NULL, true,
-	  "err, warning, notice, info or debug" },
+	  "err, warning, notice, info or debug", NULL },
 	{ "daemon", "control_tcp_port", OPT_U32, G(control_tcp_port), 0, 65535, "0", NULL, false,
-	  "also serve the control API on 127.0.0.1:PORT (0: unix socket only)" },
+	  "also serve the control API on 127.0.0.1:PORT (0: unix socket only)", NULL },
 	{ "daemon", "control_group", OPT_NAME, G(control_group), 0, 0, "", NULL, false,
 	  "group that owns control.sock and data.sock (mode 0660): its members are clients; "
-	  "empty: the daemon's group" },
+	  "empty: the daemon's group", NULL },
 	{ "daemon", "operator_group", OPT_NAME, G(operator_group), 0, 0, "", NULL, true,
 	  "members may act on every session, budgets and the configuration (root and the daemon's "
-	  "user always may); empty: nobody else" },
+	  "user always may); empty: nobody else", NULL },
 	{ "daemon", "max_sessions", OPT_U32, G(max_sessions), 1, 65536, "1024", NULL, true,
-	  "sessions open or evicted at once; OpenSession beyond it fails" },
+	  "sessions open or evicted at once; OpenSession beyond it fails", NULL },
 	{ "daemon", "max_sessions_per_uid", OPT_U32, G(max_sessions_per_uid), 1, 65536, "256", NULL, true,
-	  "sessions one user may hold at once (open or evicted)" },
+	  "sessions one user may hold at once (open or evicted)", NULL },
 	{ "daemon", "session_idle_ttl", OPT_DURATION, G(session_idle_ttl_ms), 0, 30 * DAY_MS, "1h", NULL, true,
-	  "evict sessions idle this long, drop evicted ones after as long again (0: never)" },
+	  "evict sessions idle this long, drop evicted ones after as long again (0: never)", NULL },
 	{ "daemon", "max_clients", OPT_U32, G(max_clients), 1, 65536, "256", NULL, true,
-	  "data connections (data.sock) at once, all users; one thread each" },
+	  "data connections (data.sock) at once, all users; one thread each", NULL },
 	{ "daemon", "max_clients_per_uid", OPT_U32, G(max_clients_per_uid), 1, 65536, "32", NULL, true,
-	  "data connections one user may hold at once (handshakes in progress count)" },
+	  "data connections one user may hold at once (handshakes in progress count)", NULL },
 	{ "daemon", "max_arena_per_uid", OPT_SIZE, G(max_arena_per_uid), MiB, PiB, "16GiB", NULL, true,
-	  "shared ring memory one user's data connections may map together" },
+	  "shared ring memory one user's data connections may map together", NULL },
 	{ "daemon", "data_workers", OPT_U32, G(data_workers), 0, 256, "0", NULL, false,
-	  "threads running data operations (append, attention); 0: one per CPU" },
+	  "threads running data operations (append, attention); 0: one per CPU", NULL },
 	{ "daemon", "attention_threads", OPT_U32, G(attention_threads), 1, 256, "1", NULL, false,
-	  "threads per attention call (each data worker owns a pool of this many)" },
+	  "threads per attention call (each data worker owns a pool of this many)", NULL },
 	{ "pool", "pool_bytes", OPT_SIZE, G(pool_bytes), 16 * MiB, PiB, "1GiB", NULL, false,
-	  "host memory for compressed KV pages; tenant budgets must fit in it" },
+	  "host memory for compressed KV pages; tenant budgets must fit in it", NULL },
 	{ "pool", "spill_dir", OPT_PATH, G(spill_dir), 0, 0, CONFIG_DEFAULT_SPILL_DIR, NULL, false,
-	  "directory for spill files (created at start; must be writable)" },
+	  "directory for spill files (created at start; must be writable)", NULL },
 	{ "pool", "page_bytes", OPT_SIZE, G(page_bytes), 4 * KiB, 64 * MiB, "64KiB", NULL, false,
-	  "pool page size (a multiple of 4KiB): one (session, layer)'s run of tokens" },
+	  "pool page size (a multiple of 4KiB): one (session, layer)'s run of tokens", NULL },
 	{ "pool", "numa_node", OPT_I32, G(numa_node), (uint64_t)(int64_t)-1, 1023, "-1", NULL, false,
-	  "bind the pool to this NUMA node (libnuma); -1: no binding" },
+	  "bind the pool to this NUMA node (libnuma); -1: no binding", NULL },
 	{ "pool", "allow_overcommit", OPT_BOOL, G(allow_overcommit), 0, 0, "no", NULL, false,
-	  "start even when pool_bytes exceeds the machine's available memory (MemAvailable)" },
+	  "start even when pool_bytes exceeds the machine's available memory (MemAvailable)", NULL },
 	{ "pool", "spill_bytes", OPT_SIZE, G(spill_bytes), 0, 64 * PiB, "0", NULL, false,
-	  "capacity of the spill file in spill_dir, preallocated at start; 0: 4 x pool_bytes" },
+	  "capacity of the spill file in spill_dir, preallocated at start; 0: 4 x pool_bytes", NULL },
 	{ "pool", "spill_fallback", OPT_BOOL, G(spill_fallback), 0, 0, "no", NULL, false,
-	  "use pread/pwrite when io_uring or O_DIRECT is unavailable (slower; logged)" },
+	  "use pread/pwrite when io_uring or O_DIRECT is unavailable (slower; logged)", NULL },
 	{ "pool", "checkpoint_interval", OPT_DURATION, G(checkpoint_interval_ms), 100, 3600 * 1000, "5s", NULL, true,
 	  "persistent sessions: write what changed (pages, manifest) this often; a power loss "
-	  "loses at most this much (a killed daemon loses nothing: appends are journaled)" },
+	  "loses at most this much (a killed daemon loses nothing: appends are journaled)", NULL },
+	{ "pool", "high_watermark", OPT_U32, G(high_watermark), 1, 100, "90", NULL, true,
+	  "percent of the pool in use above which the reclaimer spills the pages of tenants "
+	  "above their guarantee (lowest priority first)", NULL },
+	{ "pool", "low_watermark", OPT_U32, G(low_watermark), 0, 99, "80", NULL, true,
+	  "percent of the pool the reclaimer spills down to once it started (< high_watermark)", NULL },
+	{ "pool", "admission_wait", OPT_DURATION, G(admission_wait_ms), 0, 60 * 1000, "2s", NULL, true,
+	  "how long an allocation may wait on a full pool while pages of tenants above their "
+	  "guarantee are spilled for it; 0: never wait", NULL },
+	{ "pool", "pressure_action", OPT_CHOICE, G(pressure_action), 0, 0, "fail", NULL, true,
+	  "when nothing can be spilled (tier full or failing): fail (the allocation gets POOL_FULL) "
+	  "or evict (the lowest-priority session above its tenant's guarantee is dropped; its owner "
+	  "gets EVICTED)", pressure_actions },
 	{ "tenant", "guaranteed", OPT_SIZE, T(guaranteed), 0, PiB, "0", NULL, true,
-	  "bytes this tenant keeps under pressure; all guarantees fit in pool_bytes" },
+	  "bytes this tenant keeps under pressure; all guarantees fit in pool_bytes", NULL },
 	{ "tenant", "limit", OPT_SIZE, T(limit), MiB, PiB, NULL, "pool_bytes", true,
-	  "bytes this tenant may hold at most (>= guaranteed, <= pool_bytes)" },
+	  "bytes this tenant may hold at most (>= guaranteed, <= pool_bytes)", NULL },
 	{ "tenant", "priority", OPT_I32, T(priority), 0, 100, "0", NULL, true,
-	  "0..100; under pressure lower priorities spill first" },
+	  "0..100; under pressure lower priorities spill first", NULL },
 	{ "tenant", "allow_uids", OPT_UIDS, T(any_uid), 0, 0, "", NULL, true,
-	  "users (names or numbers, comma-separated, * = anyone) that may open sessions" },
+	  "users (names or numbers, comma-separated, * = anyone) that may open sessions", NULL },
 	{ "tenant", "allow_gids", OPT_GIDS, T(n_gids), 0, 0, "", NULL, true,
-	  "groups (names or numbers) whose members may open sessions" },
+	  "groups (names or numbers) whose members may open sessions", NULL },
 };
 #define N_OPTS (sizeof(opts) / sizeof(opts[0]))
 
@@ -405,6 +421,22 @@ static int opt_parse(const struct opt *o, void *base, const char *value, char *w
 		struct tenant_conf *t = base;
 		return parse_id_list(value, false, NULL, t->gids, &t->n_gids, why, whylen);
 	}
+	case OPT_CHOICE: {
+		size_t used = 0;
+		char list[256] = "";
+		for (int i = 0; o->choices[i]; i++) {
+			if (!strcmp(value, o->choices[i])) {
+				*(int *)f = i;
+				return 0;
+			}
+			used += (size_t)snprintf(list + used, sizeof(list) - used, "%s%s", i ? ", " : "",
+						 o->choices[i]);
+			if (used >= sizeof(list))
+				used = sizeof(list) - 1;
+		}
+		snprintf(why, whylen, "'%s' is not one of: %s", value, list);
+		return -EINVAL;
+	}
 	}
 	snprintf(why, whylen, "bad option type");
 	return -EINVAL;
@@ -436,6 +468,9 @@ static void opt_format(const struct opt *o, const void *base, char *buf, size_t 
 		return;
 	case OPT_BOOL:
 		snprintf(buf, n, "%s", *(const bool *)f ? "yes" : "no");
+		return;
+	case OPT_CHOICE:
+		snprintf(buf, n, "%s", o->choices[*(const int *)f]);
 		return;
 	case OPT_UIDS:
 	case OPT_GIDS: {
@@ -470,7 +505,8 @@ static void opt_copy(const struct opt *o, void *dst, const void *src)
 	switch (o->type) {
 	case OPT_PATH: sz = CONFIG_DIR_MAX; break;
 	case OPT_NAME: sz = CONFIG_NAME_MAX; break;
-	case OPT_LOGLEVEL: sz = sizeof(int); break;
+	case OPT_LOGLEVEL:
+	case OPT_CHOICE: sz = sizeof(int); break;
 	case OPT_U32: sz = sizeof(uint32_t); break;
 	case OPT_I32: sz = sizeof(int32_t); break;
 	case OPT_SIZE:
@@ -685,14 +721,19 @@ static int validate(const struct config *c, struct errbuf *e)
 	const char *file = c->path[0] ? c->path : "(defaults)";
 	int n0 = e->n;
 	uint64_t sum = 0;
-	int li_pool = 0, li_page = 0;
+	int li_pool = 0, li_page = 0, li_low = 0;
 
 	for (size_t i = 0; i < N_OPTS; i++) {
 		if (strcmp(opts[i].name, "pool_bytes") == 0)
 			li_pool = c->opt_line[i];
 		if (strcmp(opts[i].name, "page_bytes") == 0)
 			li_page = c->opt_line[i];
+		if (strcmp(opts[i].name, "low_watermark") == 0)
+			li_low = c->opt_line[i];
 	}
+	if (c->low_watermark >= c->high_watermark)
+		err_add(e, "%s:%d: pool.low_watermark: %" PRIu32 "%% must be below pool.high_watermark (%" PRIu32 "%%)",
+			file, li_low, c->low_watermark, c->high_watermark);
 	/* the pool maps whole pages of the machine's 4 KiB granularity */
 	if (c->page_bytes % 4096u)
 		err_add(e, "%s:%d: pool.page_bytes: %" PRIu64 " is not a multiple of 4KiB", file, li_page, c->page_bytes);

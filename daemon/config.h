@@ -42,6 +42,12 @@ struct tenant_conf {
 	int opt_line[8];        /* where each tenant option was set           */
 };
 
+/* pool.pressure_action: what a full pool does when nothing can be spilled. */
+enum config_pressure_action {
+	CONFIG_PRESSURE_FAIL = 0,   /* the allocation fails (POOL_FULL)                    */
+	CONFIG_PRESSURE_EVICT = 1,  /* the lowest-priority over-guarantee session is evicted */
+};
+
 struct config {
 	char path[CONFIG_DIR_MAX];           /* "" = embedded defaults */
 	/* [daemon] */
@@ -67,6 +73,10 @@ struct config {
 	uint64_t spill_bytes;                /* spill file capacity; 0 = 4 x pool_bytes */
 	bool spill_fallback;                 /* pread/pwrite when io_uring/O_DIRECT fail */
 	uint64_t checkpoint_interval_ms;     /* persistent sessions' checkpoints */
+	uint32_t high_watermark;             /* % of the pool: the reclaimer starts above it */
+	uint32_t low_watermark;              /* % of the pool: ... and stops at it */
+	uint64_t admission_wait_ms;          /* an allocation waits this long for reclaim */
+	int pressure_action;                 /* enum config_pressure_action */
 	/* [tenant NAME] sections; the embedded "default" tenant when none */
 	uint32_t n_tenants;
 	struct tenant_conf tenant[CONFIG_MAX_TENANTS];

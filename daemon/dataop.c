@@ -15,6 +15,7 @@
 
 #include "kvpersist.h"
 #include "log.h"
+#include "reclaim.h"
 #include "spill.h"
 #include "tq_page.h"
 #include "tqkv_ring.h"
@@ -271,6 +272,9 @@ void dataop_update_tokens(struct session *s, struct kv_sess *kv)
 	session_set_tokens(s, m);
 }
 
+static int pages_get(struct kvstore *ks, struct session *s, uint32_t n, uint8_t **pages, char *why,
+		     size_t whylen);
+
 int dataop_layer_grow(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l, uint64_t new_len,
 		      uint32_t *added, struct dataop_res *r)
 {
@@ -317,11 +321,11 @@ int dataop_layer_grow(struct kvstore *ks, struct session *s, struct kv_sess *kv,
 				 (unsigned long long)tenant_limit(t));
 		return e;
 	}
-	if ((e = pool_pages_alloc(ks->pool, need, L->pages + old_pages)) < 0) {
+	char why[200];
+	if ((e = pages_get(ks, s, need, L->pages + old_pages, why, sizeof(why))) < 0) {
 		session_uncharge(s, charge);
 		dataop_res_set(r, e, TQKV_ST_POOL_FULL, 0);
-		snprintf(r->msg, sizeof(r->msg), "%u new page(s); %u of the pool's pages are free", need,
-			 pool_pages_free_count(ks->pool));
+		snprintf(r->msg, sizeof(r->msg), "%u new page(s): %s", need, why);
 		return e;
 	}
 	for (uint32_t i = old_pages; i < old_pages + need; i++)
@@ -501,12 +505,13 @@ static int reads_start(struct kvstore *ks, struct session *s, struct kv_sess *kv
 		ra_free(ra);
 		return e;
 	}
-	if ((e = pool_pages_alloc(ks->pool, n, ra->fresh)) < 0) {
-		session_spill_move(s, (uint64_t)n * ks->page_bytes);
+	/* read-ahead never waits for the reclaimer: it tries once */
+	char why[200];
+	if ((e = r ? pages_get(ks, s, n, ra->fresh, why, sizeof(why)) : pool_pages_alloc(ks->pool, n, ra->fresh)) < 0) {
+		session_spill_move(s, (uint64_t)n * ks->page_bytes); /* undo */
 		if (r) {
 			dataop_res_set(r, e, TQKV_ST_POOL_FULL, 0);
-			snprintf(r->msg, sizeof(r->msg), "restoring %u spilled page(s) of layer %u; %u of the pool's "
-				 "pages are free", n, l, pool_pages_free_count(ks->pool));
+			snprintf(r->msg, sizeof(r->msg), "restoring %u spilled page(s) of layer %u: %s", n, l, why);
 		}
 		ra_free(ra);
 		return e;
@@ -549,6 +554,8 @@ static int reads_finish(struct kvstore *ks, struct session *s, struct kv_sess *k
 		uint32_t i = ra->idx[k];
 		struct io_one *o = &ra->io[k];
 		if (o->res == 0) {
+			if (s)
+				tenant_note(session_tenant(s), TENANT_RESTORED, ks->page_bytes);
 			L->pages[i] = ra->fresh[k];
 			/* a persistent session's copy stays: a checkpoint names it */
 			if (kv->p)
@@ -633,7 +640,8 @@ static int dataop_restore_layer_locked(struct kvstore *ks, struct session *s, st
 	return e;
 }
 
-int dataop_spill(struct kvstore *ks, struct session *s, uint64_t want, uint64_t *spilled, char *why, size_t whylen)
+static int spill_session(struct kvstore *ks, struct session *s, uint64_t want, uint64_t *spilled, char *why,
+			 size_t whylen, bool try)
 {
 	struct kv_sess *kv;
 	int e;
@@ -648,9 +656,49 @@ int dataop_spill(struct kvstore *ks, struct session *s, uint64_t want, uint64_t 
 		snprintf(why, whylen, "session state: %s", strerror(-e));
 		return e;
 	}
-	pthread_mutex_lock(&kv->lock);
+	if (!try) {
+		pthread_mutex_lock(&kv->lock);
+	} else if (pthread_mutex_trylock(&kv->lock) != 0) {
+		snprintf(why, whylen, "an operation is using the session");
+		return -EBUSY;
+	}
 	e = dataop_spill_locked(ks, s, kv, want, spilled, why, whylen);
 	pthread_mutex_unlock(&kv->lock);
+	return e;
+}
+
+int dataop_spill(struct kvstore *ks, struct session *s, uint64_t want, uint64_t *spilled, char *why, size_t whylen)
+{
+	return spill_session(ks, s, want, spilled, why, whylen, false);
+}
+
+int dataop_spill_try(struct kvstore *ks, struct session *s, uint64_t want, uint64_t *spilled, char *why,
+		     size_t whylen)
+{
+	return spill_session(ks, s, want, spilled, why, whylen, true);
+}
+
+void kvstore_set_reclaim(struct kvstore *ks, struct reclaim *rc)
+{
+	__atomic_store_n(&ks->reclaim, rc, __ATOMIC_RELEASE);
+}
+
+/* n pool pages for s, whose tenant is charged for them already: at once,
+ * or after the reclaimer made room (bounded wait), or -ENOSPC with why. */
+static int pages_get(struct kvstore *ks, struct session *s, uint32_t n, uint8_t **pages, char *why,
+		     size_t whylen)
+{
+	struct reclaim *rc = __atomic_load_n(&ks->reclaim, __ATOMIC_ACQUIRE);
+	int e = pool_pages_alloc(ks->pool, n, pages);
+
+	if (e == 0) {
+		if (rc)
+			reclaim_note_alloc(rc);
+		return 0;
+	}
+	if (e == -ENOSPC && rc)
+		return reclaim_admit(rc, s, n, pages, why, whylen);
+	snprintf(why, whylen, "%u of the pool's pages are free", pool_pages_free_count(ks->pool));
 	return e;
 }
 
@@ -664,6 +712,7 @@ static void page_out(struct kvstore *ks, struct session *s, struct kv_sess *kv, 
 	L->n_out++;
 	__atomic_add_fetch(&kv->n_spilled, 1, __ATOMIC_RELAXED);
 	session_spill_move(s, ks->page_bytes);
+	tenant_note(session_tenant(s), TENANT_SPILLED, ks->page_bytes);
 }
 
 int dataop_spill_locked(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint64_t want,

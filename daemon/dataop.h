@@ -92,6 +92,15 @@ void kvstore_set_spill(struct kvstore *ks, struct spill *sp);
  * (-ENOSPC: the tier is full; -EIO). */
 int dataop_spill(struct kvstore *ks, struct session *s, uint64_t want, uint64_t *spilled,
 		 char *why, size_t whylen);
+/* The same, but -EBUSY at once when an operation holds the session (the
+ * reclaimer's way: pages in use are never chosen, and nobody waits for a
+ * session whose holder may be waiting for the reclaimer). */
+int dataop_spill_try(struct kvstore *ks, struct session *s, uint64_t want, uint64_t *spilled,
+		     char *why, size_t whylen);
+/* Where allocations go when the pool is full (reclaim_admit); NULL: they
+ * fail at once with POOL_FULL. */
+struct reclaim;
+void kvstore_set_reclaim(struct kvstore *ks, struct reclaim *rc);
 /* Restore every spilled page of s: 0, or the first error with why. */
 int dataop_restore(struct kvstore *ks, struct session *s, char *why, size_t whylen);
 /* The same as a ring operation (PREFETCH): the first failure in r. */

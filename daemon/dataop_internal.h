@@ -67,6 +67,7 @@ struct kvstore {
 	struct kv_sess *bucket[N_BUCKETS];
 	uint32_t n;
 	struct kvpersist *persist; /* NULL: no persistent sessions (kvpersist.c)     */
+	struct reclaim *reclaim;  /* NULL: a full pool fails at once (reclaim.h)    */
 };
 
 

@@ -31,6 +31,7 @@
 #include "log.h"
 #include "notify.h"
 #include "pool.h"
+#include "reclaim.h"
 #include "ring.h"
 #include "rpc.h"
 #include "session.h"
@@ -58,6 +59,7 @@ struct daemon {
 	tq_cache *codebooks;
 	struct kvstore *kv;
 	struct spill *spill;       /* the spill tier: spill_dir/spill.dat */
+	struct reclaim *reclaim;   /* watermarks and admission on a full pool */
 	struct ring_server *ring;
 };
 
@@ -245,6 +247,11 @@ static void reload(struct daemon *d)
 	tenant_table_apply(d->tenants, d->cfg);
 	session_table_set_max(d->sessions, d->cfg->max_sessions, d->cfg->max_sessions_per_uid);
 	kvstore_persist_set_interval(d->kv, d->cfg->checkpoint_interval_ms);
+	/* new watermarks, a lowered limit: the reclaimer acts at once */
+	char why[256];
+	if (reclaim_set_params(d->reclaim, &(struct reclaim_params){ d->cfg->high_watermark, d->cfg->low_watermark,
+				d->cfg->admission_wait_ms, d->cfg->pressure_action }, why, sizeof(why)) < 0)
+		log_err("reload: %s", why);
 	ring_server_set_limits(d->ring, d->cfg->max_clients, d->cfg->max_clients_per_uid,
 			       d->cfg->max_arena_per_uid);
 	rpc_set_config(d->rpc, d->cfg);
@@ -590,6 +597,16 @@ int main(int argc, char **argv)
 			log_warning("persistent session ids reach %" PRIu64 ", beyond %s/%s: new ids continue above",
 				    max_id, d.cfg->spill_dir, IDSTORE_FILE);
 	}
+	if ((r = reclaim_start(&d.reclaim, d.pool, d.tenants, d.sessions, d.kv, &(struct reclaim_params){
+				       d.cfg->high_watermark, d.cfg->low_watermark, d.cfg->admission_wait_ms,
+				       d.cfg->pressure_action }, err, sizeof(err))) < 0) {
+		log_err("reclaim: %s", err);
+		goto fail;
+	}
+	kvstore_set_reclaim(d.kv, d.reclaim);
+	log_info("reclaim: spill above %u%% of the pool down to %u%%; allocations wait up to %" PRIu64 " ms; "
+		 "nothing to spill: %s", d.cfg->high_watermark, d.cfg->low_watermark, d.cfg->admission_wait_ms,
+		 d.cfg->pressure_action == CONFIG_PRESSURE_EVICT ? "evict" : "fail");
 	if (rpc_start(&d.rpc, d.cfg, d.sessions, d.tenants, err, sizeof(err)) < 0) {
 		log_err("control server: %s", err);
 		goto fail;
@@ -598,6 +615,7 @@ int main(int argc, char **argv)
 		goto fail;
 	rpc_set_datapath(d.rpc, d.pool, d.ring);
 	rpc_set_spill(d.rpc, d.spill, d.kv);
+	rpc_set_reclaim(d.rpc, d.reclaim);
 	status_line(&d, status, sizeof(status));
 	log_notice("tqkvd %s ready: control unix:%s/%s%s, pool %s, spill %s, %u tenant%s, config %s",
 		   TQ_VERSION, d.cfg->run_dir, CONFIG_CONTROL_SOCK,
@@ -622,6 +640,9 @@ int main(int argc, char **argv)
 fail:
 	ring_server_free(d.ring);
 	rpc_stop(d.rpc, 0);
+	if (d.kv)
+		kvstore_set_reclaim(d.kv, NULL);
+	reclaim_stop(d.reclaim);
 	if (d.kv)
 		kvstore_persist_stop(d.kv, NULL); /* a failed start: persistent files stay */
 	session_table_free(d.sessions);   /* runs kvstore_release for what is left */

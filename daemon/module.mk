@@ -13,6 +13,8 @@
 #   persist.c   persistent sessions' files: manifests and journals (formats, I/O)
 #   kvpersist.c persistent sessions over the page tables: journal, write-through,
 #               checkpoints, recovery at start
+#   reclaim.c   the reclaimer: watermarks, budgets under pressure, admission on a
+#               full pool (wait, spill, pressure_action)
 #
 # Sources are listed, not globbed, so a module another engineer is still
 # writing in daemon/ does not break this build: add a file here when it is
@@ -20,7 +22,7 @@
 DAEMON_SRC  := daemon/main.c daemon/config.c daemon/log.c daemon/notify.c \
 	daemon/tenant.c daemon/session.c daemon/rpc.c \
 	daemon/backend_host.c daemon/pool.c daemon/dataop.c daemon/ring.c daemon/idstore.c \
-	daemon/spill.c daemon/crc32c.c daemon/persist.c daemon/kvpersist.c
+	daemon/spill.c daemon/crc32c.c daemon/persist.c daemon/kvpersist.c daemon/reclaim.c
 DAEMON_OBJS := $(filter-out $(OBJ)/daemon/main.o,$(DAEMON_SRC:%.c=$(OBJ)/%.o))
 DAEMON_LIBS := $(GRPC_LIBS) $(PBC_LIBS) $(SD_LIBS) $(INIH_LIBS) $(NUMA_LIBS) $(URING_LIBS) $(ISAL_LIBS)
 TQKVD       := $(BIN)/tqkvd

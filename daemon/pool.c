@@ -138,6 +138,11 @@ uint32_t pool_pages_free_count(struct pool *p)
 	return n;
 }
 
+uint32_t pool_pages_total(const struct pool *p)
+{
+	return p->n_pages;
+}
+
 void pool_stats(struct pool *p, struct pool_stats *out)
 {
 	struct backend_stats bs;

@@ -58,6 +58,7 @@ int pool_pages_alloc(struct pool *p, uint32_t n, uint8_t **pages);
  * pointer that is not a page of this pool, is a bug. */
 void pool_pages_free(struct pool *p, uint8_t *const *pages, uint32_t n);
 uint32_t pool_pages_free_count(struct pool *p);
+uint32_t pool_pages_total(const struct pool *p);
 void pool_stats(struct pool *p, struct pool_stats *out);
 
 #endif

@@ -9,13 +9,23 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "config.h"
 #include "dataop.h"
 #include "log.h"
 #include "pool.h"
 #include "session.h"
 #include "tenant.h"
 #include "tq_size.h"
+#include "tqkv_ring.h"
+
+/* Admission spills at least this many pages at a time (fewer, larger
+ * writes; the background pass takes the pool the rest of the way). */
+#define ADMIT_BATCH_PAGES 32u
+/* A failing spill tier is reported at most this often (it is retried
+ * every tick). */
+#define FAIL_LOG_MS 10000u
 
 struct reclaim {
 	struct pool *pool;
@@ -27,11 +37,30 @@ struct reclaim {
 	pthread_cond_t cond;
 	struct reclaim_params p;
 	bool kicked, stop, no_tier_said;
+	uint64_t fail_logged_ms;
 	struct reclaim_stats stats;
 	pthread_t thread;
 
-	pthread_mutex_t pass_lock; /* one pass at a time */
+	uint32_t kick_pending;    /* atomic: a kick is on its way (reclaim_note_alloc) */
+	uint32_t high_pct;        /* atomic: p.high_pct, for reclaim_note_alloc */
+	pthread_mutex_t pass_lock; /* one background pass at a time */
 };
+
+static uint64_t mono_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static uint64_t real_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
 
 static int check_params(const struct reclaim_params *p, char *why, size_t whylen)
 {
@@ -40,81 +69,112 @@ static int check_params(const struct reclaim_params *p, char *why, size_t whylen
 			 p->low_pct, p->high_pct);
 		return -EINVAL;
 	}
+	if (p->pressure_action != CONFIG_PRESSURE_FAIL && p->pressure_action != CONFIG_PRESSURE_EVICT) {
+		snprintf(why, whylen, "pool.pressure_action: unknown action %d", p->pressure_action);
+		return -EINVAL;
+	}
 	return 0;
+}
+
+static struct reclaim_params params_of(struct reclaim *rc)
+{
+	pthread_mutex_lock(&rc->lock);
+	struct reclaim_params p = rc->p;
+	pthread_mutex_unlock(&rc->lock);
+	return p;
 }
 
 /* Pool use in bytes, and the pool's size. */
 static uint64_t pool_used(struct reclaim *rc, uint64_t *total)
 {
-	struct pool_stats ps;
+	uint64_t pages = pool_pages_total(rc->pool), page = pool_page_bytes(rc->pool);
 
-	pool_stats(rc->pool, &ps);
-	*total = (uint64_t)ps.pages_total * ps.page_bytes;
-	return (uint64_t)(ps.pages_total - ps.pages_free) * ps.page_bytes;
+	*total = pages * page;
+	return (pages - pool_pages_free_count(rc->pool)) * page;
 }
 
 static int by_last_access(const void *a, const void *b)
 {
 	const struct session_info *x = a, *y = b;
-	return x->last_access_ms < y->last_access_ms ? -1 : x->last_access_ms > y->last_access_ms;
+	if (x->last_access_ms != y->last_access_ms)
+		return x->last_access_ms < y->last_access_ms ? -1 : 1;
+	return x->id < y->id ? -1 : x->id > y->id;
 }
 
+/* What spilling from a tenant came to. */
+struct spill_res {
+	uint64_t got;             /* bytes spilled                                 */
+	uint32_t busy;            /* sessions skipped: an operation held them      */
+	int err;                  /* the first hard failure: -ENOSPC (tier full),  */
+	char why[512];            /* -EIO, -EOPNOTSUPP (no tier); 0: none          */
+};
+
 /* Spill up to `want` bytes of tenant t, least recently used sessions
- * first; returns what was spilled.  reason: for the log. */
-static uint64_t spill_tenant(struct reclaim *rc, struct tenant *t, uint64_t want, const char *reason)
+ * first, never `skip` nor a session an operation holds.  reason: for the
+ * log. */
+static void spill_tenant(struct reclaim *rc, struct tenant *t, uint64_t want, const struct session *skip,
+			 const char *reason, struct spill_res *res)
 {
 	struct session_info *si = NULL;
 	size_t n = 0;
-	uint64_t got = 0;
 	uint32_t page = pool_page_bytes(rc->pool);
 	char why[512], b1[32], b2[32];
-
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	uint64_t now = (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+	uint64_t now = real_ms();
 
 	want -= want % page; /* whole pages: never below what the caller allows */
 	if (!want || session_list(rc->st, t, &si, &n) < 0)
-		return 0;
+		return;
 	qsort(si, n, sizeof(*si), by_last_access);
-	for (size_t i = 0; i < n && got < want; i++) {
+	for (size_t i = 0; i < n && res->got < want && !res->err; i++) {
 		struct session *s;
-		uint64_t done = 0, take = want - got;
-		if (si[i].state != SESSION_OPEN || !si[i].resident_bytes)
+		uint64_t done = 0, take = want - res->got;
+		if (si[i].state != SESSION_OPEN || !si[i].resident_bytes || (skip && si[i].id == session_id(skip)))
 			continue;
 		if (take > si[i].resident_bytes)
 			take = si[i].resident_bytes;
 		if (session_acquire(rc->st, si[i].id, 0, &s) < 0)
 			continue; /* gone meanwhile */
-		int e = dataop_spill(rc->ks, s, take, &done, why, sizeof(why));
+		uint64_t t0 = mono_us();
+		int e = dataop_spill_try(rc->ks, s, take, &done, why, sizeof(why));
+		uint64_t dt = mono_us() - t0;
 		session_release(s);
-		pthread_mutex_lock(&rc->lock);
-		if (e == -EOPNOTSUPP) {
-			bool said = rc->no_tier_said;
-			rc->no_tier_said = true;
-			pthread_mutex_unlock(&rc->lock);
-			if (!said)
-				log_warning("reclaim: %s; tenant '%s' %s, but nothing can be spilled", why,
-					    tenant_name(t), reason);
-			break;
+		if (e == -EBUSY) {
+			res->busy++;
+			continue;
 		}
-		rc->stats.decisions++;
-		rc->stats.spilled_bytes += done;
-		rc->stats.failures += e < 0;
+		if (e < 0 && !done) {
+			res->err = e;
+			snprintf(res->why, sizeof(res->why), "%s", why);
+		}
+		pthread_mutex_lock(&rc->lock);
+		bool say_no_tier = e == -EOPNOTSUPP && !rc->no_tier_said;
+		bool say_fail = e < 0 && e != -EOPNOTSUPP && now >= rc->fail_logged_ms + FAIL_LOG_MS;
+		rc->no_tier_said |= e == -EOPNOTSUPP;
+		if (say_fail)
+			rc->fail_logged_ms = now;
+		if (e != -EOPNOTSUPP) {
+			rc->stats.decisions += done != 0;
+			rc->stats.spilled_bytes += done;
+			rc->stats.failures += e < 0;
+			rc->stats.busy_us += dt;
+		}
 		pthread_mutex_unlock(&rc->lock);
-		got += done;
+		res->got += done;
 		tq_size_format_human(done, b1, sizeof(b1));
 		tq_size_format_human(si[i].resident_bytes, b2, sizeof(b2));
-		if (e < 0)
+		if (say_no_tier)
+			log_warning("reclaim: %s; tenant '%s' %s, but nothing can be spilled", why, tenant_name(t),
+				    reason);
+		else if (say_fail)
 			log_warning("reclaim: tenant '%s' session %" PRIu64 ": spilled %s of %s resident, then failed: %s "
-				    "(%s)", tenant_name(t), si[i].id, b1, b2, why, reason);
-		else
+				    "(%s; such failures are reported once per %u s)", tenant_name(t), si[i].id, b1, b2,
+				    why, reason, FAIL_LOG_MS / 1000);
+		else if (done)
 			log_info("reclaim: tenant '%s' session %" PRIu64 " (idle %" PRIu64 " ms): spilled %s of %s "
 				 "resident (%s)", tenant_name(t), si[i].id, now > si[i].last_access_ms ?
 				 now - si[i].last_access_ms : 0, b1, b2, reason);
 	}
 	free(si);
-	return got;
 }
 
 struct cand {
@@ -131,54 +191,83 @@ static int by_priority(const void *a, const void *b)
 	return x->excess > y->excess ? -1 : x->excess < y->excess;
 }
 
+/* Tenants above their guarantee that `for_t` may take from (NULL: any),
+ * in the order they give pages up; `asking`: bytes for_t is charged for
+ * already but does not hold yet (they are not its to give up).  c has room
+ * for every tenant. */
+static size_t victims(struct reclaim *rc, struct tenant *for_t, uint64_t asking, struct cand *c)
+{
+	uint32_t nt = tenant_count(rc->tt);
+	bool within = true;
+	int32_t prio = 0;
+	size_t n = 0;
+
+	if (for_t) {
+		struct tenant_info ti;
+		tenant_get_info(for_t, &ti);
+		within = ti.used <= ti.guaranteed;
+		prio = ti.priority;
+	}
+	for (uint32_t i = 0; i < nt; i++) {
+		struct tenant_info ti;
+		struct tenant *t = tenant_at(rc->tt, i);
+		tenant_get_info(t, &ti);
+		if (t == for_t)
+			ti.used -= asking < ti.used ? asking : ti.used;
+		if (ti.used <= ti.guaranteed)
+			continue;
+		if (!within && t != for_t && ti.priority > prio)
+			continue;
+		c[n++] = (struct cand){ t, ti.priority, ti.used - ti.guaranteed };
+	}
+	qsort(c, n, sizeof(*c), by_priority);
+	return n;
+}
+
 uint64_t reclaim_pass(struct reclaim *rc)
 {
 	uint32_t nt = tenant_count(rc->tt);
 	struct cand *c = calloc(nt ? nt : 1, sizeof(*c));
 	uint64_t spilled = 0, total, used;
-	struct reclaim_params p;
+	struct reclaim_params p = params_of(rc);
 	char reason[256], b1[32], b2[32];
 
 	if (!c)
 		return 0;
 	pthread_mutex_lock(&rc->pass_lock);
-	pthread_mutex_lock(&rc->lock);
-	p = rc->p;
-	pthread_mutex_unlock(&rc->lock);
 
 	/* 1. tenants above their limit come down to it */
 	for (uint32_t i = 0; i < nt; i++) {
 		struct tenant_info ti;
+		struct spill_res res = { 0 };
 		tenant_get_info(tenant_at(rc->tt, i), &ti);
 		if (ti.used <= ti.limit)
 			continue;
 		tq_size_format_human(ti.used, b1, sizeof(b1));
 		tq_size_format_human(ti.limit, b2, sizeof(b2));
 		snprintf(reason, sizeof(reason), "the tenant holds %s, above its limit of %s", b1, b2);
-		spilled += spill_tenant(rc, tenant_at(rc->tt, i), ti.used - ti.limit, reason);
+		spill_tenant(rc, tenant_at(rc->tt, i), ti.used - ti.limit, NULL, reason, &res);
+		spilled += res.got;
 	}
 
 	/* 2. above the high mark: down to the low mark, from the tenants
 	 * above their guarantee, lowest priority first */
 	used = pool_used(rc, &total);
 	if (total && used * 100 > total * p.high_pct) {
-		uint64_t target = used - total * p.low_pct / 100, n = 0;
-		for (uint32_t i = 0; i < nt; i++) {
-			struct tenant_info ti;
-			tenant_get_info(tenant_at(rc->tt, i), &ti);
-			if (ti.used > ti.guaranteed)
-				c[n++] = (struct cand){ tenant_at(rc->tt, i), ti.priority, ti.used - ti.guaranteed };
-		}
-		qsort(c, n, sizeof(*c), by_priority);
-		for (uint64_t k = 0; k < n && target; k++) {
+		uint64_t target = used - total * p.low_pct / 100;
+		size_t n = victims(rc, NULL, 0, c);
+		for (size_t k = 0; k < n && target; k++) {
+			struct spill_res res = { 0 };
 			uint64_t take = c[k].excess < target ? c[k].excess : target;
 			tq_size_format_human(c[k].excess, b1, sizeof(b1));
 			snprintf(reason, sizeof(reason), "pool %" PRIu64 "%% used, above the %u%% mark; the tenant "
 				 "(priority %d) is %s above its guarantee", used * 100 / total, p.high_pct,
 				 c[k].priority, b1);
-			uint64_t got = spill_tenant(rc, c[k].t, take, reason);
-			target -= got < target ? got : target;
-			spilled += got;
+			spill_tenant(rc, c[k].t, take, NULL, reason, &res);
+			target -= res.got < target ? res.got : target;
+			spilled += res.got;
+			if (res.err == -EOPNOTSUPP || res.err == -ENOSPC)
+				break; /* no tier, or it is full: the next tenant fares no better */
 		}
 	}
 	pthread_mutex_lock(&rc->lock);
@@ -189,14 +278,149 @@ uint64_t reclaim_pass(struct reclaim *rc)
 	return spilled;
 }
 
+/* pool.pressure_action = evict: the least recently used session (not
+ * `skip`, not persistent) of the first tenant in c that has one.  1 when
+ * one was evicted (its id in *evicted), else 0. */
+static int evict_one(struct reclaim *rc, const struct cand *c, size_t nc, const struct session *skip,
+		     const char *need, uint64_t *evicted)
+{
+	char why[1024], b1[32];
+
+	for (size_t k = 0; k < nc; k++) {
+		struct session_info *si = NULL, info;
+		size_t n = 0;
+		if (session_list(rc->st, c[k].t, &si, &n) < 0)
+			continue;
+		qsort(si, n, sizeof(*si), by_last_access);
+		for (size_t i = 0; i < n; i++) {
+			if (si[i].state != SESSION_OPEN || si[i].persistent || !si[i].resident_bytes ||
+			    (skip && si[i].id == session_id(skip)))
+				continue;
+			snprintf(why, sizeof(why), "evicted under memory pressure: %s (pool.pressure_action = evict)",
+				 need);
+			if (session_evict_why(rc->st, si[i].id, TQKV_EVICT_PRESSURE, why, &info) < 0)
+				continue;
+			tq_size_format_human(si[i].resident_bytes + si[i].spilled_bytes, b1, sizeof(b1));
+			log_warning("reclaim: evicted session %" PRIu64 " of tenant '%s' (priority %d, %s): %s",
+				    si[i].id, si[i].tenant, c[k].priority, b1, why);
+			tenant_note(c[k].t, TENANT_EVICTIONS, 1);
+			pthread_mutex_lock(&rc->lock);
+			rc->stats.evictions++;
+			pthread_mutex_unlock(&rc->lock);
+			*evicted = si[i].id;
+			free(si);
+			return 1;
+		}
+		free(si);
+	}
+	return 0;
+}
+
+/* Has the memory of an evicted session been given back yet? */
+static bool released(struct reclaim *rc, uint64_t id)
+{
+	struct session_info si;
+
+	return session_get_info(rc->st, id, &si) < 0 || (si.resident_bytes == 0 && si.spilled_bytes == 0);
+}
+
+int reclaim_admit(struct reclaim *rc, struct session *s, uint32_t n, uint8_t **pages, char *why, size_t whylen)
+{
+	struct tenant *t = session_tenant(s);
+	uint32_t nt = tenant_count(rc->tt), page = pool_page_bytes(rc->pool);
+	struct cand *c = calloc(nt ? nt : 1, sizeof(*c));
+	struct reclaim_params p = params_of(rc);
+	uint64_t t0 = mono_us(), deadline = t0 + p.admission_wait_ms * 1000u, evicted = 0;
+	bool waited = false;
+	char need[160];
+	int r = -ENOSPC;
+
+	snprintf(need, sizeof(need), "tenant '%s' (priority %d) needed %u page(s) on a full pool", tenant_name(t),
+		 tenant_priority(t), n);
+	if (!c) {
+		snprintf(why, whylen, "the pool is full (and the daemon is out of memory)");
+		goto out;
+	}
+	for (;;) {
+		if (pool_pages_alloc(rc->pool, n, pages) == 0) {
+			r = 0;
+			break;
+		}
+		size_t nc = victims(rc, t, (uint64_t)n * page, c);
+		if (!nc) {
+			snprintf(why, whylen, "the pool is full (%u pages free) and no tenant %sholds pages above "
+				 "its guarantee", pool_pages_free_count(rc->pool),
+				 tenant_used(t) <= tenant_guaranteed(t) ? "" : "of this or a lower priority ");
+			break;
+		}
+		if (mono_us() >= deadline) {
+			if (p.admission_wait_ms)
+				snprintf(why, whylen, "the pool is full: waited %" PRIu64 " ms (pool.admission_wait) "
+					 "while other sessions' pages were in use", (mono_us() - t0) / 1000);
+			else
+				snprintf(why, whylen, "the pool is full (pool.admission_wait = 0: no waiting for "
+					 "the reclaimer)");
+			break;
+		}
+		waited = true;
+		/* spill for it: lowest priority first, never this session */
+		struct spill_res res = { 0 };
+		uint64_t want = (uint64_t)(n > ADMIT_BATCH_PAGES ? n : ADMIT_BATCH_PAGES) * page;
+		char reason[256];
+		for (size_t k = 0; k < nc && res.got < want && !res.err; k++) {
+			uint64_t take = want - res.got;
+			snprintf(reason, sizeof(reason), "%s; this tenant (priority %d) is above its guarantee",
+				 need, c[k].priority);
+			spill_tenant(rc, c[k].t, c[k].excess < take ? c[k].excess : take, s, reason, &res);
+		}
+		reclaim_kick(rc); /* the background pass takes the pool to the low mark */
+		if (res.got)
+			continue;
+		if (!res.err && !res.busy && (!evicted || released(rc, evicted))) {
+			snprintf(why, whylen, "the pool is full, and the only pages above a guarantee that this "
+				 "tenant may take are the requesting session's own");
+			break;
+		}
+		if (res.err) {
+			/* nothing can be spilled: the tier is full, failing or absent */
+			if (p.pressure_action == CONFIG_PRESSURE_EVICT) {
+				if (!evicted || released(rc, evicted)) {
+					char e[768];
+					snprintf(e, sizeof(e), "%s and nothing could be spilled (%s)", need, res.why);
+					if (evict_one(rc, c, nc, s, e, &evicted))
+						continue;
+					snprintf(why, whylen, "the pool is full, nothing could be spilled (%s) and no "
+						 "session could be evicted", res.why);
+					break;
+				}
+			} else {
+				snprintf(why, whylen, "the pool is full and nothing could be spilled: %s "
+					 "(pool.pressure_action = fail)", res.why);
+				break;
+			}
+		}
+		/* the pages to take are in use right now (or an evicted
+		 * session's are on their way back): try again shortly */
+		usleep(500);
+	}
+out:
+	if (waited)
+		tenant_note_wait(t, mono_us() - t0);
+	if (r < 0)
+		tenant_note(t, TENANT_REFUSALS, 1);
+	pthread_mutex_lock(&rc->lock);
+	rc->stats.admission_waits += waited;
+	rc->stats.admission_refusals += r < 0;
+	pthread_mutex_unlock(&rc->lock);
+	free(c);
+	return r;
+}
+
 static bool above_low(struct reclaim *rc)
 {
 	uint64_t total, used = pool_used(rc, &total);
-	uint32_t low;
+	uint32_t low = params_of(rc).low_pct;
 
-	pthread_mutex_lock(&rc->lock);
-	low = rc->p.low_pct;
-	pthread_mutex_unlock(&rc->lock);
 	return total && used * 100 > total * low;
 }
 
@@ -213,6 +437,7 @@ static void *reclaim_main(void *arg)
 			pthread_cond_timedwait(&rc->cond, &rc->lock, &ts);
 		}
 		rc->kicked = false;
+		__atomic_store_n(&rc->kick_pending, 0, __ATOMIC_RELAXED);
 		if (rc->stop)
 			break;
 		pthread_mutex_unlock(&rc->lock);
@@ -243,6 +468,7 @@ int reclaim_start(struct reclaim **out, struct pool *pool, struct tenant_table *
 	rc->st = st;
 	rc->ks = ks;
 	rc->p = *p;
+	rc->high_pct = p->high_pct;
 	pthread_mutex_init(&rc->lock, NULL);
 	pthread_mutex_init(&rc->pass_lock, NULL);
 	pthread_cond_init(&rc->cond, NULL);
@@ -281,10 +507,16 @@ int reclaim_set_params(struct reclaim *rc, const struct reclaim_params *p, char 
 		return r;
 	pthread_mutex_lock(&rc->lock);
 	rc->p = *p;
+	__atomic_store_n(&rc->high_pct, p->high_pct, __ATOMIC_RELAXED);
 	rc->kicked = true;
 	pthread_cond_signal(&rc->cond);
 	pthread_mutex_unlock(&rc->lock);
 	return 0;
+}
+
+void reclaim_get_params(struct reclaim *rc, struct reclaim_params *out)
+{
+	*out = params_of(rc);
 }
 
 void reclaim_kick(struct reclaim *rc)
@@ -293,6 +525,19 @@ void reclaim_kick(struct reclaim *rc)
 	rc->kicked = true;
 	pthread_cond_signal(&rc->cond);
 	pthread_mutex_unlock(&rc->lock);
+}
+
+void reclaim_note_alloc(struct reclaim *rc)
+{
+	uint64_t total, used;
+
+	if (__atomic_load_n(&rc->kick_pending, __ATOMIC_RELAXED))
+		return;
+	used = pool_used(rc, &total);
+	if (total && used * 100 > total * __atomic_load_n(&rc->high_pct, __ATOMIC_RELAXED)) {
+		__atomic_store_n(&rc->kick_pending, 1, __ATOMIC_RELAXED);
+		reclaim_kick(rc);
+	}
 }
 
 void reclaim_stats(struct reclaim *rc, struct reclaim_stats *out)

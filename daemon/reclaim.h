@@ -1,5 +1,6 @@
 /* reclaim.h — the reclaimer: keeps the pool under its high watermark by
- * spilling pages of the tenants that hold more than their guarantee.
+ * spilling pages of the tenants that hold more than their guarantee, and
+ * makes room for allocations that find the pool full (admission).
  *
  * Policy (one pass, reclaim_pass):
  *   1. A tenant above its limit (a limit lowered at run time) is brought
@@ -11,15 +12,30 @@
  *      first, and within a session its coldest pages (dataop_spill's
  *      order: full pages, oldest tokens, every layer; tail pages last).
  *   A tenant at or under its guarantee is never spilled by the reclaimer.
- *   Pages an operation is using are never chosen: dataop_spill takes the
- *   session's lock, so it waits for the operation in flight and spills
- *   afterwards.  Every decision is logged at info: tenant, session, bytes
- *   and the reason.
+ *   Pages an operation is using are never chosen: a session with an
+ *   operation in flight is skipped (dataop_spill_try) and taken at a later
+ *   pass.  Every decision is logged at info: tenant, session, bytes and
+ *   the reason.
  *
- * Thread: one, started by reclaim_start; it sleeps until reclaim_kick (the
- * data path's allocations cross the high mark) or a 1 s tick, then runs
- * passes while use stays above the low mark.  Without a spill tier it
- * does nothing (and says so once).
+ * Admission (reclaim_admit): an allocation that finds the pool full waits
+ * up to pool.admission_wait while pages are spilled for it, from tenants
+ * above their guarantee: any of them when the requester's tenant is within
+ * its guarantee, else those of the same or a lower priority (its own other
+ * sessions included).  The requesting session itself is never spilled.
+ * When nothing can be spilled (the tier is full or failing),
+ * pool.pressure_action says what happens: fail (POOL_FULL, with why) or
+ * evict (the least recently used session of the lowest-priority tenant
+ * above its guarantee is evicted, never a persistent one, and its owner
+ * gets EVICTED with TQKV_EVICT_PRESSURE).  Waits, refusals and evictions
+ * are counted per tenant (tenant_info.pressure).
+ *
+ * Threads: the reclaimer's own thread (reclaim_start) sleeps until
+ * reclaim_kick (an allocation took the pool above the high mark, a budget
+ * changed) or a 1 s tick, then runs passes while use stays above the low
+ * mark; admission runs on the allocating thread (a ring worker, which
+ * holds its own session's lock: that is why nobody here ever blocks on
+ * another session's lock).  Without a spill tier it does nothing (and
+ * says so once).
  */
 #ifndef TQKVD_RECLAIM_H
 #define TQKVD_RECLAIM_H
@@ -33,15 +49,21 @@ struct session_table;
 struct kvstore;
 
 struct reclaim_params {
-	uint32_t high_pct;        /* start above this pool use, 1..100         */
-	uint32_t low_pct;         /* spill down to this, < high_pct            */
+	uint32_t high_pct;          /* start above this pool use, 1..100              */
+	uint32_t low_pct;           /* spill down to this, < high_pct                 */
+	uint64_t admission_wait_ms; /* an allocation waits this long at most; 0: not  */
+	int pressure_action;        /* enum config_pressure_action                    */
 };
 
 struct reclaim_stats {
-	uint64_t passes;          /* passes that spilled something            */
-	uint64_t spilled_bytes;   /* by the reclaimer, all tenants             */
-	uint64_t decisions;       /* sessions spilled from (log lines)         */
-	uint64_t failures;        /* spills that failed (tier full, I/O)       */
+	uint64_t passes;            /* background passes that spilled something       */
+	uint64_t spilled_bytes;     /* by the reclaimer (passes and admission)        */
+	uint64_t decisions;         /* sessions spilled from (log lines)              */
+	uint64_t failures;          /* spills that failed (tier full, I/O)            */
+	uint64_t busy_us;           /* time spent spilling: spilled_bytes / this = rate */
+	uint64_t admission_waits;   /* allocations that waited                        */
+	uint64_t admission_refusals;/* allocations refused after all                  */
+	uint64_t evictions;         /* sessions evicted (pressure_action = evict)     */
 };
 
 struct reclaim;
@@ -52,8 +74,17 @@ int reclaim_start(struct reclaim **out, struct pool *pool, struct tenant_table *
 void reclaim_stop(struct reclaim *rc);
 /* -EINVAL (with why) unless 0 < low < high <= 100; in effect at once. */
 int reclaim_set_params(struct reclaim *rc, const struct reclaim_params *p, char *why, size_t whylen);
+void reclaim_get_params(struct reclaim *rc, struct reclaim_params *out);
 /* Ask for a pass soon (cheap; any thread). */
 void reclaim_kick(struct reclaim *rc);
+/* An allocation succeeded: kicks the thread when the pool is above the
+ * high mark (cheap; any thread). */
+void reclaim_note_alloc(struct reclaim *rc);
+/* Admission: n pool pages for session s (in an operation, its tenant
+ * already charged for them) after pool_pages_alloc found the pool full.
+ * 0 with pages[0..n), or -ENOSPC with why (nothing taken). */
+struct session;
+int reclaim_admit(struct reclaim *rc, struct session *s, uint32_t n, uint8_t **pages, char *why, size_t whylen);
 /* One pass on the calling thread (the reclaimer's thread, and tests):
  * the bytes it spilled. */
 uint64_t reclaim_pass(struct reclaim *rc);

@@ -396,7 +396,7 @@ static void do_attach(struct ring_client *c, const struct tqkv_sqe *e)
 	if (info.owner_uid != (uint32_t)c->uid)
 		return cq_fail(c, e, TQKV_ST_NOT_OWNER, 0);
 	if (info.state == SESSION_EVICTED)
-		return cq_fail(c, e, TQKV_ST_EVICTED, 0);
+		return cq_fail(c, e, TQKV_ST_EVICTED, info.evict_reason);
 	if (info.state != SESSION_OPEN)
 		return cq_fail(c, e, TQKV_ST_CLOSING, 0);
 
@@ -720,7 +720,8 @@ static void run_op(struct ring_server *rs, struct ring_worker *w, struct binding
 		return cq_post(c, e, 0, TQKV_ST_OK, 0, 0, NULL);
 	}
 	if ((x = session_acquire(rs->st, b->id, now_real_ms(), &s)) < 0)
-		return cq_post(c, e, x, session_errno_status(x), 0, 0, NULL);
+		return cq_post(c, e, x, session_errno_status(x),
+			       x == -ESTALE ? session_evict_reason(rs->st, b->id) : 0, 0, NULL);
 	switch (e->opcode) {
 	case TQKV_OP_APPEND:
 		dataop_append(rs->ks, s, e->layer, c->arena + e->k_off, c->arena + e->v_off, dt,
@@ -748,6 +749,8 @@ static void run_op(struct ring_server *rs, struct ring_worker *w, struct binding
 		r.status = TQKV_ST_BAD_OPCODE;
 	}
 	session_release(s);
+	if (r.status == TQKV_ST_EVICTED) /* evicted while it ran */
+		r.detail = session_evict_reason(rs->st, b->id);
 	cq_post(c, e, r.res, r.status, r.detail, r.n_tokens, r.msg);
 }
 

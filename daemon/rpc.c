@@ -47,6 +47,7 @@
 #include "kvpersist.h"
 #include "log.h"
 #include "pool.h"
+#include "reclaim.h"
 #include "ring.h"
 #include "spill.h"
 #include "tqkv.pb-c.h"
@@ -114,6 +115,7 @@ struct rpc_server {
 	struct ring_server *ring;
 	struct spill *spill;            /* atomic pointers: rpc_set_spill */
 	struct kvstore *kv;
+	struct reclaim *reclaim;        /* atomic pointer: rpc_set_reclaim */
 	uint64_t start_ms, start_mono_ms;
 
 	pthread_mutex_t cfg_lock;       /* guards cfg, reloads, operator_gid */
@@ -286,6 +288,21 @@ static void h_get_stats(struct rpc_server *srv, const struct peer *peer,
 		r.persistent_restored = ps.restored;
 		r.persistent_dropped = ps.dropped;
 	}
+	struct reclaim *rc = __atomic_load_n(&srv->reclaim, __ATOMIC_ACQUIRE);
+	if (rc) {
+		struct reclaim_stats rs;
+		struct reclaim_params rp;
+		reclaim_stats(rc, &rs);
+		reclaim_get_params(rc, &rp);
+		r.high_watermark_pct = rp.high_pct;
+		r.low_watermark_pct = rp.low_pct;
+		r.reclaim_passes = rs.passes;
+		r.reclaim_bytes = rs.spilled_bytes;
+		r.reclaim_failures = rs.failures;
+		r.reclaim_busy_us = rs.busy_us;
+		r.admission_waits = rs.admission_waits;
+		r.pressure_evictions = rs.evictions;
+	}
 	rep_ok(rep, &r.base);
 }
 
@@ -312,6 +329,7 @@ static void session_to_msg(struct session_info *si, Tqkv__V1__Session *m)
 	m->last_access_ms = si->last_access_ms;
 	m->state = (Tqkv__V1__SessionState)si->state;
 	m->persistent = si->persistent;
+	m->evict_reason = si->state == SESSION_EVICTED ? si->evict_why : (char *)"";
 	m->bytes_per_token = si->bytes_per_token;
 }
 
@@ -758,6 +776,13 @@ static void tenant_to_msg(struct tenant_info *ti, Tqkv__V1__Tenant *m)
 	m->allow_uids = ti->uids;
 	m->n_allow_gids = ti->n_gids;
 	m->allow_gids = ti->gids;
+	m->spilled_total_bytes = ti->pressure.spilled_bytes;
+	m->restored_total_bytes = ti->pressure.restored_bytes;
+	m->waits = ti->pressure.waits;
+	m->wait_us = ti->pressure.wait_us;
+	m->wait_max_us = ti->pressure.wait_max_us;
+	m->refusals = ti->pressure.refusals;
+	m->evictions = ti->pressure.evictions;
 }
 
 static void h_list_tenants(struct rpc_server *srv, const struct peer *peer,
@@ -800,8 +825,7 @@ static void h_set_tenant_budget(struct rpc_server *srv, const struct peer *peer,
 	Tqkv__V1__Tenant m;
 	struct tenant_info ti;
 	struct tenant *t;
-	uint64_t pool;
-	char a[32], b[32];
+	char a[32], b[32], why[256];
 	int r;
 
 	if (config_check_name(q->tenant) < 0 || !(t = tenant_find(srv->tenants, q->tenant))) {
@@ -812,28 +836,16 @@ static void h_set_tenant_budget(struct rpc_server *srv, const struct peer *peer,
 		rep_error(rep, GRPC_STATUS_INVALID_ARGUMENT, "nothing to change: give a limit and/or a guarantee");
 		return;
 	}
-	pthread_mutex_lock(&srv->cfg_lock);
-	pool = srv->cfg->pool_bytes;
-	pthread_mutex_unlock(&srv->cfg_lock);
-	tenant_get_info(t, &ti);
 	r = tenant_set_budget(srv->tenants, t, q->set_limit, q->limit_bytes, q->set_guaranteed,
-			      q->guaranteed_bytes);
-	if (r == -EINVAL) {
-		config_format_size(q->set_limit ? q->limit_bytes : ti.limit, a, sizeof(a));
-		config_format_size(q->set_guaranteed ? q->guaranteed_bytes : ti.guaranteed, b, sizeof(b));
-		char p[32];
-		config_format_size(pool, p, sizeof(p));
-		rep_error(rep, GRPC_STATUS_INVALID_ARGUMENT,
-			  "tenant '%s': limit %s, guaranteed %s: need 1MiB <= limit <= pool %s and guaranteed <= limit",
-			  q->tenant, a, b, p);
+			      q->guaranteed_bytes, why, sizeof(why));
+	if (r < 0) {
+		rep_error(rep, r == -EINVAL ? GRPC_STATUS_INVALID_ARGUMENT : GRPC_STATUS_FAILED_PRECONDITION,
+			  "tenant '%s': %s", q->tenant, why);
 		return;
 	}
-	if (r == -ENOSPC) {
-		config_format_size(pool, a, sizeof(a));
-		rep_error(rep, GRPC_STATUS_FAILED_PRECONDITION,
-			  "tenant '%s': the guarantees of all tenants would exceed the pool (%s)", q->tenant, a);
-		return;
-	}
+	/* a lowered limit: the reclaimer brings the tenant down to it now */
+	if (srv->reclaim)
+		reclaim_kick(srv->reclaim);
 	tenant_get_info(t, &ti);
 	config_format_size(ti.limit, a, sizeof(a));
 	config_format_size(ti.guaranteed, b, sizeof(b));
@@ -1579,6 +1591,11 @@ void rpc_set_datapath(struct rpc_server *srv, struct pool *pool, struct ring_ser
 {
 	__atomic_store_n(&srv->pool, pool, __ATOMIC_RELEASE);
 	__atomic_store_n(&srv->ring, ring, __ATOMIC_RELEASE);
+}
+
+void rpc_set_reclaim(struct rpc_server *srv, struct reclaim *rc)
+{
+	__atomic_store_n(&srv->reclaim, rc, __ATOMIC_RELEASE);
 }
 
 void rpc_set_spill(struct rpc_server *srv, struct spill *sp, struct kvstore *kv)

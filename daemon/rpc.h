@@ -52,5 +52,8 @@ struct kvstore;
 /* The spill store (GetStats, SpillSession, RestoreSession) and the page
  * tables it moves pages of; NULL: none. */
 void rpc_set_spill(struct rpc_server *srv, struct spill *sp, struct kvstore *kv);
+/* The reclaimer (GetStats; SetTenantBudget kicks it); NULL: none. */
+struct reclaim;
+void rpc_set_reclaim(struct rpc_server *srv, struct reclaim *rc);
 
 #endif

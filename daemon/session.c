@@ -9,6 +9,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "tqkv_ring.h"
+
 #define N_BUCKETS 1024 /* power of two; chains stay short up to ~64k sessions */
 
 struct session {
@@ -36,6 +38,8 @@ struct session {
 	uint64_t spilled_bytes;
 	uint64_t last_access_ms;
 	uint64_t evicted_ms;
+	uint32_t evict_reason;       /* enum tqkv_evict_reason */
+	char evict_why[200];
 };
 
 struct session_table {
@@ -241,6 +245,8 @@ static void fill_info(struct session *s, struct session_info *out)
 	out->spilled_bytes = s->spilled_bytes;
 	out->last_access_ms = s->last_access_ms;
 	out->state = s->state;
+	out->evict_reason = s->evict_reason;
+	memcpy(out->evict_why, s->evict_why, sizeof(out->evict_why));
 	pthread_mutex_unlock(&s->lock);
 	out->persistent = (s->flags & SESSION_PERSISTENT) != 0;
 }
@@ -443,7 +449,7 @@ int session_list(struct session_table *st, const struct tenant *t,
 /* Evict `id`.  idle_ttl_ms != 0: only if it is still OPEN, idle for that
  * long and without an operation in flight (the idle timer's case). */
 static int evict_id(struct session_table *st, uint64_t id, uint64_t now_ms, uint64_t idle_ttl_ms,
-		    struct session_info *out)
+		    uint32_t reason, const char *why, struct session_info *out)
 {
 	struct session *s;
 	bool run_release = false;
@@ -469,6 +475,8 @@ static int evict_id(struct session_table *st, uint64_t id, uint64_t now_ms, uint
 	} else {
 		s->state = SESSION_EVICTED;
 		s->evicted_ms = now_ms;
+		s->evict_reason = reason;
+		snprintf(s->evict_why, sizeof(s->evict_why), "%s", why ? why : "");
 		run_release = release_due(s);
 		__atomic_add_fetch(&st->evictions_total, 1, __ATOMIC_RELAXED);
 	}
@@ -481,12 +489,36 @@ static int evict_id(struct session_table *st, uint64_t id, uint64_t now_ms, uint
 	return r;
 }
 
-int session_evict(struct session_table *st, uint64_t id, struct session_info *out)
+int session_evict_why(struct session_table *st, uint64_t id, uint32_t reason, const char *why,
+		      struct session_info *out)
 {
 	struct timespec ts;
 
 	clock_gettime(CLOCK_REALTIME, &ts);
-	return evict_id(st, id, (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000, 0, out);
+	return evict_id(st, id, (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000, 0, reason, why,
+			out);
+}
+
+int session_evict(struct session_table *st, uint64_t id, struct session_info *out)
+{
+	return session_evict_why(st, id, TQKV_EVICT_OPERATOR, "evicted by an operator", out);
+}
+
+uint32_t session_evict_reason(struct session_table *st, uint64_t id)
+{
+	struct session *s;
+	uint32_t r = TQKV_EVICT_UNKNOWN;
+
+	pthread_mutex_lock(&st->lock);
+	s = *slot_of(st, id);
+	if (s) {
+		pthread_mutex_lock(&s->lock);
+		if (s->state == SESSION_EVICTED)
+			r = s->evict_reason;
+		pthread_mutex_unlock(&s->lock);
+	}
+	pthread_mutex_unlock(&st->lock);
+	return r;
 }
 
 int session_close(struct session_table *st, uint64_t id, uint64_t *released)
@@ -546,7 +578,8 @@ uint32_t session_table_expire(struct session_table *st, uint64_t now_ms, uint64_
 	}
 	pthread_mutex_unlock(&st->lock);
 	for (uint32_t i = 0; i < n_evict; i++)
-		if (evict_id(st, evict[i], now_ms, ttl_ms, NULL) == 0)
+		if (evict_id(st, evict[i], now_ms, ttl_ms, TQKV_EVICT_IDLE, "idle past daemon.session_idle_ttl",
+			     NULL) == 0)
 			changed++;
 	for (uint32_t i = 0; i < n_drop; i++)
 		if (session_close(st, drop[i], NULL) == 0)

@@ -73,6 +73,8 @@ struct session_info {
 	uint64_t last_access_ms;
 	enum session_state state;
 	bool persistent;             /* survives restarts (SESSION_PERSISTENT) */
+	uint32_t evict_reason;       /* EVICTED: enum tqkv_evict_reason */
+	char evict_why[200];         /* EVICTED: the reason in words ("" if none given) */
 };
 
 struct session_stats {
@@ -135,8 +137,15 @@ int session_get_info(struct session_table *st, uint64_t id, struct session_info 
 /* All sessions (of tenant t, or all when NULL), by id; *out is malloc'd. */
 int session_list(struct session_table *st, const struct tenant *t,
 		 struct session_info **out, size_t *n);
-/* -ENOENT, -EALREADY (already evicted), -ESHUTDOWN (closing). */
+/* -ENOENT, -EALREADY (already evicted), -ESHUTDOWN (closing).  An
+ * operator's eviction (TQKV_EVICT_OPERATOR). */
 int session_evict(struct session_table *st, uint64_t id, struct session_info *out);
+/* The same with the reason (enum tqkv_evict_reason) and its words, which
+ * the owner's next call and GetSession report. */
+int session_evict_why(struct session_table *st, uint64_t id, uint32_t reason, const char *why,
+		      struct session_info *out);
+/* The reason of an evicted session (TQKV_EVICT_UNKNOWN if not evicted). */
+uint32_t session_evict_reason(struct session_table *st, uint64_t id);
 /* Removes the session; *released = the bytes it held.  -ENOENT. */
 int session_close(struct session_table *st, uint64_t id, uint64_t *released);
 /* Idle handling: OPEN sessions idle for ttl are evicted (never persistent

@@ -4,7 +4,10 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+
+#include "tq_size.h"
 
 struct tenant {
 	char name[CONFIG_NAME_MAX];
@@ -12,6 +15,7 @@ struct tenant {
 	uint64_t spilled;               /* atomic: its sessions' bytes in the spill tier */
 	uint64_t limit;                 /* atomic: read by every charge    */
 	uint32_t sessions;              /* atomic                          */
+	struct tenant_pressure pr;      /* atomic, each field              */
 	pthread_mutex_t lock;           /* guards the fields below         */
 	uint64_t guaranteed;
 	int32_t priority;
@@ -125,6 +129,47 @@ void tenant_get_info(struct tenant *t, struct tenant_info *out)
 	out->used = tenant_used(t);
 	out->spilled = __atomic_load_n(&t->spilled, __ATOMIC_RELAXED);
 	out->sessions = __atomic_load_n(&t->sessions, __ATOMIC_RELAXED);
+	out->pressure.spilled_bytes = __atomic_load_n(&t->pr.spilled_bytes, __ATOMIC_RELAXED);
+	out->pressure.restored_bytes = __atomic_load_n(&t->pr.restored_bytes, __ATOMIC_RELAXED);
+	out->pressure.waits = __atomic_load_n(&t->pr.waits, __ATOMIC_RELAXED);
+	out->pressure.wait_us = __atomic_load_n(&t->pr.wait_us, __ATOMIC_RELAXED);
+	out->pressure.wait_max_us = __atomic_load_n(&t->pr.wait_max_us, __ATOMIC_RELAXED);
+	out->pressure.refusals = __atomic_load_n(&t->pr.refusals, __ATOMIC_RELAXED);
+	out->pressure.evictions = __atomic_load_n(&t->pr.evictions, __ATOMIC_RELAXED);
+}
+
+uint64_t tenant_guaranteed(struct tenant *t)
+{
+	pthread_mutex_lock(&t->lock);
+	uint64_t g = t->guaranteed;
+	pthread_mutex_unlock(&t->lock);
+	return g;
+}
+
+int32_t tenant_priority(struct tenant *t)
+{
+	pthread_mutex_lock(&t->lock);
+	int32_t p = t->priority;
+	pthread_mutex_unlock(&t->lock);
+	return p;
+}
+
+void tenant_note(struct tenant *t, enum tenant_counter c, uint64_t v)
+{
+	uint64_t *f = c == TENANT_SPILLED ? &t->pr.spilled_bytes : c == TENANT_RESTORED ? &t->pr.restored_bytes
+		    : c == TENANT_REFUSALS ? &t->pr.refusals : &t->pr.evictions;
+	__atomic_add_fetch(f, v, __ATOMIC_RELAXED);
+}
+
+void tenant_note_wait(struct tenant *t, uint64_t us)
+{
+	uint64_t max = __atomic_load_n(&t->pr.wait_max_us, __ATOMIC_RELAXED);
+
+	__atomic_add_fetch(&t->pr.waits, 1, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&t->pr.wait_us, us, __ATOMIC_RELAXED);
+	while (us > max && !__atomic_compare_exchange_n(&t->pr.wait_max_us, &max, us, true, __ATOMIC_RELAXED,
+							 __ATOMIC_RELAXED)) {
+	}
 }
 
 uint64_t tenant_table_used(struct tenant_table *tt)
@@ -182,8 +227,9 @@ void tenant_session_add(struct tenant *t, int delta)
 }
 
 int tenant_set_budget(struct tenant_table *tt, struct tenant *t, bool set_limit, uint64_t limit,
-		      bool set_guaranteed, uint64_t guaranteed)
+		      bool set_guaranteed, uint64_t guaranteed, char *why, size_t whylen)
 {
+	char b1[32], b2[32], b3[32];
 	int r = 0;
 
 	pthread_mutex_lock(&tt->budget_lock);
@@ -192,7 +238,14 @@ int tenant_set_budget(struct tenant_table *tt, struct tenant *t, bool set_limit,
 		limit = __atomic_load_n(&t->limit, __ATOMIC_RELAXED);
 	if (!set_guaranteed)
 		guaranteed = t->guaranteed;
+	tq_size_format_human(limit, b1, sizeof(b1));
+	tq_size_format_human(guaranteed, b2, sizeof(b2));
+	tq_size_format_human(tt->pool_bytes, b3, sizeof(b3));
 	if (limit < (1u << 20) || limit > tt->pool_bytes || guaranteed > limit) {
+		if (why && guaranteed > limit)
+			snprintf(why, whylen, "the guarantee (%s) would exceed the limit (%s)", b2, b1);
+		else if (why)
+			snprintf(why, whylen, "the limit (%s) must be in [1 MiB, the pool's %s]", b1, b3);
 		r = -EINVAL;
 		goto fail;
 	}
@@ -201,6 +254,11 @@ int tenant_set_budget(struct tenant_table *tt, struct tenant *t, bool set_limit,
 		if (&tt->t[i] != t)
 			sum += tt->t[i].guaranteed; /* stable: every writer holds budget_lock */
 	if (sum > tt->pool_bytes) {
+		if (why) {
+			tq_size_format_human(sum - guaranteed, b1, sizeof(b1));
+			snprintf(why, whylen, "the other tenants' guarantees (%s) and this one (%s) would exceed "
+				 "the pool (%s)", b1, b2, b3);
+		}
 		r = -ENOSPC;
 		goto fail;
 	}

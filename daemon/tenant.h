@@ -22,6 +22,20 @@
 struct tenant;
 struct tenant_table;
 
+/* What memory pressure did to a tenant, since start (monotonic). */
+struct tenant_pressure {
+	uint64_t spilled_bytes;       /* pages written out to the spill tier            */
+	uint64_t restored_bytes;      /* pages read back                                */
+	uint64_t waits;               /* allocations that waited for reclaim            */
+	uint64_t wait_us;             /* time they waited, all together                 */
+	uint64_t wait_max_us;         /* the longest one                                */
+	uint64_t refusals;            /* allocations refused on a full pool (POOL_FULL) */
+	uint64_t evictions;           /* its sessions evicted by pressure               */
+};
+enum tenant_counter {
+	TENANT_SPILLED, TENANT_RESTORED, TENANT_REFUSALS, TENANT_EVICTIONS,
+};
+
 /* A consistent snapshot of one tenant. */
 struct tenant_info {
 	char name[CONFIG_NAME_MAX];
@@ -31,6 +45,7 @@ struct tenant_info {
 	uint64_t used;                /* pool bytes charged (resident pages) */
 	uint64_t spilled;             /* its sessions' bytes in the spill tier (not charged) */
 	uint32_t sessions;
+	struct tenant_pressure pressure;
 	bool any_uid;
 	uint32_t n_uids, n_gids;
 	uint32_t uids[CONFIG_MAX_IDS];
@@ -60,16 +75,23 @@ uint64_t tenant_used(const struct tenant *t);
 /* Bytes of the tenant's sessions in the spill tier (session.c keeps it). */
 void tenant_spilled_add(struct tenant *t, int64_t delta);
 uint64_t tenant_limit(const struct tenant *t);
+uint64_t tenant_guaranteed(struct tenant *t);
+int32_t tenant_priority(struct tenant *t);
+
+/* Pressure counters (any thread). */
+void tenant_note(struct tenant *t, enum tenant_counter c, uint64_t v);
+void tenant_note_wait(struct tenant *t, uint64_t us);
 
 /* Session counting (the session table keeps it). */
 void tenant_session_add(struct tenant *t, int delta);
 
 /* New budget.  set_* = false keeps that value.  -EINVAL when guaranteed >
  * limit, limit < 1 MiB or limit > pool_bytes; -ENOSPC when the guarantees
- * of all tenants would exceed pool_bytes.  A limit below the current usage
- * is accepted: new charges fail until usage drops under it. */
+ * of all tenants would exceed pool_bytes.  why (may be NULL) says which.
+ * A limit below the current usage is accepted: new charges fail until
+ * usage drops under it (the reclaimer spills the tenant down to it). */
 int tenant_set_budget(struct tenant_table *tt, struct tenant *t, bool set_limit, uint64_t limit,
-		      bool set_guaranteed, uint64_t guaranteed);
+		      bool set_guaranteed, uint64_t guaranteed, char *why, size_t whylen);
 
 /* 1 if uid (primary gid, supplementary groups) may use the tenant, else 0. */
 int tenant_allows(struct tenant *t, uid_t uid, gid_t gid, const gid_t *groups, int n_groups);

@@ -37,7 +37,7 @@
 
 #define TQKV_RING_MAGIC         UINT64_C(0x474e49525f564b51) /* "QKV_RING" */
 #define TQKV_RING_VERSION_MAJOR 1u
-#define TQKV_RING_VERSION_MINOR 2u
+#define TQKV_RING_VERSION_MINOR 3u  /* 1.3: TQKV_ST_EVICTED's detail is an enum tqkv_evict_reason */
 #define TQKV_RING_VERSION       ((TQKV_RING_VERSION_MAJOR << 16) | TQKV_RING_VERSION_MINOR)
 #define TQKV_DATA_SOCK          "data.sock"
 
@@ -175,6 +175,28 @@ enum tqkv_status {
 	TQKV_ST_SPILL_IO = 25,       /* -EIO      the spill tier could not read or write    */
 	TQKV_ST__COUNT
 };
+
+/* TQKV_ST_EVICTED: the CQE's detail says who evicted the session (the
+ * daemon's log and GetSession give the full reason). */
+enum tqkv_evict_reason {
+	TQKV_EVICT_UNKNOWN = 0,
+	TQKV_EVICT_OPERATOR = 1,     /* tqctl evict (EvictSession)                        */
+	TQKV_EVICT_IDLE = 2,         /* idle past daemon.session_idle_ttl                  */
+	TQKV_EVICT_PRESSURE = 3,     /* a full pool with nothing to spill, pool.pressure_action = evict */
+	TQKV_EVICT__COUNT
+};
+
+static inline const char *tqkv_evict_reason_str(uint32_t r)
+{
+	static const char *const s[TQKV_EVICT__COUNT] = {
+		[TQKV_EVICT_UNKNOWN] = "evicted",
+		[TQKV_EVICT_OPERATOR] = "evicted by an operator",
+		[TQKV_EVICT_IDLE] = "evicted after being idle past the daemon's session_idle_ttl",
+		[TQKV_EVICT_PRESSURE] = "evicted under memory pressure (the pool was full and nothing could be spilled)",
+	};
+	return r < TQKV_EVICT__COUNT ? s[r] : "evicted";
+}
+
 
 static inline const char *tqkv_status_str(uint32_t st)
 {

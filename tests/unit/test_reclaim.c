@@ -3,8 +3,12 @@
  * it spills down to the low mark from tenants above their guarantee,
  * lowest priority first, least recently used sessions first; a tenant at
  * or under its guarantee is never touched; a limit lowered at run time is
- * enforced by spilling; what was spilled comes back bit-identical. */
+ * enforced by spilling; what was spilled comes back bit-identical;
+ * admission on a full pool: a tenant within its guarantee waits while a
+ * lower tenant is spilled, a tenant above it never takes from a higher
+ * priority, and pool.pressure_action (fail / evict) when the tier is full. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,24 +37,33 @@ struct fix {
 };
 
 /* 16 MiB pool: prod guaranteed 6 MiB (priority 90), batch 0 (priority 10),
- * test 0 (priority 50); watermarks 75 % / 50 %. */
-static void fix_start(struct fix *f)
+ * test 0 (priority 50); rp: watermarks, admission; spill_slots: the tier's
+ * size in pages. */
+static void fix_start_with(struct fix *f, struct reclaim_params rp, uint64_t spill_slots, bool admit)
 {
 	char why[512];
-	struct reclaim_params rp = { 75, 50 };
 
 	kvfix_start(&f->kv, "[pool]\npool_bytes = 16M\n"
 		    "[tenant prod]\nguaranteed = 6M\nlimit = 16M\npriority = 90\nallow_uids = *\n"
 		    "[tenant test]\nlimit = 16M\npriority = 50\nallow_uids = *\n"
-		    "[tenant batch]\nlimit = 16M\npriority = 10\nallow_uids = *\n", 16 * MiB, PAGE, 512);
+		    "[tenant batch]\nlimit = 16M\npriority = 10\nallow_uids = *\n", 16 * MiB, PAGE, spill_slots);
 	if (reclaim_start(&f->rc, f->kv.pool, f->kv.tt, f->kv.st, f->kv.ks, &rp, why, sizeof(why)) < 0) {
 		fprintf(stderr, "setup failed: %s\n", why);
 		exit(1);
 	}
+	if (admit) /* allocations kick the thread and wait on a full pool */
+		kvstore_set_reclaim(f->kv.ks, f->rc);
+}
+
+/* watermarks 75 % / 50 %; the thread acts only when called or kicked */
+static void fix_start(struct fix *f)
+{
+	fix_start_with(f, (struct reclaim_params){ 75, 50, 2000, CONFIG_PRESSURE_FAIL }, 512, false);
 }
 
 static void fix_stop(struct fix *f)
 {
+	kvstore_set_reclaim(f->kv.ks, NULL);
 	reclaim_stop(f->rc);
 	kvfix_stop(&f->kv);
 }
@@ -182,15 +195,15 @@ static void test_lowered_limit(void)
 	uint64_t used = tenant_used_of(&f, "test");
 	/* a limit below current use is accepted; the reclaimer brings the
 	 * tenant down by spilling, although the pool is not under pressure */
-	T_EQ(tenant_set_budget(f.kv.tt, tenant_find(f.kv.tt, "test"), true, used / 2, false, 0), 0);
+	T_EQ(tenant_set_budget(f.kv.tt, tenant_find(f.kv.tt, "test"), true, used / 2, false, 0, NULL, 0), 0);
 	T_ASSERT(reclaim_pass(f.rc) >= used - used / 2);
 	T_ASSERT(tenant_used_of(&f, "test") <= used / 2);
 	T_ASSERT(info(&f, t2).spilled_bytes > 0); /* the least recently used first */
 	/* the watermarks are checked; bad ones are refused with the reason */
-	struct reclaim_params bad = { 50, 60 };
+	struct reclaim_params bad = { 50, 60, 2000, CONFIG_PRESSURE_FAIL };
 	T_EQ(reclaim_set_params(f.rc, &bad, why, sizeof(why)), -EINVAL);
 	T_ASSERT(strstr(why, "watermarks"));
-	T_EQ(tenant_set_budget(f.kv.tt, tenant_find(f.kv.tt, "test"), true, 16 * MiB, false, 0), 0);
+	T_EQ(tenant_set_budget(f.kv.tt, tenant_find(f.kv.tt, "test"), true, 16 * MiB, false, 0, NULL, 0), 0);
 	attend(&f, t1, TOK, after);
 	T_ASSERT(memcmp(before, after, sizeof(after)) == 0);
 	fix_stop(&f);
@@ -211,11 +224,179 @@ static void test_thread_acts_on_kick(void)
 	fix_stop(&f);
 }
 
+/* Append `tokens` to both layers of session id: the first failure's status. */
+static uint32_t append_more(struct fix *f, uint64_t id, uint32_t tokens, uint64_t seed, char *msg, size_t msglen)
+{
+	size_t n = (size_t)tokens * 2 * 128;
+	float *k = malloc(n * 4), *v = malloc(n * 4);
+	struct dataop_res r = { 0 };
+	struct session *s;
+	int e;
+
+	MUST(k && v);
+	for (size_t i = 0; i < n; i++) {
+		seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+		k[i] = (float)(seed >> 40) / (float)(1 << 24) - 0.5f;
+		v[i] = (float)(seed >> 20 & 0xfffff) / (float)(1 << 20) - 0.5f;
+	}
+	if ((e = session_acquire(f->kv.st, id, 5000, &s)) < 0) {
+		free(k);
+		free(v);
+		return e == -ESTALE ? TQKV_ST_EVICTED : TQKV_ST_NO_SESSION;
+	}
+	for (uint32_t l = 0; l < G.n_layers && r.status == TQKV_ST_OK; l++)
+		dataop_append(f->kv.ks, s, l, k, v, TQ_DTYPE_F32, tokens, &r);
+	session_release(s);
+	if (msg)
+		snprintf(msg, msglen, "%s", r.msg);
+	free(k);
+	free(v);
+	return r.status;
+}
+
+static uint64_t open_empty(struct fix *f, const char *tenant)
+{
+	struct session_info si;
+	char why[200];
+
+	MUST(session_open(f->kv.st, tenant_find(f->kv.tt, tenant), "", 1000, &G, 99, 0, 0, &si, why, sizeof(why)) == 0);
+	return si.id;
+}
+
+/* The pool filled by batch to the last page (no waiting while it fills). */
+static void fill_with_batch(struct fix *f, uint64_t *ids, int n_ids)
+{
+	struct reclaim_params rp;
+
+	reclaim_get_params(f->rc, &rp);
+	struct reclaim_params nowait = rp;
+	nowait.admission_wait_ms = 0;
+	MUST(reclaim_set_params(f->rc, &nowait, (char[64]){ 0 }, 64) == 0);
+	for (int i = 0; i < n_ids; i++)
+		ids[i] = open_filled(f, "batch", TOK, 40 + (uint64_t)i, 100 + (uint64_t)i);
+	uint64_t last = open_empty(f, "batch");
+	while (append_more(f, last, 64, 7, NULL, 0) == TQKV_ST_OK) {
+	}
+	while (append_more(f, last, 1, 7, NULL, 0) == TQKV_ST_OK) {
+	}
+	MUST(pool_pages_free_count(f->kv.pool) < 8);
+	MUST(reclaim_set_params(f->rc, &rp, (char[64]){ 0 }, 64) == 0);
+}
+
+/* A tenant within its guarantee gets its pages on a full pool: the
+ * lower-priority tenant above its guarantee is spilled for it, and the
+ * wait is counted. */
+static void test_admission_within_guarantee(void)
+{
+	struct fix f;
+	static float before[5][OUT], after[OUT];
+	uint64_t b[5];
+	char msg[256];
+
+	fix_start_with(&f, (struct reclaim_params){ 100, 99, 2000, CONFIG_PRESSURE_FAIL }, 512, true);
+	fill_with_batch(&f, b, 5);
+	for (int i = 0; i < 5; i++)
+		attend(&f, b[i], TOK, before[i]);
+	uint64_t p = open_empty(&f, "prod");
+	T_EQ(append_more(&f, p, TOK, 3, msg, sizeof(msg)), TQKV_ST_OK);
+	struct tenant_info prod, batch;
+	tenant_get_info(tenant_find(f.kv.tt, "prod"), &prod);
+	tenant_get_info(tenant_find(f.kv.tt, "batch"), &batch);
+	T_ASSERT(prod.pressure.waits >= 1 && prod.pressure.refusals == 0);
+	T_ASSERT(prod.pressure.wait_max_us < 2000000);
+	T_ASSERT(batch.pressure.spilled_bytes >= prod.used);
+	T_EQ(prod.pressure.spilled_bytes, 0);
+	/* test (priority 50, no guarantee) may take from batch (priority 10)... */
+	uint64_t t = open_empty(&f, "test");
+	T_EQ(append_more(&f, t, 800, 5, msg, sizeof(msg)), TQKV_ST_OK);
+	/* ...and batch's sessions come back bit-identical, spilling batch's
+	 * others (never prod within its guarantee) to make room */
+	uint64_t prod_used = tenant_used_of(&f, "prod");
+	for (int i = 0; i < 5; i++) {
+		attend(&f, b[i], TOK, after);
+		T_ASSERT(memcmp(before[i], after, sizeof(after)) == 0);
+	}
+	T_EQ(tenant_used_of(&f, "prod"), prod_used);
+	fix_stop(&f);
+}
+
+/* A tenant above its guarantee never takes from a higher priority: it is
+ * refused at once, with the reason. */
+static void test_admission_respects_priority(void)
+{
+	struct fix f;
+	char msg[256];
+
+	fix_start_with(&f, (struct reclaim_params){ 100, 99, 2000, CONFIG_PRESSURE_FAIL }, 512, true);
+	/* prod fills the pool, far above its 6 MiB guarantee */
+	uint64_t p[6];
+	for (int i = 0; i < 6; i++)
+		p[i] = open_filled(&f, "prod", TOK, 60 + (uint64_t)i, 100);
+	uint64_t last = open_empty(&f, "prod");
+	while (append_more(&f, last, 64, 7, NULL, 0) == TQKV_ST_OK) {
+	}
+	(void)p;
+	uint64_t t = open_empty(&f, "test");
+	T_EQ(append_more(&f, t, 64, 5, msg, sizeof(msg)), TQKV_ST_POOL_FULL);
+	if (!strstr(msg, "no tenant of this or a lower priority"))
+		fprintf(stderr, "    %s\n", msg);
+	T_ASSERT(strstr(msg, "no tenant of this or a lower priority"));
+	struct tenant_info ti;
+	tenant_get_info(tenant_find(f.kv.tt, "test"), &ti);
+	T_EQ(ti.pressure.refusals, 1);
+	tenant_get_info(tenant_find(f.kv.tt, "prod"), &ti);
+	T_EQ(ti.pressure.spilled_bytes, 0);
+	fix_stop(&f);
+}
+
+/* A spill tier that fills up: pressure_action = fail says so; = evict
+ * drops batch's least recently used session, whose owner learns why. */
+static void test_pressure_action(void)
+{
+	for (int evict = 0; evict < 2; evict++) {
+		struct fix f;
+		uint64_t b[5];
+		char msg[256];
+
+		/* a tier of 8 pages: the first spill fits, then it is full */
+		fix_start_with(&f, (struct reclaim_params){ 100, 99, 500, evict ? CONFIG_PRESSURE_EVICT
+										  : CONFIG_PRESSURE_FAIL }, 8, true);
+		fill_with_batch(&f, b, 5);
+		uint64_t p = open_empty(&f, "prod");
+		uint32_t st = append_more(&f, p, TOK, 3, msg, sizeof(msg));
+		struct tenant_info prod, batch;
+		tenant_get_info(tenant_find(f.kv.tt, "prod"), &prod);
+		tenant_get_info(tenant_find(f.kv.tt, "batch"), &batch);
+		if (!evict) {
+			T_EQ(st, TQKV_ST_POOL_FULL);
+			T_ASSERT(strstr(msg, "nothing could be spilled") && strstr(msg, "spill tier is full"));
+			T_EQ(batch.pressure.evictions, 0);
+			T_EQ(prod.pressure.refusals, 1);
+		} else {
+			T_EQ(st, TQKV_ST_OK);
+			T_ASSERT(batch.pressure.evictions >= 1);
+			/* the least recently used batch session went; its owner is told why */
+			struct session_info si;
+			T_EQ(session_get_info(f.kv.st, b[0], &si), 0);
+			T_EQ(si.state, SESSION_EVICTED);
+			T_EQ(si.evict_reason, TQKV_EVICT_PRESSURE);
+			T_ASSERT(strstr(si.evict_why, "memory pressure"));
+			T_EQ(append_more(&f, b[0], 1, 1, NULL, 0), TQKV_ST_EVICTED);
+			T_EQ(session_evict_reason(f.kv.st, b[0]), TQKV_EVICT_PRESSURE);
+			T_EQ(prod.pressure.refusals, 0);
+		}
+		fix_stop(&f);
+	}
+}
+
 int main(void)
 {
 	log_set_level(LOG_WARNING);
 	T_RUN(test_watermarks_and_order);
 	T_RUN(test_lowered_limit);
 	T_RUN(test_thread_acts_on_kick);
+	T_RUN(test_admission_within_guarantee);
+	T_RUN(test_admission_respects_priority);
+	T_RUN(test_pressure_action);
 	return t_done();
 }

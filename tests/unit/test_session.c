@@ -63,20 +63,20 @@ static void test_tenant_budget(void)
 
 	T_EQ(tenant_table_new(&tt, c), 0);
 	struct tenant *a = tenant_find(tt, "a"), *b = tenant_find(tt, "b");
-	T_EQ(tenant_set_budget(tt, a, true, 24 * MiB, false, 0), 0);
+	T_EQ(tenant_set_budget(tt, a, true, 24 * MiB, false, 0, NULL, 0), 0);
 	tenant_get_info(a, &ti);
 	T_EQ(ti.limit, 24 * MiB);
 	T_EQ(ti.guaranteed, 8 * MiB);
-	T_EQ(tenant_set_budget(tt, a, true, 128 * MiB, false, 0), -EINVAL);   /* > pool */
-	T_EQ(tenant_set_budget(tt, a, false, 0, true, 25 * MiB), -EINVAL);    /* > limit */
-	T_EQ(tenant_set_budget(tt, a, true, 1000, false, 0), -EINVAL);        /* < 1 MiB */
-	T_EQ(tenant_set_budget(tt, b, false, 0, true, 32 * MiB), 0);
+	T_EQ(tenant_set_budget(tt, a, true, 128 * MiB, false, 0, NULL, 0), -EINVAL);   /* > pool */
+	T_EQ(tenant_set_budget(tt, a, false, 0, true, 25 * MiB, NULL, 0), -EINVAL);    /* > limit */
+	T_EQ(tenant_set_budget(tt, a, true, 1000, false, 0, NULL, 0), -EINVAL);        /* < 1 MiB */
+	T_EQ(tenant_set_budget(tt, b, false, 0, true, 32 * MiB, NULL, 0), 0);
 	/* a 8 + b 32 = 40 of 64; a cannot take 40 more */
-	T_EQ(tenant_set_budget(tt, a, true, 64 * MiB, true, 40 * MiB), -ENOSPC);
-	T_EQ(tenant_set_budget(tt, a, true, 64 * MiB, true, 32 * MiB), 0);
+	T_EQ(tenant_set_budget(tt, a, true, 64 * MiB, true, 40 * MiB, NULL, 0), -ENOSPC);
+	T_EQ(tenant_set_budget(tt, a, true, 64 * MiB, true, 32 * MiB, NULL, 0), 0);
 	/* lowering the limit under the use: accepted, new charges fail */
 	T_EQ(tenant_charge(b, 20 * MiB), 0);
-	T_EQ(tenant_set_budget(tt, b, true, 10 * MiB, true, 0), 0);
+	T_EQ(tenant_set_budget(tt, b, true, 10 * MiB, true, 0, NULL, 0), 0);
 	T_EQ(tenant_charge(b, 1), -ENOSPC);
 	tenant_uncharge(b, 20 * MiB);
 	/* a reload restores the file's budgets */
