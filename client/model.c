@@ -385,38 +385,52 @@ int tqr_forward_run(tqr_forward *f, tqr_kv *kv, const int *tokens, int n, int po
 	return 0;
 }
 
-long tqr_forward_score(tqr_forward *f, tqr_kv *kv, const int *tokens, int n, float *logits,
-		       double *nll, tqr_logits_fn on_logits, void *arg, tqr_error *err)
+long tqr_forward_score_chunk(tqr_forward *f, tqr_kv *kv, const int *tokens, int n, int pos, float *logits,
+			     double *nll, tqr_logits_fn on_logits, void *arg, tqr_error *err)
 {
 	const struct tqr_config *c = &f->m->cfg;
 	int V = c->vocab_size, rc;
-	long count = 0;
+	int m = n - pos < f->max_chunk ? n - pos : f->max_chunk;
+	int rows = pos + m < n ? m : m - 1;   /* the last token predicts nothing */
 
 	if (n < 2 || n > c->seq_len)
 		return tqr_fail(err, -EINVAL, "a scored sequence has %d tokens: must be in [2, seq_len %d]",
 				n, c->seq_len);
-	if ((rc = tqr_kv_reset(kv, err)) < 0)
+	if (pos < 0 || pos >= n || pos % f->max_chunk)
+		return tqr_fail(err, -EINVAL, "chunk at position %d of a %d-token sequence (chunks of %d)", pos, n,
+				f->max_chunk);
+	if (pos == 0 && (rc = tqr_kv_reset(kv, err)) < 0)
 		return rc;
-	for (int pos = 0; pos < n; pos += f->max_chunk) {
-		int m = n - pos < f->max_chunk ? n - pos : f->max_chunk;
-		int rows = pos + m < n ? m : m - 1;   /* the last token predicts nothing */
+	if ((rc = tqr_forward_run(f, kv, tokens + pos, m, pos, logits, 1, err)) < 0)
+		return rc;
+	/* row i predicts token pos + i + 1 */
+	for (int i = 0; i < rows; i++) {
+		const float *lg = logits + (size_t)i * V;
+		double mx = lg[0], s = 0;
+		for (int j = 1; j < V; j++)
+			if (lg[j] > mx)
+				mx = lg[j];
+		for (int j = 0; j < V; j++)
+			s += exp((double)lg[j] - mx);
+		*nll += mx + log(s) - (double)lg[tokens[pos + i + 1]];
+	}
+	if (on_logits && rows && (rc = on_logits(arg, logits, rows)) < 0)
+		return tqr_fail(err, rc, "writing logits: %s", strerror(-rc));
+	return rows;
+}
 
-		if ((rc = tqr_forward_run(f, kv, tokens + pos, m, pos, logits, 1, err)) < 0)
-			return rc;
-		/* row i predicts token pos + i + 1 */
-		for (int i = 0; i < rows; i++) {
-			const float *lg = logits + (size_t)i * V;
-			double mx = lg[0], s = 0;
-			for (int j = 1; j < V; j++)
-				if (lg[j] > mx)
-					mx = lg[j];
-			for (int j = 0; j < V; j++)
-				s += exp((double)lg[j] - mx);
-			*nll += mx + log(s) - (double)lg[tokens[pos + i + 1]];
-			count++;
-		}
-		if (on_logits && rows && (rc = on_logits(arg, logits, rows)) < 0)
-			return tqr_fail(err, rc, "writing logits: %s", strerror(-rc));
+long tqr_forward_score(tqr_forward *f, tqr_kv *kv, const int *tokens, int n, float *logits,
+		       double *nll, tqr_logits_fn on_logits, void *arg, tqr_error *err)
+{
+	long count = 0;
+
+	if (n < 2)
+		return tqr_forward_score_chunk(f, kv, tokens, n, 0, logits, nll, on_logits, arg, err);
+	for (int pos = 0; pos < n; pos += f->max_chunk) {
+		long rows = tqr_forward_score_chunk(f, kv, tokens, n, pos, logits, nll, on_logits, arg, err);
+		if (rows < 0)
+			return rows;
+		count += rows;
 	}
 	return count;
 }

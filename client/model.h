@@ -92,5 +92,12 @@ typedef int (*tqr_logits_fn)(void *arg, const float *logits, int rows);
  * (the backend's, on_logits', or -EINVAL). */
 long tqr_forward_score(tqr_forward *f, tqr_kv *kv, const int *tokens, int n, float *logits,
 		       double *nll, tqr_logits_fn on_logits, void *arg, tqr_error *err);
+/* One chunk of the same: the max_chunk tokens at pos (a multiple of
+ * max_chunk; pos 0 empties `kv` first) of the n-token sequence, whose
+ * earlier chunks `kv` holds.  Several sequences can so be scored
+ * interleaved, one kv each, with the bits of scoring them one by one.
+ * Returns the rows scored, or a negative errno. */
+long tqr_forward_score_chunk(tqr_forward *f, tqr_kv *kv, const int *tokens, int n, int pos, float *logits,
+			     double *nll, tqr_logits_fn on_logits, void *arg, tqr_error *err);
 
 #endif /* TQR_MODEL_H */

@@ -42,7 +42,7 @@ struct opts {
 	int k_codec, v_codec;
 	int exact;                /* --kv f32 with --local */
 	int local;
-	int threads, chunk, steps, windows, json;
+	int threads, chunk, steps, windows, json, sessions;
 	float temperature, top_p;
 	uint64_t seed, rotation_seed;
 	int have_seed;
@@ -54,7 +54,7 @@ static void usage(FILE *f)
 		"usage: " PROG " generate --model M --tokenizer T --prompt TEXT [--steps N]\n"
 		"                [--temperature X] [--top-p P] [--seed S] [options]\n"
 		"       " PROG " ppl --model M --tokenizer T FILE [--windows N] [--json]\n"
-		"                [--logits-out PATH] [options]\n"
+		"                [--sessions N] [--logits-out PATH] [options]\n"
 		"\n"
 		"Runs a llama2.c checkpoint (legacy fp32 format) with its KV cache kept\n"
 		"compressed by tqkvd.\n"
@@ -79,6 +79,10 @@ static void usage(FILE *f)
 		"ppl:\n"
 		"  FILE                 text scored in non-overlapping windows of seq_len tokens\n"
 		"  --windows N          score at most N windows (default all)\n"
+		"  --sessions N         score N windows at a time, each in its own session,\n"
+		"                       interleaved chunk by chunk as a server batching\n"
+		"                       requests would (default 1); the logits are the same\n"
+		"                       bits, --logits-out rows come in the order scored\n"
 		"  --json               one JSON line on stdout\n"
 		"  --logits-out PATH    write every scored position's fp32 logits to PATH\n");
 }
@@ -139,7 +143,7 @@ static int parse_codec(const char *opt, const char *s, int *out)
 
 enum {
 	O_MODEL = 256, O_TOKENIZER, O_PROMPT, O_STEPS, O_TEMP, O_TOPP, O_SEED, O_WINDOWS, O_JSON,
-	O_RUNDIR, O_K, O_V, O_KV, O_LOCAL, O_THREADS, O_CHUNK, O_RSEED, O_TENANT, O_LOGITS, O_HELP,
+	O_RUNDIR, O_K, O_V, O_KV, O_LOCAL, O_THREADS, O_CHUNK, O_RSEED, O_TENANT, O_LOGITS, O_SESSIONS, O_HELP,
 };
 
 static int parse_args(int argc, char **argv, struct opts *o)
@@ -164,6 +168,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "rotation-seed", required_argument, NULL, O_RSEED },
 		{ "tenant", required_argument, NULL, O_TENANT },
 		{ "logits-out", required_argument, NULL, O_LOGITS },
+		{ "sessions", required_argument, NULL, O_SESSIONS },
 		{ "help", no_argument, NULL, O_HELP },
 		{ 0 },
 	};
@@ -179,6 +184,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	o->chunk = 64;
 	o->steps = 256;
 	o->windows = INT_MAX;
+	o->sessions = 1;
 	o->temperature = 1.0f;
 	o->top_p = 0.9f;
 	o->rotation_seed = DEFAULT_ROTATION_SEED;
@@ -220,6 +226,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case O_RSEED: rc = parse_u64("--rotation-seed", optarg, &o->rotation_seed); break;
 		case O_TENANT: o->tenant = optarg; break;
 		case O_LOGITS: o->logits_out = optarg; break;
+		case O_SESSIONS: rc = parse_long("--sessions", optarg, 1, 1024, &v); o->sessions = (int)v; break;
 		case O_HELP: usage(stdout); return 1;
 		default:
 			fprintf(stderr, PROG ": see '" PROG " --help'\n");
@@ -457,10 +464,12 @@ static int cmd_ppl(const struct opts *o, const tqr_model *m, const tqr_tok *tok)
 {
 	const struct tqr_config *c = tqr_model_config(m);
 	tqr_forward *fw = NULL;
-	tqr_kv *kv = NULL;
+	tqr_kv *kv = NULL, **kvs = NULL;
 	tqr_error err = { { 0 } };
 	unsigned char *text = NULL;
 	float *logits = NULL;
+	double *wnll = NULL;
+	int ns = 0;
 	int *toks = NULL, rc, chunk = o->chunk < c->seq_len ? o->chunk : c->seq_len;
 	FILE *lf = NULL;
 	size_t tlen;
@@ -493,22 +502,56 @@ static int cmd_ppl(const struct opts *o, const tqr_model *m, const tqr_tok *tok)
 		rc = tqr_fail(&err, -errno, "%s: %s", o->logits_out, strerror(errno));
 		goto fail;
 	}
+	ns = o->sessions < windows ? o->sessions : windows;
+	if (!(kvs = calloc((size_t)ns, sizeof(*kvs))) || !(wnll = calloc((size_t)ns, sizeof(*wnll)))) {
+		rc = tqr_fail(&err, -ENOMEM, "out of memory");
+		goto fail;
+	}
 	if ((rc = tqr_forward_new(&fw, m, chunk, &err)) < 0 || (rc = open_backend(o, c, &kv, &err)) < 0)
 		goto fail;
+	kvs[0] = kv;
+	for (int i = 1; i < ns; i++)
+		if ((rc = open_backend(o, c, &kvs[i], &err)) < 0)
+			goto fail;
 	struct logits_out wl = { lf, c->vocab_size };
 	t0 = now_s();
 	if (bar)
 		progress(0, windows, 0, 0);
-	for (int w = 0; w < windows; w++) {
-		long scored = tqr_forward_score(fw, kv, toks + (size_t)w * wlen, wlen, logits, &nll,
-						lf ? write_logits : NULL, &wl, &err);
-		if (scored < 0) {
-			rc = (int)scored;
-			goto fail;
+	if (ns == 1) {
+		for (int w = 0; w < windows; w++) {
+			long scored = tqr_forward_score(fw, kv, toks + (size_t)w * wlen, wlen, logits, &nll,
+							lf ? write_logits : NULL, &wl, &err);
+			if (scored < 0) {
+				rc = (int)scored;
+				goto fail;
+			}
+			count += scored;
+			if (bar)
+				progress(w + 1, windows, nll, count);
 		}
-		count += scored;
+	}
+	/* --sessions: ns windows at a time, a chunk of each in turn; each
+	 * window's sum is its own, added in window order */
+	for (int w0 = 0; ns > 1 && w0 < windows; w0 += ns) {
+		int nw = windows - w0 < ns ? windows - w0 : ns;
+		for (int i = 0; i < nw; i++)
+			wnll[i] = 0;
+		for (int pos = 0; pos < wlen; pos += chunk) {
+			for (int i = 0; i < nw; i++) {
+				long rows = tqr_forward_score_chunk(fw, kvs[i], toks + (size_t)(w0 + i) * wlen, wlen, pos,
+								    logits, &wnll[i], lf ? write_logits : NULL, &wl,
+								    &err);
+				if (rows < 0) {
+					rc = (int)rows;
+					goto fail;
+				}
+				count += rows;
+			}
+		}
+		for (int i = 0; i < nw; i++)
+			nll += wnll[i];
 		if (bar)
-			progress(w + 1, windows, nll, count);
+			progress(w0 + nw, windows, nll, count);
 	}
 	t1 = now_s();
 	if (lf) {
@@ -553,6 +596,10 @@ fail:
 out:
 	if (lf)
 		fclose(lf);
+	for (int i = 1; kvs && i < ns; i++)
+		tqr_kv_free(kvs[i]);
+	free(kvs);
+	free(wnll);
 	tqr_kv_free(kv);
 	tqr_forward_free(fw);
 	free(logits);

@@ -87,7 +87,7 @@ static const struct opt opts[] = {
 	  "threads running data operations (append, attention); 0: one per CPU", NULL },
 	{ "daemon", "attention_threads", OPT_U32, G(attention_threads), 1, 256, "1", NULL, false,
 	  "threads per attention call (each data worker owns a pool of this many)", NULL },
-	{ "pool", "pool_bytes", OPT_SIZE, G(pool_bytes), 16 * MiB, PiB, "1GiB", NULL, false,
+	{ "pool", "pool_bytes", OPT_SIZE, G(pool_bytes), 4 * MiB, PiB, "1GiB", NULL, false,
 	  "host memory for compressed KV pages; tenant budgets must fit in it", NULL },
 	{ "pool", "spill_dir", OPT_PATH, G(spill_dir), 0, 0, CONFIG_DEFAULT_SPILL_DIR, NULL, false,
 	  "directory for spill files (created at start; must be writable)", NULL },
