@@ -174,10 +174,8 @@ struct table {
 	size_t nrow, cap;
 };
 
-static int table_row(struct table *t, ...)
+static int table_rowv(struct table *t, const char *const *v)
 {
-	va_list ap;
-
 	if (t->nrow == t->cap) {
 		size_t cap = t->cap ? 2 * t->cap : 16;
 		char **c = realloc(t->cell, cap * (size_t)t->ncol * sizeof(*c));
@@ -186,14 +184,31 @@ static int table_row(struct table *t, ...)
 		t->cell = c;
 		t->cap = cap;
 	}
-	va_start(ap, t);
-	for (int i = 0; i < t->ncol; i++) {
-		const char *s = va_arg(ap, const char *);
-		t->cell[t->nrow * (size_t)t->ncol + (size_t)i] = strdup(s ? s : "");
-	}
-	va_end(ap);
+	for (int i = 0; i < t->ncol; i++)
+		t->cell[t->nrow * (size_t)t->ncol + (size_t)i] = strdup(v[i] ? v[i] : "");
 	t->nrow++;
 	return 0;
+}
+
+static int table_row(struct table *t, ...)
+{
+	const char *v[MAX_COLS];
+	va_list ap;
+
+	va_start(ap, t);
+	for (int i = 0; i < t->ncol; i++)
+		v[i] = va_arg(ap, const char *);
+	va_end(ap);
+	return table_rowv(t, v);
+}
+
+static void table_free(struct table *t)
+{
+	for (size_t i = 0; i < t->nrow * (size_t)t->ncol; i++)
+		free(t->cell[i]);
+	free(t->cell);
+	t->cell = NULL;
+	t->nrow = t->cap = 0;
 }
 
 static void table_print(struct table *t)
@@ -222,11 +237,7 @@ static void table_print(struct table *t)
 		}
 		putchar('\n');
 	}
-	for (size_t i = 0; i < t->nrow * (size_t)t->ncol; i++)
-		free(t->cell[i]);
-	free(t->cell);
-	t->cell = NULL;
-	t->nrow = t->cap = 0;
+	table_free(t);
 }
 
 static const char *sz(uint64_t v, char *buf, size_t n)
@@ -238,6 +249,41 @@ static const char *sz(uint64_t v, char *buf, size_t n)
 static const char *num(uint64_t v, char *buf, size_t n)
 {
 	snprintf(buf, n, "%" PRIu64, v);
+	return buf;
+}
+
+/* A duration in microseconds: "0", "850us", "12ms", "3.4s", "12m05s", "2.5h". */
+static const char *dur(uint64_t us, char *buf, size_t n)
+{
+	if (us == 0)
+		snprintf(buf, n, "0");
+	else if (us < 1000)
+		snprintf(buf, n, "%" PRIu64 "us", us);
+	else if (us < 9950)
+		snprintf(buf, n, "%.1fms", (double)us / 1e3);
+	else if (us < 1000000)
+		snprintf(buf, n, "%" PRIu64 "ms", us / 1000);
+	else if (us < 59950000)
+		snprintf(buf, n, "%.1fs", (double)us / 1e6);
+	else if (us < UINT64_C(3600000000))
+		snprintf(buf, n, "%" PRIu64 "m%02" PRIu64 "s", us / 60000000, us / 1000000 % 60);
+	else
+		snprintf(buf, n, "%.1fh", (double)us / 3.6e9);
+	return buf;
+}
+
+/* bytes per second in decimal units, as BENCHMARKS.md: "12.3 MB/s", "1.92 GB/s";
+ * "-" when no time passed. */
+static const char *rate(double bytes, double seconds, char *buf, size_t n)
+{
+	double r = seconds > 0 ? bytes / seconds : 0;
+
+	if (seconds <= 0)
+		snprintf(buf, n, "-");
+	else if (r >= 1e9)
+		snprintf(buf, n, "%.2f GB/s", r / 1e9);
+	else
+		snprintf(buf, n, "%.1f MB/s", r / 1e6);
 	return buf;
 }
 
@@ -348,6 +394,8 @@ static void print_session_detail(const Tqkv__V1__Session *s)
 	printf("tenant:          %s\n", s->tenant);
 	printf("owner uid:       %u\n", s->owner_uid);
 	printf("state:           %s%s\n", state_name(s->state), s->persistent ? " (persistent)" : "");
+	if (s->state == TQKV__V1__SESSION_STATE__SESSION_STATE_EVICTED && s->evict_reason[0])
+		printf("evict reason:    %s\n", s->evict_reason);
 	printf("layers:          %u\n", s->n_layers);
 	printf("kv heads:        %u\n", s->n_kv_heads);
 	printf("query heads:     %u\n", s->n_q_heads);
@@ -429,6 +477,12 @@ static int cmd_stats(struct ctx *x, int argc, char **argv)
 			       s->journal_records_total, sz(s->journal_bytes_total, c, sizeof(c)), s->persistent_restored,
 			       s->persistent_dropped);
 		}
+		if (s->high_watermark_pct) /* 0: a daemon without the reclaimer */
+			printf("reclaim:           watermarks %u%%/%u%%; %s spilled in %" PRIu64 " passes, rate %s, %"
+			       PRIu64 " failures; %" PRIu64 " admission waits, %" PRIu64 " pressure evictions\n",
+			       s->high_watermark_pct, s->low_watermark_pct, sz(s->reclaim_bytes, a, sizeof(a)),
+			       s->reclaim_passes, rate((double)s->reclaim_bytes, (double)s->reclaim_busy_us / 1e6, b, sizeof(b)),
+			       s->reclaim_failures, s->admission_waits, s->pressure_evictions);
 	}
 	protobuf_c_message_free_unpacked(rep, NULL);
 	return 0;
@@ -555,14 +609,58 @@ static int cmd_checkpoint(struct ctx *x, int argc, char **argv)
 	return spill_cmd(x, argc, argv, false, "CheckpointSession");
 }
 
-static void tenant_row(struct table *t, const Tqkv__V1__Tenant *m)
+/* The tenants table's columns (`tqctl tenants`, `budget set`). */
+enum tcol {
+	TC_NAME, TC_PRIO, TC_GUAR, TC_LIMIT, TC_USED, TC_PCT, TC_SPILLED, TC_SESSIONS,
+	/* what memory pressure did to the tenant since the daemon started */
+	TC_SPILLS, TC_RESTORES, TC_WAITS, TC_WAITED, TC_MAXWAIT, TC_REFUSED, TC_EVICTED,
+	TC_ALLOWED, TC_N
+};
+_Static_assert(TC_N <= MAX_COLS, "the tenants table is wider than MAX_COLS");
+
+static const char *const tcol_hdr[TC_N] = {
+	"TENANT", "PRIO", "GUARANTEED", "LIMIT", "USED", "USE%", "SPILLED", "SESSIONS",
+	"SPILLS", "RESTORES", "WAITS", "WAITED", "MAXWAIT", "REFUSED", "EVICTED", "ALLOWED",
+};
+
+static const enum tcol tc_all[] = {
+	TC_NAME, TC_PRIO, TC_GUAR, TC_LIMIT, TC_USED, TC_PCT, TC_SPILLED, TC_SESSIONS,
+	TC_SPILLS, TC_RESTORES, TC_WAITS, TC_WAITED, TC_MAXWAIT, TC_REFUSED, TC_EVICTED, TC_ALLOWED,
+};
+#define N_TC_ALL ((int)(sizeof(tc_all) / sizeof(tc_all[0])))
+
+static void tenant_table(struct table *t, const enum tcol *cols, int n)
 {
-	char prio[16], g[24], l[24], u[24], sp[24], pct[16], ns[16], allow[256];
+	*t = (struct table){ .ncol = n };
+	for (int i = 0; i < n; i++) {
+		t->hdr[i] = tcol_hdr[cols[i]];
+		if (cols[i] != TC_NAME && cols[i] != TC_ALLOWED)
+			t->right |= 1u << i;
+	}
+}
+
+/* One row of a table made by tenant_table(t, cols, ...). */
+static void tenant_row(struct table *t, const enum tcol *cols, const Tqkv__V1__Tenant *m)
+{
+	char c[TC_N][32], allow[256];
+	const char *v[MAX_COLS];
 	size_t n = 0;
 
-	snprintf(prio, sizeof(prio), "%d", m->priority);
-	snprintf(pct, sizeof(pct), "%.0f%%", m->limit_bytes ? 100.0 * (double)m->used_bytes / (double)m->limit_bytes : 0.0);
-	snprintf(ns, sizeof(ns), "%u", m->sessions);
+	snprintf(c[TC_PRIO], sizeof(c[0]), "%d", m->priority);
+	sz(m->guaranteed_bytes, c[TC_GUAR], sizeof(c[0]));
+	sz(m->limit_bytes, c[TC_LIMIT], sizeof(c[0]));
+	sz(m->used_bytes, c[TC_USED], sizeof(c[0]));
+	snprintf(c[TC_PCT], sizeof(c[0]), "%.0f%%",
+		 m->limit_bytes ? 100.0 * (double)m->used_bytes / (double)m->limit_bytes : 0.0);
+	sz(m->spilled_bytes, c[TC_SPILLED], sizeof(c[0]));
+	snprintf(c[TC_SESSIONS], sizeof(c[0]), "%u", m->sessions);
+	sz(m->spilled_total_bytes, c[TC_SPILLS], sizeof(c[0]));
+	sz(m->restored_total_bytes, c[TC_RESTORES], sizeof(c[0]));
+	num(m->waits, c[TC_WAITS], sizeof(c[0]));
+	dur(m->wait_us, c[TC_WAITED], sizeof(c[0]));
+	dur(m->wait_max_us, c[TC_MAXWAIT], sizeof(c[0]));
+	num(m->refusals, c[TC_REFUSED], sizeof(c[0]));
+	num(m->evictions, c[TC_EVICTED], sizeof(c[0]));
 	allow[0] = '\0';
 	if (m->any_uid)
 		n += (size_t)snprintf(allow + n, sizeof(allow) - n, "*");
@@ -570,13 +668,10 @@ static void tenant_row(struct table *t, const Tqkv__V1__Tenant *m)
 		n += (size_t)snprintf(allow + n, sizeof(allow) - n, "%suid %u", n ? "," : "", m->allow_uids[i]);
 	for (size_t i = 0; i < m->n_allow_gids && n < sizeof(allow); i++)
 		n += (size_t)snprintf(allow + n, sizeof(allow) - n, "%sgid %u", n ? "," : "", m->allow_gids[i]);
-	table_row(t, m->name, prio, sz(m->guaranteed_bytes, g, sizeof(g)), sz(m->limit_bytes, l, sizeof(l)),
-		  sz(m->used_bytes, u, sizeof(u)), pct, sz(m->spilled_bytes, sp, sizeof(sp)), ns, allow);
+	for (int i = 0; i < t->ncol; i++)
+		v[i] = cols[i] == TC_NAME ? m->name : cols[i] == TC_ALLOWED ? allow : c[cols[i]];
+	table_rowv(t, v);
 }
-
-#define TENANT_TABLE { .ncol = 9, .hdr = { "TENANT", "PRIO", "GUARANTEED", "LIMIT", "USED", "USE%", \
-	"SPILLED", "SESSIONS", "ALLOWED" }, \
-	.right = (1u << 1) | (1u << 2) | (1u << 3) | (1u << 4) | (1u << 5) | (1u << 6) | (1u << 7) }
 
 static int cmd_tenants(struct ctx *x, int argc, char **argv)
 {
@@ -594,9 +689,10 @@ static int cmd_tenants(struct ctx *x, int argc, char **argv)
 	if (x->json) {
 		print_json(rep);
 	} else {
-		struct table t = TENANT_TABLE;
+		struct table t;
+		tenant_table(&t, tc_all, N_TC_ALL);
 		for (size_t i = 0; i < l->n_tenants; i++)
-			tenant_row(&t, l->tenants[i]);
+			tenant_row(&t, tc_all, l->tenants[i]);
 		table_print(&t);
 	}
 	protobuf_c_message_free_unpacked(rep, NULL);
@@ -642,8 +738,9 @@ static int cmd_budget(struct ctx *x, int argc, char **argv)
 	if (x->json) {
 		print_json(rep);
 	} else {
-		struct table t = TENANT_TABLE;
-		tenant_row(&t, (void *)rep);
+		struct table t;
+		tenant_table(&t, tc_all, N_TC_ALL);
+		tenant_row(&t, tc_all, (void *)rep);
 		table_print(&t);
 	}
 	protobuf_c_message_free_unpacked(rep, NULL);
@@ -732,13 +829,18 @@ static const struct cmd cmds[] = {
 	{ "health", "", "is the daemon up? (Health)",
 	  "Prints SERVING, the version, the pid and the uptime.", true, cmd_health },
 	{ "stats", "", "daemon-wide counters (GetStats)",
-	  "Pool use, sessions open/evicted, totals, control calls, reloads.", true, cmd_stats },
+	  "Pool use, sessions open/evicted, totals, control calls, reloads, the data\n"
+	  "path, the spill tier, persistent sessions, and the reclaimer: its watermarks\n"
+	  "(percent of the pool: spill above the first down to the second), bytes it\n"
+	  "spilled and in how many passes, its rate (those bytes over the time it spent\n"
+	  "spilling; '-' before it ran), spills that failed, allocations that waited\n"
+	  "for it, and sessions evicted under pressure (pool.pressure_action = evict).", true, cmd_stats },
 	{ "sessions", "[--tenant TENANT]", "list sessions (ListSessions)",
 	  "One row per session: id, name, tenant, owner uid, state, geometry\n"
 	  "(layers x kv heads / query heads x head dim), K/V codecs, tokens, resident and\n"
 	  "spilled bytes, time since the last access.", true, cmd_sessions },
 	{ "session", "ID", "one session in detail (GetSession)",
-	  "Every field of session ID.", true, cmd_session },
+	  "Every field of session ID; for an evicted session, who evicted it and why.", true, cmd_session },
 	{ "evict", "ID", "release a session's memory now (EvictSession)",
 	  "The record stays (state evicted) so its owner gets a clear error on its next\n"
 	  "call; `tqctl close ID` removes it.", true, cmd_evict },
@@ -755,10 +857,17 @@ static const struct cmd cmds[] = {
 	  "Writes the pages of persistent session ID that have no copy on disk and\n"
 	  "replaces its manifest, as pool.checkpoint_interval does.  Its owner or an\n"
 	  "operator.", true, cmd_checkpoint },
-	{ "tenants", "", "tenants, budgets and use (ListTenants)",
-	  "Per tenant: priority, guaranteed bytes, limit, bytes used (in the pool),\n"
-	  "bytes spilled (in the spill tier, not counted in USED), sessions, and the\n"
-	  "users/groups allowed to open sessions.", true, cmd_tenants },
+	{ "tenants", "", "tenants, budgets, use and pressure (ListTenants)",
+	  "Per tenant: priority, guaranteed bytes, limit, bytes used (in the pool) and\n"
+	  "USE% of the limit, bytes spilled now (in the spill tier, not counted in\n"
+	  "USED), sessions; what memory pressure did to it since the daemon started:\n"
+	  "  SPILLS    bytes written to the spill tier (reclaimer, tqctl spill, ...)\n"
+	  "  RESTORES  bytes read back from it\n"
+	  "  WAITS     allocations that waited on a full pool for the reclaimer\n"
+	  "  WAITED    the time they waited, all together; MAXWAIT the longest wait\n"
+	  "  REFUSED   allocations refused on a full pool (POOL_FULL)\n"
+	  "  EVICTED   sessions evicted under pressure (pool.pressure_action = evict)\n"
+	  "and the users/groups allowed to open sessions.", true, cmd_tenants },
 	{ "budget", "set TENANT [--limit SIZE] [--guaranteed SIZE]", "change a tenant's budget (SetTenantBudget)",
 	  "SIZE: an integer with an optional binary unit: 4096, 512M, 2GiB, 1T.\n"
 	  "Takes effect at once; a lower limit than the current use stops new charges.\n"

@@ -28,12 +28,19 @@ expect 0 health;                 has '^SERVING: tqkvd'
 expect 0 health --json;          [ "$(json 'd["status"]')" = SERVING ] || fail "health --json"
 expect 0 stats;                  has 'pool: .*512 MiB'
 has "^spill: .* used of 2.00 GiB ($T/spill/spill.dat; io_uring"
+has '^reclaim: *watermarks 90%/80%; 0 B spilled in 0 passes, rate -, 0 failures; 0 admission waits, 0 pressure evictions$'
 expect 0 stats --json;           [ "$(json 'd["tenants"]')" = 2 ] || fail "stats --json"
+[ "$(json 'd["high_watermark_pct"], d["low_watermark_pct"], d["reclaim_busy_us"]')" = "90 80 0" ] || fail "stats --json: reclaim"
 # the spill tier: 4 x pool_bytes by default, in the spill directory
 [ "$(json 'int(d["spill_capacity_bytes"]) // 2**20')" -le 2048 ] && [ "$(json 'int(d["spill_capacity_bytes"]) // 2**20')" -ge 2040 ] \
 	|| fail "stats --json: spill capacity $(json 'd["spill_capacity_bytes"]')"
 expect 0 tenants;                has '^TENANT  *PRIO'; has '^locked .*64.0 MiB'
+has '^TENANT .* USE%  *SPILLED  *SESSIONS  *SPILLS  *RESTORES  *WAITS  *WAITED  *MAXWAIT  *REFUSED  *EVICTED  *ALLOWED$'
+has '^locked .*  0 B  *0 B  *0  *0  *0  *0  *0  *uid 4242$'
 expect 0 tenants --json;         [ "$(json 'd["tenants"][1]["allow_uids"][0]')" = 4242 ] || fail "tenants --json"
+[ "$(json '[[t[k] for k in ("spilled_total_bytes", "restored_total_bytes", "waits", "wait_us", "wait_max_us",
+	"refusals", "evictions")] for t in d["tenants"]]')" = "[[0, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0]]" ] \
+	|| fail "tenants --json: pressure counters"
 expect 0 sessions;               has 'no sessions'
 expect 0 open --layers 32 --kv-heads 8 --q-heads 32 --head-dim 128 --max-tokens 1024 --name chat --json
 ID=$(json 'd["id"]')
@@ -45,9 +52,12 @@ expect 0 sessions;               has '^ID  *NAME'; has "chat .*32x8/32x128  *q8/
 expect 0 sessions --json;        [ "$(json 'len(d["sessions"])')" = 2 ] || fail "sessions --json"
 expect 0 sessions --tenant locked --json; [ "$(json 'len(d["sessions"])')" = 0 ] || fail "sessions --tenant"
 expect 0 session "$ID";          has '^name: *chat'; has '^state: *open'; has '^codecs (K/V): *q8 / tq4'
+! grep -q '^evict reason' <<<"$OUT" || fail "an open session has an evict reason: $OUT"
 expect 0 session "$ID" --json;   [ "$(json 'd["state"]')" = SESSION_STATE_OPEN ] || fail "session --json"
 expect 0 evict "$ID";            has "session $ID evicted"
 expect 0 session "$ID" --json;   [ "$(json 'd["state"]')" = SESSION_STATE_EVICTED ] || fail "evicted state"
+[ "$(json 'd["evict_reason"]')" = "evicted by an operator" ] || fail "session --json: evict_reason"
+expect 0 session "$ID";          has '^state: *evicted$'; has '^evict reason: *evicted by an operator$'
 expect 1 evict "$ID";            has 'FAILED_PRECONDITION: session .* is evicted already'
 expect 0 close "$ID";            has "session $ID closed"
 expect 1 close "$ID";            has "NOT_FOUND: no session $ID"
