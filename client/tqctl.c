@@ -9,12 +9,17 @@
 #include <getopt.h>
 #include <grpc/status.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <termios.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -174,10 +179,8 @@ struct table {
 	size_t nrow, cap;
 };
 
-static int table_row(struct table *t, ...)
+static int table_rowv(struct table *t, const char *const *v)
 {
-	va_list ap;
-
 	if (t->nrow == t->cap) {
 		size_t cap = t->cap ? 2 * t->cap : 16;
 		char **c = realloc(t->cell, cap * (size_t)t->ncol * sizeof(*c));
@@ -186,19 +189,37 @@ static int table_row(struct table *t, ...)
 		t->cell = c;
 		t->cap = cap;
 	}
-	va_start(ap, t);
-	for (int i = 0; i < t->ncol; i++) {
-		const char *s = va_arg(ap, const char *);
-		t->cell[t->nrow * (size_t)t->ncol + (size_t)i] = strdup(s ? s : "");
-	}
-	va_end(ap);
+	for (int i = 0; i < t->ncol; i++)
+		t->cell[t->nrow * (size_t)t->ncol + (size_t)i] = strdup(v[i] ? v[i] : "");
 	t->nrow++;
 	return 0;
 }
 
-static void table_print(struct table *t)
+static int table_row(struct table *t, ...)
 {
-	size_t w[MAX_COLS];
+	const char *v[MAX_COLS];
+	va_list ap;
+
+	va_start(ap, t);
+	for (int i = 0; i < t->ncol; i++)
+		v[i] = va_arg(ap, const char *);
+	va_end(ap);
+	return table_rowv(t, v);
+}
+
+static void table_free(struct table *t)
+{
+	for (size_t i = 0; i < t->nrow * (size_t)t->ncol; i++)
+		free(t->cell[i]);
+	free(t->cell);
+	t->cell = NULL;
+	t->nrow = t->cap = 0;
+}
+
+/* Column widths into w[ncol]; returns the width of a whole line. */
+static size_t table_widths(const struct table *t, size_t *w)
+{
+	size_t len = 0;
 
 	for (int c = 0; c < t->ncol; c++) {
 		w[c] = strlen(t->hdr[c]);
@@ -207,26 +228,56 @@ static void table_print(struct table *t)
 			if (s && strlen(s) > w[c])
 				w[c] = strlen(s);
 		}
+		len += w[c] + (c ? 2 : 0);
+	}
+	return len;
+}
+
+/* Prints the header and the rows, then frees the cells.  width > 0 cuts
+ * every line at that many columns (tqctl top on a terminal). */
+static void table_print_cut(struct table *t, int width)
+{
+	size_t w[MAX_COLS];
+	size_t len = table_widths(t, w);
+	char *line = malloc(len + 1);
+
+	if (!line) {
+		fprintf(stderr, "tqctl: out of memory\n");
+		table_free(t);
+		return;
 	}
 	for (size_t r = 0; r <= t->nrow; r++) {
+		size_t n = 0;
 		for (int c = 0; c < t->ncol; c++) {
 			const char *s = r == 0 ? t->hdr[c] : t->cell[(r - 1) * (size_t)t->ncol + (size_t)c];
 			s = s ? s : "?";
-			bool last = c == t->ncol - 1;
-			if (t->right & (1u << c))
-				printf("%*s%s", (int)w[c], s, last ? "" : "  ");
-			else if (last)
-				printf("%s", s);
-			else
-				printf("%-*s  ", (int)w[c], s);
+			size_t sl = strlen(s), pad = w[c] - sl;
+			bool right = t->right & (1u << c), last = c == t->ncol - 1;
+			if (c) {
+				memcpy(line + n, "  ", 2);
+				n += 2;
+			}
+			if (right || !last) {
+				memset(line + n + (right ? 0 : sl), ' ', pad);
+				memcpy(line + n + (right ? pad : 0), s, sl);
+				n += sl + pad;
+			} else {
+				memcpy(line + n, s, sl);
+				n += sl;
+			}
 		}
+		if (width > 0 && n > (size_t)width)
+			n = (size_t)width;
+		fwrite(line, 1, n, stdout);
 		putchar('\n');
 	}
-	for (size_t i = 0; i < t->nrow * (size_t)t->ncol; i++)
-		free(t->cell[i]);
-	free(t->cell);
-	t->cell = NULL;
-	t->nrow = t->cap = 0;
+	free(line);
+	table_free(t);
+}
+
+static void table_print(struct table *t)
+{
+	table_print_cut(t, 0);
 }
 
 static const char *sz(uint64_t v, char *buf, size_t n)
@@ -238,6 +289,41 @@ static const char *sz(uint64_t v, char *buf, size_t n)
 static const char *num(uint64_t v, char *buf, size_t n)
 {
 	snprintf(buf, n, "%" PRIu64, v);
+	return buf;
+}
+
+/* A duration in microseconds: "0", "850us", "12ms", "3.4s", "12m05s", "2.5h". */
+static const char *dur(uint64_t us, char *buf, size_t n)
+{
+	if (us == 0)
+		snprintf(buf, n, "0");
+	else if (us < 1000)
+		snprintf(buf, n, "%" PRIu64 "us", us);
+	else if (us < 9950)
+		snprintf(buf, n, "%.1fms", (double)us / 1e3);
+	else if (us < 1000000)
+		snprintf(buf, n, "%" PRIu64 "ms", us / 1000);
+	else if (us < 59950000)
+		snprintf(buf, n, "%.1fs", (double)us / 1e6);
+	else if (us < UINT64_C(3600000000))
+		snprintf(buf, n, "%" PRIu64 "m%02" PRIu64 "s", us / 60000000, us / 1000000 % 60);
+	else
+		snprintf(buf, n, "%.1fh", (double)us / 3.6e9);
+	return buf;
+}
+
+/* bytes per second in decimal units, as BENCHMARKS.md: "12.3 MB/s", "1.92 GB/s";
+ * "-" when no time passed. */
+static const char *rate(double bytes, double seconds, char *buf, size_t n)
+{
+	double r = seconds > 0 ? bytes / seconds : 0;
+
+	if (seconds <= 0)
+		snprintf(buf, n, "-");
+	else if (r >= 1e9)
+		snprintf(buf, n, "%.2f GB/s", r / 1e9);
+	else
+		snprintf(buf, n, "%.1f MB/s", r / 1e6);
 	return buf;
 }
 
@@ -291,6 +377,10 @@ static int call(struct ctx *x, const char *method, const ProtobufCMessage *req, 
 		fprintf(stderr, "tqctl: is tqkvd running?  Give the socket with --socket PATH or TQKVD_SOCKET.\n");
 		return EXIT_ERR;
 	}
+	if (r == GRPC_STATUS_CANCELLED) { /* what a call in flight gets when the daemon stops */
+		fprintf(stderr, "tqctl: %s: tqkvd at %s cancelled the call: is it stopping?\n", cur_cmd->name, x->socket);
+		return EXIT_ERR;
+	}
 	if (r != 0) {
 		fprintf(stderr, "tqctl: %s: %s%s%s\n", cur_cmd->name, r > 0 ? ctl_status_name(r) : "error",
 			st.msg[0] ? ": " : "", st.msg);
@@ -325,6 +415,14 @@ static int parse_id(const char *s, uint64_t *id)
 	return 0;
 }
 
+/* The STATE column: "open,P" for an open persistent session. */
+static const char *session_state(const Tqkv__V1__Session *s)
+{
+	if (s->persistent && s->state == TQKV__V1__SESSION_STATE__SESSION_STATE_OPEN)
+		return "open,P";
+	return state_name(s->state);
+}
+
 static void print_session_row(struct table *t, const Tqkv__V1__Session *s)
 {
 	char id[24], uid[16], geo[64], codecs[32], tok[24], res[24], sp[24], idle[24];
@@ -333,8 +431,7 @@ static void print_session_row(struct table *t, const Tqkv__V1__Session *s)
 	snprintf(codecs, sizeof(codecs), "%s/%s", s->k_codec, s->v_codec);
 	snprintf(uid, sizeof(uid), "%u", s->owner_uid);
 	table_row(t, num(s->id, id, sizeof(id)), s->name[0] ? s->name : "-", s->tenant, uid,
-		  s->persistent ? (s->state == TQKV__V1__SESSION_STATE__SESSION_STATE_OPEN ? "open,P" : state_name(s->state))
-				: state_name(s->state), geo, codecs, num(s->tokens, tok, sizeof(tok)),
+		  session_state(s), geo, codecs, num(s->tokens, tok, sizeof(tok)),
 		  sz(s->resident_bytes, res, sizeof(res)), sz(s->spilled_bytes, sp, sizeof(sp)),
 		  ago(s->last_access_ms, idle, sizeof(idle)));
 }
@@ -348,6 +445,8 @@ static void print_session_detail(const Tqkv__V1__Session *s)
 	printf("tenant:          %s\n", s->tenant);
 	printf("owner uid:       %u\n", s->owner_uid);
 	printf("state:           %s%s\n", state_name(s->state), s->persistent ? " (persistent)" : "");
+	if (s->state == TQKV__V1__SESSION_STATE__SESSION_STATE_EVICTED && s->evict_reason[0])
+		printf("evict reason:    %s\n", s->evict_reason);
 	printf("layers:          %u\n", s->n_layers);
 	printf("kv heads:        %u\n", s->n_kv_heads);
 	printf("query heads:     %u\n", s->n_q_heads);
@@ -429,6 +528,12 @@ static int cmd_stats(struct ctx *x, int argc, char **argv)
 			       s->journal_records_total, sz(s->journal_bytes_total, c, sizeof(c)), s->persistent_restored,
 			       s->persistent_dropped);
 		}
+		if (s->high_watermark_pct) /* 0: a daemon without the reclaimer */
+			printf("reclaim:           watermarks %u%%/%u%%; %s spilled in %" PRIu64 " passes, rate %s, %"
+			       PRIu64 " failures; %" PRIu64 " admission waits, %" PRIu64 " pressure evictions\n",
+			       s->high_watermark_pct, s->low_watermark_pct, sz(s->reclaim_bytes, a, sizeof(a)),
+			       s->reclaim_passes, rate((double)s->reclaim_bytes, (double)s->reclaim_busy_us / 1e6, b, sizeof(b)),
+			       s->reclaim_failures, s->admission_waits, s->pressure_evictions);
 	}
 	protobuf_c_message_free_unpacked(rep, NULL);
 	return 0;
@@ -555,14 +660,59 @@ static int cmd_checkpoint(struct ctx *x, int argc, char **argv)
 	return spill_cmd(x, argc, argv, false, "CheckpointSession");
 }
 
-static void tenant_row(struct table *t, const Tqkv__V1__Tenant *m)
+/* The tenants table's columns: `tqctl tenants` and `budget set` show all of
+ * them, `tqctl top` a selection. */
+enum tcol {
+	TC_NAME, TC_PRIO, TC_GUAR, TC_LIMIT, TC_USED, TC_PCT, TC_SPILLED, TC_SESSIONS,
+	/* what memory pressure did to the tenant since the daemon started */
+	TC_SPILLS, TC_RESTORES, TC_WAITS, TC_WAITED, TC_MAXWAIT, TC_REFUSED, TC_EVICTED,
+	TC_ALLOWED, TC_N
+};
+_Static_assert(TC_N <= MAX_COLS, "the tenants table is wider than MAX_COLS");
+
+static const char *const tcol_hdr[TC_N] = {
+	"TENANT", "PRIO", "GUARANTEED", "LIMIT", "USED", "USE%", "SPILLED", "SESSIONS",
+	"SPILLS", "RESTORES", "WAITS", "WAITED", "MAXWAIT", "REFUSED", "EVICTED", "ALLOWED",
+};
+
+static const enum tcol tc_all[] = {
+	TC_NAME, TC_PRIO, TC_GUAR, TC_LIMIT, TC_USED, TC_PCT, TC_SPILLED, TC_SESSIONS,
+	TC_SPILLS, TC_RESTORES, TC_WAITS, TC_WAITED, TC_MAXWAIT, TC_REFUSED, TC_EVICTED, TC_ALLOWED,
+};
+#define N_TC_ALL ((int)(sizeof(tc_all) / sizeof(tc_all[0])))
+
+static void tenant_table(struct table *t, const enum tcol *cols, int n)
 {
-	char prio[16], g[24], l[24], u[24], sp[24], pct[16], ns[16], allow[256];
+	*t = (struct table){ .ncol = n };
+	for (int i = 0; i < n; i++) {
+		t->hdr[i] = tcol_hdr[cols[i]];
+		if (cols[i] != TC_NAME && cols[i] != TC_ALLOWED)
+			t->right |= 1u << i;
+	}
+}
+
+/* One row of a table made by tenant_table(t, cols, ...). */
+static void tenant_row(struct table *t, const enum tcol *cols, const Tqkv__V1__Tenant *m)
+{
+	char c[TC_N][32], allow[256];
+	const char *v[MAX_COLS];
 	size_t n = 0;
 
-	snprintf(prio, sizeof(prio), "%d", m->priority);
-	snprintf(pct, sizeof(pct), "%.0f%%", m->limit_bytes ? 100.0 * (double)m->used_bytes / (double)m->limit_bytes : 0.0);
-	snprintf(ns, sizeof(ns), "%u", m->sessions);
+	snprintf(c[TC_PRIO], sizeof(c[0]), "%d", m->priority);
+	sz(m->guaranteed_bytes, c[TC_GUAR], sizeof(c[0]));
+	sz(m->limit_bytes, c[TC_LIMIT], sizeof(c[0]));
+	sz(m->used_bytes, c[TC_USED], sizeof(c[0]));
+	snprintf(c[TC_PCT], sizeof(c[0]), "%.0f%%",
+		 m->limit_bytes ? 100.0 * (double)m->used_bytes / (double)m->limit_bytes : 0.0);
+	sz(m->spilled_bytes, c[TC_SPILLED], sizeof(c[0]));
+	snprintf(c[TC_SESSIONS], sizeof(c[0]), "%u", m->sessions);
+	sz(m->spilled_total_bytes, c[TC_SPILLS], sizeof(c[0]));
+	sz(m->restored_total_bytes, c[TC_RESTORES], sizeof(c[0]));
+	num(m->waits, c[TC_WAITS], sizeof(c[0]));
+	dur(m->wait_us, c[TC_WAITED], sizeof(c[0]));
+	dur(m->wait_max_us, c[TC_MAXWAIT], sizeof(c[0]));
+	num(m->refusals, c[TC_REFUSED], sizeof(c[0]));
+	num(m->evictions, c[TC_EVICTED], sizeof(c[0]));
 	allow[0] = '\0';
 	if (m->any_uid)
 		n += (size_t)snprintf(allow + n, sizeof(allow) - n, "*");
@@ -570,13 +720,10 @@ static void tenant_row(struct table *t, const Tqkv__V1__Tenant *m)
 		n += (size_t)snprintf(allow + n, sizeof(allow) - n, "%suid %u", n ? "," : "", m->allow_uids[i]);
 	for (size_t i = 0; i < m->n_allow_gids && n < sizeof(allow); i++)
 		n += (size_t)snprintf(allow + n, sizeof(allow) - n, "%sgid %u", n ? "," : "", m->allow_gids[i]);
-	table_row(t, m->name, prio, sz(m->guaranteed_bytes, g, sizeof(g)), sz(m->limit_bytes, l, sizeof(l)),
-		  sz(m->used_bytes, u, sizeof(u)), pct, sz(m->spilled_bytes, sp, sizeof(sp)), ns, allow);
+	for (int i = 0; i < t->ncol; i++)
+		v[i] = cols[i] == TC_NAME ? m->name : cols[i] == TC_ALLOWED ? allow : c[cols[i]];
+	table_rowv(t, v);
 }
-
-#define TENANT_TABLE { .ncol = 9, .hdr = { "TENANT", "PRIO", "GUARANTEED", "LIMIT", "USED", "USE%", \
-	"SPILLED", "SESSIONS", "ALLOWED" }, \
-	.right = (1u << 1) | (1u << 2) | (1u << 3) | (1u << 4) | (1u << 5) | (1u << 6) | (1u << 7) }
 
 static int cmd_tenants(struct ctx *x, int argc, char **argv)
 {
@@ -594,9 +741,10 @@ static int cmd_tenants(struct ctx *x, int argc, char **argv)
 	if (x->json) {
 		print_json(rep);
 	} else {
-		struct table t = TENANT_TABLE;
+		struct table t;
+		tenant_table(&t, tc_all, N_TC_ALL);
 		for (size_t i = 0; i < l->n_tenants; i++)
-			tenant_row(&t, l->tenants[i]);
+			tenant_row(&t, tc_all, l->tenants[i]);
 		table_print(&t);
 	}
 	protobuf_c_message_free_unpacked(rep, NULL);
@@ -642,8 +790,9 @@ static int cmd_budget(struct ctx *x, int argc, char **argv)
 	if (x->json) {
 		print_json(rep);
 	} else {
-		struct table t = TENANT_TABLE;
-		tenant_row(&t, (void *)rep);
+		struct table t;
+		tenant_table(&t, tc_all, N_TC_ALL);
+		tenant_row(&t, tc_all, (void *)rep);
 		table_print(&t);
 	}
 	protobuf_c_message_free_unpacked(rep, NULL);
@@ -728,17 +877,459 @@ static int cmd_open(struct ctx *x, int argc, char **argv)
 	return 0;
 }
 
+/* ---- top ---------------------------------------------------------------------------- */
+/* The terminal's settings while top reads keys; put back on every way out
+ * (return, exit, SIGINT/SIGTERM/SIGHUP).  Only async-signal-safe calls. */
+static struct termios term_saved;
+static volatile sig_atomic_t term_changed, cursor_hidden;
+
+static void term_restore(void)
+{
+	if (cursor_hidden) {
+		cursor_hidden = 0;
+		if (write(STDOUT_FILENO, "\033[?25h", 6) < 0) {
+			/* nothing left to tell it to */
+		}
+	}
+	if (term_changed) {
+		term_changed = 0;
+		tcsetattr(STDIN_FILENO, TCSAFLUSH, &term_saved);
+	}
+}
+
+static void top_on_signal(int sig)
+{
+	term_restore();
+	raise(sig); /* SA_RESETHAND: the default action, so the parent sees the signal */
+}
+
+static void top_on_winch(int sig)
+{
+	(void)sig; /* interrupts poll(): the next frame takes the new size */
+}
+
+/* stdout is a terminal: hide the cursor and, when stdin is a terminal too,
+ * read keys one at a time without echo.  Returns the fd to poll for keys or -1. */
+static int term_setup(void)
+{
+	struct sigaction sa = { .sa_handler = top_on_signal, .sa_flags = SA_RESETHAND };
+	struct sigaction wa = { .sa_handler = top_on_winch }; /* no SA_RESTART */
+	struct termios t;
+
+	sigemptyset(&sa.sa_mask);
+	sigemptyset(&wa.sa_mask);
+	atexit(term_restore);
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGHUP, &sa, NULL);
+	sigaction(SIGWINCH, &wa, NULL);
+	cursor_hidden = 1;
+	fputs("\033[?25l", stdout);
+	fflush(stdout); /* before any restore, which write()s */
+	if (!isatty(STDIN_FILENO) || tcgetattr(STDIN_FILENO, &term_saved) < 0)
+		return -1;
+	t = term_saved;
+	t.c_lflag &= ~(tcflag_t)(ICANON | ECHO);
+	t.c_cc[VMIN] = 1;
+	t.c_cc[VTIME] = 0;
+	term_changed = 1; /* before the change: a signal in between restores the same settings */
+	if (tcsetattr(STDIN_FILENO, TCSAFLUSH, &t) < 0) {
+		term_changed = 0;
+		return -1;
+	}
+	return STDIN_FILENO;
+}
+
+/* One session's tokens at the previous refresh. */
+struct top_tok {
+	uint64_t id, tokens;
+};
+
+struct top {
+	int interval_ms;
+	long count;             /* refreshes left; < 0: until q */
+	bool tty;               /* stdout is a terminal: redraw in place */
+	int key_fd;             /* stdin in non-canonical mode, or -1 */
+	int width, height;      /* the terminal's; 0: no limit */
+	int lines;              /* printed in this frame */
+	unsigned long frames;
+	/* the previous refresh, for the rates: counters at the daemon's uptime prev_ms */
+	bool have_prev;
+	uint64_t prev_ms, prev_reclaim, prev_busy_us, prev_read, prev_written, prev_ops;
+	struct top_tok *tok;    /* [n_tok], sorted by id */
+	size_t n_tok;
+};
+
+/* Lines left on the screen; the last row stays empty so nothing scrolls. */
+static int top_room(const struct top *tp)
+{
+	return tp->height ? tp->height - 1 - tp->lines : INT_MAX;
+}
+
+__attribute__((format(printf, 2, 3)))
+static void top_line(struct top *tp, const char *fmt, ...)
+{
+	char buf[512];
+	va_list ap;
+	int n;
+
+	if (top_room(tp) <= 0)
+		return;
+	va_start(ap, fmt);
+	n = vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		return;
+	if (n >= (int)sizeof(buf))
+		n = (int)sizeof(buf) - 1;
+	if (tp->width > 0 && n > tp->width)
+		n = tp->width;
+	fwrite(buf, 1, (size_t)n, stdout);
+	putchar('\n');
+	tp->lines++;
+}
+
+static void top_table(struct top *tp, struct table *t)
+{
+	tp->lines += 1 + (int)t->nrow;
+	table_print_cut(t, tp->width);
+}
+
+/* "3s", "12m05s", "5h02m", "3d04h" */
+static const char *uptime(uint64_t ms, char *buf, size_t n)
+{
+	uint64_t s = ms / 1000;
+
+	if (s < 60)
+		snprintf(buf, n, "%" PRIu64 "s", s);
+	else if (s < 3600)
+		snprintf(buf, n, "%" PRIu64 "m%02" PRIu64 "s", s / 60, s % 60);
+	else if (s < 86400)
+		snprintf(buf, n, "%" PRIu64 "h%02" PRIu64 "m", s / 3600, s / 60 % 60);
+	else
+		snprintf(buf, n, "%" PRIu64 "d%02" PRIu64 "h", s / 86400, s / 3600 % 24);
+	return buf;
+}
+
+/* Seconds since the previous refresh by the daemon's clock; 0 when there is
+ * none to compare with (the first, or the daemon restarted in between). */
+static double top_elapsed(const struct top *tp, const Tqkv__V1__Stats *s)
+{
+	if (!tp->have_prev || s->uptime_ms <= tp->prev_ms)
+		return 0;
+	return (double)(s->uptime_ms - tp->prev_ms) / 1e3;
+}
+
+static double delta(uint64_t now, uint64_t before)
+{
+	return now > before ? (double)(now - before) : 0;
+}
+
+static void top_header(struct top *tp, const Tqkv__V1__Stats *s)
+{
+	double dt = top_elapsed(tp, s);
+	char a[32], b[32], c[32], d[32];
+	struct tm tm;
+	time_t now = time(NULL);
+
+	localtime_r(&now, &tm);
+	strftime(c, sizeof(c), "%H:%M:%S", &tm);
+	top_line(tp, "tqkvd %s (pid %u), up %s; %s, every %gs%s", s->version, s->pid, uptime(s->uptime_ms, a, sizeof(a)),
+		 c, tp->interval_ms / 1e3, tp->key_fd >= 0 ? "; q quits" : "");
+	top_line(tp, "pool:     %s used of %s (%.0f%%; watermarks %u%%/%u%%), %u pages free",
+		 sz(s->used_bytes, a, sizeof(a)), sz(s->pool_bytes, b, sizeof(b)),
+		 s->pool_bytes ? 100.0 * (double)s->used_bytes / (double)s->pool_bytes : 0.0, s->high_watermark_pct,
+		 s->low_watermark_pct, s->pages_free);
+	if (s->spill_capacity_bytes)
+		top_line(tp, "spill:    %s used of %s; read %s, write %s", sz(s->spill_used_bytes, a, sizeof(a)),
+			 sz(s->spill_capacity_bytes, b, sizeof(b)),
+			 rate(delta(s->spill_bytes_read, tp->prev_read), dt, c, sizeof(c)),
+			 rate(delta(s->spill_bytes_written, tp->prev_written), dt, d, sizeof(d)));
+	if (dt > 0)
+		snprintf(d, sizeof(d), "%.0f%%", 100.0 * delta(s->reclaim_busy_us, tp->prev_busy_us) / (dt * 1e6));
+	else
+		snprintf(d, sizeof(d), "-");
+	/* admission waits and pressure evictions: the tenants table's WAITS, EVICTED */
+	top_line(tp, "reclaim:  %s, busy %s; since start %s in %" PRIu64 " passes, %" PRIu64 " failed",
+		 rate(delta(s->reclaim_bytes, tp->prev_reclaim), dt, c, sizeof(c)), d, sz(s->reclaim_bytes, a, sizeof(a)),
+		 s->reclaim_passes, s->reclaim_failures);
+	if (dt > 0)
+		snprintf(c, sizeof(c), "%.0f", delta(s->data_ops_total, tp->prev_ops) / dt);
+	else
+		snprintf(c, sizeof(c), "-");
+	top_line(tp, "data:     %u clients, %s ops/s; sessions %u open, %u evicted", s->data_clients, c,
+		 s->sessions_open, s->sessions_evicted);
+}
+
+/* The tenants table without ALLOWED (static, and the widest cell).  On a
+ * terminal too narrow for that (it needs about 130 columns), only the columns
+ * that move under pressure: use and what was done about it, which fits 80.
+ * The budget (GUARANTEED, LIMIT; USE% is of the limit), SESSIONS (listed
+ * below) and the totals SPILLS, RESTORES, WAITED stay in `tqctl tenants`. */
+static const enum tcol tc_top[] = {
+	TC_NAME, TC_PRIO, TC_GUAR, TC_LIMIT, TC_USED, TC_PCT, TC_SPILLED, TC_SESSIONS,
+	TC_SPILLS, TC_RESTORES, TC_WAITS, TC_WAITED, TC_MAXWAIT, TC_REFUSED, TC_EVICTED,
+};
+static const enum tcol tc_narrow[] = {
+	TC_NAME, TC_PRIO, TC_USED, TC_PCT, TC_SPILLED, TC_WAITS, TC_MAXWAIT, TC_REFUSED, TC_EVICTED,
+};
+
+static void top_tenants_fill(struct table *t, const enum tcol *cols, int ncol, const Tqkv__V1__ListTenantsReply *l,
+			     size_t rows)
+{
+	tenant_table(t, cols, ncol);
+	for (size_t i = 0; i < l->n_tenants && i < rows; i++)
+		tenant_row(t, cols, l->tenants[i]);
+}
+
+static void top_tenants(struct top *tp, const Tqkv__V1__ListTenantsReply *l)
+{
+	size_t w[MAX_COLS], rows = l->n_tenants;
+	int room = top_room(tp) - 2; /* the blank line and the header */
+	struct table t;
+
+	top_line(tp, "%s", "");
+	if (room <= 0)
+		return;
+	if ((size_t)room < rows)
+		rows = (size_t)room - 1; /* and a line that says how many more */
+	top_tenants_fill(&t, tc_top, (int)(sizeof(tc_top) / sizeof(tc_top[0])), l, rows);
+	if (tp->width > 0 && table_widths(&t, w) > (size_t)tp->width) {
+		table_free(&t);
+		top_tenants_fill(&t, tc_narrow, (int)(sizeof(tc_narrow) / sizeof(tc_narrow[0])), l, rows);
+	}
+	top_table(tp, &t);
+	if (rows < l->n_tenants)
+		top_line(tp, "(%zu more tenants: tqctl tenants)", l->n_tenants - rows);
+}
+
+static int tok_cmp(const void *a, const void *b)
+{
+	const struct top_tok *x = a, *y = b;
+
+	return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* A session and its tokens appended per second since the previous refresh
+ * (< 0: unknown, the first refresh). */
+struct top_sess {
+	const Tqkv__V1__Session *s;
+	double tps;
+};
+
+/* Busiest first: tokens/s, then the most recent access, then the id. */
+static int sess_cmp(const void *a, const void *b)
+{
+	const struct top_sess *x = a, *y = b;
+
+	if (x->tps != y->tps)
+		return x->tps < y->tps ? 1 : -1;
+	if (x->s->last_access_ms != y->s->last_access_ms)
+		return x->s->last_access_ms < y->s->last_access_ms ? 1 : -1;
+	return x->s->id < y->s->id ? -1 : x->s->id > y->s->id;
+}
+
+static void top_session_row(struct table *t, const struct top_sess *e)
+{
+	const Tqkv__V1__Session *s = e->s;
+	char id[24], tok[24], tps[24], res[24], sp[24], idle[24];
+
+	if (e->tps < 0)
+		snprintf(tps, sizeof(tps), "-");
+	else
+		snprintf(tps, sizeof(tps), e->tps < 10 ? "%.1f" : "%.0f", e->tps);
+	table_row(t, num(s->id, id, sizeof(id)), s->tenant, session_state(s), num(s->tokens, tok, sizeof(tok)), tps,
+		  sz(s->resident_bytes, res, sizeof(res)), sz(s->spilled_bytes, sp, sizeof(sp)),
+		  ago(s->last_access_ms, idle, sizeof(idle)));
+}
+
+/* The busiest sessions, as many as fit (10 without a terminal); then
+ * remembers every session's tokens for the next refresh. */
+static int top_sessions(struct top *tp, const Tqkv__V1__ListSessionsReply *l, double dt)
+{
+	size_t n = l->n_sessions, show = tp->height ? 0 : 10;
+	struct top_sess *e = calloc(n ? n : 1, sizeof(*e));
+	struct top_tok *tok = calloc(n ? n : 1, sizeof(*tok));
+
+	if (!e || !tok) {
+		free(e);
+		free(tok);
+		fprintf(stderr, "tqctl: out of memory\n");
+		return EXIT_ERR;
+	}
+	for (size_t i = 0; i < n; i++) {
+		const Tqkv__V1__Session *s = l->sessions[i];
+		struct top_tok key = { .id = s->id }, *p;
+		e[i].s = s;
+		e[i].tps = -1;
+		if (dt > 0) {
+			p = bsearch(&key, tp->tok, tp->n_tok, sizeof(*tp->tok), tok_cmp);
+			e[i].tps = delta(s->tokens, p ? p->tokens : 0) / dt; /* new since: all its tokens */
+		}
+		tok[i] = (struct top_tok){ s->id, s->tokens };
+	}
+	qsort(e, n, sizeof(*e), sess_cmp);
+	qsort(tok, n, sizeof(*tok), tok_cmp);
+	free(tp->tok);
+	tp->tok = tok;
+	tp->n_tok = n;
+
+	top_line(tp, "%s", "");
+	if (tp->height && top_room(tp) > 2)
+		show = (size_t)top_room(tp) - 2; /* the title and the header */
+	if (show > n)
+		show = n;
+	if (n == 0)
+		top_line(tp, "%s", "sessions: none");
+	else
+		top_line(tp, "sessions: %zu of %zu, busiest first (tokens/s, then last access)", show, n);
+	if (show) {
+		struct table t = { .ncol = 8, .hdr = { "ID", "TENANT", "STATE", "TOKENS", "TOK/S", "RESIDENT", "SPILLED",
+			"IDLE" }, .right = (1u << 0) | (1u << 3) | (1u << 4) | (1u << 5) | (1u << 6) | (1u << 7) };
+		for (size_t i = 0; i < show; i++)
+			top_session_row(&t, &e[i]);
+		top_table(tp, &t);
+	}
+	free(e);
+	return 0;
+}
+
+/* One refresh: three calls, then the frame.  Nonzero: the daemon failed. */
+static int top_refresh(struct ctx *x, struct top *tp)
+{
+	Tqkv__V1__GetStatsRequest sq = TQKV__V1__GET_STATS_REQUEST__INIT;
+	Tqkv__V1__ListTenantsRequest tq = TQKV__V1__LIST_TENANTS_REQUEST__INIT;
+	Tqkv__V1__ListSessionsRequest lq = TQKV__V1__LIST_SESSIONS_REQUEST__INIT;
+	ProtobufCMessage *srep = NULL, *trep = NULL, *lrep = NULL;
+	struct winsize ws;
+	int r;
+
+	if ((r = call(x, "GetStats", &sq.base, &srep)) != 0 || (r = call(x, "ListTenants", &tq.base, &trep)) != 0 ||
+	    (r = call(x, "ListSessions", &lq.base, &lrep)) != 0)
+		goto out;
+	Tqkv__V1__Stats *s = (void *)srep;
+	tp->width = tp->height = 0;
+	if (tp->tty && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_row > 0) {
+		tp->width = ws.ws_col;
+		tp->height = ws.ws_row;
+	}
+	if (tp->tty)
+		fputs("\033[H\033[2J", stdout);
+	else if (tp->frames)
+		putchar('\n');
+	tp->frames++;
+	tp->lines = 0;
+	top_header(tp, s);
+	top_tenants(tp, (void *)trep);
+	r = top_sessions(tp, (void *)lrep, top_elapsed(tp, s));
+	fflush(stdout);
+	tp->have_prev = true;
+	tp->prev_ms = s->uptime_ms;
+	tp->prev_reclaim = s->reclaim_bytes;
+	tp->prev_busy_us = s->reclaim_busy_us;
+	tp->prev_read = s->spill_bytes_read;
+	tp->prev_written = s->spill_bytes_written;
+	tp->prev_ops = s->data_ops_total;
+out:
+	if (srep)
+		protobuf_c_message_free_unpacked(srep, NULL);
+	if (trep)
+		protobuf_c_message_free_unpacked(trep, NULL);
+	if (lrep)
+		protobuf_c_message_free_unpacked(lrep, NULL);
+	return r;
+}
+
+/* Waits one interval.  1: quit (q, or the terminal went away); 0: refresh
+ * (the time is up, another key, or the window changed size). */
+static int top_wait(const struct top *tp)
+{
+	struct pollfd p = { .fd = tp->key_fd, .events = POLLIN };
+	char keys[64];
+
+	if (poll(&p, tp->key_fd >= 0 ? 1 : 0, tp->interval_ms) <= 0 || !(p.revents & (POLLIN | POLLHUP | POLLERR)))
+		return 0;
+	ssize_t n = read(tp->key_fd, keys, sizeof(keys));
+	if (n < 0 && (errno == EINTR || errno == EAGAIN))
+		return 0;
+	if (n <= 0)
+		return 1;
+	return memchr(keys, 'q', (size_t)n) || memchr(keys, 'Q', (size_t)n);
+}
+
+static int parse_interval(const char *s, int *ms)
+{
+	char *end;
+
+	errno = 0;
+	double v = strtod(s, &end);
+	if (!s[0] || *end || errno || !(v > 0) || v > 86400) {
+		usage_error("--interval: '%s' is not a number of seconds above 0 (examples: 2, 0.5)", s);
+		return -EINVAL;
+	}
+	double m = v * 1e3;
+	*ms = (int)m;
+	if (*ms < m) /* round up: 0.0001 s is 1 ms, not a busy loop */
+		(*ms)++;
+	return 0;
+}
+
+/* argv (after option parsing): interval count, "" = not given */
+static int cmd_top(struct ctx *x, int argc, char **argv)
+{
+	struct top tp = { .interval_ms = 1000, .count = -1, .key_fd = -1 };
+	int r = 0;
+
+	if (argc != 2) {
+		usage_error("%s", "top takes options only");
+		return EXIT_USAGE;
+	}
+	if (argv[0][0] && parse_interval(argv[0], &tp.interval_ms) < 0)
+		return EXIT_USAGE;
+	if (argv[1][0]) {
+		char *end;
+		errno = 0;
+		tp.count = strtol(argv[1], &end, 10);
+		if (*end || errno || tp.count <= 0) {
+			usage_error("-n: '%s' is not a positive number of refreshes", argv[1]);
+			return EXIT_USAGE;
+		}
+	}
+	tp.tty = isatty(STDOUT_FILENO);
+	if (tp.tty) {
+		setvbuf(stdout, NULL, _IOFBF, 1 << 16); /* one write per frame: no flicker */
+		tp.key_fd = term_setup();
+	} else if (tp.count < 0) {
+		tp.count = 1;
+	}
+	for (;;) {
+		if ((r = top_refresh(x, &tp)) != 0)
+			break;
+		if ((tp.count > 0 && --tp.count == 0) || top_wait(&tp))
+			break;
+	}
+	free(tp.tok);
+	fflush(stdout);
+	term_restore();
+	return r;
+}
+
 static const struct cmd cmds[] = {
 	{ "health", "", "is the daemon up? (Health)",
 	  "Prints SERVING, the version, the pid and the uptime.", true, cmd_health },
 	{ "stats", "", "daemon-wide counters (GetStats)",
-	  "Pool use, sessions open/evicted, totals, control calls, reloads.", true, cmd_stats },
+	  "Pool use, sessions open/evicted, totals, control calls, reloads, the data\n"
+	  "path, the spill tier, persistent sessions, and the reclaimer: its watermarks\n"
+	  "(percent of the pool: spill above the first down to the second), bytes it\n"
+	  "spilled and in how many passes, its rate (those bytes over the time it spent\n"
+	  "spilling; '-' before it ran), spills that failed, allocations that waited\n"
+	  "for it, and sessions evicted under pressure (pool.pressure_action = evict).", true, cmd_stats },
 	{ "sessions", "[--tenant TENANT]", "list sessions (ListSessions)",
 	  "One row per session: id, name, tenant, owner uid, state, geometry\n"
 	  "(layers x kv heads / query heads x head dim), K/V codecs, tokens, resident and\n"
 	  "spilled bytes, time since the last access.", true, cmd_sessions },
 	{ "session", "ID", "one session in detail (GetSession)",
-	  "Every field of session ID.", true, cmd_session },
+	  "Every field of session ID; for an evicted session, who evicted it and why.", true, cmd_session },
 	{ "evict", "ID", "release a session's memory now (EvictSession)",
 	  "The record stays (state evicted) so its owner gets a clear error on its next\n"
 	  "call; `tqctl close ID` removes it.", true, cmd_evict },
@@ -755,10 +1346,17 @@ static const struct cmd cmds[] = {
 	  "Writes the pages of persistent session ID that have no copy on disk and\n"
 	  "replaces its manifest, as pool.checkpoint_interval does.  Its owner or an\n"
 	  "operator.", true, cmd_checkpoint },
-	{ "tenants", "", "tenants, budgets and use (ListTenants)",
-	  "Per tenant: priority, guaranteed bytes, limit, bytes used (in the pool),\n"
-	  "bytes spilled (in the spill tier, not counted in USED), sessions, and the\n"
-	  "users/groups allowed to open sessions.", true, cmd_tenants },
+	{ "tenants", "", "tenants, budgets, use and pressure (ListTenants)",
+	  "Per tenant: priority, guaranteed bytes, limit, bytes used (in the pool) and\n"
+	  "USE% of the limit, bytes spilled now (in the spill tier, not counted in\n"
+	  "USED), sessions; what memory pressure did to it since the daemon started:\n"
+	  "  SPILLS    bytes written to the spill tier (reclaimer, tqctl spill, ...)\n"
+	  "  RESTORES  bytes read back from it\n"
+	  "  WAITS     allocations that waited on a full pool for the reclaimer\n"
+	  "  WAITED    the time they waited, all together; MAXWAIT the longest wait\n"
+	  "  REFUSED   allocations refused on a full pool (POOL_FULL)\n"
+	  "  EVICTED   sessions evicted under pressure (pool.pressure_action = evict)\n"
+	  "and the users/groups allowed to open sessions.", true, cmd_tenants },
 	{ "budget", "set TENANT [--limit SIZE] [--guaranteed SIZE]", "change a tenant's budget (SetTenantBudget)",
 	  "SIZE: an integer with an optional binary unit: 4096, 512M, 2GiB, 1T.\n"
 	  "Takes effect at once; a lower limit than the current use stops new charges.\n"
@@ -773,6 +1371,24 @@ static const struct cmd cmds[] = {
 	  "connection: it stays until closed or evicted, or idle past\n"
 	  "daemon.session_idle_ttl (default 1h).  --persistent: the session is kept on\n"
 	  "disk and survives a restart of the daemon; it is never idle-expired.", true, cmd_open },
+	{ "top", "[--interval SECONDS] [-n COUNT]", "a live view of the pool, tenants and busiest sessions",
+	  "Calls GetStats, ListTenants and ListSessions every --interval SECONDS\n"
+	  "(default 1; decimals such as 0.5 are fine) and shows:\n"
+	  "  the daemon's version and uptime; pool use of its size, the reclaimer's\n"
+	  "  watermarks and free pages; spill tier use; since the previous refresh\n"
+	  "  ('-' on the first), the reclaimer's rate and busy share, spill reads and\n"
+	  "  writes per second and data-path operations per second; since start, what\n"
+	  "  the reclaimer spilled and its failures;\n"
+	  "  the tenants table of `tqctl tenants` without ALLOWED (on a terminal too\n"
+	  "  narrow for it: use, spilled, waits, refusals and evictions only);\n"
+	  "  the busiest sessions, by tokens appended per second (TOK/S), then by the\n"
+	  "  most recent access: as many as fit the terminal, 10 otherwise.\n"
+	  "On a terminal it redraws in place until q is pressed (any other key\n"
+	  "refreshes now), or for COUNT refreshes with -n (--count).  Otherwise it\n"
+	  "prints COUNT (default 1) plain snapshots separated by a blank line.  A\n"
+	  "client sees the tenants it may use and its own sessions.  Exit status 1 if\n"
+	  "the daemon fails or goes away.  No --json: use stats, tenants or sessions\n"
+	  "--json.", false, cmd_top },
 };
 #define N_CMDS (sizeof(cmds) / sizeof(cmds[0]))
 
@@ -807,8 +1423,8 @@ static void usage(FILE *f)
 
 static void cmd_usage(const struct cmd *c, FILE *f)
 {
-	fprintf(f, "Usage: tqctl %s %s\n\n%s.\n\n%s\n\nOptions: --socket PATH, --json, --timeout MS (see tqctl --help).\n",
-		c->name, c->args, c->summary, c->help);
+	fprintf(f, "Usage: tqctl %s %s\n\n%s.\n\n%s\n\nOptions: --socket PATH, %s--timeout MS (see tqctl --help).\n",
+		c->name, c->args, c->summary, c->help, c->reads ? "--json, " : "");
 }
 
 static const char *default_socket(void)
@@ -826,7 +1442,7 @@ static const char *default_socket(void)
 int main(int argc, char **argv)
 {
 	enum { O_TENANT = 256, O_LIMIT, O_GUAR, O_LAYERS, O_KVH, O_QH, O_DIM, O_KC, O_VC, O_MAXT, O_NAME, O_SEED,
-	       O_PERSIST };
+	       O_PERSIST, O_INTERVAL, O_COUNT, O_LAST = O_COUNT };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, 's' },
 		{ "json", no_argument, NULL, 'j' },
@@ -846,11 +1462,13 @@ int main(int argc, char **argv)
 		{ "name", required_argument, NULL, O_NAME },
 		{ "seed", required_argument, NULL, O_SEED },
 		{ "persistent", no_argument, NULL, O_PERSIST },
+		{ "interval", required_argument, NULL, O_INTERVAL },
+		{ "count", required_argument, NULL, O_COUNT }, /* -n */
 		{ NULL, 0, NULL, 0 },
 	};
 	struct ctx x = { .timeout_ms = DEFAULT_TIMEOUT_MS };
 	/* values of the command-specific options, "" = not given */
-	const char *val[O_PERSIST - O_TENANT + 1];
+	const char *val[O_LAST - O_TENANT + 1];
 	bool help = false;
 	char target[4200];
 	char *pos[16];
@@ -891,12 +1509,13 @@ int main(int argc, char **argv)
 	int sub_argc = argc - optind;
 	char **sub_argv = argv + optind;
 	optind = 0; /* 0, not 1: glibc then resets its scanning state too */
-	while ((opt = getopt_long(sub_argc, sub_argv, "s:jt:h", longopts, NULL)) != -1) {
+	while ((opt = getopt_long(sub_argc, sub_argv, "s:jt:hn:", longopts, NULL)) != -1) {
 		switch (opt) {
 		case 's': x.socket = optarg; break;
 		case 'j': x.json = true; break;
 		case 't': x.timeout_ms = atoi(optarg); break;
 		case 'h': help = true; break;
+		case 'n': val[O_COUNT - O_TENANT] = optarg; break;
 		case '?':
 			fprintf(stderr, "Try 'tqctl %s --help'.\n", cur_cmd->name);
 			return EXIT_USAGE;
@@ -920,15 +1539,20 @@ int main(int argc, char **argv)
 		usage_error("%s", "--timeout: a positive number of milliseconds is required");
 		return EXIT_USAGE;
 	}
+	if (x.json && !cur_cmd->reads) {
+		usage_error("%s takes no --json; use stats, tenants or sessions --json", cur_cmd->name);
+		return EXIT_USAGE;
+	}
 	/* options that only some commands take */
 	bool is_sessions = cur_cmd->fn == cmd_sessions, is_budget = cur_cmd->fn == cmd_budget,
-	     is_open = cur_cmd->fn == cmd_open;
-	for (int i = 0; i <= O_PERSIST - O_TENANT; i++) {
+	     is_open = cur_cmd->fn == cmd_open, is_top = cur_cmd->fn == cmd_top;
+	for (int i = 0; i <= O_LAST - O_TENANT; i++) {
 		int o = O_TENANT + i;
 		bool ok = (o == O_TENANT && (is_sessions || is_open)) ||
-			  ((o == O_LIMIT || o == O_GUAR) && is_budget) || (o >= O_LAYERS && is_open);
+			  ((o == O_LIMIT || o == O_GUAR) && is_budget) || (o >= O_LAYERS && o <= O_PERSIST && is_open) ||
+			  ((o == O_INTERVAL || o == O_COUNT) && is_top);
 		if (val[i] && !ok) {
-			usage_error("this command takes no --%s", longopts[5 + i].name);
+			usage_error("this command takes no %s--%s", o == O_COUNT ? "-n/" : "", longopts[5 + i].name);
 			return EXIT_USAGE;
 		}
 	}
@@ -963,6 +1587,13 @@ int main(int argc, char **argv)
 			}
 			pos[npos++] = (char *)(v ? v : "");
 		}
+	} else if (is_top) {
+		if (npos) {
+			usage_error("%s", "top takes options only");
+			return EXIT_USAGE;
+		}
+		pos[npos++] = (char *)(val[O_INTERVAL - O_TENANT] ? val[O_INTERVAL - O_TENANT] : "");
+		pos[npos++] = (char *)(val[O_COUNT - O_TENANT] ? val[O_COUNT - O_TENANT] : "");
 	}
 	if (!x.socket)
 		x.socket = default_socket();

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Every tqctl command against a real tqkvd: tables, --json, exit codes
-# (0 ok, 1 error, 2 usage), --help per command, and bad requests.
+# (0 ok, 1 error, 2 usage), --help per command, and bad requests; top's
+# plain snapshots, its terminal mode (under script(1)) and a daemon that
+# goes away under it.
 . "$(dirname "$0")/lib/daemon.bash"
 
 cat >"$T/tqkvd.conf" <<CONF
@@ -28,12 +30,19 @@ expect 0 health;                 has '^SERVING: tqkvd'
 expect 0 health --json;          [ "$(json 'd["status"]')" = SERVING ] || fail "health --json"
 expect 0 stats;                  has 'pool: .*512 MiB'
 has "^spill: .* used of 2.00 GiB ($T/spill/spill.dat; io_uring"
+has '^reclaim: *watermarks 90%/80%; 0 B spilled in 0 passes, rate -, 0 failures; 0 admission waits, 0 pressure evictions$'
 expect 0 stats --json;           [ "$(json 'd["tenants"]')" = 2 ] || fail "stats --json"
+[ "$(json 'd["high_watermark_pct"], d["low_watermark_pct"], d["reclaim_busy_us"]')" = "90 80 0" ] || fail "stats --json: reclaim"
 # the spill tier: 4 x pool_bytes by default, in the spill directory
 [ "$(json 'int(d["spill_capacity_bytes"]) // 2**20')" -le 2048 ] && [ "$(json 'int(d["spill_capacity_bytes"]) // 2**20')" -ge 2040 ] \
 	|| fail "stats --json: spill capacity $(json 'd["spill_capacity_bytes"]')"
 expect 0 tenants;                has '^TENANT  *PRIO'; has '^locked .*64.0 MiB'
+has '^TENANT .* USE%  *SPILLED  *SESSIONS  *SPILLS  *RESTORES  *WAITS  *WAITED  *MAXWAIT  *REFUSED  *EVICTED  *ALLOWED$'
+has '^locked .*  0 B  *0 B  *0  *0  *0  *0  *0  *uid 4242$'
 expect 0 tenants --json;         [ "$(json 'd["tenants"][1]["allow_uids"][0]')" = 4242 ] || fail "tenants --json"
+[ "$(json '[[t[k] for k in ("spilled_total_bytes", "restored_total_bytes", "waits", "wait_us", "wait_max_us",
+	"refusals", "evictions")] for t in d["tenants"]]')" = "[[0, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0]]" ] \
+	|| fail "tenants --json: pressure counters"
 expect 0 sessions;               has 'no sessions'
 expect 0 open --layers 32 --kv-heads 8 --q-heads 32 --head-dim 128 --max-tokens 1024 --name chat --json
 ID=$(json 'd["id"]')
@@ -41,13 +50,17 @@ ID=$(json 'd["id"]')
 [ "$(json 'd["owner_uid"]')" = "$(id -u)" ] || fail "owner uid"
 expect 0 open --tenant default --layers 2 --kv-heads 2 --q-heads 2 --head-dim 64 --max-tokens 8 --k-codec tq4 --v-codec tq3 --seed 0x1234
 has 'rotation seed:   0x0000000000001234'
+ID2=$(awk '/^id:/ {print $2}' <<<"$OUT")
 expect 0 sessions;               has '^ID  *NAME'; has "chat .*32x8/32x128  *q8/tq4"
 expect 0 sessions --json;        [ "$(json 'len(d["sessions"])')" = 2 ] || fail "sessions --json"
 expect 0 sessions --tenant locked --json; [ "$(json 'len(d["sessions"])')" = 0 ] || fail "sessions --tenant"
 expect 0 session "$ID";          has '^name: *chat'; has '^state: *open'; has '^codecs (K/V): *q8 / tq4'
+! grep -q '^evict reason' <<<"$OUT" || fail "an open session has an evict reason: $OUT"
 expect 0 session "$ID" --json;   [ "$(json 'd["state"]')" = SESSION_STATE_OPEN ] || fail "session --json"
 expect 0 evict "$ID";            has "session $ID evicted"
 expect 0 session "$ID" --json;   [ "$(json 'd["state"]')" = SESSION_STATE_EVICTED ] || fail "evicted state"
+[ "$(json 'd["evict_reason"]')" = "evicted by an operator" ] || fail "session --json: evict_reason"
+expect 0 session "$ID";          has '^state: *evicted$'; has '^evict reason: *evicted by an operator$'
 expect 1 evict "$ID";            has 'FAILED_PRECONDITION: session .* is evicted already'
 expect 0 close "$ID";            has "session $ID closed"
 expect 1 close "$ID";            has "NOT_FOUND: no session $ID"
@@ -58,6 +71,60 @@ expect 1 budget set locked --limit 1T;  has 'INVALID_ARGUMENT'
 expect 1 budget set nobody --limit 1M;  has "unknown tenant 'nobody'"
 expect 0 config;                 has '^KEY  *VALUE  *DEFAULT  *RELOAD'; has '^pool.pool_bytes  *512MiB  *1GiB  *no'
 expect 0 config --json;          [ "$(json '[e["value"] for e in d["entries"] if e["key"]=="tenant.locked.allow_uids"][0]')" = 4242 ] || fail "config --json"
+
+# top without a terminal: -n plain snapshots, no escape codes; rates and
+# TOK/S need two refreshes ('-' on the first).  Session $ID2 is open, $ID
+# is closed.
+expect 0 top -n 2 --interval 0.2
+! grep -q $'\033' <<<"$OUT" || fail "top: escape codes without a terminal: $OUT"
+[ "$(grep -c '^tqkvd .*, up ' <<<"$OUT")" = 2 ] || fail "top -n 2: not two snapshots: $OUT"
+has '^pool: *0 B used of 512 MiB (0%; watermarks 90%/80%), [0-9]* pages free$'
+has '^spill: *0 B used of 2.00 GiB; read -, write -$'
+has '^spill: *0 B used of 2.00 GiB; read 0.0 MB/s, write 0.0 MB/s$'
+has '^reclaim: *-, busy -; since start 0 B in 0 passes, 0 failed$'
+has '^data: *0 clients, 0 ops/s; sessions 1 open, 0 evicted$'
+[ "$(grep -c '^TENANT  *PRIO .*MAXWAIT  *REFUSED  *EVICTED$' <<<"$OUT")" = 2 ] || fail "top: no tenants tables: $OUT"
+has '^locked  *0  *8.00 MiB  *32.0 MiB  *0 B  *0%'
+[ "$(grep -c '^sessions: 1 of 1, busiest first' <<<"$OUT")" = 2 ] || fail "top: no sessions sections: $OUT"
+SNAP1=$(awk '/^tqkvd /{n++} n==1' <<<"$OUT"); SNAP2=$(awk '/^tqkvd /{n++} n==2' <<<"$OUT")
+awk '/^tqkvd / && NR > 1 && prev != "" {bad = 1} {prev = $0} END {exit bad}' <<<"$OUT" \
+	|| fail "top: snapshots are not separated by a blank line: $OUT"
+sed -n '/^sessions:/,$p' <<<"$SNAP1" | grep -q "^ *$ID2  *default  *open  *0  *-  *0 B  *0 B  *[0-9]*s$" \
+	|| fail "top: session $ID2 not in the first snapshot: $SNAP1"
+sed -n '/^sessions:/,$p' <<<"$SNAP2" | grep -q "^ *$ID2  *default  *open  *0  *0.0  *0 B  *0 B  *[0-9]*s$" \
+	|| fail "top: session $ID2 not in the second snapshot with its tokens/s: $SNAP2"
+sed -n '/^sessions:/,$p' <<<"$OUT" | grep -q "^ *$ID  " && fail "top: closed session $ID listed: $OUT"
+expect 0 top;                    [ "$(grep -c '^tqkvd ' <<<"$OUT")" = 1 ] || fail "top: not one snapshot by default: $OUT"
+expect 2 top --interval 0;       has "tqctl: --interval: '0' is not a number of seconds above 0"
+expect 2 top --interval abc;     has "'abc' is not a number of seconds"
+expect 2 top --interval -1;      has "'-1' is not a number of seconds"
+expect 2 top -n 0;               has "'0' is not a positive number"
+expect 2 top 5;                  has 'top takes options only'
+expect 2 top --json;             has 'top takes no --json; use stats, tenants or sessions --json'
+expect 2 tenants -n 2;           has 'this command takes no -n/--count'
+expect 2 sessions --interval 1;  has 'this command takes no --interval'
+
+# top on a terminal (script(1) gives it one): redraws in place, q quits at
+# once, and the cursor is shown again
+if command -v script >/dev/null; then
+	mkfifo "$T/keys"
+	script -qefc "$TQCTL --socket $T/run/control.sock top --interval 0.2" /dev/null <"$T/keys" >"$T/top.out" 2>&1 &
+	SPID=$!
+	exec 3>"$T/keys"
+	for _ in $(seq 50); do [ "$(grep -c 'q quits' "$T/top.out")" -ge 2 ] && break; sleep 0.1; done
+	[ "$(grep -c 'q quits' "$T/top.out")" -ge 2 ] || fail "top on a terminal: no two frames: $(cat -v "$T/top.out")"
+	printf q >&3
+	for _ in $(seq 20); do kill -0 $SPID 2>/dev/null || break; sleep 0.1; done
+	kill -0 $SPID 2>/dev/null && { kill $SPID; fail "top on a terminal did not quit on q within 2 s"; }
+	wait $SPID; rc=$?
+	exec 3>&-
+	[ "$rc" = 0 ] || fail "top on a terminal: exit $rc: $(cat -v "$T/top.out")"
+	grep -q $'\033\[H\033\[2Jtqkvd ' "$T/top.out" || fail "top on a terminal: no clear and redraw"
+	grep -q "^ *$ID2  *default  *open " "$T/top.out" || fail "top on a terminal: session $ID2 missing"
+	[ "$(tail -c 6 "$T/top.out")" = $'\033[?25h' ] || fail "top on a terminal: the cursor is not shown again"
+else
+	echo "script(1) not installed: top's terminal mode not tested"
+fi
 
 # refusals by the daemon
 expect 1 open --tenant locked --layers 1 --kv-heads 1 --q-heads 1 --head-dim 64 --max-tokens 1; has 'PERMISSION_DENIED'
@@ -79,7 +146,7 @@ expect 2 budget set locked --limit 12X; has "'12X' is not a size"
 expect 2 tenants --limit 3M;     has 'this command takes no --limit'
 expect 2 open --layers 1;        has 'is required'
 expect 2 --timeout 0 health;     has 'positive number'
-for c in health stats sessions session evict close tenants budget config open; do
+for c in health stats sessions session evict close tenants budget config open top; do
 	expect 0 "$c" --help;     has "^Usage: tqctl $c"
 done
 expect 0 --help;                 has '^Commands:'
@@ -91,6 +158,17 @@ grep -q 'cannot reach tqkvd' <<<"$OUT" || fail "unreachable daemon: $OUT"
 # TQKVD_SOCKET is the default socket
 TQKVD_SOCKET=$T/run/control.sock "$TQCTL" health >/dev/null || fail "TQKVD_SOCKET not used"
 
+# a daemon that goes away under top: the error, exit 1
+ctl top --interval 0.2 -n 1000 >"$T/top2.out" 2>&1 &
+TOP=$!
+for _ in $(seq 50); do grep -q '^sessions:' "$T/top2.out" && break; sleep 0.1; done
 stop_daemon
 [ "$STOP_RC" = 0 ] || fail "exit $STOP_RC"
+for _ in $(seq 50); do kill -0 $TOP 2>/dev/null || break; sleep 0.1; done
+kill -0 $TOP 2>/dev/null && { kill $TOP; fail "top still runs without a daemon"; }
+wait $TOP; rc=$?
+[ "$rc" = 1 ] || fail "top without a daemon: exit $rc: $(tail -n 3 "$T/top2.out")"
+# (refused at connect, or the call in flight cancelled by the daemon's shutdown)
+grep -Eq 'cannot reach tqkvd|tqkvd at .* cancelled the call' "$T/top2.out" \
+	|| fail "top without a daemon: $(tail -n 3 "$T/top2.out")"
 echo ok
