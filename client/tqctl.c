@@ -1057,8 +1057,8 @@ static void top_header(struct top *tp, const Tqkv__V1__Stats *s)
 		snprintf(c, sizeof(c), "%.0f", delta(s->data_ops_total, tp->prev_ops) / dt);
 	else
 		snprintf(c, sizeof(c), "-");
-	top_line(tp, "data:     %u clients, %s ops/s; sessions %u open, %u evicted", s->data_clients, c,
-		 s->sessions_open, s->sessions_evicted);
+	top_line(tp, "data:     %u client%s, %s ops/s; sessions %u open, %u evicted", s->data_clients,
+		 s->data_clients == 1 ? "" : "s", c, s->sessions_open, s->sessions_evicted);
 }
 
 /* The tenants table without ALLOWED (static, and the widest cell).  On a
