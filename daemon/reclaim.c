@@ -40,6 +40,7 @@ struct reclaim {
 	uint64_t fail_logged_ms;
 	struct reclaim_stats stats;
 	pthread_t thread;
+	bool threaded;            /* false: reclaim_start_manual */
 
 	uint32_t kick_pending;    /* atomic: a kick is on its way (reclaim_note_alloc) */
 	uint32_t high_pct;        /* atomic: p.high_pct, for reclaim_note_alloc */
@@ -450,8 +451,8 @@ static void *reclaim_main(void *arg)
 	return NULL;
 }
 
-int reclaim_start(struct reclaim **out, struct pool *pool, struct tenant_table *tt, struct session_table *st,
-		  struct kvstore *ks, const struct reclaim_params *p, char *why, size_t whylen)
+static int start(struct reclaim **out, struct pool *pool, struct tenant_table *tt, struct session_table *st,
+		 struct kvstore *ks, const struct reclaim_params *p, bool threaded, char *why, size_t whylen)
 {
 	struct reclaim *rc;
 	int r;
@@ -472,7 +473,8 @@ int reclaim_start(struct reclaim **out, struct pool *pool, struct tenant_table *
 	pthread_mutex_init(&rc->lock, NULL);
 	pthread_mutex_init(&rc->pass_lock, NULL);
 	pthread_cond_init(&rc->cond, NULL);
-	if ((r = pthread_create(&rc->thread, NULL, reclaim_main, rc)) != 0) {
+	rc->threaded = threaded;
+	if (threaded && (r = pthread_create(&rc->thread, NULL, reclaim_main, rc)) != 0) {
 		snprintf(why, whylen, "reclaim: cannot start its thread: %s", strerror(r));
 		pthread_mutex_destroy(&rc->lock);
 		pthread_mutex_destroy(&rc->pass_lock);
@@ -484,6 +486,19 @@ int reclaim_start(struct reclaim **out, struct pool *pool, struct tenant_table *
 	return 0;
 }
 
+int reclaim_start(struct reclaim **out, struct pool *pool, struct tenant_table *tt, struct session_table *st,
+		  struct kvstore *ks, const struct reclaim_params *p, char *why, size_t whylen)
+{
+	return start(out, pool, tt, st, ks, p, true, why, whylen);
+}
+
+int reclaim_start_manual(struct reclaim **out, struct pool *pool, struct tenant_table *tt,
+			 struct session_table *st, struct kvstore *ks, const struct reclaim_params *p,
+			 char *why, size_t whylen)
+{
+	return start(out, pool, tt, st, ks, p, false, why, whylen);
+}
+
 void reclaim_stop(struct reclaim *rc)
 {
 	if (!rc)
@@ -492,7 +507,8 @@ void reclaim_stop(struct reclaim *rc)
 	rc->stop = true;
 	pthread_cond_signal(&rc->cond);
 	pthread_mutex_unlock(&rc->lock);
-	pthread_join(rc->thread, NULL);
+	if (rc->threaded)
+		pthread_join(rc->thread, NULL);
 	pthread_mutex_destroy(&rc->lock);
 	pthread_mutex_destroy(&rc->pass_lock);
 	pthread_cond_destroy(&rc->cond);
