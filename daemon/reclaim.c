@@ -111,7 +111,8 @@ struct spill_res {
 };
 
 /* Spill up to `want` bytes of tenant t, least recently used sessions
- * first, never `skip` nor a session an operation holds.  reason: for the
+ * first, never `skip` nor a session an operation holds; adds to res (which
+ * may hold other tenants' bytes already: admission).  reason: for the
  * log. */
 static void spill_tenant(struct reclaim *rc, struct tenant *t, uint64_t want, const struct session *skip,
 			 const char *reason, struct spill_res *res)
@@ -120,15 +121,15 @@ static void spill_tenant(struct reclaim *rc, struct tenant *t, uint64_t want, co
 	size_t n = 0;
 	uint32_t page = pool_page_bytes(rc->pool);
 	char why[512], b1[32], b2[32];
-	uint64_t now = real_ms();
+	uint64_t now = real_ms(), got0 = res->got;
 
 	want -= want % page; /* whole pages: never below what the caller allows */
 	if (!want || session_list(rc->st, t, &si, &n) < 0)
 		return;
 	qsort(si, n, sizeof(*si), by_last_access);
-	for (size_t i = 0; i < n && res->got < want && !res->err; i++) {
+	for (size_t i = 0; i < n && res->got - got0 < want && !res->err; i++) {
 		struct session *s;
-		uint64_t done = 0, take = want - res->got;
+		uint64_t done = 0, take = want - (res->got - got0);
 		if (si[i].state != SESSION_OPEN || !si[i].resident_bytes || (skip && si[i].id == session_id(skip)))
 			continue;
 		if (take > si[i].resident_bytes)
