@@ -248,7 +248,10 @@ uint64_t reclaim_pass(struct reclaim *rc)
 		tq_size_format_human(ti.used, b1, sizeof(b1));
 		tq_size_format_human(ti.limit, b2, sizeof(b2));
 		snprintf(reason, sizeof(reason), "the tenant holds %s, above its limit of %s", b1, b2);
-		spill_tenant(rc, tenant_at(rc->tt, i), ti.used - ti.limit, NULL, reason, &res);
+		/* whole pages, rounded up: down to the limit (which need not be
+		 * a multiple of the page size), not just near it */
+		uint64_t page = pool_page_bytes(rc->pool), over = ti.used - ti.limit;
+		spill_tenant(rc, tenant_at(rc->tt, i), over + (page - over % page) % page, NULL, reason, &res);
 		spilled += res.got;
 	}
 
