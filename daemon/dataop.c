@@ -728,6 +728,12 @@ int dataop_spill_locked(struct kvstore *ks, struct session *s, struct kv_sess *k
 	n_want = want / ks->page_bytes + (want % ks->page_bytes != 0);
 	if (kv->p)
 		kvp_wt_collect(ks, kv); /* no page is read by a write-through meanwhile */
+	/* Read-ahead pages are charged pool pages that no operation uses yet:
+	 * collect them, so they can go like any resident page (left READING,
+	 * an idle session's read-ahead would hold them where neither the
+	 * reclaimer nor admission could take them back). */
+	for (uint32_t l = 0; l < kv->n_layers; l++)
+		dataop_readahead_finish(ks, s, kv, l);
 	/* Coldest first: full pages, oldest tokens first, every layer; then
 	 * the layers' tail pages (the next appends write there). */
 	uint64_t resident = __atomic_load_n(&kv->n_pages, __ATOMIC_RELAXED);

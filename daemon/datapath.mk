@@ -8,6 +8,11 @@
 #                   hostile clients, SIGKILL cleanup
 #   test_dataop     the operations alone: a huge ATTEND's memory, during and
 #                   after; attention overflowing float range
+#   test_pressure_model  budgets under pressure: 1 M random steps (open, append,
+#                   attend, truncate, close, evict, spill, budget, reload, reclaim
+#                   pass) on the real pool/tenants/sessions/spill/reclaimer,
+#                   accounting, limits, guarantees and page bytes checked after
+#                   each (TQ_MODEL_SEED, TQ_MODEL_OPS)
 DATAPATH_OBJS := $(OBJ)/daemon/backend_host.o $(OBJ)/daemon/pool.o \
 	$(OBJ)/daemon/dataop.o $(OBJ)/daemon/ring.o $(OBJ)/daemon/spill.o $(OBJ)/daemon/crc32c.o \
 	$(OBJ)/daemon/persist.o $(OBJ)/daemon/kvpersist.o $(OBJ)/daemon/reclaim.o
@@ -36,3 +41,7 @@ $(OBJ)/tests/unit/test_persist.o: | $(PROTO_H)
 TEST_OBJS_test_reclaim = $(OBJ)/tests/unit/kvfix.o $(DATAPATH_OBJS) $(OBJ)/daemon/session.o $(OBJ)/daemon/tenant.o \
 	$(OBJ)/daemon/config.o $(OBJ)/daemon/log.o
 TEST_LIBS_test_reclaim = $(NUMA_LIBS) $(INIH_LIBS) $(URING_LIBS) $(ISAL_LIBS)
+# test_pressure_model: the randomized model of budgets under pressure (white-box: dataop_internal.h)
+TEST_OBJS_test_pressure_model = $(OBJ)/tests/unit/kvfix.o $(DATAPATH_OBJS) $(OBJ)/daemon/session.o \
+	$(OBJ)/daemon/tenant.o $(OBJ)/daemon/config.o $(OBJ)/daemon/log.o
+TEST_LIBS_test_pressure_model = $(NUMA_LIBS) $(INIH_LIBS) $(URING_LIBS) $(ISAL_LIBS)

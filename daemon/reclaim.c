@@ -40,6 +40,7 @@ struct reclaim {
 	uint64_t fail_logged_ms;
 	struct reclaim_stats stats;
 	pthread_t thread;
+	bool threaded;            /* false: reclaim_start_manual */
 
 	uint32_t kick_pending;    /* atomic: a kick is on its way (reclaim_note_alloc) */
 	uint32_t high_pct;        /* atomic: p.high_pct, for reclaim_note_alloc */
@@ -110,7 +111,8 @@ struct spill_res {
 };
 
 /* Spill up to `want` bytes of tenant t, least recently used sessions
- * first, never `skip` nor a session an operation holds.  reason: for the
+ * first, never `skip` nor a session an operation holds; adds to res (which
+ * may hold other tenants' bytes already: admission).  reason: for the
  * log. */
 static void spill_tenant(struct reclaim *rc, struct tenant *t, uint64_t want, const struct session *skip,
 			 const char *reason, struct spill_res *res)
@@ -119,15 +121,15 @@ static void spill_tenant(struct reclaim *rc, struct tenant *t, uint64_t want, co
 	size_t n = 0;
 	uint32_t page = pool_page_bytes(rc->pool);
 	char why[512], b1[32], b2[32];
-	uint64_t now = real_ms();
+	uint64_t now = real_ms(), got0 = res->got;
 
 	want -= want % page; /* whole pages: never below what the caller allows */
 	if (!want || session_list(rc->st, t, &si, &n) < 0)
 		return;
 	qsort(si, n, sizeof(*si), by_last_access);
-	for (size_t i = 0; i < n && res->got < want && !res->err; i++) {
+	for (size_t i = 0; i < n && res->got - got0 < want && !res->err; i++) {
 		struct session *s;
-		uint64_t done = 0, take = want - res->got;
+		uint64_t done = 0, take = want - (res->got - got0);
 		if (si[i].state != SESSION_OPEN || !si[i].resident_bytes || (skip && si[i].id == session_id(skip)))
 			continue;
 		if (take > si[i].resident_bytes)
@@ -246,7 +248,10 @@ uint64_t reclaim_pass(struct reclaim *rc)
 		tq_size_format_human(ti.used, b1, sizeof(b1));
 		tq_size_format_human(ti.limit, b2, sizeof(b2));
 		snprintf(reason, sizeof(reason), "the tenant holds %s, above its limit of %s", b1, b2);
-		spill_tenant(rc, tenant_at(rc->tt, i), ti.used - ti.limit, NULL, reason, &res);
+		/* whole pages, rounded up: down to the limit (which need not be
+		 * a multiple of the page size), not just near it */
+		uint64_t page = pool_page_bytes(rc->pool), over = ti.used - ti.limit;
+		spill_tenant(rc, tenant_at(rc->tt, i), over + (page - over % page) % page, NULL, reason, &res);
 		spilled += res.got;
 	}
 
@@ -450,8 +455,8 @@ static void *reclaim_main(void *arg)
 	return NULL;
 }
 
-int reclaim_start(struct reclaim **out, struct pool *pool, struct tenant_table *tt, struct session_table *st,
-		  struct kvstore *ks, const struct reclaim_params *p, char *why, size_t whylen)
+static int start(struct reclaim **out, struct pool *pool, struct tenant_table *tt, struct session_table *st,
+		 struct kvstore *ks, const struct reclaim_params *p, bool threaded, char *why, size_t whylen)
 {
 	struct reclaim *rc;
 	int r;
@@ -472,7 +477,8 @@ int reclaim_start(struct reclaim **out, struct pool *pool, struct tenant_table *
 	pthread_mutex_init(&rc->lock, NULL);
 	pthread_mutex_init(&rc->pass_lock, NULL);
 	pthread_cond_init(&rc->cond, NULL);
-	if ((r = pthread_create(&rc->thread, NULL, reclaim_main, rc)) != 0) {
+	rc->threaded = threaded;
+	if (threaded && (r = pthread_create(&rc->thread, NULL, reclaim_main, rc)) != 0) {
 		snprintf(why, whylen, "reclaim: cannot start its thread: %s", strerror(r));
 		pthread_mutex_destroy(&rc->lock);
 		pthread_mutex_destroy(&rc->pass_lock);
@@ -484,6 +490,19 @@ int reclaim_start(struct reclaim **out, struct pool *pool, struct tenant_table *
 	return 0;
 }
 
+int reclaim_start(struct reclaim **out, struct pool *pool, struct tenant_table *tt, struct session_table *st,
+		  struct kvstore *ks, const struct reclaim_params *p, char *why, size_t whylen)
+{
+	return start(out, pool, tt, st, ks, p, true, why, whylen);
+}
+
+int reclaim_start_manual(struct reclaim **out, struct pool *pool, struct tenant_table *tt,
+			 struct session_table *st, struct kvstore *ks, const struct reclaim_params *p,
+			 char *why, size_t whylen)
+{
+	return start(out, pool, tt, st, ks, p, false, why, whylen);
+}
+
 void reclaim_stop(struct reclaim *rc)
 {
 	if (!rc)
@@ -492,7 +511,8 @@ void reclaim_stop(struct reclaim *rc)
 	rc->stop = true;
 	pthread_cond_signal(&rc->cond);
 	pthread_mutex_unlock(&rc->lock);
-	pthread_join(rc->thread, NULL);
+	if (rc->threaded)
+		pthread_join(rc->thread, NULL);
 	pthread_mutex_destroy(&rc->lock);
 	pthread_mutex_destroy(&rc->pass_lock);
 	pthread_cond_destroy(&rc->cond);

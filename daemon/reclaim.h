@@ -71,6 +71,12 @@ struct reclaim;
 /* 0, or a negative errno with why set. */
 int reclaim_start(struct reclaim **out, struct pool *pool, struct tenant_table *tt, struct session_table *st,
 		  struct kvstore *ks, const struct reclaim_params *p, char *why, size_t whylen);
+/* Tests that check the pool after every step (test_pressure_model): the
+ * same without the thread.  Passes run only when reclaim_pass is called
+ * (kicks are noted and nothing acts on them); admission works as ever. */
+int reclaim_start_manual(struct reclaim **out, struct pool *pool, struct tenant_table *tt,
+			 struct session_table *st, struct kvstore *ks, const struct reclaim_params *p,
+			 char *why, size_t whylen);
 void reclaim_stop(struct reclaim *rc);
 /* -EINVAL (with why) unless 0 < low < high <= 100; in effect at once. */
 int reclaim_set_params(struct reclaim *rc, const struct reclaim_params *p, char *why, size_t whylen);

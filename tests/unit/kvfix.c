@@ -16,15 +16,19 @@ void kvfix_start(struct kvfix *f, const char *conf, uint64_t pool_bytes, uint32_
 	snprintf(f->dir, sizeof(f->dir), "/tmp/tq-kvfix-XXXXXX");
 	struct spill_params sp = { .dir = f->dir, .bytes = spill_slots * (SPILL_HDR_BYTES + page_bytes),
 				   .page_bytes = page_bytes, .allow_fallback = true };
-	if (!mkdtemp(f->dir) || config_load_string(&f->cfg, "t.conf", conf, err, sizeof(err)) != 0 ||
-	    tenant_table_new(&f->tt, &f->cfg) < 0 || pool_new(&f->pool, &pp, why, sizeof(why)) < 0 ||
+	if (!mkdtemp(f->dir) || config_load_string(&f->cfg, "t.conf", conf, err, sizeof(err)) != 0)
+		goto fail;
+	f->cfg.pool_bytes = pool_bytes; /* budgets are checked against the real pool */
+	if (tenant_table_new(&f->tt, &f->cfg) < 0 || pool_new(&f->pool, &pp, why, sizeof(why)) < 0 ||
 	    !(f->cache = tq_cache_new()) || kvstore_new(&f->ks, f->pool, f->cache) < 0 ||
 	    session_table_new(&f->st, 16, kvstore_release, f->ks) < 0 ||
-	    spill_open(&f->sp, &sp, why, sizeof(why)) < 0) {
-		fprintf(stderr, "setup failed: %s %s\n", err, why);
-		exit(1);
-	}
+	    spill_open(&f->sp, &sp, why, sizeof(why)) < 0)
+		goto fail;
 	kvstore_set_spill(f->ks, f->sp);
+	return;
+fail:
+	fprintf(stderr, "setup failed: %s %s\n", err, why);
+	exit(1);
 }
 
 void kvfix_stop(struct kvfix *f)

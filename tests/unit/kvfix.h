@@ -25,9 +25,11 @@ struct kvfix {
 	struct spill *sp;
 };
 
-/* conf: the config text (its [pool] pool_bytes should match pool_bytes);
- * pages of page_bytes; spill_slots slots.  Exits with the reason when
- * anything fails. */
+/* conf: the config text; pool_bytes: the pool's real size, which replaces
+ * the config's [pool] pool_bytes (the bound of the tenants' budgets), so a
+ * test may run a pool below the config's 16 MiB minimum; pages of
+ * page_bytes; spill_slots slots.  Exits with the reason when anything
+ * fails. */
 void kvfix_start(struct kvfix *f, const char *conf, uint64_t pool_bytes, uint32_t page_bytes,
 		 uint64_t spill_slots);
 void kvfix_stop(struct kvfix *f);

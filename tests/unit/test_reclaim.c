@@ -199,6 +199,11 @@ static void test_lowered_limit(void)
 	T_ASSERT(reclaim_pass(f.rc) >= used - used / 2);
 	T_ASSERT(tenant_used_of(&f, "test") <= used / 2);
 	T_ASSERT(info(&f, t2).spilled_bytes > 0); /* the least recently used first */
+	/* a limit that is no multiple of the page size: down to it, not near it */
+	uint64_t odd = tenant_used_of(&f, "test") - PAGE / 2 - 1000;
+	T_EQ(tenant_set_budget(f.kv.tt, tenant_find(f.kv.tt, "test"), true, odd, false, 0, NULL, 0), 0);
+	T_ASSERT(reclaim_pass(f.rc) >= PAGE);
+	T_ASSERT(tenant_used_of(&f, "test") <= odd);
 	/* the watermarks are checked; bad ones are refused with the reason */
 	struct reclaim_params bad = { 50, 60, 2000, CONFIG_PRESSURE_FAIL };
 	T_EQ(reclaim_set_params(f.rc, &bad, why, sizeof(why)), -EINVAL);

@@ -281,6 +281,15 @@ static void test_readahead(void)
 	info(&f, id, &si); /* layer 0 back, layer 1 charged and on its way */
 	T_EQ(si.resident_bytes, 2 * per_layer);
 	T_EQ(si.spilled_bytes, per_layer);
+	/* a spill takes the read-ahead pages too (charged pool pages nobody
+	 * uses yet: an idle session's must not be beyond the reclaimer's
+	 * reach), then the layers come back as before */
+	T_EQ(spill(&f, id, UINT64_MAX, &done, why), 0);
+	T_EQ(done, 2 * per_layer);
+	info(&f, id, &si);
+	T_EQ(si.resident_bytes, 0);
+	T_EQ(attend(&f, id, 0, 700, out, &r), 4);
+	T_ASSERT(memcmp(out, before[0], sizeof(out)) == 0);
 	for (uint32_t l = 1; l < 3; l++) {
 		T_EQ(attend(&f, id, l, 700, out, &r), 4);
 		T_ASSERT(memcmp(out, before[l], sizeof(out)) == 0);
