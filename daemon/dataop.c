@@ -715,16 +715,36 @@ static void page_out(struct kvstore *ks, struct session *s, struct kv_sess *kv, 
 	tenant_note(session_tenant(s), TENANT_SPILLED, ks->page_bytes);
 }
 
-int dataop_spill_locked(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint64_t want,
-			uint64_t *spilled, char *why, size_t whylen)
-{
-	struct io_batch b = { 0 };
-	uint64_t n_want, n_cand = 0;
-	struct { uint32_t l, i; } *cand = NULL;
-	struct io_one *io = NULL;
-	int e, err = 0;
+/* A spill in flight: its writes submitted, kv->lock held until it is
+ * finished (spill_finish). */
+struct dataop_spill_op {
+	struct kvstore *ks;
+	struct session *s;
+	struct kv_sess *kv;
+	struct io_batch b;
+	uint64_t n_cand, spilled;
+	struct { uint32_t l, i; } *cand;
+	struct io_one *io;
+	int err;
+	bool unlock;              /* finishing unlocks kv->lock */
+	char why[320];
+};
 
-	*spilled = 0;
+/* Choose up to `want` bytes of s's coldest resident pages and submit
+ * their writes (clean pages go at once).  0 with *out, or -ENOMEM. */
+static int spill_start_locked(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint64_t want,
+			      struct dataop_spill_op **out)
+{
+	struct dataop_spill_op *op = calloc(1, sizeof(*op));
+	uint64_t n_want;
+	int e;
+
+	*out = NULL;
+	if (!op)
+		return -ENOMEM;
+	op->ks = ks;
+	op->s = s;
+	op->kv = kv;
 	n_want = want / ks->page_bytes + (want % ks->page_bytes != 0);
 	if (kv->p)
 		kvp_wt_collect(ks, kv); /* no page is read by a write-through meanwhile */
@@ -737,17 +757,17 @@ int dataop_spill_locked(struct kvstore *ks, struct session *s, struct kv_sess *k
 	/* Coldest first: full pages, oldest tokens first, every layer; then
 	 * the layers' tail pages (the next appends write there). */
 	uint64_t resident = __atomic_load_n(&kv->n_pages, __ATOMIC_RELAXED);
-	if (!(cand = calloc(resident + 1, sizeof(*cand))) || !(io = calloc(resident + 1, sizeof(*io)))) {
-		err = -ENOMEM;
-		snprintf(why, whylen, "out of memory");
-		goto out;
+	if (!(op->cand = calloc(resident + 1, sizeof(*op->cand))) || !(op->io = calloc(resident + 1, sizeof(*op->io)))) {
+		free(op->cand);
+		free(op);
+		return -ENOMEM;
 	}
-	for (int pass = 0; pass < 2; pass++) {
+	for (int pass = 0; pass < 2 && !op->err; pass++) {
 		uint32_t max_pages = 0;
 		for (uint32_t l = 0; l < kv->n_layers; l++)
 			max_pages = kv->layer[l].n_pages > max_pages ? kv->layer[l].n_pages : max_pages;
-		for (uint32_t i = 0; i < max_pages && n_cand < n_want; i++) {
-			for (uint32_t l = 0; l < kv->n_layers && n_cand < n_want; l++) {
+		for (uint32_t i = 0; i < max_pages && op->n_cand < n_want && !op->err; i++) {
+			for (uint32_t l = 0; l < kv->n_layers && op->n_cand < n_want; l++) {
 				struct kv_layer *L = &kv->layer[l];
 				if (i >= L->n_pages || L->meta[i].state != PG_RESIDENT)
 					continue;
@@ -756,7 +776,7 @@ int dataop_spill_locked(struct kvstore *ks, struct session *s, struct kv_sess *k
 					continue;
 				if (L->meta[i].clean) { /* its copy is on disk already */
 					page_out(ks, s, kv, L, i);
-					*spilled += ks->page_bytes;
+					op->spilled += ks->page_bytes;
 					n_want--;
 					continue;
 				}
@@ -764,49 +784,114 @@ int dataop_spill_locked(struct kvstore *ks, struct session *s, struct kv_sess *k
 				if (spill_slot_alloc(ks->spill, &slot) < 0) {
 					struct spill_stats st;
 					spill_stats(ks->spill, &st);
-					snprintf(why, whylen, "the spill tier is full (%llu of %llu slots in use)",
+					snprintf(op->why, sizeof(op->why), "the spill tier is full (%llu of %llu slots in use)",
 						 (unsigned long long)st.slots_used, (unsigned long long)st.slots_total);
-					err = -ENOSPC;
-					goto submit;
+					op->err = -ENOSPC;
+					break;
 				}
 				L->meta[i].slot = slot;
 				L->meta[i].gen = ++kv->gen_next;
 				L->meta[i].state = PG_WRITING;
-				cand[n_cand].l = l;
-				cand[n_cand].i = i;
-				n_cand++;
+				op->cand[op->n_cand].l = l;
+				op->cand[op->n_cand].i = i;
+				op->n_cand++;
 			}
 		}
 	}
-submit:
-	b.pending = (uint32_t)n_cand;
-	for (uint64_t k = 0; k < n_cand; k++) {
-		struct kv_layer *L = &kv->layer[cand[k].l];
-		struct spill_page_hdr h = dataop_hdr_of(kv, cand[k].l, cand[k].i);
-		io[k].b = &b;
-		if ((e = spill_write(ks->spill, L->meta[cand[k].i].slot, &h, L->pages[cand[k].i], dataop_io_done, &io[k], 0)) < 0)
-			dataop_io_fail(&io[k], e);
+	op->b.pending = (uint32_t)op->n_cand;
+	for (uint64_t k = 0; k < op->n_cand; k++) {
+		struct kv_layer *L = &kv->layer[op->cand[k].l];
+		struct spill_page_hdr h = dataop_hdr_of(kv, op->cand[k].l, op->cand[k].i);
+		op->io[k].b = &op->b;
+		if ((e = spill_write(ks->spill, L->meta[op->cand[k].i].slot, &h, L->pages[op->cand[k].i],
+				     dataop_io_done, &op->io[k], 0)) < 0)
+			dataop_io_fail(&op->io[k], e);
 	}
-	dataop_batch_wait(ks, &b);
-	for (uint64_t k = 0; k < n_cand; k++) {
-		struct kv_layer *L = &kv->layer[cand[k].l];
-		uint32_t i = cand[k].i;
-		if (io[k].res == 0) {
-			page_out(ks, s, kv, L, i);
-			*spilled += ks->page_bytes;
+	*out = op;
+	return 0;
+}
+
+/* Wait for op's writes, let the written pages go, free op (and unlock
+ * the session when op took its lock): what spill_start_locked began. */
+static int spill_finish(struct dataop_spill_op *op, uint64_t *spilled, char *why, size_t whylen)
+{
+	struct kvstore *ks = op->ks;
+	struct kv_sess *kv = op->kv;
+	int err = op->err;
+
+	dataop_batch_wait(ks, &op->b);
+	if (err)
+		snprintf(why, whylen, "%s", op->why);
+	for (uint64_t k = 0; k < op->n_cand; k++) {
+		struct kv_layer *L = &kv->layer[op->cand[k].l];
+		uint32_t i = op->cand[k].i;
+		if (op->io[k].res == 0) {
+			page_out(ks, op->s, kv, L, i);
+			op->spilled += ks->page_bytes;
 		} else {
 			spill_slot_free(ks->spill, L->meta[i].slot);
 			L->meta[i].state = PG_RESIDENT;
 			if (!err || err == -ENOSPC) {
-				err = io[k].res;
-				snprintf(why, whylen, "layer %u page %u: %s", cand[k].l, i, io[k].why);
+				err = op->io[k].res;
+				snprintf(why, whylen, "layer %u page %u: %s", op->cand[k].l, i, op->io[k].why);
 			}
 		}
 	}
-out:
-	free(cand);
-	free(io);
+	*spilled = op->spilled;
+	if (op->unlock)
+		pthread_mutex_unlock(&kv->lock);
+	free(op->cand);
+	free(op->io);
+	free(op);
 	return *spilled || !err ? 0 : err;
+}
+
+int dataop_spill_locked(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint64_t want,
+			uint64_t *spilled, char *why, size_t whylen)
+{
+	struct dataop_spill_op *op;
+
+	*spilled = 0;
+	if (spill_start_locked(ks, s, kv, want, &op) < 0) {
+		snprintf(why, whylen, "out of memory");
+		return -ENOMEM;
+	}
+	return spill_finish(op, spilled, why, whylen);
+}
+
+int dataop_spill_start(struct kvstore *ks, struct session *s, uint64_t want, struct dataop_spill_op **op,
+		       char *why, size_t whylen)
+{
+	struct kv_sess *kv;
+	int e;
+
+	*op = NULL;
+	why[0] = 0;
+	if (!ks->spill) {
+		snprintf(why, whylen, "this tqkvd has no spill tier");
+		return -EOPNOTSUPP;
+	}
+	if ((e = dataop_kv_get(ks, s, &kv)) < 0) {
+		snprintf(why, whylen, "session state: %s", strerror(-e));
+		return e;
+	}
+	if (pthread_mutex_trylock(&kv->lock) != 0) {
+		snprintf(why, whylen, "an operation is using the session");
+		return -EBUSY;
+	}
+	if ((e = spill_start_locked(ks, s, kv, want, op)) < 0) {
+		pthread_mutex_unlock(&kv->lock);
+		snprintf(why, whylen, "out of memory");
+		return e;
+	}
+	(*op)->unlock = true;
+	return 0;
+}
+
+int dataop_spill_finish(struct dataop_spill_op *op, uint64_t *spilled, char *why, size_t whylen)
+{
+	why[0] = 0;
+	return spill_finish(op, spilled, why, whylen);
 }
 
 void dataop_prefetch(struct kvstore *ks, struct session *s, struct dataop_res *r)

@@ -97,6 +97,16 @@ int dataop_spill(struct kvstore *ks, struct session *s, uint64_t want, uint64_t 
  * session whose holder may be waiting for the reclaimer). */
 int dataop_spill_try(struct kvstore *ks, struct session *s, uint64_t want, uint64_t *spilled,
 		     char *why, size_t whylen);
+/* The same in two steps, so that several sessions' writes are in flight
+ * together (the reclaimer's way): start takes the session's lock
+ * (-EBUSY at once when an operation holds it), chooses the pages and
+ * submits their writes; finish waits for them, lets the written pages
+ * go, unlocks and frees op.  Between the two the caller keeps its
+ * session reference.  Errors as dataop_spill's, from either step. */
+struct dataop_spill_op;
+int dataop_spill_start(struct kvstore *ks, struct session *s, uint64_t want, struct dataop_spill_op **op,
+		       char *why, size_t whylen);
+int dataop_spill_finish(struct dataop_spill_op *op, uint64_t *spilled, char *why, size_t whylen);
 /* Where allocations go when the pool is full (reclaim_admit); NULL: they
  * fail at once with POOL_FULL. */
 struct reclaim;

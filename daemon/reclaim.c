@@ -110,6 +110,47 @@ struct spill_res {
 	char why[512];            /* -EIO, -EOPNOTSUPP (no tier); 0: none          */
 };
 
+/* One session's spill done: counters, log, res. */
+static void spilled_one(struct reclaim *rc, struct tenant *t, const struct session_info *si, int e, uint64_t done,
+			const char *why, const char *reason, uint64_t now, struct spill_res *res)
+{
+	char b1[32], b2[32];
+
+	if (e < 0 && !done && !res->err) {
+		res->err = e;
+		snprintf(res->why, sizeof(res->why), "%s", why);
+	}
+	pthread_mutex_lock(&rc->lock);
+	bool say_no_tier = e == -EOPNOTSUPP && !rc->no_tier_said;
+	bool say_fail = e < 0 && e != -EOPNOTSUPP && now >= rc->fail_logged_ms + FAIL_LOG_MS;
+	rc->no_tier_said |= e == -EOPNOTSUPP;
+	if (say_fail)
+		rc->fail_logged_ms = now;
+	if (e != -EOPNOTSUPP) {
+		rc->stats.decisions += done != 0;
+		rc->stats.spilled_bytes += done;
+		rc->stats.failures += e < 0;
+	}
+	pthread_mutex_unlock(&rc->lock);
+	res->got += done;
+	tq_size_format_human(done, b1, sizeof(b1));
+	tq_size_format_human(si->resident_bytes, b2, sizeof(b2));
+	if (say_no_tier)
+		log_warning("reclaim: %s; tenant '%s' %s, but nothing can be spilled", why, tenant_name(t), reason);
+	else if (say_fail)
+		log_warning("reclaim: tenant '%s' session %" PRIu64 ": spilled %s of %s resident, then failed: %s "
+			    "(%s; such failures are reported once per %u s)", tenant_name(t), si->id, b1, b2, why,
+			    reason, FAIL_LOG_MS / 1000);
+	else if (done)
+		log_info("reclaim: tenant '%s' session %" PRIu64 " (idle %" PRIu64 " ms): spilled %s of %s resident (%s)",
+			 tenant_name(t), si->id, now > si->last_access_ms ? now - si->last_access_ms : 0, b1, b2,
+			 reason);
+}
+
+/* Sessions whose writes are in flight together: one session's batch
+ * alone would let the disk's queue run dry at its end. */
+#define SPILL_INFLIGHT 8
+
 /* Spill up to `want` bytes of tenant t, least recently used sessions
  * first, never `skip` nor a session an operation holds; adds to res (which
  * may hold other tenants' bytes already: admission).  reason: for the
@@ -118,63 +159,55 @@ static void spill_tenant(struct reclaim *rc, struct tenant *t, uint64_t want, co
 			 const char *reason, struct spill_res *res)
 {
 	struct session_info *si = NULL;
-	size_t n = 0;
+	size_t n = 0, i = 0;
 	uint32_t page = pool_page_bytes(rc->pool);
-	char why[512], b1[32], b2[32];
+	char why[512];
 	uint64_t now = real_ms(), got0 = res->got;
 
 	want -= want % page; /* whole pages: never below what the caller allows */
 	if (!want || session_list(rc->st, t, &si, &n) < 0)
 		return;
 	qsort(si, n, sizeof(*si), by_last_access);
-	for (size_t i = 0; i < n && res->got - got0 < want && !res->err; i++) {
-		struct session *s;
-		uint64_t done = 0, take = want - (res->got - got0);
-		if (si[i].state != SESSION_OPEN || !si[i].resident_bytes || (skip && si[i].id == session_id(skip)))
-			continue;
-		if (take > si[i].resident_bytes)
-			take = si[i].resident_bytes;
-		if (session_acquire(rc->st, si[i].id, 0, &s) < 0)
-			continue; /* gone meanwhile */
-		uint64_t t0 = mono_us();
-		int e = dataop_spill_try(rc->ks, s, take, &done, why, sizeof(why));
-		uint64_t dt = mono_us() - t0;
-		session_release(s);
-		if (e == -EBUSY) {
-			res->busy++;
-			continue;
+	while (i < n && res->got - got0 < want && !res->err) {
+		struct { struct session *s; struct dataop_spill_op *op; size_t idx; } fl[SPILL_INFLIGHT];
+		uint64_t planned = res->got - got0, t0 = mono_us();
+		int nf = 0;
+		for (; i < n && nf < SPILL_INFLIGHT && planned < want && !res->err; i++) {
+			struct session *s;
+			struct dataop_spill_op *op;
+			uint64_t take = want - planned;
+			if (si[i].state != SESSION_OPEN || !si[i].resident_bytes ||
+			    (skip && si[i].id == session_id(skip)))
+				continue;
+			if (take > si[i].resident_bytes)
+				take = si[i].resident_bytes;
+			if (session_acquire(rc->st, si[i].id, 0, &s) < 0)
+				continue; /* gone meanwhile */
+			int e = dataop_spill_start(rc->ks, s, take, &op, why, sizeof(why));
+			if (e < 0) {
+				session_release(s);
+				if (e == -EBUSY)
+					res->busy++;
+				else
+					spilled_one(rc, t, &si[i], e, 0, why, reason, now, res);
+				continue;
+			}
+			fl[nf].s = s;
+			fl[nf].op = op;
+			fl[nf++].idx = i;
+			planned += take;
 		}
-		if (e < 0 && !done) {
-			res->err = e;
-			snprintf(res->why, sizeof(res->why), "%s", why);
+		for (int k = 0; k < nf; k++) {
+			uint64_t done = 0;
+			int e = dataop_spill_finish(fl[k].op, &done, why, sizeof(why));
+			session_release(fl[k].s);
+			spilled_one(rc, t, &si[fl[k].idx], e, done, why, reason, now, res);
 		}
-		pthread_mutex_lock(&rc->lock);
-		bool say_no_tier = e == -EOPNOTSUPP && !rc->no_tier_said;
-		bool say_fail = e < 0 && e != -EOPNOTSUPP && now >= rc->fail_logged_ms + FAIL_LOG_MS;
-		rc->no_tier_said |= e == -EOPNOTSUPP;
-		if (say_fail)
-			rc->fail_logged_ms = now;
-		if (e != -EOPNOTSUPP) {
-			rc->stats.decisions += done != 0;
-			rc->stats.spilled_bytes += done;
-			rc->stats.failures += e < 0;
-			rc->stats.busy_us += dt;
+		if (nf) {
+			pthread_mutex_lock(&rc->lock);
+			rc->stats.busy_us += mono_us() - t0;
+			pthread_mutex_unlock(&rc->lock);
 		}
-		pthread_mutex_unlock(&rc->lock);
-		res->got += done;
-		tq_size_format_human(done, b1, sizeof(b1));
-		tq_size_format_human(si[i].resident_bytes, b2, sizeof(b2));
-		if (say_no_tier)
-			log_warning("reclaim: %s; tenant '%s' %s, but nothing can be spilled", why, tenant_name(t),
-				    reason);
-		else if (say_fail)
-			log_warning("reclaim: tenant '%s' session %" PRIu64 ": spilled %s of %s resident, then failed: %s "
-				    "(%s; such failures are reported once per %u s)", tenant_name(t), si[i].id, b1, b2,
-				    why, reason, FAIL_LOG_MS / 1000);
-		else if (done)
-			log_info("reclaim: tenant '%s' session %" PRIu64 " (idle %" PRIu64 " ms): spilled %s of %s "
-				 "resident (%s)", tenant_name(t), si[i].id, now > si[i].last_access_ms ?
-				 now - si[i].last_access_ms : 0, b1, b2, reason);
 	}
 	free(si);
 }
