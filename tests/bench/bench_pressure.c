@@ -396,6 +396,8 @@ static int bench_pressure_main(int argc, char **argv)
 	uint64_t small = prod_g + set / 2, big = prod_g + set + set / 2;
 	small = (small + MiB - 1) / MiB * MiB;
 	big = (big + MiB - 1) / MiB * MiB;
+	small = small < 4 * MiB ? 4 * MiB : small; /* pool.pool_bytes' least */
+	big = big < 8 * MiB ? 8 * MiB : big;
 	size_t nkv = (size_t)CHUNK * 32 * 128;
 	uint64_t rng = 0x9e3779b97f4a7c15ull;
 	kvbuf = malloc(nkv * sizeof(float));
