@@ -888,6 +888,11 @@ int dataop_spill_start(struct kvstore *ks, struct session *s, uint64_t want, str
 	return 0;
 }
 
+int dataop_spill_stopped(const struct dataop_spill_op *op)
+{
+	return op->err;
+}
+
 int dataop_spill_finish(struct dataop_spill_op *op, uint64_t *spilled, char *why, size_t whylen)
 {
 	why[0] = 0;

@@ -107,6 +107,9 @@ struct dataop_spill_op;
 int dataop_spill_start(struct kvstore *ks, struct session *s, uint64_t want, struct dataop_spill_op **op,
 		       char *why, size_t whylen);
 int dataop_spill_finish(struct dataop_spill_op *op, uint64_t *spilled, char *why, size_t whylen);
+/* Non-zero (-ENOSPC: the tier filled up) when start chose fewer pages
+ * than asked because it could go no further: start no other session. */
+int dataop_spill_stopped(const struct dataop_spill_op *op);
 /* Where allocations go when the pool is full (reclaim_admit); NULL: they
  * fail at once with POOL_FULL. */
 struct reclaim;

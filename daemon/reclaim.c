@@ -151,21 +151,17 @@ static void spilled_one(struct reclaim *rc, struct tenant *t, const struct sessi
  * alone would let the disk's queue run dry at its end. */
 #define SPILL_INFLIGHT 8
 
-/* Spill up to `want` bytes of tenant t, least recently used sessions
- * first, never `skip` nor a session an operation holds; adds to res (which
- * may hold other tenants' bytes already: admission).  reason: for the
- * log. */
-static void spill_tenant(struct reclaim *rc, struct tenant *t, uint64_t want, const struct session *skip,
-			 const char *reason, struct spill_res *res)
+/* One scan of tenant t's sessions, least recently used first, until
+ * res->got reaches got0 + want: up to 8 sessions at a time are asked for
+ * what is still wanted. */
+static void spill_scan(struct reclaim *rc, struct tenant *t, uint64_t want, uint64_t got0,
+		       const struct session *skip, const char *reason, uint64_t now, struct spill_res *res)
 {
 	struct session_info *si = NULL;
 	size_t n = 0, i = 0;
-	uint32_t page = pool_page_bytes(rc->pool);
 	char why[512];
-	uint64_t now = real_ms(), got0 = res->got;
 
-	want -= want % page; /* whole pages: never below what the caller allows */
-	if (!want || session_list(rc->st, t, &si, &n) < 0)
+	if (session_list(rc->st, t, &si, &n) < 0)
 		return;
 	qsort(si, n, sizeof(*si), by_last_access);
 	while (i < n && res->got - got0 < want && !res->err) {
@@ -196,6 +192,10 @@ static void spill_tenant(struct reclaim *rc, struct tenant *t, uint64_t want, co
 			fl[nf].op = op;
 			fl[nf++].idx = i;
 			planned += take;
+			if (dataop_spill_stopped(op)) { /* the tier is full: finish what is in flight */
+				i++;
+				break;
+			}
 		}
 		for (int k = 0; k < nf; k++) {
 			uint64_t done = 0;
@@ -210,6 +210,22 @@ static void spill_tenant(struct reclaim *rc, struct tenant *t, uint64_t want, co
 		}
 	}
 	free(si);
+}
+
+/* Spill up to `want` bytes of tenant t, least recently used sessions
+ * first, never `skip` nor a session an operation holds; adds to res (which
+ * may hold other tenants' bytes already: admission).  reason: for the
+ * log.  A session may give less than it was asked for (pages being read
+ * or written): a second scan asks the sessions again for the rest. */
+static void spill_tenant(struct reclaim *rc, struct tenant *t, uint64_t want, const struct session *skip,
+			 const char *reason, struct spill_res *res)
+{
+	uint32_t page = pool_page_bytes(rc->pool);
+	uint64_t now = real_ms(), got0 = res->got;
+
+	want -= want % page; /* whole pages: never below what the caller allows */
+	for (int scan = 0; scan < 2 && want && res->got - got0 < want && !res->err; scan++)
+		spill_scan(rc, t, want, got0, skip, reason, now, res);
 }
 
 struct cand {
