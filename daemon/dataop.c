@@ -640,6 +640,31 @@ static int dataop_restore_layer_locked(struct kvstore *ks, struct session *s, st
 	return e;
 }
 
+/* The session's page tables, locked (try: -EBUSY at once when an
+ * operation holds them), for a spill: 0, or an error with why. */
+static int spill_lock(struct kvstore *ks, struct session *s, bool try, struct kv_sess **kv, char *why,
+		      size_t whylen)
+{
+	int e;
+
+	why[0] = 0;
+	if (!ks->spill) {
+		snprintf(why, whylen, "this tqkvd has no spill tier");
+		return -EOPNOTSUPP;
+	}
+	if ((e = dataop_kv_get(ks, s, kv)) < 0) {
+		snprintf(why, whylen, "session state: %s", strerror(-e));
+		return e;
+	}
+	if (!try) {
+		pthread_mutex_lock(&(*kv)->lock);
+	} else if (pthread_mutex_trylock(&(*kv)->lock) != 0) {
+		snprintf(why, whylen, "an operation is using the session");
+		return -EBUSY;
+	}
+	return 0;
+}
+
 static int spill_session(struct kvstore *ks, struct session *s, uint64_t want, uint64_t *spilled, char *why,
 			 size_t whylen, bool try)
 {
@@ -647,21 +672,8 @@ static int spill_session(struct kvstore *ks, struct session *s, uint64_t want, u
 	int e;
 
 	*spilled = 0;
-	why[0] = 0;
-	if (!ks->spill) {
-		snprintf(why, whylen, "this tqkvd has no spill tier");
-		return -EOPNOTSUPP;
-	}
-	if ((e = dataop_kv_get(ks, s, &kv)) < 0) {
-		snprintf(why, whylen, "session state: %s", strerror(-e));
+	if ((e = spill_lock(ks, s, try, &kv, why, whylen)) < 0)
 		return e;
-	}
-	if (!try) {
-		pthread_mutex_lock(&kv->lock);
-	} else if (pthread_mutex_trylock(&kv->lock) != 0) {
-		snprintf(why, whylen, "an operation is using the session");
-		return -EBUSY;
-	}
 	e = dataop_spill_locked(ks, s, kv, want, spilled, why, whylen);
 	pthread_mutex_unlock(&kv->lock);
 	return e;
@@ -866,19 +878,8 @@ int dataop_spill_start(struct kvstore *ks, struct session *s, uint64_t want, str
 	int e;
 
 	*op = NULL;
-	why[0] = 0;
-	if (!ks->spill) {
-		snprintf(why, whylen, "this tqkvd has no spill tier");
-		return -EOPNOTSUPP;
-	}
-	if ((e = dataop_kv_get(ks, s, &kv)) < 0) {
-		snprintf(why, whylen, "session state: %s", strerror(-e));
+	if ((e = spill_lock(ks, s, true, &kv, why, whylen)) < 0)
 		return e;
-	}
-	if (pthread_mutex_trylock(&kv->lock) != 0) {
-		snprintf(why, whylen, "an operation is using the session");
-		return -EBUSY;
-	}
 	if ((e = spill_start_locked(ks, s, kv, want, op)) < 0) {
 		pthread_mutex_unlock(&kv->lock);
 		snprintf(why, whylen, "out of memory");
