@@ -122,6 +122,33 @@ done
 printf '%s' "$j" | grep -q '"tokens":511,' || fail "one window of 512 scores 511 tokens: $j"
 echo "ok   local ppl: $j"
 
+# --sessions: windows interleaved chunk by chunk give the same logits, bit
+# for bit (the rows come in the order scored: reordered here)
+"$RUN" ppl --model "$M" --tokenizer "$T" "$X" --local --windows 4 --logits-out "$tmp/s1.f32" >/dev/null &&
+"$RUN" ppl --model "$M" --tokenizer "$T" "$X" --local --windows 4 --sessions 3 --logits-out "$tmp/s3.f32" \
+	>/dev/null || fail "ppl --sessions 3 failed"
+python3 - "$tmp/s1.f32" "$tmp/s3.f32" <<'PY' || fail "ppl --sessions 3 logits differ from one session's"
+import sys
+V, W, C, S, NW = 512 * 4, 511, 64, 3, 4   # row bytes, rows per window, chunk, sessions, windows
+a, b = open(sys.argv[1], "rb").read(), open(sys.argv[2], "rb").read()
+assert len(a) == len(b) == NW * W * V, (len(a), len(b))
+rows = {}
+off = 0
+for w0 in range(0, NW, S):
+    ws = range(w0, min(w0 + S, NW))
+    for pos in range(0, W + 1, C):
+        for w in ws:
+            n = min(C, W - pos)
+            for i in range(n):
+                rows[(w, pos + i)] = b[off:off + V]; off += V
+assert off == len(b)
+for w in range(NW):
+    for r in range(W):
+        assert a[(w * W + r) * V:(w * W + r + 1) * V] == rows[(w, r)], (w, r)
+PY
+echo "ok   ppl --sessions 3: the logits of 4 windows are the bits of one session's"
+expect_fail 2 "--sessions" -- ppl --model "$M" --tokenizer "$T" --local --sessions 0 "$X"
+
 daemon_checks() {
 	local P=(ppl --model "$M" --tokenizer "$T" "$X" --windows 1 --chunk 48) kv
 	for kv in "q8 tq4" "f16 f16" "tq3 tq2" "q4a q4a"; do

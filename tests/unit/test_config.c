@@ -114,6 +114,12 @@ static void test_defaults(void)
 	T_EQ(c->tenant[0].limit, 1ull << 30);
 	T_ASSERT(c->tenant[0].any_uid);
 	T_EQ(c->max_sessions, 1024);
+	T_EQ(c->high_watermark, 90);
+	T_EQ(c->low_watermark, 80);
+	T_EQ(c->admission_wait_ms, 2000);
+	T_EQ(c->pressure_action, CONFIG_PRESSURE_FAIL);
+	T_EQ(config_load_string(c, "t.conf", "[pool]\npressure_action = evict\n", err, sizeof(err)), 0);
+	T_EQ(c->pressure_action, CONFIG_PRESSURE_EVICT);
 	free(c);
 }
 
@@ -157,6 +163,11 @@ static void test_errors_name_file_and_line(void)
 	T_ASSERT(load_fails("[daemon]\njust words\n", "t.conf:2:", "syntax"));
 	T_ASSERT(load_fails("[daemon]\nrun_dir = /a/very/long/path/that/will/never/fit/into/a/unix/socket/address/because/"
 			    "sun_path/is/only/one/hundred/and/eight/bytes\n", "run_dir", "too long"));
+	/* memory pressure: the action is one of a list, the marks are ordered */
+	T_ASSERT(load_fails("[pool]\npressure_action = drop\n", "t.conf:2:", "not one of: fail, evict"));
+	T_ASSERT(load_fails("[pool]\nhigh_watermark = 101\n", "t.conf:2:", "[1, 100]"));
+	T_ASSERT(load_fails("[pool]\nhigh_watermark = 70\n\nlow_watermark = 70\n", "t.conf:4:",
+			    "must be below pool.high_watermark"));
 	/* several errors: all reported */
 	T_ASSERT(load_fails("[daemon]\nmax_sessions = 0\n[pool]\npool_bytes = x\n", "t.conf:2:", "t.conf:4:"));
 	/* a long line is an error, not a silent split */
