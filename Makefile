@@ -45,7 +45,7 @@ BASE_CFLAGS := -std=gnu11 $(WARN) -ffp-contract=off -fno-strict-overflow \
 	-D_GNU_SOURCE -pthread -fPIC -MMD -MP \
 	-Ikernels -Iproto -Idaemon -Iclient/include -I$(GEN) \
 	-DTQ_VERSION='"$(VERSION)"'
-LDLIBS_BASE := -lm -pthread
+LDLIBS_BASE = $(CUDA_LIBS) -lm -pthread
 
 ifeq ($(SANITIZER),address)
   SAN_FLAGS := -fsanitize=address -fno-omit-frame-pointer
@@ -80,24 +80,46 @@ SD_LIBS     := $(call pc,--libs,libsystemd)
 INIH_CFLAGS := $(call pc,--cflags,inih)
 INIH_LIBS   := $(call pc,--libs,inih)
 
-# CUDA: auto = build the .cu files when nvcc exists; running them needs a GPU.
-NVCC := $(CUDA_HOME)/bin/nvcc
+# CUDA: the toolkit in CUDA_HOME — /usr/local/cuda when it has nvcc, else the
+# NVIDIA wheels that scripts/install-cuda.sh (the deps step) put in build/cuda.
+#   auto: build the GPU kernels when nvcc exists (not in sanitized builds: the
+#         CUDA runtime and ASan's shadow memory do not mix);  yes: must;  no: never.
+# The kernels are built for every GPU tqkvd targets (A100 sm_80, H100/H200
+# sm_90, B200 sm_100, GB10 sm_121) as fatbin + PTX (PTX: later GPUs JIT it).
+# The CUDA runtime is linked statically: a binary needs only the driver
+# (libcuda.so.1) at run time, and runs without one (a GPU pool then fails or
+# falls back, and says why).
+CUDA_HOME ?= $(firstword $(foreach d,/usr/local/cuda $(CURDIR)/$(B)/cuda,$(if $(wildcard $(d)/bin/nvcc),$(d))))
+NVCC := $(if $(CUDA_HOME),$(CUDA_HOME)/bin/nvcc,nvcc)
 ifeq ($(USE_CUDA),auto)
-  HAVE_CUDA := $(if $(wildcard $(NVCC)),1,0)
+  HAVE_CUDA := $(if $(SANITIZER),0,$(if $(wildcard $(NVCC)),1,0))
 else ifeq ($(USE_CUDA),yes)
   HAVE_CUDA := 1
-else
+  ifeq ($(wildcard $(NVCC)),)
+    $(error USE_CUDA=yes but no nvcc: install the CUDA toolkit at /usr/local/cuda, or run scripts/install-cuda.sh (the wheels, into build/cuda), or set CUDA_HOME)
+  endif
+else ifeq ($(USE_CUDA),no)
   HAVE_CUDA := 0
+else
+  $(error USE_CUDA must be auto, yes or no)
 endif
-NVCC_FLAGS ?= -O2 -g -std=c++17 -Xcompiler -fPIC,-Wall,-Wextra \
-	-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a \
+CUDA_ARCHS ?= 80 90 100 121
+CUDA_LIBDIR := $(firstword $(wildcard $(CUDA_HOME)/lib64/libcudart_static.a $(CUDA_HOME)/lib/libcudart_static.a))
+NVCC_FLAGS ?= -O3 -g -std=c++17 -Xcompiler -fPIC,-Wall,-Wextra,-Wno-unused-parameter \
+	-Werror all-warnings \
+	$(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+	-gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS)) \
 	-Ikernels -Iproto
+ifeq ($(HAVE_CUDA),1)
+  CUDA_CFLAGS := -I$(CUDA_HOME)/include -DTQ_HAVE_CUDA=1
+  CUDA_LIBS   := -L$(dir $(CUDA_LIBDIR)) -lcudart_static -ldl -lrt
+endif
 
 # A build is one configuration.  Objects live in a directory per sanitizer
 # and rebuild when their flags change ($(OBJ_STAMP)); binaries and libraries
 # in build/bin, build/lib and build/tests are shared by all configurations
 # and relink whenever the configuration differs from the last link ($(STAMP)).
-CONFIG_ID := $(SANITIZER):$(HAVE_CUDA):$(CFLAGS):$(EXTRA_CFLAGS)
+CONFIG_ID := $(SANITIZER):$(HAVE_CUDA):$(CUDA_HOME):$(CFLAGS):$(EXTRA_CFLAGS)
 STAMP     := $(B)/.config-link
 OBJ_STAMP := $(OBJ)/.config
 $(STAMP) $(OBJ_STAMP): FORCE
@@ -139,10 +161,11 @@ $(OBJ)/%.o: $(GEN)/%.c $(OBJ_STAMP)
 
 $(OBJ)/%.cu.o: %.cu $(OBJ_STAMP)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
+	$(NVCC) $(NVCC_FLAGS) -MMD -MP -c $< -o $@
 
 deps:
 	@scripts/install-deps.sh
+	@scripts/install-cuda.sh
 
 test: deps
 	@$(MAKE) --no-print-directory all

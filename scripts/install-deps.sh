@@ -10,8 +10,9 @@ PKGS="gcc make pkg-config procps
 liburing-dev libnuma-dev libprotobuf-c-dev protobuf-c-compiler
 libgrpc-dev libsystemd-dev libinih-dev libisal-dev"
 # test tools: systemd-analyze (unit verification), valgrind (leak checks),
-# python3 (the integration scripts read JSON and listen on NOTIFY_SOCKET)
-PKGS="$PKGS systemd valgrind python3"
+# python3 (the integration scripts read JSON and listen on NOTIFY_SOCKET;
+# python3-venv: the CUDA toolkit wheels when there is no /usr/local/cuda)
+PKGS="$PKGS systemd valgrind python3 python3-venv"
 
 missing=""
 for p in $PKGS; do

@@ -1,0 +1,156 @@
+/* tq_cuda.h — the GPU kernels: device facts, device and unified memory,
+ * quantize-append and fused attention on pages that live on a CUDA device.
+ *
+ * The kernels read and write exactly the block layouts of tq_layout.h and
+ * the page layout of tq_page.h (the .cu files include both and static_assert
+ * the same facts as the C side), so a page written by the GPU decodes on the
+ * CPU and the other way round, and spill files do not care where a page
+ * was computed.
+ *
+ *   tqc_append   quantize-append: the same bytes as the CPU reference encoder
+ *                (tq_encode_ref) for every codec, rotation and head dim;
+ *   tqc_attend   fused attention, the contract of tq_attend (tq_attn.h):
+ *                decode (split-K over the context, log-sum-exp merge) and
+ *                causal prefill, every K/V codec pair, GQA groups sharing each
+ *                decoded key and value; within 1e-3 of the output norm of
+ *                tq_attend_ref.
+ *
+ * Built when the build has CUDA (make USE_CUDA=yes, or auto with nvcc
+ * found); then the library links the CUDA runtime statically and needs only
+ * the driver (libcuda.so.1) at run time.  A build without CUDA keeps this
+ * interface: tqc_built() is 0 and every call fails with -ENOSYS and says so
+ * (kernels/tq_cuda_none.c), so callers compile one way everywhere.
+ *
+ * Errors: 0 or a negative errno and a one-line reason (`why` or tq_error):
+ * -ENOSYS (built without CUDA), -ENODEV (no driver, driver too old, no such
+ * device), -ENOMEM (device or pinned memory), -EINVAL (arguments, the
+ * contract's input checks), -ERANGE (append: values beyond the codec's
+ * range), -EIO (a CUDA call failed after start: the reason names it).
+ * Nothing here logs.
+ *
+ * Threads: a tqc_ctx (one CUDA stream and its scratch) is used by one
+ * thread at a time; different contexts run concurrently.  The memory calls
+ * are thread-safe.  Every call sets the calling thread's current device.
+ */
+#ifndef TQ_CUDA_H
+#define TQ_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tq_attn.h"
+#include "tq_codec.h"
+#include "tq_page.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* 1 if this build has the CUDA kernels, 0 if it was built without CUDA. */
+int tqc_built(void);
+
+/* ---- devices ------------------------------------------------------------------ */
+struct tqc_device_info {
+	int device;
+	char name[128];
+	int cc_major, cc_minor;      /* compute capability, e.g. 9.0 (H100), 12.1 (GB10) */
+	int sms;                     /* multiprocessors                                 */
+	int integrated;              /* cudaDevAttrIntegrated: shares the host's DRAM   */
+	int pageable_access;         /* cudaDevAttrPageableMemoryAccess: the GPU reads  */
+				     /* pageable host memory through the host's page    */
+				     /* tables (Grace: GH200, GB10)                     */
+	int host_register;           /* cudaDevAttrHostRegisterSupported                */
+	int managed;                 /* cudaDevAttrManagedMemory                        */
+	uint64_t total_bytes;        /* device memory                                   */
+	uint64_t free_bytes;         /* of which free now (cudaMemGetInfo)              */
+	double peak_gbps;            /* peak memory bandwidth, GB/s (clock x bus x 2)   */
+	int driver_version;          /* e.g. 13000                                      */
+	int runtime_version;
+};
+
+/* Devices the driver sees: >= 0, or -ENODEV / -ENOSYS with why (no driver,
+ * driver older than this build's runtime, no device at all). */
+int tqc_device_count(char *why, size_t whylen);
+/* The facts of device `device`: 0, or -ENODEV (no such device: why says how
+ * many there are) / -ENOSYS. */
+int tqc_device_query(int device, struct tqc_device_info *out, char *why, size_t whylen);
+/* 1 if the device and the CPU share memory without copies: integrated, or
+ * pageable memory access through the host's page tables. */
+int tqc_device_unified(const struct tqc_device_info *d);
+
+/* ---- memory ------------------------------------------------------------------ */
+/* A region for the page pool on `device`, `bytes` long, 2 MiB aligned:
+ *   unified = 0: device memory (cudaMalloc): only kernels and tqc_copy touch it;
+ *   unified = 1: memory the CPU and the GPU both read and write, no copies
+ *                (pinned, mapped host memory; on an integrated GPU it is the
+ *                GPU's memory too): *out is a valid host pointer and the
+ *                same address on the device.
+ * 0, or -ENOMEM / -ENODEV / -EINVAL with why. */
+int tqc_region_alloc(int device, uint64_t bytes, int unified, void **out, char *why, size_t whylen);
+void tqc_region_free(int device, void *p, int unified);
+/* Pin host memory the daemon has mapped (a client's shared arena) so that
+ * kernels read and write it directly (cudaHostRegister, mapped).
+ * 0, or a negative errno with why; then the data path stages copies. */
+int tqc_host_register(int device, void *p, size_t bytes, char *why, size_t whylen);
+void tqc_host_unregister(int device, void *p);
+/* Copy between any two of host, registered and device memory (unified
+ * addressing), synchronously: 0, or -EIO with why. */
+int tqc_copy(int device, void *dst, const void *src, size_t bytes, char *why, size_t whylen);
+/* Pinned host memory (cudaHostAlloc), for staging: NULL on failure. */
+void *tqc_pinned_alloc(int device, size_t bytes);
+void tqc_pinned_free(void *p);
+
+/* ---- execution contexts ------------------------------------------------------- */
+typedef struct tqc_ctx tqc_ctx;
+
+/* A CUDA stream on `device` (non-blocking) with its own scratch (device
+ * buffers for page tables, queries and split-K partials; pinned staging),
+ * grown on demand and kept.  0, or a negative errno with err set. */
+int tqc_ctx_new(tqc_ctx **out, int device, tq_error *err);
+void tqc_ctx_free(tqc_ctx *x);
+int tqc_ctx_device(const tqc_ctx *x);
+/* GPU time of the last tqc_append / tqc_attend on this context, in
+ * microseconds (CUDA events around its stream work); 0 before any. */
+double tqc_ctx_last_us(const tqc_ctx *x);
+
+/* Quantize-append n tokens of one layer: token i goes to slot pos + i, that
+ * is page (pos + i) / page_tokens at slot (pos + i) % page_tokens, K blocks
+ * with k_codec and V blocks with v_codec. */
+struct tqc_append {
+	const tq_codec *k_codec;     /* the layer's codecs (same dim)                   */
+	const tq_codec *v_codec;
+	const struct tq_page_table *kv; /* the layer's page table: pages are device     */
+				     /* (or unified) pointers, the array is host memory; */
+				     /* n_pages must cover tokens up to pos + n          */
+	uint32_t pos;                /* first slot to write                             */
+	uint32_t n;                  /* tokens, >= 1                                    */
+	const void *k;               /* [n][n_kv_heads][dim] of dtype                   */
+	const void *v;               /* [n][n_kv_heads][dim] of dtype                   */
+	enum tq_dtype dtype;
+};
+/* 0, after the stream finished.  The inputs may be device, registered,
+ * managed or plain host memory (plain host memory is staged through pinned
+ * buffers first).  Every value is checked on the device: a NaN or Inf
+ * (-EINVAL) or a vector the codec cannot represent (-ERANGE, as
+ * tq_encode_ref) fails the call, *bad = the first failing token and err
+ * names the token, the K or V side, the head and (NaN/Inf) the element.
+ * On failure blocks of any token may have been written: slots at or past
+ * the layer's committed length carry no meaning (tq_page.h), so the caller
+ * keeps the layer as it was by not committing the tokens. */
+int tqc_append(tqc_ctx *x, const struct tqc_append *a, uint32_t *bad, tq_error *err);
+
+/* Fused attention on the device: the contract, checks and errors of
+ * tq_attend (tq_attn.h) with these differences:
+ *   - kv->pages: device (or unified) page pointers in a host array;
+ *   - q and q_pos: host memory (they are checked on the host, then copied
+ *     to the device with the page table);
+ *   - out: device, registered, managed or plain host memory;
+ *   - isa, threads, plan_n_q, workspace and sparse_v are ignored (the GPU
+ *     path is exact: no value is skipped).
+ * Returns after the stream finished. */
+int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TQ_CUDA_H */
