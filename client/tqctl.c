@@ -507,6 +507,8 @@ static int cmd_stats(struct ctx *x, int argc, char **argv)
 			printf("pages:             %u free of %u, %s each (%s, NUMA node %d%s)\n", s->pages_free,
 			       s->pages_total, sz(s->page_bytes, a, sizeof(a)), s->pool_backend, s->numa_node,
 			       s->hugepages ? ", huge pages" : "");
+			if (strcmp(s->pool_backend, "host") != 0)
+				printf("pool memory:       %s\n", s->pool_memory);
 			printf("data clients:      %u connected, %" PRIu64 " ops (%" PRIu64 " failed), %s mapped\n",
 			       s->data_clients, s->data_ops_total, s->data_op_errors_total,
 			       sz(s->data_arena_bytes, b, sizeof(b)));

@@ -1,10 +1,19 @@
-/* backend.h — where the pool's memory comes from.
+/* backend.h — where the pool's memory comes from, and what computes on it.
  *
  * A backend hands the pool one contiguous region and takes it back; the pool
  * cuts it into pages.  The host backend (backend_host.c) maps anonymous
- * memory, asks for transparent huge pages and binds it to a NUMA node; a
- * CUDA device-memory backend implements the same table next (its region is
- * device memory: only kernels touch it, so `host_accessible` is false).
+ * memory, asks for transparent huge pages and binds it to a NUMA node; the
+ * data path runs the CPU kernels (tq_encode, tq_attend) on its pages.  The
+ * CUDA backend (backend_cuda.c) takes the memory of one GPU — device memory
+ * on a discrete GPU (`host_accessible` false: only kernels and `copy` touch
+ * it), memory the CPU and GPU share on an integrated one — and runs the GPU
+ * kernels (tq_cuda.h) through `append` and `attend`.
+ *
+ * The optional operations (NULL in the host backend) are the whole of what
+ * the rest of the daemon needs to know about a tier that is not host DRAM:
+ *   copy            page bytes to or from host memory (spill, persistence)
+ *   host_register   pin a client's shared arena so kernels use it directly
+ *   append, attend  the kernels, on the calling thread's own stream
  *
  * Nothing here logs: errors come back as a negative errno and a reason.
  * A region is used by one pool; the functions are not thread-safe on the
@@ -17,10 +26,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tq_attn.h"
+#include "tq_cuda.h"
+
 struct backend_params {
 	uint64_t bytes;          /* region size; the backend may round it up       */
 	int numa_node;           /* -1: no placement; else bind to this node        */
 	bool hugepages;          /* ask for huge pages where the backend has them   */
+	int device;              /* cuda: the device index                          */
 };
 
 struct backend_region {
@@ -29,6 +42,7 @@ struct backend_region {
 	int numa_node;           /* the node the region is bound to, or -1          */
 	bool hugepages;          /* huge pages were requested and accepted (advice) */
 	bool host_accessible;    /* the daemon's threads may read and write it      */
+	char desc[192];          /* for the log: what the memory is                 */
 	void *priv;              /* the backend's own state                         */
 };
 
@@ -47,11 +61,29 @@ struct backend_ops {
 	/* Accepts a zeroed (never allocated) region. */
 	void (*region_free)(struct backend_region *r);
 	void (*stats)(const struct backend_region *r, struct backend_stats *out);
+
+	/* ---- optional (NULL: host memory, CPU kernels) ---- */
+	/* Copy n bytes between host memory and the region (either side may be
+	 * the region), synchronously: 0, or -EIO with why. */
+	int (*copy)(const struct backend_region *r, void *dst, const void *src, size_t n,
+		    char *why, size_t whylen);
+	/* Pin host memory for the device (a client arena mapped by the ring
+	 * server): 0, or a negative errno with why (kernels then reach it
+	 * through staged copies).  unregister before it is unmapped. */
+	int (*host_register)(const struct backend_region *r, void *p, size_t n, char *why, size_t whylen);
+	void (*host_unregister)(const struct backend_region *r, void *p);
+	/* The kernels, as tqc_append / tqc_attend (tq_cuda.h), on an execution
+	 * context (stream + scratch) of the calling thread: each thread that
+	 * runs data operations gets its own on first use, freed when it exits.
+	 * They return after the device finished the work. */
+	int (*append)(const struct backend_region *r, const struct tqc_append *a, uint32_t *bad, tq_error *err);
+	int (*attend)(const struct backend_region *r, const struct tq_attn_params *p, tq_error *err);
 };
 
 extern const struct backend_ops backend_host;
+extern const struct backend_ops backend_cuda;
 
-/* The backend called `name` ("host"), or NULL. */
+/* The backend called `name` ("host", "cuda"), or NULL. */
 const struct backend_ops *backend_find(const char *name);
 
 #endif

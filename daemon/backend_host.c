@@ -45,6 +45,7 @@ static int host_alloc(const struct backend_params *p, struct backend_region *out
 	out->base = base;
 	out->bytes = bytes;
 	out->host_accessible = true;
+	snprintf(out->desc, sizeof(out->desc), "host memory");
 
 	if (p->hugepages && madvise(base, bytes, MADV_HUGEPAGE) == 0)
 		out->hugepages = true; /* EINVAL: THP not built in; the pool still works */
@@ -121,5 +122,7 @@ const struct backend_ops *backend_find(const char *name)
 {
 	if (name && strcmp(name, backend_host.name) == 0)
 		return &backend_host;
+	if (name && strcmp(name, backend_cuda.name) == 0)
+		return &backend_cuda;
 	return NULL;
 }

@@ -48,6 +48,7 @@ struct opt {
 };
 
 static const char *const pressure_actions[] = { "fail", "evict", NULL }; /* enum config_pressure_action */
+static const char *const backends[] = { "host", "cuda", NULL };          /* enum config_backend */
 
 #define G(f) SCOPE_GLOBAL, offsetof(struct config, f)
 #define T(f) SCOPE_TENANT, offsetof(struct tenant_conf, f)
@@ -116,6 +117,15 @@ static const struct opt opts[] = {
 	  "when nothing can be spilled (tier full or failing): fail (the allocation gets POOL_FULL) "
 	  "or evict (the lowest-priority session above its tenant's guarantee is dropped; its owner "
 	  "gets EVICTED)", pressure_actions },
+	{ "pool", "backend", OPT_CHOICE, G(backend), 0, 0, "host", NULL, false,
+	  "where the pool lives and attention runs: host (DRAM, CPU kernels) or cuda (the memory "
+	  "of CUDA device pool.device — device memory on a discrete GPU, memory the CPU and GPU "
+	  "share on an integrated one — and the GPU kernels)", backends },
+	{ "pool", "device", OPT_U32, G(device), 0, 1023, "0", NULL, false,
+	  "pool.backend = cuda: the CUDA device index (as nvidia-smi and CUDA_VISIBLE_DEVICES count)", NULL },
+	{ "pool", "backend_fallback", OPT_BOOL, G(backend_fallback), 0, 0, "no", NULL, false,
+	  "pool.backend = cuda and no usable GPU (no driver, no such device, out of device memory): "
+	  "start on host memory with the CPU kernels instead of failing (logged)", NULL },
 	{ "tenant", "guaranteed", OPT_SIZE, T(guaranteed), 0, PiB, "0", NULL, true,
 	  "bytes this tenant keeps under pressure; all guarantees fit in pool_bytes", NULL },
 	{ "tenant", "limit", OPT_SIZE, T(limit), MiB, PiB, NULL, "pool_bytes", true,

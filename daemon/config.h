@@ -48,6 +48,12 @@ enum config_pressure_action {
 	CONFIG_PRESSURE_EVICT = 1,  /* the lowest-priority over-guarantee session is evicted */
 };
 
+/* pool.backend: where the page pool's memory lives and its kernels run. */
+enum config_backend {
+	CONFIG_BACKEND_HOST = 0,    /* host DRAM (mmap, THP, NUMA); the CPU kernels         */
+	CONFIG_BACKEND_CUDA = 1,    /* a CUDA device (pool.device); the GPU kernels         */
+};
+
 struct config {
 	char path[CONFIG_DIR_MAX];           /* "" = embedded defaults */
 	/* [daemon] */
@@ -77,10 +83,13 @@ struct config {
 	uint32_t low_watermark;              /* % of the pool: ... and stops at it */
 	uint64_t admission_wait_ms;          /* an allocation waits this long for reclaim */
 	int pressure_action;                 /* enum config_pressure_action */
+	int backend;                         /* enum config_backend */
+	uint32_t device;                     /* pool.device: the CUDA device index */
+	bool backend_fallback;               /* cuda unusable: start on host memory */
 	/* [tenant NAME] sections; the embedded "default" tenant when none */
 	uint32_t n_tenants;
 	struct tenant_conf tenant[CONFIG_MAX_TENANTS];
-	int opt_line[32];                    /* where each option was set (indexed like the table) */
+	int opt_line[48];                    /* where each option was set (indexed like the table) */
 };
 
 /* The embedded defaults: what tqkvd runs on without a config file. */

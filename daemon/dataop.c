@@ -335,7 +335,7 @@ int dataop_layer_grow(struct kvstore *ks, struct session *s, struct kv_sess *kv,
 }
 
 /* Give back the pages dataop_layer_grow added (an append that failed). */
-static void layer_shrink(struct kvstore *ks, struct session *s, struct kv_layer *L, uint32_t added)
+void dataop_layer_shrink(struct kvstore *ks, struct session *s, struct kv_layer *L, uint32_t added)
 {
 	if (!added)
 		return;
@@ -352,7 +352,7 @@ static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *
 	const struct tq_page_geom *g = &kv->geom;
 	size_t row = (size_t)kv->dim * tq_dtype_size(dtype);
 	uint64_t new_len = (uint64_t)L->n_tokens + n;
-	uint32_t added, tail = L->n_tokens / g->page_tokens;
+	uint32_t added, tail = L->n_tokens / g->page_tokens, on_cpu = n;
 	tq_error te;
 	int e;
 
@@ -363,7 +363,30 @@ static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *
 		dataop_slot_release(ks, kv, L->meta[tail].slot);
 		L->meta[tail].clean = 0;
 	}
-	for (uint32_t t = 0; t < n; t++) {
+	if (n && pool_has_kernels(ks->pool)) {
+		/* The tier's kernels (a GPU pool): the same blocks, computed there. */
+		struct tq_page_table pt = {
+			.pages = (const uint8_t *const *)L->pages,
+			.n_pages = L->n_pages + added,
+			.n_tokens = L->n_tokens,
+			.geom = *g,
+		};
+		struct tqc_append a = {
+			.k_codec = L->kc, .v_codec = L->vc, .kv = &pt,
+			.pos = L->n_tokens, .n = n, .k = k, .v = v, .dtype = dtype,
+		};
+		uint32_t bad = 0;
+
+		if ((e = pool_append(ks->pool, &a, &bad, &te)) < 0) {
+			dataop_layer_shrink(ks, s, L, added);
+			dataop_res_set(r, e, e == -EINVAL || e == -ERANGE ? TQKV_ST_NONFINITE : TQKV_ST_INTERNAL,
+				       e == -EINVAL || e == -ERANGE ? bad : 0);
+			snprintf(r->msg, sizeof(r->msg), "%s", te.msg);
+			return e;
+		}
+		on_cpu = 0;
+	}
+	for (uint32_t t = 0; t < on_cpu; t++) {
 		uint32_t p = L->n_tokens + t;
 		uint8_t *page = L->pages[p / g->page_tokens];
 		uint32_t slot = p % g->page_tokens;
@@ -373,7 +396,7 @@ static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *
 		for (uint32_t h = 0; h < g->n_kv_heads; h++) {
 			if ((e = tq_encode(L->kc, krow + h * row, dtype, 1, page + tq_page_k_off(g, h, slot), &te)) < 0 ||
 			    (e = tq_encode(L->vc, vrow + h * row, dtype, 1, page + tq_page_v_off(g, h, slot), &te)) < 0) {
-				layer_shrink(ks, s, L, added);
+				dataop_layer_shrink(ks, s, L, added);
 				dataop_res_set(r, e, e == -EINVAL || e == -ERANGE ? TQKV_ST_NONFINITE : TQKV_ST_INTERNAL, t);
 				snprintf(r->msg, sizeof(r->msg), "token %u head %u: %s", t, h, te.msg);
 				return e;
@@ -382,7 +405,7 @@ static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *
 	}
 	/* A persistent session's journal has the tokens before they count. */
 	if (kv->p && (e = kvp_journal_append(ks, s, kv, l, L->n_tokens, n, r)) < 0) {
-		layer_shrink(ks, s, L, added);
+		dataop_layer_shrink(ks, s, L, added);
 		return e;
 	}
 	L->n_pages += added;
@@ -1075,6 +1098,8 @@ void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, 
 	uint32_t chunk;
 	tq_error te;
 	int e;
+	/* the tier's kernels (a GPU pool) or the CPU's */
+	const bool gpu = pool_has_kernels(ks->pool);
 
 	memset(r, 0, sizeof(*r));
 	if ((e = dataop_kv_get(ks, s, &kv)) < 0) {
@@ -1149,8 +1174,8 @@ void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, 
 		ap.q = ws->q;
 		ap.q_pos = ws->pos + q0;
 		ap.out = o;
-		if ((wsb = tq_attn_workspace_bytes(&ap, &te)) < 0 ||
-		    ws_reserve(&ws->attn, &ws->attn_bytes, (size_t)wsb) < 0) {
+		if (!gpu && ((wsb = tq_attn_workspace_bytes(&ap, &te)) < 0 ||
+			     ws_reserve(&ws->attn, &ws->attn_bytes, (size_t)wsb) < 0)) {
 			e = wsb < 0 ? (int)wsb : -ENOMEM;
 			dataop_res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_INTERNAL, 0);
 			snprintf(r->msg, sizeof(r->msg), "attention workspace: %s", wsb < 0 ? te.msg : "out of memory");
@@ -1158,7 +1183,7 @@ void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, 
 		}
 		ap.workspace = ws->attn;
 		ap.workspace_bytes = ws->attn_bytes;
-		if ((e = tq_attend(&ap, &te)) < 0) {
+		if ((e = gpu ? pool_attend(ks->pool, &ap, &te) : tq_attend(&ap, &te)) < 0) {
 			dataop_res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_INTERNAL, 0);
 			snprintf(r->msg, sizeof(r->msg), "attention: %s", te.msg);
 			goto out;
@@ -1249,4 +1274,9 @@ void dataop_ws_free(struct dataop_ws *ws)
 	ws_drop((void **)&ws->pos, &ws->pos_bytes);
 	tq_threads_free(ws->threads);
 	memset(ws, 0, sizeof(*ws));
+}
+
+struct pool *kvstore_pool(struct kvstore *ks)
+{
+	return ks->pool;
 }

@@ -73,6 +73,8 @@ void kvstore_free(struct kvstore *ks);
  * state and returns its pages to the pool. */
 void kvstore_release(void *ks, struct session *s);
 void kvstore_stats(struct kvstore *ks, struct kvstore_stats *out);
+/* The pool the store's pages come from. */
+struct pool *kvstore_pool(struct kvstore *ks);
 
 /* ---- the spill tier's hooks (daemon/spill.h holds the store) -------------------
  * A page is resident, being written, spilled, being read back, or lost (its

@@ -96,6 +96,8 @@ void dataop_readahead_finish(struct kvstore *ks, struct session *s, struct kv_se
  * pool pages; *added = the new pages.  0, or an error in r. */
 int dataop_layer_grow(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l, uint64_t new_len,
 		      uint32_t *added, struct dataop_res *r);
+/* Give back the `added` pages dataop_layer_grow took (not yet committed). */
+void dataop_layer_shrink(struct kvstore *ks, struct session *s, struct kv_layer *L, uint32_t added);
 void dataop_truncate_layer(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l, uint64_t pos);
 void dataop_update_tokens(struct session *s, struct kv_sess *kv);
 int dataop_kv_get(struct kvstore *ks, struct session *s, struct kv_sess **out);

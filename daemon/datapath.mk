@@ -13,10 +13,10 @@
 #                   pass) on the real pool/tenants/sessions/spill/reclaimer,
 #                   accounting, limits, guarantees and page bytes checked after
 #                   each (TQ_MODEL_SEED, TQ_MODEL_OPS)
-DATAPATH_OBJS := $(OBJ)/daemon/backend_host.o $(OBJ)/daemon/pool.o \
+DATAPATH_OBJS := $(OBJ)/daemon/backend_host.o $(OBJ)/daemon/backend_cuda.o $(OBJ)/daemon/pool.o \
 	$(OBJ)/daemon/dataop.o $(OBJ)/daemon/ring.o $(OBJ)/daemon/spill.o $(OBJ)/daemon/crc32c.o \
 	$(OBJ)/daemon/persist.o $(OBJ)/daemon/kvpersist.o $(OBJ)/daemon/reclaim.o
-TEST_OBJS_test_pool := $(OBJ)/daemon/backend_host.o $(OBJ)/daemon/pool.o
+TEST_OBJS_test_pool := $(OBJ)/daemon/backend_host.o $(OBJ)/daemon/backend_cuda.o $(OBJ)/daemon/pool.o
 TEST_LIBS_test_pool := $(NUMA_LIBS)
 TEST_OBJS_test_ring = $(DATAPATH_OBJS) $(OBJ)/daemon/session.o $(OBJ)/daemon/tenant.o \
 	$(OBJ)/daemon/config.o $(OBJ)/daemon/log.o $(LIBTQKV_OBJS)

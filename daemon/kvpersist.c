@@ -469,8 +469,14 @@ int kvp_journal_append(struct kvstore *ks, struct session *s, struct kv_sess *kv
 		const uint8_t *page = L->pages[tok / g->page_tokens];
 		uint32_t slot = tok % g->page_tokens;
 		for (uint32_t h = 0; h < g->n_kv_heads; h++) {
-			memcpy(kd + ((size_t)t * g->n_kv_heads + h) * kb, page + tq_page_k_off(g, h, slot), kb);
-			memcpy(vd + ((size_t)t * g->n_kv_heads + h) * vb, page + tq_page_v_off(g, h, slot), vb);
+			/* pool_copy: the pages may be a GPU's (memcpy on host memory) */
+			if ((e = pool_copy(ks->pool, kd + ((size_t)t * g->n_kv_heads + h) * kb,
+					   page + tq_page_k_off(g, h, slot), kb, r->msg, sizeof(r->msg))) < 0 ||
+			    (e = pool_copy(ks->pool, vd + ((size_t)t * g->n_kv_heads + h) * vb,
+					   page + tq_page_v_off(g, h, slot), vb, r->msg, sizeof(r->msg))) < 0) {
+				dataop_res_set(r, e, TQKV_ST_INTERNAL, 0);
+				return e;
+			}
 		}
 	}
 	rec.payload_bytes = (uint32_t)(kpart + vpart);
@@ -770,10 +776,15 @@ static int replay_rec(void *ctx, const struct persist_rec *rec, const uint8_t *p
 		uint8_t *page = L->pages[tok / g->page_tokens];
 		uint32_t slot = tok % g->page_tokens;
 		for (uint32_t h = 0; h < g->n_kv_heads; h++) {
-			memcpy(page + tq_page_k_off(g, h, slot), kd + ((size_t)t * g->n_kv_heads + h) * g->k_block_bytes,
-			       g->k_block_bytes);
-			memcpy(page + tq_page_v_off(g, h, slot), vd + ((size_t)t * g->n_kv_heads + h) * g->v_block_bytes,
-			       g->v_block_bytes);
+			if (pool_copy(ks->pool, page + tq_page_k_off(g, h, slot),
+				      kd + ((size_t)t * g->n_kv_heads + h) * g->k_block_bytes, g->k_block_bytes,
+				      rp->why, sizeof(rp->why)) < 0 ||
+			    pool_copy(ks->pool, page + tq_page_v_off(g, h, slot),
+				      vd + ((size_t)t * g->n_kv_heads + h) * g->v_block_bytes, g->v_block_bytes,
+				      rp->why, sizeof(rp->why)) < 0) {
+				dataop_layer_shrink(ks, rp->s, L, added);
+				return -EIO;
+			}
 		}
 	}
 	L->n_pages += added;

@@ -82,6 +82,9 @@ static void usage(FILE *f)
 		"  -s, --spill-dir DIR   spill files here (overrides pool.spill_dir)\n"
 		"      --check-config    load and validate the configuration, print the\n"
 		"                        effective values, exit 0 if valid, 1 if not\n"
+		"      --gpus            list the CUDA devices pool.backend = cuda can use\n"
+		"                        (memory, bandwidth, device or unified memory), or\n"
+		"                        say why there are none; exit 0 if any, 1 if none\n"
 		"  -V, --version         print the version and exit\n"
 		"  -h, --help            print this help and exit\n"
 		"\n"
@@ -325,7 +328,10 @@ static int check_pool_fits(struct daemon *d)
 	return 0;
 }
 
-/* The page pool (host memory) and the page tables over it. */
+/* The page pool and the page tables over it.  pool.backend = cuda: the
+ * memory of CUDA device pool.device, and the GPU kernels; when there is no
+ * usable GPU, start-up fails and says why — or, with pool.backend_fallback,
+ * starts on host memory with the CPU kernels and says that. */
 static int start_pool(struct daemon *d)
 {
 	struct pool_params pp = {
@@ -333,26 +339,64 @@ static int start_pool(struct daemon *d)
 		.page_bytes = d->cfg->page_bytes <= POOL_PAGE_BYTES_MAX ? (uint32_t)d->cfg->page_bytes : 0,
 		.numa_node = d->cfg->numa_node,
 		.hugepages = true,
+		.device = (int)d->cfg->device,
 	};
 	struct pool_stats ps;
-	char why[256];
+	char why[512];
 	int r;
 
-	if ((r = check_pool_fits(d)) < 0)
-		return r;
-	if ((r = pool_new(&d->pool, &pp, why, sizeof(why))) < 0) {
-		log_err("pool: %s", why);
-		return r;
+	if (d->cfg->backend == CONFIG_BACKEND_CUDA) {
+		pp.backend = &backend_cuda;
+		if ((r = pool_new(&d->pool, &pp, why, sizeof(why))) < 0) {
+			if (!d->cfg->backend_fallback) {
+				log_err("pool: pool.backend = cuda: %s (set pool.backend_fallback = yes to start "
+					"on host memory with the CPU kernels instead)", why);
+				return r;
+			}
+			log_warning("pool: pool.backend = cuda: %s; starting on host memory with the CPU "
+				    "kernels instead (pool.backend_fallback = yes)", why);
+			pp.backend = &backend_host;
+		}
+	}
+	if (!d->pool) {
+		if ((r = check_pool_fits(d)) < 0)
+			return r;
+		if ((r = pool_new(&d->pool, &pp, why, sizeof(why))) < 0) {
+			log_err("pool: %s", why);
+			return r;
+		}
 	}
 	if (!(d->codebooks = tq_cache_new()) || (r = kvstore_new(&d->kv, d->pool, d->codebooks)) < 0) {
 		log_err("pool: out of memory");
 		return -ENOMEM;
 	}
 	pool_stats(d->pool, &ps);
-	log_info("pool: %u pages of %u KiB (%s backend%s, NUMA node %d)", ps.pages_total,
-		 ps.page_bytes >> 10, ps.backend, ps.hugepages ? ", transparent huge pages" : "",
-		 ps.numa_node);
+	if (pool_has_kernels(d->pool))
+		log_info("pool: %u pages of %u KiB on %s; append and attention run there", ps.pages_total,
+			 ps.page_bytes >> 10, ps.desc);
+	else
+		log_info("pool: %u pages of %u KiB (%s backend%s, NUMA node %d)", ps.pages_total,
+			 ps.page_bytes >> 10, ps.backend, ps.hugepages ? ", transparent huge pages" : "",
+			 ps.numa_node);
 	return 0;
+}
+
+/* The spill store's copies for pages outside host memory (spill.h). */
+static int spill_page_copy(void *pool, void *dst, const void *src, size_t n, char *why, size_t whylen)
+{
+	return pool_copy(pool, dst, src, n, why, whylen);
+}
+
+static int spill_pin(void *pool, void *buf, size_t n, char *why, size_t whylen)
+{
+	int r = pool_host_register(pool, buf, n, why, whylen);
+
+	return r < 0 ? r : 0;
+}
+
+static void spill_unpin(void *pool, void *buf)
+{
+	pool_host_unregister(pool, buf);
 }
 
 /* The spill store in spill_dir, sized pool.spill_bytes (0: 4 x pool). */
@@ -365,6 +409,12 @@ static int start_spill(struct daemon *d)
 		.page_bytes = pool_page_bytes(d->pool),
 		.allow_fallback = d->cfg->spill_fallback,
 	};
+	if (!pool_host_accessible(d->pool)) { /* a discrete GPU's pages: through pinned staging */
+		sp.page_copy = spill_page_copy;
+		sp.pin_staging = spill_pin;
+		sp.unpin_staging = spill_unpin;
+		sp.copy_ctx = d->pool;
+	}
 	struct spill_stats st;
 	char why[512], cap[32];
 	int r;
@@ -486,6 +536,33 @@ static int run(struct daemon *d)
 	}
 }
 
+/* --gpus: what pool.backend = cuda would find. */
+static int list_gpus(void)
+{
+	char why[512];
+	int n = tqc_device_count(why, sizeof(why));
+
+	if (n <= 0) {
+		printf("no usable CUDA device: %s\n", n == 0 ? "the driver reports no device" : why);
+		return 1;
+	}
+	for (int i = 0; i < n; i++) {
+		struct tqc_device_info di;
+		if (tqc_device_query(i, &di, why, sizeof(why)) < 0) {
+			printf("device %d: %s\n", i, why);
+			continue;
+		}
+		printf("device %d: %s, sm_%d%d, %d SMs, %.1f GiB (%.1f GiB free), %.0f GB/s peak, %s; "
+		       "driver %d.%d, runtime %d.%d\n", i, di.name, di.cc_major, di.cc_minor, di.sms,
+		       (double)di.total_bytes / (1 << 30), (double)di.free_bytes / (1 << 30), di.peak_gbps,
+		       tqc_device_unified(&di) ? "unified memory (the pool is shared with the CPU, no copies)"
+					       : "device memory (pages copied through pinned staging to spill)",
+		       di.driver_version / 1000, di.driver_version % 1000 / 10, di.runtime_version / 1000,
+		       di.runtime_version % 1000 / 10);
+	}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option longopts[] = {
@@ -493,6 +570,7 @@ int main(int argc, char **argv)
 		{ "run-dir", required_argument, NULL, 'r' },
 		{ "spill-dir", required_argument, NULL, 's' },
 		{ "check-config", no_argument, NULL, 'C' },
+		{ "gpus", no_argument, NULL, 'G' },
 		{ "version", no_argument, NULL, 'V' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -510,6 +588,7 @@ int main(int argc, char **argv)
 		case 'r': d.run_dir_arg = optarg; break;
 		case 's': d.spill_dir_arg = optarg; break;
 		case 'C': check_only = true; break;
+		case 'G': return list_gpus();
 		case 'V':
 			printf("tqkvd %s (git %s)\n", TQ_VERSION, TQ_GIT_REV);
 			return 0;

@@ -13,6 +13,8 @@
 #   persist.c   persistent sessions' files: manifests and journals (formats, I/O)
 #   kvpersist.c persistent sessions over the page tables: journal, write-through,
 #               checkpoints, recovery at start
+#   backend_host.c, backend_cuda.c  where the pool lives: host DRAM; a CUDA
+#               device's memory and the GPU kernels (kernels/tq_cuda.h)
 #   reclaim.c   the reclaimer: watermarks, budgets under pressure, admission on a
 #               full pool (wait, spill, pressure_action)
 #
@@ -21,7 +23,7 @@
 # ready to link.  DAEMON_OBJS is everything but main.o, for unit tests.
 DAEMON_SRC  := daemon/main.c daemon/config.c daemon/log.c daemon/notify.c \
 	daemon/tenant.c daemon/session.c daemon/rpc.c \
-	daemon/backend_host.c daemon/pool.c daemon/dataop.c daemon/ring.c daemon/idstore.c \
+	daemon/backend_host.c daemon/backend_cuda.c daemon/pool.c daemon/dataop.c daemon/ring.c daemon/idstore.c \
 	daemon/spill.c daemon/crc32c.c daemon/persist.c daemon/kvpersist.c daemon/reclaim.c
 DAEMON_OBJS := $(filter-out $(OBJ)/daemon/main.o,$(DAEMON_SRC:%.c=$(OBJ)/%.o))
 DAEMON_LIBS := $(GRPC_LIBS) $(PBC_LIBS) $(SD_LIBS) $(INIH_LIBS) $(NUMA_LIBS) $(URING_LIBS) $(ISAL_LIBS)

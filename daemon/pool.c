@@ -61,6 +61,7 @@ int pool_new(struct pool **out, const struct pool_params *pp, char *why, size_t 
 	bp.bytes = n * pp->page_bytes;
 	bp.numa_node = pp->numa_node;
 	bp.hugepages = pp->hugepages;
+	bp.device = pp->device;
 	if ((r = p->be->region_alloc(&bp, &p->region, why, whylen)) < 0)
 		goto fail;
 	/* Lowest pages on top of the stack: the region is touched from the front. */
@@ -150,6 +151,7 @@ void pool_stats(struct pool *p, struct pool_stats *out)
 	memset(out, 0, sizeof(*out));
 	p->be->stats(&p->region, &bs);
 	out->backend = p->be->name;
+	out->desc = p->region.desc;
 	out->page_bytes = p->page_bytes;
 	out->pages_total = p->n_pages;
 	out->bytes = (uint64_t)p->n_pages * p->page_bytes;
@@ -162,4 +164,56 @@ void pool_stats(struct pool *p, struct pool_stats *out)
 	out->allocs_total = p->allocs_total;
 	out->alloc_failures = p->alloc_failures;
 	pthread_mutex_unlock(&p->lock);
+}
+
+/* ---- the tier's own operations ------------------------------------------------------ */
+
+const char *pool_desc(const struct pool *p)
+{
+	return p->region.desc;
+}
+
+bool pool_host_accessible(const struct pool *p)
+{
+	return p->region.host_accessible;
+}
+
+bool pool_has_kernels(const struct pool *p)
+{
+	return p->be->append && p->be->attend;
+}
+
+int pool_copy(struct pool *p, void *dst, const void *src, size_t n, char *why, size_t whylen)
+{
+	if (!p->be->copy) {
+		memcpy(dst, src, n);
+		return 0;
+	}
+	return p->be->copy(&p->region, dst, src, n, why, whylen);
+}
+
+int pool_host_register(struct pool *p, void *addr, size_t n, char *why, size_t whylen)
+{
+	int r;
+
+	if (!p->be->host_register)
+		return 0;
+	r = p->be->host_register(&p->region, addr, n, why, whylen);
+	return r < 0 ? r : 1;
+}
+
+void pool_host_unregister(struct pool *p, void *addr)
+{
+	if (p->be->host_unregister)
+		p->be->host_unregister(&p->region, addr);
+}
+
+int pool_append(struct pool *p, const struct tqc_append *a, uint32_t *bad, tq_error *err)
+{
+	return p->be->append(&p->region, a, bad, err);
+}
+
+int pool_attend(struct pool *p, const struct tq_attn_params *a, tq_error *err)
+{
+	return p->be->attend(&p->region, a, err);
 }

@@ -30,10 +30,12 @@ struct pool_params {
 	int numa_node;                   /* -1: no placement                            */
 	bool hugepages;                  /* transparent huge pages where available      */
 	const struct backend_ops *backend; /* NULL: host                               */
+	int device;                      /* cuda: the device index                      */
 };
 
 struct pool_stats {
-	const char *backend;             /* "host" */
+	const char *backend;             /* "host", "cuda"                              */
+	const char *desc;                /* what the memory is (backend_region.desc)    */
 	uint64_t bytes;                  /* pages * page_bytes                          */
 	uint32_t page_bytes;
 	uint32_t pages_total;
@@ -60,5 +62,24 @@ void pool_pages_free(struct pool *p, uint8_t *const *pages, uint32_t n);
 uint32_t pool_pages_free_count(struct pool *p);
 uint32_t pool_pages_total(const struct pool *p);
 void pool_stats(struct pool *p, struct pool_stats *out);
+
+/* ---- the tier's own operations (backend.h) --------------------------------------
+ * A pool on host memory answers these the host's way (memcpy, nothing to
+ * register, no kernels of its own); a GPU pool through its backend. */
+const char *pool_desc(const struct pool *p);
+/* The daemon's threads may read and write the pages (host, unified memory). */
+bool pool_host_accessible(const struct pool *p);
+/* The backend runs append and attention itself (pool_append, pool_attend);
+ * else the data path runs the CPU kernels on the pages. */
+bool pool_has_kernels(const struct pool *p);
+/* Copy n bytes between host memory and pages (either side): 0, or -EIO. */
+int pool_copy(struct pool *p, void *dst, const void *src, size_t n, char *why, size_t whylen);
+/* Pin a client arena for the backend's kernels: 1 registered, 0 nothing to
+ * do (host), or a negative errno with why (the kernels then stage copies). */
+int pool_host_register(struct pool *p, void *addr, size_t n, char *why, size_t whylen);
+void pool_host_unregister(struct pool *p, void *addr);
+/* The backend's kernels (only when pool_has_kernels). */
+int pool_append(struct pool *p, const struct tqc_append *a, uint32_t *bad, tq_error *err);
+int pool_attend(struct pool *p, const struct tq_attn_params *a, tq_error *err);
 
 #endif

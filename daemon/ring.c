@@ -29,7 +29,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dataop.h"
 #include "log.h"
+#include "pool.h"
 #include "tq_size.h"
 #include "tqkv_ring.h"
 
@@ -76,6 +78,7 @@ struct ring_client {
 	/* the shared mapping and what the daemon copied out of it at the handshake */
 	uint8_t *map;
 	uint64_t map_bytes;
+	bool map_pinned;             /* registered with a GPU pool's device */
 	struct tqkv_ring_hdr *hdr;
 	uint8_t *sq, *cq, *arena;
 	uint32_t sq_entries, cq_entries;
@@ -825,6 +828,8 @@ static void client_free(struct ring_client *c)
 	if (!c)
 		return;
 	if (c->map) {
+		if (c->map_pinned)
+			pool_host_unregister(kvstore_pool(c->rs->ks), c->map);
 		munmap(c->map, c->map_bytes);
 		__atomic_sub_fetch(&c->rs->arena_bytes, c->map_bytes, __ATOMIC_RELAXED);
 	}
@@ -972,6 +977,16 @@ static int handshake(struct ring_server *rs, struct ring_client *c, char *why, s
 	__atomic_add_fetch(&rs->arena_bytes, c->map_bytes, __ATOMIC_RELAXED);
 	close(memfd);
 	memfd = -1;
+	/* A GPU pool's kernels read K/V and write outputs in the arena
+	 * directly once it is pinned; if that fails they stage copies. */
+	{
+		char pwhy[256];
+		int pr = pool_host_register(kvstore_pool(rs->ks), c->map, c->map_bytes, pwhy, sizeof(pwhy));
+		c->map_pinned = pr > 0;
+		if (pr < 0)
+			log_warning("data client %llu: ring memory not pinned for the GPU (%s): "
+				    "its data is copied through staging buffers", (unsigned long long)c->id, pwhy);
+	}
 	c->hdr = (struct tqkv_ring_hdr *)(void *)c->map;
 	c->sq = c->map + lay.sq_off;
 	c->cq = c->map + lay.cq_off;

@@ -248,6 +248,7 @@ static void h_get_stats(struct rpc_server *srv, const struct peer *peer,
 		r.pages_free = ps.pages_free;
 		r.pool_resident_bytes = ps.resident_bytes;
 		r.pool_backend = (char *)ps.backend;
+		r.pool_memory = (char *)ps.desc;
 		r.numa_node = ps.numa_node;
 		r.hugepages = ps.hugepages;
 	}

@@ -43,7 +43,9 @@ struct req {
 	uint32_t stage;              /* staging slot while in flight */
 	bool direct;                 /* the page itself is the I/O buffer */
 	int inject;                  /* an armed fault this request takes (-errno) */
+	int copy_err;                /* write: the page could not be staged (-errno) */
 	struct iovec iov[2];         /* direct: header in staging, the page */
+	char copy_why[200];
 };
 
 struct spill {
@@ -54,6 +56,11 @@ struct spill {
 	int check_state;             /* spill_check: the last condition logged */
 	uint32_t page_bytes, qd;
 	uint64_t slot_bytes, n_slots;
+	/* pages outside host memory: copies through staging (spill.h) */
+	int (*page_copy)(void *ctx, void *dst, const void *src, size_t n, char *why, size_t whylen);
+	void (*unpin_staging)(void *ctx, void *buf);
+	void *copy_ctx;
+	bool staging_pinned;
 
 	pthread_mutex_t lock;        /* the slot bitmap, stats, faults */
 	pthread_cond_t done_cond;    /* fallback engine: broadcast after each completion */
@@ -235,7 +242,11 @@ static void complete(struct spill *sp, struct req *q, const uint8_t *buf, long r
 			usleep((useconds_t)((due - now) / 1000u));
 	}
 
-	if (inj) {
+	if (q->copy_err) {
+		r = q->copy_err;
+		snprintf(why, sizeof(why), "%s offset %" PRIu64 ": the page could not be copied for the write "
+			 "(the slot was written invalid): %s", sp->path, off, q->copy_why);
+	} else if (inj) {
 		r = inj;
 		snprintf(why, sizeof(why), "%s offset %" PRIu64 ": %s (injected fault)", sp->path, off, strerror(-inj));
 	} else if (res < 0) {
@@ -248,8 +259,15 @@ static void complete(struct spill *sp, struct req *q, const uint8_t *buf, long r
 			 off, q->op == REQ_WRITE ? "write" : "read", res, sp->slot_bytes);
 	} else if (q->op == REQ_READ) {
 		const uint8_t *payload = q->direct ? q->dst : buf + SPILL_HDR_BYTES;
-		if ((r = verify(sp, q, buf, payload, why, sizeof(why))) == 0 && !q->direct)
-			memcpy(q->dst, payload, sp->page_bytes);
+		if ((r = verify(sp, q, buf, payload, why, sizeof(why))) == 0 && !q->direct) {
+			char cwhy[200];
+			if (!sp->page_copy)
+				memcpy(q->dst, payload, sp->page_bytes);
+			else if ((r = sp->page_copy(sp->copy_ctx, q->dst, payload, sp->page_bytes, cwhy,
+						    sizeof(cwhy))) < 0)
+				snprintf(why, sizeof(why), "%s offset %" PRIu64 ": the page read back could not be "
+					 "copied into the pool: %s", sp->path, off, cwhy);
+		}
 	}
 
 	uint64_t us = (now_ns() - q->t0_ns) / 1000u;
@@ -293,9 +311,18 @@ static void stage_write(struct spill *sp, struct req *q, uint8_t *buf)
 	h.layout_id = TQ_PAGE_LAYOUT_ID;
 	h.payload_bytes = sp->page_bytes;
 	h.crc32c = 0;
-	if (!q->direct)
+	if (!q->direct && !sp->page_copy)
 		payload = memcpy(buf + SPILL_HDR_BYTES, q->src, sp->page_bytes);
+	else if (!q->direct) {
+		payload = buf + SPILL_HDR_BYTES;
+		q->copy_err = sp->page_copy(sp->copy_ctx, buf + SPILL_HDR_BYTES, q->src, sp->page_bytes,
+					    q->copy_why, sizeof(q->copy_why));
+		if (q->copy_err > 0)
+			q->copy_err = -EIO;
+	}
 	h.crc32c = page_crc(&h, payload, sp->page_bytes);
+	if (q->copy_err)
+		h.magic = 0; /* what staging holds is not the page: the slot must never verify */
 	memset(buf, 0, SPILL_HDR_BYTES);
 	memcpy(buf, &h, sizeof(h));
 }
@@ -346,7 +373,7 @@ static void pump_locked(struct spill *sp)
 		/* A block-aligned page (every pool page) is the I/O buffer itself,
 		 * behind its header in staging: no copy.  Else all of the slot
 		 * goes through staging (registered buffers). */
-		q->direct = ((uintptr_t)page & (SPILL_HDR_BYTES - 1)) == 0;
+		q->direct = !sp->page_copy && ((uintptr_t)page & (SPILL_HDR_BYTES - 1)) == 0;
 		q->iov[0] = (struct iovec){ buf, SPILL_HDR_BYTES };
 		q->iov[1] = (struct iovec){ page, sp->page_bytes };
 		if (q->op == REQ_WRITE)
@@ -807,6 +834,8 @@ static void spill_free(struct spill *sp)
 		close(sp->efd);
 	if (sp->cq_efd >= 0)
 		close(sp->cq_efd);
+	if (sp->staging && sp->staging_pinned && sp->unpin_staging)
+		sp->unpin_staging(sp->copy_ctx, sp->staging);
 	if (sp->staging)
 		munmap(sp->staging, sp->staging_bytes);
 	free(sp->bitmap);
@@ -883,6 +912,17 @@ int spill_open(struct spill **out, const struct spill_params *p, char *why, size
 	}
 	for (uint32_t i = 0; i < sp->qd; i++)
 		sp->free_stage[sp->n_free_stage++] = sp->qd - 1 - i;
+	sp->page_copy = p->page_copy;
+	sp->copy_ctx = p->copy_ctx;
+	if (p->page_copy && p->pin_staging) {
+		char pwhy[256];
+		if (p->pin_staging(p->copy_ctx, sp->staging, sp->staging_bytes, pwhy, sizeof(pwhy)) == 0) {
+			sp->staging_pinned = true;
+			sp->unpin_staging = p->unpin_staging;
+		} else {
+			log_warning("spill: staging buffers not pinned for the GPU (%s): page copies are slower", pwhy);
+		}
+	}
 
 	if (p->force_fallback)
 		snprintf(uwhy, sizeof(uwhy), "forced by the caller (tests)");

@@ -80,6 +80,18 @@ struct spill_params {
 	uint32_t queue_depth;     /* I/Os in flight (0: 32)                       */
 	bool allow_fallback;      /* pread/pwrite when io_uring/O_DIRECT fail     */
 	bool force_fallback;      /* tests: pread/pwrite even where io_uring works */
+	/* Pages outside host memory (a discrete GPU's pool): every request goes
+	 * through the staging area, and page_copy moves a page's bytes between
+	 * the pool and staging (synchronously: 0, or a negative errno with why;
+	 * the request then fails with it — a write's slot is left invalid, a
+	 * read hands nothing out).  pin_staging, if set, pins the staging area
+	 * for the copies' DMA (a failure is not fatal: the copies are slower),
+	 * unpin_staging undoes it at close.  NULL page_copy: pages are host
+	 * memory (memcpy; block-aligned pages are the I/O buffers themselves). */
+	int (*page_copy)(void *ctx, void *dst, const void *src, size_t n, char *why, size_t whylen);
+	int (*pin_staging)(void *ctx, void *buf, size_t n, char *why, size_t whylen);
+	void (*unpin_staging)(void *ctx, void *buf);
+	void *copy_ctx;
 };
 
 struct spill_stats {

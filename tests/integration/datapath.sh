@@ -6,13 +6,20 @@
 # ephemeral session, as GetStats (tqctl stats --json) shows; a detached
 # session survives its client until closed, and is evicted then dropped
 # once idle past session_idle_ttl.
+#
+# TQ_POOL_BACKEND=cuda runs the same suite on a GPU pool (gpu_backend.sh does,
+# when a GPU is there): encoded blocks are the same bytes, attention is held
+# to the oracle's 1e-3 of the output norm instead of the CPU kernels' bits.
 . "$(dirname "$0")/lib/daemon.bash"
 CLIENT=${TQ_BUILD:-$PWD/build}/tests/test_ring
 [ -x "$CLIENT" ] || { echo "test_ring not built"; exit 77; }
+BACKEND=${TQ_POOL_BACKEND:-host}
+if [ "$BACKEND" = cuda ]; then export TQ_EXPECT_GPU=1; fi
 
 cat >"$T/tqkvd.conf" <<CONF
 [pool]
 pool_bytes = 256M
+backend = $BACKEND
 [tenant default]
 limit = 128M
 allow_uids = *
@@ -22,7 +29,7 @@ wait_up
 
 TOTAL=$(gstat pages_total)
 [ "$TOTAL" -gt 0 ] || fail "GetStats has no pool pages"
-[ "$(gstat pool_backend)" = host ] || fail "pool backend is not host"
+[ "$(gstat pool_backend)" = "$BACKEND" ] || fail "pool backend is $(gstat pool_backend), not $BACKEND"
 
 # 1. bit-exact through the daemon, sessions over the control channel
 PAGE=$(gstat page_bytes)

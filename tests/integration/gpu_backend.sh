@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# pool.backend = cuda, with and without a GPU.
+#
+# Everywhere (a GPU or not, CUDA built or not):
+#   1. with no usable GPU, pool.backend = cuda refuses to start and the log
+#      says why (no driver, no such device, built without CUDA) and what to
+#      set instead; `tqkvd --gpus` says the same and exits 1;
+#   2. pool.backend_fallback = yes starts on host memory, says so, and the
+#      data path is bit-exact as on any host pool;
+#   3. a device index that does not exist is refused by name.
+# With a usable GPU: the data-path suite (datapath.sh) on a GPU pool.
+. "$(dirname "$0")/lib/daemon.bash"
+CLIENT=${TQ_BUILD:-$PWD/build}/tests/test_ring
+[ -x "$CLIENT" ] || { echo "test_ring not built"; exit 77; }
+
+gpus=$("$TQKVD" --gpus 2>&1); have_gpu=$?
+echo "tqkvd --gpus: $gpus"
+
+if [ "$have_gpu" -ne 0 ]; then
+	case $gpus in
+	"no usable CUDA device: "?*) ;;
+	*) fail "tqkvd --gpus without a GPU does not say why: $gpus" ;;
+	esac
+	# 1. no fallback: start-up fails with the reason
+	cat >"$T/cuda.conf" <<CONF
+[pool]
+pool_bytes = 64M
+backend = cuda
+CONF
+	"$TQKVD" --run-dir "$T/run" --spill-dir "$T/spill" --config "$T/cuda.conf" >"$LOG" 2>&1 &
+	DAEMON_PID=$!
+	wait "$DAEMON_PID"; rc=$?; DAEMON_PID=
+	[ "$rc" -eq 1 ] || fail "pool.backend = cuda without a GPU exited $rc, not 1"
+	grep -q "pool.backend = cuda: .*pool.backend_fallback = yes" "$LOG" ||
+		fail "start-up failure does not say why and what to do: $(cat "$LOG")"
+	reason=${gpus#no usable CUDA device: }
+	grep -qF "$reason" "$LOG" || fail "the log does not carry the reason '$reason'"
+	[ -e "$T/run/control.sock" ] && fail "a control socket was left behind"
+
+	# 2. fallback: host memory, CPU kernels, said so; bit-exact data path
+	cat >>"$T/cuda.conf" <<CONF
+backend_fallback = yes
+[tenant default]
+allow_uids = *
+CONF
+	: >"$LOG"
+	start_daemon --config "$T/cuda.conf"
+	wait_up
+	grep -q "starting on host memory with the CPU kernels instead (pool.backend_fallback = yes)" "$LOG" ||
+		fail "the fallback is not logged"
+	[ "$(gstat pool_backend)" = host ] || fail "after the fallback the pool backend is $(gstat pool_backend)"
+	"$CLIENT" --client exact-ctl "$T/run" 5 6 "$(gstat page_bytes)" ||
+		fail "data path after the fallback is not bit-exact"
+	stop_daemon TERM
+	[ "$STOP_RC" -eq 0 ] || fail "stop after the fallback exited $STOP_RC"
+	echo "no GPU here: refusal, reason and fallback checked; the GPU pool's data path needs a GPU"
+	exit 0
+fi
+
+# 3. a device that does not exist
+n=$(printf '%s\n' "$gpus" | grep -c '^device [0-9]*:')
+cat >"$T/nodev.conf" <<CONF
+[pool]
+pool_bytes = 64M
+backend = cuda
+device = $n
+CONF
+timeout 60 "$TQKVD" --run-dir "$T/run" --spill-dir "$T/spill" --config "$T/nodev.conf" >"$LOG" 2>&1
+rc=$?
+[ "$rc" -eq 1 ] || fail "device $n of $n exited $rc, not 1"
+grep -q "pool.backend = cuda: .*device $n" "$LOG" || fail "no reason for device $n: $(cat "$LOG")"
+
+# 4. the data-path suite on the GPU pool
+TQ_POOL_BACKEND=cuda bash "$(dirname "$0")/datapath.sh" || fail "the data path on a GPU pool"
+echo "GPU pool: data-path suite passed"
