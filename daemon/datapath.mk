@@ -25,7 +25,7 @@ $(OBJ)/tests/unit/test_ring.o: | $(PROTO_H)
 TEST_OBJS_test_dataop = $(DATAPATH_OBJS) $(OBJ)/daemon/session.o $(OBJ)/daemon/tenant.o \
 	$(OBJ)/daemon/config.o $(OBJ)/daemon/log.o
 TEST_LIBS_test_dataop = $(NUMA_LIBS) $(INIH_LIBS) $(URING_LIBS) $(ISAL_LIBS)
-TEST_OBJS_test_residency = $(OBJ)/tests/unit/kvfix.o $(DATAPATH_OBJS) $(OBJ)/daemon/session.o $(OBJ)/daemon/tenant.o \
+TEST_OBJS_test_residency = $(OBJ)/tests/unit/kvfix.o $(OBJ)/tests/unit/devsim.o $(DATAPATH_OBJS) $(OBJ)/daemon/session.o $(OBJ)/daemon/tenant.o \
 	$(OBJ)/daemon/config.o $(OBJ)/daemon/log.o
 TEST_LIBS_test_residency = $(NUMA_LIBS) $(INIH_LIBS) $(URING_LIBS) $(ISAL_LIBS)
 # tqbench spill runs the pool, page tables and spill store in-process
@@ -38,10 +38,10 @@ TEST_OBJS_test_persist = $(OBJ)/daemon/persist.o $(OBJ)/daemon/crc32c.o $(OBJ)/d
 TEST_LIBS_test_persist = $(INIH_LIBS) $(LIBTQKV_LIBS) $(ISAL_LIBS)
 $(OBJ)/tests/unit/test_persist.o: | $(PROTO_H)
 # test_reclaim: the reclaimer's policy on the real pool, tenants, sessions, spill
-TEST_OBJS_test_reclaim = $(OBJ)/tests/unit/kvfix.o $(DATAPATH_OBJS) $(OBJ)/daemon/session.o $(OBJ)/daemon/tenant.o \
+TEST_OBJS_test_reclaim = $(OBJ)/tests/unit/kvfix.o $(OBJ)/tests/unit/devsim.o $(DATAPATH_OBJS) $(OBJ)/daemon/session.o $(OBJ)/daemon/tenant.o \
 	$(OBJ)/daemon/config.o $(OBJ)/daemon/log.o
 TEST_LIBS_test_reclaim = $(NUMA_LIBS) $(INIH_LIBS) $(URING_LIBS) $(ISAL_LIBS)
 # test_pressure_model: the randomized model of budgets under pressure (white-box: dataop_internal.h)
-TEST_OBJS_test_pressure_model = $(OBJ)/tests/unit/kvfix.o $(DATAPATH_OBJS) $(OBJ)/daemon/session.o \
+TEST_OBJS_test_pressure_model = $(OBJ)/tests/unit/kvfix.o $(OBJ)/tests/unit/devsim.o $(DATAPATH_OBJS) $(OBJ)/daemon/session.o \
 	$(OBJ)/daemon/tenant.o $(OBJ)/daemon/config.o $(OBJ)/daemon/log.o
 TEST_LIBS_test_pressure_model = $(NUMA_LIBS) $(INIH_LIBS) $(URING_LIBS) $(ISAL_LIBS)

@@ -381,24 +381,6 @@ static int start_pool(struct daemon *d)
 	return 0;
 }
 
-/* The spill store's copies for pages outside host memory (spill.h). */
-static int spill_page_copy(void *pool, void *dst, const void *src, size_t n, char *why, size_t whylen)
-{
-	return pool_copy(pool, dst, src, n, why, whylen);
-}
-
-static int spill_pin(void *pool, void *buf, size_t n, char *why, size_t whylen)
-{
-	int r = pool_host_register(pool, buf, n, why, whylen);
-
-	return r < 0 ? r : 0;
-}
-
-static void spill_unpin(void *pool, void *buf)
-{
-	pool_host_unregister(pool, buf);
-}
-
 /* The spill store in spill_dir, sized pool.spill_bytes (0: 4 x pool). */
 static int start_spill(struct daemon *d)
 {
@@ -410,9 +392,9 @@ static int start_spill(struct daemon *d)
 		.allow_fallback = d->cfg->spill_fallback,
 	};
 	if (!pool_host_accessible(d->pool)) { /* a discrete GPU's pages: through pinned staging */
-		sp.page_copy = spill_page_copy;
-		sp.pin_staging = spill_pin;
-		sp.unpin_staging = spill_unpin;
+		sp.page_copy = pool_spill_copy;
+		sp.pin_staging = pool_spill_pin;
+		sp.unpin_staging = pool_spill_unpin;
 		sp.copy_ctx = d->pool;
 	}
 	struct spill_stats st;

@@ -217,3 +217,20 @@ int pool_attend(struct pool *p, const struct tq_attn_params *a, tq_error *err)
 {
 	return p->be->attend(&p->region, a, err);
 }
+
+int pool_spill_copy(void *pool, void *dst, const void *src, size_t n, char *why, size_t whylen)
+{
+	return pool_copy(pool, dst, src, n, why, whylen);
+}
+
+int pool_spill_pin(void *pool, void *buf, size_t n, char *why, size_t whylen)
+{
+	int r = pool_host_register(pool, buf, n, why, whylen);
+
+	return r < 0 ? r : 0;
+}
+
+void pool_spill_unpin(void *pool, void *buf)
+{
+	pool_host_unregister(pool, buf);
+}

@@ -78,6 +78,11 @@ int pool_copy(struct pool *p, void *dst, const void *src, size_t n, char *why, s
  * do (host), or a negative errno with why (the kernels then stage copies). */
 int pool_host_register(struct pool *p, void *addr, size_t n, char *why, size_t whylen);
 void pool_host_unregister(struct pool *p, void *addr);
+/* The spill store's hooks for pages outside host memory (spill_params'
+ * page_copy, pin_staging, unpin_staging with copy_ctx = the pool). */
+int pool_spill_copy(void *pool, void *dst, const void *src, size_t n, char *why, size_t whylen);
+int pool_spill_pin(void *pool, void *buf, size_t n, char *why, size_t whylen);
+void pool_spill_unpin(void *pool, void *buf);
 /* The backend's kernels (only when pool_has_kernels). */
 int pool_append(struct pool *p, const struct tqc_append *a, uint32_t *bad, tq_error *err);
 int pool_attend(struct pool *p, const struct tq_attn_params *a, tq_error *err);

@@ -6,11 +6,14 @@
 #include <string.h>
 #include <unistd.h>
 
+const struct backend_ops *kvfix_backend;
+
 void kvfix_start(struct kvfix *f, const char *conf, uint64_t pool_bytes, uint32_t page_bytes,
 		 uint64_t spill_slots)
 {
 	char err[CONFIG_ERR_MAX] = "", why[512] = "";
-	struct pool_params pp = { .bytes = pool_bytes, .page_bytes = page_bytes, .numa_node = -1 };
+	struct pool_params pp = { .bytes = pool_bytes, .page_bytes = page_bytes, .numa_node = -1,
+				  .backend = kvfix_backend };
 
 	memset(f, 0, sizeof(*f));
 	snprintf(f->dir, sizeof(f->dir), "/tmp/tq-kvfix-XXXXXX");
@@ -21,8 +24,15 @@ void kvfix_start(struct kvfix *f, const char *conf, uint64_t pool_bytes, uint32_
 	f->cfg.pool_bytes = pool_bytes; /* budgets are checked against the real pool */
 	if (tenant_table_new(&f->tt, &f->cfg) < 0 || pool_new(&f->pool, &pp, why, sizeof(why)) < 0 ||
 	    !(f->cache = tq_cache_new()) || kvstore_new(&f->ks, f->pool, f->cache) < 0 ||
-	    session_table_new(&f->st, 16, kvstore_release, f->ks) < 0 ||
-	    spill_open(&f->sp, &sp, why, sizeof(why)) < 0)
+	    session_table_new(&f->st, 16, kvstore_release, f->ks) < 0)
+		goto fail;
+	if (!pool_host_accessible(f->pool)) { /* as tqkvd's start_spill does */
+		sp.page_copy = pool_spill_copy;
+		sp.pin_staging = pool_spill_pin;
+		sp.unpin_staging = pool_spill_unpin;
+		sp.copy_ctx = f->pool;
+	}
+	if (spill_open(&f->sp, &sp, why, sizeof(why)) < 0)
 		goto fail;
 	kvstore_set_spill(f->ks, f->sp);
 	return;

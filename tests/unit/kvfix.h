@@ -30,6 +30,11 @@ struct kvfix {
  * test may run a pool below the config's 16 MiB minimum; pages of
  * page_bytes; spill_slots slots.  Exits with the reason when anything
  * fails. */
+/* The pool's backend for the next kvfix_start (NULL: host memory); with
+ * one whose pages are not host memory (devsim.h) the spill store copies
+ * through staging, as tqkvd sets it up for a GPU pool. */
+extern const struct backend_ops *kvfix_backend;
+
 void kvfix_start(struct kvfix *f, const char *conf, uint64_t pool_bytes, uint32_t page_bytes,
 		 uint64_t spill_slots);
 void kvfix_stop(struct kvfix *f);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "devsim.h"
 #include "kvfix.h"
 #include "config.h"
 #include "dataop.h"
@@ -393,11 +394,86 @@ static void test_slow_disk(void)
 	kvfix_stop(&f);
 }
 
+/* A pool whose pages the host cannot touch (devsim.h: the GPU tier's
+ * plumbing): the same attention bits as a host pool, spill and restore
+ * through staging copies, and a copy that fails in either direction
+ * loses nothing. */
+static void test_device_tier(void)
+{
+	struct kvfix f;
+	struct session_info si;
+	struct dataop_res r;
+	struct spill_stats st;
+	struct devsim_stats ds0, ds1;
+	static float host[3][4 * 4 * 64], out[4 * 4 * 64];
+	uint64_t done;
+	char why[512];
+	const uint32_t tokens = 500;
+
+	/* the reference: a host pool */
+	fix_start(&f, 64);
+	uint64_t id = open_filled(&f, tokens, 31);
+	for (uint32_t l = 0; l < 3; l++)
+		T_EQ(attend(&f, id, l, tokens, host[l], &r), 4);
+	T_EQ(session_close(f.st, id, NULL), 0);
+	kvfix_stop(&f);
+
+	kvfix_backend = &backend_devsim;
+	fix_start(&f, 64);
+	kvfix_backend = NULL;
+	T_ASSERT(!pool_host_accessible(f.pool) && pool_has_kernels(f.pool));
+	uint32_t free0 = pool_pages_free_count(f.pool);
+	devsim_stats(&ds0);
+	id = open_filled(&f, tokens, 31);
+	for (uint32_t l = 0; l < 3; l++) {
+		T_EQ(attend(&f, id, l, tokens, out, &r), 4);
+		T_ASSERT(memcmp(out, host[l], sizeof(out)) == 0);
+	}
+	devsim_stats(&ds1);
+	T_EQ(ds1.appends - ds0.appends, 3);
+	T_EQ(ds1.attends - ds0.attends, 3);
+	info(&f, id, &si);
+	uint64_t resident0 = si.resident_bytes;
+
+	/* the first page's copy to staging fails: that write fails, the page
+	 * stays resident and its tokens intact */
+	devsim_fail_copy(1);
+	int e = spill(&f, id, UINT64_MAX, &done, why);
+	T_ASSERT(e < 0 || done < resident0);
+	info(&f, id, &si);
+	T_EQ(si.resident_bytes + si.spilled_bytes, resident0);
+	T_ASSERT(si.resident_bytes >= PAGE);
+	/* the rest goes; a restore whose copy into the pool fails is an error
+	 * for this call only, and the next one gets every page back */
+	T_EQ(spill(&f, id, UINT64_MAX, &done, why), 0);
+	info(&f, id, &si);
+	T_EQ(si.resident_bytes, 0);
+	devsim_stats(&ds0);
+	T_ASSERT(ds0.copies_from_dev > ds1.copies_from_dev);
+	devsim_fail_copy(1);
+	attend(&f, id, 1, tokens, out, &r);
+	T_ASSERT(r.res < 0 && r.status != TQKV_ST_OK);
+	devsim_fail_copy(0);
+	for (uint32_t l = 0; l < 3; l++) {
+		T_EQ(attend(&f, id, l, tokens, out, &r), 4);
+		T_ASSERT(memcmp(out, host[l], sizeof(out)) == 0);
+	}
+	devsim_stats(&ds1);
+	T_ASSERT(ds1.copies_to_dev > ds0.copies_to_dev);
+	T_EQ(session_close(f.st, id, NULL), 0);
+	spill_stats(f.sp, &st);
+	T_EQ(st.slots_used, 0);
+	T_EQ(tenant_table_used(f.tt), 0);
+	T_EQ(pool_pages_free_count(f.pool), free0);
+	kvfix_stop(&f);
+}
+
 int main(void)
 {
 	T_RUN(test_spill_restore_exact);
 	T_RUN(test_faults);
 	T_RUN(test_readahead);
 	T_RUN(test_slow_disk);
+	T_RUN(test_device_tier);
 	return t_done();
 }

@@ -1,0 +1,214 @@
+/* devsim.c — see devsim.h. */
+
+#include "devsim.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+struct sim {
+	int fd;
+	uint8_t *dev;      /* what the pool hands out: PROT_NONE */
+	uint8_t *shadow;   /* the same bytes, readable and writable */
+	uint64_t bytes;
+};
+
+static struct devsim_stats st;
+static uint64_t fail_nth;
+
+void devsim_stats(struct devsim_stats *out)
+{
+	*out = st;
+}
+
+void devsim_fail_copy(uint64_t nth)
+{
+	__atomic_store_n(&fail_nth, nth, __ATOMIC_SEQ_CST);
+}
+
+static int sim_alloc(const struct backend_params *p, struct backend_region *out, char *why, size_t whylen)
+{
+	struct sim *s = calloc(1, sizeof(*s));
+	uint64_t bytes = (p->bytes + 4095) & ~(uint64_t)4095;
+
+	memset(out, 0, sizeof(*out));
+	out->numa_node = -1;
+	if (!s)
+		return -ENOMEM;
+	s->fd = memfd_create("devsim", MFD_CLOEXEC);
+	if (s->fd < 0 || ftruncate(s->fd, (off_t)bytes) < 0) {
+		snprintf(why, whylen, "devsim: memfd: %s", strerror(errno));
+		goto fail;
+	}
+	s->dev = mmap(NULL, bytes, PROT_NONE, MAP_SHARED, s->fd, 0);
+	s->shadow = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
+	if (s->dev == MAP_FAILED || s->shadow == MAP_FAILED) {
+		snprintf(why, whylen, "devsim: mmap: %s", strerror(errno));
+		goto fail;
+	}
+	s->bytes = bytes;
+	out->base = s->dev;
+	out->bytes = bytes;
+	out->host_accessible = false;
+	out->priv = s;
+	snprintf(out->desc, sizeof(out->desc), "simulated device memory (tests)");
+	return 0;
+fail:
+	if (s->dev && s->dev != MAP_FAILED)
+		munmap(s->dev, bytes);
+	if (s->shadow && s->shadow != MAP_FAILED)
+		munmap(s->shadow, bytes);
+	if (s->fd >= 0)
+		close(s->fd);
+	free(s);
+	return -ENOMEM;
+}
+
+static void sim_free(struct backend_region *r)
+{
+	struct sim *s = r->priv;
+
+	if (s) {
+		munmap(s->dev, s->bytes);
+		munmap(s->shadow, s->bytes);
+		close(s->fd);
+		free(s);
+	}
+	memset(r, 0, sizeof(*r));
+	r->numa_node = -1;
+}
+
+static void sim_stats(const struct backend_region *r, struct backend_stats *out)
+{
+	memset(out, 0, sizeof(*out));
+	out->bytes = r->bytes;
+	out->resident_bytes = r->bytes;
+	out->numa_node = -1;
+}
+
+/* A device pointer's host twin, or NULL when p is not in the region. */
+static uint8_t *xlat(const struct backend_region *r, const void *p, size_t n)
+{
+	const struct sim *s = r->priv;
+	const uint8_t *b = p;
+
+	if (b < s->dev || b >= s->dev + s->bytes || n > (size_t)(s->dev + s->bytes - b))
+		return NULL;
+	return s->shadow + (b - s->dev);
+}
+
+static int sim_copy(const struct backend_region *r, void *dst, const void *src, size_t n, char *why, size_t whylen)
+{
+	uint8_t *d = xlat(r, dst, n);
+	const uint8_t *sp = xlat(r, src, n);
+	uint64_t f = __atomic_load_n(&fail_nth, __ATOMIC_SEQ_CST);
+
+	if (f && __atomic_sub_fetch(&fail_nth, 1, __ATOMIC_SEQ_CST) == 0) {
+		snprintf(why, whylen, "devsim: injected copy failure");
+		return -EIO;
+	}
+	if (!d && !sp) {
+		snprintf(why, whylen, "devsim: a copy between two host buffers");
+		return -EINVAL;
+	}
+	memcpy(d ? d : dst, sp ? sp : src, n);
+	__atomic_add_fetch(d ? &st.copies_to_dev : &st.copies_from_dev, 1, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&st.copy_bytes, n, __ATOMIC_RELAXED);
+	return 0;
+}
+
+static int sim_register(const struct backend_region *r, void *p, size_t n, char *why, size_t whylen)
+{
+	__atomic_add_fetch(&st.registered, 1, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&st.registers, 1, __ATOMIC_RELAXED);
+	return 0;
+}
+
+static void sim_unregister(const struct backend_region *r, void *p)
+{
+	__atomic_sub_fetch(&st.registered, 1, __ATOMIC_RELAXED);
+}
+
+/* The page table with its pages translated: [n] pointers, malloc'ed. */
+static const uint8_t **table_xlat(const struct backend_region *r, const struct tq_page_table *pt)
+{
+	uint64_t pb = tq_page_bytes(&pt->geom);
+	const uint8_t **t = malloc(sizeof(*t) * (pt->n_pages + 1));
+
+	if (!t)
+		return NULL;
+	for (uint32_t i = 0; i < pt->n_pages; i++)
+		if (!(t[i] = xlat(r, pt->pages[i], pb))) {
+			free(t);
+			return NULL;
+		}
+	return t;
+}
+
+static int sim_append(const struct backend_region *r, const struct tqc_append *a, uint32_t *bad, tq_error *err)
+{
+	const struct tq_page_geom *g = &a->kv->geom;
+	const uint8_t **pages = table_xlat(r, a->kv);
+	int dim = tq_codec_dim(a->k_codec);
+	size_t row = (size_t)dim * tq_dtype_size(a->dtype);
+	int e = 0;
+
+	if (!pages) {
+		snprintf(err->msg, sizeof(err->msg), "devsim: a page outside the region");
+		return -EINVAL;
+	}
+	__atomic_add_fetch(&st.appends, 1, __ATOMIC_RELAXED);
+	for (uint32_t t = 0; t < a->n && !e; t++) {
+		uint32_t p = a->pos + t, slot = p % g->page_tokens;
+		uint8_t *page = (uint8_t *)pages[p / g->page_tokens];
+		for (uint32_t h = 0; h < g->n_kv_heads && !e; h++) {
+			size_t off = ((size_t)t * g->n_kv_heads + h) * row;
+			tq_error te;
+			if ((e = tq_encode(a->k_codec, (const uint8_t *)a->k + off, a->dtype, 1,
+					   page + tq_page_k_off(g, h, slot), &te)) < 0 ||
+			    (e = tq_encode(a->v_codec, (const uint8_t *)a->v + off, a->dtype, 1,
+					   page + tq_page_v_off(g, h, slot), &te)) < 0) {
+				*bad = t;
+				snprintf(err->msg, sizeof(err->msg), "token %u head %u: %.150s", t, h, te.msg);
+			}
+		}
+	}
+	free(pages);
+	return e;
+}
+
+static int sim_attend(const struct backend_region *r, const struct tq_attn_params *p, tq_error *err)
+{
+	const uint8_t **pages = table_xlat(r, p->kv);
+	struct tq_page_table pt = *p->kv;
+	struct tq_attn_params ap = *p;
+	int e;
+
+	if (!pages) {
+		snprintf(err->msg, sizeof(err->msg), "devsim: a page outside the region");
+		return -EINVAL;
+	}
+	__atomic_add_fetch(&st.attends, 1, __ATOMIC_RELAXED);
+	pt.pages = pages;
+	ap.kv = &pt;
+	ap.workspace = NULL; /* the GPU path ignores the caller's CPU workspace */
+	ap.workspace_bytes = 0;
+	e = tq_attend(&ap, err);
+	free(pages);
+	return e;
+}
+
+const struct backend_ops backend_devsim = {
+	.name = "devsim",
+	.region_alloc = sim_alloc,
+	.region_free = sim_free,
+	.stats = sim_stats,
+	.copy = sim_copy,
+	.host_register = sim_register,
+	.host_unregister = sim_unregister,
+	.append = sim_append,
+	.attend = sim_attend,
+};
