@@ -26,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "devsim.h"
 #include "harness.h"
 #include "config.h"
 #include "dataop.h"
@@ -75,13 +76,17 @@ struct srv {
 	struct ring_server *rs;
 };
 
+/* The next srv_start's pool backend (NULL: host memory). */
+static const struct backend_ops *srv_backend;
+
 static int srv_start(struct srv *s, uint64_t pool_bytes, uint32_t workers)
 {
 	char err[CONFIG_ERR_MAX], why[200];
 	const char *text = "[pool]\npool_bytes = 64M\n"
 			   "[tenant big]\nlimit = 64M\nallow_uids = *\n"
 			   "[tenant small]\nlimit = 1M\nallow_uids = *\n";
-	struct pool_params pp = { .bytes = pool_bytes, .page_bytes = PAGE_BYTES, .numa_node = -1, .hugepages = true };
+	struct pool_params pp = { .bytes = pool_bytes, .page_bytes = PAGE_BYTES, .numa_node = -1, .hugepages = true,
+				  .backend = srv_backend };
 	struct ring_params rp = { .n_workers = workers, .attn_threads = 1, .max_clients = 16, .spin_us = 20 };
 
 	memset(s, 0, sizeof(*s));
@@ -996,6 +1001,40 @@ static void test_bit_exact_one_client(void)
 	srv_stop(&s);
 }
 
+/* A pool whose pages the host cannot touch (devsim.h: the GPU tier's
+ * plumbing): each client's ring is registered with the backend while it is
+ * connected, the workers run the backend's kernels, and the answers are the
+ * in-process kernels' bits. */
+static void test_device_tier(void)
+{
+	struct srv s;
+	struct devsim_stats d0, d1;
+	uint64_t ids[NG], seeds[NG];
+	int gi[NG];
+
+	devsim_stats(&d0);
+	srv_backend = &backend_devsim;
+	T_ASSERT(srv_start(&s, 64 * MiB, 2) == 0);
+	srv_backend = NULL;
+	T_ASSERT(pool_has_kernels(s.pool));
+	for (int i = 0; i < (int)NG; i++) {
+		gi[i] = i;
+		seeds[i] = 2000 + (uint64_t)i;
+		ids[i] = srv_open(&s, "big", getuid(), &G[i], 4096, seeds[i]);
+		T_ASSERT(ids[i]);
+	}
+	pid_t p = spawn_exact(&s, NG, ids, gi, seeds, 43, 20);
+	T_EQ(reap_status(p), 0);
+	for (int i = 0; i < (int)NG; i++)
+		T_EQ(session_close(s.st, ids[i], NULL), 0);
+	T_EQ(srv_wait_idle(&s), 0);
+	srv_stop(&s);
+	devsim_stats(&d1);
+	T_ASSERT(d1.registers > d0.registers);
+	T_EQ(d1.registered, d0.registered);
+	T_ASSERT(d1.appends > d0.appends && d1.attends > d0.attends);
+}
+
 static void test_four_clients(void)
 {
 	struct srv s;
@@ -1552,6 +1591,7 @@ int main(int argc, char **argv)
 	log_set_level(getenv("TQ_TEST_VERBOSE") ? LOG_DEBUG : LOG_ERR);
 	T_RUN(test_bit_exact_one_client);
 	T_RUN(test_four_clients);
+	T_RUN(test_device_tier);
 	T_RUN(test_threads_one_connection);
 	T_RUN(test_limits_tenant);
 	T_RUN(test_limits_pool);
