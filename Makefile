@@ -89,7 +89,8 @@ INIH_LIBS   := $(call pc,--libs,inih)
 # The CUDA runtime is linked statically: a binary needs only the driver
 # (libcuda.so.1) at run time, and runs without one (a GPU pool then fails or
 # falls back, and says why).
-CUDA_HOME ?= $(firstword $(foreach d,/usr/local/cuda $(CURDIR)/$(B)/cuda,$(if $(wildcard $(d)/bin/nvcc),$(d))))
+# (CUDA_HOME from the environment is tried first, when it has nvcc.)
+CUDA_HOME := $(firstword $(foreach d,$(CUDA_HOME) /usr/local/cuda $(CURDIR)/$(B)/cuda,$(if $(wildcard $(d)/bin/nvcc),$(d))))
 NVCC := $(if $(CUDA_HOME),$(CUDA_HOME)/bin/nvcc,nvcc)
 ifeq ($(USE_CUDA),auto)
   HAVE_CUDA := $(if $(SANITIZER),0,$(if $(wildcard $(NVCC)),1,0))

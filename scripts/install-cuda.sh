@@ -12,9 +12,10 @@ set -eu
 cd "$(dirname "$0")/.."
 
 [ "${TQ_CUDA:-}" = no ] && exit 0
-home=${CUDA_HOME:-/usr/local/cuda}
-[ -x "$home/bin/nvcc" ] && exit 0
-[ -x build/cuda/bin/nvcc ] && exit 0
+for home in ${CUDA_HOME:-} /usr/local/cuda build/cuda; do
+	[ -x "$home/bin/nvcc" ] && exit 0
+done
+home=/usr/local/cuda
 
 # CUDA 13.0: compiles for sm_80 .. sm_121 (GB10); a driver >= 580 runs it
 WHEELS="nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-runtime==13.0.96
