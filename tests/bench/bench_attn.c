@@ -19,6 +19,9 @@
  *
  * --quality: output cosine and top-1 agreement per codec pair on synthetic
  * keys shaped like real ones, plus the needle test (--trials, default 1000).
+ *
+ * --backend cuda: the GPU kernels of tq_cuda.h against PyTorch's SDPA on the
+ * same GPU (bench_attn_cuda.c); this file parses its options.
  */
 #include <errno.h>
 #include <math.h>
@@ -26,52 +29,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bench.h"
+#include "bench_attn.h"
 #include "tq_attn.h"
 #include "tq_codec.h"
 #include "tq_threads.h"
 
-#define NQH 32
-#define NKV 8
-#define DIM 128
 #define PREFILL_Q 128
-
-/* ---- synthetic data -------------------------------------------------------- */
-
-struct rng { uint64_t s; };
-static double urand(struct rng *r)
-{
-	r->s = r->s * 6364136223846793005ULL + 1442695040888963407ULL;
-	return (double)(r->s >> 11) * (1.0 / 9007199254740992.0);
-}
-static float gauss(struct rng *r)
-{
-	double u = urand(r) + 1e-300, v = urand(r);
-	return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
-}
-
-/* Keys shaped like post-RoPE keys of real models: non-zero channel means and
- * a few channels (4 of 128) with 5-10x the magnitude of the rest. */
-static float chan_mean(int j) { return (float)((j * 37 % 11) - 5) * 0.15f; }
-static float chan_amp(int j) { return (j % 32 == 7) ? 8.0f : (j % 32 == 19 ? 5.0f : 1.0f); }
-
-static void gen_key(struct rng *r, float *k, int dim)
-{
-	for (int j = 0; j < dim; j++)
-		k[j] = chan_mean(j) + chan_amp(j) * gauss(r);
-}
-static void gen_value(struct rng *r, float *v, int dim)
-{
-	for (int j = 0; j < dim; j++)
-		v[j] = gauss(r);
-}
-/* queries weigh the large channels too (so they matter to the scores) */
-static void gen_query(struct rng *r, float *q, int dim)
-{
-	for (int j = 0; j < dim; j++)
-		q[j] = (chan_amp(j) > 1.0f ? 0.5f : 1.0f) * gauss(r);
-}
 
 /* ---- paged caches ---------------------------------------------------------- */
 
@@ -707,12 +673,73 @@ static void usage(FILE *f)
 		"                    [--json] [--reps R] [--page-tokens P] [--sparse THR]\n"
 		"                    [--isa scalar|avx2|avx512]\n"
 		"       tqbench attn --quality [--trials N] [--margin M] [--json]\n"
+		"       tqbench attn --backend cuda [--device N] [--ctx N,N,..] [--batch B,B,..]\n"
+		"                    [--k C] [--v C] [--reps R] [--page-tokens P] [--threads T]\n"
+		"                    [--no-baseline] [--check-max N] [--layers L] [--bulk N] [--json]\n"
 		"  32 query heads, 8 KV heads, d = 128; decode = 1 query, prefill = 128 queries.\n"
 		"  Defaults: --ctx 8192 --k tq4 --v tq3 --threads 2 --mode decode --reps 15\n"
 		"  --page-tokens 256 --isa: the best this CPU runs.  --quality: output cosine and\n"
 		"  top-1 agreement per codec pair, then the needle test (default 1000 trials;\n"
 		"  the needle's exact score is (1 + margin) x the best distractor's; without\n"
-		"  --margin, margins 0.05 0.10 0.20 0.30).\n");
+		"  --margin, margins 0.05 0.10 0.20 0.30).\n"
+		"\n"
+		"  --backend cpu|cuda   cpu (default): the CPU kernels against their CPU baselines,\n"
+		"                       as above.  cuda: the GPU kernels (tq_cuda.h) on device\n"
+		"                       --device N (default 0), decode only:\n"
+		"    - tqc_attend, 1 query token at the last position, at each --ctx (default\n"
+		"      8192,32768,131072; a k suffix multiplies by 1024) and each --batch (default\n"
+		"      1,16): B sessions with their own pages and codec seeds, each attended by\n"
+		"      its own host thread on its own context (stream), as tqkvd's workers do.\n"
+		"      Per case: GPU time per call (median, CUDA events), wall time per call,\n"
+		"      calls/s of all sessions, effective bandwidth (compressed K+V bytes of the\n"
+		"      context / time) against the device's peak, and one call checked against\n"
+		"      tq_attend_ref on the CPU (relative error of the output norm) up to\n"
+		"      --check-max tokens (default 131072).  --reps: timed calls per session\n"
+		"      (default 50, after 5 warm-up calls).\n"
+		"    - the baseline, in the same run: PyTorch scaled_dot_product_attention over\n"
+		"      a bf16 cache of the same shape (scripts/bench-sdpa.py, found under\n"
+		"      $TQ_SRC, the current directory or next to the binary; run with\n"
+		"      $TQ_PYTHON, default python3); fused / sdpa compares the time of one decode step of\n"
+		"      all B sessions: GPU time at B = 1, wall time per round at B > 1.\n"
+		"      Without python3 or torch: \"baseline: unavailable (why)\".  --no-baseline\n"
+		"      skips it.\n"
+		"    - tqc_append: one decode token (all KV heads, K and V) into each of --layers\n"
+		"      layers (default 32): GPU time per layer (target <= 10 us); and --bulk\n"
+		"      tokens at once (default 4096) in vectors/s; both against tq_encode on the\n"
+		"      CPU, and the GPU's blocks checked byte for byte against it.\n"
+		"    --threads: host threads for the synthetic data, the CPU encoding of the\n"
+		"    pages and the bulk append's CPU baseline (default: every CPU; the decode\n"
+		"    token's CPU baseline runs on one thread).  No usable CUDA device:\n"
+		"    the reason on stderr and exit status 77.\n");
+}
+
+/* "8192,32k,131072": 1..ATTN_CUDA_MAX_LIST integers in [1, max]; a k suffix
+ * multiplies by 1024.  The count, or -1. */
+static int parse_list(const char *s, uint64_t max, uint64_t *out)
+{
+	int n = 0;
+
+	for (;;) {
+		char *end;
+		if (n == ATTN_CUDA_MAX_LIST || *s < '0' || *s > '9')
+			return -1;
+		errno = 0;
+		unsigned long long x = strtoull(s, &end, 10);
+		if (errno || end == s)
+			return -1;
+		if (*end == 'k' || *end == 'K') {
+			x *= 1024;
+			end++;
+		}
+		if (x < 1 || x > max)
+			return -1;
+		out[n++] = x;
+		if (*end == '\0')
+			return n;
+		if (*end != ',')
+			return -1;
+		s = end + 1;
+	}
 }
 
 static int bench_attn_main(int argc, char **argv)
@@ -723,6 +750,11 @@ static int bench_attn_main(int argc, char **argv)
 	};
 	o.isa = tq_attn_isa_supported(TQ_ISA_AVX512) ? TQ_ISA_AVX512
 		: tq_attn_isa_supported(TQ_ISA_AVX2) ? TQ_ISA_AVX2 : TQ_ISA_SCALAR;
+	/* --backend cuda: its own options, and the CPU-only ones refused */
+	int cuda = 0, device = 0, no_baseline = 0, layers = 32;
+	int threads_set = 0, reps_set = 0;
+	const char *ctx_arg = NULL, *batch_arg = NULL, *cpu_only = NULL, *cuda_only = NULL;
+	uint32_t check_max = 131072, bulk = 4096;
 
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -734,11 +766,15 @@ static int bench_attn_main(int argc, char **argv)
 			o.json = 1;
 		} else if (!strcmp(a, "--quality")) {
 			o.quality = 1;
+			cpu_only = a;
+		} else if (!strcmp(a, "--no-baseline")) {
+			no_baseline = 1;
+			cuda_only = a;
 		} else if (!val) {
 			fprintf(stderr, "tqbench attn: %s needs a value\n", a);
 			return 2;
 		} else if (!strcmp(a, "--ctx")) {
-			o.ctx = (uint32_t)strtoul(val, NULL, 0); i++;
+			ctx_arg = val; i++;
 		} else if (!strcmp(a, "--k") || !strcmp(a, "--v")) {
 			if ((id = tq_codec_from_name(val)) < 0) {
 				fprintf(stderr, "tqbench attn: unknown codec %s\n", val);
@@ -751,23 +787,30 @@ static int bench_attn_main(int argc, char **argv)
 			i++;
 		} else if (!strcmp(a, "--threads")) {
 			o.threads = atoi(val); i++;
+			threads_set = 1;
 		} else if (!strcmp(a, "--mode")) {
 			o.prefill = !strcmp(val, "prefill");
 			if (!o.prefill && strcmp(val, "decode")) {
 				fprintf(stderr, "tqbench attn: --mode decode|prefill\n");
 				return 2;
 			}
+			if (o.prefill)
+				cpu_only = "--mode prefill";
 			i++;
 		} else if (!strcmp(a, "--reps")) {
 			o.reps = atoi(val); i++;
+			reps_set = 1;
 		} else if (!strcmp(a, "--page-tokens")) {
 			o.page_tokens = (uint32_t)strtoul(val, NULL, 0); i++;
 		} else if (!strcmp(a, "--sparse")) {
 			o.sparse = strtof(val, NULL); i++;
+			cpu_only = a;
 		} else if (!strcmp(a, "--trials")) {
 			o.trials = atoi(val); i++;
+			cpu_only = a;
 		} else if (!strcmp(a, "--margin")) {
 			o.margin = strtod(val, NULL); i++;
+			cpu_only = a;
 		} else if (!strcmp(a, "--isa")) {
 			if (!strcmp(val, "scalar")) o.isa = TQ_ISA_SCALAR;
 			else if (!strcmp(val, "avx2")) o.isa = TQ_ISA_AVX2;
@@ -777,12 +820,96 @@ static int bench_attn_main(int argc, char **argv)
 				fprintf(stderr, "tqbench attn: unknown isa %s\n", val);
 				return 2;
 			}
+			cpu_only = a;
+			i++;
+		} else if (!strcmp(a, "--backend")) {
+			if (!strcmp(val, "cuda"))
+				cuda = 1;
+			else if (!strcmp(val, "cpu"))
+				cuda = 0;
+			else {
+				fprintf(stderr, "tqbench attn: --backend cpu|cuda, not %s\n", val);
+				return 2;
+			}
+			i++;
+		} else if (!strcmp(a, "--device") || !strcmp(a, "--batch") || !strcmp(a, "--check-max") ||
+			   !strcmp(a, "--layers") || !strcmp(a, "--bulk")) {
+			char *end;
+			errno = 0;
+			long x = strtol(val, &end, 0);
+			if (!strcmp(a, "--batch")) {
+				batch_arg = val;
+			} else if (errno || end == val || *end || x < 0 || x > (1L << 30)) {
+				fprintf(stderr, "tqbench attn: %s %s: not a count\n", a, val);
+				return 2;
+			} else if (!strcmp(a, "--device")) {
+				device = (int)x;
+			} else if (!strcmp(a, "--check-max")) {
+				check_max = (uint32_t)x;
+			} else if (!strcmp(a, "--layers")) {
+				layers = (int)x;
+			} else {
+				bulk = (uint32_t)x;
+			}
+			cuda_only = a;
 			i++;
 		} else {
 			fprintf(stderr, "tqbench attn: unknown option %s\n", a);
 			usage(stderr);
 			return 2;
 		}
+	}
+	if (cuda) {
+		struct attn_cuda_opts co = {
+			.device = device, .k = o.k, .v = o.v, .page_tokens = o.page_tokens,
+			.threads = o.threads, .reps = reps_set ? o.reps : 50, .json = o.json,
+			.baseline = !no_baseline, .check_max = check_max, .layers = layers, .bulk = bulk,
+		};
+		uint64_t l[ATTN_CUDA_MAX_LIST];
+		int n;
+
+		if (cpu_only) {
+			fprintf(stderr, "tqbench attn: %s is not an option of --backend cuda\n", cpu_only);
+			return 2;
+		}
+		if (!threads_set) {
+			long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+			co.threads = ncpu < 1 ? 1 : ncpu > TQ_THREADS_MAX ? TQ_THREADS_MAX : (int)ncpu;
+		}
+		if ((n = parse_list(ctx_arg ? ctx_arg : "8192,32768,131072", UINT32_MAX, l)) < 0) {
+			fprintf(stderr, "tqbench attn: --ctx %s: a comma list of 1 to %d contexts\n", ctx_arg,
+				ATTN_CUDA_MAX_LIST);
+			return 2;
+		}
+		for (int i = 0; i < n; i++)
+			co.ctx[i] = (uint32_t)l[i];
+		co.n_ctx = n;
+		if ((n = parse_list(batch_arg ? batch_arg : "1,16", ATTN_CUDA_MAX_BATCH, l)) < 0) {
+			fprintf(stderr, "tqbench attn: --batch %s: a comma list of 1 to %d batch sizes, "
+					"each 1 to %d\n", batch_arg, ATTN_CUDA_MAX_LIST, ATTN_CUDA_MAX_BATCH);
+			return 2;
+		}
+		for (int i = 0; i < n; i++)
+			co.batch[i] = (int)l[i];
+		co.n_batch = n;
+		if (co.threads < 1 || co.threads > TQ_THREADS_MAX || co.reps < 1 || co.reps > 100000 ||
+		    co.page_tokens < 1 || co.page_tokens > TQ_PAGE_TOKENS_MAX || co.layers < 1 ||
+		    co.layers > 1024 || co.bulk < 1 || co.bulk > (1u << 20)) {
+			fprintf(stderr, "tqbench attn: bad option value\n");
+			return 2;
+		}
+		return bench_attn_cuda(&co);
+	}
+	if (cuda_only) {
+		fprintf(stderr, "tqbench attn: %s needs --backend cuda\n", cuda_only);
+		return 2;
+	}
+	if (ctx_arg) {
+		if (strchr(ctx_arg, ',')) {
+			fprintf(stderr, "tqbench attn: a list of contexts needs --backend cuda\n");
+			return 2;
+		}
+		o.ctx = (uint32_t)strtoul(ctx_arg, NULL, 0);
 	}
 	if (o.threads < 1 || o.threads > TQ_THREADS_MAX || o.reps < 1 || o.ctx < 1 ||
 	    o.page_tokens < 1 || o.page_tokens > TQ_PAGE_TOKENS_MAX || o.trials < 1) {
@@ -798,5 +925,6 @@ static int bench_attn_main(int argc, char **argv)
 	return run_perf(&o);
 }
 
-TQ_BENCH_SUITE(attn, "attn --ctx N [--k C] [--v C] [--threads T] [--mode decode|prefill] [--json] | --quality",
+TQ_BENCH_SUITE(attn, "attn --ctx N [--k C] [--v C] [--threads T] [--mode decode|prefill] [--json] | --quality\n"
+		     "                 | --backend cuda [--device N] [--ctx N,..] [--batch B,..] [--json]",
 	       bench_attn_main)
