@@ -451,8 +451,11 @@ static void test_device_tier(void)
 	devsim_stats(&ds0);
 	T_ASSERT(ds0.copies_from_dev > ds1.copies_from_dev);
 	devsim_fail_copy(1);
+	/* the failed copy is this call's error — or, when a read-ahead took
+	 * it, the call reads the page again: never wrong bits */
 	attend(&f, id, 1, tokens, out, &r);
-	T_ASSERT(r.res < 0 && r.status != TQKV_ST_OK);
+	T_ASSERT((r.res < 0 && r.status != TQKV_ST_OK) ||
+		 (r.res == 4 && memcmp(out, host[1], sizeof(out)) == 0));
 	devsim_fail_copy(0);
 	for (uint32_t l = 0; l < 3; l++) {
 		T_EQ(attend(&f, id, l, tokens, out, &r), 4);
