@@ -73,7 +73,7 @@ constexpr int rows_for(int vpl)
 /* ---- small pieces ------------------------------------------------------------------ */
 
 /* tq_f16_to_f32 (exact). */
-__device__ __forceinline__ float f16_to_f32(uint32_t h)
+static __device__ __forceinline__ float f16_to_f32(uint32_t h)
 {
 	uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
 
@@ -86,19 +86,19 @@ __device__ __forceinline__ float f16_to_f32(uint32_t h)
 	return __uint_as_float(bits);
 }
 
-__device__ __forceinline__ uint32_t ld_u16(const uint8_t *p)
+static __device__ __forceinline__ uint32_t ld_u16(const uint8_t *p)
 {
 	return (uint32_t)p[0] | (uint32_t)p[1] << 8;
 }
 
-__device__ __forceinline__ float ld_f32(const uint8_t *p)
+static __device__ __forceinline__ float ld_f32(const uint8_t *p)
 {
 	return __uint_as_float((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
 			       (uint32_t)p[3] << 24);
 }
 
 /* Sum over the warp; every lane gets the same bits (a + b == b + a). */
-__device__ __forceinline__ float warp_sum(float v)
+static __device__ __forceinline__ float warp_sum(float v)
 {
 #pragma unroll
 	for (int o = 16; o >= 1; o >>= 1)
@@ -107,7 +107,7 @@ __device__ __forceinline__ float warp_sum(float v)
 }
 
 /* In-place Walsh–Hadamard transform of this warp's shared row. */
-__device__ void warp_fwht(float *u, int d, int lane)
+static __device__ void warp_fwht(float *u, int d, int lane)
 {
 	for (int h = 1; h < d; h <<= 1) {
 		for (int p = lane; p < d / 2; p += 32) {
@@ -120,7 +120,7 @@ __device__ void warp_fwht(float *u, int d, int lane)
 	}
 }
 
-__device__ __forceinline__ float sign_of(const struct tqc_codec_desc &cd, int c)
+static __device__ __forceinline__ float sign_of(const struct tqc_codec_desc &cd, int c)
 {
 	return (cd.sign_mask[c >> 5] >> (c & 31)) & 1u ? -1.0f : 1.0f;
 }
@@ -131,7 +131,7 @@ struct planes {
 	int o4, o2, o1;
 };
 
-__device__ __forceinline__ planes plane_offsets(int d, int bits)
+static __device__ __forceinline__ planes plane_offsets(int d, int bits)
 {
 	planes p = { 0, 0, 0 };
 	int off = TQ_TQ_HEADER_BYTES; /* = TQ_Q4A_HEADER_BYTES */
@@ -156,7 +156,7 @@ __device__ __forceinline__ planes plane_offsets(int d, int bits)
  *   bits  0.. 7  byte in the 4-bit plane (< 256)   bit  8      s for w = 4
  *   bits  9..15  byte in the 2-bit plane (< 128)   bits 16..17 s for w = 2
  *   bits 18..23  byte in the 1-bit plane (< 64)    bits 24..26 s for w = 1 */
-__device__ __forceinline__ uint32_t plane_pos(int c, int d)
+static __device__ __forceinline__ uint32_t plane_pos(int c, int d)
 {
 	const uint32_t k = (uint32_t)(8 * c / d); /* 0..7 */
 	const uint32_t s4 = k >> 2, s2 = k >> 1, s1 = k;
@@ -168,7 +168,7 @@ __device__ __forceinline__ uint32_t plane_pos(int c, int d)
 
 /* The index at `pos` (plane_pos) of a block's planes, `bits` wide (1..7);
  * widest plane first, holding the lowest bits. */
-__device__ __forceinline__ int plane_index(const uint8_t *b, uint32_t pos, int bits, planes p)
+static __device__ __forceinline__ int plane_index(const uint8_t *b, uint32_t pos, int bits, planes p)
 {
 	int idx = 0, sh = 0;
 
@@ -194,7 +194,7 @@ __device__ __forceinline__ int plane_index(const uint8_t *b, uint32_t pos, int b
  * v[j] for c = lane + 32 j (0 past d).  Returns the block's scale (tq: the
  * norm correction; q8: max/127; others 1). */
 template <int VPL>
-__device__ __forceinline__ float decode(int id, int d, int bits, const uint8_t *b, int lane,
+static __device__ __forceinline__ float decode(int id, int d, int bits, const uint8_t *b, int lane,
 					const uint32_t (&pos)[VPL], planes pl, const float *cent, float (&v)[VPL])
 {
 	switch (id) {

@@ -53,13 +53,13 @@ static_assert(TQ_CODEC_F16 == 0 && TQ_CODEC_Q8 == 1 && TQ_CODEC_Q4A == 2 && TQ_C
 
 /* ---- element conversions: ports of tq_codec.c's bit functions ------------------ */
 
-__device__ __forceinline__ bool finite_bits(uint32_t u)
+static __device__ __forceinline__ bool finite_bits(uint32_t u)
 {
 	return (u & 0x7f800000u) != 0x7f800000u;
 }
 
 /* tq_f16_to_f32 (exact). */
-__device__ __forceinline__ float f16_to_f32(uint32_t h)
+static __device__ __forceinline__ float f16_to_f32(uint32_t h)
 {
 	uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
 
@@ -75,7 +75,7 @@ __device__ __forceinline__ float f16_to_f32(uint32_t h)
 }
 
 /* tq_f32_to_f16: round to nearest even; overflow -> inf, NaN -> quiet NaN. */
-__device__ __forceinline__ uint32_t f32_to_f16(float f)
+static __device__ __forceinline__ uint32_t f32_to_f16(float f)
 {
 	uint32_t x = __float_as_uint(f), sign = (x >> 16) & 0x8000u, exp = (x >> 23) & 0xffu,
 		 man = x & 0x7fffffu;
@@ -102,7 +102,7 @@ __device__ __forceinline__ uint32_t f32_to_f16(float f)
 }
 
 /* Element c of a row of `dtype` as fp32 bits (byte loads: any alignment). */
-__device__ __forceinline__ uint32_t load_elem_bits(const uint8_t *row, int dtype, int c)
+static __device__ __forceinline__ uint32_t load_elem_bits(const uint8_t *row, int dtype, int c)
 {
 	if (dtype == DT_F32) {
 		const uint8_t *p = row + 4 * (size_t)c;
@@ -115,7 +115,7 @@ __device__ __forceinline__ uint32_t load_elem_bits(const uint8_t *row, int dtype
 	return h << 16; /* bf16 */
 }
 
-__device__ __forceinline__ void store_u32(uint8_t *p, uint32_t v)
+static __device__ __forceinline__ void store_u32(uint8_t *p, uint32_t v)
 {
 	p[0] = (uint8_t)v;
 	p[1] = (uint8_t)(v >> 8);
@@ -123,7 +123,7 @@ __device__ __forceinline__ void store_u32(uint8_t *p, uint32_t v)
 	p[3] = (uint8_t)(v >> 24);
 }
 
-__device__ __forceinline__ void store_u16(uint8_t *p, uint32_t v)
+static __device__ __forceinline__ void store_u16(uint8_t *p, uint32_t v)
 {
 	p[0] = (uint8_t)v;
 	p[1] = (uint8_t)(v >> 8);
@@ -133,7 +133,7 @@ __device__ __forceinline__ void store_u16(uint8_t *p, uint32_t v)
 
 /* tq_sumsq16: lane i < 16 sums x[j]^2 over j = i (mod 16) in order, then the
  * lanes reduce pairwise (l[i] += l[i+8], +4, +2, +1).  Every lane gets l[0]. */
-__device__ float warp_sumsq16(const float *x, int d, int lane)
+static __device__ float warp_sumsq16(const float *x, int d, int lane)
 {
 	float l = 0.0f;
 
@@ -150,7 +150,7 @@ __device__ float warp_sumsq16(const float *x, int d, int lane)
 
 /* tq_fwht_ref in place: stage h pairs (j, j + h) for every j with bit h
  * clear — each butterfly the reference's a + b, a - b. */
-__device__ void warp_fwht(float *u, int d, int lane)
+static __device__ void warp_fwht(float *u, int d, int lane)
 {
 	for (int h = 1; h < d; h <<= 1) {
 		for (int p = lane; p < d / 2; p += 32) {
@@ -167,7 +167,7 @@ __device__ void warp_fwht(float *u, int d, int lane)
  *   Hadamard: u = fwht(x * sign) * (inv_norm * inv_sqrt_dim)
  *   dense:    u_i = (sum_j in order of R[i][j] * x[j]) * inv_norm
  * x must be visible to the warp (after __syncwarp); u is, on return. */
-__device__ void warp_rotate_scaled(const struct tqc_codec_desc *cd, const float *x, float inv_norm,
+static __device__ void warp_rotate_scaled(const struct tqc_codec_desc *cd, const float *x, float inv_norm,
 				   float *u, int lane)
 {
 	const int d = cd->dim;
@@ -198,7 +198,7 @@ __device__ void warp_rotate_scaled(const struct tqc_codec_desc *cd, const float 
 /* tq_pack_planes for bits 1..7 (planes of width 4, 2, 1; widest first, with
  * the lowest bits): a plane of width w has stride S = d * w / 8 and byte j
  * holds index j + s * S at bits [s * w, s * w + w). */
-__device__ void warp_pack_planes(const uint8_t *idx, int d, int bits, uint8_t *out, int lane)
+static __device__ void warp_pack_planes(const uint8_t *idx, int d, int bits, uint8_t *out, int lane)
 {
 	int shift = 0;
 
@@ -218,7 +218,7 @@ __device__ void warp_pack_planes(const uint8_t *idx, int d, int bits, uint8_t *o
 	}
 }
 
-__device__ void warp_zero_block(uint8_t *blk, uint32_t bytes, int lane)
+static __device__ void warp_zero_block(uint8_t *blk, uint32_t bytes, int lane)
 {
 	for (uint32_t j = (uint32_t)lane; j < bytes; j += 32)
 		blk[j] = 0;
@@ -227,7 +227,7 @@ __device__ void warp_zero_block(uint8_t *blk, uint32_t bytes, int lane)
 /* ---- the codecs: 0, or TQC_ST_RANGE (nothing written) ------------------------ */
 
 /* encode_tq: x (visible) is clobbered. */
-__device__ uint32_t enc_tq(const struct tqc_codec_desc *cd, float *x, float *u, uint8_t *ib,
+static __device__ uint32_t enc_tq(const struct tqc_codec_desc *cd, float *x, float *u, uint8_t *ib,
 			   uint8_t *blk, int lane)
 {
 	const int d = cd->dim;
@@ -270,7 +270,7 @@ __device__ uint32_t enc_tq(const struct tqc_codec_desc *cd, float *x, float *u, 
 }
 
 /* encode_q8 */
-__device__ uint32_t enc_q8(const struct tqc_codec_desc *cd, const float *x, float *u, uint8_t *blk,
+static __device__ uint32_t enc_q8(const struct tqc_codec_desc *cd, const float *x, float *u, uint8_t *blk,
 			   int lane)
 {
 	const int d = cd->dim;
@@ -310,7 +310,7 @@ __device__ uint32_t enc_q8(const struct tqc_codec_desc *cd, const float *x, floa
 }
 
 /* encode_q4a */
-__device__ uint32_t enc_q4a(const struct tqc_codec_desc *cd, const float *x, uint8_t *ib, uint8_t *blk,
+static __device__ uint32_t enc_q4a(const struct tqc_codec_desc *cd, const float *x, uint8_t *ib, uint8_t *blk,
 			    int lane)
 {
 	const int d = cd->dim;
@@ -365,7 +365,7 @@ __device__ uint32_t enc_q4a(const struct tqc_codec_desc *cd, const float *x, uin
 }
 
 /* encode_f16 */
-__device__ uint32_t enc_f16(const struct tqc_codec_desc *cd, const float *x, uint8_t *blk, int lane)
+static __device__ uint32_t enc_f16(const struct tqc_codec_desc *cd, const float *x, uint8_t *blk, int lane)
 {
 	const int d = cd->dim;
 	bool bad = false;
@@ -381,7 +381,7 @@ __device__ uint32_t enc_f16(const struct tqc_codec_desc *cd, const float *x, uin
 }
 
 /* f32: the converted floats' bits */
-__device__ uint32_t enc_f32(const struct tqc_codec_desc *cd, const float *x, uint8_t *blk, int lane)
+static __device__ uint32_t enc_f32(const struct tqc_codec_desc *cd, const float *x, uint8_t *blk, int lane)
 {
 	for (int i = lane; i < cd->dim; i += 32)
 		store_u32(blk + 4 * i, __float_as_uint(x[i]));
