@@ -113,7 +113,9 @@ NVCC_FLAGS ?= -O3 -g -std=c++17 -Xcompiler -fPIC,-Wall,-Wextra,-Wno-unused-param
 	-Ikernels -Iproto
 ifeq ($(HAVE_CUDA),1)
   CUDA_CFLAGS := -I$(CUDA_HOME)/include -DTQ_HAVE_CUDA=1
-  CUDA_LIBS   := -L$(dir $(CUDA_LIBDIR)) -lcudart_static -ldl -lrt
+  # -lstdc++: nvcc's host-side launch stubs use thread-safe statics
+  # (__cxa_guard_*) and the C++ exception personality
+  CUDA_LIBS   := -L$(dir $(CUDA_LIBDIR)) -lcudart_static -ldl -lrt -lstdc++
 endif
 
 # A build is one configuration.  Objects live in a directory per sanitizer

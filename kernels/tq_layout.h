@@ -86,7 +86,7 @@ enum tq_codec_id {
 #define TQ_F16_BLOCK_BYTES(dim) (2u * (uint32_t)(dim))
 #define TQ_F32_BLOCK_BYTES(dim) (4u * (uint32_t)(dim))
 
-#ifndef __cplusplus
+/* C11 (assert.h) and C++ (the keyword, for the .cu files) alike */
 static_assert(TQ_TQ_BLOCK_BYTES(128, 2) == 36, "tq2 block at d=128");
 static_assert(TQ_TQ_BLOCK_BYTES(128, 3) == 52, "tq3 block at d=128");
 static_assert(TQ_TQ_BLOCK_BYTES(128, 4) == 68, "tq4 block at d=128");
@@ -98,6 +98,5 @@ static_assert(TQ_TQ_BLOCK_BYTES(TQ_DIM_MIN, 1) == 5, "1-bit plane at the smalles
 static_assert(TQ_TQ_BLOCK_BYTES(TQ_DIM_MAX, 8) == 516, "8-bit planes at the largest dim");
 static_assert(TQ_DIM_MIN % TQ_DIM_ALIGN == 0 && TQ_DIM_MAX % TQ_DIM_ALIGN == 0, "dim bounds");
 static_assert(TQ_CODEC__COUNT == 7, "codec ids are append-only");
-#endif
 
 #endif /* TQ_LAYOUT_H */

@@ -107,13 +107,12 @@ TQ_PAGE_FN int tq_page_geom_valid(const struct tq_page_geom *g)
 	       g->v_block_bytes >= 1u && g->v_block_bytes <= 4u * 512u;
 }
 
-#ifndef __cplusplus
+/* C11 (assert.h) and C++ (the keyword, for the .cu files) alike */
 static_assert(sizeof(struct tq_page_geom) == 16, "tq_page_geom is four u32");
 static_assert(TQ_PAGE_ALIGN == 64u && (TQ_PAGE_ALIGN & (TQ_PAGE_ALIGN - 1u)) == 0, "page alignment");
 /* Worst case (1024 heads x 65536 tokens x 2048-byte f32 blocks at d = 512, K and
  * V) stays well inside uint64_t offsets. */
 static_assert((uint64_t)TQ_KV_HEADS_MAX * TQ_PAGE_TOKENS_MAX * 2048u * 2u < ((uint64_t)1 << 50),
 	      "page offsets fit in 64 bits");
-#endif
 
 #endif /* TQ_PAGE_H */

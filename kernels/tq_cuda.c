@@ -1,0 +1,1009 @@
+/* tq_cuda.c — tq_cuda.h with CUDA: devices, memory, contexts, and the host
+ * half of quantize-append and attention (checks, parameter structs from the
+ * codecs, staging, launches, errors).  The kernels are in tq_cuda_encode.cu
+ * and tq_cuda_attn.cu; tq_cuda_internal.h is the ABI between the two halves.
+ *
+ * Staging: a kernel reads and writes only memory the device can address.
+ * Inputs and outputs the caller hands in are classified with
+ * cudaPointerGetAttributes: device memory of this device, managed memory and
+ * mapped (registered / pinned) host memory are used in place, through the
+ * device address the runtime gives; plain host memory (and another device's
+ * memory) goes through the context's pinned staging and device scratch with
+ * async copies on the context's stream.  Every call synchronizes its stream
+ * before returning, so between calls a context's stream is idle: scratch,
+ * staging and the dense-rotation cache are grown or evicted only then.
+ */
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tq_attn_internal.h"
+#include "tq_cuda.h"
+#include "tq_cuda_internal.h"
+
+#define REGION_ALIGN   ((size_t)2 << 20)   /* tqc_region_alloc: 2 MiB             */
+#define SCRATCH_ALIGN  256u                /* every scratch / staging sub-buffer  */
+#define ROT_CACHE      4                   /* dense rotations kept per context    */
+#define LOG2E          1.4426950408889634
+
+/* append: tokens per launch (a launch's vectors fit the status word's 32-bit
+ * index with room: 32768 x 2 x 1024 heads = 2^26) and staged input bytes per
+ * launch when the input is plain host memory */
+#define ENC_PASS_TOKENS 32768u
+#define ENC_STAGE_BYTES ((size_t)32 << 20)
+/* attention: q floats per pass (queries, qrot and the staged out are this
+ * big), partial floats per pass at most (unless one split needs more),
+ * tokens per split at least, CTAs per SM the split count aims at */
+#define ATT_PASS_FLOATS ((size_t)4 << 20)
+#define ATT_PART_FLOATS ((size_t)16 << 20)
+#define ATT_SPLIT_MIN   256u
+#define ATT_CTAS_PER_SM 4
+
+/* ---- messages ------------------------------------------------------------------- */
+
+__attribute__((format(printf, 3, 4)))
+static int say(char *why, size_t whylen, const char *fmt, ...)
+{
+	if (why && whylen) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(why, whylen, fmt, ap);
+		va_end(ap);
+	}
+	return 0;
+}
+
+/* The errno for a failed CUDA call (after start). */
+static int cuda_errno(cudaError_t e)
+{
+	switch (e) {
+	case cudaErrorMemoryAllocation: return -ENOMEM;
+	case cudaErrorInvalidDevice:
+	case cudaErrorNoDevice:
+	case cudaErrorInsufficientDriver: return -ENODEV;
+	default: return -EIO;
+	}
+}
+
+/* Names the failed call; clears the thread's last-error state so that a
+ * later launch check does not see this error as its own. */
+static int cuda_fail(char *why, size_t whylen, const char *what, cudaError_t e)
+{
+	(void)cudaGetLastError();
+	say(why, whylen, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+	return cuda_errno(e);
+}
+
+static int err_fail(tq_error *err, const char *what, cudaError_t e)
+{
+	return cuda_fail(err ? err->msg : NULL, err ? sizeof(err->msg) : 0, what, e);
+}
+
+/* ---- devices -------------------------------------------------------------------- */
+
+int tqc_built(void)
+{
+	return 1;
+}
+
+int tqc_device_count(char *why, size_t whylen)
+{
+	/* the runtime reports a missing driver as an old one: look first */
+	void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (!lib) {
+		const char *de = dlerror();
+		say(why, whylen, "no CUDA driver: libcuda.so.1 not found (%s)", de ? de : "dlopen failed");
+		return -ENODEV;
+	}
+	dlclose(lib);
+
+	int n = 0;
+	cudaError_t e = cudaGetDeviceCount(&n);
+	if (e == cudaErrorInsufficientDriver) {
+		int drv = 0, rt = 0;
+		(void)cudaDriverGetVersion(&drv);
+		(void)cudaRuntimeGetVersion(&rt);
+		(void)cudaGetLastError();
+		say(why, whylen,
+		    "CUDA driver too old for this build's CUDA runtime: the driver supports CUDA %d.%d, "
+		    "the runtime is CUDA %d.%d (update the NVIDIA driver)",
+		    drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
+		return -ENODEV;
+	}
+	if (e == cudaErrorNoDevice || (e == cudaSuccess && n <= 0)) {
+		(void)cudaGetLastError();
+		say(why, whylen, "no CUDA device");
+		return -ENODEV;
+	}
+	if (e != cudaSuccess) {
+		cuda_fail(why, whylen, "no usable CUDA device: cudaGetDeviceCount", e);
+		return -ENODEV;
+	}
+	return n;
+}
+
+/* Makes `device` current for this thread: 0, or -ENODEV / -EIO with why
+ * (the reason of tqc_device_count when there is no usable device at all). */
+static int set_device(int device, char *why, size_t whylen)
+{
+	cudaError_t e = device >= 0 ? cudaSetDevice(device) : cudaErrorInvalidDevice;
+
+	if (e == cudaSuccess)
+		return 0;
+	(void)cudaGetLastError();
+	int n = tqc_device_count(why, whylen);
+	if (n < 0)
+		return n;
+	if (device < 0 || device >= n) {
+		say(why, whylen, "no CUDA device %d (there are %d)", device, n);
+		return -ENODEV;
+	}
+	return cuda_fail(why, whylen, "cudaSetDevice", e);
+}
+
+/* The same, cheaper, for a device a context already proved to exist. */
+static int set_ctx_device(int device, tq_error *err)
+{
+	cudaError_t e = cudaSetDevice(device);
+
+	return e == cudaSuccess ? 0 : err_fail(err, "cudaSetDevice", e);
+}
+
+static int attr(enum cudaDeviceAttr a, int device)
+{
+	int v = 0;
+
+	if (cudaDeviceGetAttribute(&v, a, device) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return 0;
+	}
+	return v;
+}
+
+int tqc_device_query(int device, struct tqc_device_info *out, char *why, size_t whylen)
+{
+	struct cudaDeviceProp pr;
+	size_t fr = 0, tot = 0;
+	cudaError_t e;
+	int rc;
+
+	if (!out)
+		return say(why, whylen, "tqc_device_query: NULL info"), -EINVAL;
+	memset(out, 0, sizeof(*out));
+	if ((rc = set_device(device, why, whylen)) < 0)
+		return rc;
+	if ((e = cudaGetDeviceProperties(&pr, device)) != cudaSuccess)
+		return cuda_fail(why, whylen, "cudaGetDeviceProperties", e);
+	out->device = device;
+	size_t nl = strnlen(pr.name, sizeof(out->name) - 1); /* pr.name is longer */
+	memcpy(out->name, pr.name, nl);
+	out->name[nl] = '\0';
+	out->cc_major = pr.major;
+	out->cc_minor = pr.minor;
+	out->sms = pr.multiProcessorCount;
+	out->integrated = attr(cudaDevAttrIntegrated, device);
+	out->pageable_access = attr(cudaDevAttrPageableMemoryAccess, device);
+	out->host_register = attr(cudaDevAttrHostRegisterSupported, device);
+	out->managed = attr(cudaDevAttrManagedMemory, device);
+	out->total_bytes = pr.totalGlobalMem;
+	if ((e = cudaMemGetInfo(&fr, &tot)) != cudaSuccess)
+		return cuda_fail(why, whylen, "cudaMemGetInfo", e);
+	out->free_bytes = fr;
+	if (tot)
+		out->total_bytes = tot;
+	/* kHz x bus bytes x 2 (double data rate) */
+	double khz = attr(cudaDevAttrMemoryClockRate, device), bus = attr(cudaDevAttrGlobalMemoryBusWidth, device);
+	out->peak_gbps = khz * 1e3 * (bus / 8.0) * 2.0 / 1e9;
+	(void)cudaDriverGetVersion(&out->driver_version);
+	(void)cudaRuntimeGetVersion(&out->runtime_version);
+	(void)cudaGetLastError();
+	return 0;
+}
+
+int tqc_device_unified(const struct tqc_device_info *d)
+{
+	return d && (d->integrated || d->pageable_access);
+}
+
+/* ---- memory --------------------------------------------------------------------- */
+
+/* Regions that had to be over-allocated for their 2 MiB alignment: the
+ * pointer handed out and the one to free.  A region that came aligned is
+ * not listed. */
+struct region {
+	void *user, *base;
+	struct region *next;
+};
+static pthread_mutex_t region_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct region *regions;
+
+static cudaError_t raw_alloc(void **p, size_t bytes, int unified)
+{
+	*p = NULL;
+	return unified ? cudaHostAlloc(p, bytes, cudaHostAllocMapped | cudaHostAllocPortable)
+		       : cudaMalloc(p, bytes);
+}
+
+static void raw_free(void *p, int unified)
+{
+	if (unified)
+		(void)cudaFreeHost(p);
+	else
+		(void)cudaFree(p);
+	(void)cudaGetLastError();
+}
+
+int tqc_region_alloc(int device, uint64_t bytes, int unified, void **out, char *why, size_t whylen)
+{
+	void *base = NULL, *user;
+	cudaError_t e;
+	int rc;
+
+	if (out)
+		*out = NULL;
+	if (!out || bytes == 0 || bytes > (uint64_t)SIZE_MAX - REGION_ALIGN)
+		return say(why, whylen, "region: bad size %llu", (unsigned long long)bytes), -EINVAL;
+	if ((rc = set_device(device, why, whylen)) < 0)
+		return rc;
+	if ((e = raw_alloc(&base, (size_t)bytes, unified)) != cudaSuccess)
+		goto fail;
+	user = base;
+	if ((uintptr_t)base & (REGION_ALIGN - 1)) {
+		struct region *r = malloc(sizeof(*r));
+		raw_free(base, unified);
+		if (!r)
+			return say(why, whylen, "region: out of memory"), -ENOMEM;
+		if ((e = raw_alloc(&base, (size_t)bytes + REGION_ALIGN, unified)) != cudaSuccess) {
+			free(r);
+			goto fail;
+		}
+		user = (void *)(((uintptr_t)base + REGION_ALIGN - 1) & ~(uintptr_t)(REGION_ALIGN - 1));
+		r->user = user;
+		r->base = base;
+		pthread_mutex_lock(&region_lock);
+		r->next = regions;
+		regions = r;
+		pthread_mutex_unlock(&region_lock);
+	}
+	if (unified) {
+		/* the contract: the same address on the host and the device */
+		void *dp = NULL;
+		if ((e = cudaHostGetDevicePointer(&dp, user, 0)) != cudaSuccess || dp != user) {
+			tqc_region_free(device, user, unified);
+			if (e != cudaSuccess)
+				return cuda_fail(why, whylen, "region: cudaHostGetDevicePointer", e);
+			say(why, whylen, "region: device %d maps host memory at another address", device);
+			return -ENODEV;
+		}
+	}
+	*out = user;
+	return 0;
+fail:
+	rc = cuda_fail(why, whylen, unified ? "region: cudaHostAlloc" : "region: cudaMalloc", e);
+	if (rc == -ENOMEM)
+		say(why, whylen, "region of %llu bytes on device %d: out of %s memory", (unsigned long long)bytes,
+		    device, unified ? "pinned host" : "device");
+	return rc;
+}
+
+void tqc_region_free(int device, void *p, int unified)
+{
+	void *base = p;
+
+	if (!p)
+		return;
+	pthread_mutex_lock(&region_lock);
+	for (struct region **pp = &regions; *pp; pp = &(*pp)->next)
+		if ((*pp)->user == p) {
+			struct region *r = *pp;
+			base = r->base;
+			*pp = r->next;
+			free(r);
+			break;
+		}
+	pthread_mutex_unlock(&region_lock);
+	if (cudaSetDevice(device) != cudaSuccess)
+		(void)cudaGetLastError();
+	raw_free(base, unified);
+}
+
+int tqc_host_register(int device, void *p, size_t bytes, char *why, size_t whylen)
+{
+	cudaError_t e;
+	int rc;
+
+	if (!p || !bytes)
+		return say(why, whylen, "host register: NULL or empty range"), -EINVAL;
+	if ((rc = set_device(device, why, whylen)) < 0)
+		return rc;
+	e = cudaHostRegister(p, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+	if (e == cudaSuccess)
+		return 0;
+	rc = cuda_fail(why, whylen, "cudaHostRegister", e);
+	switch (e) {
+	case cudaErrorHostMemoryAlreadyRegistered: return -EEXIST;
+	case cudaErrorNotSupported: return -EOPNOTSUPP;
+	case cudaErrorInvalidValue: return -EINVAL;
+	default: return rc;
+	}
+}
+
+void tqc_host_unregister(int device, void *p)
+{
+	if (!p)
+		return;
+	if (cudaSetDevice(device) != cudaSuccess || cudaHostUnregister(p) != cudaSuccess)
+		(void)cudaGetLastError();
+}
+
+int tqc_copy(int device, void *dst, const void *src, size_t bytes, char *why, size_t whylen)
+{
+	cudaError_t e;
+	int rc;
+
+	if (!bytes)
+		return 0;
+	if (!dst || !src)
+		return say(why, whylen, "copy: NULL pointer"), -EINVAL;
+	if ((rc = set_device(device, why, whylen)) < 0)
+		return rc;
+	if ((e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault)) != cudaSuccess) {
+		cuda_fail(why, whylen, "copy: cudaMemcpy", e);
+		return -EIO;
+	}
+	return 0;
+}
+
+void *tqc_pinned_alloc(int device, size_t bytes)
+{
+	void *p = NULL;
+
+	if (!bytes || set_device(device, NULL, 0) < 0)
+		return NULL;
+	if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return NULL;
+	}
+	return p;
+}
+
+void tqc_pinned_free(void *p)
+{
+	if (p && cudaFreeHost(p) != cudaSuccess)
+		(void)cudaGetLastError();
+}
+
+/* ---- contexts ------------------------------------------------------------------- */
+
+struct rot_ent {
+	int dim;                 /* 0: empty */
+	uint64_t seed;
+	float *mat, *mat_t;      /* device copies of R and R^T */
+	uint64_t used;           /* LRU stamp */
+};
+
+struct tqc_ctx {
+	int device;
+	int sms;
+	cudaStream_t stream;
+	cudaEvent_t ev0, ev1;
+	double last_us;
+	uint8_t *dev;            /* device scratch */
+	size_t dev_cap;
+	uint8_t *pin;            /* pinned staging */
+	size_t pin_cap;
+	struct rot_ent rot[ROT_CACHE];
+	uint64_t tick;
+};
+
+int tqc_ctx_new(tqc_ctx **out, int device, tq_error *err)
+{
+	char why[sizeof(((tq_error *)0)->msg)];
+	tqc_ctx *x;
+	cudaError_t e;
+	int rc;
+
+	if (!out)
+		return tq_fail(err, "tqc_ctx_new: NULL out");
+	*out = NULL;
+	if ((rc = set_device(device, why, sizeof(why))) < 0) {
+		if (err)
+			snprintf(err->msg, sizeof(err->msg), "%s", why);
+		return rc;
+	}
+	if (!(x = calloc(1, sizeof(*x)))) {
+		if (err)
+			snprintf(err->msg, sizeof(err->msg), "GPU context: out of memory");
+		return -ENOMEM;
+	}
+	x->device = device;
+	x->sms = attr(cudaDevAttrMultiProcessorCount, device);
+	if (x->sms < 1)
+		x->sms = 1;
+	if ((e = cudaStreamCreateWithFlags(&x->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+		rc = err_fail(err, "GPU context: cudaStreamCreateWithFlags", e);
+		free(x);
+		return rc;
+	}
+	if ((e = cudaEventCreate(&x->ev0)) != cudaSuccess || (e = cudaEventCreate(&x->ev1)) != cudaSuccess) {
+		rc = err_fail(err, "GPU context: cudaEventCreate", e);
+		tqc_ctx_free(x);
+		return rc;
+	}
+	*out = x;
+	return 0;
+}
+
+void tqc_ctx_free(tqc_ctx *x)
+{
+	if (!x)
+		return;
+	if (cudaSetDevice(x->device) == cudaSuccess && x->stream)
+		(void)cudaStreamSynchronize(x->stream);
+	for (int i = 0; i < ROT_CACHE; i++) {
+		if (x->rot[i].mat)
+			(void)cudaFree(x->rot[i].mat);
+		if (x->rot[i].mat_t)
+			(void)cudaFree(x->rot[i].mat_t);
+	}
+	if (x->dev)
+		(void)cudaFree(x->dev);
+	if (x->pin)
+		(void)cudaFreeHost(x->pin);
+	if (x->ev0)
+		(void)cudaEventDestroy(x->ev0);
+	if (x->ev1)
+		(void)cudaEventDestroy(x->ev1);
+	if (x->stream)
+		(void)cudaStreamDestroy(x->stream);
+	(void)cudaGetLastError();
+	free(x);
+}
+
+int tqc_ctx_device(const tqc_ctx *x)
+{
+	return x ? x->device : -1;
+}
+
+double tqc_ctx_last_us(const tqc_ctx *x)
+{
+	return x ? x->last_us : 0.0;
+}
+
+/* Scratch and staging of at least `dev` / `pin` bytes.  Only while the
+ * stream is idle (at the start of a call): the old buffers are freed. */
+static size_t grow_size(size_t need)
+{
+	size_t cap = need + need / 2;
+
+	if (cap < need)
+		cap = need;
+	return (cap + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
+}
+
+static int reserve(tqc_ctx *x, size_t dev, size_t pin, tq_error *err)
+{
+	cudaError_t e;
+
+	if (dev > x->dev_cap) {
+		if (x->dev)
+			(void)cudaFree(x->dev);
+		x->dev = NULL;
+		x->dev_cap = 0;
+		size_t cap = grow_size(dev);
+		if ((e = cudaMalloc((void **)&x->dev, cap)) != cudaSuccess) {
+			(void)cudaGetLastError();
+			cap = dev;
+			if ((e = cudaMalloc((void **)&x->dev, cap)) != cudaSuccess) {
+				x->dev = NULL;
+				int rc = err_fail(err, "GPU scratch: cudaMalloc", e);
+				if (rc == -ENOMEM && err)
+					snprintf(err->msg, sizeof(err->msg),
+						 "GPU scratch of %zu bytes: out of device memory", dev);
+				return rc;
+			}
+		}
+		x->dev_cap = cap;
+	}
+	if (pin > x->pin_cap) {
+		if (x->pin)
+			(void)cudaFreeHost(x->pin);
+		x->pin = NULL;
+		x->pin_cap = 0;
+		size_t cap = grow_size(pin);
+		if ((e = cudaHostAlloc((void **)&x->pin, cap, cudaHostAllocPortable)) != cudaSuccess) {
+			x->pin = NULL;
+			int rc = err_fail(err, "GPU staging: cudaHostAlloc", e);
+			if (rc == -ENOMEM && err)
+				snprintf(err->msg, sizeof(err->msg),
+					 "GPU staging of %zu bytes: out of pinned host memory", pin);
+			return rc;
+		}
+		x->pin_cap = cap;
+	}
+	return 0;
+}
+
+/* Carves sub-buffers out of a scratch buffer: returns the offset of `bytes`. */
+static size_t carve(size_t *top, size_t bytes)
+{
+	size_t o = (*top + SCRATCH_ALIGN - 1) & ~(size_t)(SCRATCH_ALIGN - 1);
+
+	*top = o + bytes;
+	return o;
+}
+
+/* Device copies of a dense rotation (R and R^T), cached per (dim, seed): the
+ * rotation of a codec depends on nothing else (tq_rotation_init).  NULLs for
+ * codecs without one.  Only while the stream is idle (eviction frees). */
+static int rot_get(tqc_ctx *x, const tq_codec *c, const float **mat, const float **mat_t, tq_error *err)
+{
+	const int d = c->dim;
+	const size_t bytes = sizeof(float) * (size_t)d * (size_t)d;
+	struct rot_ent *v = &x->rot[0];
+	cudaError_t e;
+
+	*mat = *mat_t = NULL;
+	if (c->rot.kind != TQ_ROT_DENSE)
+		return 0;
+	for (int i = 0; i < ROT_CACHE; i++)
+		if (x->rot[i].dim == d && x->rot[i].seed == c->seed) {
+			x->rot[i].used = ++x->tick;
+			*mat = x->rot[i].mat;
+			*mat_t = x->rot[i].mat_t;
+			return 0;
+		}
+	/* the least recently used entry (never one this call already took: it
+	 * was stamped last) */
+	for (int i = 1; i < ROT_CACHE; i++)
+		if (x->rot[i].used < v->used)
+			v = &x->rot[i];
+	if (v->mat)
+		(void)cudaFree(v->mat);
+	if (v->mat_t)
+		(void)cudaFree(v->mat_t);
+	memset(v, 0, sizeof(*v));
+	if ((e = cudaMalloc((void **)&v->mat, bytes)) != cudaSuccess ||
+	    (e = cudaMalloc((void **)&v->mat_t, bytes)) != cudaSuccess) {
+		if (v->mat)
+			(void)cudaFree(v->mat);
+		memset(v, 0, sizeof(*v));
+		return err_fail(err, "dense rotation: cudaMalloc", e);
+	}
+	/* pageable sources: the copies have taken the data when they return */
+	if ((e = cudaMemcpyAsync(v->mat, c->rot.mat, bytes, cudaMemcpyHostToDevice, x->stream)) != cudaSuccess ||
+	    (e = cudaMemcpyAsync(v->mat_t, c->rot.mat_t, bytes, cudaMemcpyHostToDevice, x->stream)) != cudaSuccess) {
+		(void)cudaStreamSynchronize(x->stream);
+		(void)cudaFree(v->mat);
+		(void)cudaFree(v->mat_t);
+		memset(v, 0, sizeof(*v));
+		return err_fail(err, "dense rotation: cudaMemcpyAsync", e);
+	}
+	v->dim = d;
+	v->seed = c->seed;
+	v->used = ++x->tick;
+	*mat = v->mat;
+	*mat_t = v->mat_t;
+	return 0;
+}
+
+/* The kernels' view of a codec. */
+static int desc_make(const tq_codec *c, const float *mat, const float *mat_t, struct tqc_codec_desc *d,
+		     tq_error *err)
+{
+	memset(d, 0, sizeof(*d));
+	if ((int)c->id < 0 || c->id >= TQ_CODEC__COUNT)
+		return tq_fail(err, "GPU: unknown codec id %d", (int)c->id);
+	if (tq_dim_check(c->dim, err) < 0)
+		return -EINVAL;
+	d->id = (int32_t)c->id;
+	d->dim = c->dim;
+	d->bits = c->bits;
+	d->block_bytes = c->block_bytes;
+	d->rot_kind = (int32_t)c->rot.kind;
+	if (c->rot.kind == TQ_ROT_HADAMARD) {
+		d->inv_sqrt_dim = c->rot.inv_sqrt_dim;
+		for (int i = 0; i < c->dim; i++)
+			if (c->rot.sign[i] < 0.0f)
+				d->sign_mask[i / 32] |= 1u << (i % 32);
+	} else if (c->rot.kind == TQ_ROT_DENSE) {
+		if (!mat || !mat_t)
+			return tq_fail(err, "GPU: dense rotation of dim %d not on the device", c->dim);
+		d->mat = mat;
+		d->mat_t = mat_t;
+	}
+	if (c->id == TQ_CODEC_TQ2 || c->id == TQ_CODEC_TQ3 || c->id == TQ_CODEC_TQ4) {
+		if (c->bits < 1 || (1 << c->bits) > TQC_CB_MAX || c->cb.levels != 1 << c->bits)
+			return tq_fail(err, "GPU: codebook of %d bits not supported", c->bits);
+		for (int i = 0; i < c->cb.levels; i++)
+			d->centroid[i] = c->cb.centroid[i];
+		for (int i = 0; i < c->cb.levels - 1; i++)
+			d->bound[i] = c->cb.bound[i];
+	}
+	return 0;
+}
+
+/* The address kernels on x->device use for p, or NULL when p must be
+ * staged (plain host memory; another device's memory). */
+static void *dev_addr(const tqc_ctx *x, const void *p)
+{
+	struct cudaPointerAttributes at;
+
+	if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return NULL;
+	}
+	switch (at.type) {
+	case cudaMemoryTypeDevice:
+		return at.device == x->device ? at.devicePointer : NULL;
+	case cudaMemoryTypeManaged:
+		return at.devicePointer ? at.devicePointer : (void *)p;
+	case cudaMemoryTypeHost: /* pinned or registered: mapped unless NULL */
+		return at.devicePointer;
+	default:
+		return NULL;
+	}
+}
+
+/* Every page the call reads or writes must exist and be TQ_PAGE_ALIGN
+ * aligned (the kernels' aligned f16 / f32 loads rely on it). */
+static int check_pages(const struct tq_page_table *kv, uint32_t first, uint32_t end, const char *who,
+		       tq_error *err)
+{
+	if (end > first && !kv->pages)
+		return tq_fail(err, "%s: NULL page list", who);
+	for (uint32_t i = first; i < end; i++) {
+		if (!kv->pages[i])
+			return tq_fail(err, "%s: page %u is NULL", who, i);
+		if ((uintptr_t)kv->pages[i] & (TQ_PAGE_ALIGN - 1))
+			return tq_fail(err, "%s: page %u is not %u-byte aligned", who, i, TQ_PAGE_ALIGN);
+	}
+	return 0;
+}
+
+static void timing_done(tqc_ctx *x)
+{
+	float ms = 0.0f;
+
+	if (cudaEventElapsedTime(&ms, x->ev0, x->ev1) == cudaSuccess)
+		x->last_us = (double)ms * 1e3;
+	else
+		(void)cudaGetLastError();
+}
+
+/* A CUDA call of append / attend: on failure, name it and bail out. */
+#define CK(name, call)                            \
+	do {                                      \
+		if ((e = (call)) != cudaSuccess) { \
+			what = name;              \
+			goto cuda_err;            \
+		}                                 \
+	} while (0)
+
+/* After a failed CUDA call in append / attend: the stream drained, the
+ * error named; -ENOMEM or -EIO. */
+static int call_failed(tqc_ctx *x, const char *who, const char *what, cudaError_t e, tq_error *err)
+{
+	char name[96];
+
+	snprintf(name, sizeof(name), "%s: %s", who, what);
+	int rc = err_fail(err, name, e);
+	(void)cudaStreamSynchronize(x->stream);
+	(void)cudaGetLastError();
+	return rc == -ENOMEM ? rc : -EIO;
+}
+
+/* ---- quantize-append -------------------------------------------------------------- */
+
+int tqc_append(tqc_ctx *x, const struct tqc_append *a, uint32_t *bad, tq_error *err)
+{
+	struct tqc_enc_args args;
+	const float *km = NULL, *kmt = NULL, *vm = NULL, *vmt = NULL;
+	const char *what = "";
+	cudaError_t e;
+	int rc;
+
+	if (bad)
+		*bad = UINT32_MAX; /* no failing token */
+	if (!x || !a || !a->k_codec || !a->v_codec || !a->kv)
+		return tq_fail(err, "append: NULL context, arguments, codec or page table");
+	const tq_codec *kc = a->k_codec, *vc = a->v_codec;
+	const struct tq_page_table *kv = a->kv;
+	const struct tq_page_geom *g = &kv->geom;
+	const int dim = kc->dim;
+	const size_t esz = tq_dtype_size(a->dtype);
+
+	if (vc->dim != dim)
+		return tq_fail(err, "append: K dim %d != V dim %d", dim, vc->dim);
+	if (!esz)
+		return tq_fail(err, "append: unknown input dtype %d", (int)a->dtype);
+	if (a->n < 1)
+		return tq_fail(err, "append: no tokens");
+	if (!a->k || !a->v)
+		return tq_fail(err, "append: NULL k or v");
+	if (!tq_page_geom_valid(g))
+		return tq_fail(err, "append: page geometry out of range");
+	if (g->k_block_bytes != kc->block_bytes || g->v_block_bytes != vc->block_bytes)
+		return tq_fail(err, "append: page block sizes %u/%u do not match the codecs (%u/%u)",
+			       g->k_block_bytes, g->v_block_bytes, kc->block_bytes, vc->block_bytes);
+	const uint64_t end = (uint64_t)a->pos + a->n; /* one past the last slot */
+	if (end > (uint64_t)UINT32_MAX + 1)
+		return tq_fail(err, "append: slots %u + %u overflow", a->pos, a->n);
+	const uint32_t pt = g->page_tokens, p_first = a->pos / pt;
+	const uint32_t p_end = (uint32_t)((end - 1) / pt + 1); /* one past the last page */
+	if (kv->n_pages < p_end)
+		return tq_fail(err, "append: %u pages cannot hold slots up to %llu", kv->n_pages,
+			       (unsigned long long)end);
+	if ((rc = check_pages(kv, p_first, p_end, "append", err)) < 0)
+		return rc;
+	if ((rc = set_ctx_device(x->device, err)) < 0)
+		return rc;
+	if ((rc = rot_get(x, kc, &km, &kmt, err)) < 0 || (rc = rot_get(x, vc, &vm, &vmt, err)) < 0)
+		return rc;
+	memset(&args, 0, sizeof(args));
+	if ((rc = desc_make(kc, km, kmt, &args.kc, err)) < 0 || (rc = desc_make(vc, vm, vmt, &args.vc, err)) < 0)
+		return rc;
+
+	/* inputs in place, or staged per launch */
+	const uint8_t *kd = dev_addr(x, a->k), *vd = dev_addr(x, a->v);
+	const uint32_t n_kv = g->n_kv_heads;
+	const size_t tok_bytes = (size_t)n_kv * (size_t)dim * esz; /* one token of K (or V) */
+	const size_t n_staged = (size_t)!kd + (size_t)!vd;
+	uint32_t pass = a->n < ENC_PASS_TOKENS ? a->n : ENC_PASS_TOKENS;
+	if (n_staged && (size_t)pass * tok_bytes * n_staged > ENC_STAGE_BYTES) {
+		size_t np = ENC_STAGE_BYTES / (tok_bytes * n_staged);
+		pass = np < 1 ? 1 : (uint32_t)np;
+	}
+	const size_t stage = (size_t)pass * tok_bytes;
+	const uint32_t n_pt = p_end - p_first;
+	size_t dtop = 0, ptop = 0;
+	const size_t d_pages = carve(&dtop, sizeof(void *) * n_pt), d_status = carve(&dtop, 8);
+	const size_t d_k = carve(&dtop, kd ? 0 : stage), d_v = carve(&dtop, vd ? 0 : stage);
+	const size_t h_pages = carve(&ptop, sizeof(void *) * n_pt), h_status = carve(&ptop, 8);
+	const size_t h_k = carve(&ptop, kd ? 0 : stage), h_v = carve(&ptop, vd ? 0 : stage);
+	if ((rc = reserve(x, dtop, ptop, err)) < 0)
+		return rc;
+
+	memcpy(x->pin + h_pages, kv->pages + p_first, sizeof(void *) * n_pt);
+	args.pages = (const uint8_t *const *)(void *)(x->dev + d_pages);
+	args.geom = *g;
+	args.dtype = (int32_t)a->dtype;
+	args.status = (unsigned long long *)(void *)(x->dev + d_status);
+	CK("cudaEventRecord", cudaEventRecord(x->ev0, x->stream));
+	CK("page table copy", cudaMemcpyAsync(x->dev + d_pages, x->pin + h_pages, sizeof(void *) * n_pt,
+					      cudaMemcpyHostToDevice, x->stream));
+
+	for (uint32_t t0 = 0; t0 < a->n; t0 += pass) {
+		const uint32_t nt = a->n - t0 < pass ? a->n - t0 : pass;
+		const size_t off = (size_t)t0 * tok_bytes, bytes = (size_t)nt * tok_bytes;
+
+		if (kd) {
+			args.k = kd + off;
+		} else {
+			memcpy(x->pin + h_k, (const uint8_t *)a->k + off, bytes);
+			CK("K input copy",
+			   cudaMemcpyAsync(x->dev + d_k, x->pin + h_k, bytes, cudaMemcpyDefault, x->stream));
+			args.k = x->dev + d_k;
+		}
+		if (vd) {
+			args.v = vd + off;
+		} else {
+			memcpy(x->pin + h_v, (const uint8_t *)a->v + off, bytes);
+			CK("V input copy",
+			   cudaMemcpyAsync(x->dev + d_v, x->pin + h_v, bytes, cudaMemcpyDefault, x->stream));
+			args.v = x->dev + d_v;
+		}
+		args.slot0 = a->pos + t0 - p_first * pt;
+		args.n_tok = nt;
+		CK("cudaMemsetAsync", cudaMemsetAsync(x->dev + d_status, 0xff, 8, x->stream));
+		CK("encode kernel launch", (cudaError_t)tqc_launch_encode(&args, x->stream));
+		CK("status copy", cudaMemcpyAsync(x->pin + h_status, x->dev + d_status, 8, cudaMemcpyDeviceToHost,
+						  x->stream));
+		CK("cudaEventRecord", cudaEventRecord(x->ev1, x->stream));
+		CK("encode kernel", cudaStreamSynchronize(x->stream));
+
+		unsigned long long st;
+		memcpy(&st, x->pin + h_status, 8);
+		if (st != ~0ull) {
+			/* the first failing vector (token-major, K before V, then
+			 * head) of the first launch with one */
+			const uint32_t vec = (uint32_t)(st >> 32), code = (uint32_t)st;
+			const uint32_t t = t0 + vec / (2u * n_kv), side = vec / n_kv % 2u, head = vec % n_kv;
+			timing_done(x);
+			if (bad)
+				*bad = t;
+			if (code & TQC_ST_NONFINITE) {
+				if (err)
+					snprintf(err->msg, sizeof(err->msg), "token %u %s head %u: NaN or Inf at element %u",
+						 t, side ? "V" : "K", head, code & TQC_ST_ELEM_MASK);
+				return -EINVAL;
+			}
+			if (err)
+				snprintf(err->msg, sizeof(err->msg), "token %u %s head %u: %s", t, side ? "V" : "K", head,
+					 (side ? vc : kc)->id == TQ_CODEC_F16
+						 ? "a value is beyond the fp16 range"
+						 : "values too large to encode (norm or range overflows fp32/fp16)");
+			return -ERANGE;
+		}
+	}
+	timing_done(x);
+	return 0;
+cuda_err:
+	return call_failed(x, "append", what, e, err);
+}
+
+/* ---- attention -------------------------------------------------------------------- */
+
+/* The context split of one attention pass. */
+struct att_plan {
+	int rows_ph, n_rb, n_split;
+	uint32_t split_len;
+	size_t part_rows;        /* n_kv * rows_pad * n_split: partial rows written */
+};
+
+/* Splits so that the grid has a few CTAs per SM, no split is shorter than
+ * ATT_SPLIT_MIN tokens and the partials stay within ATT_PART_FLOATS (one
+ * split always fits). */
+static void att_plan_make(const tqc_ctx *x, const struct tqa_shape *sh, size_t nq, int R, struct att_plan *pl)
+{
+	const size_t rows_ph = nq * (size_t)sh->group, n_rb = (rows_ph + (size_t)R - 1) / (size_t)R;
+	const size_t rows = (size_t)sh->n_kv * n_rb * (size_t)R; /* partial rows per split */
+	const size_t want = ((size_t)ATT_CTAS_PER_SM * (size_t)x->sms + (size_t)sh->n_kv * n_rb - 1) /
+			    ((size_t)sh->n_kv * n_rb);
+	const size_t by_len = sh->kv_len / ATT_SPLIT_MIN, by_mem = ATT_PART_FLOATS / (rows * (size_t)(sh->dim + 2));
+	size_t ns = want;
+
+	if (ns > by_len)
+		ns = by_len;
+	if (ns > by_mem)
+		ns = by_mem;
+	if (ns > 1024)
+		ns = 1024;
+	if (ns < 1)
+		ns = 1;
+	uint32_t len = (uint32_t)((sh->kv_len + ns - 1) / ns);
+	if (len < 1)
+		len = 1;
+	ns = sh->kv_len ? (sh->kv_len + (size_t)len - 1) / len : 1;
+	pl->rows_ph = (int)rows_ph;
+	pl->n_rb = (int)n_rb;
+	pl->n_split = (int)ns;
+	pl->split_len = len;
+	pl->part_rows = rows * ns;
+}
+
+int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
+{
+	struct tq_attn_params v;
+	struct tqa_shape sh;
+	struct tqc_attn_args args;
+	struct att_plan pl;
+	const float *km = NULL, *kmt = NULL, *vm = NULL, *vmt = NULL;
+	const char *what = "";
+	cudaError_t e;
+	int rc;
+
+	if (!x)
+		return tq_fail(err, "attention: NULL GPU context");
+	if (!p)
+		return tq_fail(err, "attention: NULL params, codec or page table");
+	/* the CPU path's checks and messages, less what the GPU ignores */
+	v = *p;
+	v.isa = TQ_ISA_AUTO;
+	v.threads = NULL;
+	v.plan_n_q = 0;
+	v.workspace = NULL;
+	v.workspace_bytes = 0;
+	v.sparse_v = 0.0f;
+	if ((rc = tqa_validate(&v, &sh, err)) < 0)
+		return rc;
+	if (p->n_q == 0)
+		return 0;
+	const struct tq_page_table *kv = p->kv;
+	const uint32_t n_pages = tq_page_count(&kv->geom, kv->n_tokens);
+	const int d = sh.dim;
+	if ((rc = check_pages(kv, 0, n_pages, "attention", err)) < 0)
+		return rc;
+	if ((rc = set_ctx_device(x->device, err)) < 0)
+		return rc;
+	if ((rc = rot_get(x, p->k_codec, &km, &kmt, err)) < 0 || (rc = rot_get(x, p->v_codec, &vm, &vmt, err)) < 0)
+		return rc;
+	memset(&args, 0, sizeof(args));
+	if ((rc = desc_make(p->k_codec, km, kmt, &args.kc, err)) < 0 ||
+	    (rc = desc_make(p->v_codec, vm, vmt, &args.vc, err)) < 0)
+		return rc;
+
+	/* passes of at most qp query tokens bound every buffer; the partials
+	 * are sized for the larger of the two pass sizes' plans */
+	const size_t row_floats = (size_t)p->n_q_heads * (size_t)d; /* one query token */
+	size_t qp = ATT_PASS_FLOATS / row_floats;
+	if (qp < 1)
+		qp = 1;
+	if (qp > (size_t)p->n_q)
+		qp = (size_t)p->n_q;
+	const int R = tqc_attn_rows(tqc_attn_vpl(d));
+	size_t part_rows;
+	att_plan_make(x, &sh, qp, R, &pl);
+	part_rows = pl.part_rows;
+	if ((size_t)p->n_q % qp) {
+		att_plan_make(x, &sh, (size_t)p->n_q % qp, R, &pl);
+		if (pl.part_rows > part_rows)
+			part_rows = pl.part_rows;
+	}
+
+	float *od = dev_addr(x, p->out);
+	size_t dtop = 0, ptop = 0;
+	const size_t q_bytes = qp * row_floats * sizeof(float);
+	const size_t d_pages = carve(&dtop, sizeof(void *) * n_pages), d_q = carve(&dtop, q_bytes);
+	const size_t d_pos = carve(&dtop, qp * sizeof(int32_t)), d_qrot = carve(&dtop, q_bytes);
+	const size_t d_acc = carve(&dtop, part_rows * (size_t)d * sizeof(float));
+	const size_t d_ml = carve(&dtop, part_rows * 2 * sizeof(float));
+	const size_t d_out = carve(&dtop, od ? 0 : q_bytes);
+	const size_t h_pages = carve(&ptop, sizeof(void *) * n_pages), h_q = carve(&ptop, q_bytes);
+	const size_t h_pos = carve(&ptop, qp * sizeof(int32_t)), h_out = carve(&ptop, od ? 0 : q_bytes);
+	if ((rc = reserve(x, dtop, ptop, err)) < 0)
+		return rc;
+
+	args.pages = (const uint8_t *const *)(void *)(x->dev + d_pages);
+	args.geom = kv->geom;
+	args.kv_len = sh.kv_len;
+	args.n_q_heads = p->n_q_heads;
+	args.group = sh.group;
+	args.n_kv = sh.n_kv;
+	args.causal = p->causal ? 1 : 0;
+	args.scale2 = (float)((double)sh.scale * LOG2E);
+	args.rows_blk = R;
+	args.q_pos = (const int32_t *)(void *)(x->dev + d_pos);
+	args.q = (const float *)(void *)(x->dev + d_q);
+	args.qrot = (float *)(void *)(x->dev + d_qrot);
+	args.part_acc = (float *)(void *)(x->dev + d_acc);
+	args.part_ml = (float *)(void *)(x->dev + d_ml);
+
+	CK("cudaEventRecord", cudaEventRecord(x->ev0, x->stream));
+	if (n_pages) {
+		memcpy(x->pin + h_pages, kv->pages, sizeof(void *) * n_pages);
+		CK("page table copy", cudaMemcpyAsync(x->dev + d_pages, x->pin + h_pages, sizeof(void *) * n_pages,
+						      cudaMemcpyHostToDevice, x->stream));
+	}
+	for (size_t q0 = 0; q0 < (size_t)p->n_q; q0 += qp) {
+		const size_t nq = (size_t)p->n_q - q0 < qp ? (size_t)p->n_q - q0 : qp;
+		const size_t bytes = nq * row_floats * sizeof(float);
+		float *hq = (float *)(void *)(x->pin + h_q);
+
+		/* queries as fp32 (tqa_q_row: the CPU path's conversion) */
+		for (size_t r = 0; r < nq * (size_t)p->n_q_heads; r++)
+			tqa_q_row(p, d, q0 * (size_t)p->n_q_heads + r, hq + r * (size_t)d);
+		CK("query copy", cudaMemcpyAsync(x->dev + d_q, hq, bytes, cudaMemcpyHostToDevice, x->stream));
+		if (p->causal) {
+			memcpy(x->pin + h_pos, p->q_pos + q0, nq * sizeof(int32_t));
+			CK("position copy", cudaMemcpyAsync(x->dev + d_pos, x->pin + h_pos, nq * sizeof(int32_t),
+							    cudaMemcpyHostToDevice, x->stream));
+		}
+		att_plan_make(x, &sh, nq, R, &pl);
+		args.n_q = (int32_t)nq;
+		args.rows_ph = pl.rows_ph;
+		args.n_rb = pl.n_rb;
+		args.rows_pad = pl.n_rb * R;
+		args.n_split = pl.n_split;
+		args.split_len = pl.split_len;
+		args.out = od ? od + q0 * row_floats : (float *)(void *)(x->dev + d_out);
+		CK("kernel launch", (cudaError_t)tqc_launch_attend(&args, x->stream));
+		if (!od)
+			CK("output copy", cudaMemcpyAsync(x->pin + h_out, x->dev + d_out, bytes, cudaMemcpyDeviceToHost,
+							  x->stream));
+		CK("cudaEventRecord", cudaEventRecord(x->ev1, x->stream));
+		CK("kernels", cudaStreamSynchronize(x->stream));
+		if (!od)
+			memcpy(p->out + q0 * row_floats, x->pin + h_out, bytes);
+	}
+	timing_done(x);
+	return 0;
+cuda_err:
+	return call_failed(x, "attention", what, e, err);
+}

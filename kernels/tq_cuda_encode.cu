@@ -1,0 +1,458 @@
+/* tq_cuda_encode.cu — quantize-append on the GPU: the bytes of the CPU
+ * reference encoder (tq_codec_ref.c: tq_encode_ref_row), for every codec,
+ * rotation and head dim.
+ *
+ * Bit-exactness (tq_internal.h's contract): every float operation of the
+ * reference is done here with the same operands, in the same order, with
+ * IEEE round-to-nearest and no contraction — the file is compiled with
+ * --fmad=false, and every such operation is spelled __fmul_rn / __fadd_rn /
+ * __fsub_rn / __fdiv_rn / __fsqrt_rn besides (those are never fused), and
+ * nothing here is built with -use_fast_math (denormals are kept: tiny inputs
+ * and the q8 subnormal-max path depend on them).  Where the reference runs a
+ * sequential loop the GPU either runs the same loop (sumsq16's 16 lane sums,
+ * the dense rotation's dot products: one lane per output) or a parallel
+ * form that computes each result with the same expression tree (FWHT
+ * butterflies, element-wise maps), or an order-free reduction (max |y| over
+ * finite values; q4a's min/max as a (value, index) reduction with ties to
+ * the lower index, which is the first occurrence the reference's strict `<`
+ * / `>` scan keeps — the sign of a zero min depends on it).
+ *
+ * One warp encodes one vector (one token, one KV head, K or V), staging it
+ * in shared memory; 4 warps per CTA.  A vector whose input has a NaN/Inf or
+ * that the codec cannot represent writes nothing and reports itself in the
+ * status word (tq_cuda_internal.h).
+ */
+#include <stdint.h>
+
+#include "tq_cuda_internal.h"
+#include "tq_layout.h"
+#include "tq_page.h"
+
+/* The layout facts the kernels depend on (tq_layout.h / tq_page.h assert
+ * them for both languages; repeated here next to the code that needs them). */
+static_assert(TQ_TQ_BLOCK_BYTES(128, 2) == 36 && TQ_TQ_BLOCK_BYTES(128, 3) == 52 &&
+	      TQ_TQ_BLOCK_BYTES(128, 4) == 68, "tq blocks at d=128");
+static_assert(TQ_Q8_BLOCK_BYTES(128) == 132 && TQ_Q4A_BLOCK_BYTES(128) == 68, "q8 / q4a blocks at d=128");
+static_assert(TQ_F16_BLOCK_BYTES(128) == 256 && TQ_F32_BLOCK_BYTES(128) == 512, "f16 / f32 blocks at d=128");
+static_assert(TQ_TQ_HEADER_BYTES == 4 && TQ_Q8_HEADER_BYTES == 4 && TQ_Q4A_HEADER_BYTES == 4, "headers");
+static_assert(sizeof(struct tq_page_geom) == 16, "tq_page_geom is four u32");
+static_assert(TQ_PAGE_ALIGN == 64u, "page alignment");
+static_assert(TQ_DIM_MAX == 512 && TQ_DIM_MIN == 8 && TQ_DIM_ALIGN == 8, "head dims");
+static_assert(TQ_CODEC_F16 == 0 && TQ_CODEC_Q8 == 1 && TQ_CODEC_Q4A == 2 && TQ_CODEC_TQ2 == 3 &&
+	      TQ_CODEC_TQ3 == 4 && TQ_CODEC_TQ4 == 5 && TQ_CODEC_F32 == 6, "codec ids");
+
+#define FULL 0xffffffffu
+
+/* enum tq_dtype and enum tq_rot_kind (tq_codec.h, tq_internal.h: C headers
+ * this file does not include) */
+#define DT_F32 0
+#define DT_F16 1
+#define DT_BF16 2
+#define ROT_HADAMARD 1
+#define ROT_DENSE 2
+
+/* ---- element conversions: ports of tq_codec.c's bit functions ------------------ */
+
+static __device__ __forceinline__ bool finite_bits(uint32_t u)
+{
+	return (u & 0x7f800000u) != 0x7f800000u;
+}
+
+/* tq_f16_to_f32 (exact). */
+static __device__ __forceinline__ float f16_to_f32(uint32_t h)
+{
+	uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+
+	if (exp == 0x1f) {
+		bits = sign | 0x7f800000u | (man << 13);
+	} else if (exp == 0) {
+		/* zero or subnormal: man * 2^-24, exact in float */
+		bits = __float_as_uint(__fmul_rn(__uint2float_rn(man), 0x1.0p-24f)) | sign;
+	} else {
+		bits = sign | ((exp + 112u) << 23) | (man << 13);
+	}
+	return __uint_as_float(bits);
+}
+
+/* tq_f32_to_f16: round to nearest even; overflow -> inf, NaN -> quiet NaN. */
+static __device__ __forceinline__ uint32_t f32_to_f16(float f)
+{
+	uint32_t x = __float_as_uint(f), sign = (x >> 16) & 0x8000u, exp = (x >> 23) & 0xffu,
+		 man = x & 0x7fffffu;
+
+	if (exp == 0xff)
+		return sign | 0x7c00u | (man ? 0x200u : 0u);
+	int e = (int)exp - 127 + 15;
+	if (e >= 0x1f)
+		return sign | 0x7c00u;
+	if (e <= 0) {
+		if (e < -10)
+			return sign;
+		uint32_t m = man | 0x800000u;
+		int shift = 14 - e;   /* 14 .. 24 */
+		uint32_t half = m >> shift, rem = m & ((1u << shift) - 1u), mid = 1u << (shift - 1);
+		if (rem > mid || (rem == mid && (half & 1u)))
+			half++;
+		return sign | half;
+	}
+	uint32_t half = sign | ((uint32_t)e << 10) | (man >> 13), rem = man & 0x1fffu;
+	if (rem > 0x1000u || (rem == 0x1000u && (half & 1u)))
+		half++; /* may carry into the exponent, up to inf: as the reference */
+	return half;
+}
+
+/* Element c of a row of `dtype` as fp32 bits (byte loads: any alignment). */
+static __device__ __forceinline__ uint32_t load_elem_bits(const uint8_t *row, int dtype, int c)
+{
+	if (dtype == DT_F32) {
+		const uint8_t *p = row + 4 * (size_t)c;
+		return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+	}
+	const uint8_t *p = row + 2 * (size_t)c;
+	uint32_t h = (uint32_t)p[0] | (uint32_t)p[1] << 8;
+	if (dtype == DT_F16)
+		return __float_as_uint(f16_to_f32(h));
+	return h << 16; /* bf16 */
+}
+
+static __device__ __forceinline__ void store_u32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+	p[2] = (uint8_t)(v >> 16);
+	p[3] = (uint8_t)(v >> 24);
+}
+
+static __device__ __forceinline__ void store_u16(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+}
+
+/* ---- warp-level pieces of the reference (x, u: this warp's shared rows) ------- */
+
+/* tq_sumsq16: lane i < 16 sums x[j]^2 over j = i (mod 16) in order, then the
+ * lanes reduce pairwise (l[i] += l[i+8], +4, +2, +1).  Every lane gets l[0]. */
+static __device__ float warp_sumsq16(const float *x, int d, int lane)
+{
+	float l = 0.0f;
+
+	if (lane < 16)
+		for (int i = lane; i < d; i += 16)
+			l = __fadd_rn(l, __fmul_rn(x[i], x[i]));
+	for (int w = 8; w >= 1; w >>= 1) {
+		float o = __shfl_down_sync(FULL, l, w);
+		if (lane < w)
+			l = __fadd_rn(l, o);
+	}
+	return __shfl_sync(FULL, l, 0);
+}
+
+/* tq_fwht_ref in place: stage h pairs (j, j + h) for every j with bit h
+ * clear — each butterfly the reference's a + b, a - b. */
+static __device__ void warp_fwht(float *u, int d, int lane)
+{
+	for (int h = 1; h < d; h <<= 1) {
+		for (int p = lane; p < d / 2; p += 32) {
+			int j = ((p & ~(h - 1)) << 1) | (p & (h - 1));
+			float a = u[j], b = u[j + h];
+			u[j] = __fadd_rn(a, b);
+			u[j + h] = __fsub_rn(a, b);
+		}
+		__syncwarp();
+	}
+}
+
+/* rotate_scaled(r, x, inv_norm, u) of tq_codec_ref.c:
+ *   Hadamard: u = fwht(x * sign) * (inv_norm * inv_sqrt_dim)
+ *   dense:    u_i = (sum_j in order of R[i][j] * x[j]) * inv_norm
+ * x must be visible to the warp (after __syncwarp); u is, on return. */
+static __device__ void warp_rotate_scaled(const struct tqc_codec_desc *cd, const float *x, float inv_norm,
+				   float *u, int lane)
+{
+	const int d = cd->dim;
+
+	if (cd->rot_kind == ROT_HADAMARD) {
+		const float fac = __fmul_rn(inv_norm, cd->inv_sqrt_dim);
+		for (int i = lane; i < d; i += 32) {
+			float s = (cd->sign_mask[i >> 5] >> (i & 31)) & 1u ? -1.0f : 1.0f;
+			u[i] = __fmul_rn(x[i], s);
+		}
+		__syncwarp();
+		warp_fwht(u, d, lane);
+		for (int i = lane; i < d; i += 32)
+			u[i] = __fmul_rn(u[i], fac);
+	} else {
+		/* R[i][j] = mat_t[j * d + i]: lanes read consecutive floats */
+		const float *mt = cd->mat_t;
+		for (int i = lane; i < d; i += 32) {
+			float acc = 0.0f;
+			for (int j = 0; j < d; j++)
+				acc = __fadd_rn(acc, __fmul_rn(mt[(size_t)j * d + i], x[j]));
+			u[i] = __fmul_rn(acc, inv_norm);
+		}
+	}
+	__syncwarp();
+}
+
+/* tq_pack_planes for bits 1..7 (planes of width 4, 2, 1; widest first, with
+ * the lowest bits): a plane of width w has stride S = d * w / 8 and byte j
+ * holds index j + s * S at bits [s * w, s * w + w). */
+static __device__ void warp_pack_planes(const uint8_t *idx, int d, int bits, uint8_t *out, int lane)
+{
+	int shift = 0;
+
+	for (int w = 4; w >= 1; w >>= 1) {
+		if (!(bits & w))
+			continue;
+		const int k = 8 / w, stride = d / k;
+		const unsigned mask = (1u << w) - 1u;
+		for (int j = lane; j < stride; j += 32) {
+			unsigned byte = 0;
+			for (int s = 0; s < k; s++)
+				byte |= ((unsigned)(idx[j + s * stride] >> shift) & mask) << (s * w);
+			out[j] = (uint8_t)byte;
+		}
+		out += stride;
+		shift += w;
+	}
+}
+
+static __device__ void warp_zero_block(uint8_t *blk, uint32_t bytes, int lane)
+{
+	for (uint32_t j = (uint32_t)lane; j < bytes; j += 32)
+		blk[j] = 0;
+}
+
+/* ---- the codecs: 0, or TQC_ST_RANGE (nothing written) ------------------------ */
+
+/* encode_tq: x (visible) is clobbered. */
+static __device__ uint32_t enc_tq(const struct tqc_codec_desc *cd, float *x, float *u, uint8_t *ib,
+			   uint8_t *blk, int lane)
+{
+	const int d = cd->dim;
+	const float ss = warp_sumsq16(x, d, lane);
+
+	if (!finite_bits(__float_as_uint(ss)))
+		return TQC_ST_RANGE;
+	if (ss == 0.0f) {
+		warp_zero_block(blk, cd->block_bytes, lane);
+		return 0;
+	}
+	const float norm = __fsqrt_rn(ss);
+	warp_rotate_scaled(cd, x, __fdiv_rn(1.0f, norm), u, lane);
+	/* idx = tq_cb_index: the number of bounds strictly below u (the
+	 * reference's binary search over the sorted bounds counts the same);
+	 * cv = centroid[idx] goes to x, no longer needed */
+	const int nb = (1 << cd->bits) - 1;
+	for (int i = lane; i < d; i += 32) {
+		const float v = u[i];
+		int idx = 0;
+#pragma unroll
+		for (int b = 0; b < TQC_CB_MAX - 1; b++)
+			idx += b < nb && v > cd->bound[b];
+		/* centroid[idx] with constant indices (no dynamic indexing of
+		 * the parameter block) */
+		float cv = cd->centroid[0];
+#pragma unroll
+		for (int b = 1; b < TQC_CB_MAX; b++)
+			if (idx == b)
+				cv = cd->centroid[b];
+		ib[i] = (uint8_t)idx;
+		x[i] = cv;
+	}
+	__syncwarp();
+	const float scale = __fdiv_rn(norm, __fsqrt_rn(warp_sumsq16(x, d, lane)));
+	if (lane == 0)
+		store_u32(blk, __float_as_uint(scale));
+	warp_pack_planes(ib, d, cd->bits, blk + TQ_TQ_HEADER_BYTES, lane);
+	return 0;
+}
+
+/* encode_q8 */
+static __device__ uint32_t enc_q8(const struct tqc_codec_desc *cd, const float *x, float *u, uint8_t *blk,
+			   int lane)
+{
+	const int d = cd->dim;
+	bool bad = false;
+	unsigned amax_bits = 0;
+
+	warp_rotate_scaled(cd, x, 1.0f, u, lane);
+	for (int i = lane; i < d; i += 32) {
+		const uint32_t b = __float_as_uint(u[i]);
+		if (!finite_bits(b))
+			bad = true;
+		/* max |y|: non-negative finite floats order as their bits */
+		amax_bits = max(amax_bits, b & 0x7fffffffu);
+	}
+	if (__any_sync(FULL, bad))
+		return TQC_ST_RANGE; /* the rotation overflowed */
+	amax_bits = __reduce_max_sync(FULL, amax_bits);
+	const float amax = __uint_as_float(amax_bits);
+	if (amax == 0.0f) {
+		warp_zero_block(blk, cd->block_bytes, lane);
+		return 0;
+	}
+	float inv = __fdiv_rn(127.0f, amax), pre = 1.0f;
+	if (!finite_bits(__float_as_uint(inv))) {
+		/* amax is subnormal: scale y by 2^64 (exact) before the reciprocal */
+		pre = 0x1.0p64f;
+		inv = __fdiv_rn(127.0f, __fmul_rn(amax, pre));
+	}
+	for (int i = lane; i < d; i += 32) {
+		const float r = rintf(__fmul_rn(__fmul_rn(u[i], pre), inv));
+		const int q = r > 127.0f ? 127 : r < -127.0f ? -127 : (int)r;
+		blk[TQ_Q8_HEADER_BYTES + i] = (uint8_t)(int8_t)q;
+	}
+	if (lane == 0)
+		store_u32(blk, __float_as_uint(__fdiv_rn(amax, 127.0f)));
+	return 0;
+}
+
+/* encode_q4a */
+static __device__ uint32_t enc_q4a(const struct tqc_codec_desc *cd, const float *x, uint8_t *ib, uint8_t *blk,
+			    int lane)
+{
+	const int d = cd->dim;
+	float mn = 0.0f, mx = 0.0f;
+	int mni = -1, mxi = -1;
+
+	/* this lane's elements in index order: the first occurrence wins (strict
+	 * compares, as the reference's scan) */
+	for (int i = lane; i < d; i += 32) {
+		const float v = x[i];
+		if (mni < 0 || v < mn) {
+			mn = v;
+			mni = i;
+		}
+		if (mxi < 0 || v > mx) {
+			mx = v;
+			mxi = i;
+		}
+	}
+	/* across lanes: the smaller (larger) value, on equal values (-0 == +0)
+	 * the lower index — a total order, so every lane ends with the element
+	 * the sequential scan keeps */
+	for (int o = 16; o >= 1; o >>= 1) {
+		const float omn = __shfl_xor_sync(FULL, mn, o), omx = __shfl_xor_sync(FULL, mx, o);
+		const int omni = __shfl_xor_sync(FULL, mni, o), omxi = __shfl_xor_sync(FULL, mxi, o);
+		if (omni >= 0 && (mni < 0 || omn < mn || (omn == mn && omni < mni))) {
+			mn = omn;
+			mni = omni;
+		}
+		if (omxi >= 0 && (mxi < 0 || omx > mx || (omx == mx && omxi < mxi))) {
+			mx = omx;
+			mxi = omxi;
+		}
+	}
+	const float range = __fsub_rn(mx, mn);
+	const uint32_t sh = f32_to_f16(__fdiv_rn(range, 15.0f)), mh = f32_to_f16(mn);
+	if (!finite_bits(__float_as_uint(range)) || (sh & 0x7c00u) == 0x7c00u || (mh & 0x7c00u) == 0x7c00u)
+		return TQC_ST_RANGE;
+	const float s = f16_to_f32(sh), m = f16_to_f32(mh);
+	const float inv = s > 0.0f ? __fdiv_rn(1.0f, s) : 0.0f;
+	for (int i = lane; i < d; i += 32) {
+		const float r = rintf(__fmul_rn(__fsub_rn(x[i], m), inv));
+		ib[i] = (uint8_t)(r > 15.0f ? 15 : r < 0.0f ? 0 : (int)r);
+	}
+	__syncwarp();
+	if (lane == 0) {
+		store_u16(blk, sh);
+		store_u16(blk + 2, mh);
+	}
+	warp_pack_planes(ib, d, 4, blk + TQ_Q4A_HEADER_BYTES, lane);
+	return 0;
+}
+
+/* encode_f16 */
+static __device__ uint32_t enc_f16(const struct tqc_codec_desc *cd, const float *x, uint8_t *blk, int lane)
+{
+	const int d = cd->dim;
+	bool bad = false;
+
+	for (int i = lane; i < d; i += 32)
+		if ((f32_to_f16(x[i]) & 0x7c00u) == 0x7c00u)
+			bad = true;
+	if (__any_sync(FULL, bad))
+		return TQC_ST_RANGE;
+	for (int i = lane; i < d; i += 32)
+		store_u16(blk + 2 * i, f32_to_f16(x[i]));
+	return 0;
+}
+
+/* f32: the converted floats' bits */
+static __device__ uint32_t enc_f32(const struct tqc_codec_desc *cd, const float *x, uint8_t *blk, int lane)
+{
+	for (int i = lane; i < cd->dim; i += 32)
+		store_u32(blk + 4 * i, __float_as_uint(x[i]));
+	return 0;
+}
+
+/* ---- the kernel ------------------------------------------------------------------ */
+
+__global__ void __launch_bounds__(TQC_WARPS * 32) enc_kernel(const __grid_constant__ struct tqc_enc_args a)
+{
+	__shared__ float s_x[TQC_WARPS][TQ_DIM_MAX];
+	__shared__ float s_u[TQC_WARPS][TQ_DIM_MAX];
+	__shared__ uint8_t s_ib[TQC_WARPS][TQ_DIM_MAX];
+
+	const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
+	const uint32_t n_kv = a.geom.n_kv_heads;
+	const uint32_t vec = blockIdx.x * TQC_WARPS + (uint32_t)warp;
+
+	if (vec >= a.n_tok * 2u * n_kv)
+		return; /* the whole warp: nothing below waits for other warps */
+	const uint32_t t = vec / (2u * n_kv), side = vec / n_kv % 2u, head = vec % n_kv;
+	const struct tqc_codec_desc *cd = side ? &a.vc : &a.kc;
+	const int d = cd->dim;
+	const size_t esz = a.dtype == DT_F32 ? 4 : 2;
+	const uint8_t *row = (side ? a.v : a.k) + ((size_t)t * n_kv + head) * (size_t)d * esz;
+	float *x = s_x[warp], *u = s_u[warp];
+	uint8_t *ib = s_ib[warp];
+
+	/* tq_row_to_f32: convert, and find the first NaN/Inf */
+	unsigned bad = 0xffffffffu;
+	for (int i = lane; i < d; i += 32) {
+		const uint32_t b = load_elem_bits(row, a.dtype, i);
+		x[i] = __uint_as_float(b);
+		if (!finite_bits(b) && bad == 0xffffffffu)
+			bad = (unsigned)i;
+	}
+	bad = __reduce_min_sync(FULL, bad);
+	__syncwarp();
+
+	uint32_t st;
+	if (bad != 0xffffffffu) {
+		st = TQC_ST_NONFINITE | bad;
+	} else {
+		const struct tq_page_geom g = a.geom;
+		const uint32_t s = a.slot0 + t;
+		const uint8_t *pg = a.pages[s / g.page_tokens];
+		const uint64_t off = side ? tq_page_v_off(&g, head, s % g.page_tokens)
+					  : tq_page_k_off(&g, head, s % g.page_tokens);
+		uint8_t *blk = (uint8_t *)pg + off;
+
+		switch (cd->id) {
+		case TQ_CODEC_TQ2:
+		case TQ_CODEC_TQ3:
+		case TQ_CODEC_TQ4: st = enc_tq(cd, x, u, ib, blk, lane); break;
+		case TQ_CODEC_Q8: st = enc_q8(cd, x, u, blk, lane); break;
+		case TQ_CODEC_Q4A: st = enc_q4a(cd, x, ib, blk, lane); break;
+		case TQ_CODEC_F16: st = enc_f16(cd, x, blk, lane); break;
+		default: st = enc_f32(cd, x, blk, lane); break; /* the host admits only the 7 ids */
+		}
+	}
+	if (st && lane == 0)
+		atomicMin(a.status, (unsigned long long)vec << 32 | st);
+}
+
+extern "C" int tqc_launch_encode(const struct tqc_enc_args *a, void *stream)
+{
+	const uint32_t nvec = a->n_tok * 2u * a->geom.n_kv_heads;
+
+	(void)cudaGetLastError(); /* a stale error of an earlier call is not this launch's */
+	if (nvec == 0)
+		return 0;
+	enc_kernel<<<(nvec + TQC_WARPS - 1) / TQC_WARPS, TQC_WARPS * 32, 0, (cudaStream_t)stream>>>(*a);
+	return (int)cudaGetLastError();
+}

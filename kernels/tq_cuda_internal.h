@@ -1,0 +1,145 @@
+/* tq_cuda_internal.h — the ABI between the host side (tq_cuda.c, gcc) and
+ * the kernels (tq_cuda_encode.cu, tq_cuda_attn.cu, nvcc): kernel parameter
+ * structs, passed by value (so a launch uploads nothing but its arguments),
+ * and the extern "C" launchers.  Plain C11 / C++17: fixed-width types and
+ * pointers only, the same layout on both sides (asserted below).
+ *
+ * Kernels run on the device that is current for the calling thread; a
+ * launcher enqueues on `stream` (a cudaStream_t passed as void *, so this
+ * header needs no CUDA include) and returns the cudaError_t of the launch
+ * (0 = cudaSuccess) as an int.  They do not synchronize.
+ */
+#ifndef TQ_CUDA_INTERNAL_H
+#define TQ_CUDA_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tq_layout.h"
+#include "tq_page.h"
+
+#ifndef __cplusplus
+#include <assert.h> /* static_assert */
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TQC_WARPS   4     /* warps per CTA of every kernel (128 threads)        */
+#define TQC_CB_MAX  16    /* codebook levels the kernels take: tq2 .. tq4        */
+
+/* One codec, by value.  Built by the host from struct tq_codec
+ * (tq_internal.h); the kernels never see a host pointer. */
+struct tqc_codec_desc {
+	int32_t id;                  /* enum tq_codec_id                              */
+	int32_t dim;
+	int32_t bits;                /* index bits: tq* 2..4, q4a 4 (q8 8, f16 16, f32 32) */
+	uint32_t block_bytes;
+	int32_t rot_kind;            /* enum tq_rot_kind: 0 none, 1 Hadamard, 2 dense  */
+	float inv_sqrt_dim;          /* Hadamard: 1/sqrt(dim) as the codec has it      */
+	uint32_t sign_mask[TQ_DIM_MAX / 32]; /* Hadamard: bit i%32 of word i/32 set    */
+				     /* = sign[i] is -1.0f                           */
+	float centroid[TQC_CB_MAX];  /* tq*: [2^bits] ascending                        */
+	float bound[TQC_CB_MAX];     /* tq*: [2^bits - 1] (the last entry unused)      */
+	const float *mat;            /* dense: R, [dim][dim] row-major, device memory  */
+	const float *mat_t;          /* dense: R^T, [dim][dim] row-major, device memory */
+};
+
+/* ---- quantize-append (tq_cuda_encode.cu) -------------------------------------
+ * One warp per vector; vectors are numbered token-major, then K (side 0)
+ * before V (side 1), then head: vec = (t * 2 + side) * n_kv + head — the
+ * order in which the host names the first failing one. */
+
+/* Per-vector status in the word *status: the kernel atomicMin's
+ * (vec << 32 | code) for every failing vector; the host presets it to all
+ * ones (nothing failed).  code: */
+#define TQC_ST_NONFINITE 0x10000u  /* | element: NaN or Inf input (-EINVAL)           */
+#define TQC_ST_RANGE     0x20000u  /* the codec cannot represent the vector (-ERANGE) */
+#define TQC_ST_ELEM_MASK 0x0ffffu
+
+struct tqc_enc_args {
+	struct tqc_codec_desc kc, vc;
+	const uint8_t *const *pages; /* device: page bases; slot s of this launch is   */
+				     /* in pages[s / page_tokens] at s % page_tokens  */
+	struct tq_page_geom geom;
+	uint32_t slot0;              /* slot of token 0 of this launch in pages[]       */
+	uint32_t n_tok;              /* tokens of this launch (n_tok * 2 * n_kv < 2^31) */
+	int32_t dtype;               /* enum tq_dtype of k and v                        */
+	uint32_t pad0;
+	const uint8_t *k;            /* device: [n_tok][n_kv][dim] of dtype, any alignment */
+	const uint8_t *v;
+	unsigned long long *status;  /* device: one word, see above                     */
+};
+
+int tqc_launch_encode(const struct tqc_enc_args *a, void *stream);
+
+/* ---- attention (tq_cuda_attn.cu) ----------------------------------------------
+ * Three kernels per pass over the query tokens:
+ *   prep    qrot[row] = scale2 * R_k q[row]            (one warp per row)
+ *   main    per (row block, split, KV head): online softmax over the split's
+ *           tokens, partial (m, l, acc) per row in the V frame
+ *   finish  per row: log-sum-exp merge of the splits, acc / l, R_v^T, out
+ * A row is (query token i, query head hq); within KV head h the rows are
+ * r = i * group + g (hq = h * group + g), cut into row blocks of `rows_blk`
+ * rows: one block may span several query tokens. */
+
+/* Values per lane (coordinate c = lane + 32 * j, j < vpl) and rows per row
+ * block of the main kernel for a head dim: the kernel is built for these
+ * (vpl, rows) pairs only; rows * vpl <= 32 keeps q and the accumulators in
+ * registers. */
+static inline int tqc_attn_vpl(int dim)
+{
+	int need = (dim + 31) / 32, v = 1;
+
+	while (v < need)
+		v <<= 1;
+	return v; /* 1, 2, 4, 8 or 16 for dims 8 .. 512 */
+}
+
+static inline int tqc_attn_rows(int vpl)
+{
+	return vpl <= 4 ? 8 : 32 / vpl; /* 8, 8, 8, 4, 2 */
+}
+
+struct tqc_attn_args {
+	struct tqc_codec_desc kc, vc;
+	const uint8_t *const *pages; /* device: [n_pages] page bases (64-byte aligned)  */
+	struct tq_page_geom geom;
+	uint32_t kv_len;             /* keys in the layer                               */
+	int32_t n_q;                 /* query tokens of this pass                       */
+	int32_t n_q_heads;
+	int32_t group;               /* n_q_heads / n_kv                                */
+	int32_t n_kv;
+	int32_t causal;              /* 1: row i sees keys t <= q_pos[i]                */
+	float scale2;                /* softmax scale * log2(e)                         */
+	int32_t rows_ph;             /* rows per KV head: n_q * group                   */
+	int32_t rows_blk;            /* rows per row block: tqc_attn_rows(vpl)          */
+	int32_t n_rb;                /* row blocks per KV head                          */
+	int32_t rows_pad;            /* n_rb * rows_blk                                 */
+	int32_t n_split;             /* splits of the context, >= 1                     */
+	uint32_t split_len;          /* tokens per split, >= 1                          */
+	uint32_t pad0;
+	const int32_t *q_pos;        /* device: [n_q] (causal only, else unused)         */
+	const float *q;              /* device: [n_q][n_q_heads][dim] fp32               */
+	float *qrot;                 /* device: [n_q][n_q_heads][dim], prep's output     */
+	float *part_acc;             /* device: [n_kv][rows_pad][n_split][dim]           */
+	float *part_ml;              /* device: [n_kv][rows_pad][n_split][2]: m, l        */
+	float *out;                  /* device-accessible: [n_q][n_q_heads][dim]         */
+};
+
+int tqc_launch_attend(const struct tqc_attn_args *a, void *stream);
+
+/* The layout both compilers must agree on. */
+static_assert(sizeof(struct tqc_codec_desc) == 232, "tqc_codec_desc layout");
+static_assert(offsetof(struct tqc_codec_desc, mat) == 216, "tqc_codec_desc layout");
+static_assert(sizeof(struct tqc_enc_args) == 2 * 232 + 8 + 16 + 16 + 24, "tqc_enc_args layout");
+static_assert(offsetof(struct tqc_enc_args, k) == 2 * 232 + 8 + 16 + 16, "tqc_enc_args layout");
+static_assert(offsetof(struct tqc_attn_args, q_pos) == 2 * 232 + 8 + 16 + 14 * 4, "tqc_attn_args layout");
+static_assert(sizeof(struct tqc_attn_args) == 2 * 232 + 8 + 16 + 14 * 4 + 6 * 8, "tqc_attn_args layout");
+static_assert(TQ_DIM_MAX % 32 == 0, "sign mask words");
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TQ_CUDA_INTERNAL_H */

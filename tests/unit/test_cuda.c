@@ -1,0 +1,1310 @@
+/* test_cuda — the GPU kernels (tq_cuda.h) against the CPU references.
+ *
+ *   encoder:   tqc_append writes the bytes of tq_encode_ref for every codec,
+ *              input dtype and a spread of head dims (Hadamard and dense
+ *              rotations), with zero, tiny (q8's subnormal max), huge,
+ *              signed-zero (q4a's min), rounding-tie and codebook-bound-tie
+ *              vectors, several KV heads, tokens across page boundaries,
+ *              inputs in host, device and unified memory, several launches;
+ *              NaN/Inf and out-of-range vectors: the right errno, token,
+ *              side, head and element;
+ *   attention: tqc_attend against tq_attend_ref on the same pages (encoded
+ *              on the CPU and copied, or appended on the GPU), every K/V
+ *              codec pair, head dims 64 / 96 / 128 / 256, GQA 1 / 4 / 8,
+ *              contexts that are and are not page multiples, decode (causal
+ *              or not), causal prefill, split-K over a long context, query
+ *              dtypes, logits beyond float range (NaN rows), errors with the
+ *              CPU path's messages.
+ * Without a usable GPU (or in a build without CUDA) it says why and exits
+ * 77 (skipped). */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "tq_attn.h"
+#include "tq_cuda.h"
+#include "tq_internal.h"
+
+#define TOL 1e-3   /* max |gpu - oracle| per output row, relative to the row's norm */
+
+static tq_cache *cache;
+static tqc_ctx *ctx;
+static int dev;
+
+static const enum tq_codec_id all_codecs[] = {
+	TQ_CODEC_F16, TQ_CODEC_Q8, TQ_CODEC_Q4A, TQ_CODEC_TQ2, TQ_CODEC_TQ3, TQ_CODEC_TQ4, TQ_CODEC_F32,
+};
+#define N_CODECS 7
+static const enum tq_dtype dtypes[] = { TQ_DTYPE_F32, TQ_DTYPE_F16, TQ_DTYPE_BF16 };
+
+/* ---- memory on the device ------------------------------------------------------- */
+
+enum mem { MEM_HOST = 0, MEM_DEVICE = 1, MEM_UNIFIED = 2 };
+static const char *mem_name[] = { "host", "device", "unified" };
+
+struct buf {
+	enum mem kind;
+	void *p;
+	size_t bytes;
+};
+
+/* A buffer of `bytes` of kind `kind`, holding a copy of src (if any). */
+static int buf_new(struct buf *b, enum mem kind, size_t bytes, const void *src)
+{
+	char why[200];
+
+	b->kind = kind;
+	b->bytes = bytes;
+	b->p = NULL;
+	if (kind == MEM_HOST) {
+		b->p = malloc(bytes ? bytes : 1);
+		if (b->p && src)
+			memcpy(b->p, src, bytes);
+		return b->p ? 0 : -ENOMEM;
+	}
+	int rc = tqc_region_alloc(dev, bytes ? bytes : 1, kind == MEM_UNIFIED, &b->p, why, sizeof(why));
+	if (rc) {
+		fprintf(stderr, "  region of %zu bytes: %s\n", bytes, why);
+		return rc;
+	}
+	if (src && tqc_copy(dev, b->p, src, bytes, why, sizeof(why))) {
+		fprintf(stderr, "  copy: %s\n", why);
+		return -EIO;
+	}
+	return 0;
+}
+
+static void buf_free(struct buf *b)
+{
+	if (b->kind == MEM_HOST)
+		free(b->p);
+	else if (b->p)
+		tqc_region_free(dev, b->p, b->kind == MEM_UNIFIED);
+	b->p = NULL;
+}
+
+/* Copy a buffer (any kind) to host memory. */
+static int buf_read(const struct buf *b, void *dst, size_t bytes)
+{
+	char why[200];
+
+	if (tqc_copy(dev, dst, b->p, bytes, why, sizeof(why))) {
+		fprintf(stderr, "  copy back: %s\n", why);
+		return -EIO;
+	}
+	return 0;
+}
+
+/* ---- a layer's pages: host copies (the CPU's view) and device pages ----------- */
+
+struct layer {
+	tq_codec *kc, *vc;
+	int dim;
+	struct tq_page_geom g;
+	uint32_t n_pages;
+	size_t page_bytes;
+	uint8_t **hpages;               /* [n_pages] host pages (aligned)            */
+	struct buf dmem;                /* the device pages, back to back            */
+	const uint8_t **dpages;         /* [n_pages] device addresses                */
+	struct tq_page_table ht, dt;    /* host / device tables                      */
+};
+
+static void layer_free(struct layer *L)
+{
+	if (L->hpages)
+		for (uint32_t i = 0; i < L->n_pages; i++)
+			free(L->hpages[i]);
+	free(L->hpages);
+	free(L->dpages);
+	buf_free(&L->dmem);
+	tq_codec_free(L->kc);
+	tq_codec_free(L->vc);
+	memset(L, 0, sizeof(*L));
+}
+
+/* Codecs, geometry and n_pages pages on both sides, every byte 0xA5. */
+static int layer_new(struct layer *L, enum tq_codec_id kid, enum tq_codec_id vid, int dim, int n_kv,
+		     uint32_t page_tokens, uint32_t n_pages, uint64_t seed, enum mem kind)
+{
+	struct tq_codec_params kp = { .id = kid, .dim = dim, .seed = seed ^ 0x1111 };
+	struct tq_codec_params vp = { .id = vid, .dim = dim, .seed = seed ^ 0x2222 };
+	tq_error err;
+
+	memset(L, 0, sizeof(*L));
+	L->dmem.kind = MEM_HOST;
+	L->dim = dim;
+	if (tq_codec_new(&L->kc, cache, &kp, &err) || tq_codec_new(&L->vc, cache, &vp, &err)) {
+		fprintf(stderr, "  codec: %s\n", err.msg);
+		return -EINVAL;
+	}
+	L->g.n_kv_heads = (uint32_t)n_kv;
+	L->g.page_tokens = page_tokens;
+	L->g.k_block_bytes = (uint32_t)tq_codec_block_bytes(L->kc);
+	L->g.v_block_bytes = (uint32_t)tq_codec_block_bytes(L->vc);
+	L->n_pages = n_pages;
+	L->page_bytes = tq_page_bytes(&L->g);
+	L->hpages = calloc(n_pages + 1, sizeof(*L->hpages));
+	L->dpages = calloc(n_pages + 1, sizeof(*L->dpages));
+	if (!L->hpages || !L->dpages)
+		return -ENOMEM;
+	uint8_t *junk = malloc(L->page_bytes * (n_pages ? n_pages : 1));
+	if (!junk)
+		return -ENOMEM;
+	memset(junk, 0xA5, L->page_bytes * (n_pages ? n_pages : 1));
+	int rc = buf_new(&L->dmem, kind, L->page_bytes * (n_pages ? n_pages : 1), junk);
+	free(junk);
+	if (rc)
+		return rc;
+	for (uint32_t i = 0; i < n_pages; i++) {
+		if (!(L->hpages[i] = aligned_alloc(TQ_PAGE_ALIGN, L->page_bytes)))
+			return -ENOMEM;
+		memset(L->hpages[i], 0xA5, L->page_bytes);
+		L->dpages[i] = (const uint8_t *)L->dmem.p + (size_t)i * L->page_bytes;
+	}
+	L->ht.pages = (const uint8_t *const *)L->hpages;
+	L->dt.pages = L->dpages;
+	L->ht.n_pages = L->dt.n_pages = n_pages;
+	L->ht.geom = L->dt.geom = L->g;
+	return 0;
+}
+
+static void layer_set_len(struct layer *L, uint32_t n_tokens)
+{
+	L->ht.n_tokens = L->dt.n_tokens = n_tokens;
+}
+
+/* Host pages -> device pages. */
+static int layer_upload(struct layer *L)
+{
+	char why[200];
+
+	for (uint32_t i = 0; i < L->n_pages; i++)
+		if (tqc_copy(dev, (void *)L->dpages[i], L->hpages[i], L->page_bytes, why, sizeof(why))) {
+			fprintf(stderr, "  upload: %s\n", why);
+			return -EIO;
+		}
+	return 0;
+}
+
+/* Device pages -> host pages. */
+static int layer_download(struct layer *L)
+{
+	char why[200];
+
+	for (uint32_t i = 0; i < L->n_pages; i++)
+		if (tqc_copy(dev, L->hpages[i], L->dpages[i], L->page_bytes, why, sizeof(why))) {
+			fprintf(stderr, "  download: %s\n", why);
+			return -EIO;
+		}
+	return 0;
+}
+
+/* ---- inputs ----------------------------------------------------------------------- */
+
+static uint64_t rng_state;
+static double urand(void)
+{
+	rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+	return (double)(rng_state >> 11) * (1.0 / 9007199254740992.0);
+}
+static float gauss(void)
+{
+	double u = urand() + 1e-12, v = urand();
+	return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+}
+static uint32_t urand_u32(void)
+{
+	return (uint32_t)(urand() * 4294967296.0);
+}
+
+static void put_row(void *row, enum tq_dtype dt, const float *x, int dim)
+{
+	for (int i = 0; i < dim; i++) {
+		if (dt == TQ_DTYPE_F32)
+			memcpy((uint8_t *)row + 4 * (size_t)i, &x[i], 4);
+		else {
+			uint16_t h = dt == TQ_DTYPE_F16 ? tq_f32_to_f16(x[i]) : tq_f32_to_bf16(x[i]);
+			memcpy((uint8_t *)row + 2 * (size_t)i, &h, 2);
+		}
+	}
+}
+
+/* u = R x / ||x|| exactly as the reference computes it (tq_codec_ref.c). */
+static void ref_u(const tq_codec *c, const float *x, float *u)
+{
+	const struct tq_rotation *r = &c->rot;
+	int d = c->dim;
+	float norm = sqrtf(tq_sumsq16(x, d)), inv = 1.0f / norm;
+
+	if (r->kind == TQ_ROT_HADAMARD) {
+		float fac = inv * r->inv_sqrt_dim;
+		for (int i = 0; i < d; i++)
+			u[i] = x[i] * r->sign[i];
+		tq_fwht_ref(u, d);
+		for (int i = 0; i < d; i++)
+			u[i] = u[i] * fac;
+	} else {
+		for (int i = 0; i < d; i++) {
+			float acc = 0.0f;
+			for (int j = 0; j < d; j++)
+				acc = acc + r->mat[(size_t)i * d + j] * x[j];
+			u[i] = acc;
+		}
+		for (int i = 0; i < d; i++)
+			u[i] = u[i] * inv;
+	}
+}
+
+/* A 2-sparse x whose rotated coordinate lands exactly on a codebook bound
+ * (tq codecs): bisect for the crossing, then walk the floats around it. */
+static int make_tie(const tq_codec *c, float *x)
+{
+	int d = c->dim;
+	float u[TQ_DIM_MAX];
+
+	for (int attempt = 0; attempt < 12; attempt++) {
+		int j = (int)(urand_u32() % (uint32_t)d), k = (int)(urand_u32() % (uint32_t)d);
+		int i = (int)(urand_u32() % (uint32_t)d), b = (int)(urand_u32() % (uint32_t)(c->cb.levels - 1));
+		float target = c->cb.bound[b], lo = -4.0f, hi = 4.0f;
+		if (j == k)
+			continue;
+		memset(x, 0, sizeof(float) * (size_t)d);
+		x[j] = 1.0f;
+		x[k] = lo;
+		ref_u(c, x, u);
+		float flo = u[i] - target;
+		x[k] = hi;
+		ref_u(c, x, u);
+		if ((flo > 0) == (u[i] - target > 0))
+			continue;
+		for (int it = 0; it < 60; it++) {
+			float mid = 0.5f * (lo + hi);
+			x[k] = mid;
+			ref_u(c, x, u);
+			if ((u[i] - target > 0) == (flo > 0))
+				lo = mid;
+			else
+				hi = mid;
+		}
+		float t = lo;
+		for (int s = 0; s < 64; s++)
+			t = nextafterf(t, -8.0f);
+		for (int s = 0; s < 128; s++, t = nextafterf(t, 8.0f)) {
+			x[k] = t;
+			ref_u(c, x, u);
+			for (int m = 0; m < d; m++)
+				for (int bb = 0; bb < c->cb.levels - 1; bb++)
+					if (u[m] == c->cb.bound[bb])
+						return 1;
+		}
+	}
+	return 0;
+}
+
+/* Vector kind k: Gaussian, outliers, tiny, huge, zero, subnormal (q8's
+ * subnormal max), signed zeros (q4a's min is a zero), q4a rounding ties,
+ * fp16 rounding ties and range edge, codebook-bound ties. */
+static void gen_vec(int kind, float *x, int dim, enum tq_dtype dt, const tq_codec *c)
+{
+	enum tq_codec_id id = tq_codec_id(c);
+	int narrow = dt == TQ_DTYPE_F16 || id == TQ_CODEC_F16 || id == TQ_CODEC_Q4A;
+	double amp = 1.0;
+
+	switch (kind % 13) {
+	case 0: case 1:
+		break;
+	case 2:
+		amp = 1e-3;
+		break;
+	case 3:
+		amp = narrow ? 1000.0 : 1e15;
+		break;
+	case 4:
+		amp = dt == TQ_DTYPE_F16 ? 1e-5 : 1e-19;       /* squares underflow */
+		break;
+	case 5:
+		amp = dt == TQ_DTYPE_F16 ? 1e-7 : 1e-39;       /* subnormal inputs and max */
+		break;
+	case 6:
+		memset(x, 0, sizeof(float) * (size_t)dim);
+		return;
+	case 7: /* signed zeros and non-negative values (or, every other time, non-positive) */
+		for (int i = 0; i < dim; i++) {
+			uint32_t u = urand_u32();
+			x[i] = (u & 3) == 0 ? 0.0f : (u & 3) == 1 ? -0.0f : (float)(u >> 12) * 0x1p-20f;
+		}
+		if (urand() < 0.5)
+			for (int i = 0; i < dim; i++)
+				x[i] = -x[i];
+		return;
+	case 8: /* q4a ties: min -1, max 14: scale 1, values k + 0.5 */
+		for (int i = 0; i < dim; i++)
+			x[i] = -1.0f + (float)(urand_u32() % 15) + 0.5f;
+		x[0] = -1.0f;
+		x[dim - 1] = 14.0f;
+		return;
+	case 9: { /* fp16 rounding ties and the edge of its range */
+		static const float t[] = { 1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, 0x1p-25f, 3 * 0x1p-25f,
+					   65504.0f, 65519.0f, -65519.0f, 0x1p-14f, 0x1.ffcp-15f };
+		for (int i = 0; i < dim; i++) {
+			uint32_t u = urand_u32();
+			x[i] = t[u % 9] * ((u >> 8) & 1 ? -1.0f : 1.0f) * (dt == TQ_DTYPE_BF16 ? 0.25f : 1.0f);
+		}
+		return;
+	}
+	case 10: /* a rotated coordinate exactly on a codebook bound */
+		if (id >= TQ_CODEC_TQ2 && id <= TQ_CODEC_TQ4 && dt == TQ_DTYPE_F32 && make_tie(c, x))
+			return;
+		break;
+	case 11: /* one huge lane, the rest small: the norm is that lane */
+		for (int i = 0; i < dim; i++)
+			x[i] = gauss() * 1e-3f;
+		x[urand_u32() % (uint32_t)dim] = narrow ? 3000.0f : 1e18f;
+		return;
+	default: /* outlier channels */
+		for (int i = 0; i < dim; i++)
+			x[i] = gauss() * (i % 17 == 3 ? 80.0f : 1.0f);
+		return;
+	}
+	for (int i = 0; i < dim; i++)
+		x[i] = (float)(gauss() * amp);
+	if (kind % 13 == 1)
+		for (int i = 0; i < dim; i += 7)
+			x[i] = (float)(gauss() * 100.0);
+}
+
+/* A row of `dtype` for codec c that the reference encodes without error. */
+static void good_row(int kind, uint8_t *row, int dim, enum tq_dtype dt, const tq_codec *c)
+{
+	float x[TQ_DIM_MAX];
+	uint8_t blk[TQ_F32_BLOCK_BYTES(TQ_DIM_MAX)];
+
+	gen_vec(kind, x, dim, dt, c);
+	put_row(row, dt, x, dim);
+	for (int tries = 0; tq_encode_ref(c, row, dt, 1, blk, NULL) != 0 && tries < 8; tries++) {
+		gen_vec(0, x, dim, dt, c);
+		put_row(row, dt, x, dim);
+	}
+}
+
+/* ---- the encoder ----------------------------------------------------------------- */
+
+/* Appends n tokens at pos with the GPU (inputs of kind `mem`) and with the CPU
+ * reference into the host pages; the device pages must then equal the host
+ * pages, byte for byte (unused slots keep their junk on both sides).
+ * k, v: [n][n_kv][dim] of dt.  Returns 0 when equal. */
+static int append_both(struct layer *L, uint32_t pos, uint32_t n, const uint8_t *k, const uint8_t *v,
+		       enum tq_dtype dt, enum mem mem, const char *what)
+{
+	const size_t row = tq_dtype_size(dt) * (size_t)L->dim, tok = row * L->g.n_kv_heads;
+	struct buf kb, vb;
+	tq_error err;
+	uint32_t bad = 0;
+	int rc = -1;
+
+	for (uint32_t t = 0; t < n; t++)
+		for (uint32_t h = 0; h < L->g.n_kv_heads; h++) {
+			uint32_t s = pos + t, pg = s / L->g.page_tokens, sl = s % L->g.page_tokens;
+			if (tq_encode_ref(L->kc, k + t * tok + h * row, dt, 1, L->hpages[pg] + tq_page_k_off(&L->g, h, sl),
+					  &err) ||
+			    tq_encode_ref(L->vc, v + t * tok + h * row, dt, 1, L->hpages[pg] + tq_page_v_off(&L->g, h, sl),
+					  &err)) {
+				fprintf(stderr, "  %s: reference: %s\n", what, err.msg);
+				return -1;
+			}
+		}
+	if (buf_new(&kb, mem, n * tok, k))
+		return -1;
+	if (buf_new(&vb, mem, n * tok, v)) {
+		buf_free(&kb);
+		return -1;
+	}
+	struct tqc_append a = { .k_codec = L->kc, .v_codec = L->vc, .kv = &L->dt, .pos = pos, .n = n,
+				.k = kb.p, .v = vb.p, .dtype = dt };
+	int r = tqc_append(ctx, &a, &bad, &err);
+	if (r) {
+		fprintf(stderr, "  %s: tqc_append: rc %d bad %u: %s\n", what, r, bad, err.msg);
+		goto out;
+	}
+	uint8_t *got = malloc(L->page_bytes);
+	rc = 0;
+	for (uint32_t i = 0; i < L->n_pages && !rc; i++) {
+		if (buf_read(&(struct buf){ .p = (void *)L->dpages[i] }, got, L->page_bytes)) {
+			rc = -1;
+			break;
+		}
+		if (memcmp(got, L->hpages[i], L->page_bytes)) {
+			size_t b = 0;
+			while (got[b] == L->hpages[i][b])
+				b++;
+			uint64_t vo = tq_page_v_offset(&L->g);
+			int side = b >= vo;
+			uint64_t rel = side ? b - vo : b, bb = side ? L->g.v_block_bytes : L->g.k_block_bytes;
+			uint64_t blk = rel / bb;
+			fprintf(stderr,
+				"  %s: page %u differs at byte %zu (%s head %llu slot %llu, block byte %llu): gpu %02x cpu %02x\n",
+				what, i, b, side ? "V" : "K", (unsigned long long)(blk / L->g.page_tokens),
+				(unsigned long long)(blk % L->g.page_tokens), (unsigned long long)(rel % bb), got[b],
+				L->hpages[i][b]);
+			rc = -1;
+		}
+	}
+	free(got);
+out:
+	buf_free(&kb);
+	buf_free(&vb);
+	return rc;
+}
+
+/* Every codec (K side; a rotating other codec on the V side) x input dtype x
+ * head dim, 13 tokens at slot 3 of 5-token pages, 3 KV heads, inputs in
+ * host, device or unified memory. */
+static void test_encode_exact(void)
+{
+	static const int dims[] = { 8, 64, 96, 128, 256, 512, 40 };
+	const int n_kv = 3;
+	const uint32_t n = 13, pos = 3, pt = 5;
+	int cases = 0;
+
+	rng_state = t_seed();
+	for (int ci = 0; ci < N_CODECS; ci++)
+		for (size_t di = 0; di < sizeof(dims) / sizeof(dims[0]); di++)
+			for (int ti = 0; ti < 3; ti++) {
+				const int dim = dims[di];
+				const enum tq_codec_id kid = all_codecs[ci];
+				const enum tq_codec_id vid = all_codecs[(ci + 1 + (int)di + ti) % N_CODECS];
+				const enum tq_dtype dt = dtypes[ti];
+				const enum mem mem = (enum mem)((ci + di + ti) % 3);
+				struct layer L;
+				char what[128];
+
+				snprintf(what, sizeof(what), "K %s V %s d %d %s input in %s memory", tq_codec_name(kid),
+					 tq_codec_name(vid), dim, tq_dtype_name(dt), mem_name[mem]);
+				if (layer_new(&L, kid, vid, dim, n_kv, pt, (pos + n + pt - 1) / pt, t_seed() + ci * 31 + di,
+					      MEM_DEVICE)) {
+					layer_free(&L);
+					T_FAIL("%s: layer", what);
+				}
+				const size_t row = tq_dtype_size(dt) * (size_t)dim;
+				uint8_t *k = malloc(row * n * n_kv), *v = malloc(row * n * n_kv);
+				for (uint32_t i = 0; i < n * (uint32_t)n_kv; i++) {
+					good_row((int)i, k + i * row, dim, dt, L.kc);
+					good_row((int)i + 5, v + i * row, dim, dt, L.vc);
+				}
+				int rc = append_both(&L, pos, n, k, v, dt, mem, what);
+				free(k);
+				free(v);
+				layer_free(&L);
+				if (rc)
+					T_FAIL("%s", what);
+				cases++;
+			}
+	fprintf(stderr, "    %d codec x dim x dtype cases byte-identical\n", cases);
+}
+
+/* Rotated coordinates exactly on codebook bounds, every tq codec and a
+ * spread of dims (Hadamard and dense). */
+static void test_encode_bound_ties(void)
+{
+	static const int dims[] = { 8, 24, 64, 96, 128, 200, 256, 512 };
+	const uint32_t n = 6;
+
+	rng_state = t_seed() ^ 0x77;
+	for (int id = TQ_CODEC_TQ2; id <= TQ_CODEC_TQ4; id++)
+		for (size_t di = 0; di < sizeof(dims) / sizeof(dims[0]); di++) {
+			const int dim = dims[di];
+			struct layer L;
+			char what[96];
+			float x[TQ_DIM_MAX];
+			int found = 0;
+
+			snprintf(what, sizeof(what), "bound ties %s d %d", tq_codec_name((enum tq_codec_id)id), dim);
+			if (layer_new(&L, (enum tq_codec_id)id, (enum tq_codec_id)id, dim, 1, 4, 2, t_seed() + di,
+				      MEM_DEVICE)) {
+				layer_free(&L);
+				T_FAIL("%s: layer", what);
+			}
+			float *k = malloc(sizeof(float) * dim * n), *v = malloc(sizeof(float) * dim * n);
+			for (uint32_t i = 0; i < n; i++) {
+				found += make_tie(L.kc, x);
+				memcpy(k + i * dim, x, sizeof(float) * dim);
+				found += make_tie(L.vc, x);
+				memcpy(v + i * dim, x, sizeof(float) * dim);
+			}
+			int rc = append_both(&L, 1, n, (const uint8_t *)k, (const uint8_t *)v, TQ_DTYPE_F32, MEM_HOST,
+					     what);
+			free(k);
+			free(v);
+			layer_free(&L);
+			if (rc)
+				T_FAIL("%s", what);
+			if (!found)
+				fprintf(stderr, "    %s: no tie found\n", what);
+		}
+}
+
+/* Many tokens: several launches (32768 tokens each), staged host input. */
+static void test_encode_long(void)
+{
+	const uint32_t n = 40000, pt = 256;
+	const int dim = 64;
+	struct layer L;
+
+	rng_state = t_seed() ^ 0x1234;
+	T_ASSERT(layer_new(&L, TQ_CODEC_TQ3, TQ_CODEC_Q8, dim, 1, pt, (n + 7 + pt - 1) / pt, t_seed(), MEM_DEVICE) ==
+		 0);
+	float *k = malloc(sizeof(float) * dim * n), *v = malloc(sizeof(float) * dim * n);
+	for (size_t i = 0; i < (size_t)dim * n; i++) {
+		k[i] = gauss();
+		v[i] = gauss();
+	}
+	int rc = append_both(&L, 7, n, (const uint8_t *)k, (const uint8_t *)v, TQ_DTYPE_F32, MEM_HOST, "40000 tokens");
+	T_ASSERT(tqc_ctx_last_us(ctx) > 0.0);
+
+	/* a NaN in the second launch: found there, token counted from the call */
+	tq_error err;
+	uint32_t bad = 0;
+	k[(size_t)39000 * dim + 5] = NAN;
+	struct tqc_append a = { .k_codec = L.kc, .v_codec = L.vc, .kv = &L.dt, .pos = 7, .n = n, .k = k, .v = v,
+				.dtype = TQ_DTYPE_F32 };
+	int r = tqc_append(ctx, &a, &bad, &err);
+	free(k);
+	free(v);
+	layer_free(&L);
+	T_ASSERT(rc == 0);
+	T_EQ(r, -EINVAL);
+	T_EQ(bad, 39000);
+	T_ASSERT(strcmp(err.msg, "token 39000 K head 0: NaN or Inf at element 5") == 0);
+}
+
+static float bits_f(uint32_t u)
+{
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+/* Bad vectors: the first failing one (token-major, K before V, then head)
+ * names itself; the errno is the reference's. */
+static void test_encode_errors(void)
+{
+	const int dim = 64, n_kv = 3;
+	const uint32_t n = 8;
+	struct layer L;
+	tq_error err, rerr;
+	uint32_t bad;
+	char want[200];
+
+	rng_state = t_seed() ^ 0x99;
+	for (int ci = 0; ci < N_CODECS; ci++)
+		for (int ti = 0; ti < 3; ti++) {
+			const enum tq_codec_id id = all_codecs[ci];
+			const enum tq_dtype dt = dtypes[ti];
+			const size_t row = tq_dtype_size(dt) * dim;
+			float x[TQ_DIM_MAX], conv[TQ_DIM_MAX];
+			uint8_t blk[TQ_F32_BLOCK_BYTES(TQ_DIM_MAX)];
+
+			T_ASSERT(layer_new(&L, id, all_codecs[(ci + 2) % N_CODECS], dim, n_kv, 4, 3, t_seed(), MEM_DEVICE) ==
+				 0);
+			uint8_t *k = malloc(row * n * n_kv), *v = malloc(row * n * n_kv);
+			for (int kind = 0; kind < 7; kind++) {
+				for (uint32_t i = 0; i < n * (uint32_t)n_kv; i++) {
+					good_row(0, k + i * row, dim, dt, L.kc);
+					good_row(0, v + i * row, dim, dt, L.vc);
+				}
+				/* the first bad vector: token 3 K head 1; later ones:
+				 * token 3 V head 0, token 5 K head 0 */
+				uint8_t *first = k + (3 * n_kv + 1) * row;
+				int el = 17;
+				gen_vec(0, x, dim, dt, L.kc);
+				switch (kind) {
+				case 0: x[el] = bits_f(0x7fc00000u); break;              /* qNaN */
+				case 1: x[el] = bits_f(0xff800000u); break;              /* -Inf */
+				case 2: for (int i = 0; i < dim; i++) x[i] = 1e20f; break; /* norm overflows */
+				case 3: x[el] = 70000.0f; break;                          /* beyond fp16 */
+				case 4: x[el] = 3e38f; x[el + 1] = -3e38f; break;         /* range overflows */
+				case 5: for (int i = 0; i < dim; i++) x[i] = (i & 1) ? -3e38f : 3e38f; break;
+				default: for (int i = 0; i < dim; i++) x[i] = -65520.0f - (float)i; break;
+				}
+				put_row(first, dt, x, dim);
+				int want_rc = tq_encode_ref(L.kc, first, dt, 1, blk, &rerr);
+				if (want_rc == 0)
+					continue; /* representable by this codec and dtype */
+				int bel = -1; /* the first NaN/Inf of the row as converted */
+				(void)tq_row_to_f32(first, dt, dim, conv, &bel);
+				put_row(v + (3 * n_kv + 0) * row, dt, (float[TQ_DIM_MAX]){ [3] = NAN }, dim);
+				put_row(k + (5 * n_kv + 0) * row, dt, (float[TQ_DIM_MAX]){ [0] = INFINITY }, dim);
+				for (int m = 0; m < 3; m++) {
+					struct buf kb, vb;
+					T_ASSERT(buf_new(&kb, (enum mem)m, row * n * n_kv, k) == 0);
+					T_ASSERT(buf_new(&vb, (enum mem)m, row * n * n_kv, v) == 0);
+					struct tqc_append a = { .k_codec = L.kc, .v_codec = L.vc, .kv = &L.dt, .pos = 2, .n = n,
+								.k = kb.p, .v = vb.p, .dtype = dt };
+					bad = 0;
+					int r = tqc_append(ctx, &a, &bad, &err);
+					buf_free(&kb);
+					buf_free(&vb);
+					if (want_rc == -EINVAL) {
+						snprintf(want, sizeof(want), "token 3 K head 1: NaN or Inf at element %d", bel);
+					} else {
+						snprintf(want, sizeof(want), "token 3 K head 1: %s",
+							 id == TQ_CODEC_F16 ? "a value is beyond the fp16 range"
+									    : "values too large to encode (norm or range overflows fp32/fp16)");
+					}
+					if (r != want_rc || bad != 3 || strcmp(err.msg, want))
+						T_FAIL("%s %s kind %d %s: rc %d (want %d) bad %u: '%s' (want '%s')",
+						       tq_codec_name(id), tq_dtype_name(dt), kind, mem_name[m], r, want_rc, bad,
+						       err.msg, want);
+				}
+			}
+			/* K before V of the same token; V head 0 before K of a later token */
+			for (uint32_t i = 0; i < n * (uint32_t)n_kv; i++) {
+				good_row(0, k + i * row, dim, dt, L.kc);
+				good_row(0, v + i * row, dim, dt, L.vc);
+			}
+			put_row(v + (2 * n_kv + 0) * row, dt, (float[TQ_DIM_MAX]){ [9] = NAN }, dim);
+			put_row(k + (2 * n_kv + 2) * row, dt, (float[TQ_DIM_MAX]){ [4] = -INFINITY }, dim);
+			put_row(k + (6 * n_kv + 0) * row, dt, (float[TQ_DIM_MAX]){ [0] = NAN }, dim);
+			struct tqc_append a = { .k_codec = L.kc, .v_codec = L.vc, .kv = &L.dt, .pos = 0, .n = n, .k = k,
+						.v = v, .dtype = dt };
+			T_EQ(tqc_append(ctx, &a, &bad, &err), -EINVAL);
+			T_EQ(bad, 2);
+			T_ASSERT(strcmp(err.msg, "token 2 K head 2: NaN or Inf at element 4") == 0);
+			put_row(k + (2 * n_kv + 2) * row, dt, (float[TQ_DIM_MAX]){ 0 }, dim);
+			T_EQ(tqc_append(ctx, &a, &bad, &err), -EINVAL);
+			T_ASSERT(strcmp(err.msg, "token 2 V head 0: NaN or Inf at element 9") == 0);
+			free(k);
+			free(v);
+			layer_free(&L);
+		}
+}
+
+/* Argument checks. */
+static void test_encode_args(void)
+{
+	struct layer L, L2;
+	float k[2 * 64], v[2 * 64];
+	tq_error err;
+	uint32_t bad;
+
+	memset(k, 0, sizeof(k));
+	memset(v, 0, sizeof(v));
+	T_ASSERT(layer_new(&L, TQ_CODEC_TQ4, TQ_CODEC_TQ3, 64, 1, 4, 2, t_seed(), MEM_DEVICE) == 0);
+	T_ASSERT(layer_new(&L2, TQ_CODEC_TQ4, TQ_CODEC_TQ3, 128, 1, 4, 2, t_seed(), MEM_DEVICE) == 0);
+	struct tqc_append a = { .k_codec = L.kc, .v_codec = L.vc, .kv = &L.dt, .pos = 6, .n = 2, .k = k, .v = v,
+				.dtype = TQ_DTYPE_F32 };
+	T_EQ(tqc_append(ctx, &a, &bad, &err), 0);
+	a.pos = 7; /* slot 8 needs a third page */
+	T_EQ(tqc_append(ctx, &a, &bad, &err), -EINVAL);
+	a.pos = 0;
+	a.n = 0;
+	T_EQ(tqc_append(ctx, &a, &bad, &err), -EINVAL);
+	a.n = 2;
+	a.v_codec = L2.vc; /* dim 128 */
+	T_EQ(tqc_append(ctx, &a, &bad, &err), -EINVAL);
+	a.v_codec = L.kc; /* tq4 blocks are not the pages' tq3 blocks */
+	T_EQ(tqc_append(ctx, &a, &bad, &err), -EINVAL);
+	a.v_codec = L.vc;
+	a.dtype = (enum tq_dtype)7;
+	T_EQ(tqc_append(ctx, &a, &bad, &err), -EINVAL);
+	a.dtype = TQ_DTYPE_F32;
+	a.k = NULL;
+	T_EQ(tqc_append(ctx, &a, &bad, &err), -EINVAL);
+	a.k = k;
+	a.pos = UINT32_MAX;
+	T_EQ(tqc_append(ctx, &a, &bad, &err), -EINVAL);
+	a.pos = 0;
+	const uint8_t *keep = L.dpages[0];
+	L.dpages[0] = keep + 8; /* not page aligned */
+	T_EQ(tqc_append(ctx, &a, &bad, &err), -EINVAL);
+	T_ASSERT(strstr(err.msg, "aligned") != NULL);
+	L.dpages[0] = NULL;
+	T_EQ(tqc_append(ctx, &a, &bad, &err), -EINVAL);
+	L.dpages[0] = keep;
+	T_EQ(tqc_append(NULL, &a, &bad, &err), -EINVAL);
+	T_EQ(tqc_append(ctx, &a, &bad, &err), 0);
+	layer_free(&L);
+	layer_free(&L2);
+}
+
+/* ---- attention ------------------------------------------------------------------- */
+
+/* Fill `len` tokens of the layer: on the CPU (tq_encode into the host pages,
+ * uploaded) or with tqc_append from the same raw vectors (pages downloaded
+ * for the oracle). */
+static int layer_fill(struct layer *L, uint32_t len, int on_gpu, uint64_t seed)
+{
+	const int d = L->dim, H = (int)L->g.n_kv_heads;
+	const uint32_t chunk = 4096;
+	float *k = malloc(sizeof(float) * d * H * chunk), *v = malloc(sizeof(float) * d * H * chunk);
+	tq_error err;
+	int rc = 0;
+
+	if (!k || !v) {
+		free(k);
+		free(v);
+		return -ENOMEM;
+	}
+	rng_state = seed;
+	layer_set_len(L, len);
+	for (uint32_t t0 = 0; t0 < len && !rc; t0 += chunk) {
+		uint32_t n = len - t0 < chunk ? len - t0 : chunk;
+		/* keys with channel means and a few large channels, as real ones */
+		for (uint32_t i = 0; i < n * (uint32_t)H; i++)
+			for (int j = 0; j < d; j++) {
+				float mean = (float)((j * 37 % 11) - 5) * 0.1f, amp = (j % 29 == 3) ? 6.0f : 1.0f;
+				k[(size_t)i * d + j] = mean + amp * gauss();
+				v[(size_t)i * d + j] = gauss();
+			}
+		if (on_gpu) {
+			uint32_t bad;
+			struct tqc_append a = { .k_codec = L->kc, .v_codec = L->vc, .kv = &L->dt, .pos = t0, .n = n,
+						.k = k, .v = v, .dtype = TQ_DTYPE_F32 };
+			if ((rc = tqc_append(ctx, &a, &bad, &err)))
+				fprintf(stderr, "  fill: tqc_append: %s\n", err.msg);
+			continue;
+		}
+		for (uint32_t i = 0; i < n && !rc; i++)
+			for (int h = 0; h < H && !rc; h++) {
+				uint32_t s = t0 + i, pg = s / L->g.page_tokens, sl = s % L->g.page_tokens;
+				const float *kr = k + ((size_t)i * H + h) * d, *vr = v + ((size_t)i * H + h) * d;
+				if ((rc = tq_encode(L->kc, kr, TQ_DTYPE_F32, 1, L->hpages[pg] + tq_page_k_off(&L->g, h, sl), &err)) ||
+				    (rc = tq_encode(L->vc, vr, TQ_DTYPE_F32, 1, L->hpages[pg] + tq_page_v_off(&L->g, h, sl), &err)))
+					fprintf(stderr, "  fill: tq_encode: %s\n", err.msg);
+			}
+	}
+	free(k);
+	free(v);
+	if (rc)
+		return rc;
+	return on_gpu ? layer_download(L) : layer_upload(L);
+}
+
+static struct layer *layer_build(struct layer *L, enum tq_codec_id kid, enum tq_codec_id vid, int dim, int n_kv,
+				 uint32_t pt, uint32_t len, int on_gpu, uint64_t seed)
+{
+	uint32_t np = (len + pt - 1) / pt;
+
+	if (layer_new(L, kid, vid, dim, n_kv, pt, np, seed, MEM_DEVICE) || layer_fill(L, len, on_gpu, seed)) {
+		layer_free(L);
+		return NULL;
+	}
+	return L;
+}
+
+/* Max over rows of max_j |a - b| / ||b_row|| (NaN-safe: NaN counts as huge). */
+static double row_err(const float *a, const float *b, size_t rows, int dim)
+{
+	double worst = 0.0;
+	for (size_t r = 0; r < rows; r++) {
+		double n2 = 0.0, mx = 0.0;
+		for (int j = 0; j < dim; j++) {
+			double bj = b[r * dim + j], dd = fabs((double)a[r * dim + j] - bj);
+			n2 += bj * bj;
+			if (!(dd <= mx))
+				mx = dd;
+		}
+		double e = mx / (sqrt(n2) + 1e-12);
+		if (!(e <= worst))
+			worst = e;
+	}
+	return worst;
+}
+
+/* The oracle on the host pages, the GPU on the device pages (output in
+ * `out_mem` memory); the worst relative row error, or -1 on a failed call. */
+static double compare(const struct layer *L, int n_q, int n_q_heads, const void *q, enum tq_dtype q_dtype,
+		      const int32_t *pos, int causal, float scale, enum mem out_mem, const char *what)
+{
+	const size_t rows = (size_t)n_q * n_q_heads, bytes = rows * L->dim * sizeof(float);
+	float *ref = malloc(bytes + 4), *got = malloc(bytes + 4);
+	struct buf ob;
+	tq_error err;
+	double e = -1;
+
+	struct tq_attn_params p = { .k_codec = L->kc, .v_codec = L->vc, .n_q_heads = n_q_heads, .kv = &L->ht,
+				    .n_q = n_q, .q = q, .q_dtype = q_dtype, .q_pos = pos, .causal = causal,
+				    .scale = scale, .out = ref };
+	if (tq_attend_ref(&p, &err)) {
+		fprintf(stderr, "  %s: ref: %s\n", what, err.msg);
+		goto out;
+	}
+	memset(got, 0xFF, bytes); /* NaN until written */
+	if (buf_new(&ob, out_mem, bytes, got))
+		goto out;
+	p.kv = &L->dt;
+	p.out = ob.p;
+	int rc = tqc_attend(ctx, &p, &err);
+	if (rc)
+		fprintf(stderr, "  %s: tqc_attend: rc %d: %s\n", what, rc, err.msg);
+	else if (buf_read(&ob, got, bytes) == 0)
+		e = row_err(got, ref, rows, L->dim);
+	buf_free(&ob);
+	if (rc == 0 && (!(e >= 0 && e <= TOL) || getenv("TQ_TEST_VERBOSE")))
+		fprintf(stderr, "  %s: error %.3g (%.0f us)\n", what, e, tqc_ctx_last_us(ctx));
+out:
+	free(ref);
+	free(got);
+	return e;
+}
+
+static float *make_q(int n_q, int n_q_heads, int dim)
+{
+	float *q = malloc(sizeof(float) * (size_t)n_q * n_q_heads * dim + 4);
+	for (size_t i = 0; i < (size_t)n_q * n_q_heads * dim; i++)
+		q[i] = gauss() * 1.5f;
+	return q;
+}
+
+/* Decode (causal and not) and a small causal prefill on one layer. */
+static int check_layer(const struct layer *L, int group, const char *what0)
+{
+	const int H = (int)L->g.n_kv_heads, nqh = H * group, d = L->dim;
+	const uint32_t len = L->ht.n_tokens, pt = L->g.page_tokens;
+	char what[160];
+	int32_t last = (int32_t)len - 1;
+	int32_t pos[5] = { 0, (int32_t)(pt - 1 < len - 1 ? pt - 1 : 0), (int32_t)(pt < len ? pt : 0), (int32_t)len / 2,
+			   last };
+	float *q1 = make_q(1, nqh, d), *q5 = make_q(5, nqh, d);
+	double e1, e2, e3;
+
+	snprintf(what, sizeof(what), "%s decode causal", what0);
+	e1 = compare(L, 1, nqh, q1, TQ_DTYPE_F32, &last, 1, 0.0f, MEM_HOST, what);
+	snprintf(what, sizeof(what), "%s decode", what0);
+	e2 = compare(L, 1, nqh, q1, TQ_DTYPE_F32, NULL, 0, 0.0f, MEM_DEVICE, what);
+	snprintf(what, sizeof(what), "%s prefill 5", what0);
+	e3 = compare(L, 5, nqh, q5, TQ_DTYPE_F32, pos, 1, 0.0f, MEM_UNIFIED, what);
+	free(q1);
+	free(q5);
+	return e1 >= 0 && e1 <= TOL && e2 >= 0 && e2 <= TOL && e3 >= 0 && e3 <= TOL ? 0 : -1;
+}
+
+/* Every K/V codec pair at head dims 64, 128, 256 (GQA 1, 4, 8 in turn,
+ * 203 tokens in 48-token pages), and dim 96 (dense rotations) once. */
+static void test_attn_pairs(void)
+{
+	static const int dims[] = { 64, 128, 256 };
+	static const int groups[] = { 1, 4, 8 };
+	int n = 0;
+
+	for (size_t di = 0; di < 3; di++)
+		for (int i = 0; i < N_CODECS; i++)
+			for (int j = 0; j < N_CODECS; j++) {
+				struct layer L;
+				char what[96];
+				int G = groups[(i + j + (int)di) % 3];
+				snprintf(what, sizeof(what), "K %s V %s d %d G %d", tq_codec_name(all_codecs[i]),
+					 tq_codec_name(all_codecs[j]), dims[di], G);
+				if (!layer_build(&L, all_codecs[i], all_codecs[j], dims[di], 2, 48, 203, 0,
+						 t_seed() + (uint64_t)(i * 7 + j)))
+					T_FAIL("%s: layer", what);
+				int rc = check_layer(&L, G, what);
+				layer_free(&L);
+				if (rc)
+					T_FAIL("%s", what);
+				n++;
+			}
+	static const struct { enum tq_codec_id k, v; } d96[] = {
+		{ TQ_CODEC_TQ4, TQ_CODEC_TQ3 }, { TQ_CODEC_Q8, TQ_CODEC_TQ2 }, { TQ_CODEC_Q4A, TQ_CODEC_Q8 },
+	};
+	for (size_t i = 0; i < sizeof(d96) / sizeof(d96[0]); i++) {
+		struct layer L;
+		char what[96];
+		snprintf(what, sizeof(what), "K %s V %s d 96 G 4", tq_codec_name(d96[i].k), tq_codec_name(d96[i].v));
+		if (!layer_build(&L, d96[i].k, d96[i].v, 96, 2, 48, 203, 0, t_seed() + 96 + i))
+			T_FAIL("%s: layer", what);
+		int rc = check_layer(&L, 4, what);
+		layer_free(&L);
+		if (rc)
+			T_FAIL("%s", what);
+		n++;
+	}
+	fprintf(stderr, "    %d layers, 3 calls each, within %.0e\n", n, TOL);
+}
+
+/* Context lengths that are and are not page multiples; pages appended on the
+ * GPU for some. */
+static void test_attn_contexts(void)
+{
+	static const uint32_t lens[] = { 1, 7, 64, 1000, 4097 };
+	static const struct { enum tq_codec_id k, v; } pairs[] = {
+		{ TQ_CODEC_TQ4, TQ_CODEC_TQ3 }, { TQ_CODEC_Q8, TQ_CODEC_TQ4 }, { TQ_CODEC_F16, TQ_CODEC_Q4A },
+	};
+
+	for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++)
+		for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) {
+			struct layer L;
+			char what[96];
+			int on_gpu = (int)((li + i) % 2);
+			snprintf(what, sizeof(what), "K %s V %s T %u%s", tq_codec_name(pairs[i].k),
+				 tq_codec_name(pairs[i].v), lens[li], on_gpu ? " (appended on the GPU)" : "");
+			if (!layer_build(&L, pairs[i].k, pairs[i].v, 128, 2, 64, lens[li], on_gpu, t_seed() + li * 3 + i))
+				T_FAIL("%s: layer", what);
+			int rc = check_layer(&L, 4, what);
+			layer_free(&L);
+			if (rc)
+				T_FAIL("%s", what);
+		}
+}
+
+/* Causal prefill: 128 query tokens at the end of a 1000-token context and at
+ * scattered positions; GQA 4 and 8; a custom scale, not causal. */
+static void test_attn_prefill(void)
+{
+	struct layer L;
+	int32_t pos[128];
+
+	T_ASSERT(layer_build(&L, TQ_CODEC_TQ4, TQ_CODEC_TQ3, 128, 2, 256, 1000, 1, t_seed()) != NULL);
+	for (int g = 4; g <= 8; g += 4) {
+		float *q = make_q(128, 2 * g, 128);
+		for (int i = 0; i < 128; i++)
+			pos[i] = 872 + i;
+		double e1 = compare(&L, 128, 2 * g, q, TQ_DTYPE_F32, pos, 1, 0.0f, MEM_DEVICE, "prefill 128 at the end");
+		for (int i = 0; i < 128; i++)
+			pos[i] = (int32_t)((i * 7919u) % 1000u);
+		double e2 = compare(&L, 128, 2 * g, q, TQ_DTYPE_F32, pos, 1, 0.0f, MEM_HOST, "prefill 128 scattered");
+		double e3 = compare(&L, 128, 2 * g, q, TQ_DTYPE_F32, pos, 0, 0.3f, MEM_HOST, "128 not causal, scale 0.3");
+		free(q);
+		T_ASSERT(e1 >= 0 && e1 <= TOL);
+		T_ASSERT(e2 >= 0 && e2 <= TOL);
+		T_ASSERT(e3 >= 0 && e3 <= TOL);
+	}
+	layer_free(&L);
+}
+
+/* A long context: split-K with the log-sum-exp merge. */
+static void test_attn_split_k(void)
+{
+	static const struct { enum tq_codec_id k, v; int dim; } cases[] = {
+		{ TQ_CODEC_TQ4, TQ_CODEC_TQ2, 128 }, { TQ_CODEC_F32, TQ_CODEC_F16, 64 }, { TQ_CODEC_Q8, TQ_CODEC_Q4A, 256 },
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct layer L;
+		const uint32_t len = 20000;
+		char what[96];
+		snprintf(what, sizeof(what), "split-K K %s V %s d %d T %u", tq_codec_name(cases[i].k),
+			 tq_codec_name(cases[i].v), cases[i].dim, len);
+		if (!layer_build(&L, cases[i].k, cases[i].v, cases[i].dim, 2, 256, len, (int)(i % 2), t_seed() + i))
+			T_FAIL("%s: layer", what);
+		float *q = make_q(3, 8, cases[i].dim);
+		int32_t pos[3] = { (int32_t)len - 1, 12345, 100 };
+		double e1 = compare(&L, 1, 8, q, TQ_DTYPE_F32, pos, 1, 0.0f, MEM_HOST, what);
+		double e2 = compare(&L, 3, 8, q, TQ_DTYPE_F32, pos, 1, 0.0f, MEM_DEVICE, what);
+		double e3 = compare(&L, 3, 8, q, TQ_DTYPE_F32, pos, 0, 0.0f, MEM_HOST, what);
+		free(q);
+		layer_free(&L);
+		T_ASSERT(e1 >= 0 && e1 <= TOL);
+		T_ASSERT(e2 >= 0 && e2 <= TOL);
+		T_ASSERT(e3 >= 0 && e3 <= TOL);
+	}
+}
+
+/* f16 / bf16 queries go through the CPU path's conversion. */
+static void test_attn_query_dtypes(void)
+{
+	struct layer L;
+	int32_t pos[2] = { 10, 99 };
+	float *q = make_q(2, 8, 128);
+	uint16_t h[2 * 8 * 128];
+
+	T_ASSERT(layer_build(&L, TQ_CODEC_TQ4, TQ_CODEC_TQ4, 128, 2, 32, 100, 0, t_seed()) != NULL);
+	for (int i = 0; i < 2 * 8 * 128; i++)
+		h[i] = tq_f32_to_f16(q[i]);
+	double e1 = compare(&L, 2, 8, h, TQ_DTYPE_F16, pos, 1, 0.0f, MEM_HOST, "f16 q");
+	for (int i = 0; i < 2 * 8 * 128; i++)
+		h[i] = tq_f32_to_bf16(q[i]);
+	double e2 = compare(&L, 2, 8, h, TQ_DTYPE_BF16, pos, 1, 0.0f, MEM_HOST, "bf16 q");
+	free(q);
+	layer_free(&L);
+	T_ASSERT(e1 >= 0 && e1 <= TOL);
+	T_ASSERT(e2 >= 0 && e2 <= TOL);
+}
+
+/* The checks of tq_attend, with its messages; an empty cache; n_q = 0. */
+static void test_attn_errors(void)
+{
+	struct layer L, L0;
+	int32_t pos[2] = { 5, 9 };
+	float out[2 * 8 * 128];
+	tq_error err, cerr;
+
+	T_ASSERT(layer_build(&L, TQ_CODEC_TQ4, TQ_CODEC_Q8, 128, 2, 8, 10, 0, t_seed()) != NULL);
+	T_ASSERT(layer_new(&L0, TQ_CODEC_TQ4, TQ_CODEC_Q8, 128, 2, 8, 0, t_seed(), MEM_DEVICE) == 0);
+	float *q = make_q(2, 8, 128);
+	struct tq_attn_params p = { .k_codec = L.kc, .v_codec = L.vc, .n_q_heads = 8, .kv = &L.dt, .n_q = 2,
+				    .q = q, .q_dtype = TQ_DTYPE_F32, .q_pos = pos, .causal = 1, .out = out };
+	struct tq_attn_params c = p; /* the same call on the CPU */
+	c.kv = &L.ht;
+#define BOTH_FAIL(want)                                                                                    \
+	do {                                                                                               \
+		int _g = tqc_attend(ctx, &p, &err), _c = tq_attend(&c, &cerr);                             \
+		if (_g != (want) || _c != (want) || strcmp(err.msg, cerr.msg))                              \
+			T_FAIL("gpu %d '%s', cpu %d '%s', want %d", _g, err.msg, _c, cerr.msg, (int)(want)); \
+	} while (0)
+
+	T_EQ(tqc_attend(ctx, &p, &err), 0);
+	/* positions past the cache, negative, missing */
+	pos[1] = 10;
+	BOTH_FAIL(-EINVAL);
+	pos[1] = -1;
+	BOTH_FAIL(-EINVAL);
+	pos[1] = 9;
+	p.q_pos = c.q_pos = NULL;
+	BOTH_FAIL(-EINVAL);
+	p.q_pos = c.q_pos = pos;
+	/* NaN / Inf queries in every dtype */
+	q[8 * 128 + 77] = NAN;
+	BOTH_FAIL(-EINVAL);
+	q[8 * 128 + 77] = INFINITY;
+	BOTH_FAIL(-EINVAL);
+	q[8 * 128 + 77] = 0.5f;
+	uint16_t h[2 * 8 * 128];
+	for (int i = 0; i < 2 * 8 * 128; i++)
+		h[i] = tq_f32_to_f16(q[i]);
+	h[3] = 0x7C00;
+	p.q = c.q = h;
+	p.q_dtype = c.q_dtype = TQ_DTYPE_F16;
+	BOTH_FAIL(-EINVAL);
+	h[3] = 0x7FC0;
+	p.q_dtype = c.q_dtype = TQ_DTYPE_BF16;
+	BOTH_FAIL(-EINVAL);
+	p.q = c.q = q;
+	p.q_dtype = c.q_dtype = TQ_DTYPE_F32;
+	/* shapes and codecs */
+	p.n_q_heads = c.n_q_heads = 7;
+	BOTH_FAIL(-EINVAL);
+	p.n_q_heads = c.n_q_heads = 8;
+	p.v_codec = c.v_codec = L.kc;
+	BOTH_FAIL(-EINVAL);
+	p.v_codec = c.v_codec = L.vc;
+	p.scale = c.scale = NAN;
+	BOTH_FAIL(-EINVAL);
+	p.scale = c.scale = 0.0f;
+	p.out = c.out = NULL;
+	BOTH_FAIL(-EINVAL);
+	p.out = c.out = out;
+	/* what the GPU ignores */
+	p.sparse_v = 0.5f;
+	p.isa = (enum tq_isa)99;
+	p.plan_n_q = 1;
+	T_EQ(tqc_attend(ctx, &p, &err), 0);
+	p.sparse_v = 0.0f;
+	p.isa = TQ_ISA_AUTO;
+	p.plan_n_q = 0;
+	/* a page that is not page aligned */
+	const uint8_t *keep = L.dpages[1];
+	L.dpages[1] = keep + 4;
+	T_EQ(tqc_attend(ctx, &p, &err), -EINVAL);
+	T_ASSERT(strstr(err.msg, "aligned") != NULL);
+	L.dpages[1] = keep;
+	T_EQ(tqc_attend(NULL, &p, &err), -EINVAL);
+
+	/* an empty cache: causal positions are all past it; not causal: zeros */
+	p.kv = &L0.dt;
+	T_EQ(tqc_attend(ctx, &p, &err), -EINVAL);
+	p.causal = 0;
+	p.q_pos = NULL;
+	for (int m = 0; m < 3; m++) {
+		struct buf ob;
+		memset(out, 0x7F, sizeof(out));
+		T_ASSERT(buf_new(&ob, (enum mem)m, sizeof(out), out) == 0);
+		p.out = ob.p;
+		int rc = tqc_attend(ctx, &p, &err);
+		T_ASSERT(buf_read(&ob, out, sizeof(out)) == 0);
+		buf_free(&ob);
+		T_EQ(rc, 0);
+		for (int i = 0; i < 2 * 8 * 128; i++)
+			T_ASSERT(out[i] == 0.0f);
+	}
+	p.out = out;
+	p.n_q = 0;
+	T_EQ(tqc_attend(ctx, &p, &err), 0);
+#undef BOTH_FAIL
+	free(q);
+	layer_free(&L);
+	layer_free(&L0);
+}
+
+/* Finite inputs whose logits leave float range: +inf for one key, -inf for
+ * every key, NaN (products overflowing both ways) for some keys, in a short
+ * and a long (split) context; those rows are NaN, the ordinary row is not. */
+static void test_attn_overflow(void)
+{
+	static float big[128], alt[128];
+	float out[2 * 128];
+	tq_error err;
+
+	for (int j = 0; j < 128; j++) {
+		big[j] = 1e30f;
+		alt[j] = (j & 1) ? -1e30f : 1e30f;
+	}
+	for (int dim = 64; dim <= 128; dim += 64)
+		for (int cs = 0; cs < 4; cs++) {
+			const uint32_t len = cs == 3 ? 5000 : 40;
+			const int nq = cs == 3 ? 2 : 1;
+			int32_t pos[2] = { (int32_t)len - 1, 1000 };
+			struct layer L;
+			float qb[2 * 128];
+
+			T_ASSERT(layer_build(&L, TQ_CODEC_F32, TQ_CODEC_F32, dim, 1, 256, len, 0, t_seed()) != NULL);
+			for (uint32_t t = 0; t < len; t++) {
+				const float *x = NULL;
+				if ((cs == 0 && t == 0) || cs == 1)
+					x = big;
+				else if ((cs == 2 && t < 32) || (cs == 3 && t >= 4000))
+					x = alt;
+				if (x)
+					memcpy(L.hpages[t / 256] + tq_page_k_off(&L.g, 0, t % 256), x, sizeof(float) * dim);
+			}
+			T_ASSERT(layer_upload(&L) == 0);
+			for (int j = 0; j < dim; j++) {
+				qb[j] = cs == 1 ? -1e10f : 1e10f;
+				qb[dim + j] = gauss();
+			}
+			struct tq_attn_params p = { .k_codec = L.kc, .v_codec = L.vc, .n_q_heads = 1, .kv = &L.dt,
+						    .n_q = nq, .q = qb, .q_dtype = TQ_DTYPE_F32, .q_pos = pos,
+						    .causal = 1, .out = out };
+			T_EQ(tqc_attend(ctx, &p, &err), 0);
+			for (int j = 0; j < dim; j++)
+				if (!isnan(out[j]))
+					T_FAIL("case %c d %d: out[%d] = %g, not NaN", 'a' + cs, dim, j, out[j]);
+			if (nq > 1) {
+				float ref[2 * 128];
+				p.kv = &L.ht;
+				p.out = ref;
+				T_EQ(tq_attend_ref(&p, &err), 0);
+				T_ASSERT(row_err(out + dim, ref + dim, 1, dim) <= TOL);
+			}
+			layer_free(&L);
+		}
+}
+
+/* ---- devices and memory ------------------------------------------------------------- */
+
+static void test_device(void)
+{
+	struct tqc_device_info info;
+	char why[200];
+	int n = tqc_device_count(why, sizeof(why));
+
+	T_ASSERT(n >= 1);
+	T_EQ(tqc_device_query(dev, &info, why, sizeof(why)), 0);
+	fprintf(stderr, "    device %d: %s, cc %d.%d, %d SMs, %.1f GiB (%.1f free), %.0f GB/s, driver %d runtime %d%s\n",
+		info.device, info.name, info.cc_major, info.cc_minor, info.sms, info.total_bytes / 1073741824.0,
+		info.free_bytes / 1073741824.0, info.peak_gbps, info.driver_version, info.runtime_version,
+		tqc_device_unified(&info) ? ", unified memory" : "");
+	T_ASSERT(info.sms >= 1 && info.cc_major >= 8 && info.total_bytes > 0 && info.name[0]);
+	T_EQ(tqc_device_query(n, &info, why, sizeof(why)), -ENODEV);
+	T_ASSERT(strstr(why, "there are") != NULL);
+	T_EQ(tqc_ctx_device(ctx), dev);
+	T_ASSERT(tqc_built() == 1);
+}
+
+static void test_memory(void)
+{
+	char why[200];
+	void *d = NULL, *u = NULL;
+	uint8_t src[4096], back[4096];
+
+	for (int i = 0; i < 4096; i++)
+		src[i] = (uint8_t)(i * 7 + 1);
+	T_EQ(tqc_region_alloc(dev, 3u << 20, 0, &d, why, sizeof(why)), 0);
+	T_EQ(tqc_region_alloc(dev, 5u << 20, 1, &u, why, sizeof(why)), 0);
+	T_ASSERT(((uintptr_t)d & ((2u << 20) - 1)) == 0);
+	T_ASSERT(((uintptr_t)u & ((2u << 20) - 1)) == 0);
+	/* unified: the host writes, the device copies, the host reads */
+	memcpy(u, src, sizeof(src));
+	T_EQ(tqc_copy(dev, d, u, sizeof(src), why, sizeof(why)), 0);
+	T_EQ(tqc_copy(dev, (uint8_t *)u + 8192, d, sizeof(src), why, sizeof(why)), 0);
+	T_ASSERT(memcmp((uint8_t *)u + 8192, src, sizeof(src)) == 0);
+	T_EQ(tqc_copy(dev, back, d, sizeof(src), why, sizeof(why)), 0);
+	T_ASSERT(memcmp(back, src, sizeof(src)) == 0);
+	tqc_region_free(dev, d, 0);
+	tqc_region_free(dev, u, 1);
+	T_EQ(tqc_region_alloc(dev, 0, 0, &d, why, sizeof(why)), -EINVAL);
+	void *pin = tqc_pinned_alloc(dev, 1 << 20);
+	T_ASSERT(pin != NULL);
+	tqc_pinned_free(pin);
+
+	/* registered host memory as an append input and an attention output */
+	struct layer L;
+	const int dim = 64;
+	T_ASSERT(layer_new(&L, TQ_CODEC_TQ4, TQ_CODEC_Q8, dim, 1, 16, 1, t_seed(), MEM_DEVICE) == 0);
+	size_t bytes = 2 * 16 * dim * sizeof(float) + 2 * dim * sizeof(float);
+	float *reg = aligned_alloc(4096, (bytes + 4095) & ~(size_t)4095);
+	T_ASSERT(reg != NULL);
+	int rr = tqc_host_register(dev, reg, (bytes + 4095) & ~(size_t)4095, why, sizeof(why));
+	if (rr == 0) {
+		float *k = reg, *v = reg + 16 * dim, *o = reg + 32 * dim;
+		rng_state = t_seed();
+		for (int i = 0; i < 16 * dim; i++) {
+			k[i] = gauss();
+			v[i] = gauss();
+		}
+		T_EQ(append_both(&L, 0, 16, (uint8_t *)k, (uint8_t *)v, TQ_DTYPE_F32, MEM_HOST, "registered input"), 0);
+		/* append_both copied the inputs; this call reads the registered ones */
+		uint32_t bad;
+		tq_error err;
+		struct tqc_append a = { .k_codec = L.kc, .v_codec = L.vc, .kv = &L.dt, .pos = 0, .n = 16, .k = k, .v = v,
+					.dtype = TQ_DTYPE_F32 };
+		T_EQ(tqc_append(ctx, &a, &bad, &err), 0);
+		layer_set_len(&L, 16);
+		float *q = make_q(1, 2, dim), ref[2 * 64];
+		int32_t pos = 15;
+		struct tq_attn_params p = { .k_codec = L.kc, .v_codec = L.vc, .n_q_heads = 2, .kv = &L.ht, .n_q = 1,
+					    .q = q, .q_dtype = TQ_DTYPE_F32, .q_pos = &pos, .causal = 1, .out = ref };
+		T_EQ(tq_attend_ref(&p, &err), 0);
+		p.kv = &L.dt;
+		p.out = o;
+		T_EQ(tqc_attend(ctx, &p, &err), 0);
+		T_ASSERT(row_err(o, ref, 2, dim) <= TOL);
+		free(q);
+		tqc_host_unregister(dev, reg);
+	} else {
+		fprintf(stderr, "    host registration unavailable: %s\n", why);
+	}
+	free(reg);
+	layer_free(&L);
+}
+
+int main(void)
+{
+	char why[256];
+	tq_error err;
+	const char *e = getenv("TQ_CUDA_DEVICE");
+
+	if (!tqc_built()) {
+		snprintf(why, sizeof(why), "built without CUDA");
+		t_skip(why);
+	}
+	int n = tqc_device_count(why, sizeof(why));
+	if (n <= 0)
+		t_skip(why);
+	dev = e ? atoi(e) : 0;
+	if (tqc_ctx_new(&ctx, dev, &err)) {
+		fprintf(stderr, "tqc_ctx_new(%d): %s\n", dev, err.msg);
+		return 1;
+	}
+	if (!(cache = tq_cache_new()))
+		return 1;
+	T_RUN(test_device);
+	T_RUN(test_memory);
+	T_RUN(test_encode_args);
+	T_RUN(test_encode_exact);
+	T_RUN(test_encode_bound_ties);
+	T_RUN(test_encode_errors);
+	T_RUN(test_encode_long);
+	T_RUN(test_attn_errors);
+	T_RUN(test_attn_pairs);
+	T_RUN(test_attn_contexts);
+	T_RUN(test_attn_prefill);
+	T_RUN(test_attn_split_k);
+	T_RUN(test_attn_query_dtypes);
+	T_RUN(test_attn_overflow);
+	tqc_ctx_free(ctx);
+	tq_cache_free(cache);
+	return t_done();
+}
