@@ -111,10 +111,16 @@ int tqc_device_count(char *why, size_t whylen)
 		(void)cudaDriverGetVersion(&drv);
 		(void)cudaRuntimeGetVersion(&rt);
 		(void)cudaGetLastError();
-		say(why, whylen,
-		    "CUDA driver too old for this build's CUDA runtime: the driver supports CUDA %d.%d, "
-		    "the runtime is CUDA %d.%d (update the NVIDIA driver)",
-		    drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
+		if (drv <= 0) /* a libcuda.so.1 without a working driver behind it */
+			say(why, whylen,
+			    "CUDA driver unusable: libcuda.so.1 is present but reports no CUDA version "
+			    "(a broken or mismatched NVIDIA driver install?); this build's runtime is CUDA %d.%d",
+			    rt / 1000, rt % 1000 / 10);
+		else
+			say(why, whylen,
+			    "CUDA driver too old for this build's CUDA runtime: the driver supports CUDA %d.%d, "
+			    "the runtime is CUDA %d.%d (update the NVIDIA driver)",
+			    drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
 		return -ENODEV;
 	}
 	if (e == cudaErrorNoDevice || (e == cudaSuccess && n <= 0)) {
