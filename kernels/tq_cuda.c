@@ -5,11 +5,12 @@
  *
  * Staging: a kernel reads and writes only memory the device can address.
  * Inputs and outputs the caller hands in are classified with
- * cudaPointerGetAttributes: device memory of this device, managed memory and
- * mapped (registered / pinned) host memory are used in place, through the
- * device address the runtime gives; plain host memory (and another device's
- * memory) goes through the context's pinned staging and device scratch with
- * async copies on the context's stream.  Every call synchronizes its stream
+ * cudaPointerGetAttributes (locate): device memory of this device, managed
+ * memory and mapped (registered / pinned) host memory are used in place,
+ * through the device address the runtime gives; plain host memory goes
+ * through the context's pinned staging and device scratch, another device's
+ * memory through device scratch (peer copies), with async copies on the
+ * context's stream.  Every call synchronizes its stream
  * before returning, so between calls a context's stream is idle: scratch,
  * staging and the dense-rotation cache are grown or evicted only then.
  */
@@ -110,10 +111,16 @@ int tqc_device_count(char *why, size_t whylen)
 		(void)cudaDriverGetVersion(&drv);
 		(void)cudaRuntimeGetVersion(&rt);
 		(void)cudaGetLastError();
-		say(why, whylen,
-		    "CUDA driver too old for this build's CUDA runtime: the driver supports CUDA %d.%d, "
-		    "the runtime is CUDA %d.%d (update the NVIDIA driver)",
-		    drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
+		if (drv <= 0) /* a libcuda.so.1 without a working driver behind it */
+			say(why, whylen,
+			    "CUDA driver unusable: libcuda.so.1 is present but reports no CUDA version "
+			    "(a broken or mismatched NVIDIA driver install?); this build's runtime is CUDA %d.%d",
+			    rt / 1000, rt % 1000 / 10);
+		else
+			say(why, whylen,
+			    "CUDA driver too old for this build's CUDA runtime: the driver supports CUDA %d.%d, "
+			    "the runtime is CUDA %d.%d (update the NVIDIA driver)",
+			    drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
 		return -ENODEV;
 	}
 	if (e == cudaErrorNoDevice || (e == cudaSuccess && n <= 0)) {
@@ -629,25 +636,38 @@ static int desc_make(const tq_codec *c, const float *mat, const float *mat_t, st
 	return 0;
 }
 
-/* The address kernels on x->device use for p, or NULL when p must be
- * staged (plain host memory; another device's memory). */
-static void *dev_addr(const tqc_ctx *x, const void *p)
+/* Where a caller's buffer is, for the kernels on x->device:
+ *   in place  device memory of this device, managed memory, mapped pinned
+ *             or registered host memory: *dp = the device address;
+ *   host      plain (pageable) host memory: staged through pinned memory;
+ *   peer      another device's memory: staged with device-to-device copies. */
+enum where { W_IN_PLACE, W_HOST, W_PEER };
+
+static enum where locate(const tqc_ctx *x, const void *p, void **dp)
 {
 	struct cudaPointerAttributes at;
 
+	*dp = NULL;
 	if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
 		(void)cudaGetLastError();
-		return NULL;
+		return W_HOST;
 	}
 	switch (at.type) {
 	case cudaMemoryTypeDevice:
-		return at.device == x->device ? at.devicePointer : NULL;
+		if (at.device != x->device || !at.devicePointer)
+			return W_PEER;
+		*dp = at.devicePointer;
+		return W_IN_PLACE;
 	case cudaMemoryTypeManaged:
-		return at.devicePointer ? at.devicePointer : (void *)p;
+		*dp = at.devicePointer ? at.devicePointer : (void *)p;
+		return W_IN_PLACE;
 	case cudaMemoryTypeHost: /* pinned or registered: mapped unless NULL */
-		return at.devicePointer;
+		if (!at.devicePointer)
+			return W_HOST;
+		*dp = at.devicePointer;
+		return W_IN_PLACE;
 	default:
-		return NULL;
+		return W_HOST;
 	}
 }
 
@@ -751,7 +771,9 @@ int tqc_append(tqc_ctx *x, const struct tqc_append *a, uint32_t *bad, tq_error *
 		return rc;
 
 	/* inputs in place, or staged per launch */
-	const uint8_t *kd = dev_addr(x, a->k), *vd = dev_addr(x, a->v);
+	void *kdp, *vdp;
+	const enum where kw = locate(x, a->k, &kdp), vw = locate(x, a->v, &vdp);
+	const uint8_t *kd = kdp, *vd = vdp; /* NULL: staged */
 	const uint32_t n_kv = g->n_kv_heads;
 	const size_t tok_bytes = (size_t)n_kv * (size_t)dim * esz; /* one token of K (or V) */
 	const size_t n_staged = (size_t)!kd + (size_t)!vd;
@@ -766,7 +788,7 @@ int tqc_append(tqc_ctx *x, const struct tqc_append *a, uint32_t *bad, tq_error *
 	const size_t d_pages = carve(&dtop, sizeof(void *) * n_pt), d_status = carve(&dtop, 8);
 	const size_t d_k = carve(&dtop, kd ? 0 : stage), d_v = carve(&dtop, vd ? 0 : stage);
 	const size_t h_pages = carve(&ptop, sizeof(void *) * n_pt), h_status = carve(&ptop, 8);
-	const size_t h_k = carve(&ptop, kd ? 0 : stage), h_v = carve(&ptop, vd ? 0 : stage);
+	const size_t h_k = carve(&ptop, kw == W_HOST ? stage : 0), h_v = carve(&ptop, vw == W_HOST ? stage : 0);
 	if ((rc = reserve(x, dtop, ptop, err)) < 0)
 		return rc;
 
@@ -786,17 +808,23 @@ int tqc_append(tqc_ctx *x, const struct tqc_append *a, uint32_t *bad, tq_error *
 		if (kd) {
 			args.k = kd + off;
 		} else {
-			memcpy(x->pin + h_k, (const uint8_t *)a->k + off, bytes);
-			CK("K input copy",
-			   cudaMemcpyAsync(x->dev + d_k, x->pin + h_k, bytes, cudaMemcpyDefault, x->stream));
+			const void *src = (const uint8_t *)a->k + off;
+			if (kw == W_HOST) {
+				memcpy(x->pin + h_k, src, bytes);
+				src = x->pin + h_k;
+			}
+			CK("K input copy", cudaMemcpyAsync(x->dev + d_k, src, bytes, cudaMemcpyDefault, x->stream));
 			args.k = x->dev + d_k;
 		}
 		if (vd) {
 			args.v = vd + off;
 		} else {
-			memcpy(x->pin + h_v, (const uint8_t *)a->v + off, bytes);
-			CK("V input copy",
-			   cudaMemcpyAsync(x->dev + d_v, x->pin + h_v, bytes, cudaMemcpyDefault, x->stream));
+			const void *src = (const uint8_t *)a->v + off;
+			if (vw == W_HOST) {
+				memcpy(x->pin + h_v, src, bytes);
+				src = x->pin + h_v;
+			}
+			CK("V input copy", cudaMemcpyAsync(x->dev + d_v, src, bytes, cudaMemcpyDefault, x->stream));
 			args.v = x->dev + d_v;
 		}
 		args.slot0 = a->pos + t0 - p_first * pt;
@@ -937,7 +965,9 @@ int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 			part_rows = pl.part_rows;
 	}
 
-	float *od = dev_addr(x, p->out);
+	void *odp;
+	const enum where ow = locate(x, p->out, &odp);
+	float *od = odp; /* NULL: staged */
 	size_t dtop = 0, ptop = 0;
 	const size_t q_bytes = qp * row_floats * sizeof(float);
 	const size_t d_pages = carve(&dtop, sizeof(void *) * n_pages), d_q = carve(&dtop, q_bytes);
@@ -946,7 +976,7 @@ int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 	const size_t d_ml = carve(&dtop, part_rows * 2 * sizeof(float));
 	const size_t d_out = carve(&dtop, od ? 0 : q_bytes);
 	const size_t h_pages = carve(&ptop, sizeof(void *) * n_pages), h_q = carve(&ptop, q_bytes);
-	const size_t h_pos = carve(&ptop, qp * sizeof(int32_t)), h_out = carve(&ptop, od ? 0 : q_bytes);
+	const size_t h_pos = carve(&ptop, qp * sizeof(int32_t)), h_out = carve(&ptop, ow == W_HOST ? q_bytes : 0);
 	if ((rc = reserve(x, dtop, ptop, err)) < 0)
 		return rc;
 
@@ -994,12 +1024,15 @@ int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 		args.split_len = pl.split_len;
 		args.out = od ? od + q0 * row_floats : (float *)(void *)(x->dev + d_out);
 		CK("kernel launch", (cudaError_t)tqc_launch_attend(&args, x->stream));
-		if (!od)
+		if (ow == W_HOST)
 			CK("output copy", cudaMemcpyAsync(x->pin + h_out, x->dev + d_out, bytes, cudaMemcpyDeviceToHost,
 							  x->stream));
+		else if (ow == W_PEER)
+			CK("output copy", cudaMemcpyAsync(p->out + q0 * row_floats, x->dev + d_out, bytes,
+							  cudaMemcpyDefault, x->stream));
 		CK("cudaEventRecord", cudaEventRecord(x->ev1, x->stream));
 		CK("kernels", cudaStreamSynchronize(x->stream));
-		if (!od)
+		if (ow == W_HOST)
 			memcpy(p->out + q0 * row_floats, x->pin + h_out, bytes);
 	}
 	timing_done(x);

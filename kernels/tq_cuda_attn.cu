@@ -175,7 +175,9 @@ static __device__ __forceinline__ int plane_index(const uint8_t *b, uint32_t pos
 	/* pos is loop-invariant in the token loop: without this opaque copy the
 	 * compiler keeps every field of it, per codec, in registers across the
 	 * loop (hundreds at VPL 16); re-extracting them costs a few ALU ops */
+#ifdef __CUDA_ARCH__
 	asm volatile("mov.b32 %0, %0;" : "+r"(pos));
+#endif
 
 	if (bits & 4) {
 		idx = (b[p.o4 + (pos & 0xffu)] >> ((pos >> 6) & 4u)) & 15;

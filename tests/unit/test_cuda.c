@@ -1128,9 +1128,13 @@ static void test_attn_errors(void)
 	layer_free(&L0);
 }
 
-/* Finite inputs whose logits leave float range: +inf for one key, -inf for
- * every key, NaN (products overflowing both ways) for some keys, in a short
- * and a long (split) context; those rows are NaN, the ordinary row is not. */
+/* Finite inputs whose logits leave float range: (a) +inf for one key, (b)
+ * -inf for every key, (c) NaN (products overflowing both ways) for some
+ * keys, (d) NaN for the keys of the last splits of a long context next to a
+ * row that sees only ordinary keys, (e) -inf for one key among finite ones,
+ * (f) NaN for every 4th key (on the GPU: all the keys one warp of a CTA
+ * walks, while the others see finite logits): those rows are NaN (as on the
+ * CPU path, which is checked too), the ordinary row is not. */
 static void test_attn_overflow(void)
 {
 	static float big[128], alt[128];
@@ -1142,7 +1146,7 @@ static void test_attn_overflow(void)
 		alt[j] = (j & 1) ? -1e30f : 1e30f;
 	}
 	for (int dim = 64; dim <= 128; dim += 64)
-		for (int cs = 0; cs < 4; cs++) {
+		for (int cs = 0; cs < 6; cs++) {
 			const uint32_t len = cs == 3 ? 5000 : 40;
 			const int nq = cs == 3 ? 2 : 1;
 			int32_t pos[2] = { (int32_t)len - 1, 1000 };
@@ -1152,16 +1156,16 @@ static void test_attn_overflow(void)
 			T_ASSERT(layer_build(&L, TQ_CODEC_F32, TQ_CODEC_F32, dim, 1, 256, len, 0, t_seed()) != NULL);
 			for (uint32_t t = 0; t < len; t++) {
 				const float *x = NULL;
-				if ((cs == 0 && t == 0) || cs == 1)
+				if ((cs == 0 && t == 0) || cs == 1 || (cs == 4 && t == 5))
 					x = big;
-				else if ((cs == 2 && t < 32) || (cs == 3 && t >= 4000))
+				else if ((cs == 2 && t < 32) || (cs == 3 && t >= 4000) || (cs == 5 && t % 4 == 1))
 					x = alt;
 				if (x)
 					memcpy(L.hpages[t / 256] + tq_page_k_off(&L.g, 0, t % 256), x, sizeof(float) * dim);
 			}
 			T_ASSERT(layer_upload(&L) == 0);
 			for (int j = 0; j < dim; j++) {
-				qb[j] = cs == 1 ? -1e10f : 1e10f;
+				qb[j] = cs == 1 || cs == 4 ? -1e10f : 1e10f;
 				qb[dim + j] = gauss();
 			}
 			struct tq_attn_params p = { .k_codec = L.kc, .v_codec = L.vc, .n_q_heads = 1, .kv = &L.dt,
@@ -1171,9 +1175,15 @@ static void test_attn_overflow(void)
 			for (int j = 0; j < dim; j++)
 				if (!isnan(out[j]))
 					T_FAIL("case %c d %d: out[%d] = %g, not NaN", 'a' + cs, dim, j, out[j]);
+			float cpu[2 * 128];
+			p.kv = &L.ht;
+			p.out = cpu;
+			T_EQ(tq_attend(&p, &err), 0);
+			for (int j = 0; j < dim; j++)
+				if (!isnan(cpu[j]))
+					T_FAIL("case %c d %d: the CPU path gives %g, not NaN", 'a' + cs, dim, cpu[j]);
 			if (nq > 1) {
 				float ref[2 * 128];
-				p.kv = &L.ht;
 				p.out = ref;
 				T_EQ(tq_attend_ref(&p, &err), 0);
 				T_ASSERT(row_err(out + dim, ref + dim, 1, dim) <= TOL);
