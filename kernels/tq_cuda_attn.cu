@@ -502,6 +502,8 @@ __global__ void __launch_bounds__(TQC_WARPS * 32) attn_finish(const __grid_const
 	}
 }
 
+/* The launcher (tests/simt/ runs the kernels above on the CPU with its own). */
+#ifndef TQC_SIMT
 /* ---- launcher ------------------------------------------------------------------------ */
 
 template <int VPL>
@@ -542,3 +544,4 @@ extern "C" int tqc_launch_attend(const struct tqc_attn_args *a, void *stream)
 	attn_finish<<<row_ctas, TQC_WARPS * 32, 0, st>>>(*a);
 	return (int)cudaGetLastError();
 }
+#endif /* TQC_SIMT */

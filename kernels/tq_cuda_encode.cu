@@ -446,6 +446,8 @@ __global__ void __launch_bounds__(TQC_WARPS * 32) enc_kernel(const __grid_consta
 		atomicMin(a.status, (unsigned long long)vec << 32 | st);
 }
 
+/* The launcher (tests/simt/ runs the kernels above on the CPU with its own). */
+#ifndef TQC_SIMT
 extern "C" int tqc_launch_encode(const struct tqc_enc_args *a, void *stream)
 {
 	const uint32_t nvec = a->n_tok * 2u * a->geom.n_kv_heads;
@@ -456,3 +458,4 @@ extern "C" int tqc_launch_encode(const struct tqc_enc_args *a, void *stream)
 	enc_kernel<<<(nvec + TQC_WARPS - 1) / TQC_WARPS, TQC_WARPS * 32, 0, (cudaStream_t)stream>>>(*a);
 	return (int)cudaGetLastError();
 }
+#endif /* TQC_SIMT */

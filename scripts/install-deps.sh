@@ -5,8 +5,9 @@ set -eu
 
 # build + run-time dependencies (fixed by the product's users; libisal: crc32c
 # of spilled pages, hardware-accelerated on x86-64 and aarch64); procps gives
-# /bin/kill, which the unit's ExecReload uses
-PKGS="gcc make pkg-config procps
+# /bin/kill, which the unit's ExecReload uses; g++: nvcc's host compiler and the
+# CUDA kernels' CPU emulator (tests/simt)
+PKGS="gcc g++ make pkg-config procps
 liburing-dev libnuma-dev libprotobuf-c-dev protobuf-c-compiler
 libgrpc-dev libsystemd-dev libinih-dev libisal-dev"
 # test tools: systemd-analyze (unit verification), valgrind (leak checks),

@@ -68,3 +68,4 @@ fuzz: $(LIBTQK)
 		$(B)/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -max_len=65536 \
 			$(B)/fuzz/corpus_$$t tests/fuzz/seeds/$$t || exit 1; \
 	done
+include tests/simt/module.mk

@@ -29,6 +29,13 @@
 
 #define TOL 1e-3   /* max |gpu - oracle| per output row, relative to the row's norm */
 
+/* TQ_CUDA_QUICK=1 (tests/integration/cuda_simt.sh, on the CPU emulator):
+ * the longest cases shortened — 8 prefill queries instead of 128 (GQA 4
+ * only), split-K over 2000 tokens instead of 20000, the codec pairs at d 64
+ * (d 96 once), contexts up to 1000, a 33,000-token append (still two
+ * launches) instead of 40,000. */
+static int quick;
+
 static tq_cache *cache;
 static tqc_ctx *ctx;
 static int dev;
@@ -548,7 +555,7 @@ static void test_encode_bound_ties(void)
 /* Many tokens: several launches (32768 tokens each), staged host input. */
 static void test_encode_long(void)
 {
-	const uint32_t n = 40000, pt = 256;
+	const uint32_t n = quick ? 33000 : 40000, pt = 256;
 	const int dim = 64;
 	struct layer L;
 
@@ -560,13 +567,14 @@ static void test_encode_long(void)
 		k[i] = gauss();
 		v[i] = gauss();
 	}
-	int rc = append_both(&L, 7, n, (const uint8_t *)k, (const uint8_t *)v, TQ_DTYPE_F32, MEM_HOST, "40000 tokens");
+	int rc = append_both(&L, 7, n, (const uint8_t *)k, (const uint8_t *)v, TQ_DTYPE_F32, MEM_HOST, "many tokens");
 	T_ASSERT(tqc_ctx_last_us(ctx) > 0.0);
 
 	/* a NaN in the second launch: found there, token counted from the call */
 	tq_error err;
 	uint32_t bad = 0;
-	k[(size_t)39000 * dim + 5] = NAN;
+	const uint32_t nan_tok = n - 100; /* past the first launch's 32768 */
+	k[(size_t)nan_tok * dim + 5] = NAN;
 	struct tqc_append a = { .k_codec = L.kc, .v_codec = L.vc, .kv = &L.dt, .pos = 7, .n = n, .k = k, .v = v,
 				.dtype = TQ_DTYPE_F32 };
 	int r = tqc_append(ctx, &a, &bad, &err);
@@ -575,8 +583,10 @@ static void test_encode_long(void)
 	layer_free(&L);
 	T_ASSERT(rc == 0);
 	T_EQ(r, -EINVAL);
-	T_EQ(bad, 39000);
-	T_ASSERT(strcmp(err.msg, "token 39000 K head 0: NaN or Inf at element 5") == 0);
+	T_EQ(bad, nan_tok);
+	char want[96];
+	snprintf(want, sizeof(want), "token %u K head 0: NaN or Inf at element 5", nan_tok);
+	T_ASSERT(strcmp(err.msg, want) == 0);
 }
 
 static float bits_f(uint32_t u)
@@ -889,7 +899,7 @@ static void test_attn_pairs(void)
 	static const int groups[] = { 1, 4, 8 };
 	int n = 0;
 
-	for (size_t di = 0; di < 3; di++)
+	for (size_t di = 0; di < (quick ? 1u : 3u); di++)
 		for (int i = 0; i < N_CODECS; i++)
 			for (int j = 0; j < N_CODECS; j++) {
 				struct layer L;
@@ -933,7 +943,7 @@ static void test_attn_contexts(void)
 		{ TQ_CODEC_TQ4, TQ_CODEC_TQ3 }, { TQ_CODEC_Q8, TQ_CODEC_TQ4 }, { TQ_CODEC_F16, TQ_CODEC_Q4A },
 	};
 
-	for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++)
+	for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]) - (quick ? 1u : 0u); li++)
 		for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) {
 			struct layer L;
 			char what[96];
@@ -956,16 +966,17 @@ static void test_attn_prefill(void)
 	struct layer L;
 	int32_t pos[128];
 
+	const int nq = quick ? 8 : 128;
 	T_ASSERT(layer_build(&L, TQ_CODEC_TQ4, TQ_CODEC_TQ3, 128, 2, 256, 1000, 1, t_seed()) != NULL);
-	for (int g = 4; g <= 8; g += 4) {
-		float *q = make_q(128, 2 * g, 128);
-		for (int i = 0; i < 128; i++)
-			pos[i] = 872 + i;
-		double e1 = compare(&L, 128, 2 * g, q, TQ_DTYPE_F32, pos, 1, 0.0f, MEM_DEVICE, "prefill 128 at the end");
-		for (int i = 0; i < 128; i++)
+	for (int g = 4; g <= (quick ? 4 : 8); g += 4) {
+		float *q = make_q(nq, 2 * g, 128);
+		for (int i = 0; i < nq; i++)
+			pos[i] = 1000 - nq + i;
+		double e1 = compare(&L, nq, 2 * g, q, TQ_DTYPE_F32, pos, 1, 0.0f, MEM_DEVICE, "prefill at the end");
+		for (int i = 0; i < nq; i++)
 			pos[i] = (int32_t)((i * 7919u) % 1000u);
-		double e2 = compare(&L, 128, 2 * g, q, TQ_DTYPE_F32, pos, 1, 0.0f, MEM_HOST, "prefill 128 scattered");
-		double e3 = compare(&L, 128, 2 * g, q, TQ_DTYPE_F32, pos, 0, 0.3f, MEM_HOST, "128 not causal, scale 0.3");
+		double e2 = compare(&L, nq, 2 * g, q, TQ_DTYPE_F32, pos, 1, 0.0f, MEM_HOST, "prefill scattered");
+		double e3 = compare(&L, nq, 2 * g, q, TQ_DTYPE_F32, pos, 0, 0.3f, MEM_HOST, "not causal, scale 0.3");
 		free(q);
 		T_ASSERT(e1 >= 0 && e1 <= TOL);
 		T_ASSERT(e2 >= 0 && e2 <= TOL);
@@ -983,14 +994,14 @@ static void test_attn_split_k(void)
 
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		struct layer L;
-		const uint32_t len = 20000;
+		const uint32_t len = quick ? 2000 : 20000;
 		char what[96];
 		snprintf(what, sizeof(what), "split-K K %s V %s d %d T %u", tq_codec_name(cases[i].k),
 			 tq_codec_name(cases[i].v), cases[i].dim, len);
 		if (!layer_build(&L, cases[i].k, cases[i].v, cases[i].dim, 2, 256, len, (int)(i % 2), t_seed() + i))
 			T_FAIL("%s: layer", what);
 		float *q = make_q(3, 8, cases[i].dim);
-		int32_t pos[3] = { (int32_t)len - 1, 12345, 100 };
+		int32_t pos[3] = { (int32_t)len - 1, (int32_t)(len * 5 / 8), 100 };
 		double e1 = compare(&L, 1, 8, q, TQ_DTYPE_F32, pos, 1, 0.0f, MEM_HOST, what);
 		double e2 = compare(&L, 3, 8, q, TQ_DTYPE_F32, pos, 1, 0.0f, MEM_DEVICE, what);
 		double e3 = compare(&L, 3, 8, q, TQ_DTYPE_F32, pos, 0, 0.0f, MEM_HOST, what);
@@ -1285,6 +1296,8 @@ int main(void)
 	char why[256];
 	tq_error err;
 	const char *e = getenv("TQ_CUDA_DEVICE");
+
+	quick = getenv("TQ_CUDA_QUICK") && atoi(getenv("TQ_CUDA_QUICK"));
 
 	if (!tqc_built()) {
 		snprintf(why, sizeof(why), "built without CUDA");

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The GPU kernels' logic without a GPU: tests/unit/test_cuda.c on the SIMT
+# emulator (tests/simt/: every CUDA thread a coroutine, warp collectives and
+# barriers checked for convergence, a fake runtime whose device memory is
+# guard-paged): the encoder's blocks byte-identical to the CPU reference,
+# attention within 1e-3 of the oracle, every codec pair, split-K, causal
+# prefill, errors and overflow.  TQ_CUDA_QUICK=1 trims the longest cases
+# (fewer prefill queries, shorter split-K contexts) to keep `make test` short;
+# run build/tests/simt/test_cuda_simt without it for the whole suite.
+B=${TQ_BUILD:-$PWD/build}
+SIM=$B/tests/simt/test_cuda_simt
+if [ ! -x "$SIM" ]; then
+	echo "skipped: the SIMT emulator is built only in x86-64 builds with CUDA (make USE_CUDA=yes)"
+	exit 77
+fi
+export LD_LIBRARY_PATH=$B/tests/simt${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export TQ_CUDA_QUICK=${TQ_CUDA_QUICK:-1}
+exec "$SIM"

@@ -1,0 +1,279 @@
+/* fake_cudart.cpp — the CUDA runtime calls tq_cuda.c makes, emulated on the CPU
+ * for tests/simt: one fake H100; device memory is host memory placed against a
+ * PROT_NONE guard page and filled with NaN bytes; streams queue their work
+ * (copies, kernels on the SIMT emulator) and run it at cudaStreamSynchronize;
+ * every copy and every kernel argument is checked to be memory its kind may
+ * touch.  Single-threaded (test_cuda is).  Not a CUDA: a harness for the
+ * device code's logic where there is no GPU. */
+#include <cuda_runtime_api.h>
+#include <sys/mman.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+#include <map>
+
+#include "fake.h"
+
+enum kind { K_DEV, K_PINNED, K_REG, K_MANAGED };
+struct alloc { size_t size; kind k; void *map; size_t maplen; };
+static std::map<uintptr_t, alloc> allocs;
+static cudaError_t last_err;
+static double clock_us;
+
+struct stream { std::deque<std::function<void()>> q; };
+struct event { double t; bool done; };
+
+void fake_fail(const char *what)
+{
+	fprintf(stderr, "FAKE CUDA: %s\n", what);
+	abort();
+}
+
+static cudaError_t ret(cudaError_t e)
+{
+	if (e)
+		last_err = e;
+	return e;
+}
+
+static const alloc *find(const void *p, uintptr_t *base)
+{
+	uintptr_t a = (uintptr_t)p;
+	auto it = allocs.upper_bound(a);
+	if (it == allocs.begin())
+		return nullptr;
+	--it;
+	if (a >= it->first + it->second.size + (it->second.size == 0))
+		return nullptr;
+	*base = it->first;
+	return &it->second;
+}
+
+bool fake_dev_ok(const void *p, size_t n)
+{
+	uintptr_t b;
+	const alloc *a = find(p, &b);
+	return a && (uintptr_t)p + n <= b + a->size;
+}
+
+static bool is_host(const void *p) /* pageable or pinned or registered */
+{
+	uintptr_t b;
+	const alloc *a = find(p, &b);
+	return !a || a->k != K_DEV;
+}
+
+void fake_enqueue(void *s, std::function<void()> fn)
+{
+	if (!s)
+		fake_fail("work on the legacy default stream");
+	((stream *)s)->q.push_back(std::move(fn));
+}
+
+extern "C" {
+cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
+cudaError_t cudaDriverGetVersion(int *v) { *v = 13000; return cudaSuccess; }
+cudaError_t cudaRuntimeGetVersion(int *v) { *v = 13000; return cudaSuccess; }
+cudaError_t cudaGetLastError(void) { cudaError_t e = last_err; last_err = cudaSuccess; return e; }
+const char *cudaGetErrorString(cudaError_t e) { static char b[64]; snprintf(b, sizeof b, "fake error %d", (int)e); return b; }
+const char *cudaGetErrorName(cudaError_t e) { return e == cudaErrorMemoryAllocation ? "cudaErrorMemoryAllocation" : "cudaErrorFake"; }
+cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : ret(cudaErrorInvalidDevice); }
+cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int d)
+{
+	if (d != 0)
+		return ret(cudaErrorInvalidDevice);
+	switch (a) {
+	case cudaDevAttrMultiProcessorCount: *v = 132; break;
+	case cudaDevAttrMemoryClockRate: *v = 2619000; break;
+	case cudaDevAttrGlobalMemoryBusWidth: *v = 5120; break;
+	case cudaDevAttrHostRegisterSupported: *v = 1; break;
+	case cudaDevAttrManagedMemory: *v = 1; break;
+	default: *v = 0; break;
+	}
+	return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int d)
+{
+	if (d != 0)
+		return ret(cudaErrorInvalidDevice);
+	memset(p, 0, sizeof(*p));
+	strcpy(p->name, "Fake H100 (CPU emulation)");
+	p->major = 9;
+	p->minor = 0;
+	p->multiProcessorCount = 132;
+	p->totalGlobalMem = (size_t)80 << 30;
+	return cudaSuccess;
+}
+cudaError_t cudaMemGetInfo(size_t *f, size_t *t) { *f = (size_t)70 << 30; *t = (size_t)80 << 30; return cudaSuccess; }
+
+/* device memory: right-aligned (256) against a PROT_NONE page, filled with 0xFF (NaN floats) */
+cudaError_t cudaMalloc(void **p, size_t n)
+{
+	if (n > ((size_t)8 << 30))
+		return ret(cudaErrorMemoryAllocation);
+	size_t r256 = (n + 255) & ~(size_t)255, len = (r256 + 4095) & ~(size_t)4095;
+	char *m = (char *)mmap(nullptr, len + 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (m == MAP_FAILED)
+		return ret(cudaErrorMemoryAllocation);
+	mprotect(m + len, 4096, PROT_NONE);
+	char *u = m + len - r256;
+	memset(u, 0xFF, r256);
+	allocs[(uintptr_t)u] = alloc{ n, K_DEV, m, len + 4096 };
+	*p = u;
+	return cudaSuccess;
+}
+cudaError_t cudaFree(void *p)
+{
+	if (!p)
+		return cudaSuccess;
+	auto it = allocs.find((uintptr_t)p);
+	if (it == allocs.end() || it->second.k != K_DEV)
+		fake_fail("cudaFree of a pointer cudaMalloc did not return");
+	munmap(it->second.map, it->second.maplen);
+	allocs.erase(it);
+	return cudaSuccess;
+}
+cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags)
+{
+	void *m = malloc(n ? n : 1);
+	memset(m, 0xEE, n);
+	allocs[(uintptr_t)m] = alloc{ n, K_PINNED, nullptr, 0 };
+	*p = m;
+	return cudaSuccess;
+}
+cudaError_t cudaFreeHost(void *p)
+{
+	auto it = allocs.find((uintptr_t)p);
+	if (it == allocs.end() || it->second.k != K_PINNED)
+		fake_fail("cudaFreeHost of a pointer cudaHostAlloc did not return");
+	free(p);
+	allocs.erase(it);
+	return cudaSuccess;
+}
+cudaError_t cudaHostGetDevicePointer(void **dp, void *p, unsigned f)
+{
+	uintptr_t b;
+	const alloc *a = find(p, &b);
+	if (!a || (a->k != K_PINNED && a->k != K_REG))
+		return ret(cudaErrorInvalidValue);
+	*dp = p;
+	return cudaSuccess;
+}
+cudaError_t cudaHostRegister(void *p, size_t n, unsigned f)
+{
+	uintptr_t b;
+	if (find(p, &b) || find((char *)p + n - 1, &b))
+		return ret(cudaErrorHostMemoryAlreadyRegistered);
+	allocs[(uintptr_t)p] = alloc{ n, K_REG, nullptr, 0 };
+	return cudaSuccess;
+}
+cudaError_t cudaHostUnregister(void *p)
+{
+	auto it = allocs.find((uintptr_t)p);
+	if (it == allocs.end() || it->second.k != K_REG)
+		return ret(cudaErrorHostMemoryNotRegistered);
+	allocs.erase(it);
+	return cudaSuccess;
+}
+static void check_copy(void *d, const void *s, size_t n, enum cudaMemcpyKind k)
+{
+	uintptr_t b;
+	if (find(d, &b) && !fake_dev_ok(d, n))
+		fake_fail("copy past the end of the destination allocation");
+	if (find(s, &b) && !fake_dev_ok(s, n))
+		fake_fail("copy past the end of the source allocation");
+	if (k == cudaMemcpyHostToDevice && (!is_host(s) || is_host(d)))
+		fake_fail("cudaMemcpyHostToDevice between the wrong kinds of memory");
+	if (k == cudaMemcpyDeviceToHost && (is_host(s) || !is_host(d)))
+		fake_fail("cudaMemcpyDeviceToHost between the wrong kinds of memory");
+}
+cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k)
+{
+	check_copy(d, s, n, k);
+	memmove(d, s, n);
+	return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind k, cudaStream_t st)
+{
+	uintptr_t b;
+	check_copy(d, s, n, k);
+	if (!find(s, &b)) { /* pageable source: staged now, as the driver does */
+		auto tmp = std::make_shared<std::vector<char>>((const char *)s, (const char *)s + n);
+		fake_enqueue(st, [d, tmp]() { memcpy(d, tmp->data(), tmp->size()); });
+	} else {
+		fake_enqueue(st, [d, s, n]() { memmove(d, s, n); });
+	}
+	return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t st)
+{
+	if (!fake_dev_ok(p, n))
+		fake_fail("cudaMemsetAsync outside device memory");
+	fake_enqueue(st, [p, v, n]() { memset(p, v, n); });
+	return cudaSuccess;
+}
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *at, const void *p)
+{
+	uintptr_t b;
+	const alloc *a = find(p, &b);
+	memset(at, 0, sizeof(*at));
+	if (!a) {
+		at->type = cudaMemoryTypeUnregistered;
+		at->device = -2;
+		return cudaSuccess;
+	}
+	at->device = 0;
+	at->devicePointer = (void *)p;
+	at->type = a->k == K_DEV ? cudaMemoryTypeDevice : a->k == K_MANAGED ? cudaMemoryTypeManaged : cudaMemoryTypeHost;
+	if (a->k != K_DEV)
+		at->hostPointer = (void *)p;
+	return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned f)
+{
+	if (f != cudaStreamNonBlocking)
+		fake_fail("a blocking stream");
+	*s = (cudaStream_t)(void *)new stream();
+	return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s)
+{
+	if (!((stream *)(void *)s)->q.empty())
+		fake_fail("stream destroyed with work pending");
+	delete (stream *)(void *)s;
+	return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s)
+{
+	stream *x = (stream *)(void *)s;
+	while (!x->q.empty()) {
+		auto fn = std::move(x->q.front());
+		x->q.pop_front();
+		fn();
+		clock_us += 1.0;
+	}
+	return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t *e) { *e = (cudaEvent_t)(void *)new event{ 0, false }; return cudaSuccess; }
+cudaError_t cudaEventDestroy(cudaEvent_t e) { delete (event *)(void *)e; return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
+{
+	event *v = (event *)(void *)e;
+	v->done = false;
+	fake_enqueue(s, [v]() { v->t = clock_us; v->done = true; });
+	return cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
+{
+	event *x = (event *)(void *)a, *y = (event *)(void *)b;
+	if (!x->done || !y->done)
+		return ret(cudaErrorNotReady);
+	*ms = (float)((y->t - x->t) / 1000.0);
+	return cudaSuccess;
+}
+}
