@@ -1,6 +1,6 @@
 /* tq_cuda_none.c — tq_cuda.h in a build without CUDA: every call says so.
  *
- * Built instead of tq_cuda.c and tq_cuda_kernels.cu when the build has no
+ * Built instead of tq_cuda.c and the .cu files when the build has no
  * CUDA (make USE_CUDA=no, or auto without nvcc), so the daemon, the tests
  * and the benchmark compile one way everywhere and a configured GPU pool
  * fails (or falls back) with a reason instead of a link error. */
