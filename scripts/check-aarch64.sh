@@ -14,15 +14,15 @@ command -v "$QEMU" >/dev/null || { echo "check-aarch64: $QEMU not found (apt-get
 out=build/aarch64
 mkdir -p "$out"
 FLAGS="-std=gnu11 -O2 -Wall -Wextra -Wshadow -Wno-unused-parameter -Wvla -Werror -ffp-contract=off -D_GNU_SOURCE -pthread -Ikernels"
-for f in $(ls kernels/*.c | grep -v "/tq_cuda\.c$") tests/unit/harness.c; do
+for f in $(ls kernels/*.c | grep -v "/tq_cuda\.c$") tests/unit/harness.c tests/unit/tietest.c; do
 	$CC $FLAGS -c "$f" -o "$out/$(basename "$f" .c).o"
 done
 rm -f "$out/libk.a"
-aarch64-linux-gnu-ar rcs "$out/libk.a" $(ls "$out"/*.o | grep -v harness)
+aarch64-linux-gnu-ar rcs "$out/libk.a" $(ls "$out"/*.o | grep -v "harness\|tietest")
 rc=0
 for t in test_codec test_codec_simd test_attn; do
 	$CC $FLAGS -Itests/unit -c "tests/unit/$t.c" -o "$out/$t.o"
-	$CC -static -o "$out/$t" "$out/$t.o" "$out/harness.o" "$out/libk.a" -lm -pthread
+	$CC -static -o "$out/$t" "$out/$t.o" "$out/harness.o" "$out/tietest.o" "$out/libk.a" -lm -pthread
 	if "$QEMU" "$out/$t" >"$out/$t.log" 2>&1; then
 		echo "PASS  $t (aarch64, qemu)"
 	else

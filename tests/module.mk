@@ -12,6 +12,10 @@ $(B)/tests/%: $(OBJ)/tests/unit/%.o $(HARNESS_OBJ) $$(TEST_OBJS_$$*) $(LIBTQK) $
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_LDFLAGS) -o $@ $(filter %.o %.a,$^) $(TEST_LIBS_$*) $(LDLIBS_BASE)
 
+# the exact-tie inputs of the encoder tests (tietest.h)
+TEST_OBJS_test_codec_simd := $(OBJ)/tests/unit/tietest.o
+TEST_OBJS_test_cuda := $(OBJ)/tests/unit/tietest.o
+
 BENCH_SRCS := $(wildcard tests/bench/*.c)
 BENCH_OBJS := $(BENCH_SRCS:%.c=$(OBJ)/%.o)
 TQBENCH    := $(BIN)/tqbench

@@ -22,7 +22,7 @@ $(SIMT_OBJ)/%.o: tests/simt/%.cpp $(OBJ_STAMP)
 	$(CXX) $(SIMT_CXXFLAGS) -c $< -o $@
 
 # the host side as the real build makes it, the kernels on the emulator
-$(SIMT_BIN): $(OBJ)/tests/unit/test_cuda.o $(HARNESS_OBJ) $(filter-out %.cu.o,$(KERNELS_OBJ)) $(SIMT_OBJS) $(STAMP)
+$(SIMT_BIN): $(OBJ)/tests/unit/test_cuda.o $(OBJ)/tests/unit/tietest.o $(HARNESS_OBJ) $(filter-out %.cu.o,$(KERNELS_OBJ)) $(SIMT_OBJS) $(STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(ALL_LDFLAGS) -o $@ $(filter %.o,$^) -ldl -lm -pthread
 

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "tietest.h"
 #include "tq_codec.h"
 #include "tq_internal.h"
 
@@ -103,84 +104,10 @@ static void gen_vec(struct tq_rng *r, int kind, float *x, int dim, enum tq_dtype
 			x[i] = (float)(tq_rng_gauss(r) * 100.0);
 }
 
-/* ---- exact ties on the codebook bounds ------------------------------------------------
- * u = R x / ||x|| exactly as the reference computes it (tq_codec_ref.c). */
-static void ref_u(const tq_codec *c, const float *x, float *u)
+/* ---- exact ties on the codebook bounds: tietest.h ---------------------------------- */
+static uint64_t rng_next(void *r)
 {
-	const struct tq_rotation *r = &c->rot;
-	int d = c->dim;
-	float norm = sqrtf(tq_sumsq16(x, d)), inv = 1.0f / norm;
-
-	if (r->kind == TQ_ROT_HADAMARD) {
-		float fac = inv * r->inv_sqrt_dim;
-		for (int i = 0; i < d; i++)
-			u[i] = x[i] * r->sign[i];
-		tq_fwht_ref(u, d);
-		for (int i = 0; i < d; i++)
-			u[i] = u[i] * fac;
-	} else {
-		for (int i = 0; i < d; i++) {
-			float acc = 0.0f;
-			for (int j = 0; j < d; j++)
-				acc = acc + r->mat[(size_t)i * d + j] * x[j];
-			u[i] = acc;
-		}
-		for (int i = 0; i < d; i++)
-			u[i] = u[i] * inv;
-	}
-}
-
-static int hits_bound(const tq_codec *c, const float *u)
-{
-	for (int i = 0; i < c->dim; i++)
-		for (int b = 0; b < c->cb.levels - 1; b++)
-			if (u[i] == c->cb.bound[b])
-				return 1;
-	return 0;
-}
-
-/* A 2-sparse x = e_j + t e_k whose rotated coordinate i lands exactly on a
- * bound: bisect t for the crossing, then walk the floats around it. */
-static int make_tie(const tq_codec *c, struct tq_rng *r, float *x)
-{
-	int d = c->dim;
-	float u[TQ_DIM_MAX];
-
-	for (int attempt = 0; attempt < 12; attempt++) {
-		int j = (int)(tq_rng_next(r) % (uint64_t)d), k = (int)(tq_rng_next(r) % (uint64_t)d);
-		int i = (int)(tq_rng_next(r) % (uint64_t)d), b = (int)(tq_rng_next(r) % (uint64_t)(c->cb.levels - 1));
-		float target = c->cb.bound[b], lo = -4.0f, hi = 4.0f;
-		if (j == k)
-			continue;
-		memset(x, 0, sizeof(float) * (size_t)d);
-		x[j] = 1.0f;
-		x[k] = lo;
-		ref_u(c, x, u);
-		float flo = u[i] - target;
-		x[k] = hi;
-		ref_u(c, x, u);
-		if ((flo > 0) == (u[i] - target > 0))
-			continue;
-		for (int it = 0; it < 60; it++) {
-			float mid = 0.5f * (lo + hi);
-			x[k] = mid;
-			ref_u(c, x, u);
-			if ((u[i] - target > 0) == (flo > 0))
-				lo = mid;
-			else
-				hi = mid;
-		}
-		float t = lo;
-		for (int s = 0; s < 64; s++)
-			t = nextafterf(t, -8.0f);
-		for (int s = 0; s < 128; s++, t = nextafterf(t, 8.0f)) {
-			x[k] = t;
-			ref_u(c, x, u);
-			if (hits_bound(c, u))
-				return 1;
-		}
-	}
-	return 0;
+	return tq_rng_next(r);
 }
 
 /* ---- comparisons ---------------------------------------------------------------------- */
@@ -337,7 +264,7 @@ static void test_bound_ties(void)
 				T_ASSERT(new_pair((enum tq_codec_id)id, d, isas[ii], &ref, &c) == 0);
 				float *src = malloc(sizeof(float) * TQ_DIM_MAX * 4);
 				for (int v = 0; v < 4; v++) {
-					if (make_tie(ref, &rng, x))
+					if (tie_make(ref, rng_next, &rng, x))
 						found++;
 					memcpy(src + (size_t)v * d, x, sizeof(float) * (size_t)d);
 				}

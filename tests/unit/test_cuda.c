@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "tietest.h"
 #include "tq_attn.h"
 #include "tq_cuda.h"
 #include "tq_internal.h"
@@ -238,76 +239,10 @@ static void put_row(void *row, enum tq_dtype dt, const float *x, int dim)
 	}
 }
 
-/* u = R x / ||x|| exactly as the reference computes it (tq_codec_ref.c). */
-static void ref_u(const tq_codec *c, const float *x, float *u)
+/* tietest.h's draws */
+static uint64_t rnd_u64(void *unused)
 {
-	const struct tq_rotation *r = &c->rot;
-	int d = c->dim;
-	float norm = sqrtf(tq_sumsq16(x, d)), inv = 1.0f / norm;
-
-	if (r->kind == TQ_ROT_HADAMARD) {
-		float fac = inv * r->inv_sqrt_dim;
-		for (int i = 0; i < d; i++)
-			u[i] = x[i] * r->sign[i];
-		tq_fwht_ref(u, d);
-		for (int i = 0; i < d; i++)
-			u[i] = u[i] * fac;
-	} else {
-		for (int i = 0; i < d; i++) {
-			float acc = 0.0f;
-			for (int j = 0; j < d; j++)
-				acc = acc + r->mat[(size_t)i * d + j] * x[j];
-			u[i] = acc;
-		}
-		for (int i = 0; i < d; i++)
-			u[i] = u[i] * inv;
-	}
-}
-
-/* A 2-sparse x whose rotated coordinate lands exactly on a codebook bound
- * (tq codecs): bisect for the crossing, then walk the floats around it. */
-static int make_tie(const tq_codec *c, float *x)
-{
-	int d = c->dim;
-	float u[TQ_DIM_MAX];
-
-	for (int attempt = 0; attempt < 12; attempt++) {
-		int j = (int)(urand_u32() % (uint32_t)d), k = (int)(urand_u32() % (uint32_t)d);
-		int i = (int)(urand_u32() % (uint32_t)d), b = (int)(urand_u32() % (uint32_t)(c->cb.levels - 1));
-		float target = c->cb.bound[b], lo = -4.0f, hi = 4.0f;
-		if (j == k)
-			continue;
-		memset(x, 0, sizeof(float) * (size_t)d);
-		x[j] = 1.0f;
-		x[k] = lo;
-		ref_u(c, x, u);
-		float flo = u[i] - target;
-		x[k] = hi;
-		ref_u(c, x, u);
-		if ((flo > 0) == (u[i] - target > 0))
-			continue;
-		for (int it = 0; it < 60; it++) {
-			float mid = 0.5f * (lo + hi);
-			x[k] = mid;
-			ref_u(c, x, u);
-			if ((u[i] - target > 0) == (flo > 0))
-				lo = mid;
-			else
-				hi = mid;
-		}
-		float t = lo;
-		for (int s = 0; s < 64; s++)
-			t = nextafterf(t, -8.0f);
-		for (int s = 0; s < 128; s++, t = nextafterf(t, 8.0f)) {
-			x[k] = t;
-			ref_u(c, x, u);
-			for (int m = 0; m < d; m++)
-				for (int bb = 0; bb < c->cb.levels - 1; bb++)
-					if (u[m] == c->cb.bound[bb])
-						return 1;
-		}
-	}
-	return 0;
+	return urand_u32();
 }
 
 /* Vector kind k: Gaussian, outliers, tiny, huge, zero, subnormal (q8's
@@ -362,7 +297,7 @@ static void gen_vec(int kind, float *x, int dim, enum tq_dtype dt, const tq_code
 		return;
 	}
 	case 10: /* a rotated coordinate exactly on a codebook bound */
-		if (id >= TQ_CODEC_TQ2 && id <= TQ_CODEC_TQ4 && dt == TQ_DTYPE_F32 && make_tie(c, x))
+		if (id >= TQ_CODEC_TQ2 && id <= TQ_CODEC_TQ4 && dt == TQ_DTYPE_F32 && tie_make(c, rnd_u64, NULL, x))
 			return;
 		break;
 	case 11: /* one huge lane, the rest small: the norm is that lane */
@@ -535,9 +470,9 @@ static void test_encode_bound_ties(void)
 			}
 			float *k = malloc(sizeof(float) * dim * n), *v = malloc(sizeof(float) * dim * n);
 			for (uint32_t i = 0; i < n; i++) {
-				found += make_tie(L.kc, x);
+				found += tie_make(L.kc, rnd_u64, NULL, x);
 				memcpy(k + i * dim, x, sizeof(float) * dim);
-				found += make_tie(L.vc, x);
+				found += tie_make(L.vc, rnd_u64, NULL, x);
 				memcpy(v + i * dim, x, sizeof(float) * dim);
 			}
 			int rc = append_both(&L, 1, n, (const uint8_t *)k, (const uint8_t *)v, TQ_DTYPE_F32, MEM_HOST,
