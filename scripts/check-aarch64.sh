@@ -3,8 +3,12 @@
 # and run them under qemu-user: the portable scalar paths, and the golden
 # hashes that pin rotations, codebooks and encoded blocks to the same bits
 # on every machine.  Needs gcc-aarch64-linux-gnu and qemu-user-static
-# (`apt-get install gcc-aarch64-linux-gnu qemu-user-static`); takes a few
-# minutes under emulation.  Not part of `make test`.
+# (`apt-get install gcc-aarch64-linux-gnu qemu-user-static`, which the deps
+# step installs); takes about 3 minutes under emulation.  `make test` runs it
+# with TQ_AARCH64_QUICK=1 (tests/integration/aarch64.sh), which leaves out
+# test_codec's long statistical cases (the paper's MSE figures, the same
+# code on every machine) and keeps every bit-exactness and golden case and
+# all of test_attn: about a minute.
 set -eu
 cd "$(dirname "$0")/.."
 CC=${CC_AARCH64:-aarch64-linux-gnu-gcc}
@@ -19,6 +23,9 @@ for f in $(ls kernels/*.c | grep -v "/tq_cuda\.c$") tests/unit/harness.c tests/u
 done
 rm -f "$out/libk.a"
 aarch64-linux-gnu-ar rcs "$out/libk.a" $(ls "$out"/*.o | grep -v "harness\|tietest")
+if [ "${TQ_AARCH64_QUICK:-0}" = 1 ]; then
+	export TQ_TEST_SKIP=test_mse_paper_d128,test_mse_codebook_theory,test_codec_mse_norm_corrected,test_norm_preserved,test_rotation_orthogonal
+fi
 rc=0
 for t in test_codec test_codec_simd test_attn; do
 	$CC $FLAGS -Itests/unit -c "tests/unit/$t.c" -o "$out/$t.o"
