@@ -136,22 +136,33 @@ static void ctx_init(struct ctx *e, const tq_codec *c)
 	}
 }
 
-/* The reference's binary search: index = number of bounds strictly below u. */
-AI __m256i quant(const struct ctx *e, __m256 u)
+/* The reference's binary search: index = number of bounds strictly below u.
+ * L = e->levels as a constant (the callers switch on it), so the steps unroll
+ * with immediate shifts: a run-time L left a loop with variable shifts that
+ * cost half of tq4's encode. */
+/* One step of it: s = half the interval, sh = log2(2 s) (the table index is lo / 2s). */
+AI __m256i qstep(__m256i lo, __m256 u, __m256 bt, const int s, const int sh)
 {
-	int L = e->levels, j = 0, sh = 0;
+	__m256 b = _mm256_permutevar8x32_ps(bt, _mm256_srli_epi32(lo, sh));
+	__m256i m = _mm256_castps_si256(_mm256_cmp_ps(u, b, _CMP_GT_OQ));
+	return _mm256_or_si256(lo, _mm256_and_si256(m, _mm256_set1_epi32(s)));
+}
+
+AI __m256i quant(const struct ctx *e, __m256 u, const int L)
+{
 	__m256i lo = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(u, e->first, _CMP_GT_OQ)),
 				      _mm256_set1_epi32(L / 2));
 
-	for (int s = L / 4; s >= 1; s >>= 1, j++) {
-		sh = 0;
-		while ((2 * s) >> sh > 1)
-			sh++;
-		__m256 b = _mm256_permutevar8x32_ps(e->bt[j], _mm256_srli_epi32(lo, sh));
-		__m256i m = _mm256_castps_si256(_mm256_cmp_ps(u, b, _CMP_GT_OQ));
-		lo = _mm256_or_si256(lo, _mm256_and_si256(m, _mm256_set1_epi32(s)));
+	if (L == 16) {
+		lo = qstep(lo, u, e->bt[0], 4, 3);
+		lo = qstep(lo, u, e->bt[1], 2, 2);
+		return qstep(lo, u, e->bt[2], 1, 1);
 	}
-	return lo;
+	if (L == 8) {
+		lo = qstep(lo, u, e->bt[0], 2, 2);
+		return qstep(lo, u, e->bt[1], 1, 1);
+	}
+	return qstep(lo, u, e->bt[0], 1, 1); /* L == 4 */
 }
 
 /* Table lookup of 16 entries (t[0], t[1]) by the low 4 bits of q. */
@@ -370,7 +381,7 @@ static void unrotate_mem(const struct ctx *e, float *v, float *x, int nt)
 	}
 }
 
-static int enc_tq(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t *blk)
+AI int enc_tq_L(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t *blk, const int L)
 {
 	const struct tq_rotation *r = &e->c->rot;
 	float xb[TQ_DIM_MAX] __attribute__((aligned(32))), u[TQ_DIM_MAX] __attribute__((aligned(32)));
@@ -395,7 +406,7 @@ static int enc_tq(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_
 	const __m256 f = _mm256_set1_ps(fac);
 	acc[0] = acc[1] = _mm256_setzero_ps();
 	for (int k = 0; k < e->nc; k++) {
-		__m256i q = quant(e, _mm256_mul_ps(_mm256_load_ps(u + 8 * k), f));
+		__m256i q = quant(e, _mm256_mul_ps(_mm256_load_ps(u + 8 * k), f), L);
 		__m256 cv = lut16(e->ctab, q);
 		acc[k & 1] = _mm256_add_ps(acc[k & 1], _mm256_mul_ps(cv, cv));
 		st_idx8(idx + 8 * k, q);
@@ -404,6 +415,15 @@ static int enc_tq(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_
 	memcpy(blk, &scale, 4);
 	pack_gen(idx, e->d, e->bits, blk + TQ_TQ_HEADER_BYTES);
 	return 0;
+}
+
+static int enc_tq(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t *blk)
+{
+	switch (e->levels) {
+	case 4: return enc_tq_L(e, row, dt, blk, 4);
+	case 8: return enc_tq_L(e, row, dt, blk, 8);
+	default: return enc_tq_L(e, row, dt, blk, 16);
+	}
 }
 
 static int dec_tq(const struct ctx *e, const uint8_t *blk, float *x, int nt)
