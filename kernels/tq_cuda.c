@@ -698,6 +698,26 @@ static void timing_done(tqc_ctx *x)
 }
 
 /* A CUDA call of append / attend: on failure, name it and bail out. */
+/* This launch's rows [off, off + bytes) of one append input: in place (dev:
+ * its device address), or copied to the device scratch at d_off — through
+ * the pinned staging at h_off when it is plain host memory. */
+static cudaError_t input_rows(tqc_ctx *x, const uint8_t *dev, const void *in, enum where w, size_t h_off,
+			      size_t d_off, size_t off, size_t bytes, const uint8_t **out)
+{
+	const void *src = (const uint8_t *)in + off;
+
+	if (dev) {
+		*out = dev + off;
+		return cudaSuccess;
+	}
+	if (w == W_HOST) {
+		memcpy(x->pin + h_off, src, bytes);
+		src = x->pin + h_off;
+	}
+	*out = x->dev + d_off;
+	return cudaMemcpyAsync(x->dev + d_off, src, bytes, cudaMemcpyDefault, x->stream);
+}
+
 #define CK(name, call)                            \
 	do {                                      \
 		if ((e = (call)) != cudaSuccess) { \
@@ -805,28 +825,8 @@ int tqc_append(tqc_ctx *x, const struct tqc_append *a, uint32_t *bad, tq_error *
 		const uint32_t nt = a->n - t0 < pass ? a->n - t0 : pass;
 		const size_t off = (size_t)t0 * tok_bytes, bytes = (size_t)nt * tok_bytes;
 
-		if (kd) {
-			args.k = kd + off;
-		} else {
-			const void *src = (const uint8_t *)a->k + off;
-			if (kw == W_HOST) {
-				memcpy(x->pin + h_k, src, bytes);
-				src = x->pin + h_k;
-			}
-			CK("K input copy", cudaMemcpyAsync(x->dev + d_k, src, bytes, cudaMemcpyDefault, x->stream));
-			args.k = x->dev + d_k;
-		}
-		if (vd) {
-			args.v = vd + off;
-		} else {
-			const void *src = (const uint8_t *)a->v + off;
-			if (vw == W_HOST) {
-				memcpy(x->pin + h_v, src, bytes);
-				src = x->pin + h_v;
-			}
-			CK("V input copy", cudaMemcpyAsync(x->dev + d_v, src, bytes, cudaMemcpyDefault, x->stream));
-			args.v = x->dev + d_v;
-		}
+		CK("K input copy", input_rows(x, kd, a->k, kw, h_k, d_k, off, bytes, &args.k));
+		CK("V input copy", input_rows(x, vd, a->v, vw, h_v, d_v, off, bytes, &args.v));
 		args.slot0 = a->pos + t0 - p_first * pt;
 		args.n_tok = nt;
 		CK("cudaMemsetAsync", cudaMemsetAsync(x->dev + d_status, 0xff, 8, x->stream));

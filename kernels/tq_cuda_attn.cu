@@ -39,28 +39,8 @@
  * layout aligns (page bases 64-byte aligned — the host checks — and f16 / f32
  * block sizes multiples of 16 bytes).
  */
-#include <stdint.h>
+#include "tq_cuda_device.cuh"
 
-#include "tq_cuda_internal.h"
-#include "tq_layout.h"
-#include "tq_page.h"
-
-static_assert(TQ_TQ_BLOCK_BYTES(128, 2) == 36 && TQ_TQ_BLOCK_BYTES(128, 3) == 52 &&
-	      TQ_TQ_BLOCK_BYTES(128, 4) == 68, "tq blocks at d=128");
-static_assert(TQ_Q8_BLOCK_BYTES(128) == 132 && TQ_Q4A_BLOCK_BYTES(128) == 68, "q8 / q4a blocks at d=128");
-static_assert(TQ_F16_BLOCK_BYTES(128) == 256 && TQ_F32_BLOCK_BYTES(128) == 512, "f16 / f32 blocks at d=128");
-static_assert(TQ_TQ_HEADER_BYTES == 4 && TQ_Q8_HEADER_BYTES == 4 && TQ_Q4A_HEADER_BYTES == 4, "headers");
-static_assert(sizeof(struct tq_page_geom) == 16, "tq_page_geom is four u32");
-static_assert(TQ_PAGE_ALIGN == 64u, "page alignment: f16 / f32 payload loads are aligned");
-static_assert(TQ_F16_BLOCK_BYTES(TQ_DIM_ALIGN) % 4 == 0 && TQ_F32_BLOCK_BYTES(TQ_DIM_ALIGN) % 4 == 0,
-	      "f16 / f32 blocks keep 4-byte alignment");
-static_assert(TQ_DIM_MAX == 512 && TQ_DIM_MIN == 8 && TQ_DIM_ALIGN == 8, "head dims");
-static_assert(TQ_CODEC_F16 == 0 && TQ_CODEC_Q8 == 1 && TQ_CODEC_Q4A == 2 && TQ_CODEC_TQ2 == 3 &&
-	      TQ_CODEC_TQ3 == 4 && TQ_CODEC_TQ4 == 5 && TQ_CODEC_F32 == 6, "codec ids");
-
-#define FULL 0xffffffffu
-#define ROT_HADAMARD 1
-#define ROT_DENSE 2
 #define NEG_INF __int_as_float(0xff800000)
 #define QNAN __int_as_float(0x7fc00000)
 
@@ -71,20 +51,6 @@ constexpr int rows_for(int vpl)
 }
 
 /* ---- small pieces ------------------------------------------------------------------ */
-
-/* tq_f16_to_f32 (exact). */
-static __device__ __forceinline__ float f16_to_f32(uint32_t h)
-{
-	uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
-
-	if (exp == 0x1f)
-		bits = sign | 0x7f800000u | (man << 13);
-	else if (exp == 0)
-		bits = __float_as_uint(__fmul_rn(__uint2float_rn(man), 0x1.0p-24f)) | sign;
-	else
-		bits = sign | ((exp + 112u) << 23) | (man << 13);
-	return __uint_as_float(bits);
-}
 
 static __device__ __forceinline__ uint32_t ld_u16(const uint8_t *p)
 {
@@ -104,25 +70,6 @@ static __device__ __forceinline__ float warp_sum(float v)
 	for (int o = 16; o >= 1; o >>= 1)
 		v += __shfl_xor_sync(FULL, v, o);
 	return v;
-}
-
-/* In-place Walsh–Hadamard transform of this warp's shared row. */
-static __device__ void warp_fwht(float *u, int d, int lane)
-{
-	for (int h = 1; h < d; h <<= 1) {
-		for (int p = lane; p < d / 2; p += 32) {
-			const int j = ((p & ~(h - 1)) << 1) | (p & (h - 1));
-			const float a = u[j], b = u[j + h];
-			u[j] = a + b;
-			u[j + h] = a - b;
-		}
-		__syncwarp();
-	}
-}
-
-static __device__ __forceinline__ float sign_of(const struct tqc_codec_desc &cd, int c)
-{
-	return (cd.sign_mask[c >> 5] >> (c & 31)) & 1u ? -1.0f : 1.0f;
 }
 
 /* Byte offsets (in a block) of the index planes of width 4, 2 and 1 (0 where

@@ -22,56 +22,13 @@
  * that the codec cannot represent writes nothing and reports itself in the
  * status word (tq_cuda_internal.h).
  */
-#include <stdint.h>
-
-#include "tq_cuda_internal.h"
-#include "tq_layout.h"
-#include "tq_page.h"
-
-/* The layout facts the kernels depend on (tq_layout.h / tq_page.h assert
- * them for both languages; repeated here next to the code that needs them). */
-static_assert(TQ_TQ_BLOCK_BYTES(128, 2) == 36 && TQ_TQ_BLOCK_BYTES(128, 3) == 52 &&
-	      TQ_TQ_BLOCK_BYTES(128, 4) == 68, "tq blocks at d=128");
-static_assert(TQ_Q8_BLOCK_BYTES(128) == 132 && TQ_Q4A_BLOCK_BYTES(128) == 68, "q8 / q4a blocks at d=128");
-static_assert(TQ_F16_BLOCK_BYTES(128) == 256 && TQ_F32_BLOCK_BYTES(128) == 512, "f16 / f32 blocks at d=128");
-static_assert(TQ_TQ_HEADER_BYTES == 4 && TQ_Q8_HEADER_BYTES == 4 && TQ_Q4A_HEADER_BYTES == 4, "headers");
-static_assert(sizeof(struct tq_page_geom) == 16, "tq_page_geom is four u32");
-static_assert(TQ_PAGE_ALIGN == 64u, "page alignment");
-static_assert(TQ_DIM_MAX == 512 && TQ_DIM_MIN == 8 && TQ_DIM_ALIGN == 8, "head dims");
-static_assert(TQ_CODEC_F16 == 0 && TQ_CODEC_Q8 == 1 && TQ_CODEC_Q4A == 2 && TQ_CODEC_TQ2 == 3 &&
-	      TQ_CODEC_TQ3 == 4 && TQ_CODEC_TQ4 == 5 && TQ_CODEC_F32 == 6, "codec ids");
-
-#define FULL 0xffffffffu
-
-/* enum tq_dtype and enum tq_rot_kind (tq_codec.h, tq_internal.h: C headers
- * this file does not include) */
-#define DT_F32 0
-#define DT_F16 1
-#define DT_BF16 2
-#define ROT_HADAMARD 1
-#define ROT_DENSE 2
+#include "tq_cuda_device.cuh"
 
 /* ---- element conversions: ports of tq_codec.c's bit functions ------------------ */
 
 static __device__ __forceinline__ bool finite_bits(uint32_t u)
 {
 	return (u & 0x7f800000u) != 0x7f800000u;
-}
-
-/* tq_f16_to_f32 (exact). */
-static __device__ __forceinline__ float f16_to_f32(uint32_t h)
-{
-	uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
-
-	if (exp == 0x1f) {
-		bits = sign | 0x7f800000u | (man << 13);
-	} else if (exp == 0) {
-		/* zero or subnormal: man * 2^-24, exact in float */
-		bits = __float_as_uint(__fmul_rn(__uint2float_rn(man), 0x1.0p-24f)) | sign;
-	} else {
-		bits = sign | ((exp + 112u) << 23) | (man << 13);
-	}
-	return __uint_as_float(bits);
 }
 
 /* tq_f32_to_f16: round to nearest even; overflow -> inf, NaN -> quiet NaN. */
@@ -148,21 +105,6 @@ static __device__ float warp_sumsq16(const float *x, int d, int lane)
 	return __shfl_sync(FULL, l, 0);
 }
 
-/* tq_fwht_ref in place: stage h pairs (j, j + h) for every j with bit h
- * clear — each butterfly the reference's a + b, a - b. */
-static __device__ void warp_fwht(float *u, int d, int lane)
-{
-	for (int h = 1; h < d; h <<= 1) {
-		for (int p = lane; p < d / 2; p += 32) {
-			int j = ((p & ~(h - 1)) << 1) | (p & (h - 1));
-			float a = u[j], b = u[j + h];
-			u[j] = __fadd_rn(a, b);
-			u[j + h] = __fsub_rn(a, b);
-		}
-		__syncwarp();
-	}
-}
-
 /* rotate_scaled(r, x, inv_norm, u) of tq_codec_ref.c:
  *   Hadamard: u = fwht(x * sign) * (inv_norm * inv_sqrt_dim)
  *   dense:    u_i = (sum_j in order of R[i][j] * x[j]) * inv_norm
@@ -175,8 +117,7 @@ static __device__ void warp_rotate_scaled(const struct tqc_codec_desc *cd, const
 	if (cd->rot_kind == ROT_HADAMARD) {
 		const float fac = __fmul_rn(inv_norm, cd->inv_sqrt_dim);
 		for (int i = lane; i < d; i += 32) {
-			float s = (cd->sign_mask[i >> 5] >> (i & 31)) & 1u ? -1.0f : 1.0f;
-			u[i] = __fmul_rn(x[i], s);
+			u[i] = __fmul_rn(x[i], sign_of(*cd, i));
 		}
 		__syncwarp();
 		warp_fwht(u, d, lane);

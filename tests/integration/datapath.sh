@@ -30,6 +30,10 @@ wait_up
 TOTAL=$(gstat pages_total)
 [ "$TOTAL" -gt 0 ] || fail "GetStats has no pool pages"
 [ "$(gstat pool_backend)" = "$BACKEND" ] || fail "pool backend is $(gstat pool_backend), not $BACKEND"
+case $BACKEND:$(gstat pool_memory) in
+"host:host memory" | "cuda:CUDA device "*) ;;
+*) fail "GetStats pool_memory is '$(gstat pool_memory)' on a $BACKEND pool" ;;
+esac
 
 # 1. bit-exact through the daemon, sessions over the control channel
 PAGE=$(gstat page_bytes)

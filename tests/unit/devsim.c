@@ -18,10 +18,16 @@ struct sim {
 
 static struct devsim_stats st;
 static uint64_t fail_nth;
+static int fail_reg;
 
 void devsim_stats(struct devsim_stats *out)
 {
 	*out = st;
+}
+
+void devsim_fail_register(int on)
+{
+	__atomic_store_n(&fail_reg, on, __ATOMIC_SEQ_CST);
 }
 
 void devsim_fail_copy(uint64_t nth)
@@ -122,6 +128,10 @@ static int sim_copy(const struct backend_region *r, void *dst, const void *src, 
 
 static int sim_register(const struct backend_region *r, void *p, size_t n, char *why, size_t whylen)
 {
+	if (__atomic_load_n(&fail_reg, __ATOMIC_SEQ_CST)) {
+		snprintf(why, whylen, "devsim: injected registration failure");
+		return -ENOMEM;
+	}
 	__atomic_add_fetch(&st.registered, 1, __ATOMIC_RELAXED);
 	__atomic_add_fetch(&st.registers, 1, __ATOMIC_RELAXED);
 	return 0;

@@ -30,5 +30,7 @@ struct devsim_stats {
 void devsim_stats(struct devsim_stats *out);
 /* Make the nth copy from now on (1 = the next) fail with -EIO; 0: none. */
 void devsim_fail_copy(uint64_t nth);
+/* 1: every host_register fails (-ENOMEM, as a memlock limit would); 0: none. */
+void devsim_fail_register(int on);
 
 #endif

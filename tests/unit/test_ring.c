@@ -1025,14 +1025,30 @@ static void test_device_tier(void)
 	}
 	pid_t p = spawn_exact(&s, NG, ids, gi, seeds, 43, 20);
 	T_EQ(reap_status(p), 0);
-	for (int i = 0; i < (int)NG; i++)
-		T_EQ(session_close(s.st, ids[i], NULL), 0);
-	T_EQ(srv_wait_idle(&s), 0);
-	srv_stop(&s);
 	devsim_stats(&d1);
 	T_ASSERT(d1.registers > d0.registers);
-	T_EQ(d1.registered, d0.registered);
-	T_ASSERT(d1.appends > d0.appends && d1.attends > d0.attends);
+	/* a ring that cannot be pinned still works (the kernels stage copies) */
+	uint64_t ids2[NG];
+	for (int i = 0; i < (int)NG; i++) {
+		seeds[i] = 3000 + (uint64_t)i;
+		ids2[i] = srv_open(&s, "big", getuid(), &G[i], 4096, seeds[i]);
+		T_ASSERT(ids2[i]);
+	}
+	devsim_fail_register(1);
+	p = spawn_exact(&s, NG, ids2, gi, seeds, 44, 6);
+	T_EQ(reap_status(p), 0);
+	devsim_fail_register(0);
+	for (int i = 0; i < (int)NG; i++) {
+		T_EQ(session_close(s.st, ids[i], NULL), 0);
+		T_EQ(session_close(s.st, ids2[i], NULL), 0);
+	}
+	T_EQ(srv_wait_idle(&s), 0);
+	srv_stop(&s);
+	struct devsim_stats d2;
+	devsim_stats(&d2);
+	T_EQ(d2.registers, d1.registers);
+	T_EQ(d2.registered, d0.registered);
+	T_ASSERT(d2.appends > d1.appends && d2.attends > d1.attends);
 }
 
 static void test_four_clients(void)

@@ -1,0 +1,69 @@
+/* tq_cuda_device.cuh — device helpers both kernel files use (tq_cuda_encode.cu,
+ * tq_cuda_attn.cu), defined once.  Included by .cu files only (and by
+ * tests/simt/, which compiles them as C++ with its own intrinsics).  The
+ * layout facts the kernels rely on are static_asserted by tq_layout.h and
+ * tq_page.h for C++ as for C; what the kernels assume beyond them is
+ * asserted here. */
+#ifndef TQ_CUDA_DEVICE_CUH
+#define TQ_CUDA_DEVICE_CUH
+
+#include <stdint.h>
+
+#include "tq_cuda_internal.h"
+#include "tq_layout.h"
+#include "tq_page.h"
+
+static_assert(TQ_TQ_HEADER_BYTES == 4 && TQ_Q8_HEADER_BYTES == 4 && TQ_Q4A_HEADER_BYTES == 4, "headers");
+static_assert(TQ_PAGE_ALIGN == 64u, "page alignment: f16 / f32 payload loads are aligned");
+static_assert(TQ_F16_BLOCK_BYTES(TQ_DIM_ALIGN) % 4 == 0 && TQ_F32_BLOCK_BYTES(TQ_DIM_ALIGN) % 4 == 0,
+	      "f16 / f32 blocks keep 4-byte alignment");
+static_assert(TQ_DIM_MAX == 512 && TQ_DIM_MIN == 8 && TQ_DIM_ALIGN == 8, "head dims");
+static_assert(TQ_CODEC_F16 == 0 && TQ_CODEC_Q8 == 1 && TQ_CODEC_Q4A == 2 && TQ_CODEC_TQ2 == 3 &&
+	      TQ_CODEC_TQ3 == 4 && TQ_CODEC_TQ4 == 5 && TQ_CODEC_F32 == 6, "codec ids");
+
+#define FULL 0xffffffffu
+/* enum tq_rot_kind and enum tq_dtype (tq_internal.h, tq_codec.h: C headers
+ * the .cu files do not include) */
+#define ROT_HADAMARD 1
+#define ROT_DENSE 2
+#define DT_F32 0
+#define DT_F16 1
+#define DT_BF16 2
+
+/* tq_f16_to_f32 (exact). */
+static __device__ __forceinline__ float f16_to_f32(uint32_t h)
+{
+	uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+
+	if (exp == 0x1f)
+		bits = sign | 0x7f800000u | (man << 13);
+	else if (exp == 0) /* zero or subnormal: man * 2^-24, exact in float */
+		bits = __float_as_uint(__fmul_rn(__uint2float_rn(man), 0x1.0p-24f)) | sign;
+	else
+		bits = sign | ((exp + 112u) << 23) | (man << 13);
+	return __uint_as_float(bits);
+}
+
+/* +1 or -1: the Hadamard sign of coordinate c. */
+static __device__ __forceinline__ float sign_of(const struct tqc_codec_desc &cd, int c)
+{
+	return (cd.sign_mask[c >> 5] >> (c & 31)) & 1u ? -1.0f : 1.0f;
+}
+
+/* tq_fwht_ref in place on this warp's shared row: stage h pairs (j, j + h)
+ * for every j with bit h clear — each butterfly the reference's a + b, a - b
+ * (never fused), so every output is the reference's expression tree. */
+static __device__ void warp_fwht(float *u, int d, int lane)
+{
+	for (int h = 1; h < d; h <<= 1) {
+		for (int p = lane; p < d / 2; p += 32) {
+			const int j = ((p & ~(h - 1)) << 1) | (p & (h - 1));
+			const float a = u[j], b = u[j + h];
+			u[j] = __fadd_rn(a, b);
+			u[j + h] = __fsub_rn(a, b);
+		}
+		__syncwarp();
+	}
+}
+
+#endif /* TQ_CUDA_DEVICE_CUH */
