@@ -289,6 +289,7 @@ struct plan {
 	/* workspace offsets (bytes) */
 	size_t thr_bytes;     /* per-thread scratch                          */
 	size_t off_qbuf, off_ktile, off_vtile, off_kscale, off_vscale, off_p, off_alpha, off_tmp;
+	size_t off_qprep;     /* qprep_d128's rows                          */
 	size_t off_acc, off_ml; /* partials, after the per-thread areas      */
 	size_t total;
 };
@@ -345,6 +346,7 @@ static void plan_make(const struct tq_attn_params *p, const struct tqa_shape *sh
 	pl->off_p = o;      o += al64((size_t)pl->rt_rows * TQA_CHUNK * 4);
 	pl->off_alpha = o;  o += al64((size_t)pl->rt_rows * 4);
 	pl->off_tmp = o;    o += al64((size_t)2 * d * 4);
+	pl->off_qprep = o;  o += al64((size_t)TQA_QPREP_BYTES * (pl->rt_rows / TQA_ROWS));
 	pl->thr_bytes = o;
 	o = al64(o * (size_t)pl->n_threads);
 	size_t rows_all = (size_t)pl->n_split * sh->n_kv * pl->rows_pad;
@@ -423,6 +425,31 @@ static size_t out_row(const struct job *jb, int h, int r)
 	return ((size_t)qi * jb->p->n_q_heads + (size_t)h * jb->sh.group + g) * jb->sh.dim;
 }
 
+/* The blocks of the chunk at token t (< t1) of KV head h into cache while
+ * the current chunk computes: a head's blocks are contiguous within a page,
+ * but a hardware prefetcher stops at every 4 KiB boundary and at the jump
+ * to the next page, and a chunk takes microseconds, far longer than a
+ * miss to DRAM. */
+static void prefetch_chunk(const struct tq_page_table *kv, uint32_t h, uint32_t t, uint32_t t1)
+{
+	if (t >= t1)
+		return;
+	const struct tq_page_geom *g = &kv->geom;
+	const uint32_t slot = t % g->page_tokens;
+	uint32_t n = TQA_CHUNK;
+	if (n > g->page_tokens - slot)
+		n = g->page_tokens - slot;
+	if (n > t1 - t)
+		n = t1 - t;
+	const uint8_t *pg = kv->pages[t / g->page_tokens];
+	const uint8_t *kb = pg + tq_page_k_off(g, h, slot), *vb = pg + tq_page_v_off(g, h, slot);
+	const size_t kn = (size_t)n * g->k_block_bytes, vn = (size_t)n * g->v_block_bytes;
+	for (size_t o = 0; o < kn; o += 64)
+		__builtin_prefetch(kb + o);
+	for (size_t o = 0; o < vn; o += 64)
+		__builtin_prefetch(vb + o);
+}
+
 static void task_compute(void *arg, int task, int thread)
 {
 	/* a private copy: the job lives on the caller's stack, next to lines
@@ -445,6 +472,7 @@ static void task_compute(void *arg, int task, int thread)
 	float *pbuf = (float *)(void *)(tw + pl->off_p);        /* [blocks][CHUNK][ROWS]   */
 	float *abuf = (float *)(void *)(tw + pl->off_alpha);    /* [blocks][ROWS]          */
 	float *tmp = (float *)(void *)(tw + pl->off_tmp);       /* [2][d]                  */
+	uint8_t *qprep = tw + pl->off_qprep;                     /* [blocks][QPREP_BYTES]   */
 
 	const int s = task % pl->n_split;
 	const int rt = task / pl->n_split % pl->n_rt;
@@ -490,6 +518,19 @@ static void task_compute(void *arg, int task, int thread)
 		lrow[i] = 0.0f;
 	}
 
+	/* d = 128: keys scored straight from their blocks — by every row block
+	 * where the codec's scoring prepares the rows (its bits differ from
+	 * the tile path's, and a row's bits must not depend on how many rows
+	 * share its call: plan_n_q), else when there is one row block (the
+	 * register-direct float kernels give the tile path's bits) */
+	const enum tq_codec_id kid = tq_codec_id(p->k_codec), vid = tq_codec_id(p->v_codec);
+	const int direct = nblk == 1 && d == 128;
+	const int kprep = d == 128 && ops->scores_d128[kid] && ops->qprep_d128[kid];
+	if (kprep)
+		for (int b = 0; b < nblk; b++)
+			ops->qprep_d128[kid](p->k_codec, qbuf + (size_t)b * TQA_ROWS * d,
+					     qprep + (size_t)b * TQA_QPREP_BYTES);
+
 	const float thr = p->sparse_v;
 	uint32_t t0 = (uint32_t)s * pl->split_len;
 	uint32_t t1 = t0 + pl->split_len < jb->sh.kv_len ? t0 + pl->split_len : jb->sh.kv_len;
@@ -507,12 +548,10 @@ static void task_compute(void *arg, int task, int thread)
 		const uint8_t *pg = kv->pages[page];
 		const uint8_t *kb = pg + tq_page_k_off(geom, (uint32_t)h, slot);
 		const uint8_t *vb = pg + tq_page_v_off(geom, (uint32_t)h, slot);
+		prefetch_chunk(kv, (uint32_t)h, t + (uint32_t)n, t1);
 
-		/* one row block at d = 128: keys decoded in registers (no tile) */
-		const int direct = nblk == 1 && d == 128;
-		const enum tq_codec_id kid = tq_codec_id(p->k_codec), vid = tq_codec_id(p->v_codec);
 		const float *kt = NULL;
-		if (!(direct && ops->scores_d128[kid]))
+		if (!kprep && !(direct && ops->scores_d128[kid]))
 			kt = ops->decode(p->k_codec, kb, n, ktile, kscale);
 		int active[RT_MAX / TQA_ROWS];
 		int any = 0;
@@ -530,7 +569,9 @@ static void task_compute(void *arg, int task, int thread)
 			if (kt)
 				ops->scores(qbuf + (size_t)b * TQA_ROWS * d, kt, kscale, n, d, sb);
 			else
-				ops->scores_d128[kid](p->k_codec, kb, n, qbuf, sb);
+				ops->scores_d128[kid](p->k_codec, kb, n,
+						      kprep ? (const float *)(const void *)(qprep + (size_t)b * TQA_QPREP_BYTES)
+							    : qbuf, sb);
 			ops->softmax(sb, n, vis, mrow + b * TQA_ROWS, lrow + b * TQA_ROWS,
 				     abuf + b * TQA_ROWS);
 		}

@@ -30,12 +30,114 @@ static inline __m256 lookup16(__m256 lo, __m256 hi, __m256i idx)
 	return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
 }
 
+/* ---- centroids by byte shuffles --------------------------------------------------
+ * A float centroid is 4 bytes; T[b] holds byte b of c[0..15] in both 128-bit
+ * lanes, so 4 vpshufb look up 32 indices at once (in-lane shuffles, which
+ * Zen 2/3 run two a cycle, where a cross-lane vpermps/vpmovzx is one) and 8
+ * byte/word interleaves put the bytes back together.  The interleaves work
+ * within lanes; one vpermd of the index bytes beforehand (lane 0: indices
+ * 0-3, 8-11, 16-19, 24-27; lane 1: 4-7, 12-15, 20-23, 28-31) makes the 32
+ * floats come out in order.  The bytes are the centroids' own: exact. */
+struct cent_tab { __m256i t[4]; };
+
+static inline void cent_tab_make(const tq_codec *c, struct cent_tab *tb)
+{
+	uint8_t b[4][32];
+	const int nc = 1 << c->bits;
+
+	for (int i = 0; i < 16; i++) {
+		uint32_t u = 0;
+		if (i < nc)
+			memcpy(&u, &c->cb.centroid[i], 4);
+		for (int k = 0; k < 4; k++)
+			b[k][i] = b[k][16 + i] = (uint8_t)(u >> (8 * k));
+	}
+	for (int k = 0; k < 4; k++)
+		tb->t[k] = _mm256_loadu_si256((const __m256i *)(const void *)b[k]);
+}
+
+/* 32 index bytes (< 16, in order) -> c[idx] at o[0..31] */
+static inline void cent32(const struct cent_tab *tb, __m256i idx, float *o)
+{
+	const __m256i ix = _mm256_permutevar8x32_epi32(idx, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+	const __m256i b0 = _mm256_shuffle_epi8(tb->t[0], ix), b1 = _mm256_shuffle_epi8(tb->t[1], ix);
+	const __m256i b2 = _mm256_shuffle_epi8(tb->t[2], ix), b3 = _mm256_shuffle_epi8(tb->t[3], ix);
+	const __m256i l01 = _mm256_unpacklo_epi8(b0, b1), h01 = _mm256_unpackhi_epi8(b0, b1);
+	const __m256i l23 = _mm256_unpacklo_epi8(b2, b3), h23 = _mm256_unpackhi_epi8(b2, b3);
+	_mm256_storeu_si256((__m256i *)(void *)o, _mm256_unpacklo_epi16(l01, l23));
+	_mm256_storeu_si256((__m256i *)(void *)(o + 8), _mm256_unpackhi_epi16(l01, l23));
+	_mm256_storeu_si256((__m256i *)(void *)(o + 16), _mm256_unpacklo_epi16(h01, h23));
+	_mm256_storeu_si256((__m256i *)(void *)(o + 24), _mm256_unpackhi_epi16(h01, h23));
+}
+
+static inline __m256i load32(const uint8_t *p)
+{
+	return _mm256_loadu_si256((const __m256i *)(const void *)p);
+}
+
+/* tq4 / tq3 / tq2 blocks at d % 64 == 0 (tq3: d == 128 or d % 256 == 0)
+ * into the tile; 0 when the dim is not one of these */
+static int decode_cent_avx2(const tq_codec *c, const uint8_t *src, int n, float *tile, float *scale)
+{
+	const int d = c->dim;
+	const size_t bb = c->block_bytes;
+	const __m256i m15 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), m1 = _mm256_set1_epi8(1);
+	struct cent_tab tb;
+
+	if (d % 64 || (c->id == TQ_CODEC_TQ3 && d != 128 && d % 256))
+		return 0;
+	cent_tab_make(c, &tb);
+	for (int t = 0; t < n; t++, src += bb) {
+		const uint8_t *pl = src + 4;
+		float *o = tile + (size_t)t * d;
+		memcpy(&scale[t], src, 4);
+		switch (c->id) {
+		case TQ_CODEC_TQ4: /* byte j: idx j | idx j + d/2 << 4 */
+			for (int j = 0; j < d / 2; j += 32) {
+				const __m256i x = load32(pl + j);
+				cent32(&tb, _mm256_and_si256(x, m15), o + j);
+				cent32(&tb, _mm256_and_si256(_mm256_srli_epi16(x, 4), m15), o + d / 2 + j);
+			}
+			break;
+		case TQ_CODEC_TQ2: /* byte j: idx j + s d/4 at bits 2s */
+			for (int j = 0; j < d / 4; j += 32) {
+				const __m256i x = load32(pl + j);
+				for (int sh = 0; sh < 4; sh++)
+					cent32(&tb, _mm256_and_si256(_mm256_srli_epi16(x, 2 * sh), m3),
+					       o + sh * (d / 4) + j);
+			}
+			break;
+		default: { /* tq3: 2-bit plane (d/4 bytes), then 1-bit plane (d/8) */
+			const int s2 = d / 4, s1 = d / 8;
+			const uint8_t *hp = pl + s2;
+			for (int g = 0; g < d; g += 32) {
+				__m256i lo = _mm256_and_si256(_mm256_srli_epi16(load32(pl + g % s2), 2 * (g / s2)), m3);
+				__m256i hb;
+				if (s1 == 16) /* d = 128: bytes 0..15 hold bit g/16 and g/16 + 1 */
+					hb = _mm256_srlv_epi64(_mm256_broadcastsi128_si256(
+						_mm_loadu_si128((const __m128i *)(const void *)hp)),
+						_mm256_set_epi64x(g / 16 + 1, g / 16 + 1, g / 16, g / 16));
+				else
+					hb = _mm256_srli_epi16(load32(hp + g % s1), g / s1);
+				hb = _mm256_slli_epi16(_mm256_and_si256(hb, m1), 2);
+				cent32(&tb, _mm256_or_si256(lo, hb), o + g);
+			}
+			break;
+		}
+		}
+	}
+	return 1;
+}
+
 static const float *decode_avx2(const tq_codec *c, const uint8_t *src, int n,
 				float *tile, float *scale)
 {
 	const int d = c->dim;
 	const size_t bb = c->block_bytes;
 
+	if ((c->id == TQ_CODEC_TQ4 || c->id == TQ_CODEC_TQ3 || c->id == TQ_CODEC_TQ2) &&
+	    decode_cent_avx2(c, src, n, tile, scale))
+		return tile;
 	switch (c->id) {
 	case TQ_CODEC_TQ4: {
 		if (d % 16)
@@ -291,13 +393,375 @@ static void accum_avx2(float *acc, const float *alpha, const float *wp, const fl
 	}
 }
 
+/* ---- register-direct kernels at dim 128 ---------------------------------------
+ * LD_<codec>(blk, k): dims [8k, 8k + 8) of one block, unscaled, k a constant
+ * 0..15 after unrolling; SC_<codec>(blk): the block's scale.  vpermps reads
+ * the low 3 index bits, so the 4-entry tq2 codebook is replicated to 8 and
+ * tq4's 16 entries are two lookups and a blend on index bit 3; bits above
+ * the index need no masking except tq3's third bit, which comes from the
+ * 1-bit plane. */
+#define D 128
+#define LD_tq4(b, k) lookup16(lo, hi, (k) < 8 ? zext8((b) + 4 + 8 * (k))                          \
+	: _mm256_srli_epi32(zext8((b) + 4 + 8 * ((k) - 8)), 4))
+/* tq3: low bits in byte (8k) % 32 of the 2-bit plane at shift 2 (k / 4); the
+ * high bit in byte (8k) % 16 of the 1-bit plane at shift k / 2 */
+#define LD_tq3(b, k) _mm256_permutevar8x32_ps(cb, _mm256_or_si256(                                  \
+	_mm256_and_si256(_mm256_srli_epi32(zext8((b) + 4 + 8 * ((k) & 3)), 2 * ((k) >> 2)), m3),      \
+	_mm256_and_si256((k) >> 1 <= 2 ? _mm256_slli_epi32(zext8((b) + 36 + 8 * ((k) & 1)), 2 - ((k) >> 1)) \
+		: _mm256_srli_epi32(zext8((b) + 36 + 8 * ((k) & 1)), ((k) >> 1) - 2), m4)))
+#define LD_tq2(b, k) _mm256_permutevar8x32_ps(cb,                                                    \
+	_mm256_srli_epi32(zext8((b) + 4 + 8 * ((k) & 3)), 2 * ((k) >> 2)))
+#define LD_q8(b, k) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(                                         \
+	_mm_loadl_epi64((const __m128i *)(const void *)((b) + 4 + 8 * (k)))))
+#define LD_f16(b, k) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)((b) + 16 * (k))))
+#define LD_f32(b, k) _mm256_loadu_ps((const float *)(const void *)(b) + 8 * (k))
+
+static inline float hdr_scale(const uint8_t *b)
+{
+	float f;
+	memcpy(&f, b, 4);
+	return f;
+}
+#define SC_tq4(b) hdr_scale(b)
+#define SC_tq3(b) hdr_scale(b)
+#define SC_tq2(b) hdr_scale(b)
+#define SC_q8(b) hdr_scale(b)
+#define SC_f16(b) 1.0f
+#define SC_f32(b) 1.0f
+
+#define CB_tq4 const __m256 lo = _mm256_loadu_ps(c->cb.centroid), hi = _mm256_loadu_ps(c->cb.centroid + 8)
+#define CB_tq3                                                                    \
+	const __m256 cb = _mm256_loadu_ps(c->cb.centroid);                        \
+	const __m256i m3 = _mm256_set1_epi32(3), m4 = _mm256_set1_epi32(4)
+#define CB_tq2                                                                    \
+	float c8[8];                                                              \
+	for (int i_ = 0; i_ < 8; i_++)                                            \
+		c8[i_] = c->cb.centroid[i_ & 3];                                  \
+	const __m256 cb = _mm256_loadu_ps(c8)
+#define CB_q8 (void)c
+#define CB_f16 (void)c
+#define CB_f32 (void)c
+
+/* s[t][r] = scale_t * dot(q[r], block_t) for 4 query rows q: [4][128];
+ * 2 tokens x 4 rows of 8-lane partial sums, then one transposed reduction. */
+#define DEF_SCORES(C)                                                                         \
+static void scores_##C(const tq_codec *c, const uint8_t *src, int n, const float *q, float *s) \
+{                                                                                             \
+	CB_##C;                                                                               \
+	const size_t bb = c->block_bytes;                                                     \
+	for (int t = 0; t < n; t += 2) {                                                      \
+		const int two = t + 1 < n;                                                    \
+		const uint8_t *b0 = src + (size_t)t * bb, *b1 = two ? b0 + bb : b0;           \
+		__m256 a[8];                                                                  \
+		_Pragma("GCC unroll 8")                                                       \
+		for (int i = 0; i < 8; i++)                                                   \
+			a[i] = _mm256_setzero_ps();                                           \
+		_Pragma("GCC unroll 16")                                                      \
+		for (int k = 0; k < D / 8; k++) {                                             \
+			const __m256 k0 = LD_##C(b0, k), k1 = LD_##C(b1, k);                  \
+			_Pragma("GCC unroll 4")                                               \
+			for (int r = 0; r < 4; r++) {                                         \
+				const __m256 qr = _mm256_loadu_ps(q + r * D + 8 * k);         \
+				a[r] = _mm256_fmadd_ps(k0, qr, a[r]);                         \
+				a[4 + r] = _mm256_fmadd_ps(k1, qr, a[4 + r]);                 \
+			}                                                                     \
+		}                                                                             \
+		__m256 z = reduce8(a);                                                        \
+		__m256 sc = _mm256_set_m128(_mm_set1_ps(SC_##C(b1)), _mm_set1_ps(SC_##C(b0))); \
+		z = _mm256_mul_ps(z, sc);                                                     \
+		if (two)                                                                      \
+			_mm256_storeu_ps(s + t * TQA_ROWS, z);                                \
+		else                                                                          \
+			_mm_storeu_ps(s + t * TQA_ROWS, _mm256_castps256_ps128(z));           \
+	}                                                                                     \
+}
+
+/* acc[r][:] = acc[r][:] * alpha[r] + Σ_t p[t][r] scale_t block_t, acc: [4][128];
+ * 4 rows x 16 dims in registers per pass over the blocks. */
+#define DEF_ACCUM(C)                                                                          \
+static void accum_##C(const tq_codec *c, const uint8_t *src, int n, float *acc,              \
+		      const float *alpha, const float *p)                                    \
+{                                                                                             \
+	CB_##C;                                                                               \
+	const size_t bb = c->block_bytes;                                                     \
+	float w[TQA_CHUNK * TQA_ROWS] __attribute__((aligned(32)));                           \
+	for (int t = 0; t < n; t++) {                                                         \
+		__m128 sc = _mm_set1_ps(SC_##C(src + (size_t)t * bb));                        \
+		_mm_store_ps(w + 4 * t, _mm_mul_ps(_mm_loadu_ps(p + 4 * t), sc));            \
+	}                                                                                     \
+	_Pragma("GCC unroll 8")                                                               \
+	for (int h = 0; h < D / 16; h++) {                                                    \
+		__m256 a[8];                                                                  \
+		_Pragma("GCC unroll 4")                                                       \
+		for (int r = 0; r < 4; r++) {                                                 \
+			const __m256 al = _mm256_set1_ps(alpha[r]);                           \
+			a[2 * r] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * D + 16 * h), al); \
+			a[2 * r + 1] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * D + 16 * h + 8), al); \
+		}                                                                             \
+		const uint8_t *b = src;                                                       \
+		for (int t = 0; t < n; t++, b += bb) {                                        \
+			const __m256 v0 = LD_##C(b, 2 * h), v1 = LD_##C(b, 2 * h + 1);        \
+			_Pragma("GCC unroll 4")                                               \
+			for (int r = 0; r < 4; r++) {                                         \
+				const __m256 wr = _mm256_broadcast_ss(w + 4 * t + r);         \
+				a[2 * r] = _mm256_fmadd_ps(wr, v0, a[2 * r]);                 \
+				a[2 * r + 1] = _mm256_fmadd_ps(wr, v1, a[2 * r + 1]);         \
+			}                                                                     \
+		}                                                                             \
+		_Pragma("GCC unroll 4")                                                       \
+		for (int r = 0; r < 4; r++) {                                                 \
+			_mm256_storeu_ps(acc + r * D + 16 * h, a[2 * r]);                    \
+			_mm256_storeu_ps(acc + r * D + 16 * h + 8, a[2 * r + 1]);            \
+		}                                                                             \
+	}                                                                                     \
+}
+
+/* ---- integer key scoring at dim 128 --------------------------------------------
+ * q·k for tq2/tq3/tq4 and q8 keys as 16-bit integer dot products (vpmaddwd:
+ * 16 dims per instruction, twice an FMA's 8, and no float decode of the
+ * keys): about half the cycles of the float path for tq4 keys on Zen 3.
+ * qprep turns each query row into int16 q_j = rint(q_j · Q / max|q|) and,
+ * for the centroid codecs, the codebook into int16 c_i = rint(c_i · C /
+ * max|c|), split into a low-byte and a high-byte table, so one vpshufb pair
+ * and one byte interleave turn 32 packed indices into 32 int16 centroids.
+ *
+ * Range: a lane of one 32-dim group sums 4 products (two vpmaddwd), at most
+ * 4 · 23170² < 2^31, and groups are summed in float.  q8 codes are exact
+ * (|code| <= 127), so its rows get the full 32767.
+ *
+ * Accuracy: rounding q and c to 15 bits perturbs a logit by about 1e-5 of
+ * |q| |k| (measured: tests/bench/attn --quality prints it), far below the
+ * 4-bit codecs' own error, and the output stays inside test_attn's oracle
+ * tolerance (1e-4 of the row's norm; measured worst 5e-5 over its cases).
+ *
+ * The byte interleave works within 128-bit lanes, so 32 indices of dims
+ * 32g .. 32g+31 come out as A = dims [0..7, 16..23] and B = [8..15, 24..31]
+ * of the group; qprep stores the centroid codecs' query rows in that order.
+ *
+ * qp: int16 q[4][128] | float fac[4] (max|q_r| / (Q · C)) | CL[32] | CH[32] */
+#define QP_FAC 1024
+#define QP_CL  1040
+#define QP_CH  1072
+#define QLIM_TQ 23170.0f
+#define CLIM_TQ 23170.0f
+#define QLIM_Q8 32767.0f
+
+static_assert(QP_CH + 32 <= TQA_QPREP_BYTES, "qprep layout fits");
+
+/* rows q [4][128] -> int16 [4][128]; perm: the centroid codecs' order */
+static void qprep_rows(const float *q, int perm, float qlim, float csc, uint8_t *qp)
+{
+	float *fac = (float *)(void *)(qp + QP_FAC);
+
+	for (int r = 0; r < TQA_ROWS; r++) {
+		const float *qr = q + r * D;
+		__m256 mx = _mm256_setzero_ps();
+		const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+		for (int j = 0; j < D; j += 8)
+			mx = _mm256_max_ps(mx, _mm256_and_ps(absm, _mm256_loadu_ps(qr + j)));
+		__m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+		m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+		m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+		float m = _mm_cvtss_f32(m4);
+		/* max 0: every product is 0.  max inf (a scaled row beyond float
+		 * range): the factor is inf, the scores inf or NaN, and the row
+		 * comes out NaN as the softmax contract says. */
+		const __m256 sq = _mm256_set1_ps(m > 0.0f && m <= 3.4e38f ? qlim / m : 0.0f);
+		fac[r] = m / (qlim * csc);
+		int16_t *o = (int16_t *)(void *)qp + r * D;
+		for (int j = 0; j < D; j += 32) {
+			__m256i v[4];
+			for (int i = 0; i < 4; i++)
+				v[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(qr + j + 8 * i), sq));
+			/* natural order: n0 = dims j..j+15, n1 = j+16..j+31 */
+			__m256i n0 = _mm256_permute4x64_epi64(_mm256_packs_epi32(v[0], v[1]), 0xD8);
+			__m256i n1 = _mm256_permute4x64_epi64(_mm256_packs_epi32(v[2], v[3]), 0xD8);
+			if (perm) {
+				__m256i a = _mm256_permute2x128_si256(n0, n1, 0x20);
+				__m256i b = _mm256_permute2x128_si256(n0, n1, 0x31);
+				n0 = a;
+				n1 = b;
+			}
+			_mm256_storeu_si256((__m256i *)(void *)(o + j), n0);
+			_mm256_storeu_si256((__m256i *)(void *)(o + j + 16), n1);
+		}
+	}
+}
+
+static void qprep_cb(const tq_codec *c, const float *q, void *qpv)
+{
+	uint8_t *qp = qpv;
+	const int nc = 1 << c->bits;
+	float cm = 0.0f;
+
+	for (int i = 0; i < nc; i++)
+		cm = fmaxf(cm, fabsf(c->cb.centroid[i]));
+	const float csc = cm > 0.0f ? CLIM_TQ / cm : 1.0f;
+	for (int i = 0; i < 16; i++) {
+		int v = i < nc ? (int)lrintf(c->cb.centroid[i] * csc) : 0;
+		uint16_t u = (uint16_t)(int16_t)v;
+		qp[QP_CL + i] = qp[QP_CL + 16 + i] = (uint8_t)u;
+		qp[QP_CH + i] = qp[QP_CH + 16 + i] = (uint8_t)(u >> 8);
+	}
+	qprep_rows(q, 1, QLIM_TQ, csc, qp);
+}
+
+static void qprep_q8(const tq_codec *c, const float *q, void *qp)
+{
+	(void)c;
+	qprep_rows(q, 0, QLIM_Q8, 1.0f, qp);
+}
+
+/* 32 indices (bytes < 16) -> int16 centroids, A/B halves as above */
+#define CENT(ix, ka, kb)                                                                    \
+	do {                                                                                \
+		const __m256i l_ = _mm256_shuffle_epi8(cl, ix), h_ = _mm256_shuffle_epi8(ch, ix); \
+		ka = _mm256_unpacklo_epi8(l_, h_);                                          \
+		kb = _mm256_unpackhi_epi8(l_, h_);                                          \
+	} while (0)
+
+/* group g (dims 32g .. 32g+31) of block b as 32 index bytes */
+#define IX_tq4(b, g) ((g) < 2 ? _mm256_and_si256(x##b[(g)], m15)                               \
+	: _mm256_and_si256(_mm256_srli_epi16(x##b[(g) - 2], 4), m15))
+#define IX_tq3(b, g) _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x##b[0], 2 * (g)), m3),   \
+	_mm256_slli_epi16(_mm256_and_si256(_mm256_srlv_epi64(y##b, _mm256_set_epi64x(              \
+		2 * (g) + 1, 2 * (g) + 1, 2 * (g), 2 * (g))), m1), 2))
+#define IX_tq2(b, g) _mm256_and_si256(_mm256_srli_epi16(x##b[0], 2 * (g)), m3)
+#define XL_tq4(b, p) const __m256i x##b[2] = { _mm256_loadu_si256((const __m256i *)(const void *)((p) + 4)), \
+					      _mm256_loadu_si256((const __m256i *)(const void *)((p) + 36)) }
+#define XL_tq3(b, p) const __m256i x##b[1] = { _mm256_loadu_si256((const __m256i *)(const void *)((p) + 4)) }; \
+	const __m256i y##b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)((p) + 36)))
+#define XL_tq2(b, p) const __m256i x##b[1] = { _mm256_loadu_si256((const __m256i *)(const void *)((p) + 4)) }
+
+static inline __m256i qrow(const int16_t *qi, int off)
+{
+	return _mm256_load_si256((const __m256i *)(const void *)(qi + off));
+}
+
+/* f[ao + r] += float(ka · q_r[A] + kb · q_r[B]) for the 4 rows */
+#define MADD4(ka, kb, off)                                                                  \
+	_Pragma("GCC unroll 4")                                                             \
+	for (int r = 0; r < 4; r++)                                                         \
+		f[r + ao] = _mm256_add_ps(f[r + ao], _mm256_cvtepi32_ps(_mm256_add_epi32(       \
+			_mm256_madd_epi16(ka, qrow(qi, r * D + (off))),                         \
+			_mm256_madd_epi16(kb, qrow(qi, r * D + (off) + 16)))))
+
+/* scores: 2 tokens x 4 rows of int32 partial sums, then the float reduction */
+#define DEF_ISCORES(C)                                                                        \
+static void iscores_##C(const tq_codec *c, const uint8_t *src, int n, const float *qf, float *s) \
+{                                                                                             \
+	const uint8_t *qp = (const uint8_t *)(const void *)qf;                                \
+	const int16_t *qi = (const int16_t *)(const void *)qp;                                \
+	const __m256i cl = _mm256_loadu_si256((const __m256i *)(const void *)(qp + QP_CL));  \
+	const __m256i ch = _mm256_loadu_si256((const __m256i *)(const void *)(qp + QP_CH));  \
+	const __m256i m15 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), m1 = _mm256_set1_epi8(1); \
+	const __m128 fac = _mm_loadu_ps((const float *)(const void *)(qp + QP_FAC));          \
+	const __m256 fac2 = _mm256_set_m128(fac, fac);                                        \
+	const size_t bb = c->block_bytes;                                                     \
+	(void)m15; (void)m3; (void)m1;                                                        \
+	for (int t = 0; t < n; t += 2) {                                                      \
+		const int two = t + 1 < n;                                                    \
+		const uint8_t *b0 = src + (size_t)t * bb, *b1 = two ? b0 + bb : b0;           \
+		XL_##C(0, b0);                                                                \
+		XL_##C(1, b1);                                                                \
+		__m256 f[8];                                                                  \
+		_Pragma("GCC unroll 8")                                                       \
+		for (int i = 0; i < 8; i++)                                                   \
+			f[i] = _mm256_setzero_ps();                                           \
+		_Pragma("GCC unroll 4")                                                       \
+		for (int g = 0; g < 4; g++) {                                                 \
+			__m256i ka, kb;                                                       \
+			int ao = 0;                                                           \
+			CENT(IX_##C(0, g), ka, kb);                                           \
+			MADD4(ka, kb, 32 * g);                                                \
+			ao = 4;                                                               \
+			CENT(IX_##C(1, g), ka, kb);                                           \
+			MADD4(ka, kb, 32 * g);                                                \
+		}                                                                             \
+		__m256 z = _mm256_mul_ps(reduce8(f), fac2);                                   \
+		__m256 sc = _mm256_set_m128(_mm_set1_ps(hdr_scale(b1)), _mm_set1_ps(hdr_scale(b0))); \
+		z = _mm256_mul_ps(z, sc);                                                     \
+		if (two)                                                                      \
+			_mm256_storeu_ps(s + t * TQA_ROWS, z);                                \
+		else                                                                          \
+			_mm_storeu_ps(s + t * TQA_ROWS, _mm256_castps256_ps128(z));           \
+	}                                                                                     \
+}
+DEF_ISCORES(tq4)
+DEF_ISCORES(tq3)
+DEF_ISCORES(tq2)
+
+static void iscores_q8(const tq_codec *c, const uint8_t *src, int n, const float *qf, float *s)
+{
+	const uint8_t *qp = (const uint8_t *)(const void *)qf;
+	const int16_t *qi = (const int16_t *)(const void *)qp;
+	const __m128 fac = _mm_loadu_ps((const float *)(const void *)(qp + QP_FAC));
+	const __m256 fac2 = _mm256_set_m128(fac, fac);
+	const size_t bb = c->block_bytes;
+
+	for (int t = 0; t < n; t += 2) {
+		const int two = t + 1 < n;
+		const uint8_t *b0 = src + (size_t)t * bb, *b1 = two ? b0 + bb : b0;
+		/* a lane sums 16 products of at most 32767 · 127: int32 holds them */
+		__m256i a[8];
+		_Pragma("GCC unroll 8")
+		for (int i = 0; i < 8; i++)
+			a[i] = _mm256_setzero_si256();
+		_Pragma("GCC unroll 8")
+		for (int k = 0; k < D / 16; k++) {
+			const __m256i k0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(b0 + 4 + 16 * k)));
+			const __m256i k1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(b1 + 4 + 16 * k)));
+			_Pragma("GCC unroll 4")
+			for (int r = 0; r < 4; r++) {
+				const __m256i qv = qrow(qi, r * D + 16 * k);
+				a[r] = _mm256_add_epi32(a[r], _mm256_madd_epi16(k0, qv));
+				a[4 + r] = _mm256_add_epi32(a[4 + r], _mm256_madd_epi16(k1, qv));
+			}
+		}
+		__m256 f[8];
+		_Pragma("GCC unroll 8")
+		for (int i = 0; i < 8; i++)
+			f[i] = _mm256_cvtepi32_ps(a[i]);
+		__m256 z = _mm256_mul_ps(reduce8(f), fac2);
+		__m256 sc = _mm256_set_m128(_mm_set1_ps(hdr_scale(b1)), _mm_set1_ps(hdr_scale(b0)));
+		z = _mm256_mul_ps(z, sc);
+		if (two)
+			_mm256_storeu_ps(s + t * TQA_ROWS, z);
+		else
+			_mm_storeu_ps(s + t * TQA_ROWS, _mm256_castps256_ps128(z));
+	}
+}
+
+DEF_SCORES(f16)
+DEF_SCORES(f32)
+DEF_ACCUM(tq4)
+DEF_ACCUM(tq3)
+DEF_ACCUM(tq2)
+DEF_ACCUM(q8)
+DEF_ACCUM(f16)
+DEF_ACCUM(f32)
+#undef D
+
 static const struct tqa_ops ops = {
 	.isa = TQ_ISA_AVX2,
 	.decode = decode_avx2,
 	.scores = scores_avx2,
 	.softmax = softmax_avx2,
 	.accum = accum_avx2,
+	.scores_d128 = {
+		[TQ_CODEC_TQ4] = iscores_tq4, [TQ_CODEC_TQ3] = iscores_tq3, [TQ_CODEC_TQ2] = iscores_tq2,
+		[TQ_CODEC_Q8] = iscores_q8, [TQ_CODEC_F16] = scores_f16, [TQ_CODEC_F32] = scores_f32,
+	},
+	.qprep_d128 = {
+		[TQ_CODEC_TQ4] = qprep_cb, [TQ_CODEC_TQ3] = qprep_cb, [TQ_CODEC_TQ2] = qprep_cb,
+		[TQ_CODEC_Q8] = qprep_q8,
+	},
+	.accum_d128 = {
+		[TQ_CODEC_TQ4] = accum_tq4, [TQ_CODEC_TQ3] = accum_tq3, [TQ_CODEC_TQ2] = accum_tq2,
+		[TQ_CODEC_Q8] = accum_q8, [TQ_CODEC_F16] = accum_f16, [TQ_CODEC_F32] = accum_f32,
+	},
 };
+
 
 const struct tqa_ops *tqa_ops_avx2(void)
 {

@@ -20,6 +20,7 @@
 
 #define TQA_CHUNK 32   /* tokens per tile                               */
 #define TQA_ROWS  4    /* query rows per register block                 */
+#define TQA_QPREP_BYTES 2048 /* qprep_d128's output, at most              */
 
 struct tqa_ops {
 	enum tq_isa isa;
@@ -55,6 +56,13 @@ struct tqa_ops {
 	 *   accum_d128:  as decode + accum on the n blocks at src. */
 	void (*scores_d128[TQ_CODEC__COUNT])(const tq_codec *c, const uint8_t *src, int n,
 					     const float *q, float *s);
+	/* Optional, per codec: the query rows' preparation for scores_d128
+	 * (e.g. integer rows for integer dot products), once per task and row
+	 * block: reads the 4 rows q [TQA_ROWS][128] (rotated, pre-scaled),
+	 * writes qp (TQA_QPREP_BYTES, 64-byte aligned); scores_d128 then gets
+	 * qp in place of q.  Where a codec has one, its scores_d128 is not
+	 * the float dot product: the oracle tolerance still holds (test_attn). */
+	void (*qprep_d128[TQ_CODEC__COUNT])(const tq_codec *c, const float *q, void *qp);
 	void (*accum_d128[TQ_CODEC__COUNT])(const tq_codec *c, const uint8_t *src, int n,
 					    float *acc, const float *alpha, const float *w);
 };
