@@ -11,6 +11,7 @@
 
 #include "harness.h"
 #include "tq_attn.h"
+#include "tq_attn_internal.h"
 #include "tq_threads.h"
 
 #define TOL 1e-4   /* max |fused - oracle| per output row, relative to the row's norm */
@@ -656,6 +657,101 @@ static void test_plan_n_q(void)
 	kv_free(&c);
 }
 
+/* Key scoring that is not the float dot product (ops with qprep_d128: the
+ * integer scoring of the AVX2 path) against the exact dot product of the
+ * decoded keys, in double: the logit error it adds, relative to |q| |k|.
+ * Rotated queries are near Gaussian, so the error is what rounding q and c
+ * to 15 bits gives: measured rms 3-5e-6, worst 2-5e-5 over seeds (AVX2);
+ * the bounds checked are about 4x those.  TQ_TEST_VERBOSE prints the figures. */
+static const struct tqa_ops *isa_ops(enum tq_isa isa)
+{
+	if (!tq_attn_isa_supported(isa))
+		return NULL;
+	switch (isa) {
+	case TQ_ISA_AVX2: return tqa_ops_avx2();
+	case TQ_ISA_AVX512: return tqa_ops_avx512();
+	default: return NULL;
+	}
+}
+
+static void test_key_scoring_error(void)
+{
+	enum { D = 128, NT = 96 };
+	static const enum tq_codec_id kids[] = { TQ_CODEC_TQ2, TQ_CODEC_TQ3, TQ_CODEC_TQ4, TQ_CODEC_Q8 };
+	float *k = malloc(NT * D * sizeof(float)), *v = malloc(NT * D * sizeof(float));
+	float q[TQA_ROWS * D], tile[TQA_CHUNK * D], scale[TQA_CHUNK], s[TQA_CHUNK * TQA_ROWS];
+	uint8_t *blk = malloc(NT * 132 + 64), *qp = aligned_alloc(64, TQA_QPREP_BYTES);
+	int tested = 0;
+
+	T_ASSERT(k && v && blk && qp);
+	for (size_t ii = 0; ii < sizeof(isas) / sizeof(isas[0]); ii++) {
+		const struct tqa_ops *o = isa_ops(isas[ii]);
+		for (size_t ci = 0; o && ci < sizeof(kids) / sizeof(kids[0]); ci++) {
+			enum tq_codec_id id = kids[ci];
+			if (!o->qprep_d128[id] || !o->scores_d128[id])
+				continue;
+			struct tq_codec_params cp = { .id = id, .dim = D, .seed = t_seed() + ci };
+			tq_codec *c;
+			tq_error err;
+			T_ASSERT(tq_codec_new(&c, cache, &cp, &err) == 0);
+			rng_state = t_seed() ^ (0x51 + ci);
+			fill_kv(k, v, NT, D);
+			T_ASSERT(tq_encode(c, k, TQ_DTYPE_F32, NT, blk, &err) == 0);
+			double worst = 0.0, sum2 = 0.0;
+			int cnt = 0;
+			for (int trial = 0; trial < 8; trial++) {
+				double qn[TQA_ROWS];
+				for (int r = 0; r < TQA_ROWS; r++) {
+					qn[r] = 0.0;
+					/* rotated, scale2-scaled rows: Gaussian, one with a spike */
+					for (int j = 0; j < D; j++) {
+						q[r * D + j] = gauss() * 0.2f * (r == 3 && j == trial ? 8.0f : 1.0f);
+						qn[r] += (double)q[r * D + j] * q[r * D + j];
+					}
+					qn[r] = sqrt(qn[r]);
+				}
+				o->qprep_d128[id](c, q, qp);
+				for (int t0 = 0; t0 < NT; t0 += TQA_CHUNK) {
+					const uint8_t *b = blk + (size_t)t0 * tq_codec_block_bytes(c);
+					o->scores_d128[id](c, b, TQA_CHUNK, (const float *)(const void *)qp, s);
+					const float *kt = tqa_decode_scalar(c, b, TQA_CHUNK, tile, scale);
+					for (int t = 0; t < TQA_CHUNK; t++) {
+						double kn = 0.0;
+						for (int j = 0; j < D; j++)
+							kn += (double)kt[t * D + j] * kt[t * D + j];
+						kn = sqrt(kn) * fabs(scale[t]);
+						for (int r = 0; r < TQA_ROWS; r++) {
+							double dot = 0.0;
+							for (int j = 0; j < D; j++)
+								dot += (double)q[r * D + j] * kt[t * D + j];
+							dot *= scale[t];
+							double e = fabs(s[t * TQA_ROWS + r] - dot) / (qn[r] * kn + 1e-30);
+							if (!(e <= worst))
+								worst = e;
+							sum2 += e * e;
+							cnt++;
+						}
+					}
+				}
+			}
+			double rms = sqrt(sum2 / cnt);
+			if (getenv("TQ_TEST_VERBOSE") || !(worst <= 2e-4) || !(rms <= 4e-5))
+				fprintf(stderr, "  %s %s key scoring: logit error / (|q| |k|): rms %.2g, max %.2g\n",
+					tq_isa_name(isas[ii]), tq_codec_name(id), rms, worst);
+			T_ASSERT(worst <= 2e-4);
+			T_ASSERT(rms <= 4e-5);
+			tested++;
+			tq_codec_free(c);
+		}
+	}
+	if (getenv("TQ_TEST_VERBOSE"))
+		fprintf(stderr, "  key scorings other than the float dot product tested: %d\n", tested);
+	free(k);
+	free(v);
+	free(blk);
+	free(qp);
+}
+
 /* f32 keys: key t of every KV head := x[dim] (their blocks are the values). */
 static void kv_set_key(struct kv *c, uint32_t t, const float *x)
 {
@@ -752,6 +848,7 @@ int main(void)
 	T_RUN(test_scale_noncausal);
 	T_RUN(test_sparse_v);
 	T_RUN(test_plan_n_q);
+	T_RUN(test_key_scoring_error);
 	T_RUN(test_overflow);
 	tq_threads_free(pool3);
 	tq_cache_free(cache);
