@@ -39,9 +39,11 @@ static void cbtab_init(struct cbtab *tb, const tq_codec *c)
 	for (int i = 0; i < 16; i++) {
 		uint32_t u;
 		memcpy(&u, &c->cb.centroid[L ? i % L : 0], 4);
+		_Pragma("GCC unroll 16")
 		for (int k = 0; k < 4; k++)
 			b[k][i] = (uint8_t)(u >> (8 * k));
 	}
+	_Pragma("GCC unroll 16")
 	for (int k = 0; k < 4; k++)
 		tb->p[k] = vld1q_u8(b[k]);
 }
@@ -230,6 +232,7 @@ static void scores_neon(const float *q, const float *tile, const float *scale,
 		const int two = t + 1 < n;
 		const float *k0 = tile + (size_t)t * dim, *k1 = two ? k0 + dim : k0;
 		float32x4_t a[4], b[4];
+		_Pragma("GCC unroll 16")
 		for (int r = 0; r < 4; r++)
 			a[r] = b[r] = vdupq_n_f32(0.0f);
 		for (int j = 0; j < dim; j += 4) {
@@ -312,6 +315,7 @@ static void softmax_neon(float *s, int n, const int *vis, float *m, float *l, fl
 /* a[r][j] += w4[r] * v[j] for 4 rows, 4 vectors (16 dims). */
 AI void fma_rows(float32x4_t a[16], const float32x4_t v[4], float32x4_t w4)
 {
+	_Pragma("GCC unroll 16")
 	for (int j = 0; j < 4; j++) {
 		a[0 * 4 + j] = vfmaq_laneq_f32(a[0 * 4 + j], v[j], w4, 0);
 		a[1 * 4 + j] = vfmaq_laneq_f32(a[1 * 4 + j], v[j], w4, 1);
@@ -333,7 +337,9 @@ static void accum_neon(float *acc, const float *alpha, const float *wp, const fl
 
 	for (; j0 + 16 <= dim; j0 += 16) {
 		float32x4_t a[16];
+		_Pragma("GCC unroll 16")
 		for (int r = 0; r < 4; r++)
+			_Pragma("GCC unroll 16")
 			for (int j = 0; j < 4; j++)
 				a[r * 4 + j] = vmulq_f32(vld1q_f32(acc + (size_t)r * dim + j0 + 4 * j), al[r]);
 		const float *vt = tile + j0;
@@ -341,12 +347,15 @@ static void accum_neon(float *acc, const float *alpha, const float *wp, const fl
 			float32x4_t v[4] = { vld1q_f32(vt), vld1q_f32(vt + 4), vld1q_f32(vt + 8), vld1q_f32(vt + 12) };
 			fma_rows(a, v, vld1q_f32(w + 4 * t));
 		}
+		_Pragma("GCC unroll 16")
 		for (int r = 0; r < 4; r++)
+			_Pragma("GCC unroll 16")
 			for (int j = 0; j < 4; j++)
 				vst1q_f32(acc + (size_t)r * dim + j0 + 4 * j, a[r * 4 + j]);
 	}
 	for (; j0 < dim; j0 += 4) { /* dim % 8 == 0: 8 or fewer dims left */
 		float32x4_t a[4];
+		_Pragma("GCC unroll 16")
 		for (int r = 0; r < 4; r++)
 			a[r] = vmulq_f32(vld1q_f32(acc + (size_t)r * dim + j0), al[r]);
 		for (int t = 0; t < n; t++) {
@@ -356,6 +365,7 @@ static void accum_neon(float *acc, const float *alpha, const float *wp, const fl
 			a[2] = vfmaq_laneq_f32(a[2], v, w4, 2);
 			a[3] = vfmaq_laneq_f32(a[3], v, w4, 3);
 		}
+		_Pragma("GCC unroll 16")
 		for (int r = 0; r < 4; r++)
 			vst1q_f32(acc + (size_t)r * dim + j0, a[r]);
 	}
@@ -378,12 +388,15 @@ AI void scores_d128_body(const enum tq_codec_id id, const tq_codec *c, const uin
 		const int two = t + 1 < n;
 		const uint8_t *b0 = src + (size_t)t * bb, *b1 = two ? b0 + bb : b0;
 		float32x4_t a[4], b[4];
+		_Pragma("GCC unroll 16")
 		for (int r = 0; r < 4; r++)
 			a[r] = b[r] = vdupq_n_f32(0.0f);
+		_Pragma("GCC unroll 16")
 		for (int i0 = 0; i0 < D; i0 += 16) {
 			float32x4_t k0[4], k1[4];
 			slice16(id, &tb, b0, i0, D, k0);
 			slice16(id, &tb, b1, i0, D, k1);
+			_Pragma("GCC unroll 16")
 			for (int j = 0; j < 4; j++) {
 				const float *qj = q + i0 + 4 * j;
 				float32x4_t y0 = vld1q_f32(qj), y1 = vld1q_f32(qj + D);
@@ -419,9 +432,12 @@ AI void accum_d128_body(const enum tq_codec_id id, const tq_codec *c, const uint
 		vst1q_f32(w + 4 * t, vmulq_n_f32(vld1q_f32(p + 4 * t), hdr_scale(id, src + (size_t)t * bb)));
 	const float32x4_t al[4] = { vdupq_n_f32(alpha[0]), vdupq_n_f32(alpha[1]),
 				    vdupq_n_f32(alpha[2]), vdupq_n_f32(alpha[3]) };
+	_Pragma("GCC unroll 16")
 	for (int i0 = 0; i0 < D; i0 += 16) {
 		float32x4_t a[16];
+		_Pragma("GCC unroll 16")
 		for (int r = 0; r < 4; r++)
+			_Pragma("GCC unroll 16")
 			for (int j = 0; j < 4; j++)
 				a[r * 4 + j] = vmulq_f32(vld1q_f32(acc + r * D + i0 + 4 * j), al[r]);
 		const uint8_t *b = src;
@@ -430,7 +446,9 @@ AI void accum_d128_body(const enum tq_codec_id id, const tq_codec *c, const uint
 			slice16(id, &tb, b, i0, D, v);
 			fma_rows(a, v, vld1q_f32(w + 4 * t));
 		}
+		_Pragma("GCC unroll 16")
 		for (int r = 0; r < 4; r++)
+			_Pragma("GCC unroll 16")
 			for (int j = 0; j < 4; j++)
 				vst1q_f32(acc + r * D + i0 + 4 * j, a[r * 4 + j]);
 	}

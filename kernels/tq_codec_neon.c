@@ -68,6 +68,7 @@ AI uint32x4_t quant(const float32x4_t *b, float32x4_t u, const int L)
 {
 	uint32x4_t q = vdupq_n_u32(0);
 
+	_Pragma("GCC unroll 16")
 	for (int i = 0; i < L - 1; i++)
 		q = vsubq_u32(q, vcgtq_f32(u, b[i])); /* mask is all ones: -(-1) */
 	return q;
@@ -121,6 +122,7 @@ AI void lut16b(const struct ftab *ft, uint8x16_t idx, float32x4_t out[4], const 
 	const uint8x16_t inc = vreinterpretq_u8_u32(vdupq_n_u32(0x03020100u));
 	uint8x16_t i4 = vshlq_n_u8(idx, 2);
 
+	_Pragma("GCC unroll 4")
 	for (int k = 0; k < 4; k++) {
 		uint8x16_t bi = vaddq_u8(vqtbl1q_u8(i4, vld1q_u8(rep[k])), inc);
 		uint8x16_t r;
@@ -184,14 +186,17 @@ AI void mv_block(const float *M, const float *x, int d, float *y, int c0, const 
 {
 	float32x4_t acc[8];
 
+	_Pragma("GCC unroll 8")
 	for (int k = 0; k < NB; k++)
 		acc[k] = vdupq_n_f32(0.0f);
 	for (int j = 0; j < d; j++) {
 		const float *row = M + (size_t)j * d + 4 * c0;
 		float32x4_t xj = vdupq_n_f32(x[j]);
+		_Pragma("GCC unroll 8")
 		for (int k = 0; k < NB; k++)
 			acc[k] = vaddq_f32(acc[k], vmulq_f32(vld1q_f32(row + 4 * k), xj));
 	}
+	_Pragma("GCC unroll 8")
 	for (int k = 0; k < NB; k++)
 		vst1q_f32(y + 4 * (c0 + k), acc[k]);
 }
