@@ -1,7 +1,7 @@
 /* tq_attn.c — fused attention: validation, ISA dispatch, work split across the
  * pool (row tiles x split-K), the chunk loop, the log-sum-exp merge, and the
- * portable scalar ops.  The per-ISA inner loops are in tq_attn_avx2.c and
- * tq_attn_avx512.c; the oracle is tq_attn_ref.c.
+ * portable scalar ops.  The per-ISA inner loops are in tq_attn_avx2.c,
+ * tq_attn_avx512.c and tq_attn_neon.c; the oracle is tq_attn_ref.c.
  *
  * Work decomposition of one call: per KV head h, the rows are the (query
  * token i, head g of the group) pairs, r = i * G + g, rows_ph = n_q * G of
@@ -65,7 +65,7 @@ int tqa_validate(const struct tq_attn_params *p, struct tqa_shape *sh, tq_error 
 	if (!(p->sparse_v >= 0.0f && p->sparse_v < 1.0f))
 		return tq_fail(err, "attention: sparse_v must be in [0, 1)");
 	if (p->isa != TQ_ISA_AUTO && p->isa != TQ_ISA_SCALAR && p->isa != TQ_ISA_AVX2 &&
-	    p->isa != TQ_ISA_AVX512)
+	    p->isa != TQ_ISA_AVX512 && p->isa != TQ_ISA_NEON)
 		return tq_fail(err, "attention: unknown isa %d", (int)p->isa);
 
 	sh->dim = dim;
@@ -271,6 +271,8 @@ const struct tqa_ops tqa_ops_scalar = {
 	.accum = accum_scalar,
 };
 
+/* tq_attn_avx2.c and tq_attn_avx512.c compile to nothing off x86-64;
+ * tq_attn_neon.c has its own NULL getter off aarch64. */
 #if !defined(__x86_64__)
 const struct tqa_ops *tqa_ops_avx2(void) { return NULL; }
 const struct tqa_ops *tqa_ops_avx512(void) { return NULL; }
@@ -699,7 +701,8 @@ static void task_merge(void *arg, int task, int thread)
 }
 
 /* The attention paths depend only on the CPU (not on the codec's SIMD
- * paths): AVX2 needs AVX2+FMA+F16C, AVX-512 needs F/BW/DQ/VL as well. */
+ * paths): AVX2 needs AVX2+FMA+F16C, AVX-512 needs F/BW/DQ/VL as well, NEON
+ * the baseline Advanced SIMD of aarch64 (the codec's probe says). */
 static const struct tqa_ops *ops_for(enum tq_isa isa)
 {
 	switch (isa) {
@@ -717,6 +720,10 @@ static const struct tqa_ops *ops_for(enum tq_isa isa)
 		    __builtin_cpu_supports("avx512vl"))
 			return tqa_ops_avx512();
 		return NULL;
+#endif
+#if defined(__aarch64__)
+	case TQ_ISA_NEON:
+		return tq_isa_supported(TQ_ISA_NEON) ? tqa_ops_neon() : NULL;
 #endif
 	default:
 		return NULL;

@@ -71,6 +71,7 @@ extern const struct tqa_ops tqa_ops_scalar;
 /* NULL when this build has no such path. */
 const struct tqa_ops *tqa_ops_avx2(void);
 const struct tqa_ops *tqa_ops_avx512(void);
+const struct tqa_ops *tqa_ops_neon(void);
 
 /* The portable decoder (any codec, any dim): used by the scalar ops and as
  * the fallback of the SIMD decoders for dims they do not specialize. */

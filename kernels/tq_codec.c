@@ -1,6 +1,12 @@
 /* tq_codec.c — the codec traits table, codec handles and path dispatch. */
 #include <math.h>
 #include <stdlib.h>
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMD
+#define HWCAP_ASIMD (1 << 1)
+#endif
+#endif
 
 #include "tq_internal.h"
 
@@ -103,8 +109,20 @@ const char *tq_isa_name(enum tq_isa isa)
 	case TQ_ISA_SCALAR: return "scalar";
 	case TQ_ISA_AVX2: return "avx2";
 	case TQ_ISA_AVX512: return "avx512";
+	case TQ_ISA_NEON: return "neon";
 	}
 	return "?";
+}
+
+int tq_isa_from_name(const char *name)
+{
+	static const enum tq_isa all[] = { TQ_ISA_AUTO, TQ_ISA_SCALAR, TQ_ISA_AVX2, TQ_ISA_AVX512,
+					   TQ_ISA_NEON };
+
+	for (size_t i = 0; name && i < sizeof(all) / sizeof(all[0]); i++)
+		if (!strcmp(tq_isa_name(all[i]), name))
+			return (int)all[i];
+	return -EINVAL;
 }
 
 int tq_isa_supported(enum tq_isa isa)
@@ -123,6 +141,17 @@ int tq_isa_supported(enum tq_isa isa)
 		       __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
 		       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
 #endif
+#if defined(__aarch64__)
+	case TQ_ISA_NEON:
+		/* Advanced SIMD is architecturally mandatory for Linux on
+		 * aarch64; the hwcap says so all the same.  Only baseline
+		 * instructions are used (no fp16 arithmetic, no dot product). */
+#if defined(__linux__)
+		return tq_codec_ops_neon() && (getauxval(AT_HWCAP) & HWCAP_ASIMD) != 0;
+#else
+		return tq_codec_ops_neon() != NULL;
+#endif
+#endif
 	default:
 		return 0;
 	}
@@ -130,7 +159,9 @@ int tq_isa_supported(enum tq_isa isa)
 
 enum tq_isa tq_isa_best(void)
 {
-	/* TQ_ISA=scalar|avx2|avx512 caps the choice (for tests and triage). */
+	/* TQ_ISA=scalar|avx2|avx512|neon caps the choice (for tests and
+	 * triage); naming the best path (or one this CPU lacks) changes
+	 * nothing. */
 	const char *cap = getenv("TQ_ISA");
 	enum tq_isa best = TQ_ISA_SCALAR;
 
@@ -138,10 +169,12 @@ enum tq_isa tq_isa_best(void)
 		best = TQ_ISA_AVX2;
 	if (tq_isa_supported(TQ_ISA_AVX512))
 		best = TQ_ISA_AVX512;
+	if (tq_isa_supported(TQ_ISA_NEON))
+		best = TQ_ISA_NEON;
 	if (cap && !strcmp(cap, "scalar"))
 		best = TQ_ISA_SCALAR;
-	else if (cap && !strcmp(cap, "avx2") && best > TQ_ISA_AVX2)
-		best = TQ_ISA_AVX2;
+	else if (cap && !strcmp(cap, "avx2") && best == TQ_ISA_AVX512)
+		best = TQ_ISA_AVX2; /* enum order is not rank: NEON (4) is no x86 path */
 	return best;
 }
 
@@ -150,6 +183,7 @@ static const struct tq_codec_ops *ops_for(enum tq_isa isa)
 	switch (isa) {
 	case TQ_ISA_AVX2: return tq_codec_ops_avx2();
 	case TQ_ISA_AVX512: return tq_codec_ops_avx512();
+	case TQ_ISA_NEON: return tq_codec_ops_neon();
 	default: return &tq_codec_ops_scalar;
 	}
 }

@@ -39,9 +39,10 @@ enum tq_dtype {
 /* Instruction-set paths.  AUTO picks the best the CPU supports. */
 enum tq_isa {
 	TQ_ISA_AUTO   = 0,
-	TQ_ISA_SCALAR = 1, /* portable C: the reference, and the fallback on non-x86 */
+	TQ_ISA_SCALAR = 1, /* portable C: the reference, and the fallback elsewhere */
 	TQ_ISA_AVX2   = 2, /* AVX2 + FMA + F16C */
 	TQ_ISA_AVX512 = 3, /* AVX-512 F/BW/DQ/VL */
+	TQ_ISA_NEON   = 4, /* aarch64 Advanced SIMD (ARMv8.0) */
 };
 
 /* ---- codec ids ---------------------------------------------------------- */
@@ -57,6 +58,8 @@ int tq_dim_check(int dim, tq_error *err);
 const char *tq_dtype_name(enum tq_dtype t);
 size_t tq_dtype_size(enum tq_dtype t);                   /* 0 if unknown */
 const char *tq_isa_name(enum tq_isa isa);
+/* "auto", "scalar", "avx2", "avx512", "neon" to the enum; -EINVAL if unknown. */
+int tq_isa_from_name(const char *name);
 /* The best ISA this CPU runs (never AUTO). */
 enum tq_isa tq_isa_best(void);
 /* 1 if this CPU (and this build) can run `isa`. */

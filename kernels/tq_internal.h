@@ -121,9 +121,11 @@ extern const struct tq_codec_ops tq_codec_ops_scalar;
  * overflow, subnormal extremes).  Writes out only on success. */
 int tq_encode_ref_row(const tq_codec *c, const void *row, enum tq_dtype dtype, size_t v,
 		      uint8_t *out, tq_error *err);
-/* NULL when this build has no such path (non-x86 builds). */
+/* NULL when this build has no such path (AVX2/AVX-512 off x86-64, NEON off
+ * aarch64). */
 const struct tq_codec_ops *tq_codec_ops_avx2(void);
 const struct tq_codec_ops *tq_codec_ops_avx512(void);
+const struct tq_codec_ops *tq_codec_ops_neon(void);
 
 /* Convert one row of `dtype` to fp32 and check it: 0, or -EINVAL with the
  * element index in *bad when a value is NaN or Inf. */

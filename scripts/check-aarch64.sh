@@ -1,8 +1,10 @@
 #!/bin/sh
 # Cross-build kernels/ and its unit tests for aarch64 (the DGX Spark's CPU)
-# and run them under qemu-user: the portable scalar paths, and the golden
-# hashes that pin rotations, codebooks and encoded blocks to the same bits
-# on every machine.  Needs gcc-aarch64-linux-gnu and qemu-user-static
+# and run them under qemu-user: the portable scalar paths, the NEON paths
+# (codec bytes against the scalar reference, attention against the oracle),
+# and the golden hashes that pin rotations, codebooks and encoded blocks to
+# the same bits on every machine.  Fails when the tests report the NEON path
+# untested (a build that lost it would otherwise pass on the scalar path).  Needs gcc-aarch64-linux-gnu and qemu-user-static
 # (`apt-get install gcc-aarch64-linux-gnu qemu-user-static`, which the deps
 # step installs); takes about 3 minutes under emulation.  `make test` runs it
 # with TQ_AARCH64_QUICK=1 (tests/integration/aarch64.sh), which leaves out
@@ -32,6 +34,18 @@ for t in test_codec test_codec_simd test_attn; do
 	$CC -static -o "$out/$t" "$out/$t.o" "$out/harness.o" "$out/tietest.o" "$out/libk.a" -lm -pthread
 	if "$QEMU" "$out/$t" >"$out/$t.log" 2>&1; then
 		echo "PASS  $t (aarch64, qemu)"
+		case $t in
+		test_codec_simd) want="^ *neon: tested" ;;
+		test_attn) want="^best ISA: neon; attention paths tested:.* neon" ;;
+		*) want= ;;
+		esac
+		if [ -n "$want" ]; then
+			if line=$(grep -m1 "$want" "$out/$t.log"); then
+				echo "      $t: $(echo "$line" | sed 's/^ *//')"
+			else
+				echo "FAIL  $t: the NEON path was not tested"; grep -m2 "tested" "$out/$t.log"; rc=1
+			fi
+		fi
 	else
 		st=$?
 		if [ $st -eq 77 ]; then echo "SKIP  $t: $(tail -n 1 "$out/$t.log")"; else echo "FAIL  $t"; tail -n 20 "$out/$t.log"; rc=1; fi

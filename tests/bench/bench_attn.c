@@ -671,7 +671,7 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: tqbench attn --ctx N [--k C] [--v C] [--threads T] [--mode decode|prefill]\n"
 		"                    [--json] [--reps R] [--page-tokens P] [--sparse THR]\n"
-		"                    [--isa scalar|avx2|avx512]\n"
+		"                    [--isa scalar|avx2|avx512|neon]\n"
 		"       tqbench attn --quality [--trials N] [--margin M] [--json]\n"
 		"       tqbench attn --backend cuda [--device N] [--ctx N,N,..] [--batch B,B,..]\n"
 		"                    [--k C] [--v C] [--reps R] [--page-tokens P] [--threads T]\n"
@@ -749,7 +749,8 @@ static int bench_attn_main(int argc, char **argv)
 		.page_tokens = 256, .trials = 1000, .margin = 0.0,
 	};
 	o.isa = tq_attn_isa_supported(TQ_ISA_AVX512) ? TQ_ISA_AVX512
-		: tq_attn_isa_supported(TQ_ISA_AVX2) ? TQ_ISA_AVX2 : TQ_ISA_SCALAR;
+		: tq_attn_isa_supported(TQ_ISA_AVX2) ? TQ_ISA_AVX2
+		: tq_attn_isa_supported(TQ_ISA_NEON) ? TQ_ISA_NEON : TQ_ISA_SCALAR;
 	/* --backend cuda: its own options, and the CPU-only ones refused */
 	int cuda = 0, device = 0, no_baseline = 0, layers = 32;
 	int threads_set = 0, reps_set = 0;
@@ -812,11 +813,10 @@ static int bench_attn_main(int argc, char **argv)
 			o.margin = strtod(val, NULL); i++;
 			cpu_only = a;
 		} else if (!strcmp(a, "--isa")) {
-			if (!strcmp(val, "scalar")) o.isa = TQ_ISA_SCALAR;
-			else if (!strcmp(val, "avx2")) o.isa = TQ_ISA_AVX2;
-			else if (!strcmp(val, "avx512")) o.isa = TQ_ISA_AVX512;
-			else if (!strcmp(val, "auto")) o.isa = TQ_ISA_AUTO;
-			else {
+			int isa = tq_isa_from_name(val);
+			if (isa >= 0) {
+				o.isa = (enum tq_isa)isa;
+			} else {
 				fprintf(stderr, "tqbench attn: unknown isa %s\n", val);
 				return 2;
 			}

@@ -197,7 +197,7 @@ static void usage(FILE *f)
 		   "  --codec C   f16|q8|q4a|tq2|tq3|tq4|f32 (default: all)\n"
 		   "  --n N       vectors per measurement (default 262144; at least 256k to stream)\n"
 		   "  --reps R    repetitions, best kept (default 5)\n"
-		   "  --isa I     auto|scalar|avx2|avx512 (default auto)\n"
+		   "  --isa I     auto|scalar|avx2|avx512|neon (default auto)\n"
 		   "  --json      JSON Lines instead of a table\n"
 		   "Figures are vectors per second, one thread, fp32 input; memcpy copies the\n"
 		   "same fp32 input bytes in the same run.\n");
@@ -229,11 +229,10 @@ static int bench_codec_main(int argc, char **argv)
 			}
 			i++;
 		} else if (v && !strcmp(a, "--isa")) {
-			if (!strcmp(v, "auto")) o.isa = TQ_ISA_AUTO;
-			else if (!strcmp(v, "scalar")) o.isa = TQ_ISA_SCALAR;
-			else if (!strcmp(v, "avx2")) o.isa = TQ_ISA_AVX2;
-			else if (!strcmp(v, "avx512")) o.isa = TQ_ISA_AVX512;
-			else {
+			int isa = tq_isa_from_name(v);
+			if (isa >= 0) {
+				o.isa = (enum tq_isa)isa;
+			} else {
 				fprintf(stderr, "tqbench codec: unknown isa '%s'\n", v);
 				return 2;
 			}

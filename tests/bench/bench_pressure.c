@@ -333,7 +333,7 @@ static double reclaim_rate(struct world *w, uint32_t window, uint64_t *freed)
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: tqbench pressure [--dir DIR] [--layers L] [--ctx T] [--steps N] [--sessions S]\n"
-		   "                        [--window W] [--isa scalar|avx2|avx512] [--json]\n"
+		   "                        [--window W] [--isa scalar|avx2|avx512|neon] [--json]\n"
 		   "  --dir DIR     where the spill files go (default build/bench-pressure)\n"
 		   "  --layers L    layers of both models (default 16; 8 KV heads, 32 query heads, d 128)\n"
 		   "  --ctx T       prod's context before it decodes (default 2048)\n"
@@ -360,7 +360,7 @@ static int bench_pressure_main(int argc, char **argv)
 			o.dir = argv[++i];
 		} else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
 			const char *isa = argv[++i];
-			if (strcmp(isa, "scalar") && strcmp(isa, "avx2") && strcmp(isa, "avx512")) {
+			if (tq_isa_from_name(isa) <= TQ_ISA_AUTO) {
 				fprintf(stderr, "tqbench pressure: unknown isa %s\n", isa);
 				return 2;
 			}

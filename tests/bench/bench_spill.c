@@ -152,7 +152,7 @@ static double median(double *v, int n)
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: tqbench spill [--dir DIR] [--mib N] [--ctx T] [--rounds R] [--isa scalar|avx2|avx512] [--json]\n"
+	fprintf(f, "usage: tqbench spill [--dir DIR] [--mib N] [--ctx T] [--rounds R] [--isa scalar|avx2|avx512|neon] [--json]\n"
 		   "  --dir DIR  where the spill file and fio's file go (default build/bench-spill);\n"
 		   "             put it on the disk you mean to measure\n"
 		   "  --mib N    session size of the throughput measures (default 1024)\n"
@@ -180,7 +180,7 @@ static int bench_spill_main(int argc, char **argv)
 			ctx = (uint32_t)strtoul(argv[++i], NULL, 0);
 		else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
 			const char *isa = argv[++i];
-			if (strcmp(isa, "scalar") && strcmp(isa, "avx2") && strcmp(isa, "avx512")) {
+			if (tq_isa_from_name(isa) <= TQ_ISA_AUTO) {
 				fprintf(stderr, "tqbench spill: unknown isa %s\n", isa);
 				return 2;
 			}

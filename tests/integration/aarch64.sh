@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # kernels/ and their unit tests built for aarch64 (the DGX Spark's CPU) with
-# the cross toolchain and run under qemu-user: the portable paths and the
-# golden hashes that pin rotations, codebooks and encoded blocks to the same
-# bits on every machine (scripts/check-aarch64.sh, quick: the long
+# the cross toolchain and run under qemu-user: the portable paths, the NEON
+# codec (bytes identical to the reference) and NEON attention (against the
+# oracle), and the golden hashes that pin rotations, codebooks and encoded
+# blocks to the same bits on every machine (scripts/check-aarch64.sh, quick: the long
 # statistical cases left out).  Skipped, with the reason, when the deps step
 # could not install gcc-aarch64-linux-gnu and qemu-user-static.
 cd "${TQ_SRC:-$PWD}" || exit 1

@@ -182,7 +182,7 @@ static double row_err(const float *a, const float *b, size_t rows, int dim)
 	return worst;
 }
 
-static const enum tq_isa isas[] = { TQ_ISA_SCALAR, TQ_ISA_AVX2, TQ_ISA_AVX512 };
+static const enum tq_isa isas[] = { TQ_ISA_SCALAR, TQ_ISA_AVX2, TQ_ISA_AVX512, TQ_ISA_NEON };
 
 /* Runs the oracle and every supported ISA (with and without the pool);
  * returns the worst relative row error, or -1 on a failed call. */
@@ -512,6 +512,9 @@ static void test_isa_available(void)
 	if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
 	    __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
 		T_ASSERT(tq_attn_isa_supported(TQ_ISA_AVX512));
+#endif
+#if defined(__aarch64__)
+	T_ASSERT(tq_attn_isa_supported(TQ_ISA_NEON)); /* Advanced SIMD is baseline on aarch64 */
 #endif
 }
 

@@ -16,7 +16,8 @@
 static tq_cache *cache;
 static const int dims[] = { 8, 16, 24, 64, 96, 128, 200, 256, 512 };
 #define NDIMS ((int)(sizeof(dims) / sizeof(dims[0])))
-static const enum tq_isa isas[] = { TQ_ISA_AVX2, TQ_ISA_AVX512 };
+static const enum tq_isa isas[] = { TQ_ISA_AVX2, TQ_ISA_AVX512, TQ_ISA_NEON };
+#define NISAS ((int)(sizeof(isas) / sizeof(isas[0])))
 static const enum tq_dtype dtypes[] = { TQ_DTYPE_F32, TQ_DTYPE_F16, TQ_DTYPE_BF16 };
 
 /* ---- inputs --------------------------------------------------------------------- */
@@ -189,7 +190,7 @@ static int new_pair(enum tq_codec_id id, int dim, enum tq_isa isa, tq_codec **re
 
 static int any_isa(void)
 {
-	for (int i = 0; i < 2; i++)
+	for (int i = 0; i < NISAS; i++)
 		if (tq_isa_supported(isas[i]))
 			return 1;
 	return 0;
@@ -204,7 +205,7 @@ static void test_encode_decode(void)
 	float x[TQ_DIM_MAX];
 
 	tq_rng_seed(&rng, t_seed());
-	for (int ii = 0; ii < 2; ii++) {
+	for (int ii = 0; ii < NISAS; ii++) {
 		if (!tq_isa_supported(isas[ii]))
 			continue;
 		for (int id = 0; id < TQ_CODEC__COUNT; id++)
@@ -254,7 +255,7 @@ static void test_bound_ties(void)
 	float x[TQ_DIM_MAX];
 
 	tq_rng_seed(&rng, t_seed() ^ 0x77);
-	for (int ii = 0; ii < 2; ii++) {
+	for (int ii = 0; ii < NISAS; ii++) {
 		if (!tq_isa_supported(isas[ii]))
 			continue;
 		for (int id = TQ_CODEC_TQ2; id <= TQ_CODEC_TQ4; id++)
@@ -289,7 +290,7 @@ static void test_bad_inputs(void)
 	float x[TQ_DIM_MAX];
 
 	tq_rng_seed(&rng, t_seed() ^ 0x99);
-	for (int ii = 0; ii < 2; ii++) {
+	for (int ii = 0; ii < NISAS; ii++) {
 		if (!tq_isa_supported(isas[ii]))
 			continue;
 		for (int id = 0; id < TQ_CODEC__COUNT; id++)
@@ -342,7 +343,7 @@ static void test_decode_any_bytes(void)
 	struct tq_rng rng;
 
 	tq_rng_seed(&rng, t_seed() ^ 0x55);
-	for (int ii = 0; ii < 2; ii++) {
+	for (int ii = 0; ii < NISAS; ii++) {
 		if (!tq_isa_supported(isas[ii]))
 			continue;
 		for (int id = 0; id < TQ_CODEC__COUNT; id++)
@@ -400,7 +401,7 @@ static tq_codec *clone_codec(const tq_codec *ref, enum tq_codec_id id, enum tq_i
 	    tq_cache_get(cache, ref->dim, c->bits, &cb, NULL) == 0)
 		c->cb = *cb;
 	c->ops = isa == TQ_ISA_AVX2 ? tq_codec_ops_avx2() : isa == TQ_ISA_AVX512 ? tq_codec_ops_avx512()
-			      : &tq_codec_ops_scalar;
+		 : isa == TQ_ISA_NEON ? tq_codec_ops_neon() : &tq_codec_ops_scalar;
 	c->isa_ctx = c->ops->prepare ? c->ops->prepare(c) : NULL;
 	return c;
 }
@@ -440,7 +441,7 @@ static void test_all_dims(void)
 			tq_codec *ref = clone_codec(base, ids[k], TQ_ISA_SCALAR);
 			if (ids[k] == TQ_CODEC_Q4A)
 				ref->rot.kind = TQ_ROT_NONE; /* unrotated; mat/sign unused */
-			for (int ii = 0; ii < 2 && ok; ii++) {
+			for (int ii = 0; ii < NISAS && ok; ii++) {
 				if (!tq_isa_supported(isas[ii]))
 					continue;
 				tq_codec *c = clone_codec(ref, ids[k], isas[ii]);
@@ -478,7 +479,7 @@ static void test_large_batch(void)
 	a = aligned_alloc(64, sizeof(float) * 128 * n);
 	b = aligned_alloc(64, sizeof(float) * 128 * n);
 	blk = malloc(TQ_TQ_BLOCK_BYTES(128, 4) * n);
-	for (int ii = 0; ii < 2; ii++) {
+	for (int ii = 0; ii < NISAS; ii++) {
 		if (!tq_isa_supported(isas[ii]))
 			continue;
 		tq_codec *ref, *c;
@@ -506,7 +507,7 @@ int main(void)
 	if (!any_isa())
 		t_skip("no SIMD path on this CPU or build (the scalar path is the only one)");
 	cache = tq_cache_new();
-	for (int ii = 0; ii < 2; ii++)
+	for (int ii = 0; ii < NISAS; ii++)
 		fprintf(stderr, "    %s: %s\n", tq_isa_name(isas[ii]),
 			tq_isa_supported(isas[ii]) ? "tested" : "not supported here, skipped");
 	T_RUN(test_encode_decode);
