@@ -673,6 +673,7 @@ static const struct tqa_ops *isa_ops(enum tq_isa isa)
 	switch (isa) {
 	case TQ_ISA_AVX2: return tqa_ops_avx2();
 	case TQ_ISA_AVX512: return tqa_ops_avx512();
+	case TQ_ISA_NEON: return tqa_ops_neon();
 	default: return NULL;
 	}
 }
