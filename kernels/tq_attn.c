@@ -427,31 +427,6 @@ static size_t out_row(const struct job *jb, int h, int r)
 	return ((size_t)qi * jb->p->n_q_heads + (size_t)h * jb->sh.group + g) * jb->sh.dim;
 }
 
-/* The blocks of the chunk at token t (< t1) of KV head h into cache while
- * the current chunk computes: a head's blocks are contiguous within a page,
- * but a hardware prefetcher stops at every 4 KiB boundary and at the jump
- * to the next page, and a chunk takes microseconds, far longer than a
- * miss to DRAM. */
-static void prefetch_chunk(const struct tq_page_table *kv, uint32_t h, uint32_t t, uint32_t t1)
-{
-	if (t >= t1)
-		return;
-	const struct tq_page_geom *g = &kv->geom;
-	const uint32_t slot = t % g->page_tokens;
-	uint32_t n = TQA_CHUNK;
-	if (n > g->page_tokens - slot)
-		n = g->page_tokens - slot;
-	if (n > t1 - t)
-		n = t1 - t;
-	const uint8_t *pg = kv->pages[t / g->page_tokens];
-	const uint8_t *kb = pg + tq_page_k_off(g, h, slot), *vb = pg + tq_page_v_off(g, h, slot);
-	const size_t kn = (size_t)n * g->k_block_bytes, vn = (size_t)n * g->v_block_bytes;
-	for (size_t o = 0; o < kn; o += 64)
-		__builtin_prefetch(kb + o);
-	for (size_t o = 0; o < vn; o += 64)
-		__builtin_prefetch(vb + o);
-}
-
 static void task_compute(void *arg, int task, int thread)
 {
 	/* a private copy: the job lives on the caller's stack, next to lines
@@ -550,7 +525,6 @@ static void task_compute(void *arg, int task, int thread)
 		const uint8_t *pg = kv->pages[page];
 		const uint8_t *kb = pg + tq_page_k_off(geom, (uint32_t)h, slot);
 		const uint8_t *vb = pg + tq_page_v_off(geom, (uint32_t)h, slot);
-		prefetch_chunk(kv, (uint32_t)h, t + (uint32_t)n, t1);
 
 		const float *kt = NULL;
 		if (!kprep && !(direct && ops->scores_d128[kid]))
