@@ -418,20 +418,14 @@ static void accum_avx2(float *acc, const float *alpha, const float *wp, const fl
  * 0..15 after unrolling; SC_<codec>(blk): the block's scale.  vpermps reads
  * the low 3 index bits, so the 4-entry tq2 codebook is replicated to 8 and
  * tq4's 16 entries are two lookups and a blend on index bit 3; bits above
- * the index need no masking except tq3's third bit, which comes from the
- * 1-bit plane.  Values of the centroid codecs decoded here, inside the
+ * the index need no masking (tq3 values: accum_tq3, below).  Values of the
+ * centroid codecs decoded here, inside the
  * passes, beat the tile (byte-shuffle decoder, then a pass over the tile)
  * end to end at 32k on Zen 3 (fused / fp16 0.52-0.58 against 0.58-0.69,
  * interleaved runs), though the tile wins in L1. */
 #define D 128
 #define LD_tq4(b, k) lookup16(lo, hi, (k) < 8 ? zext8((b) + 4 + 8 * (k))                          \
 	: _mm256_srli_epi32(zext8((b) + 4 + 8 * ((k) - 8)), 4))
-/* tq3: low bits in byte (8k) % 32 of the 2-bit plane at shift 2 (k / 4); the
- * high bit in byte (8k) % 16 of the 1-bit plane at shift k / 2 */
-#define LD_tq3(b, k) _mm256_permutevar8x32_ps(cb, _mm256_or_si256(                                  \
-	_mm256_and_si256(_mm256_srli_epi32(zext8((b) + 4 + 8 * ((k) & 3)), 2 * ((k) >> 2)), m3),      \
-	_mm256_and_si256((k) >> 1 <= 2 ? _mm256_slli_epi32(zext8((b) + 36 + 8 * ((k) & 1)), 2 - ((k) >> 1)) \
-		: _mm256_srli_epi32(zext8((b) + 36 + 8 * ((k) & 1)), ((k) >> 1) - 2), m4)))
 #define LD_tq2(b, k) _mm256_permutevar8x32_ps(cb,                                                    \
 	_mm256_srli_epi32(zext8((b) + 4 + 8 * ((k) & 3)), 2 * ((k) >> 2)))
 #define LD_q8(b, k) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(                                         \
@@ -446,16 +440,12 @@ static inline float hdr_scale(const uint8_t *b)
 	return f;
 }
 #define SC_tq4(b) hdr_scale(b)
-#define SC_tq3(b) hdr_scale(b)
 #define SC_tq2(b) hdr_scale(b)
 #define SC_q8(b) hdr_scale(b)
 #define SC_f16(b) 1.0f
 #define SC_f32(b) 1.0f
 
 #define CB_tq4 const __m256 lo = _mm256_loadu_ps(c->cb.centroid), hi = _mm256_loadu_ps(c->cb.centroid + 8)
-#define CB_tq3                                                                    \
-	const __m256 cb = _mm256_loadu_ps(c->cb.centroid);                        \
-	const __m256i m3 = _mm256_set1_epi32(3), m4 = _mm256_set1_epi32(4)
 #define CB_tq2                                                                    \
 	float c8[8];                                                              \
 	for (int i_ = 0; i_ < 8; i_++)                                            \
@@ -537,6 +527,66 @@ static void accum_##C(const tq_codec *c, const uint8_t *src, int n, float *acc, 
 			_mm256_storeu_ps(acc + r * D + 16 * h + 8, a[2 * r + 1]);            \
 		}                                                                             \
 	}                                                                                     \
+}
+
+/* tq3 values: the index bytes of the chunk first, by in-lane byte shifts and
+ * masks (32 dims per step, as the tile decoder does), then the passes look
+ * them up with one vpmovzxbd and one vpermps per 8 dims: the slice decoder
+ * took two vpmovzxbd, four shifts and masks and the vpermps per 8 dims, in
+ * every pass. */
+static void accum_tq3(const tq_codec *c, const uint8_t *src, int n, float *acc,
+		      const float *alpha, const float *p)
+{
+	const __m256 cb = _mm256_loadu_ps(c->cb.centroid);
+	const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
+	const size_t bb = c->block_bytes;
+	float w[TQA_CHUNK * TQA_ROWS] __attribute__((aligned(32)));
+	uint8_t ix[TQA_CHUNK * D] __attribute__((aligned(32)));
+
+	for (int t = 0; t < n; t++) {
+		const uint8_t *b = src + (size_t)t * bb;
+		__m128 sc = _mm_set1_ps(hdr_scale(b));
+		_mm_store_ps(w + 4 * t, _mm_mul_ps(_mm_loadu_ps(p + 4 * t), sc));
+		/* as decode_cent_avx2 at d = 128 */
+		const __m256i x = load32(b + 4);
+		const __m256i y = _mm256_srlv_epi64(_mm256_broadcastsi128_si256(
+			_mm_loadu_si128((const __m128i *)(const void *)(b + 36))), _mm256_set_epi64x(1, 1, 0, 0));
+		__m256i *o = (__m256i *)(void *)(ix + (size_t)t * D);
+		_mm256_store_si256(o, _mm256_or_si256(_mm256_and_si256(x, m3),
+						      _mm256_and_si256(_mm256_slli_epi16(y, 2), m4)));
+		_mm256_store_si256(o + 1, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 2), m3),
+							  _mm256_and_si256(y, m4)));
+		_mm256_store_si256(o + 2, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 4), m3),
+							  _mm256_and_si256(_mm256_srli_epi16(y, 2), m4)));
+		_mm256_store_si256(o + 3, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 6), m3),
+							  _mm256_and_si256(_mm256_srli_epi16(y, 4), m4)));
+	}
+	_Pragma("GCC unroll 8")
+	for (int h = 0; h < D / 16; h++) {
+		__m256 a[8];
+		_Pragma("GCC unroll 4")
+		for (int r = 0; r < 4; r++) {
+			const __m256 al = _mm256_set1_ps(alpha[r]);
+			a[2 * r] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * D + 16 * h), al);
+			a[2 * r + 1] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * D + 16 * h + 8), al);
+		}
+		const uint8_t *ip = ix + 16 * h;
+		for (int t = 0; t < n; t++, ip += D) {
+			const __m256 v0 = _mm256_permutevar8x32_ps(cb, zext8(ip));
+			const __m256 v1 = _mm256_permutevar8x32_ps(cb, zext8(ip + 8));
+			_Pragma("GCC unroll 4")
+			for (int r = 0; r < 4; r++) {
+				const __m256 wr = _mm256_broadcast_ss(w + 4 * t + r);
+				a[2 * r] = _mm256_fmadd_ps(wr, v0, a[2 * r]);
+				a[2 * r + 1] = _mm256_fmadd_ps(wr, v1, a[2 * r + 1]);
+			}
+		}
+		_Pragma("GCC unroll 4")
+		for (int r = 0; r < 4; r++) {
+			_mm256_storeu_ps(acc + r * D + 16 * h, a[2 * r]);
+			_mm256_storeu_ps(acc + r * D + 16 * h + 8, a[2 * r + 1]);
+		}
+	}
 }
 
 /* ---- integer key scoring at dim 128 --------------------------------------------
@@ -758,7 +808,6 @@ static void iscores_q8(const tq_codec *c, const uint8_t *src, int n, const float
 DEF_SCORES(f16)
 DEF_SCORES(f32)
 DEF_ACCUM(tq4)
-DEF_ACCUM(tq3)
 DEF_ACCUM(tq2)
 DEF_ACCUM(q8)
 DEF_ACCUM(f16)
