@@ -416,6 +416,8 @@ static int bench_ring_main(int argc, char **argv)
 		return 1;
 	}
 	if (!o.json) {
+		/* the daemon's kernels pick the same ISA (TQ_ISA caps both) */
+		printf("ISA %s (the daemon's kernels and the in-process baseline)\n", tq_isa_name(tq_isa_best()));
 		printf("futex ping-pong between two processes (the floor): p50 %.2f us, p99 %.2f us\n", fx50, fx99);
 		printf("%-14s %7s %9s %9s %12s   %s\n", "op", "clients", "p50_us", "p99_us", "ops_per_s",
 		       "p50 vs baseline");
@@ -453,9 +455,10 @@ static int bench_ring_main(int argc, char **argv)
 				printf("{\"suite\":\"ring\",\"op\":\"%s\",\"clients\":%d,\"p50_us\":%.3f,\"p99_us\":%.3f,"
 				       "\"ops_per_s\":%.0f,\"futex_pingpong_p50_us\":%.3f,\"%s\":%.3f,\"p50_vs_baseline\":%.3f,"
 				       "\"ctx\":%d,\"k_codec\":\"tq4\",\"v_codec\":\"tq3\",\"q_heads\":%d,\"kv_heads\":%d,"
-				       "\"head_dim\":%d,\"workers\":%d,\"attn_threads\":%d}\n",
+				       "\"head_dim\":%d,\"workers\":%d,\"attn_threads\":%d,\"isa\":\"%s\"}\n",
 				       name, ns[k], p50, p99, ops, fx50, op ? "inproc_p50_us" : "baseline_p50_us", base,
-				       p50 / base, op ? o.ctx : 0, NQ, NKV, D, o.workers, o.attn_threads);
+				       p50 / base, op ? o.ctx : 0, NQ, NKV, D, o.workers, o.attn_threads,
+				       tq_isa_name(tq_isa_best()));
 			else
 				printf("%-14s %7d %9.2f %9.2f %12.0f   %.3f x %s\n", name, ns[k], p50, p99, ops, p50 / base,
 				       op ? "in-process" : "futex floor");
