@@ -5,7 +5,8 @@
 #   tqctl.c   the operator's command line
 #
 # Client sources are listed, not globbed: client/ also holds work in
-# progress of others (tqkv-run); add a file where its program is defined.
+# progress of others; add a file where its program is defined.  tqkv-run
+# (the model runner: model, tokenizer, sampler, KV backends) is in client/run/.
 CTL_OBJS  := $(OBJ)/client/ctl.o $(PROTO_OBJ)
 CTL_LIBS  := $(GRPC_LIBS) $(PBC_LIBS)
 TQCTL     := $(BIN)/tqctl
@@ -23,12 +24,12 @@ include client/libtqkv.mk
 
 # ---- tqkv-run: a llama2.c model end to end (issue 6) ------------------------
 # After libtqkv.mk: the tqkvd backend (kvback_daemon.c) links libtqkv.
-TQKV_RUN_LIB_SRC := client/model.c client/tokenizer.c client/sampler.c client/kvback.c client/tqr_util.c
+TQKV_RUN_LIB_SRC := $(addprefix client/run/,model.c tokenizer.c sampler.c kvback.c tqr_util.c)
 TQKV_RUN_LIB_OBJ := $(TQKV_RUN_LIB_SRC:%.c=$(OBJ)/%.o)
 TQKV_RUN         := $(BIN)/tqkv-run
-$(TQKV_RUN): $(OBJ)/client/tqkv_run.o $(OBJ)/client/kvback_daemon.o $(TQKV_RUN_LIB_OBJ) $(LIBTQKV_A) $(LIBTQK) $(STAMP)
+$(TQKV_RUN): $(OBJ)/client/run/tqkv_run.o $(OBJ)/client/run/kvback_daemon.o $(TQKV_RUN_LIB_OBJ) $(LIBTQKV_A) $(LIBTQK) $(STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LIBTQKV_LIBS) $(LDLIBS_BASE)
 ALL_TARGETS += $(TQKV_RUN)
 TEST_OBJS_test_model := $(TQKV_RUN_LIB_OBJ)
-$(OBJ)/tests/unit/test_model.o: ALL_CFLAGS += -Iclient
+$(OBJ)/tests/unit/test_model.o: ALL_CFLAGS += -Iclient/run

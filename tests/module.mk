@@ -43,7 +43,7 @@ FUZZ_DEPS_persist    = $(OBJ)/daemon/persist.o $(OBJ)/daemon/crc32c.o $(OBJ)/dae
 FUZZ_LIBS_persist    = $(ISAL_LIBS) $(INIH_LIBS)
 FUZZ_SRCS_persist    = daemon/persist.c daemon/crc32c.c daemon/config.c daemon/log.c
 FUZZ_BINS := $(FUZZ_NAMES:%=$(B)/tests/fuzz_%)
-FUZZ_CFLAGS = -Iclient -Itests/fuzz
+FUZZ_CFLAGS = -Iclient/run -Itests/fuzz
 
 $(OBJ)/tests/fuzz/%.o: ALL_CFLAGS += $(FUZZ_CFLAGS)
 $(FUZZ_BINS): $(B)/tests/fuzz_%: $(OBJ)/tests/fuzz/fuzz_%.o $(OBJ)/tests/fuzz/runner.o \
@@ -64,7 +64,7 @@ fuzz: $(LIBTQK)
 		*) srcs='$(FUZZ_SRCS_tokenizer)'; libs='';; esac; \
 		echo "fuzz: building $$t"; \
 		$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -std=gnu11 \
-			-Ikernels -Iproto -Idaemon -Iclient -Iclient/include -I$(GEN) -Itests/fuzz \
+			-Ikernels -Iproto -Idaemon -Iclient/run -Iclient/include -I$(GEN) -Itests/fuzz \
 			-DTQ_VERSION='"$(VERSION)"' -o $(B)/fuzz/fuzz_$$t tests/fuzz/fuzz_$$t.c \
 			tests/fuzz/fuzz_util.c $$srcs $(LIBTQK) $$libs -lm -pthread || exit 1; \
 		mkdir -p $(B)/fuzz/corpus_$$t; \

@@ -1,4 +1,4 @@
-/* fuzz_checkpoint — tqkv-run's llama2.c checkpoint loader (client/model.c):
+/* fuzz_checkpoint — tqkv-run's llama2.c checkpoint loader (client/run/model.c):
  * any bytes load or fail with a message; a loaded model's configuration is
  * consistent. */
 #include <stdlib.h>

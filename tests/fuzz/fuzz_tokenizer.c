@@ -1,4 +1,4 @@
-/* fuzz_tokenizer — tqkv-run's tokenizer.bin loader (client/tokenizer.c):
+/* fuzz_tokenizer — tqkv-run's tokenizer.bin loader (client/run/tokenizer.c):
  * any bytes load or fail with a message; a loaded vocabulary then encodes
  * and decodes text without reading out of bounds. */
 #include <stdlib.h>

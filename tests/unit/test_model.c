@@ -1,5 +1,5 @@
 /* test_model — tqkv-run's model loader, forward pass, tokenizer, sampler and
- * KV backends (client/model.c, tokenizer.c, sampler.c, kvback.c).
+ * KV backends (client/run/model.c, tokenizer.c, sampler.c, kvback.c).
  *
  * The oracles here are deliberately independent of the code under test:
  *   - naive_forward(): its own checkpoint parser (stdio), one token at a
