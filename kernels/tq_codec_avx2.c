@@ -187,18 +187,40 @@ AI __m256 fwht8(__m256 a)
 	return a;
 }
 
+/* The stages h >= 8 of the transform on u: [n] floats, n a power of two
+ * >= 8.  Two stages per pass over memory (h and 2h on four vectors in
+ * registers): the same additions in the same order as one stage at a time,
+ * half the loads and stores. */
+static void fwht_stages(float *u, int n)
+{
+	int h = 8;
+
+	for (; 4 * h <= n; h <<= 2)
+		for (int i = 0; i < n; i += 4 * h)
+			for (int j = i; j < i + h; j += 8) {
+				__m256 a = _mm256_loadu_ps(u + j), b = _mm256_loadu_ps(u + j + h);
+				__m256 c = _mm256_loadu_ps(u + j + 2 * h), d = _mm256_loadu_ps(u + j + 3 * h);
+				__m256 s0 = _mm256_add_ps(a, b), d0 = _mm256_sub_ps(a, b);
+				__m256 s1 = _mm256_add_ps(c, d), d1 = _mm256_sub_ps(c, d);
+				_mm256_storeu_ps(u + j, _mm256_add_ps(s0, s1));
+				_mm256_storeu_ps(u + j + h, _mm256_add_ps(d0, d1));
+				_mm256_storeu_ps(u + j + 2 * h, _mm256_sub_ps(s0, s1));
+				_mm256_storeu_ps(u + j + 3 * h, _mm256_sub_ps(d0, d1));
+			}
+	if (h < n) /* one stage left */
+		for (int j = 0; j < h; j += 8) {
+			__m256 a = _mm256_loadu_ps(u + j), b = _mm256_loadu_ps(u + j + h);
+			_mm256_storeu_ps(u + j, _mm256_add_ps(a, b));
+			_mm256_storeu_ps(u + j + h, _mm256_sub_ps(a, b));
+		}
+}
+
 /* u: [n] floats, n a power of two >= 8. */
 static void fwht_mem(float *u, int n)
 {
 	for (int k = 0; k < n; k += 8)
 		_mm256_storeu_ps(u + k, fwht8(_mm256_loadu_ps(u + k)));
-	for (int h = 8; h < n; h <<= 1)
-		for (int i = 0; i < n; i += 2 * h)
-			for (int j = i; j < i + h; j += 8) {
-				__m256 a = _mm256_loadu_ps(u + j), b = _mm256_loadu_ps(u + j + h);
-				_mm256_storeu_ps(u + j, _mm256_add_ps(a, b));
-				_mm256_storeu_ps(u + j + h, _mm256_sub_ps(a, b));
-			}
+	fwht_stages(u, n);
 }
 
 /* ---- dense rotation ---------------------------------------------------------------- */
@@ -358,9 +380,9 @@ static void rotate_mem(const struct ctx *e, const float *xb, float *y)
 
 	if (r->kind == TQ_ROT_HADAMARD) {
 		for (int k = 0; k < e->nc; k++)
-			_mm256_store_ps(y + 8 * k, _mm256_mul_ps(_mm256_load_ps(xb + 8 * k),
-								 _mm256_loadu_ps(r->sign + 8 * k)));
-		fwht_mem(y, e->d);
+			_mm256_store_ps(y + 8 * k, fwht8(_mm256_mul_ps(_mm256_load_ps(xb + 8 * k),
+								       _mm256_loadu_ps(r->sign + 8 * k))));
+		fwht_stages(y, e->d);
 	} else {
 		dense_mv(r->mat_t, xb, e->d, y, 0);
 	}
@@ -388,10 +410,21 @@ AI int enc_tq_L(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t 
 	uint8_t idx[TQ_DIM_MAX + 8];
 	__m256 acc[2] = { _mm256_setzero_ps(), _mm256_setzero_ps() };
 
-	conv_row(e, row, dt, xb);
-	for (int k = 0; k < e->nc; k++) {
-		__m256 v = _mm256_load_ps(xb + 8 * k);
-		acc[k & 1] = _mm256_add_ps(acc[k & 1], _mm256_mul_ps(v, v));
+	if (r->kind == TQ_ROT_HADAMARD) {
+		/* one pass: the sum of squares, the signs and the transform's
+		 * in-register stages; then the stages through memory */
+		int k = 0;
+		do { /* nc >= 1 */
+			__m256 v = ld8(row, dt, k);
+			acc[k & 1] = _mm256_add_ps(acc[k & 1], _mm256_mul_ps(v, v));
+			_mm256_store_ps(u + 8 * k, fwht8(_mm256_mul_ps(v, _mm256_loadu_ps(r->sign + 8 * k))));
+		} while (++k < e->nc);
+	} else {
+		conv_row(e, row, dt, xb);
+		for (int k = 0; k < e->nc; k++) {
+			__m256 v = _mm256_load_ps(xb + 8 * k);
+			acc[k & 1] = _mm256_add_ps(acc[k & 1], _mm256_mul_ps(v, v));
+		}
 	}
 	float ss = hsum16(acc[0], acc[1]);
 	if (!(ss <= FLT_MAX))
@@ -402,7 +435,10 @@ AI int enc_tq_L(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t 
 	}
 	float norm = sqrt_f(ss), inv = 1.0f / norm;
 	float fac = r->kind == TQ_ROT_HADAMARD ? inv * e->isd : inv;
-	rotate_mem(e, xb, u);
+	if (r->kind == TQ_ROT_HADAMARD)
+		fwht_stages(u, e->d);
+	else
+		rotate_mem(e, xb, u);
 	const __m256 f = _mm256_set1_ps(fac);
 	acc[0] = acc[1] = _mm256_setzero_ps();
 	for (int k = 0; k < e->nc; k++) {
