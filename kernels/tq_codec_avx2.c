@@ -104,6 +104,9 @@ struct ctx {
 	float isd;
 	__m256 first;            /* broadcast bound[L/2 - 1]                        */
 	__m256 bt[3];            /* step s = L/4 >> j: bt[j][lo / 2s] = bound[lo + s - 1] */
+	__m256 s2[2];            /* second step: broadcast bound[L/4 - 1], bound[3L/4 - 1] */
+	__m256 t4;               /* the 4-entry step (L 8: third, L 16: third of four), */
+				 /* in both lanes, by lo / (L / 4)                   */
 	__m256 ctab[2];          /* centroid[k mod L], k = 0..15                     */
 };
 
@@ -133,6 +136,15 @@ static void ctx_init(struct ctx *e, const tq_codec *c)
 		}
 		e->ctab[0] = _mm256_loadu_ps(ct);
 		e->ctab[1] = _mm256_loadu_ps(ct + 8);
+		e->s2[0] = _mm256_set1_ps(cb->bound[L / 4 - 1]);
+		e->s2[1] = _mm256_set1_ps(cb->bound[3 * L / 4 - 1]);
+		if (L >= 8) {
+			const int q = L / 4; /* the step's width s = q / 2: bound[lo + s - 1], lo = i q */
+			float t[8];
+			for (int i = 0; i < 4; i++)
+				t[i] = t[i + 4] = cb->bound[i * q + q / 2 - 1];
+			e->t4 = _mm256_loadu_ps(t);
+		}
 	}
 }
 
@@ -148,21 +160,26 @@ AI __m256i qstep(__m256i lo, __m256 u, __m256 bt, const int s, const int sh)
 	return _mm256_or_si256(lo, _mm256_and_si256(m, _mm256_set1_epi32(s)));
 }
 
+/* Steps whose candidate bounds fit a lane stay in it (Zen 2/3 run in-lane
+ * shuffles and blends two a cycle, cross-lane vpermps one): the second
+ * step picks one of two bounds with the first step's mask (blend), a
+ * 4-bound step looks its bound up with vpermilps; only tq4's last, 8-bound
+ * step takes a vpermps. */
 AI __m256i quant(const struct ctx *e, __m256 u, const int L)
 {
-	__m256i lo = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(u, e->first, _CMP_GT_OQ)),
-				      _mm256_set1_epi32(L / 2));
-
-	if (L == 16) {
-		lo = qstep(lo, u, e->bt[0], 4, 3);
-		lo = qstep(lo, u, e->bt[1], 2, 2);
-		return qstep(lo, u, e->bt[2], 1, 1);
-	}
-	if (L == 8) {
-		lo = qstep(lo, u, e->bt[0], 2, 2);
-		return qstep(lo, u, e->bt[1], 1, 1);
-	}
-	return qstep(lo, u, e->bt[0], 1, 1); /* L == 4 */
+	const __m256 m1 = _mm256_cmp_ps(u, e->first, _CMP_GT_OQ);
+	__m256i lo = _mm256_and_si256(_mm256_castps_si256(m1), _mm256_set1_epi32(L / 2));
+	const __m256 b2 = _mm256_blendv_ps(e->s2[0], e->s2[1], m1);
+	lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(u, b2, _CMP_GT_OQ)),
+						  _mm256_set1_epi32(L / 4)));
+	if (L == 4)
+		return lo;
+	const __m256 b3 = _mm256_permutevar_ps(e->t4, _mm256_srli_epi32(lo, L == 16 ? 2 : 1));
+	lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(u, b3, _CMP_GT_OQ)),
+						  _mm256_set1_epi32(L / 8)));
+	if (L == 8)
+		return lo;
+	return qstep(lo, u, e->bt[2], 1, 1); /* L == 16 */
 }
 
 /* Table lookup of 16 entries (t[0], t[1]) by the low 4 bits of q. */
