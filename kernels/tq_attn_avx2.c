@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "tq_attn_internal.h"
+#include "tq_avx2.h"
 
 static inline __m256i zext8(const uint8_t *p)
 {
@@ -30,121 +31,18 @@ static inline __m256 lookup16(__m256 lo, __m256 hi, __m256i idx)
 	return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
 }
 
-/* ---- centroids by byte shuffles --------------------------------------------------
- * A float centroid is 4 bytes; T[b] holds byte b of c[0..15] in both 128-bit
- * lanes, so 4 vpshufb look up 32 indices at once (in-lane shuffles, which
- * Zen 2/3 run two a cycle, where a cross-lane vpermps/vpmovzx is one) and 8
- * byte/word interleaves put the bytes back together.  The interleaves work
- * within lanes; one vpermd of the index bytes beforehand (lane 0: indices
- * 0-3, 8-11, 16-19, 24-27; lane 1: 4-7, 12-15, 20-23, 28-31) makes the 32
- * floats come out in order.  The bytes are the centroids' own: exact. */
-struct cent_tab { __m256i t[4]; };
-
-static inline void cent_tab_make(const tq_codec *c, struct cent_tab *tb)
-{
-	uint8_t b[4][32];
-	const int nc = 1 << c->bits;
-
-	for (int i = 0; i < 16; i++) {
-		uint32_t u = 0;
-		if (i < nc)
-			memcpy(&u, &c->cb.centroid[i], 4);
-		for (int k = 0; k < 4; k++)
-			b[k][i] = b[k][16 + i] = (uint8_t)(u >> (8 * k));
-	}
-	for (int k = 0; k < 4; k++)
-		tb->t[k] = _mm256_loadu_si256((const __m256i *)(const void *)b[k]);
-}
-
-/* 32 index bytes (< 16, in order) -> c[idx] at o[0..31] */
-static inline void cent32(const struct cent_tab *tb, __m256i idx, float *o)
-{
-	const __m256i ix = _mm256_permutevar8x32_epi32(idx, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
-	const __m256i b0 = _mm256_shuffle_epi8(tb->t[0], ix), b1 = _mm256_shuffle_epi8(tb->t[1], ix);
-	const __m256i b2 = _mm256_shuffle_epi8(tb->t[2], ix), b3 = _mm256_shuffle_epi8(tb->t[3], ix);
-	const __m256i l01 = _mm256_unpacklo_epi8(b0, b1), h01 = _mm256_unpackhi_epi8(b0, b1);
-	const __m256i l23 = _mm256_unpacklo_epi8(b2, b3), h23 = _mm256_unpackhi_epi8(b2, b3);
-	_mm256_storeu_si256((__m256i *)(void *)o, _mm256_unpacklo_epi16(l01, l23));
-	_mm256_storeu_si256((__m256i *)(void *)(o + 8), _mm256_unpackhi_epi16(l01, l23));
-	_mm256_storeu_si256((__m256i *)(void *)(o + 16), _mm256_unpacklo_epi16(h01, h23));
-	_mm256_storeu_si256((__m256i *)(void *)(o + 24), _mm256_unpackhi_epi16(h01, h23));
-}
-
-static inline __m256i load32(const uint8_t *p)
-{
-	return _mm256_loadu_si256((const __m256i *)(const void *)p);
-}
-
-/* tq4 / tq3 / tq2 blocks at d % 64 == 0 (tq3: d == 128 or d % 256 == 0)
- * into the tile; 0 when the dim is not one of these */
+/* tq4 / tq3 / tq2 blocks into the tile by byte shuffles (tq_avx2.h); 0 when
+ * the dim is not one tq_cent_block handles */
 static int decode_cent_avx2(const tq_codec *c, const uint8_t *src, int n, float *tile, float *scale)
 {
-	const int d = c->dim;
-	const size_t bb = c->block_bytes;
-	const __m256i m15 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), m1 = _mm256_set1_epi8(1);
-	struct cent_tab tb;
+	struct tq_cent_tab tb;
 
-	if (d % 64 || (c->id == TQ_CODEC_TQ3 && d != 128 && d % 256))
+	if (!tq_cent_ok(c))
 		return 0;
-	cent_tab_make(c, &tb);
-	for (int t = 0; t < n; t++, src += bb) {
-		const uint8_t *pl = src + 4;
-		float *o = tile + (size_t)t * d;
+	tq_cent_tab_make(c, &tb);
+	for (int t = 0; t < n; t++, src += c->block_bytes) {
 		memcpy(&scale[t], src, 4);
-		switch (c->id) {
-		case TQ_CODEC_TQ4: /* byte j: idx j | idx j + d/2 << 4 */
-			for (int j = 0; j < d / 2; j += 32) {
-				const __m256i x = load32(pl + j);
-				cent32(&tb, _mm256_and_si256(x, m15), o + j);
-				cent32(&tb, _mm256_and_si256(_mm256_srli_epi16(x, 4), m15), o + d / 2 + j);
-			}
-			break;
-		case TQ_CODEC_TQ2: /* byte j: idx j + s d/4 at bits 2s */
-			for (int j = 0; j < d / 4; j += 32) {
-				const __m256i x = load32(pl + j);
-				for (int sh = 0; sh < 4; sh++)
-					cent32(&tb, _mm256_and_si256(_mm256_srli_epi16(x, 2 * sh), m3),
-					       o + sh * (d / 4) + j);
-			}
-			break;
-		default: { /* tq3: 2-bit plane (d/4 bytes), then 1-bit plane (d/8) */
-			const int s2 = d / 4, s1 = d / 8;
-			if (d == 128) {
-				/* dims 32g + i: low bits at 2g of byte i of the 2-bit
-				 * plane; the high bit at 2g (i < 16) or 2g + 1 (i >= 16)
-				 * of byte i % 16 of the 1-bit plane: lane 1 of y holds
-				 * the plane shifted by one, then both move alike */
-				const __m256i x = load32(pl);
-				const __m256i y = _mm256_srlv_epi64(_mm256_broadcastsi128_si256(
-					_mm_loadu_si128((const __m128i *)(const void *)(pl + 32))),
-					_mm256_set_epi64x(1, 1, 0, 0));
-				const __m256i m4 = _mm256_set1_epi8(4);
-				cent32(&tb, _mm256_or_si256(_mm256_and_si256(x, m3),
-							    _mm256_and_si256(_mm256_slli_epi16(y, 2), m4)), o);
-				cent32(&tb, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 2), m3),
-							    _mm256_and_si256(y, m4)), o + 32);
-				cent32(&tb, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 4), m3),
-							    _mm256_and_si256(_mm256_srli_epi16(y, 2), m4)), o + 64);
-				cent32(&tb, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 6), m3),
-							    _mm256_and_si256(_mm256_srli_epi16(y, 4), m4)), o + 96);
-				break;
-			}
-			const uint8_t *hp = pl + s2;
-			for (int g = 0; g < d; g += 32) {
-				__m256i lo = _mm256_and_si256(_mm256_srli_epi16(load32(pl + g % s2), 2 * (g / s2)), m3);
-				__m256i hb;
-				if (s1 == 16) /* d = 128: bytes 0..15 hold bit g/16 and g/16 + 1 */
-					hb = _mm256_srlv_epi64(_mm256_broadcastsi128_si256(
-						_mm_loadu_si128((const __m128i *)(const void *)hp)),
-						_mm256_set_epi64x(g / 16 + 1, g / 16 + 1, g / 16, g / 16));
-				else
-					hb = _mm256_srli_epi16(load32(hp + g % s1), g / s1);
-				hb = _mm256_slli_epi16(_mm256_and_si256(hb, m1), 2);
-				cent32(&tb, _mm256_or_si256(lo, hb), o + g);
-			}
-			break;
-		}
-		}
+		tq_cent_block(c, &tb, src + 4, tile + (size_t)t * c->dim);
 	}
 	return 1;
 }
@@ -548,7 +446,7 @@ static void accum_tq3(const tq_codec *c, const uint8_t *src, int n, float *acc,
 		__m128 sc = _mm_set1_ps(hdr_scale(b));
 		_mm_store_ps(w + 4 * t, _mm_mul_ps(_mm_loadu_ps(p + 4 * t), sc));
 		/* as decode_cent_avx2 at d = 128 */
-		const __m256i x = load32(b + 4);
+		const __m256i x = tq_load32(b + 4);
 		const __m256i y = _mm256_srlv_epi64(_mm256_broadcastsi128_si256(
 			_mm_loadu_si128((const __m128i *)(const void *)(b + 36))), _mm256_set_epi64x(1, 1, 0, 0));
 		__m256i *o = (__m256i *)(void *)(ix + (size_t)t * D);
@@ -613,7 +511,7 @@ static void accum_tq4(const tq_codec *c, const uint8_t *src, int n, float *acc,
 		const uint8_t *b = src + (size_t)t * bb;
 		__m128 sc = _mm_set1_ps(hdr_scale(b));
 		_mm_store_ps(w + 4 * t, _mm_mul_ps(_mm_loadu_ps(p + 4 * t), sc));
-		const __m256i x0 = load32(b + 4), x1 = load32(b + 36);
+		const __m256i x0 = tq_load32(b + 4), x1 = tq_load32(b + 36);
 		__m256i *o = (__m256i *)(void *)(ix + (size_t)t * D);
 		_mm256_store_si256(o, tq4_fold(_mm256_and_si256(x0, m15), m8, m7));
 		_mm256_store_si256(o + 1, tq4_fold(_mm256_and_si256(x1, m15), m8, m7));

@@ -20,6 +20,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "tq_avx2.h"
+
 #define AI static inline __attribute__((always_inline))
 
 #define NT_MIN_BYTES (16u << 20)
@@ -108,6 +110,8 @@ struct ctx {
 	__m256 t4;               /* the 4-entry step (L 8: third, L 16: third of four), */
 				 /* in both lanes, by lo / (L / 4)                   */
 	__m256 ctab[2];          /* centroid[k mod L], k = 0..15                     */
+	int cent;                /* tq_cent_ok: decode through ctb                   */
+	struct tq_cent_tab ctb;  /* the centroids' byte planes (tq_avx2.h)           */
 };
 
 static void ctx_init(struct ctx *e, const tq_codec *c)
@@ -119,6 +123,7 @@ static void ctx_init(struct ctx *e, const tq_codec *c)
 	e->bb = c->block_bytes;
 	e->isd = c->rot.inv_sqrt_dim;
 	e->levels = 0;
+	e->cent = 0;
 	if (c->id == TQ_CODEC_TQ2 || c->id == TQ_CODEC_TQ3 || c->id == TQ_CODEC_TQ4) {
 		const tq_codebook *cb = &c->cb;
 		int L = cb->levels, j = 0;
@@ -136,6 +141,9 @@ static void ctx_init(struct ctx *e, const tq_codec *c)
 		}
 		e->ctab[0] = _mm256_loadu_ps(ct);
 		e->ctab[1] = _mm256_loadu_ps(ct + 8);
+		e->cent = tq_cent_ok(c);
+		if (e->cent)
+			tq_cent_tab_make(c, &e->ctb);
 		e->s2[0] = _mm256_set1_ps(cb->bound[L / 4 - 1]);
 		e->s2[1] = _mm256_set1_ps(cb->bound[3 * L / 4 - 1]);
 		if (L >= 8) {
@@ -490,6 +498,24 @@ static int dec_tq(const struct ctx *e, const uint8_t *blk, float *x, int nt)
 	if (!finite_f(scale))
 		return 1;
 	const __m256 f = _mm256_set1_ps(r->kind == TQ_ROT_HADAMARD ? scale * e->isd : scale);
+	if (e->cent) {
+		/* centroids by byte shuffles (tq_avx2.h), then times the factor
+		 * (the same products as the pre-scaled table's) and, for the
+		 * Hadamard rotation, its in-register stages in the same pass */
+		tq_cent_block(e->c, &e->ctb, blk + TQ_TQ_HEADER_BYTES, v);
+		if (r->kind != TQ_ROT_HADAMARD) {
+			for (int k = 0; k < e->nc; k++)
+				_mm256_store_ps(v + 8 * k, _mm256_mul_ps(_mm256_load_ps(v + 8 * k), f));
+			dense_mv(r->mat, v, e->d, x, nt);
+			return 0;
+		}
+		for (int k = 0; k < e->nc; k++)
+			_mm256_store_ps(v + 8 * k, fwht8(_mm256_mul_ps(_mm256_load_ps(v + 8 * k), f)));
+		fwht_stages(v, e->d);
+		for (int k = 0; k < e->nc; k++)
+			st8(x + 8 * k, _mm256_mul_ps(_mm256_load_ps(v + 8 * k), _mm256_loadu_ps(r->sign + 8 * k)), nt);
+		return 0;
+	}
 	const __m256 t[2] = { _mm256_mul_ps(e->ctab[0], f), _mm256_mul_ps(e->ctab[1], f) };
 	unpack_gen(blk + TQ_TQ_HEADER_BYTES, e->d, e->bits, idx);
 	for (int k = 0; k < e->nc; k++) {
