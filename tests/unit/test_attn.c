@@ -756,6 +756,49 @@ static void test_key_scoring_error(void)
 	free(qp);
 }
 
+/* Every ISA's tile decoder against the portable one, bit for bit (they
+ * return the codebook's own floats), at every dim class, from blocks that
+ * end exactly where their allocation ends into a tile of exactly n rows:
+ * a decoder that reads past a block or writes past a row shows here (and
+ * under ASan, at the allocation's edge). */
+static void test_tile_decoders(void)
+{
+	static const int dims[] = { 8, 40, 64, 96, 128, 192, 256, 384, 512 };
+	const int n = 5;
+
+	for (size_t ii = 0; ii < sizeof(isas) / sizeof(isas[0]); ii++) {
+		const struct tqa_ops *o = isa_ops(isas[ii]);
+		for (size_t di = 0; o && di < sizeof(dims) / sizeof(dims[0]); di++) {
+			for (int ci = 0; ci < N_CODECS; ci++) {
+				const int d = dims[di];
+				struct tq_codec_params cp = { .id = all_codecs[ci], .dim = d, .seed = 77 + di };
+				tq_codec *c;
+				tq_error err;
+				T_ASSERT(tq_codec_new(&c, cache, &cp, &err) == 0);
+				const size_t bb = tq_codec_block_bytes(c);
+				float *x = malloc((size_t)n * d * sizeof(float));
+				uint8_t *blk = malloc((size_t)n * bb);
+				float *tile = malloc((size_t)n * d * sizeof(float)), *ref = malloc((size_t)n * d * sizeof(float));
+				float sc[TQA_CHUNK], scr[TQA_CHUNK];
+				T_ASSERT(x && blk && tile && ref);
+				for (int i = 0; i < n * d; i++)
+					x[i] = gauss();
+				T_ASSERT(tq_encode(c, x, TQ_DTYPE_F32, (size_t)n, blk, &err) == 0);
+				const float *a = o->decode(c, blk, n, tile, sc);
+				const float *b = tqa_decode_scalar(c, blk, n, ref, scr);
+				if (memcmp(a, b, (size_t)n * d * sizeof(float)) || memcmp(sc, scr, (size_t)n * sizeof(float)))
+					T_FAIL("%s tile decoder, %s d=%d: differs from the portable one",
+					       tq_isa_name(isas[ii]), tq_codec_name(all_codecs[ci]), d);
+				free(x);
+				free(blk);
+				free(tile);
+				free(ref);
+				tq_codec_free(c);
+			}
+		}
+	}
+}
+
 /* f32 keys: key t of every KV head := x[dim] (their blocks are the values). */
 static void kv_set_key(struct kv *c, uint32_t t, const float *x)
 {
@@ -853,6 +896,7 @@ int main(void)
 	T_RUN(test_sparse_v);
 	T_RUN(test_plan_n_q);
 	T_RUN(test_key_scoring_error);
+	T_RUN(test_tile_decoders);
 	T_RUN(test_overflow);
 	tq_threads_free(pool3);
 	tq_cache_free(cache);
