@@ -6,6 +6,9 @@
     python3 scripts/gen-bpe-fixture.py [--gguf build/models/SmolLM2-135M-Instruct.Q4_1.gguf]
         writes tests/data/bpe_smollm2.txt (committed) and
         build/models/SmolLM2-135M-Instruct.vocab (not committed; test_bpe reads it)
+    python3 scripts/gen-bpe-fixture.py --random 5000 --out /tmp/bpe_random.txt
+        the same for random strings (a stress check, not committed):
+        TQ_BPE_FIXTURE=/tmp/bpe_random.txt build/tests/test_bpe
     python3 scripts/gen-bpe-fixture.py --check-classes
         compares every code point's class in client/run/bpe_unicode.h with
         what the reference's pre-tokenizer does with it
@@ -211,6 +214,29 @@ def test_strings():
     return out
 
 
+def random_strings(n, seed=13):
+    """Random mixes of the pre-tokenizer's cases, valid and invalid UTF-8."""
+    import random
+    rnd = random.Random(seed)
+    parts = ["a", "Z", "the", " ", "  ", "   ", "\t", "\n", "\n\n", "\r\n", "\u00a0", "\u3000",
+             "0", "7", "42", "\u0664", "\u00bd", "'", "'s", "'re", "'LL", "'d", ",", ".", "!?", "--",
+             "(", ")", "{", "_", "$", "\u00e9", "e\u0301", "\u65e5\u672c", "\u0634", "\u05e9",
+             "\U0001F600", "\u200d", "\U0001F3FD", "\u0130", "\u01c5", "<|im_start|>", "<|im_end|>",
+             "<|endoftext|>", "<|im", "|>", "\x04", "\x7f", "\x00"]
+    raw = [b"\xff", b"\xc3", b"\xe2\x82", b"\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80"]
+    out = []
+    for i in range(n):
+        k = rnd.randint(0, 24)
+        bad = i % 4 == 3
+        pieces = [rnd.choice(parts).encode("utf-8") if not bad or rnd.random() < 0.8 else rnd.choice(raw)
+                  for _ in range(k)]
+        data = b"".join(pieces)
+        if bad:
+            data = data.replace(b"<|", b"<!")  # the by-parts reference has no special tokens
+        out.append((rnd.random() < 0.8, data))
+    return out
+
+
 def write_vocab(path, tokens, types, merges, pre):
     """Little-endian: "TQBPEV1\\n", u32 n_tokens, u32 n_merges, u32 len +
     pre; per token i32 type, u32 len, bytes; per merge u32 len, bytes."""
@@ -266,6 +292,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "tests", "data", "bpe_smollm2.txt"))
     ap.add_argument("--vocab-out", default=os.path.join(ROOT, "build", "models", "SmolLM2-135M-Instruct.vocab"))
     ap.add_argument("--check-classes", action="store_true")
+    ap.add_argument("--random", type=int, default=0, help="N random strings instead of the test set")
     a = ap.parse_args()
     if a.check_classes:
         return check_classes()
@@ -279,7 +306,7 @@ def main():
         "# (pre \"%s\": Digits(individual_digits) + ByteLevel(GPT-2 regex)); see the script." % pre,
         "# FLAGS<TAB>TEXT<TAB>IDS   FLAGS s: special tokens parsed, -: plain text",
     ]
-    for special, data in test_strings():
+    for special, data in (random_strings(a.random) if a.random else test_strings()):
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:

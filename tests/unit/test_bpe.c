@@ -7,7 +7,8 @@
  *     found by a linear search of the merge list, on a synthetic vocabulary.
  * The real vocabulary is read from build/models/SmolLM2-135M-Instruct.vocab
  * (written by scripts/gen-bpe-fixture.py; TQ_BPE_VOCAB overrides); without
- * it the synthetic cases run and the test exits 77. */
+ * it the synthetic cases run and the test exits 77.  TQ_BPE_FIXTURE names
+ * another fixture (gen-bpe-fixture.py --random N writes a stress set). */
 #include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -470,7 +471,10 @@ static void test_fixture(void)
 	char path[1024], *fix;
 	size_t len, cases = 0, round = 0;
 
-	snprintf(path, sizeof(path), "%s/tests/data/bpe_smollm2.txt", src_dir());
+	if (getenv("TQ_BPE_FIXTURE"))
+		snprintf(path, sizeof(path), "%s", getenv("TQ_BPE_FIXTURE"));
+	else
+		snprintf(path, sizeof(path), "%s/tests/data/bpe_smollm2.txt", src_dir());
 	fix = (char *)slurp(path, &len);
 	T_ASSERT(fix);
 	for (char *line = fix, *nl; line < fix + len; line = nl + 1) {
