@@ -33,3 +33,5 @@ $(TQKV_RUN): $(OBJ)/client/run/tqkv_run.o $(OBJ)/client/run/kvback_daemon.o $(TQ
 ALL_TARGETS += $(TQKV_RUN)
 TEST_OBJS_test_model := $(TQKV_RUN_LIB_OBJ)
 $(OBJ)/tests/unit/test_model.o: ALL_CFLAGS += -Iclient/run
+TEST_OBJS_test_gguf := $(TQKV_RUN_LIB_OBJ)
+$(OBJ)/tests/unit/test_gguf.o: ALL_CFLAGS += -Iclient/run

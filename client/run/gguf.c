@@ -384,10 +384,9 @@ static int parse_tensor(struct cur *c, struct tqr_gguf_tensor *t, uint64_t idx)
 	if (t->ne[0] % be)
 		return tqr_fail(c->err, -EINVAL, "%s: tensor '%.*s' (#%llu): ne[0] = %llu is not a multiple of %s's block of %u",
 				TNAME, (unsigned long long)t->ne[0], ggml_types[t->type].name, be);
-	/* n_elems < 2^63 and bb <= 292: no overflow once divided by be >= 1...
-	 * unless be is 1 and bb > 1; check. */
 	if (t->n_elems / be > UINT64_MAX / bb)
-		return tqr_fail(c->err, -EINVAL, "%s: tensor '%.*s' (#%llu): size overflows", TNAME);
+		return tqr_fail(c->err, -EINVAL, "%s: tensor '%.*s' (#%llu): the size of %llu %s elements overflows 64 bits",
+				TNAME, (unsigned long long)t->n_elems, ggml_types[t->type].name);
 	t->bytes = t->n_elems / be * bb;
 	if ((rc = rd_u64(c, "tensor offset", idx, &t->offset)) < 0)
 		return rc;
