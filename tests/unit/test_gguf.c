@@ -631,6 +631,25 @@ static void test_gguf_llama_matches_llama2c(void)
 	unlink(gg);
 }
 
+/* The fuzz seed llama.gguf (tests/fuzz/make_gguf_seeds.py: Q8_0, Q4_1, Q4_0,
+ * F16 and F32 tensors) loads and runs: the seeds reach the model loader. */
+static void test_seed_llama_loads(void)
+{
+	static const int toks[] = { 1, 3, 0, 2 };
+	float lg[4 * 4];
+	tqr_error err = { { 0 } };
+	char path[600];
+
+	/* from the source tree: $TQ_SRC (tests/run.sh) or the working directory */
+	snprintf(path, sizeof(path), "%s/tests/fuzz/seeds/gguf/llama.gguf", getenv("TQ_SRC") ? getenv("TQ_SRC") : ".");
+	if (access(path, R_OK) != 0)
+		T_FAIL("%s is not readable (run from the source tree or set TQ_SRC)", path);
+	T_ASSERT(run_logits(path, toks, 4, lg, &err) == 0 ||
+		 (fprintf(stderr, "%s\n", err.msg), 0));
+	for (int i = 0; i < 16; i++)
+		T_ASSERT(isfinite(lg[i]));
+}
+
 /* ---- against the `gguf` package and the numpy reference (gguf_ref.sh) ------------- */
 
 static void *slurp(const char *path, size_t *n)
@@ -781,6 +800,7 @@ int main(int argc, char **argv)
 	T_RUN(test_tensor_corruptions);
 	T_RUN(test_dequant_blocks);
 	T_RUN(test_gguf_llama_matches_llama2c);
+	T_RUN(test_seed_llama_loads);
 	rmdir(tmpdir);
 	return t_done();
 }
