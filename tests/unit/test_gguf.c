@@ -738,7 +738,7 @@ static int cmd_forward(const char *model, const char *refpath, const char *ids)
 		return 1;
 	}
 	double t1 = now_s();
-	const struct tqr_config *c = tqr_model_config(m);
+	const struct tqr_config cfg = *tqr_model_config(m), *c = &cfg;
 	printf("loaded %s in %.2f s: dim %d, hidden %d, %d layers, %d heads (%d KV), head_dim %d, vocab %d, context %d, rope_theta %g, eps %g, %s classifier\n",
 	       model, t1 - t0, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim,
 	       c->vocab_size, c->seq_len, (double)c->rope_theta, (double)c->norm_eps,
