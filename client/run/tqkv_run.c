@@ -250,7 +250,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	}
 	if (gen) {
 		if (!o->prompt == !o->tokens) {
-			fprintf(stderr, PROG " generate: --prompt or --tokens is required (one of them)\n");
+			fprintf(stderr, PROG " generate: --prompt is required (or --tokens ID,..., not both)\n");
 			return -EINVAL;
 		}
 		if (optind != argc) {
