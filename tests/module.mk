@@ -31,7 +31,7 @@ ALL_TARGETS += $(UNIT_BINS) $(TQBENCH)
 # Regression build: each target linked with tests/fuzz/runner.c, which
 # replays the seeds and mutations of them (tests/integration/fuzz.sh).
 # `make fuzz [FUZZ_SECONDS=60]`: the same targets under libFuzzer (clang).
-FUZZ_NAMES := config tokenizer checkpoint persist bpe
+FUZZ_NAMES := config tokenizer checkpoint persist bpe gguf
 FUZZ_DEPS_config     = $(OBJ)/daemon/config.o $(OBJ)/daemon/log.o
 FUZZ_LIBS_config     = $(INIH_LIBS)
 FUZZ_SRCS_config     = daemon/config.c daemon/log.c
@@ -41,6 +41,8 @@ FUZZ_DEPS_checkpoint = $(TQKV_RUN_LIB_OBJ)
 FUZZ_SRCS_checkpoint = $(TQKV_RUN_LIB_SRC)
 FUZZ_DEPS_bpe        = $(TQKV_RUN_LIB_OBJ)
 FUZZ_SRCS_bpe        = $(TQKV_RUN_LIB_SRC)
+FUZZ_DEPS_gguf       = $(TQKV_RUN_LIB_OBJ)
+FUZZ_SRCS_gguf       = $(TQKV_RUN_LIB_SRC)
 FUZZ_DEPS_persist    = $(OBJ)/daemon/persist.o $(OBJ)/daemon/crc32c.o $(OBJ)/daemon/config.o $(OBJ)/daemon/log.o
 FUZZ_LIBS_persist    = $(ISAL_LIBS) $(INIH_LIBS)
 FUZZ_SRCS_persist    = daemon/persist.c daemon/crc32c.c daemon/config.c daemon/log.c

@@ -1,27 +1,14 @@
-/* model.c — llama2.c legacy checkpoints and the Llama 2 forward pass. */
+/* model.c — llama2.c legacy checkpoints and the Llama forward pass (GGUF
+ * models are read by model_gguf.c). */
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
-#include "model.h"
-
-struct tqr_model {
-	struct tqr_config cfg;
-	unsigned char *file;      /* the whole checkpoint; weights point into it */
-	struct tqr_weights w;
-	float *rope_cos;          /* [seq_len][head_dim / 2] */
-	float *rope_sin;          /* [seq_len][head_dim / 2] */
-};
-
-/* Header bounds: generous for real llama2.c models, tight enough that every
- * size below fits in 64 bits with room to spare. */
-#define DIM_MAX     65536
-#define HIDDEN_MAX  (1 << 20)
-#define LAYERS_MAX  1024
-#define HEADS_MAX   1024
-#define VOCAB_MAX   (1 << 22)
-#define SEQ_MAX     (1 << 20)
+#include "gguf.h"
+#include "model_internal.h"
 
 void tqr_model_free(tqr_model *m)
 {
@@ -64,6 +51,55 @@ struct tensor {
 	int check;           /* 1: must be finite */
 };
 
+/* The RoPE tables of m->cfg: angle pos * theta^(-2i / head_dim), in double. */
+static int rope_init(tqr_model *m, const char *path, tqr_error *err)
+{
+	const struct tqr_config *c = &m->cfg;
+	size_t half = (size_t)c->head_dim / 2, nrope = (size_t)c->seq_len * half;
+
+	m->rope_cos = malloc(sizeof(float) * nrope);
+	m->rope_sin = malloc(sizeof(float) * nrope);
+	if (!m->rope_cos || !m->rope_sin)
+		return tqr_fail(err, -ENOMEM, "%s: out of memory", path);
+	for (int pos = 0; pos < c->seq_len; pos++)
+		for (size_t i = 0; i < half; i++) {
+			double freq = pow((double)c->rope_theta, -(double)(2 * i) / c->head_dim);
+			double a = pos * freq;
+			m->rope_cos[(size_t)pos * half + i] = (float)cos(a);
+			m->rope_sin[(size_t)pos * half + i] = (float)sin(a);
+		}
+	return 0;
+}
+
+/* 1 when path starts with the GGUF magic (0 when it does not or cannot be read:
+ * the llama2.c loader then says why). */
+static int is_gguf(const char *path)
+{
+	unsigned char b[4];
+	int fd = open(path, O_RDONLY | O_CLOEXEC), yes = 0;
+
+	if (fd < 0)
+		return 0;
+	yes = read(fd, b, 4) == 4 && (uint32_t)rd_i32(b) == TQR_GGUF_MAGIC;
+	close(fd);
+	return yes;
+}
+
+static int load_gguf(tqr_model **out, const char *path, tqr_error *err)
+{
+	tqr_model *m = calloc(1, sizeof(*m));
+	int rc;
+
+	if (!m)
+		return tqr_fail(err, -ENOMEM, "%s: out of memory", path);
+	if ((rc = tqr_model_load_gguf(m, path, err)) < 0 || (rc = rope_init(m, path, err)) < 0) {
+		tqr_model_free(m);
+		return rc;
+	}
+	*out = m;
+	return 0;
+}
+
 int tqr_model_load(tqr_model **out, const char *path, tqr_error *err)
 {
 	struct tqr_config c = { 0 };
@@ -74,6 +110,8 @@ int tqr_model_load(tqr_model **out, const char *path, tqr_error *err)
 	int rc;
 
 	*out = NULL;
+	if (is_gguf(path))
+		return load_gguf(out, path, err);
 	if ((rc = tqr_file_read(path, (size_t)1 << 38, &buf, &len, err)) < 0)
 		return rc;
 	if (len >= 8 && (uint32_t)rd_i32(buf) == TQR_CKPT_MAGIC_AK42) {
@@ -96,13 +134,13 @@ int tqr_model_load(tqr_model **out, const char *path, tqr_error *err)
 	c.shared_classifier = h[5] > 0;
 	c.vocab_size = h[5] > 0 ? h[5] : (h[5] == INT32_MIN ? 0 : -h[5]);
 	c.seq_len = h[6];
-	if ((rc = check_range(path, "dim", c.dim, 1, DIM_MAX, err)) < 0 ||
-	    (rc = check_range(path, "hidden_dim", c.hidden_dim, 1, HIDDEN_MAX, err)) < 0 ||
-	    (rc = check_range(path, "n_layers", c.n_layers, 1, LAYERS_MAX, err)) < 0 ||
-	    (rc = check_range(path, "n_heads", c.n_heads, 1, HEADS_MAX, err)) < 0 ||
+	if ((rc = check_range(path, "dim", c.dim, 1, TQR_DIM_MAX, err)) < 0 ||
+	    (rc = check_range(path, "hidden_dim", c.hidden_dim, 1, TQR_HIDDEN_MAX, err)) < 0 ||
+	    (rc = check_range(path, "n_layers", c.n_layers, 1, TQR_LAYERS_MAX, err)) < 0 ||
+	    (rc = check_range(path, "n_heads", c.n_heads, 1, TQR_HEADS_MAX, err)) < 0 ||
 	    (rc = check_range(path, "n_kv_heads", c.n_kv_heads, 1, c.n_heads, err)) < 0 ||
-	    (rc = check_range(path, "|vocab_size|", c.vocab_size, 3, VOCAB_MAX, err)) < 0 ||
-	    (rc = check_range(path, "seq_len", c.seq_len, 1, SEQ_MAX, err)) < 0)
+	    (rc = check_range(path, "|vocab_size|", c.vocab_size, 3, TQR_VOCAB_MAX, err)) < 0 ||
+	    (rc = check_range(path, "seq_len", c.seq_len, 1, TQR_SEQ_MAX, err)) < 0)
 		goto fail;
 	if (c.dim % c.n_heads || c.n_heads % c.n_kv_heads) {
 		rc = tqr_fail(err, -EINVAL, "%s: inconsistent header: dim %d, n_heads %d, n_kv_heads %d (dim must be a multiple of n_heads, n_heads of n_kv_heads)",
@@ -118,7 +156,7 @@ int tqr_model_load(tqr_model **out, const char *path, tqr_error *err)
 	}
 	uint64_t L = (uint64_t)c.n_layers, D = (uint64_t)c.dim, F = (uint64_t)c.hidden_dim;
 	uint64_t QD = (uint64_t)c.n_heads * c.head_dim, KD = (uint64_t)c.kv_dim;
-	uint64_t V = (uint64_t)c.vocab_size, half = (uint64_t)c.head_dim / 2;
+	uint64_t V = (uint64_t)c.vocab_size;
 	struct tensor t[] = {
 		{ "token_embedding", V * D, &m->w.token_embedding, 1 },
 		{ "rms_att", L * D, &m->w.rms_att, 1 },
@@ -167,21 +205,11 @@ int tqr_model_load(tqr_model **out, const char *path, tqr_error *err)
 	if (c.shared_classifier)
 		m->w.wcls = m->w.token_embedding;
 
-	size_t nrope = (size_t)c.seq_len * (size_t)half;
-	m->rope_cos = malloc(sizeof(float) * nrope);
-	m->rope_sin = malloc(sizeof(float) * nrope);
-	if (!m->rope_cos || !m->rope_sin) {
-		rc = tqr_fail(err, -ENOMEM, "%s: out of memory", path);
-		goto fail;
-	}
-	for (int pos = 0; pos < c.seq_len; pos++)
-		for (int i = 0; i < (int)half; i++) {
-			double freq = pow(10000.0, -(double)(2 * i) / c.head_dim);
-			double a = pos * freq;
-			m->rope_cos[(size_t)pos * half + i] = (float)cos(a);
-			m->rope_sin[(size_t)pos * half + i] = (float)sin(a);
-		}
+	c.rope_theta = 10000.0f;
+	c.norm_eps = 1e-5f;
 	m->cfg = c;
+	if ((rc = rope_init(m, path, err)) < 0)
+		goto fail;
 	m->file = buf;
 	*out = m;
 	return 0;
@@ -259,14 +287,14 @@ int tqr_forward_new(tqr_forward **out, const tqr_model *m, int max_chunk, tqr_er
 	return 0;
 }
 
-static void rmsnorm(float *o, const float *x, const float *w, int n)
+static void rmsnorm(float *o, const float *x, const float *w, int n, float eps)
 {
 	float ss = 0.0f;
 
 	for (int j = 0; j < n; j++)
 		ss += x[j] * x[j];
 	ss /= (float)n;
-	ss += 1e-5f;
+	ss += eps;
 	ss = 1.0f / sqrtf(ss);
 	for (int j = 0; j < n; j++)
 		o[j] = w[j] * (ss * x[j]);
@@ -348,7 +376,7 @@ int tqr_forward_run(tqr_forward *f, tqr_kv *kv, const int *tokens, int n, int po
 	for (int l = 0; l < c->n_layers; l++) {
 		size_t lD = (size_t)l * D;
 		for (int t = 0; t < n; t++)
-			rmsnorm(f->xb + (size_t)t * D, f->x + (size_t)t * D, w->rms_att + lD, D);
+			rmsnorm(f->xb + (size_t)t * D, f->x + (size_t)t * D, w->rms_att + lD, D, c->norm_eps);
 		matmul(f->q, f->xb, w->wq + (size_t)l * D * D, n, D, D, f->xt);
 		matmul(f->k, f->xb, w->wk + (size_t)l * KD * D, n, D, KD, f->xt);
 		matmul(f->v, f->xb, w->wv + (size_t)l * KD * D, n, D, KD, f->xt);
@@ -364,7 +392,7 @@ int tqr_forward_run(tqr_forward *f, tqr_kv *kv, const int *tokens, int n, int po
 			f->x[i] += f->xb2[i];
 
 		for (int t = 0; t < n; t++)
-			rmsnorm(f->xb + (size_t)t * D, f->x + (size_t)t * D, w->rms_ffn + lD, D);
+			rmsnorm(f->xb + (size_t)t * D, f->x + (size_t)t * D, w->rms_ffn + lD, D, c->norm_eps);
 		matmul(f->hb, f->xb, w->w1 + (size_t)l * F * D, n, D, F, f->xt);
 		matmul(f->hb2, f->xb, w->w3 + (size_t)l * F * D, n, D, F, f->xt);
 		for (size_t i = 0; i < (size_t)n * F; i++) {
@@ -380,7 +408,7 @@ int tqr_forward_run(tqr_forward *f, tqr_kv *kv, const int *tokens, int n, int po
 		return 0;
 	int first = all_logits ? 0 : n - 1;
 	for (int t = first; t < n; t++)
-		rmsnorm(f->xb + (size_t)t * D, f->x + (size_t)t * D, w->rms_final, D);
+		rmsnorm(f->xb + (size_t)t * D, f->x + (size_t)t * D, w->rms_final, D, c->norm_eps);
 	matmul(logits, f->xb + (size_t)first * D, w->wcls, n - first, D, c->vocab_size, f->xt);
 	return 0;
 }

@@ -1,6 +1,20 @@
-/* model.h — llama2.c checkpoints and the forward pass of tqkv-run.
+/* model.h — the models tqkv-run loads (llama2.c checkpoints, GGUF llama
+ * models) and its forward pass.
  *
- * Checkpoint format: llama2.c's legacy fp32 export ("v0"), little-endian:
+ * tqr_model_load() tells the formats apart by their first bytes.
+ *
+ * GGUF (model_gguf.c, read with gguf.h): general.architecture "llama";
+ * dimensions from llama.* metadata (embedding_length, feed_forward_length,
+ * block_count, attention.head_count[_kv], context_length), rope.freq_base
+ * (default 10000) and attention.layer_norm_rms_epsilon; tensors
+ * token_embd, blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output,
+ * ffn_norm, ffn_gate (w1), ffn_up (w3), ffn_down (w2)}, output_norm and
+ * output (absent: the classifier is the token embedding), each F32, F16,
+ * BF16, Q8_0, Q4_0 or Q4_1, dequantized to fp32 at load (4 bytes per
+ * parameter: SmolLM2-135M takes 538 MB).  llama.cpp's converter permutes
+ * the Q and K rows so that RoPE rotates adjacent pairs, as here.
+ *
+ * llama2.c checkpoint format: llama2.c's legacy fp32 export ("v0"), little-endian:
  *   int32 dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len
  *   (vocab_size < 0: the classifier is stored separately, |vocab_size| tokens)
  *   then fp32 tensors, in this order:
@@ -22,8 +36,8 @@
  * header implies; every weight must be finite.  The later llama2.c exports
  * (magic "ak42", versions 1 and 2) are recognised and refused by name.
  *
- * The forward pass (Llama 2): RMSNorm (eps 1e-5), RoPE (theta 10000, pairs
- * of adjacent dims within each head), GQA attention through a KV backend
+ * The forward pass (Llama): RMSNorm (eps norm_eps), RoPE (theta rope_theta,
+ * pairs of adjacent dims within each head; llama2.c: 1e-5 and 10000), GQA attention through a KV backend
  * (kvback.h), SwiGLU FFN, final RMSNorm, classifier.  Matrix products
  * accumulate in fp32 in index order; the RoPE angles are computed in double.
  */
@@ -50,13 +64,16 @@ struct tqr_config {
 	int head_dim;            /* dim / n_heads */
 	int kv_dim;              /* n_kv_heads * head_dim */
 	int shared_classifier;   /* 1: wcls is the token embedding */
+	float rope_theta;        /* RoPE base: 10000 for llama2.c checkpoints */
+	float norm_eps;          /* RMSNorm epsilon: 1e-5 for llama2.c checkpoints */
 };
 
 typedef struct tqr_model tqr_model;
 
 /* -errno of open/read, -EINVAL (format, sizes, non-finite weights; the
  * message names the field or tensor), -EOPNOTSUPP (a head_dim the codecs do
- * not support), -ENOMEM.  Immutable afterwards; shareable between threads. */
+ * not support; an architecture, a weight type or a feature of a GGUF model
+ * that tqkv-run does not run), -ENOMEM.  Immutable afterwards; shareable between threads. */
 int tqr_model_load(tqr_model **out, const char *path, tqr_error *err);
 void tqr_model_free(tqr_model *m);
 const struct tqr_config *tqr_model_config(const tqr_model *m);

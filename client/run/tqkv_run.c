@@ -1,7 +1,9 @@
-/* tqkv-run — a real llama2.c model end to end with its KV cache in tqkvd.
+/* tqkv-run — a real model (llama2.c checkpoint or GGUF llama) end to end
+ * with its KV cache in tqkvd.
  *
  *   tqkv-run generate --model M --tokenizer T --prompt TEXT [--steps N]
  *                     [--temperature X] [--top-p P] [--seed S] [common]
+ *   tqkv-run generate --model M --tokens ID,ID,... [...]   (ids in and out)
  *   tqkv-run ppl      --model M --tokenizer T FILE [--windows N] [--json]
  *                     [--logits-out PATH] [common]
  *
@@ -38,7 +40,7 @@
 
 struct opts {
 	const char *cmd;
-	const char *model, *tokenizer, *prompt, *file, *run_dir, *tenant, *logits_out;
+	const char *model, *tokenizer, *prompt, *tokens, *file, *run_dir, *tenant, *logits_out;
 	int k_codec, v_codec;
 	int exact;                /* --kv f32 with --local */
 	int local;
@@ -53,11 +55,13 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: " PROG " generate --model M --tokenizer T --prompt TEXT [--steps N]\n"
 		"                [--temperature X] [--top-p P] [--seed S] [options]\n"
+		"       " PROG " generate --model M --tokens ID,ID,... [...]\n"
 		"       " PROG " ppl --model M --tokenizer T FILE [--windows N] [--json]\n"
 		"                [--sessions N] [--logits-out PATH] [options]\n"
 		"\n"
-		"Runs a llama2.c checkpoint (legacy fp32 format) with its KV cache kept\n"
-		"compressed by tqkvd.\n"
+		"Runs a llama2.c checkpoint (legacy fp32 format) or a GGUF llama model\n"
+		"(F32/F16/BF16/Q8_0/Q4_0/Q4_1 weights, dequantized to fp32 at load) with\n"
+		"its KV cache kept compressed by tqkvd.\n"
 		"\n"
 		"options:\n"
 		"  --run-dir DIR        tqkvd's run directory (default $TQKV_RUN_DIR, else\n"
@@ -76,6 +80,8 @@ static void usage(FILE *f)
 		"  --temperature X      0 = greedy (default 1.0)\n"
 		"  --top-p P            nucleus sampling, 0 or 1 = off (default 0.9)\n"
 		"  --seed S             sampler seed (default: from the clock, printed)\n"
+		"  --tokens ID,...      the prompt as token ids instead of --prompt; without\n"
+		"                       --tokenizer the output is token ids too\n"
 		"ppl:\n"
 		"  FILE                 text scored in non-overlapping windows of seq_len tokens\n"
 		"  --windows N          score at most N windows (default all)\n"
@@ -143,7 +149,8 @@ static int parse_codec(const char *opt, const char *s, int *out)
 
 enum {
 	O_MODEL = 256, O_TOKENIZER, O_PROMPT, O_STEPS, O_TEMP, O_TOPP, O_SEED, O_WINDOWS, O_JSON,
-	O_RUNDIR, O_K, O_V, O_KV, O_LOCAL, O_THREADS, O_CHUNK, O_RSEED, O_TENANT, O_LOGITS, O_SESSIONS, O_HELP,
+	O_RUNDIR, O_K, O_V, O_KV, O_LOCAL, O_THREADS, O_CHUNK, O_RSEED, O_TENANT, O_LOGITS, O_SESSIONS, O_TOKENS,
+	O_HELP,
 };
 
 static int parse_args(int argc, char **argv, struct opts *o)
@@ -169,6 +176,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "tenant", required_argument, NULL, O_TENANT },
 		{ "logits-out", required_argument, NULL, O_LOGITS },
 		{ "sessions", required_argument, NULL, O_SESSIONS },
+		{ "tokens", required_argument, NULL, O_TOKENS },
 		{ "help", no_argument, NULL, O_HELP },
 		{ 0 },
 	};
@@ -206,6 +214,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case O_MODEL: o->model = optarg; break;
 		case O_TOKENIZER: o->tokenizer = optarg; break;
 		case O_PROMPT: o->prompt = optarg; break;
+		case O_TOKENS: o->tokens = optarg; break;
 		case O_STEPS: rc = parse_long("--steps", optarg, 0, INT_MAX, &v); o->steps = (int)v; break;
 		case O_TEMP: rc = parse_float("--temperature", optarg, &o->temperature); break;
 		case O_TOPP: rc = parse_float("--top-p", optarg, &o->top_p); break;
@@ -235,13 +244,13 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		if (rc < 0)
 			return rc;
 	}
-	if (!o->model || !o->tokenizer) {
+	if (!o->model || (!o->tokenizer && !(gen && o->tokens))) {
 		fprintf(stderr, PROG " %s: --model and --tokenizer are required\n", o->cmd);
 		return -EINVAL;
 	}
 	if (gen) {
-		if (!o->prompt) {
-			fprintf(stderr, PROG " generate: --prompt is required\n");
+		if (!o->prompt == !o->tokens) {
+			fprintf(stderr, PROG " generate: --prompt is required (or --tokens ID,..., not both)\n");
 			return -EINVAL;
 		}
 		if (optind != argc) {
@@ -254,6 +263,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			return -EINVAL;
 		}
 		o->file = argv[optind];
+	}
+	if (!gen && o->tokens) {
+		fprintf(stderr, PROG " ppl: --tokens is for generate\n");
+		return -EINVAL;
 	}
 	if (o->temperature < 0.0f) {
 		fprintf(stderr, PROG ": --temperature must be >= 0 (got %g)\n", (double)o->temperature);
@@ -336,6 +349,27 @@ static void put_piece(const char *p, size_t n)
 	fwrite(p, 1, n, stdout);
 }
 
+/* "ID,ID,..." into tokens[] (room for strlen(s) + 3); the count or -EINVAL. */
+static long parse_ids(const char *s, int vocab, int *tokens, tqr_error *err)
+{
+	long n = 0;
+
+	for (const char *p = s;;) {
+		char *end;
+		errno = 0;
+		long v = strtol(p, &end, 10);
+		if (errno || end == p || v < 0 || v >= vocab)
+			return tqr_fail(err, -EINVAL, "--tokens: '%s' is not a comma-separated list of ids in [0, %d)",
+					s, vocab);
+		tokens[n++] = (int)v;
+		if (!*end)
+			return n;
+		if (*end != ',')
+			return tqr_fail(err, -EINVAL, "--tokens: '%s': unexpected '%c'", s, *end);
+		p = end + 1;
+	}
+}
+
 static int cmd_generate(const struct opts *o, const tqr_model *m, const tqr_tok *tok)
 {
 	const struct tqr_config *c = tqr_model_config(m);
@@ -346,7 +380,7 @@ static int cmd_generate(const struct opts *o, const tqr_model *m, const tqr_tok 
 	float *logits = NULL;
 	int *toks = NULL, rc, n_prompt, n_gen = 0, pos, printed = 0, chunk = o->chunk < c->seq_len ? o->chunk : c->seq_len;
 	uint64_t seed = o->have_seed ? o->seed : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
-	size_t plen = strlen(o->prompt);
+	size_t plen = strlen(o->prompt ? o->prompt : o->tokens);
 	double t0, t1, t2;
 	long nt;
 
@@ -354,7 +388,11 @@ static int cmd_generate(const struct opts *o, const tqr_model *m, const tqr_tok 
 		rc = tqr_fail(&err, -ENOMEM, "out of memory");
 		goto fail;
 	}
-	if ((nt = tqr_tok_encode(tok, o->prompt, plen, 1, 0, toks, &err)) < 0) {
+	if (o->tokens)
+		nt = parse_ids(o->tokens, c->vocab_size, toks, &err);
+	else
+		nt = tqr_tok_encode(tok, o->prompt, plen, 1, 0, toks, &err);
+	if (nt < 0) {
 		rc = (int)nt;
 		goto fail;
 	}
@@ -367,10 +405,12 @@ static int cmd_generate(const struct opts *o, const tqr_model *m, const tqr_tok 
 	    (rc = tqr_forward_new(&fw, m, chunk, &err)) < 0 || (rc = open_backend(o, c, &kv, &err)) < 0)
 		goto fail;
 
-	for (int i = 1; i < n_prompt; i++) {
+	for (int i = tok ? 1 : 0; i < n_prompt; i++) {
 		const char *p;
 		size_t n;
-		if (tqr_tok_decode(tok, toks[i - 1], toks[i], &p, &n) == 0)
+		if (!tok)
+			printf("%s%d", i ? " " : "", toks[i]);
+		else if (tqr_tok_decode(tok, toks[i - 1], toks[i], &p, &n) == 0)
 			put_piece(p, n);
 		printed = 1;
 	}
@@ -393,7 +433,9 @@ static int cmd_generate(const struct opts *o, const tqr_model *m, const tqr_tok 
 		size_t n;
 		if (next == TQR_TOK_BOS || next == TQR_TOK_EOS)
 			break;
-		if (tqr_tok_decode(tok, prev, next, &p, &n) == 0)
+		if (!tok)
+			printf(" %d", next);
+		else if (tqr_tok_decode(tok, prev, next, &p, &n) == 0)
 			put_piece(p, n);
 		fflush(stdout);
 		prev = next;
@@ -620,7 +662,7 @@ int main(int argc, char **argv)
 	if (rc)
 		return rc > 0 ? 0 : 2;
 	if ((rc = tqr_model_load(&m, o.model, &err)) < 0 ||
-	    (rc = tqr_tok_load(&tok, o.tokenizer, tqr_model_config(m)->vocab_size, &err)) < 0) {
+	    (o.tokenizer && (rc = tqr_tok_load(&tok, o.tokenizer, tqr_model_config(m)->vocab_size, &err)) < 0)) {
 		fprintf(stderr, PROG ": %s\n", err.msg);
 		tqr_model_free(m);
 		return 1;
