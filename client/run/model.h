@@ -76,6 +76,9 @@ typedef struct tqr_model tqr_model;
  * that tqkv-run does not run), -ENOMEM.  Immutable afterwards; shareable between threads. */
 int tqr_model_load(tqr_model **out, const char *path, tqr_error *err);
 void tqr_model_free(tqr_model *m);
+/* Lowers the context (seq_len) to ctx tokens, 2 <= ctx <= the file's:
+ * before any forward state or KV backend is made for the model. */
+int tqr_model_limit_context(tqr_model *m, int ctx, tqr_error *err);
 const struct tqr_config *tqr_model_config(const tqr_model *m);
 
 /* The weights, for tests that check loading (pointers into the model). */
@@ -103,18 +106,21 @@ typedef int (*tqr_logits_fn)(void *arg, const float *logits, int rows);
 
 /* Teacher-forced scoring of one sequence from position 0: empties `kv`, runs
  * tokens[0..n) (2 <= n <= seq_len) in chunks of max_chunk tokens and adds
- * -log p(tokens[i + 1] | tokens[0..i]) for i < n - 1 to *nll (natural log,
- * softmax in double).  logits: scratch of [max_chunk][vocab].  on_logits may
- * be NULL.  Returns the number of tokens scored (n - 1), or a negative errno
+ * -log p(tokens[i + 1] | tokens[0..i]) for first <= i < n - 1 to *nll
+ * (natural log, softmax in double); the positions before `first` (0 <=
+ * first <= n - 2) are context only — llama.cpp's perplexity scores the
+ * second half of each chunk, first = n / 2.  logits: scratch of
+ * [max_chunk][vocab].  on_logits (may be NULL) gets the scored rows.
+ * Returns the number of tokens scored (n - 1 - first), or a negative errno
  * (the backend's, on_logits', or -EINVAL). */
-long tqr_forward_score(tqr_forward *f, tqr_kv *kv, const int *tokens, int n, float *logits,
+long tqr_forward_score(tqr_forward *f, tqr_kv *kv, const int *tokens, int n, int first, float *logits,
 		       double *nll, tqr_logits_fn on_logits, void *arg, tqr_error *err);
 /* One chunk of the same: the max_chunk tokens at pos (a multiple of
  * max_chunk; pos 0 empties `kv` first) of the n-token sequence, whose
  * earlier chunks `kv` holds.  Several sequences can so be scored
  * interleaved, one kv each, with the bits of scoring them one by one.
  * Returns the rows scored, or a negative errno. */
-long tqr_forward_score_chunk(tqr_forward *f, tqr_kv *kv, const int *tokens, int n, int pos, float *logits,
-			     double *nll, tqr_logits_fn on_logits, void *arg, tqr_error *err);
+long tqr_forward_score_chunk(tqr_forward *f, tqr_kv *kv, const int *tokens, int n, int pos, int first,
+			     float *logits, double *nll, tqr_logits_fn on_logits, void *arg, tqr_error *err);
 
 #endif /* TQR_MODEL_H */

@@ -7,6 +7,8 @@
 
 #include "tokenizer.h"
 
+#include "bpe.h"
+
 struct tok_entry {
 	const char *s;      /* into tqr_tok.strings */
 	uint32_t n;
@@ -14,6 +16,8 @@ struct tok_entry {
 };
 
 struct tqr_tok {
+	tqr_bpe *bpe;             /* GGUF gpt2 vocabularies: all calls go there */
+	int bos_id, eos_id, add_bos;
 	int vocab_size;
 	int max_len;              /* max_token_length from the file        */
 	float *score;             /* [vocab_size]                          */
@@ -50,6 +54,9 @@ static int key_cmp(const char *s, uint32_t n, const struct tok_entry *e)
 int tqr_tok_lookup(const tqr_tok *t, const char *s, size_t n)
 {
 	size_t lo = 0, hi = (size_t)t->vocab_size;
+
+	if (t->bpe)
+		return tqr_bpe_lookup(t->bpe, s, n);
 
 	if (n > UINT32_MAX)
 		return -1;
@@ -90,6 +97,7 @@ void tqr_tok_free(tqr_tok *t)
 {
 	if (!t)
 		return;
+	tqr_bpe_free(t->bpe);
 	free(t->score);
 	free(t->by_id);
 	free(t->sorted);
@@ -207,8 +215,50 @@ int tqr_tok_vocab_size(const tqr_tok *t)
 	return t->vocab_size;
 }
 
+int tqr_tok_wrap_bpe(tqr_tok **out, tqr_bpe *b, int bos_id, int eos_id, int add_bos, tqr_error *err)
+{
+	tqr_tok *t = calloc(1, sizeof(*t));
+
+	*out = NULL;
+	if (!t) {
+		tqr_bpe_free(b);
+		return tqr_fail(err, -ENOMEM, "out of memory");
+	}
+	t->bpe = b;
+	t->vocab_size = tqr_bpe_n_tokens(b);
+	t->bos_id = bos_id;
+	t->eos_id = eos_id;
+	t->add_bos = add_bos;
+	*out = t;
+	return 0;
+}
+
+int tqr_tok_bos(const tqr_tok *t)
+{
+	return t->bpe ? t->bos_id : TQR_TOK_BOS;
+}
+
+int tqr_tok_eos(const tqr_tok *t)
+{
+	return t->bpe ? t->eos_id : TQR_TOK_EOS;
+}
+
+int tqr_tok_adds_bos(const tqr_tok *t)
+{
+	return t->bpe ? t->add_bos : 1;
+}
+
+int tqr_tok_is_control(const tqr_tok *t, int id)
+{
+	if (t->bpe)
+		return tqr_bpe_type(t->bpe, id) == TQR_BPE_CONTROL;
+	return id == TQR_TOK_BOS || id == TQR_TOK_EOS;
+}
+
 const char *tqr_tok_str(const tqr_tok *t, int id, size_t *n)
 {
+	if (t->bpe)
+		return tqr_bpe_token(t->bpe, id, n);
 	if (id < 0 || id >= t->vocab_size) {
 		*n = 0;
 		return NULL;
@@ -219,6 +269,8 @@ const char *tqr_tok_str(const tqr_tok *t, int id, size_t *n)
 
 float tqr_tok_score(const tqr_tok *t, int id)
 {
+	if (t->bpe)
+		return 0.0f;
 	return id >= 0 && id < t->vocab_size ? t->score[id] : -INFINITY;
 }
 
@@ -227,6 +279,8 @@ int tqr_tok_decode(const tqr_tok *t, int prev, int id, const char **piece, size_
 	const struct tok_entry *e;
 	int b;
 
+	if (t->bpe)
+		return tqr_bpe_decode(t->bpe, id, 0, piece, n);
 	if (id < 0 || id >= t->vocab_size)
 		return -EINVAL;
 	e = &t->by_id[id];
@@ -334,9 +388,38 @@ static void try_pair(const tqr_tok *t, struct heap *h, const struct sym *s, int 
 	heap_push(h, (struct cand){ t->score[id], l, r, s[l].id, s[r].id, id });
 }
 
+/* A byte-level BPE vocabulary: BOS only where the file says the model
+ * takes one, special tokens as text unless parse_special. */
+static long encode_bpe(const tqr_tok *t, const char *text, size_t len, int bos, int eos,
+		       int parse_special, int *tokens, tqr_error *err)
+{
+	long n = 0, k;
+
+	if (bos && t->add_bos && t->bos_id >= 0)
+		tokens[n++] = t->bos_id;
+	k = tqr_bpe_encode(t->bpe, text, len, parse_special, (int32_t *)(tokens + n), len, err);
+	if (k < 0)
+		return k;
+	n += k;
+	if (eos && t->eos_id >= 0)
+		tokens[n++] = t->eos_id;
+	return n;
+}
+
+long tqr_tok_encode_special(const tqr_tok *t, const char *text, size_t len, int bos, int eos,
+			    int *tokens, tqr_error *err)
+{
+	if (t->bpe)
+		return encode_bpe(t, text, len, bos, eos, 1, tokens, err);
+	return tqr_tok_encode(t, text, len, bos, eos, tokens, err);
+}
+
 long tqr_tok_encode(const tqr_tok *t, const char *text, size_t len, int bos, int eos,
 		    int *tokens, tqr_error *err)
 {
+	if (t->bpe)
+		return encode_bpe(t, text, len, bos, eos, 0, tokens, err);
+
 	const unsigned char *u = (const unsigned char *)text;
 	struct sym *s = NULL;
 	struct heap h = { 0 };

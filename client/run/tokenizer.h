@@ -51,6 +51,33 @@ long tqr_tok_encode(const tqr_tok *t, const char *text, size_t len, int bos, int
  * valid while t lives.  -EINVAL for an id out of range. */
 int tqr_tok_decode(const tqr_tok *t, int prev, int id, const char **piece, size_t *n);
 
+/* The same, with a vocabulary's special tokens (ChatML's <|im_start|>, ...)
+ * recognised in the text; for llama2.c vocabularies it is tqr_tok_encode. */
+long tqr_tok_encode_special(const tqr_tok *t, const char *text, size_t len, int bos, int eos,
+			    int *tokens, tqr_error *err);
+
+/* GGUF vocabularies (tok_gguf.c).  tokenizer.ggml.model "gpt2": byte-level
+ * BPE (bpe.h) with the file's pre-tokenizer, merges, token types and BOS /
+ * EOS ids; "llama" (sentencepiece-style, llama2.c's family) is refused by
+ * name for now.  `path` is the model file; its vocabulary must hold exactly
+ * vocab_size tokens.  A GGUF tokenizer takes the same calls as a
+ * tokenizer.bin one: tqr_tok_encode adds BOS only when the file's
+ * add_bos_token says so (SmolLM2: no), never a dummy-prefix space, and
+ * decodes without the prefix rule. */
+int tqr_tok_from_gguf(tqr_tok **out, const char *path, int vocab_size, tqr_error *err);
+/* The byte-level BPE of an open GGUF file (test_bpe uses it alone). */
+struct tqr_bpe;
+struct tqr_gguf;
+int tqr_bpe_from_gguf(struct tqr_bpe **out, const struct tqr_gguf *g, int vocab_size, tqr_error *err);
+/* Takes b (freed with the tokenizer, or here on failure). */
+int tqr_tok_wrap_bpe(tqr_tok **out, struct tqr_bpe *b, int bos_id, int eos_id, int add_bos, tqr_error *err);
+/* BOS / EOS ids (llama2.c: 1 / 2), whether encode's bos flag adds one, and
+ * whether id is a control token (BOS, EOS, ChatML's markers). */
+int tqr_tok_bos(const tqr_tok *t);
+int tqr_tok_eos(const tqr_tok *t);
+int tqr_tok_adds_bos(const tqr_tok *t);
+int tqr_tok_is_control(const tqr_tok *t, int id);
+
 /* The raw vocabulary entry (no byte or prefix handling) and its score. */
 const char *tqr_tok_str(const tqr_tok *t, int id, size_t *n);
 float tqr_tok_score(const tqr_tok *t, int id);

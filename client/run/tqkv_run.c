@@ -26,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "gguf.h"
 #include "kvback.h"
 #include "model.h"
 #include "sampler.h"
@@ -40,11 +41,13 @@
 
 struct opts {
 	const char *cmd;
-	const char *model, *tokenizer, *prompt, *tokens, *file, *run_dir, *tenant, *logits_out;
+	const char *model, *tokenizer, *prompt, *tokens, *file, *run_dir, *tenant, *logits_out, *system;
 	int k_codec, v_codec;
 	int exact;                /* --kv f32 with --local */
 	int local;
 	int threads, chunk, steps, windows, json, sessions;
+	int ctx;                  /* --ctx: 0 = the model's (ppl on GGUF: 512)       */
+	int gguf;                 /* the model file is GGUF                          */
 	float temperature, top_p;
 	uint64_t seed, rotation_seed;
 	int have_seed;
@@ -57,6 +60,7 @@ static void usage(FILE *f)
 		"                [--temperature X] [--top-p P] [--seed S] [options]\n"
 		"       " PROG " generate --model M --tokens ID,ID,... [...]\n"
 		"       " PROG " ppl --model M --tokenizer T FILE [--windows N] [--json]\n"
+		"       " PROG " chat --model M.gguf [--prompt TEXT] [--system TEXT] [options]\n"
 		"                [--sessions N] [--logits-out PATH] [options]\n"
 		"\n"
 		"Runs a llama2.c checkpoint (legacy fp32 format) or a GGUF llama model\n"
@@ -75,6 +79,11 @@ static void usage(FILE *f)
 		"  --threads N          attention threads with --local (default 1)\n"
 		"  --chunk N            prompt tokens per forward chunk (default 64)\n"
 		"  --rotation-seed S    the session's rotation seed (default fixed)\n"
+		"  --ctx N              the context in tokens, at most the model's (default:\n"
+		"                       the model's; ppl on a GGUF model: 512)\n"
+		"\n"
+		"A GGUF model (llama family, e.g. SmolLM2) brings its tokenizer: --tokenizer\n"
+		"is then optional.\n"
 		"generate:\n"
 		"  --steps N            tokens to generate (default 256; stops at seq_len)\n"
 		"  --temperature X      0 = greedy (default 1.0)\n"
@@ -82,8 +91,16 @@ static void usage(FILE *f)
 		"  --seed S             sampler seed (default: from the clock, printed)\n"
 		"  --tokens ID,...      the prompt as token ids instead of --prompt; without\n"
 		"                       --tokenizer the output is token ids too\n"
+		"chat:\n"
+		"  the model's ChatML template: each line on stdin is a user turn (or one\n"
+		"  turn, --prompt); the answer streams as it is generated; the KV cache keeps\n"
+		"  the whole conversation.  --system TEXT replaces the template's system\n"
+		"  message.  --steps caps each answer (default 256).\n"
 		"ppl:\n"
 		"  FILE                 text scored in non-overlapping windows of seq_len tokens\n"
+		"                       llama.cpp's way with --ctx N or a GGUF model: chunks\n"
+		"                       of N tokens (BOS first where the file says so), the\n"
+		"                       second half of each scored, as llama-perplexity does\n"
 		"  --windows N          score at most N windows (default all)\n"
 		"  --sessions N         score N windows at a time, each in its own session,\n"
 		"                       interleaved chunk by chunk as a server batching\n"
@@ -147,10 +164,22 @@ static int parse_codec(const char *opt, const char *s, int *out)
 	return 0;
 }
 
+/* 1 if path starts with GGUF's magic (the loaders check the rest). */
+static int is_gguf(const char *path)
+{
+	unsigned char m[4] = { 0 };
+	FILE *f = fopen(path, "rb");
+	int r = f && fread(m, 1, 4, f) == 4 && !memcmp(m, "GGUF", 4);
+
+	if (f)
+		fclose(f);
+	return r;
+}
+
 enum {
 	O_MODEL = 256, O_TOKENIZER, O_PROMPT, O_STEPS, O_TEMP, O_TOPP, O_SEED, O_WINDOWS, O_JSON,
 	O_RUNDIR, O_K, O_V, O_KV, O_LOCAL, O_THREADS, O_CHUNK, O_RSEED, O_TENANT, O_LOGITS, O_SESSIONS, O_TOKENS,
-	O_HELP,
+	O_CTX, O_SYSTEM, O_HELP,
 };
 
 static int parse_args(int argc, char **argv, struct opts *o)
@@ -177,10 +206,12 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "logits-out", required_argument, NULL, O_LOGITS },
 		{ "sessions", required_argument, NULL, O_SESSIONS },
 		{ "tokens", required_argument, NULL, O_TOKENS },
+		{ "ctx", required_argument, NULL, O_CTX },
+		{ "system", required_argument, NULL, O_SYSTEM },
 		{ "help", no_argument, NULL, O_HELP },
 		{ 0 },
 	};
-	int c, kv_f32 = 0, gen;
+	int c, kv_f32 = 0, gen, chat;
 	long v;
 
 	memset(o, 0, sizeof(*o));
@@ -203,8 +234,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	}
 	o->cmd = argv[1];
 	gen = !strcmp(o->cmd, "generate");
-	if (!gen && strcmp(o->cmd, "ppl")) {
-		fprintf(stderr, PROG ": unknown command '%s' (generate or ppl; --help)\n", o->cmd);
+	chat = !strcmp(o->cmd, "chat");
+	if (!gen && !chat && strcmp(o->cmd, "ppl")) {
+		fprintf(stderr, PROG ": unknown command '%s' (generate, chat or ppl; --help)\n", o->cmd);
 		return -EINVAL;
 	}
 	optind = 2;
@@ -236,6 +268,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case O_TENANT: o->tenant = optarg; break;
 		case O_LOGITS: o->logits_out = optarg; break;
 		case O_SESSIONS: rc = parse_long("--sessions", optarg, 1, 1024, &v); o->sessions = (int)v; break;
+		case O_CTX: rc = parse_long("--ctx", optarg, 2, INT_MAX, &v); o->ctx = (int)v; break;
+		case O_SYSTEM: o->system = optarg; break;
 		case O_HELP: usage(stdout); return 1;
 		default:
 			fprintf(stderr, PROG ": see '" PROG " --help'\n");
@@ -244,11 +278,23 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		if (rc < 0)
 			return rc;
 	}
-	if (!o->model || (!o->tokenizer && !(gen && o->tokens))) {
-		fprintf(stderr, PROG " %s: --model and --tokenizer are required\n", o->cmd);
+	if (o->model)
+		o->gguf = is_gguf(o->model);
+	if (!o->model || (!o->tokenizer && !o->gguf && !(gen && o->tokens))) {
+		fprintf(stderr, PROG " %s: --model and --tokenizer are required (a GGUF model brings its tokenizer)\n",
+			o->cmd);
 		return -EINVAL;
 	}
-	if (gen) {
+	if (chat) {
+		if (!o->gguf) {
+			fprintf(stderr, PROG " chat: needs a GGUF model with a chat template\n");
+			return -EINVAL;
+		}
+		if (o->tokens || optind != argc) {
+			fprintf(stderr, PROG " chat: unexpected %s\n", o->tokens ? "--tokens" : argv[optind]);
+			return -EINVAL;
+		}
+	} else if (gen) {
 		if (!o->prompt == !o->tokens) {
 			fprintf(stderr, PROG " generate: --prompt is required (or --tokens ID,..., not both)\n");
 			return -EINVAL;
@@ -264,7 +310,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		}
 		o->file = argv[optind];
 	}
-	if (!gen && o->tokens) {
+	if (!gen && !chat && o->tokens) {
 		fprintf(stderr, PROG " ppl: --tokens is for generate\n");
 		return -EINVAL;
 	}
@@ -405,12 +451,13 @@ static int cmd_generate(const struct opts *o, const tqr_model *m, const tqr_tok 
 	    (rc = tqr_forward_new(&fw, m, chunk, &err)) < 0 || (rc = open_backend(o, c, &kv, &err)) < 0)
 		goto fail;
 
-	for (int i = tok ? 1 : 0; i < n_prompt; i++) {
+	/* the prompt echoed, without the BOS the tokenizer put first */
+	for (int i = tok && tqr_tok_adds_bos(tok) ? 1 : 0; i < n_prompt; i++) {
 		const char *p;
 		size_t n;
 		if (!tok)
 			printf("%s%d", i ? " " : "", toks[i]);
-		else if (tqr_tok_decode(tok, toks[i - 1], toks[i], &p, &n) == 0)
+		else if (tqr_tok_decode(tok, i ? toks[i - 1] : -1, toks[i], &p, &n) == 0)
 			put_piece(p, n);
 		printed = 1;
 	}
@@ -431,7 +478,9 @@ static int cmd_generate(const struct opts *o, const tqr_model *m, const tqr_tok 
 		int next = tqr_sample(smp, logits);
 		const char *p;
 		size_t n;
-		if (next == TQR_TOK_BOS || next == TQR_TOK_EOS)
+		/* BOS, EOS, and a GGUF vocabulary's other control tokens
+		 * (SmolLM2's <|endoftext|>, <|im_end|>) end the text */
+		if (tok ? tqr_tok_is_control(tok, next) : next == TQR_TOK_BOS || next == TQR_TOK_EOS)
 			break;
 		if (!tok)
 			printf(" %d", next);
@@ -475,6 +524,184 @@ out:
 	tqr_sampler_free(smp);
 	free(logits);
 	free(toks);
+	return rc;
+}
+
+/* The model's chat template.  Only ChatML is known (recognised by its
+ * markers; the template's Jinja is not run): turns are
+ * "<|im_start|>ROLE\nTEXT<|im_end|>\n".  The template's own default system
+ * message, when it holds a literal one, is copied into sys. */
+static int chat_template(const char *path, char *sys, size_t cap, tqr_error *err)
+{
+	static const char mark[] = "<|im_start|>system\n";
+	tqr_gguf *g = NULL;
+	const char *t;
+	size_t n;
+	int rc;
+
+	sys[0] = 0;
+	if ((rc = tqr_gguf_open(&g, path, err)) < 0)
+		return rc;
+	if (tqr_gguf_find(g, "tokenizer.chat_template") < 0) {
+		rc = tqr_fail(err, -EINVAL, "%s: no tokenizer.chat_template: not a chat model", path);
+		goto out;
+	}
+	if ((rc = tqr_gguf_get_str(g, "tokenizer.chat_template", &t, &n, err)) < 0)
+		goto out;
+	if (!memmem(t, n, "<|im_start|>", 12) || !memmem(t, n, "<|im_end|>", 10)) {
+		rc = tqr_fail(err, -EOPNOTSUPP, "%s: the chat template is not ChatML (the only one supported)", path);
+		goto out;
+	}
+	const char *a = memmem(t, n, mark, sizeof(mark) - 1);
+	if (a) {
+		a += sizeof(mark) - 1;
+		const char *e = memmem(a, n - (size_t)(a - t), "<|im_end|>", 10);
+		if (e && !memchr(a, '{', (size_t)(e - a)) && !memchr(a, '}', (size_t)(e - a)) &&
+		    (size_t)(e - a) < cap) {
+			memcpy(sys, a, (size_t)(e - a));
+			sys[e - a] = 0;
+		}
+	}
+	rc = 0;
+out:
+	tqr_gguf_free(g);
+	return rc;
+}
+
+static int cmd_chat(const struct opts *o, const tqr_model *m, const tqr_tok *tok)
+{
+	const struct tqr_config *c = tqr_model_config(m);
+	tqr_forward *fw = NULL;
+	tqr_sampler *smp = NULL;
+	tqr_kv *kv = NULL;
+	tqr_error err = { { 0 } };
+	float *logits = NULL;
+	int *toks = NULL, rc, pos = 0, turns = 0, mid_line = 0;
+	int chunk = o->chunk < c->seq_len ? o->chunk : c->seq_len;
+	uint64_t seed = o->have_seed ? o->seed : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+	char sys[2048], *line = NULL, *text = NULL;
+	size_t line_cap = 0;
+	long n_prompt_all = 0, n_gen_all = 0;
+	double t_prompt = 0, t_gen = 0;
+	const char *tail = "";   /* what the last answer left unsaid: its end marker */
+	const int im_end = tqr_tok_lookup(tok, "<|im_end|>", 10);
+	const int tty = isatty(0) && !o->prompt;
+
+	if ((rc = chat_template(o->model, sys, sizeof(sys), &err)) < 0)
+		goto fail;
+	const char *system = o->system ? o->system : sys;
+	if (!(logits = malloc(sizeof(float) * (size_t)c->vocab_size))) {
+		rc = tqr_fail(&err, -ENOMEM, "out of memory");
+		goto fail;
+	}
+	if ((rc = tqr_sampler_new(&smp, c->vocab_size, o->temperature, o->top_p, seed, &err)) < 0 ||
+	    (rc = tqr_forward_new(&fw, m, chunk, &err)) < 0 || (rc = open_backend(o, c, &kv, &err)) < 0)
+		goto fail;
+	for (;;) {
+		const char *user;
+		if (o->prompt) {
+			if (turns)
+				break;
+			user = o->prompt;
+		} else {
+			if (tty)
+				fprintf(stderr, "> ");
+			ssize_t got = getline(&line, &line_cap, stdin);
+			if (got < 0)
+				break;
+			if (got && line[got - 1] == '\n')
+				line[--got] = 0;
+			if (!got)
+				continue;
+			user = line;
+		}
+		size_t need = strlen(tail) + strlen(system) + strlen(user) + 128;
+		char *nt = realloc(text, need);
+		int *nk = realloc(toks, sizeof(int) * (need + 3));
+		if (!nt || !nk) {
+			free(nt ? nt : text);
+			text = NULL;
+			toks = nk ? nk : toks;
+			rc = tqr_fail(&err, -ENOMEM, "out of memory");
+			goto fail;
+		}
+		text = nt;
+		toks = nk;
+		if (!turns && *system)
+			snprintf(text, need, "<|im_start|>system\n%s<|im_end|>\n<|im_start|>user\n%s<|im_end|>\n"
+				 "<|im_start|>assistant\n", system, user);
+		else
+			snprintf(text, need, "%s<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n", tail, user);
+		long n = tqr_tok_encode_special(tok, text, strlen(text), !turns, 0, toks, &err);
+		if (n < 0) {
+			rc = (int)n;
+			goto fail;
+		}
+		if (pos + n + 1 > c->seq_len) {
+			rc = tqr_fail(&err, -E2BIG, "the conversation needs %ld tokens; the context is %d (--ctx)",
+				      pos + n + 1, c->seq_len);
+			goto fail;
+		}
+		double t0 = now_s();
+		for (long i = 0; i < n; i += chunk) {
+			int k = n - i < chunk ? (int)(n - i) : chunk;
+			if ((rc = tqr_forward_run(fw, kv, toks + i, k, pos, logits, 0, &err)) < 0)
+				goto fail;
+			pos += k;
+		}
+		double t1 = now_s();
+		n_prompt_all += n;
+		t_prompt += t1 - t0;
+		/* the answer, streamed; it ends at a control token (<|im_end|>),
+		 * the --steps cap or the context */
+		int steps = o->steps, g = 0;
+		tail = "<|im_end|>\n";
+		for (; g < steps && pos < c->seq_len; g++) {
+			int next = tqr_sample(smp, logits);
+			const char *p;
+			size_t pn;
+			if (tqr_tok_is_control(tok, next))
+				break;
+			if (tqr_tok_decode(tok, -1, next, &p, &pn) == 0)
+				put_piece(p, pn);
+			fflush(stdout);
+			mid_line = 1;
+			if ((rc = tqr_forward_run(fw, kv, &next, 1, pos++, logits, 0, &err)) < 0)
+				goto fail;
+		}
+		if (im_end < 0)
+			tail = "";
+		n_gen_all += g;
+		t_gen += now_s() - t1;
+		printf("\n");
+		mid_line = 0;
+		fflush(stdout);
+		turns++;
+	}
+
+	struct tqr_kv_stats st;
+	char a[32], b[32];
+	tqr_kv_stats(kv, &st);
+	fmt_bytes(a, sizeof(a), st.tokens * st.bytes_per_token);
+	fmt_bytes(b, sizeof(b), st.tokens * st.fp16_per_token);
+	fprintf(tty ? stderr : stdout, "---\n%d turn%s: prompt %ld tokens at %.0f tokens/s; answers %ld tokens at "
+		"%.1f tokens/s\nKV cache (%s): %" PRIu64 " tokens x %d layers, %s vs %s for fp16 (%.2f bits/value)\n",
+		turns, turns == 1 ? "" : "s", n_prompt_all, n_prompt_all / (t_prompt > 0 ? t_prompt : 1e-9),
+		n_gen_all, n_gen_all / (t_gen > 0 ? t_gen : 1e-9), tqr_kv_name(kv), st.tokens, c->n_layers, a, b,
+		16.0 * (double)st.bytes_per_token / (double)st.fp16_per_token);
+	rc = 0;
+	goto out;
+fail:
+	fflush(stdout);
+	fprintf(stderr, "%s" PROG " chat: %s\n", mid_line ? "\n" : "", err.msg[0] ? err.msg : strerror(-rc));
+out:
+	tqr_kv_free(kv);
+	tqr_forward_free(fw);
+	tqr_sampler_free(smp);
+	free(logits);
+	free(toks);
+	free(text);
+	free(line);
 	return rc;
 }
 
@@ -526,7 +753,8 @@ static int cmd_ppl(const struct opts *o, const tqr_model *m, const tqr_tok *tok)
 		rc = tqr_fail(&err, -ENOMEM, "out of memory");
 		goto fail;
 	}
-	/* the whole text as one stream, BOS first, as llama2.c tokenizes */
+	/* the whole text as one stream, BOS first where the vocabulary takes
+	 * one (llama2.c's always; a GGUF file's add_bos_token) */
 	if ((nt = tqr_tok_encode(tok, (const char *)text, tlen, 1, 0, toks, &err)) < 0) {
 		rc = (int)nt;
 		goto fail;
@@ -539,6 +767,17 @@ static int cmd_ppl(const struct opts *o, const tqr_model *m, const tqr_tok *tok)
 	int wlen = nt >= c->seq_len ? c->seq_len : (int)nt;
 	long avail = nt / wlen;
 	int windows = avail < o->windows ? (int)avail : o->windows;
+	/* llama.cpp's perplexity: each chunk starts with BOS where the file
+	 * adds one, and only its second half is scored */
+	const int llama = o->ctx || o->gguf;
+	const int first = llama ? wlen / 2 : 0;
+	if (llama && wlen < 4) {
+		rc = tqr_fail(&err, -EINVAL, "%s: %ld tokens, too few for chunks scored in their second half", o->file, nt);
+		goto fail;
+	}
+	if (llama && tqr_tok_adds_bos(tok))
+		for (int w = 0; w < windows; w++)
+			toks[(size_t)w * wlen] = tqr_tok_bos(tok);
 
 	if (o->logits_out && !(lf = fopen(o->logits_out, "wb"))) {
 		rc = tqr_fail(&err, -errno, "%s: %s", o->logits_out, strerror(errno));
@@ -561,7 +800,7 @@ static int cmd_ppl(const struct opts *o, const tqr_model *m, const tqr_tok *tok)
 		progress(0, windows, 0, 0);
 	if (ns == 1) {
 		for (int w = 0; w < windows; w++) {
-			long scored = tqr_forward_score(fw, kv, toks + (size_t)w * wlen, wlen, logits, &nll,
+			long scored = tqr_forward_score(fw, kv, toks + (size_t)w * wlen, wlen, first, logits, &nll,
 							lf ? write_logits : NULL, &wl, &err);
 			if (scored < 0) {
 				rc = (int)scored;
@@ -581,8 +820,8 @@ static int cmd_ppl(const struct opts *o, const tqr_model *m, const tqr_tok *tok)
 		for (int pos = 0; pos < wlen; pos += chunk) {
 			for (int i = 0; i < nw; i++) {
 				long rows = tqr_forward_score_chunk(fw, kvs[i], toks + (size_t)(w0 + i) * wlen, wlen, pos,
-								    logits, &wnll[i], lf ? write_logits : NULL, &wl,
-								    &err);
+								    first, logits, &wnll[i], lf ? write_logits : NULL,
+								    &wl, &err);
 				if (rows < 0) {
 					rc = (int)rows;
 					goto fail;
@@ -616,16 +855,17 @@ static int cmd_ppl(const struct opts *o, const tqr_model *m, const tqr_tok *tok)
 	const char *vn = o->exact ? "f32" : tq_codec_name((enum tq_codec_id)o->v_codec);
 	if (o->json) {
 		printf("{\"ppl\":%.6f,\"nll_per_token\":%.6f,\"tokens\":%ld,\"windows\":%d,\"window_tokens\":%d,"
-		       "\"text_tokens\":%ld,\"k\":\"%s\",\"v\":\"%s\",\"backend\":\"%s\",\"kv_bytes\":%" PRIu64
+		       "\"scored_from\":%d,\"text_tokens\":%ld,\"k\":\"%s\",\"v\":\"%s\",\"backend\":\"%s\",\"kv_bytes\":%" PRIu64
 		       ",\"fp16_kv_bytes\":%" PRIu64 ",\"bits_per_value\":%.4f,\"tokens_per_s\":%.1f}\n",
-		       ppl, nll / (double)count, count, windows, wlen, nt, kn, vn, backend_kind(o), kvb, f16b,
+		       ppl, nll / (double)count, count, windows, wlen, first, nt, kn, vn, backend_kind(o), kvb, f16b,
 		       bits, tps);
 	} else {
 		char a[32], b[32];
 		fmt_bytes(a, sizeof(a), kvb);
 		fmt_bytes(b, sizeof(b), f16b);
-		printf("%s: %ld tokens; scored %ld in %d windows of %d (KV %s, K %s, V %s)\n", o->file, nt,
-		       count, windows, wlen, tqr_kv_name(kv), kn, vn);
+		printf("%s: %ld tokens; scored %ld in %d windows of %d%s (KV %s, K %s, V %s)\n", o->file, nt,
+		       count, windows, wlen, first ? ", second halves (llama-perplexity's way)" : "",
+		       tqr_kv_name(kv), kn, vn);
 		printf("perplexity %.4f  (%.4f nats/token)\n", ppl, nll / (double)count);
 		printf("KV cache per window: %s vs %s for fp16 (%.2f bits/value); %.0f tokens/s\n", a, b, bits, tps);
 	}
@@ -662,12 +902,20 @@ int main(int argc, char **argv)
 	if (rc)
 		return rc > 0 ? 0 : 2;
 	if ((rc = tqr_model_load(&m, o.model, &err)) < 0 ||
-	    (o.tokenizer && (rc = tqr_tok_load(&tok, o.tokenizer, tqr_model_config(m)->vocab_size, &err)) < 0)) {
+	    /* an explicit --ctx beyond the model's is an error; ppl on a GGUF
+	     * model defaults to llama-perplexity's 512 */
+	    (o.ctx && (rc = tqr_model_limit_context(m, o.ctx, &err)) < 0) ||
+	    (!o.ctx && o.gguf && !strcmp(o.cmd, "ppl") && tqr_model_config(m)->seq_len > 512 &&
+	     (rc = tqr_model_limit_context(m, 512, &err)) < 0) ||
+	    (o.tokenizer && (rc = tqr_tok_load(&tok, o.tokenizer, tqr_model_config(m)->vocab_size, &err)) < 0) ||
+	    (!o.tokenizer && o.gguf && !(o.tokens && !strcmp(o.cmd, "generate")) &&
+	     (rc = tqr_tok_from_gguf(&tok, o.model, tqr_model_config(m)->vocab_size, &err)) < 0)) {
 		fprintf(stderr, PROG ": %s\n", err.msg);
 		tqr_model_free(m);
 		return 1;
 	}
-	rc = !strcmp(o.cmd, "generate") ? cmd_generate(&o, m, tok) : cmd_ppl(&o, m, tok);
+	rc = !strcmp(o.cmd, "generate") ? cmd_generate(&o, m, tok) :
+	     !strcmp(o.cmd, "chat") ? cmd_chat(&o, m, tok) : cmd_ppl(&o, m, tok);
 	tqr_tok_free(tok);
 	tqr_model_free(m);
 	return rc < 0 ? 1 : 0;

@@ -5,9 +5,11 @@
  *     Hugging Face tokenizers (scripts/gen-bpe-fixture.py);
  *   - naive_bpe(): the quadratic merge loop over strings, with merge ranks
  *     found by a linear search of the merge list, on a synthetic vocabulary.
- * The real vocabulary is read from build/models/SmolLM2-135M-Instruct.vocab
- * (written by scripts/gen-bpe-fixture.py; TQ_BPE_VOCAB overrides); without
- * it the synthetic cases run and the test exits 77.  TQ_BPE_FIXTURE names
+ * The real vocabulary is the model's own: the metadata of
+ * build/models/SmolLM2-135M-Instruct.Q4_1.gguf (scripts/get-models.sh) read
+ * by tok_gguf.c, as tqkv-run reads it; TQ_BPE_VOCAB names a dump of
+ * scripts/gen-bpe-fixture.py instead.  Without either the synthetic cases
+ * run and the test exits 77.  TQ_BPE_FIXTURE names
  * another fixture (gen-bpe-fixture.py --random N writes a stress set). */
 #include <errno.h>
 #include <stdint.h>
@@ -16,7 +18,9 @@
 #include <time.h>
 
 #include "bpe.h"
+#include "gguf.h"
 #include "harness.h"
+#include "tokenizer.h"
 
 static const char *src_dir(void)
 {
@@ -372,6 +376,22 @@ static unsigned char *slurp(const char *path, size_t *n)
 	return b;
 }
 
+/* The model file's vocabulary, through tok_gguf.c. */
+static int real_load_gguf(const char *path)
+{
+	tqr_gguf *g;
+	tqr_error err;
+	int rc;
+
+	if (tqr_gguf_open(&g, path, &err) < 0)
+		return -1;
+	rc = tqr_bpe_from_gguf(&R.b, g, 49152, &err);
+	if (rc < 0)
+		fprintf(stderr, "  %s: %s\n", path, err.msg);
+	tqr_gguf_free(g);
+	return rc < 0 ? -1 : 0;
+}
+
 /* The dump of scripts/gen-bpe-fixture.py (trusted: the test's own file). */
 static int real_load(const char *path)
 {
@@ -597,11 +617,12 @@ int main(void)
 	if (v)
 		snprintf(path, sizeof(path), "%s", v);
 	else
-		snprintf(path, sizeof(path), "%s/build/models/SmolLM2-135M-Instruct.vocab", src_dir());
-	if (real_load(path) < 0) {
+		snprintf(path, sizeof(path), "%s/build/models/SmolLM2-135M-Instruct.Q4_1.gguf", src_dir());
+	if ((v ? real_load(path) : real_load_gguf(path)) < 0) {
 		if ((rc = t_done()) != 0)
 			return rc;
-		fprintf(stderr, "%s is absent or unreadable (scripts/gen-bpe-fixture.py writes it)\n", path);
+		fprintf(stderr, "%s is absent or unreadable (%s)\n", path,
+			v ? "scripts/gen-bpe-fixture.py writes it" : "scripts/get-models.sh fetches it");
 		t_skip("no SmolLM2 vocabulary: the reference cases were skipped (the synthetic ones passed)");
 	}
 	T_RUN(test_fixture);

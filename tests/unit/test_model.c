@@ -537,7 +537,7 @@ static double window_ppl(const tqr_model *m, tqr_kv *kv, const int *toks, int wi
 	if (tqr_forward_new(&f, m, 64, &err) < 0)
 		count = -1;
 	for (int w = 0; count >= 0 && w < windows; w++) {
-		long r = tqr_forward_score(f, kv, toks + (size_t)w * wlen, wlen, lg, &nll, NULL, NULL, &err);
+		long r = tqr_forward_score(f, kv, toks + (size_t)w * wlen, wlen, 0, lg, &nll, NULL, NULL, &err);
 		count = r < 0 ? -1 : count + r;
 	}
 	if (count < 0)
