@@ -185,7 +185,7 @@ test-faults: deps
 	@$(MAKE) --no-print-directory all
 	@KILL_ROUNDS=$(KILL_ROUNDS) TQ_BIN='$(BIN)' bash tests/integration/persist.sh
 
-# demo: stories260K end to end through a private tqkvd (scripts/demo.sh)
+# demo: stories260K and SmolLM2 (chat) end to end through a private tqkvd (scripts/demo.sh)
 demo: deps
 	@$(MAKE) --no-print-directory $(TQKVD) $(TQKV_RUN)
 	@BIN='$(BIN)' scripts/demo.sh
