@@ -314,6 +314,24 @@ static void matmul(float *out, const float *x, const float *w, int n, int d_in, 
 	for (int t = 0; t < nb; t++)
 		for (int j = 0; j < d_in; j++)
 			xt[(size_t)j * n + t] = x[(size_t)t * d_in + j];
+	/* the tokens past the last whole block (all of them when decoding one):
+	 * 8 output rows at a time, 8 independent sums in j order each, so the
+	 * adds do not wait on each other (one chain ran at an add's latency) */
+	int i8 = d_out / 8 * 8;
+	for (int t = nb; t < n; t++) {
+		const float *xr = x + (size_t)t * d_in;
+		for (int i = 0; i < i8; i += 8) {
+			const float *w0 = w + (size_t)i * d_in;
+			float s[8] = { 0 };
+			for (int j = 0; j < d_in; j++) {
+				const float xj = xr[j];
+				for (int u = 0; u < 8; u++)
+					s[u] += w0[(size_t)u * d_in + j] * xj;
+			}
+			for (int u = 0; u < 8; u++)
+				out[(size_t)t * d_out + i + u] = s[u];
+		}
+	}
 	for (int i = 0; i < d_out; i++) {
 		const float *wi = w + (size_t)i * d_in;
 		for (int t0 = 0; t0 < nb; t0 += MM_BLOCK) {
@@ -326,7 +344,7 @@ static void matmul(float *out, const float *x, const float *w, int n, int d_in, 
 			for (int u = 0; u < MM_BLOCK; u++)
 				out[(size_t)(t0 + u) * d_out + i] = acc[u];
 		}
-		for (int t = nb; t < n; t++) {
+		for (int t = nb; t < n && i >= i8; t++) {
 			const float *xr = x + (size_t)t * d_in;
 			float s = 0.0f;
 			for (int j = 0; j < d_in; j++)
