@@ -306,6 +306,7 @@ static int local_append_attend(tqr_kv *kv, int layer, int pos0, int n, const flo
 		.out = out,
 		.isa = TQ_ISA_AUTO,
 		.threads = lc->threads,
+		.sparse_v = lc->o.sparse_v,
 	};
 	if (lc->o.reference) {
 		rc = tq_attend_ref(&ap, &te);

@@ -47,6 +47,7 @@ struct opts {
 	int local;
 	int threads, chunk, steps, windows, json, sessions;
 	int ctx;                  /* --ctx: 0 = the model's (ppl on GGUF: 512)       */
+	float sparse_v;           /* --sparse-v (with --local)                       */
 	int gguf;                 /* the model file is GGUF                          */
 	float temperature, top_p;
 	uint64_t seed, rotation_seed;
@@ -79,6 +80,9 @@ static void usage(FILE *f)
 		"  --threads N          attention threads with --local (default 1)\n"
 		"  --chunk N            prompt tokens per forward chunk (default 64)\n"
 		"  --rotation-seed S    the session's rotation seed (default fixed)\n"
+		"  --sparse-v X         with --local: skip the values whose attention weight is\n"
+		"                       below X of the running maximum for every head of the\n"
+		"                       group (the kernels' sparse-V; default 0, off)\n"
 		"  --ctx N              the context in tokens, at most the model's (default:\n"
 		"                       the model's; ppl on a GGUF model: 512)\n"
 		"\n"
@@ -179,7 +183,7 @@ static int is_gguf(const char *path)
 enum {
 	O_MODEL = 256, O_TOKENIZER, O_PROMPT, O_STEPS, O_TEMP, O_TOPP, O_SEED, O_WINDOWS, O_JSON,
 	O_RUNDIR, O_K, O_V, O_KV, O_LOCAL, O_THREADS, O_CHUNK, O_RSEED, O_TENANT, O_LOGITS, O_SESSIONS, O_TOKENS,
-	O_CTX, O_SYSTEM, O_HELP,
+	O_CTX, O_SYSTEM, O_SPARSE, O_HELP,
 };
 
 static int parse_args(int argc, char **argv, struct opts *o)
@@ -208,6 +212,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "tokens", required_argument, NULL, O_TOKENS },
 		{ "ctx", required_argument, NULL, O_CTX },
 		{ "system", required_argument, NULL, O_SYSTEM },
+		{ "sparse-v", required_argument, NULL, O_SPARSE },
 		{ "help", no_argument, NULL, O_HELP },
 		{ 0 },
 	};
@@ -270,6 +275,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case O_SESSIONS: rc = parse_long("--sessions", optarg, 1, 1024, &v); o->sessions = (int)v; break;
 		case O_CTX: rc = parse_long("--ctx", optarg, 2, INT_MAX, &v); o->ctx = (int)v; break;
 		case O_SYSTEM: o->system = optarg; break;
+		case O_SPARSE: rc = parse_float("--sparse-v", optarg, &o->sparse_v); break;
 		case O_HELP: usage(stdout); return 1;
 		default:
 			fprintf(stderr, PROG ": see '" PROG " --help'\n");
@@ -312,6 +318,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	}
 	if (!gen && !chat && o->tokens) {
 		fprintf(stderr, PROG " ppl: --tokens is for generate\n");
+		return -EINVAL;
+	}
+	if (o->sparse_v != 0.0f && (!o->local || !(o->sparse_v > 0.0f && o->sparse_v < 1.0f))) {
+		fprintf(stderr, PROG ": --sparse-v is in (0, 1) and needs --local (tqkvd does not skip values)\n");
 		return -EINVAL;
 	}
 	if (o->temperature < 0.0f) {
@@ -363,6 +373,7 @@ static int open_backend(const struct opts *o, const struct tqr_config *c, tqr_kv
 			.v_codec = (enum tq_codec_id)o->v_codec,
 			.rotation_seed = o->rotation_seed,
 			.threads = o->threads,
+			.sparse_v = o->sparse_v,
 		};
 		return tqr_kv_new_local(kv, &g, &lo, err);
 	}
