@@ -11,15 +11,26 @@ set -u
 cd "$TQ_SRC"
 model=${TQ_GGUF_MODEL:-$TQ_BUILD/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 [ -f "$model" ] || { echo "skip: $model is absent (scripts/get-models.sh fetches it)"; exit 77; }
-python3 -c 'import numpy, gguf' 2>/dev/null || { echo "skip: python3 lacks numpy or gguf (pip install numpy gguf)"; exit 77; }
+# numpy and gguf: the system's, else a venv under the build tree (pinned;
+# skipped only when neither can be had)
+py=python3
+if ! $py -c 'import numpy, gguf' 2>/dev/null; then
+	venv="$TQ_BUILD/py-venv"
+	if ! "$venv/bin/python" -c 'import numpy, gguf' 2>/dev/null; then
+		{ python3 -m venv "$venv" && "$venv/bin/pip" install -q --disable-pip-version-check \
+			numpy==2.2.6 gguf==0.19.0; } >"${TMPDIR:-/tmp}/gguf_ref_venv.log" 2>&1 ||
+			{ echo "skip: numpy/gguf unavailable: $(tail -n 1 "${TMPDIR:-/tmp}/gguf_ref_venv.log")"; exit 77; }
+	fi
+	py="$venv/bin/python"
+fi
 out=$(mktemp -d "${TMPDIR:-/tmp}/gguf_ref.XXXXXX")
 trap 'rm -rf "$out"' EXIT
 set -e
 tensors="token_embd.weight blk.0.attn_q.weight blk.29.ffn_down.weight blk.7.attn_norm.weight output_norm.weight"
-python3 scripts/ref-dequant.py "$model" "$out" $tensors
+"$py" scripts/ref-dequant.py "$model" "$out" $tensors
 "$TQ_BUILD/tests/test_gguf" --dequant "$model" "$out" $tensors
 # "<|im_start|>The capital of France is Paris. The capital of Germany is" (ids
 # looked up in the vocabulary): the last argmax is " Berlin" (11452)
 ids=1,504,3575,282,4649,314,7042,30,378,3575,282,4521,314
-python3 scripts/ref-forward.py "$model" --tokens "$ids" --out "$out/logits.bin"
+"$py" scripts/ref-forward.py "$model" --tokens "$ids" --out "$out/logits.bin"
 "$TQ_BUILD/tests/test_gguf" --forward "$model" "$out/logits.bin" "$ids"
