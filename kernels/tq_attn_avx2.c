@@ -427,6 +427,49 @@ static void accum_##C(const tq_codec *c, const uint8_t *src, int n, float *acc, 
 	}                                                                                     \
 }
 
+/* The passes of the tq3 / tq4 value kernels over the chunk's index bytes
+ * ix [n][128]: 4 rows x 16 dims in registers per pass, one vpermps per 8
+ * dims; fold (tq4): the index's bit 3 is the sign (accum_tq4). */
+static inline __attribute__((always_inline)) __m256 ix_value(__m256 cb, const uint8_t *ip, const int fold)
+{
+	const __m256i i = zext8(ip);
+	const __m256 v = _mm256_permutevar8x32_ps(cb, i);
+	if (!fold)
+		return v;
+	return _mm256_xor_ps(v, _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(i, 28),
+								      _mm256_set1_epi32((int)0x80000000u))));
+}
+
+static inline __attribute__((always_inline)) void ix_passes(const uint8_t *ix, int n, const float *w, float *acc,
+							    const float *alpha, __m256 cb, const int fold)
+{
+	_Pragma("GCC unroll 8")
+	for (int h = 0; h < D / 16; h++) {
+		__m256 a[8];
+		_Pragma("GCC unroll 4")
+		for (int r = 0; r < 4; r++) {
+			const __m256 al = _mm256_set1_ps(alpha[r]);
+			a[2 * r] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * D + 16 * h), al);
+			a[2 * r + 1] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * D + 16 * h + 8), al);
+		}
+		const uint8_t *ip = ix + 16 * h;
+		for (int t = 0; t < n; t++, ip += D) {
+			const __m256 v0 = ix_value(cb, ip, fold), v1 = ix_value(cb, ip + 8, fold);
+			_Pragma("GCC unroll 4")
+			for (int r = 0; r < 4; r++) {
+				const __m256 wr = _mm256_broadcast_ss(w + 4 * t + r);
+				a[2 * r] = _mm256_fmadd_ps(wr, v0, a[2 * r]);
+				a[2 * r + 1] = _mm256_fmadd_ps(wr, v1, a[2 * r + 1]);
+			}
+		}
+		_Pragma("GCC unroll 4")
+		for (int r = 0; r < 4; r++) {
+			_mm256_storeu_ps(acc + r * D + 16 * h, a[2 * r]);
+			_mm256_storeu_ps(acc + r * D + 16 * h + 8, a[2 * r + 1]);
+		}
+	}
+}
+
 /* tq3 values: the index bytes of the chunk first, by in-lane byte shifts and
  * masks (32 dims per step, as the tile decoder does), then the passes look
  * them up with one vpmovzxbd and one vpermps per 8 dims: the slice decoder
@@ -459,32 +502,7 @@ static void accum_tq3(const tq_codec *c, const uint8_t *src, int n, float *acc,
 		_mm256_store_si256(o + 3, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 6), m3),
 							  _mm256_and_si256(_mm256_srli_epi16(y, 4), m4)));
 	}
-	_Pragma("GCC unroll 8")
-	for (int h = 0; h < D / 16; h++) {
-		__m256 a[8];
-		_Pragma("GCC unroll 4")
-		for (int r = 0; r < 4; r++) {
-			const __m256 al = _mm256_set1_ps(alpha[r]);
-			a[2 * r] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * D + 16 * h), al);
-			a[2 * r + 1] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * D + 16 * h + 8), al);
-		}
-		const uint8_t *ip = ix + 16 * h;
-		for (int t = 0; t < n; t++, ip += D) {
-			const __m256 v0 = _mm256_permutevar8x32_ps(cb, zext8(ip));
-			const __m256 v1 = _mm256_permutevar8x32_ps(cb, zext8(ip + 8));
-			_Pragma("GCC unroll 4")
-			for (int r = 0; r < 4; r++) {
-				const __m256 wr = _mm256_broadcast_ss(w + 4 * t + r);
-				a[2 * r] = _mm256_fmadd_ps(wr, v0, a[2 * r]);
-				a[2 * r + 1] = _mm256_fmadd_ps(wr, v1, a[2 * r + 1]);
-			}
-		}
-		_Pragma("GCC unroll 4")
-		for (int r = 0; r < 4; r++) {
-			_mm256_storeu_ps(acc + r * D + 16 * h, a[2 * r]);
-			_mm256_storeu_ps(acc + r * D + 16 * h + 8, a[2 * r + 1]);
-		}
-	}
+	ix_passes(ix, n, w, acc, alpha, cb, 0);
 }
 
 /* tq4 values the same way.  The 16-entry codebook is symmetric bit for bit
@@ -502,7 +520,6 @@ static void accum_tq4(const tq_codec *c, const uint8_t *src, int n, float *acc,
 {
 	const __m256 cb = _mm256_loadu_ps(c->cb.centroid);
 	const __m256i m15 = _mm256_set1_epi8(15), m8 = _mm256_set1_epi8(8), m7 = _mm256_set1_epi8(7);
-	const __m256i sgn = _mm256_set1_epi32((int)0x80000000u);
 	const size_t bb = c->block_bytes;
 	float w[TQA_CHUNK * TQA_ROWS] __attribute__((aligned(32)));
 	uint8_t ix[TQA_CHUNK * D] __attribute__((aligned(32)));
@@ -518,35 +535,7 @@ static void accum_tq4(const tq_codec *c, const uint8_t *src, int n, float *acc,
 		_mm256_store_si256(o + 2, tq4_fold(_mm256_and_si256(_mm256_srli_epi16(x0, 4), m15), m8, m7));
 		_mm256_store_si256(o + 3, tq4_fold(_mm256_and_si256(_mm256_srli_epi16(x1, 4), m15), m8, m7));
 	}
-	_Pragma("GCC unroll 8")
-	for (int h = 0; h < D / 16; h++) {
-		__m256 a[8];
-		_Pragma("GCC unroll 4")
-		for (int r = 0; r < 4; r++) {
-			const __m256 al = _mm256_set1_ps(alpha[r]);
-			a[2 * r] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * D + 16 * h), al);
-			a[2 * r + 1] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * D + 16 * h + 8), al);
-		}
-		const uint8_t *ip = ix + 16 * h;
-		for (int t = 0; t < n; t++, ip += D) {
-			const __m256i i0 = zext8(ip), i1 = zext8(ip + 8);
-			const __m256 v0 = _mm256_xor_ps(_mm256_permutevar8x32_ps(cb, i0), _mm256_castsi256_ps(
-				_mm256_and_si256(_mm256_slli_epi32(i0, 28), sgn)));
-			const __m256 v1 = _mm256_xor_ps(_mm256_permutevar8x32_ps(cb, i1), _mm256_castsi256_ps(
-				_mm256_and_si256(_mm256_slli_epi32(i1, 28), sgn)));
-			_Pragma("GCC unroll 4")
-			for (int r = 0; r < 4; r++) {
-				const __m256 wr = _mm256_broadcast_ss(w + 4 * t + r);
-				a[2 * r] = _mm256_fmadd_ps(wr, v0, a[2 * r]);
-				a[2 * r + 1] = _mm256_fmadd_ps(wr, v1, a[2 * r + 1]);
-			}
-		}
-		_Pragma("GCC unroll 4")
-		for (int r = 0; r < 4; r++) {
-			_mm256_storeu_ps(acc + r * D + 16 * h, a[2 * r]);
-			_mm256_storeu_ps(acc + r * D + 16 * h + 8, a[2 * r + 1]);
-		}
-	}
+	ix_passes(ix, n, w, acc, alpha, cb, 1);
 }
 
 /* ---- integer key scoring at dim 128 --------------------------------------------
