@@ -20,19 +20,29 @@ command -v "$QEMU" >/dev/null || { echo "check-aarch64: $QEMU not found (apt-get
 out=build/aarch64
 mkdir -p "$out"
 FLAGS="-std=gnu11 -O2 -Wall -Wextra -Wshadow -Wno-unused-parameter -Wvla -Werror -ffp-contract=off -D_GNU_SOURCE -pthread -Ikernels"
+# compile two at a time, and (below) run the emulated tests side by side:
+# qemu runs one test on one core
+jobs=${TQ_AARCH64_JOBS:-2}
 for f in $(ls kernels/*.c | grep -v "/tq_cuda\.c$") tests/unit/harness.c tests/unit/tietest.c; do
-	$CC $FLAGS -c "$f" -o "$out/$(basename "$f" .c).o"
-done
+	echo "$f"
+done | xargs -P "$jobs" -I{} sh -c '$0 $1 -c "$2" -o "$3/$(basename "$2" .c).o"' "$CC" "$FLAGS" {} "$out" ||
+	{ echo "FAIL  the aarch64 build of kernels/"; exit 1; }
 rm -f "$out/libk.a"
 aarch64-linux-gnu-ar rcs "$out/libk.a" $(ls "$out"/*.o | grep -v "harness\|tietest")
 if [ "${TQ_AARCH64_QUICK:-0}" = 1 ]; then
 	export TQ_TEST_SKIP=test_mse_paper_d128,test_mse_codebook_theory,test_codec_mse_norm_corrected,test_norm_preserved,test_rotation_orthogonal
 fi
 rc=0
-for t in test_codec test_codec_simd test_attn; do
+tests="test_codec test_codec_simd test_attn"
+for t in $tests; do
 	$CC $FLAGS -Itests/unit -c "tests/unit/$t.c" -o "$out/$t.o"
 	$CC -static -o "$out/$t" "$out/$t.o" "$out/harness.o" "$out/tietest.o" "$out/libk.a" -lm -pthread
-	if "$QEMU" "$out/$t" >"$out/$t.log" 2>&1; then
+done
+# the longest first; at most $jobs at once; each one's status in $out/$t.rc
+printf '%s\n' test_attn test_codec_simd test_codec |
+	xargs -P "$jobs" -I{} sh -c '"$0" "$1/$2" >"$1/$2.log" 2>&1; echo $? >"$1/$2.rc"' "$QEMU" "$out" {}
+for t in $tests; do
+	if [ "$(cat "$out/$t.rc")" = 0 ]; then
 		echo "PASS  $t (aarch64, qemu)"
 		case $t in
 		test_codec_simd) want="^ *neon: tested" ;;
@@ -47,8 +57,8 @@ for t in test_codec test_codec_simd test_attn; do
 			fi
 		fi
 	else
-		st=$?
-		if [ $st -eq 77 ]; then echo "SKIP  $t: $(tail -n 1 "$out/$t.log")"; else echo "FAIL  $t"; tail -n 20 "$out/$t.log"; rc=1; fi
+		st=$(cat "$out/$t.rc")
+		if [ "$st" -eq 77 ]; then echo "SKIP  $t: $(tail -n 1 "$out/$t.log")"; else echo "FAIL  $t"; tail -n 20 "$out/$t.log"; rc=1; fi
 	fi
 done
 exit $rc
