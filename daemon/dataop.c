@@ -90,6 +90,7 @@ static void kv_sess_free(struct kvstore *ks, struct kv_sess *kv)
 		free(L->meta);
 		tq_codec_free(L->kc);
 		tq_codec_free(L->vc);
+		tq_xf_free(L->xf);
 	}
 	kvp_sess_free(ks, kv); /* a closed persistent session's files and slots */
 	pthread_mutex_destroy(&kv->lock);
@@ -210,6 +211,7 @@ int dataop_kv_get(struct kvstore *ks, struct session *s, struct kv_sess **out)
 	kv->dim = g->head_dim;
 	kv->k_id = g->k_codec;
 	kv->v_id = g->v_codec;
+	kv->xform = g->kv_xform;
 	kv->seed = session_seed(s);
 	/* Positions are int32 (tq_attn.h): a layer holds at most INT32_MAX tokens. */
 	kv->max_tokens = g->max_tokens < INT32_MAX ? g->max_tokens : INT32_MAX;
@@ -237,8 +239,11 @@ static int layer_codecs(struct kvstore *ks, struct kv_sess *kv, uint32_t l, stru
 	tq_error te;
 	int e;
 
-	if (L->kc && L->vc)
+	if (L->kc && L->vc && (L->xf || !kv->xform))
 		return 0;
+	if (kv->xform && !L->xf &&
+	    (e = tq_xf_new(&L->xf, kv->xform, kv->geom.n_kv_heads, kv->n_q_heads, kv->dim, &te)) < 0)
+		goto fail;
 	if (!L->kc) {
 		cp.id = kv->k_id;
 		cp.seed = tqkv_seed_derive(kv->seed, l, 0);
@@ -1263,6 +1268,29 @@ void dataop_truncate(struct kvstore *ks, struct session *s, uint32_t layer, int 
 out:
 	r->n_tokens = all_layers ? kv->max_len : kv->layer[layer].n_tokens;
 	pthread_mutex_unlock(&kv->lock);
+}
+
+int dataop_xf_summary(struct kvstore *ks, struct session *s, struct tq_xf_summary *out, uint32_t n_layers)
+{
+	uint64_t id = session_id(s);
+	struct kv_sess *kv;
+
+	if (n_layers != session_geom(s)->n_layers)
+		return -EINVAL;
+	memset(out, 0, sizeof(*out) * n_layers);
+	pthread_mutex_lock(&ks->lock);
+	for (kv = ks->bucket[id & (N_BUCKETS - 1)]; kv && kv->id != id; kv = kv->next)
+		;
+	pthread_mutex_unlock(&ks->lock);
+	if (!kv)
+		return -ENOENT;
+	/* kv lives while the caller holds the session (kvstore_release) */
+	pthread_mutex_lock(&kv->lock);
+	for (uint32_t l = 0; l < n_layers; l++)
+		if (kv->layer[l].xf)
+			tq_xf_summarize(kv->layer[l].xf, &out[l]);
+	pthread_mutex_unlock(&kv->lock);
+	return 0;
 }
 
 void dataop_ws_free(struct dataop_ws *ws)

@@ -153,4 +153,11 @@ void dataop_truncate(struct kvstore *ks, struct session *s, uint32_t layer, int 
 
 void dataop_ws_free(struct dataop_ws *ws);
 
+/* The K/V transforms of each layer (kernels/tq_xform.h): out[n_layers],
+ * zeros for layers never appended to.  Inside session_acquire/release
+ * (now_ms 0 leaves the session's last access as it is).  0, -ENOENT (the session holds no
+ * data yet: every entry zero), -EINVAL (n_layers is not the session's). */
+struct tq_xf_summary;
+int dataop_xf_summary(struct kvstore *ks, struct session *s, struct tq_xf_summary *out, uint32_t n_layers);
+
 #endif

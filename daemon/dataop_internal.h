@@ -10,6 +10,7 @@
 
 #include "dataop.h"
 #include "tq_page.h"
+#include "tq_xform.h"
 
 #define N_BUCKETS 1024 /* power of two */
 
@@ -39,6 +40,7 @@ struct kv_layer {
 	struct kv_readahead *ra;  /* reads of its spilled pages in flight, or NULL   */
 	uint32_t n_tokens;        /* tokens 0..n_tokens-1 are committed              */
 	tq_codec *kc, *vc;        /* created on first use                            */
+	tq_xf *xf;                /* K/V transforms (kv_xform != 0), with the codecs */
 };
 
 struct kv_sess {
@@ -48,6 +50,7 @@ struct kv_sess {
 	struct tq_page_geom geom;
 	uint32_t n_layers, n_q_heads, dim;
 	enum tq_codec_id k_id, v_id;
+	uint32_t xform;           /* TQ_XF_* mode of every layer (session_geom)      */
 	uint64_t seed;
 	uint64_t max_tokens;      /* per layer, from the session                     */
 	uint64_t max_len;         /* longest layer (the session's token count)       */

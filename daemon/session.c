@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "tq_xform.h"
 #include "tqkv_ring.h"
 
 #define N_BUCKETS 1024 /* power of two; chains stay short up to ~64k sessions */
@@ -211,6 +212,10 @@ int session_geom_check(const struct session_geom *g, uint64_t *bytes_per_token,
 	}
 	if ((vb = tq_block_bytes(g->v_codec, (int)g->head_dim, &te)) < 0) {
 		snprintf(why, whylen, "V codec: %s", te.msg);
+		return -EINVAL;
+	}
+	if (tq_xf_mode_check(g->kv_xform, &te) < 0) {
+		snprintf(why, whylen, "%s", te.msg);
 		return -EINVAL;
 	}
 	if (g->max_tokens < 1 || g->max_tokens > SESSION_MAX_TOKENS) {

@@ -56,6 +56,8 @@ struct session_geom {
 	enum tq_codec_id k_codec;
 	enum tq_codec_id v_codec;
 	uint64_t max_tokens;
+	uint32_t kv_xform;           /* TQ_XF_* transforms of each layer's K/V   */
+				     /* (kernels/tq_xform.h); 0: none            */
 };
 
 struct session_info {

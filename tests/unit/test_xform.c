@@ -1,0 +1,334 @@
+/* test_xform.c — the key/value transforms (kernels/tq_xform.h): exact in
+ * attention, better scores through a 4-bit codec on keys with an offset and
+ * outlier channels, modes, calibration rules, and the stored bytes. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "tq_attn.h"
+#include "tq_codec.h"
+#include "tq_page.h"
+#include "tq_xform.h"
+
+#define D    64
+#define NKV  2
+#define NQH  6
+#define PT   16u
+
+static uint64_t rs;
+static double urand(void)
+{
+	rs = rs * 6364136223846793005ULL + 1442695040888963407ULL;
+	return (double)(rs >> 11) * (1.0 / 9007199254740992.0);
+}
+static float gauss(void)
+{
+	double u = urand() + 1e-12, v = urand();
+	return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+}
+
+/* Keys like a real model's: a large shared offset per channel, a few
+ * channels much larger than the rest; queries with outliers on the same
+ * channels; values with a sink token (0) near zero. */
+static void make_inputs(float *k, float *v, float *q, uint32_t n, uint32_t n_q)
+{
+	for (uint32_t t = 0; t < n; t++)
+		for (uint32_t h = 0; h < NKV; h++)
+			for (uint32_t c = 0; c < D; c++) {
+				size_t i = ((size_t)t * NKV + h) * D + c;
+				float off = (float)((c * 37 + h * 5) % 11) - 5.0f;
+				float amp = c % 16 == 3 ? 8.0f : 1.0f;
+				k[i] = 1.5f * off + amp * gauss();
+				v[i] = t == 0 ? 0.01f * gauss() : gauss() + 0.3f;
+			}
+	for (uint32_t t = 0; t < n_q; t++)
+		for (uint32_t h = 0; h < NQH; h++)
+			for (uint32_t c = 0; c < D; c++)
+				q[((size_t)t * NQH + h) * D + c] = (c % 16 == 3 ? 0.05f : 0.3f) * gauss();
+}
+
+struct cache {
+	tq_codec *kc, *vc;
+	struct tq_page_geom g;
+	uint8_t *pages[64];
+	struct tq_page_table pt;
+};
+
+static int cache_build(struct cache *c, enum tq_codec_id kid, enum tq_codec_id vid, const float *k, const float *v,
+		       uint32_t n)
+{
+	struct tq_codec_params kp = { .id = kid, .dim = D, .seed = 11 }, vp = { .id = vid, .dim = D, .seed = 12 };
+	tq_error err;
+
+	memset(c, 0, sizeof(*c));
+	if (tq_codec_new(&c->kc, NULL, &kp, &err) || tq_codec_new(&c->vc, NULL, &vp, &err))
+		return -1;
+	c->g = (struct tq_page_geom){ .n_kv_heads = NKV, .page_tokens = PT,
+				      .k_block_bytes = (uint32_t)tq_codec_block_bytes(c->kc),
+				      .v_block_bytes = (uint32_t)tq_codec_block_bytes(c->vc) };
+	c->pt.geom = c->g;
+	c->pt.n_tokens = n;
+	c->pt.n_pages = tq_page_count(&c->g, n);
+	c->pt.pages = (const uint8_t *const *)c->pages;
+	for (uint32_t p = 0; p < c->pt.n_pages; p++)
+		if (!(c->pages[p] = aligned_alloc(TQ_PAGE_ALIGN, tq_page_bytes(&c->g))))
+			return -1;
+	for (uint32_t t = 0; t < n; t++)
+		for (uint32_t h = 0; h < NKV; h++) {
+			uint8_t *pg = c->pages[t / PT];
+			size_t i = ((size_t)t * NKV + h) * D;
+			if (tq_encode(c->kc, k + i, TQ_DTYPE_F32, 1, pg + tq_page_k_off(&c->g, h, t % PT), &err) ||
+			    tq_encode(c->vc, v + i, TQ_DTYPE_F32, 1, pg + tq_page_v_off(&c->g, h, t % PT), &err))
+				return -1;
+		}
+	return 0;
+}
+
+static void cache_free(struct cache *c)
+{
+	for (uint32_t p = 0; p < c->pt.n_pages; p++)
+		free(c->pages[p]);
+	tq_codec_free(c->kc);
+	tq_codec_free(c->vc);
+}
+
+/* Causal attention of n_q queries at the last positions, through the
+ * transform (NULL: none), with the reference kernel. */
+static int attend(enum tq_codec_id kid, enum tq_codec_id vid, tq_xf *xf, const float *k, const float *v,
+		  const float *q, uint32_t n, uint32_t n_q, float *out)
+{
+	size_t wk = (size_t)n * NKV * D, wq = (size_t)n_q * NQH * D;
+	float *k2 = malloc(wk * 4), *v2 = malloc(wk * 4), *q2 = malloc(wq * 4);
+	int32_t pos[64];
+	struct cache c;
+	tq_error err;
+	int rc = -1;
+
+	if (!k2 || !v2 || !q2)
+		goto out;
+	if (xf) {
+		tq_xf_keys(xf, k, TQ_DTYPE_F32, n, k2);
+		tq_xf_values(xf, v, TQ_DTYPE_F32, n, v2);
+		tq_xf_queries(xf, q, TQ_DTYPE_F32, n_q, q2);
+	} else {
+		memcpy(k2, k, wk * 4);
+		memcpy(v2, v, wk * 4);
+		memcpy(q2, q, wq * 4);
+	}
+	for (uint32_t i = 0; i < n_q; i++)
+		pos[i] = (int32_t)(n - n_q + i);
+	if (cache_build(&c, kid, vid, k2, v2, n) == 0) {
+		struct tq_attn_params ap = {
+			.k_codec = c.kc, .v_codec = c.vc, .n_q_heads = NQH, .kv = &c.pt, .n_q = (int)n_q,
+			.q = q2, .q_dtype = TQ_DTYPE_F32, .q_pos = pos, .causal = 1, .out = out,
+		};
+		rc = tq_attend_ref(&ap, &err);
+		if (rc == 0 && xf)
+			tq_xf_output(xf, out, n_q);
+	}
+	cache_free(&c);
+out:
+	free(k2);
+	free(v2);
+	free(q2);
+	return rc;
+}
+
+static double rel_err(const float *a, const float *b, size_t n)
+{
+	double e = 0, s = 0;
+	for (size_t i = 0; i < n; i++) {
+		e += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+		s += (double)b[i] * b[i];
+	}
+	return sqrt(e / s);
+}
+
+enum { N = 200, NQ = 32 };
+static float K[N * NKV * D], V[N * NKV * D], Q[NQ * NQH * D];
+
+/* Every mode is exact in attention: with the fp32 codec the outputs are
+ * the untransformed outputs to rounding. */
+static void test_exact_in_attention(void)
+{
+	static float ref[NQ * NQH * D], got[NQ * NQH * D];
+	uint32_t modes[] = { TQ_XF_K_CENTER, TQ_XF_V_CENTER, TQ_XF_K_EQ_QK, TQ_XF_K_EQ_K,
+			     TQ_XF_DEFAULT, TQ_XF_K_CENTER | TQ_XF_V_CENTER | TQ_XF_K_EQ_QK };
+
+	rs = t_seed();
+	make_inputs(K, V, Q, N, NQ);
+	T_EQ(attend(TQ_CODEC_F32, TQ_CODEC_F32, NULL, K, V, Q, N, NQ, ref), 0);
+	for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
+		tq_xf *xf;
+		T_EQ(tq_xf_new(&xf, modes[m], NKV, NQH, D, NULL), 0);
+		T_EQ(tq_xf_calibrate(xf, K, V, Q, 64, NQ, TQ_DTYPE_F32), 0);
+		T_EQ(tq_xf_applied(xf), modes[m]);
+		T_EQ(attend(TQ_CODEC_F32, TQ_CODEC_F32, xf, K, V, Q, N, NQ, got), 0);
+		double e = rel_err(got, ref, (size_t)NQ * NQH * D);
+		tq_xf_free(xf);
+		if (!(e < 2e-6))
+			T_FAIL("mode 0x%x: relative output error %.3g", modes[m], e);
+	}
+}
+
+/* Through tq4 keys the default transform makes attention closer to exact
+ * on keys with an offset and outlier channels (by a wide margin here). */
+static void test_default_helps_tq4_keys(void)
+{
+	static float ref[NQ * NQH * D], plain[NQ * NQH * D], xfd[NQ * NQH * D];
+	tq_xf *xf;
+
+	rs = t_seed() ^ 0x55;
+	make_inputs(K, V, Q, N, NQ);
+	for (size_t i = 0; i < (size_t)NQ * NQH * D; i++)
+		Q[i] *= 4.0f;                       /* peaky attention, where key errors show */
+	T_EQ(attend(TQ_CODEC_F32, TQ_CODEC_F32, NULL, K, V, Q, N, NQ, ref), 0);
+	T_EQ(attend(TQ_CODEC_TQ4, TQ_CODEC_F32, NULL, K, V, Q, N, NQ, plain), 0);
+	T_EQ(tq_xf_new(&xf, TQ_XF_DEFAULT, NKV, NQH, D, NULL), 0);
+	T_EQ(tq_xf_calibrate(xf, K, V, Q, 64, NQ, TQ_DTYPE_F32), 0);
+	T_EQ(attend(TQ_CODEC_TQ4, TQ_CODEC_F32, xf, K, V, Q, N, NQ, xfd), 0);
+	double ep = rel_err(plain, ref, (size_t)NQ * NQH * D), ex = rel_err(xfd, ref, (size_t)NQ * NQH * D);
+	tq_xf_free(xf);
+	fprintf(stderr, "  tq4 keys: output error %.4f plain, %.4f with %s\n", ep, ex, "k-center+k-eq-qk");
+	T_ASSERT(ex < 0.7 * ep);
+}
+
+static void test_calibration_rules(void)
+{
+	tq_xf *xf;
+
+	rs = t_seed() ^ 0x77;
+	make_inputs(K, V, Q, N, NQ);
+	/* too few tokens: identity, frozen */
+	T_EQ(tq_xf_new(&xf, TQ_XF_DEFAULT, NKV, NQH, D, NULL), 0);
+	T_EQ(tq_xf_calibrate(xf, K, V, Q, TQ_XF_MIN_TOKENS - 1, 1, TQ_DTYPE_F32), 0);
+	T_EQ(tq_xf_calibrated(xf), 1);
+	T_EQ(tq_xf_applied(xf), 0);
+	T_EQ(tq_xf_calibrate(xf, K, V, Q, 64, 1, TQ_DTYPE_F32), -EALREADY);
+	/* emptied: calibrates again; no queries: no query-based equalization */
+	tq_xf_reset(xf);
+	T_EQ(tq_xf_calibrate(xf, K, V, NULL, 64, 0, TQ_DTYPE_F32), 0);
+	T_EQ(tq_xf_applied(xf), TQ_XF_K_CENTER);
+	T_EQ(tq_xf_touches_queries(xf), 0);
+	tq_xf_free(xf);
+	/* mode 0 never applies anything */
+	T_EQ(tq_xf_new(&xf, 0, NKV, NQH, D, NULL), 0);
+	T_EQ(tq_xf_calibrate(xf, K, V, Q, 64, NQ, TQ_DTYPE_F32), 0);
+	T_EQ(tq_xf_applied(xf), 0);
+	tq_xf_free(xf);
+	/* f16 input calibrates like its f32 values */
+	{
+		static uint16_t k16[64 * NKV * D], v16[64 * NKV * D];
+		static float kf[64 * NKV * D], vf[64 * NKV * D], a[8 * NKV * D], b[8 * NKV * D];
+		tq_xf *x1, *x2;
+		for (size_t i = 0; i < 64 * NKV * D; i++) {
+			k16[i] = tq_f32_to_f16(K[i]);
+			v16[i] = tq_f32_to_f16(V[i]);
+			kf[i] = tq_f16_to_f32(k16[i]);
+			vf[i] = tq_f16_to_f32(v16[i]);
+		}
+		T_EQ(tq_xf_new(&x1, TQ_XF_K_CENTER | TQ_XF_K_EQ_K, NKV, NQH, D, NULL), 0);
+		T_EQ(tq_xf_new(&x2, TQ_XF_K_CENTER | TQ_XF_K_EQ_K, NKV, NQH, D, NULL), 0);
+		T_EQ(tq_xf_calibrate(x1, k16, v16, NULL, 64, 0, TQ_DTYPE_F16), 0);
+		T_EQ(tq_xf_calibrate(x2, kf, vf, NULL, 64, 0, TQ_DTYPE_F32), 0);
+		tq_xf_keys(x1, k16, TQ_DTYPE_F16, 8, a);
+		tq_xf_keys(x2, kf, TQ_DTYPE_F32, 8, b);
+		T_ASSERT(memcmp(a, b, sizeof(a)) == 0);
+		tq_xf_free(x1);
+		tq_xf_free(x2);
+	}
+	/* bad shapes and modes */
+	tq_error err;
+	T_EQ(tq_xf_new(&xf, TQ_XF_K_EQ_QK | TQ_XF_K_EQ_K, NKV, NQH, D, &err), -EINVAL);
+	T_EQ(tq_xf_new(&xf, 0x100, NKV, NQH, D, &err), -EINVAL);
+	T_EQ(tq_xf_new(&xf, 0, 4, 6, D, &err), -EINVAL);
+}
+
+static void test_mode_names(void)
+{
+	uint32_t m;
+	char buf[64];
+
+	T_EQ(tq_xf_mode_parse("default", &m), 0);
+	T_EQ(m, TQ_XF_DEFAULT);
+	T_EQ(tq_xf_mode_parse("none", &m), 0);
+	T_EQ(m, 0);
+	T_EQ(tq_xf_mode_parse("k-center,v-center+k-eq-k", &m), 0);
+	T_EQ(m, TQ_XF_K_CENTER | TQ_XF_V_CENTER | TQ_XF_K_EQ_K);
+	T_ASSERT(strcmp(tq_xf_mode_str(m, buf, sizeof(buf)), "k-center+v-center+k-eq-k") == 0);
+	T_ASSERT(strcmp(tq_xf_mode_str(0, buf, sizeof(buf)), "none") == 0);
+	T_EQ(tq_xf_mode_parse("k-eq-qk,k-eq-k", &m), -EINVAL);
+	T_EQ(tq_xf_mode_parse("k-centre", &m), -EINVAL);
+	T_EQ(tq_xf_mode_parse("a-very-long-word-that-is-not-a-mode-at-all", &m), -EINVAL);
+}
+
+/* The stored bytes: a round trip gives the same transform; damaged or
+ * mismatched bytes are refused and leave the object as it was. */
+static void test_blob(void)
+{
+	static float a[16 * NKV * D], b[16 * NKV * D];
+	tq_xf *x1, *x2, *x3;
+	tq_error err;
+	uint8_t *buf;
+	size_t n;
+
+	rs = t_seed() ^ 0x99;
+	make_inputs(K, V, Q, N, NQ);
+	T_EQ(tq_xf_new(&x1, TQ_XF_K_CENTER | TQ_XF_V_CENTER | TQ_XF_K_EQ_QK, NKV, NQH, D, NULL), 0);
+	T_EQ(tq_xf_new(&x2, TQ_XF_K_CENTER | TQ_XF_V_CENTER | TQ_XF_K_EQ_QK, NKV, NQH, D, NULL), 0);
+	T_EQ(tq_xf_new(&x3, TQ_XF_K_CENTER, NKV, NQH, D, NULL), 0);
+	T_EQ(tq_xf_blob_bytes(x1), 0);
+	T_EQ(tq_xf_calibrate(x1, K, V, Q, 100, NQ, TQ_DTYPE_F32), 0);
+	n = tq_xf_blob_bytes(x1);
+	T_EQ(n, 32 + 3 * NKV * D * 4);
+	T_ASSERT((buf = malloc(n)) != NULL);
+	tq_xf_blob_write(x1, buf);
+	T_EQ(tq_xf_blob_read(x2, buf, n, &err), 0);
+	T_EQ(tq_xf_applied(x2), tq_xf_applied(x1));
+	T_EQ(tq_xf_calib_tokens(x2), 100);
+	tq_xf_keys(x1, K, TQ_DTYPE_F32, 16, a);
+	tq_xf_keys(x2, K, TQ_DTYPE_F32, 16, b);
+	T_ASSERT(memcmp(a, b, sizeof(a)) == 0);
+	tq_xf_queries(x1, Q, TQ_DTYPE_F32, 2, a);
+	tq_xf_queries(x2, Q, TQ_DTYPE_F32, 2, b);
+	T_ASSERT(memcmp(a, b, 2 * NQH * D * 4) == 0);
+	/* parts beyond the session's mode */
+	T_EQ(tq_xf_blob_read(x3, buf, n, &err), -EBADMSG);
+	T_EQ(tq_xf_calibrated(x3), 0);
+	/* every truncation */
+	for (size_t cut = 0; cut < n; cut += 29)
+		T_EQ(tq_xf_blob_read(x2, buf, cut, &err), -EBADMSG);
+	/* a NaN mean; a scale of 0 */
+	float nan = NAN, zero = 0;
+	memcpy(buf + 32 + 40, &nan, 4);
+	T_EQ(tq_xf_blob_read(x2, buf, n, &err), -EBADMSG);
+	tq_xf_blob_write(x1, buf);
+	memcpy(buf + 32 + NKV * D * 4 + 8, &zero, 4);
+	T_EQ(tq_xf_blob_read(x2, buf, n, &err), -EBADMSG);
+	/* x2 still holds the good state */
+	tq_xf_keys(x2, K, TQ_DTYPE_F32, 16, b);
+	tq_xf_keys(x1, K, TQ_DTYPE_F32, 16, a);
+	T_ASSERT(memcmp(a, b, sizeof(a)) == 0);
+	/* summary */
+	struct tq_xf_summary s;
+	tq_xf_summarize(x1, &s);
+	T_EQ(s.calibrated, 1);
+	T_EQ(s.calib_tokens, 100);
+	T_ASSERT(s.k_mean_norm > 0.3f * s.k_rms && s.scale_min < 1 && s.scale_max > 1);
+	free(buf);
+	tq_xf_free(x1);
+	tq_xf_free(x2);
+	tq_xf_free(x3);
+}
+
+int main(void)
+{
+	T_RUN(test_mode_names);
+	T_RUN(test_exact_in_attention);
+	T_RUN(test_default_helps_tq4_keys);
+	T_RUN(test_calibration_rules);
+	T_RUN(test_blob);
+	return t_done();
+}
