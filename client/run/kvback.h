@@ -56,6 +56,8 @@ struct tqr_kv_local_opts {
 	int page_tokens;          /* tokens per page (0 = 64)                         */
 	int reference;            /* 1: tq_attend_ref (the oracle) instead of tq_attend */
 	float sparse_v;           /* tq_attn_params.sparse_v (0: off)                */
+	uint32_t kv_xform;        /* TQ_XF_* K/V transforms (kernels/tq_xform.h),    */
+				  /* calibrated as tqkvd does; 0: none               */
 };
 int tqr_kv_new_local(tqr_kv **out, const struct tqr_kv_geom *g, const struct tqr_kv_local_opts *o,
 		     tqr_error *err);
