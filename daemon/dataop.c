@@ -348,21 +348,92 @@ void dataop_layer_shrink(struct kvstore *ks, struct session *s, struct kv_layer 
 	session_uncharge(s, (uint64_t)added * ks->page_bytes);
 }
 
-/* The append proper; kv->lock held, codecs present, no page spilled. */
+/* ---- K/V transforms (kernels/tq_xform.h) ------------------------------------- */
+
+static long first_nonfinite(const void *buf, enum tq_dtype dtype, size_t n, size_t row);
+
+/* The first append into an empty layer calibrates its transform, from
+ * private copies of the first TQ_XF_CALIB_MAX tokens' K and V and of the
+ * queries that came with them (APPEND_ATTEND; q may be NULL).  Non-finite
+ * inputs fail the append (NONFINITE): a layer holding tokens is always
+ * calibrated.  kv->lock held.  1 if this call calibrated the layer (the
+ * caller resets it if the append fails afterwards), 0 if nothing to do,
+ * or an error in r. */
+static int layer_calibrate(struct kv_layer *L, const void *k, const void *v, const void *q, uint32_t n,
+			   uint32_t n_q, uint32_t q_row, uint32_t kv_row, enum tq_dtype dtype,
+			   struct dataop_res *r)
+{
+	const size_t es = tq_dtype_size(dtype);
+	const uint32_t nk = n < TQ_XF_CALIB_MAX ? n : TQ_XF_CALIB_MAX;
+	const uint32_t nq = !q ? 0 : n_q < TQ_XF_CALIB_MAX ? n_q : TQ_XF_CALIB_MAX;
+	const size_t kb = (size_t)nk * kv_row * es, qb = (size_t)nq * q_row * es;
+	uint8_t *buf;
+	long bad;
+	int e;
+
+	if (!L->xf || !n || tq_xf_calibrated(L->xf))
+		return 0;
+	if (!(buf = malloc(2 * kb + qb + 1))) {
+		dataop_res_set(r, -ENOMEM, TQKV_ST_NOMEM, 0);
+		return r->res;
+	}
+	memcpy(buf, k, kb);
+	memcpy(buf + kb, v, kb);
+	if (nq)
+		memcpy(buf + 2 * kb, q, qb);
+	if ((bad = first_nonfinite(buf, dtype, (size_t)nk * kv_row, kv_row)) >= 0 ||
+	    (bad = first_nonfinite(buf + kb, dtype, (size_t)nk * kv_row, kv_row)) >= 0) {
+		free(buf);
+		dataop_res_set(r, -EINVAL, TQKV_ST_NONFINITE, (uint32_t)bad);
+		return r->res;
+	}
+	if ((bad = first_nonfinite(buf + 2 * kb, dtype, (size_t)nq * q_row, q_row)) >= 0) {
+		free(buf);
+		dataop_res_set(r, -EINVAL, TQKV_ST_NONFINITE, (uint32_t)bad);
+		snprintf(r->msg, sizeof(r->msg), "query %ld is not finite", bad);
+		return r->res;
+	}
+	e = tq_xf_calibrate(L->xf, buf, buf + kb, nq ? buf + 2 * kb : NULL, nk, nq, dtype);
+	free(buf);
+	if (e < 0) {
+		dataop_res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_INTERNAL, 0);
+		snprintf(r->msg, sizeof(r->msg), "kv transform calibration failed");
+		return e;
+	}
+	return 1;
+}
+
+/* The append proper; kv->lock held, codecs present, no page spilled.
+ * q, n_q: the queries that came with the tokens (APPEND_ATTEND), or NULL. */
 static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l,
 			 const void *k, const void *v, enum tq_dtype dtype, uint32_t n,
-			 struct dataop_res *r)
+			 const void *q, uint32_t n_q, struct dataop_res *r)
 {
 	struct kv_layer *L = &kv->layer[l];
 	const struct tq_page_geom *g = &kv->geom;
+	const uint32_t kv_row = g->n_kv_heads * kv->dim;
 	size_t row = (size_t)kv->dim * tq_dtype_size(dtype);
 	uint64_t new_len = (uint64_t)L->n_tokens + n;
 	uint32_t added, tail = L->n_tokens / g->page_tokens, on_cpu = n;
+	float *xk = NULL, *xv = NULL;   /* transformed rows (the codec's input) */
+	int calibrated = 0;
 	tq_error te;
 	int e;
 
+	if (L->xf && n) {
+		if ((calibrated = layer_calibrate(L, k, v, q, n, n_q, kv->n_q_heads * kv->dim, kv_row, dtype, r)) < 0)
+			return calibrated;
+		/* the GPU's kernels take all n rows at once; the CPU one token's */
+		size_t rows = pool_has_kernels(ks->pool) ? n : 1;
+		if (!(xk = malloc(2 * rows * kv_row * sizeof(float)))) {
+			dataop_res_set(r, -ENOMEM, TQKV_ST_NOMEM, 0);
+			e = r->res;
+			goto fail_xf;
+		}
+		xv = xk + rows * kv_row;
+	}
 	if ((e = dataop_layer_grow(ks, s, kv, l, new_len, &added, r)) < 0)
-		return e;
+		goto fail_xf;
 	/* The tail page changes: a copy of it in a slot is stale now. */
 	if (n && tail < L->n_pages && L->meta[tail].clean) {
 		dataop_slot_release(ks, kv, L->meta[tail].slot);
@@ -382,12 +453,19 @@ static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *
 		};
 		uint32_t bad = 0;
 
+		if (xk) {
+			tq_xf_keys(L->xf, k, dtype, n, xk);
+			tq_xf_values(L->xf, v, dtype, n, xv);
+			a.k = xk;
+			a.v = xv;
+			a.dtype = TQ_DTYPE_F32;
+		}
 		if ((e = pool_append(ks->pool, &a, &bad, &te)) < 0) {
 			dataop_layer_shrink(ks, s, L, added);
 			dataop_res_set(r, e, e == -EINVAL || e == -ERANGE ? TQKV_ST_NONFINITE : TQKV_ST_INTERNAL,
 				       e == -EINVAL || e == -ERANGE ? bad : 0);
 			snprintf(r->msg, sizeof(r->msg), "%s", te.msg);
-			return e;
+			goto fail_xf;
 		}
 		on_cpu = 0;
 	}
@@ -397,21 +475,33 @@ static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *
 		uint32_t slot = p % g->page_tokens;
 		const uint8_t *krow = (const uint8_t *)k + (size_t)t * g->n_kv_heads * row;
 		const uint8_t *vrow = (const uint8_t *)v + (size_t)t * g->n_kv_heads * row;
+		enum tq_dtype in = dtype;
+		size_t in_row = row;
 
+		if (xk) {
+			tq_xf_keys(L->xf, krow, dtype, 1, xk);
+			tq_xf_values(L->xf, vrow, dtype, 1, xv);
+			krow = (const uint8_t *)xk;
+			vrow = (const uint8_t *)xv;
+			in = TQ_DTYPE_F32;
+			in_row = (size_t)kv->dim * sizeof(float);
+		}
 		for (uint32_t h = 0; h < g->n_kv_heads; h++) {
-			if ((e = tq_encode(L->kc, krow + h * row, dtype, 1, page + tq_page_k_off(g, h, slot), &te)) < 0 ||
-			    (e = tq_encode(L->vc, vrow + h * row, dtype, 1, page + tq_page_v_off(g, h, slot), &te)) < 0) {
+			if ((e = tq_encode(L->kc, krow + h * in_row, in, 1, page + tq_page_k_off(g, h, slot), &te)) < 0 ||
+			    (e = tq_encode(L->vc, vrow + h * in_row, in, 1, page + tq_page_v_off(g, h, slot), &te)) < 0) {
 				dataop_layer_shrink(ks, s, L, added);
 				dataop_res_set(r, e, e == -EINVAL || e == -ERANGE ? TQKV_ST_NONFINITE : TQKV_ST_INTERNAL, t);
 				snprintf(r->msg, sizeof(r->msg), "token %u head %u: %s", t, h, te.msg);
-				return e;
+				goto fail_xf;
 			}
 		}
 	}
+	free(xk);
+	xk = NULL;
 	/* A persistent session's journal has the tokens before they count. */
 	if (kv->p && (e = kvp_journal_append(ks, s, kv, l, L->n_tokens, n, r)) < 0) {
 		dataop_layer_shrink(ks, s, L, added);
-		return e;
+		goto fail_xf;
 	}
 	L->n_pages += added;
 	L->n_tokens = (uint32_t)new_len;
@@ -420,6 +510,11 @@ static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *
 	if (kv->p)
 		kvp_write_through(ks, kv, l, tail, L->n_tokens / g->page_tokens);
 	return 0;
+fail_xf:
+	free(xk);
+	if (calibrated)
+		tq_xf_reset(L->xf);   /* the layer holds no token of this calibration */
+	return e;
 }
 
 /* ---- the spill tier: spill, restore --------------------------------------------------- */
@@ -987,7 +1082,7 @@ void dataop_append(struct kvstore *ks, struct session *s, uint32_t layer, const 
 		return;
 	pthread_mutex_lock(&kv->lock);
 	if (layer_codecs(ks, kv, layer, r) == 0 && dataop_restore_layer_locked(ks, s, kv, layer, r) == 0 &&
-	    append_locked(ks, s, kv, layer, k, v, dtype, n, r) == 0)
+	    append_locked(ks, s, kv, layer, k, v, dtype, n, NULL, 0, r) == 0)
 		dataop_res_set(r, (int)n, TQKV_ST_OK, 0);
 	r->n_tokens = kv->layer[layer].n_tokens;
 	pthread_mutex_unlock(&kv->lock);
@@ -1056,10 +1151,11 @@ static void ws_drop(void **buf, size_t *have)
 /* After an operation: a worker keeps at most DATAOP_WS_KEEP of scratch. */
 static void ws_trim(struct dataop_ws *ws)
 {
-	if (ws->attn_bytes + ws->q_bytes + ws->pos_bytes <= DATAOP_WS_KEEP)
+	if (ws->attn_bytes + ws->q_bytes + ws->pos_bytes + ws->qx_bytes <= DATAOP_WS_KEEP)
 		return;
 	ws_drop(&ws->attn, &ws->attn_bytes);
 	ws_drop(&ws->q, &ws->q_bytes);
+	ws_drop((void **)&ws->qx, &ws->qx_bytes);
 	ws_drop((void **)&ws->pos, &ws->pos_bytes);
 }
 
@@ -1139,7 +1235,7 @@ void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, 
 	}
 	if (layer_codecs(ks, kv, layer, r) < 0 || dataop_restore_layer_locked(ks, s, kv, layer, r) < 0)
 		goto out;
-	if (n_append && append_locked(ks, s, kv, layer, k, v, dtype, n_append, r) < 0)
+	if (n_append && append_locked(ks, s, kv, layer, k, v, dtype, n_append, q, n_q, r) < 0)
 		goto out;
 
 	struct tq_page_table pt = {
@@ -1162,7 +1258,8 @@ void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, 
 	ap.q_pos = ws->pos;
 	ap.out = out;
 	chunk = attend_chunk(&ap, n_q, q_row_bytes);
-	if (ws_reserve(&ws->q, &ws->q_bytes, (size_t)chunk * q_row_bytes + 1) < 0) {
+	if (ws_reserve(&ws->q, &ws->q_bytes, (size_t)chunk * q_row_bytes + 1) < 0 ||
+	    (L->xf && ws_reserve((void **)&ws->qx, &ws->qx_bytes, (size_t)chunk * row * sizeof(float) + 1) < 0)) {
 		dataop_res_set(r, -ENOMEM, TQKV_ST_NOMEM, 0);
 		goto out;
 	}
@@ -1177,6 +1274,11 @@ void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, 
 		}
 		ap.n_q = (int)nq;
 		ap.q = ws->q;
+		if (L->xf && tq_xf_touches_queries(L->xf)) {
+			tq_xf_queries(L->xf, ws->q, dtype, nq, ws->qx);
+			ap.q = ws->qx;
+			ap.q_dtype = TQ_DTYPE_F32;
+		}
 		ap.q_pos = ws->pos + q0;
 		ap.out = o;
 		if (!gpu && ((wsb = tq_attn_workspace_bytes(&ap, &te)) < 0 ||
@@ -1193,6 +1295,8 @@ void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, 
 			snprintf(r->msg, sizeof(r->msg), "attention: %s", te.msg);
 			goto out;
 		}
+		if (L->xf)
+			tq_xf_output(L->xf, o, nq);
 		/* Finite inputs can still overflow (q·k beyond FLT_MAX): the
 		 * kernels then leave NaN in the row, never a wrong number. */
 		if ((bad = first_nonfinite(o, TQ_DTYPE_F32, (size_t)nq * row, row)) >= 0) {
@@ -1222,6 +1326,8 @@ void dataop_truncate_layer(struct kvstore *ks, struct session *s, struct kv_sess
 	if (kv->p)
 		kvp_wt_collect(ks, kv); /* pages it drops may be being written through */
 	L->n_tokens = (uint32_t)pos;
+	if (!pos && L->xf)
+		tq_xf_reset(L->xf);   /* emptied: the next append calibrates again */
 	keep = tq_page_count(&kv->geom, L->n_tokens);
 	if (keep < L->n_pages) {
 		uint32_t drop = L->n_pages - keep;
@@ -1300,6 +1406,7 @@ void dataop_ws_free(struct dataop_ws *ws)
 	ws_drop(&ws->attn, &ws->attn_bytes);
 	ws_drop(&ws->q, &ws->q_bytes);
 	ws_drop((void **)&ws->pos, &ws->pos_bytes);
+	ws_drop((void **)&ws->qx, &ws->qx_bytes);
 	tq_threads_free(ws->threads);
 	memset(ws, 0, sizeof(*ws));
 }

@@ -49,6 +49,8 @@ struct dataop_ws {
 	size_t q_bytes;
 	int32_t *pos;            /* private copy of the positions                      */
 	size_t pos_bytes;
+	float *qx;               /* the queries through the layer's transform          */
+	size_t qx_bytes;
 };
 
 struct dataop_res {

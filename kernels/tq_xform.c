@@ -205,6 +205,10 @@ int tq_xf_calibrate(tq_xf *xf, const void *k, const void *v, const void *q, uint
 
 	if (xf->calibrated)
 		return -EALREADY;
+	if (n > TQ_XF_CALIB_MAX)
+		n = TQ_XF_CALIB_MAX;
+	if (n_q > TQ_XF_CALIB_MAX)
+		n_q = TQ_XF_CALIB_MAX;
 	xf->calibrated = 1;
 	xf->calib_tokens = n;
 	xf->applied = 0;

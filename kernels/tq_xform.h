@@ -56,6 +56,8 @@ enum {
 /* The default for new sessions (measured: BENCHMARKS.md 4a). */
 #define TQ_XF_DEFAULT (TQ_XF_K_CENTER | TQ_XF_K_EQ_QK)
 #define TQ_XF_MIN_TOKENS 8u
+/* A calibration reads at most this many tokens (and queries): the first. */
+#define TQ_XF_CALIB_MAX  512u
 /* Scales are clamped to [1/TQ_XF_SCALE_MAX, TQ_XF_SCALE_MAX]. */
 #define TQ_XF_SCALE_MAX 256.0f
 
@@ -84,14 +86,15 @@ uint32_t tq_xf_applied(const tq_xf *xf);
 uint32_t tq_xf_calib_tokens(const tq_xf *xf);
 
 /* Calibrate from n tokens: k, v [n][n_kv_heads][dim], q [n_q][n_q_heads][dim]
- * or NULL, all of dtype, all finite (the caller has checked).  Only on an
+ * or NULL, all of dtype; only the first TQ_XF_CALIB_MAX of each are read,
+ * and those must be finite (the caller has checked).  Only on an
  * uncalibrated transform (-EALREADY otherwise). */
 int tq_xf_calibrate(tq_xf *xf, const void *k, const void *v, const void *q, uint32_t n, uint32_t n_q,
 		    enum tq_dtype dtype);
 
 /* Keys / values of n tokens into fp32 rows ready for the codec; queries of
- * n_q tokens into fp32 rows ready for attention.  In and out may not
- * overlap.  Before calibration (or with nothing applied) these convert only. */
+ * n_q tokens into fp32 rows ready for attention.  In and out either do not
+ * overlap or are the same fp32 buffer (element-wise).  Before calibration (or with nothing applied) these convert only. */
 void tq_xf_keys(const tq_xf *xf, const void *k, enum tq_dtype dtype, uint32_t n, float *out);
 void tq_xf_values(const tq_xf *xf, const void *v, enum tq_dtype dtype, uint32_t n, float *out);
 void tq_xf_queries(const tq_xf *xf, const void *q, enum tq_dtype dtype, uint32_t n_q, float *out);

@@ -8,6 +8,7 @@
 #include "kvback_internal.h"
 #include "tq_attn.h"
 #include "tq_page.h"
+#include "tq_xform.h"
 #include "tqkv_ring.h"
 
 static int geom_check(const struct tqr_kv_geom *g, tqr_error *err)
@@ -218,6 +219,7 @@ int tqr_kv_new_exact(tqr_kv **out, const struct tqr_kv_geom *g, tqr_error *err)
 
 struct local_layer {
 	tq_codec *kc, *vc;
+	tq_xf *xf;                /* o.kv_xform != 0: the layer's K/V transforms */
 	uint8_t **pages;          /* [n_pages] TQ_PAGE_ALIGN-aligned pages */
 	uint32_t n_pages;
 };
@@ -232,6 +234,9 @@ struct local {
 	void *ws;                  /* tq_attend workspace */
 	size_t ws_bytes;
 	int32_t *pos;              /* [max_tokens] query positions */
+	float *xk, *xv;            /* one token's K, V through the transform */
+	float *xq;                 /* the queries through it */
+	size_t xq_n;               /* floats xq holds */
 };
 
 /* Makes sure `layer` has pages for `tokens` tokens. */
@@ -268,15 +273,43 @@ static int local_append_attend(tqr_kv *kv, int layer, int pos0, int n, const flo
 
 	if ((rc = local_reserve(lc, ly, pos0 + n, err)) < 0)
 		return rc;
+	/* The transform as tqkvd keeps it: calibrated by the append into the
+	 * empty layer, from its keys, values and queries. */
+	if (ly->xf) {
+		size_t nq = (size_t)n * g->n_q_heads * hd;
+		if (pos0 == 0) {
+			tq_xf_reset(ly->xf);
+			if ((rc = tq_xf_calibrate(ly->xf, k, v, q, (uint32_t)n, (uint32_t)n, TQ_DTYPE_F32)) < 0)
+				return tqr_fail(err, rc, "%s: layer %d: kv transform calibration failed", kv->name, layer);
+		}
+		if (nq > lc->xq_n) {
+			float *x = realloc(lc->xq, nq * sizeof(float));
+			if (!x)
+				return tqr_fail(err, -ENOMEM, "%s: out of memory", kv->name);
+			lc->xq = x;
+			lc->xq_n = nq;
+		}
+		if (tq_xf_touches_queries(ly->xf)) {
+			tq_xf_queries(ly->xf, q, TQ_DTYPE_F32, (uint32_t)n, lc->xq);
+			q = lc->xq;
+		}
+	}
 	/* Encode into the slots past the layer's length: nothing becomes
 	 * visible until the length moves, so a failure leaves the layer as
 	 * it was. */
 	for (int i = 0; i < n; i++) {
 		uint32_t t = (uint32_t)(pos0 + i);
 		uint8_t *page = ly->pages[t / pt];
+		const float *krow = k + (size_t)i * kvh * hd, *vrow = v + (size_t)i * kvh * hd;
+		if (ly->xf) {
+			tq_xf_keys(ly->xf, krow, TQ_DTYPE_F32, 1, lc->xk);
+			tq_xf_values(ly->xf, vrow, TQ_DTYPE_F32, 1, lc->xv);
+			krow = lc->xk;
+			vrow = lc->xv;
+		}
 		for (int h = 0; h < kvh; h++) {
-			const float *src_k = k + ((size_t)i * kvh + h) * hd;
-			const float *src_v = v + ((size_t)i * kvh + h) * hd;
+			const float *src_k = krow + (size_t)h * hd;
+			const float *src_v = vrow + (size_t)h * hd;
 			if ((rc = tq_encode(ly->kc, src_k, TQ_DTYPE_F32, 1,
 					    page + tq_page_k_off(&lc->pg, (uint32_t)h, t % pt), &te)) < 0 ||
 			    (rc = tq_encode(ly->vc, src_v, TQ_DTYPE_F32, 1,
@@ -329,6 +362,8 @@ static int local_append_attend(tqr_kv *kv, int layer, int pos0, int n, const flo
 	}
 	if (rc < 0)
 		return tqr_fail(err, rc, "%s: layer %d attention: %s", kv->name, layer, te.msg);
+	if (ly->xf)
+		tq_xf_output(ly->xf, out, (uint32_t)n);
 	return 0;
 }
 
@@ -360,8 +395,11 @@ static void local_destroy(tqr_kv *kv)
 		free(ly->pages);
 		tq_codec_free(ly->kc);
 		tq_codec_free(ly->vc);
+		tq_xf_free(ly->xf);
 	}
 	free(lc->layer);
+	free(lc->xk);
+	free(lc->xq);
 	tq_threads_free(lc->threads);
 	tq_cache_free(lc->cache);
 	free(lc->ws);
@@ -423,6 +461,21 @@ int tqr_kv_new_local(tqr_kv **out, const struct tqr_kv_geom *g, const struct tqr
 			rc = tqr_fail(err, rc, "%s: layer %d codec: %s", kv->name, l, te.msg);
 			goto fail;
 		}
+		if (o->kv_xform && (rc = tq_xf_new(&lc->layer[l].xf, o->kv_xform, (uint32_t)g->n_kv_heads,
+						   (uint32_t)g->n_q_heads, (uint32_t)g->head_dim, &te)) < 0) {
+			rc = tqr_fail(err, rc, "%s: %s", kv->name, te.msg);
+			goto fail;
+		}
+	}
+	if (o->kv_xform) {
+		char m[64];
+		if (!(lc->xk = malloc(2 * sizeof(float) * (size_t)g->n_kv_heads * g->head_dim))) {
+			rc = tqr_fail(err, -ENOMEM, "%s: out of memory", kv->name);
+			goto fail;
+		}
+		lc->xv = lc->xk + (size_t)g->n_kv_heads * g->head_dim;
+		snprintf(kv->name + strlen(kv->name), sizeof(kv->name) - strlen(kv->name), " %s",
+			 tq_xf_mode_str(o->kv_xform, m, sizeof(m)));
 	}
 	kv->bytes_per_token = (uint64_t)g->n_layers * g->n_kv_heads * (uint64_t)(kb + vb);
 	*out = kv;

@@ -386,7 +386,7 @@ static int bench_pressure_main(int argc, char **argv)
 	ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
 	pin(1); /* this thread and the ones it starts: reclaimer, spill I/O */
 
-	geom = (struct session_geom){ o.layers, 8, 32, 128, TQ_CODEC_Q8, TQ_CODEC_TQ4, 1 };
+	geom = (struct session_geom){ o.layers, 8, 32, 128, TQ_CODEC_Q8, TQ_CODEC_TQ4, 1, 0 };
 	int pt = dataop_page_tokens(64 << 10, &geom);
 	uint64_t page = 64 << 10;
 	uint64_t sess_bytes = ((uint64_t)o.window + (uint64_t)pt - 1) / (uint64_t)pt * o.layers * page;

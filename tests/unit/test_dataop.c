@@ -18,6 +18,7 @@
 #include "tenant.h"
 #include "tq_attn.h"
 #include "tq_threads.h"
+#include "tq_xform.h"
 #include "tqkv_ring.h"
 
 #define MiB (1ull << 20)
@@ -197,7 +198,7 @@ static void test_big_attend_rss(void)
 	struct fix f;
 	struct dataop_ws ws = { 0 };
 	struct dataop_res r;
-	const struct session_geom g = { 1, 2, 8, 64, TQ_CODEC_Q8, TQ_CODEC_TQ4, 4096 };
+	const struct session_geom g = { 1, 2, 8, 64, TQ_CODEC_Q8, TQ_CODEC_TQ4, 4096, 0 };
 	const uint32_t ctx = 256, nq = 65536;
 	const size_t row = 8 * 64, kvrow = 2 * 64;
 	uint64_t id;
@@ -274,7 +275,7 @@ static void test_passes_bit_identical(void)
 	struct ref rf;
 	/* q rows of 4 KiB: passes of at most 1024 queries; 8 threads want 24
 	 * tasks, the whole call has 2 KV heads x 17 row tiles of 128 rows */
-	const struct session_geom g = { 1, 2, 4, 256, TQ_CODEC_Q8, TQ_CODEC_TQ4, 4096 };
+	const struct session_geom g = { 1, 2, 4, 256, TQ_CODEC_Q8, TQ_CODEC_TQ4, 4096, 0 };
 	const uint32_t ctx = 1030, nq = 1025;
 	const size_t row = 4 * 256, kvrow = 2 * 256;
 	uint64_t id;
@@ -325,7 +326,7 @@ static void test_overflow_nonfinite(void)
 	struct fix f;
 	struct dataop_ws ws = { 0 };
 	struct dataop_res r;
-	const struct session_geom g = { 1, 1, 1, 64, TQ_CODEC_F32, TQ_CODEC_F32, 64 };
+	const struct session_geom g = { 1, 1, 1, 64, TQ_CODEC_F32, TQ_CODEC_F32, 64, 0 };
 	float k[4 * 64], v[4 * 64], q[64], out[64];
 	int32_t pos = 3;
 	uint64_t id;
@@ -411,7 +412,7 @@ static void test_overflow_every_codec(void)
 	for (size_t c = 0; c < sizeof(kcs) / sizeof(kcs[0]); c++)
 		for (size_t di = 0; di < 2; di++) {
 			const uint32_t d = dims[di];
-			const struct session_geom g = { 1, 1, 1, d, kcs[c], TQ_CODEC_TQ4, T };
+			const struct session_geom g = { 1, 1, 1, d, kcs[c], TQ_CODEC_TQ4, T, 0 };
 			/* keys within each codec's range (fp16 values; a tq norm
 			 * whose square fits fp32); |q·k| · scale beyond 3.4e38 */
 			const bool f16 = kcs[c] == TQ_CODEC_F16 || kcs[c] == TQ_CODEC_Q4A;
@@ -467,11 +468,189 @@ static void test_overflow_every_codec(void)
 	fix_stop(&f);
 }
 
+/* ---- K/V transforms (kernels/tq_xform.h) ------------------------------------ */
+
+enum { XL = 2, XKV = 2, XQ = 6, XD = 64, XN = 40 };
+
+static uint64_t xrs;
+static float xg(void)
+{
+	xrs = xrs * 6364136223846793005ULL + 1442695040888963407ULL;
+	double u = (double)(xrs >> 11) * (1.0 / 9007199254740992.0) + 1e-12;
+	xrs = xrs * 6364136223846793005ULL + 1442695040888963407ULL;
+	double w = (double)(xrs >> 11) * (1.0 / 9007199254740992.0);
+	return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * w));
+}
+
+/* keys with a channel offset and outliers (what the transforms are for) */
+static void x_fill(float *k, float *v, float *q, uint32_t n)
+{
+	for (uint32_t i = 0; i < n * XKV * XD; i++) {
+		k[i] = (float)((i % XD) * 7 % 5) - 2.0f + ((i % XD) % 16 == 5 ? 6.0f : 1.0f) * xg();
+		v[i] = xg();
+	}
+	for (uint32_t i = 0; i < n * XQ * XD; i++)
+		q[i] = 0.3f * xg();
+}
+
+/* What tqkvd must compute, built here from the kernels alone: the same
+ * codecs, calibration, transformed encoding and attention. */
+struct xref {
+	tq_codec *kc, *vc;
+	tq_xf *xf;
+	struct tq_page_geom g;
+	uint8_t *pages[8];
+	uint32_t n;
+};
+
+static int xref_attend(struct xref *x, const float *k, const float *v, const float *q, uint32_t n, float *out)
+{
+	float xk[XKV * XD], xv[XKV * XD], *xq = malloc(sizeof(float) * n * XQ * XD);
+	int32_t pos[XN];
+	tq_error te;
+	int rc = -1;
+
+	if (!xq)
+		return -1;
+	if (x->n == 0 && tq_xf_calibrate(x->xf, k, v, q, n, n, TQ_DTYPE_F32) < 0)
+		goto out;
+	for (uint32_t t = 0; t < n; t++) {
+		uint32_t p = x->n + t;
+		if (!x->pages[p / x->g.page_tokens] &&
+		    !(x->pages[p / x->g.page_tokens] = aligned_alloc(TQ_PAGE_ALIGN, tq_page_bytes(&x->g))))
+			goto out;
+		uint8_t *pg = x->pages[p / x->g.page_tokens];
+		tq_xf_keys(x->xf, k + (size_t)t * XKV * XD, TQ_DTYPE_F32, 1, xk);
+		tq_xf_values(x->xf, v + (size_t)t * XKV * XD, TQ_DTYPE_F32, 1, xv);
+		for (uint32_t h = 0; h < XKV; h++)
+			if (tq_encode(x->kc, xk + h * XD, TQ_DTYPE_F32, 1, pg + tq_page_k_off(&x->g, h, p % x->g.page_tokens), &te) ||
+			    tq_encode(x->vc, xv + h * XD, TQ_DTYPE_F32, 1, pg + tq_page_v_off(&x->g, h, p % x->g.page_tokens), &te))
+				goto out;
+	}
+	x->n += n;
+	for (uint32_t i = 0; i < n; i++)
+		pos[i] = (int32_t)(x->n - n + i);
+	tq_xf_queries(x->xf, q, TQ_DTYPE_F32, n, xq);
+	struct tq_page_table pt = { .pages = (const uint8_t *const *)x->pages, .n_pages = tq_page_count(&x->g, x->n),
+				    .n_tokens = x->n, .geom = x->g };
+	struct tq_attn_params ap = { .k_codec = x->kc, .v_codec = x->vc, .n_q_heads = XQ, .kv = &pt, .n_q = (int)n,
+				     .q = xq, .q_dtype = TQ_DTYPE_F32, .q_pos = pos, .causal = 1, .out = out,
+				     .plan_n_q = (int)n };
+	if ((rc = tq_attend(&ap, &te)) == 0)
+		tq_xf_output(x->xf, out, n);
+out:
+	free(xq);
+	return rc;
+}
+
+/* tqkvd with kv_xform set: each layer calibrated by its first append
+ * (APPEND_ATTEND: with its queries), the answers bit-identical to the
+ * kernels run by hand with the same transform; the statistics reported;
+ * a layer emptied calibrates again; a first append with a NaN fails and
+ * leaves the layer uncalibrated; too short a first append is the identity;
+ * a plain APPEND first gives centering without query-based equalization. */
+static void test_kv_transform(void)
+{
+	static const uint32_t modes[] = { TQ_XF_DEFAULT, TQ_XF_K_CENTER | TQ_XF_V_CENTER | TQ_XF_K_EQ_K };
+	static float k[XN * XKV * XD], v[XN * XKV * XD], q[XN * XQ * XD], out[XN * XQ * XD], ref[XN * XQ * XD];
+	struct tq_xf_summary sum[XL];
+
+	for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
+		const struct session_geom g = { XL, XKV, XQ, XD, TQ_CODEC_TQ4, TQ_CODEC_TQ3, 256, modes[m] };
+		struct fix f;
+		struct dataop_ws ws = { 0 };
+		struct dataop_res r;
+		struct xref x[XL];
+		uint64_t id;
+		int32_t pos[XN];
+		tq_error te;
+
+		fix_start(&f);
+		struct session *s = fix_open(&f, &g, &id);
+		T_EQ(dataop_xf_summary(f.ks, s, sum, XL), -ENOENT);
+		memset(x, 0, sizeof(x));
+		for (uint32_t l = 0; l < XL; l++) {
+			struct tq_codec_params kp = { TQ_CODEC_TQ4, XD, tqkv_seed_derive(session_seed(s), l, 0), TQ_ISA_AUTO };
+			struct tq_codec_params vp = { TQ_CODEC_TQ3, XD, tqkv_seed_derive(session_seed(s), l, 1), TQ_ISA_AUTO };
+			T_EQ(tq_codec_new(&x[l].kc, NULL, &kp, &te), 0);
+			T_EQ(tq_codec_new(&x[l].vc, NULL, &vp, &te), 0);
+			T_EQ(tq_xf_new(&x[l].xf, modes[m], XKV, XQ, XD, &te), 0);
+			x[l].g = (struct tq_page_geom){ XKV, (uint32_t)dataop_page_tokens(64 << 10, &g),
+							(uint32_t)tq_codec_block_bytes(x[l].kc),
+							(uint32_t)tq_codec_block_bytes(x[l].vc) };
+		}
+		xrs = 99 + m;
+		/* prefill 32 tokens, then 8 decode steps, both layers */
+		for (uint32_t step = 0; step < 9; step++) {
+			uint32_t n = step ? 1 : 32, p0 = step ? 31 + step : 0;
+			for (uint32_t l = 0; l < XL; l++) {
+				x_fill(k, v, q, n);
+				for (uint32_t i = 0; i < n; i++)
+					pos[i] = (int32_t)(p0 + i);
+				dataop_attend(f.ks, s, &ws, l, k, v, n, q, pos, n, TQ_DTYPE_F32, out, &r);
+				T_EQ(r.status, TQKV_ST_OK);
+				T_EQ(xref_attend(&x[l], k, v, q, n, ref), 0);
+				if (memcmp(out, ref, sizeof(float) * n * XQ * XD))
+					T_FAIL("mode 0x%x step %u layer %u: tqkvd differs from the kernels", modes[m], step, l);
+			}
+		}
+		T_EQ(dataop_xf_summary(f.ks, s, sum, XL), 0);
+		for (uint32_t l = 0; l < XL; l++) {
+			T_EQ(sum[l].calibrated, 1);
+			T_EQ(sum[l].applied, modes[m]);
+			T_EQ(sum[l].calib_tokens, 32);
+			T_ASSERT(sum[l].k_mean_norm > 0.5f * sum[l].k_rms);
+		}
+		/* emptied: calibrates again, here from a plain APPEND (no queries) */
+		dataop_truncate(f.ks, s, 0, 1, 0, &r);
+		T_EQ(r.status, TQKV_ST_OK);
+		T_EQ(dataop_xf_summary(f.ks, s, sum, XL), 0);
+		T_EQ(sum[0].calibrated, 0);
+		x_fill(k, v, q, 20);
+		dataop_append(f.ks, s, 0, k, v, TQ_DTYPE_F32, 20, &r);
+		T_EQ(r.status, TQKV_ST_OK);
+		T_EQ(dataop_xf_summary(f.ks, s, sum, XL), 0);
+		T_EQ(sum[0].calib_tokens, 20);
+		T_EQ(sum[0].applied, modes[m] & ~(uint32_t)TQ_XF_K_EQ_QK);
+		/* a NaN in the append that would calibrate: refused, uncalibrated */
+		dataop_truncate(f.ks, s, 1, 0, 0, &r);
+		x_fill(k, v, q, 20);
+		v[3 * XKV * XD + 5] = NAN;
+		dataop_append(f.ks, s, 1, k, v, TQ_DTYPE_F32, 20, &r);
+		T_EQ(r.status, TQKV_ST_NONFINITE);
+		T_EQ(r.n_tokens, 0);
+		T_EQ(dataop_xf_summary(f.ks, s, sum, XL), 0);
+		T_EQ(sum[1].calibrated, 0);
+		/* too few tokens: the identity, frozen while the layer holds tokens */
+		x_fill(k, v, q, 4);
+		dataop_append(f.ks, s, 1, k, v, TQ_DTYPE_F32, TQ_XF_MIN_TOKENS - 1, &r);
+		T_EQ(r.status, TQKV_ST_OK);
+		x_fill(k, v, q, 20);
+		dataop_append(f.ks, s, 1, k, v, TQ_DTYPE_F32, 20, &r);
+		T_EQ(dataop_xf_summary(f.ks, s, sum, XL), 0);
+		T_EQ(sum[1].calibrated, 1);
+		T_EQ(sum[1].applied, 0);
+		T_EQ(sum[1].calib_tokens, TQ_XF_MIN_TOKENS - 1);
+		for (uint32_t l = 0; l < XL; l++) {
+			for (uint32_t i = 0; i < 8 && x[l].pages[i]; i++)
+				free(x[l].pages[i]);
+			tq_codec_free(x[l].kc);
+			tq_codec_free(x[l].vc);
+			tq_xf_free(x[l].xf);
+		}
+		session_release(s);
+		dataop_ws_free(&ws);
+		T_EQ(session_close(f.st, id, NULL), 0);
+		fix_stop(&f);
+	}
+}
+
 int main(void)
 {
 	T_RUN(test_big_attend_rss);
 	T_RUN(test_passes_bit_identical);
 	T_RUN(test_overflow_nonfinite);
 	T_RUN(test_overflow_every_codec);
+	T_RUN(test_kv_transform);
 	return t_done();
 }

@@ -417,7 +417,7 @@ static void local_vs_exact(const char *path, const int *tokens, int n, enum tq_c
 	T_ASSERT(tqr_model_load(&m, path, &err) == 0);
 	struct tqr_kv_geom g = geom_of(m);
 	int V = tqr_model_config(m)->vocab_size;
-	struct tqr_kv_local_opts o = { kc, vc, 42, 2, 16, reference, 0.0f };
+	struct tqr_kv_local_opts o = { kc, vc, 42, 2, 16, reference, 0.0f, 0 };
 	float *a = malloc(sizeof(float) * (size_t)n * V), *b = malloc(sizeof(float) * (size_t)n * V);
 	int rc = tqr_kv_new_exact(&ex, &g, &err);
 	if (!rc)
@@ -461,7 +461,7 @@ static void fused_vs_ref(const char *path, const int *tokens, int n, enum tq_cod
 	T_ASSERT(tqr_model_load(&m, path, &err) == 0);
 	struct tqr_kv_geom g = geom_of(m);
 	int V = tqr_model_config(m)->vocab_size;
-	struct tqr_kv_local_opts fo = { kc, vc, 42, 1, 0, 0, 0.0f }, ro = { kc, vc, 42, 1, 0, 1, 0.0f };
+	struct tqr_kv_local_opts fo = { kc, vc, 42, 1, 0, 0, 0.0f, 0 }, ro = { kc, vc, 42, 1, 0, 1, 0.0f, 0 };
 	float *la = malloc(sizeof(float) * (size_t)n * V), *lb = malloc(sizeof(float) * (size_t)n * V);
 	int rc = tqr_kv_new_local(&a, &g, &fo, &err);
 	if (!rc)
@@ -570,8 +570,8 @@ static void test_ppl_f16(void)
 	const int wlen = tqr_model_config(m)->seq_len, windows = 2;
 	T_ASSERT(nt >= (long)wlen * windows);
 	struct tqr_kv_geom g = geom_of(m);
-	struct tqr_kv_local_opts of16 = { TQ_CODEC_F16, TQ_CODEC_F16, 1, 1, 0, 0, 0.0f };
-	struct tqr_kv_local_opts otq2 = { TQ_CODEC_TQ2, TQ_CODEC_TQ2, 1, 1, 0, 0, 0.0f };
+	struct tqr_kv_local_opts of16 = { TQ_CODEC_F16, TQ_CODEC_F16, 1, 1, 0, 0, 0.0f, 0 };
+	struct tqr_kv_local_opts otq2 = { TQ_CODEC_TQ2, TQ_CODEC_TQ2, 1, 1, 0, 0, 0.0f, 0 };
 	T_ASSERT(tqr_kv_new_exact(&ex, &g, &err) == 0);
 	T_ASSERT(tqr_kv_new_local(&f16, &g, &of16, &err) == 0);
 	T_ASSERT(tqr_kv_new_local(&t2, &g, &otq2, &err) == 0);
@@ -1164,7 +1164,7 @@ static void backend_errors(tqr_kv *kv, const struct tqr_kv_geom *g)
 static void test_backend_errors(void)
 {
 	struct tqr_kv_geom g = { 2, 2, 4, 8, 4 }, bad = { 2, 3, 4, 8, 4 }, bad_hd = { 2, 2, 4, 12, 4 };
-	struct tqr_kv_local_opts o = { TQ_CODEC_Q8, TQ_CODEC_TQ4, 7, 1, 2, 0, 0.0f };
+	struct tqr_kv_local_opts o = { TQ_CODEC_Q8, TQ_CODEC_TQ4, 7, 1, 2, 0, 0.0f, 0 };
 	tqr_kv *kv = NULL;
 	tqr_error err;
 

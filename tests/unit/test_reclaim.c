@@ -69,7 +69,7 @@ static void fix_stop(struct fix *f)
 }
 
 /* 2 layers x 2 KV heads x 128, q8/tq4: about 2.5 MiB per 3,200 tokens */
-static const struct session_geom G = { 2, 2, 4, 128, TQ_CODEC_Q8, TQ_CODEC_TQ4, 8192 };
+static const struct session_geom G = { 2, 2, 4, 128, TQ_CODEC_Q8, TQ_CODEC_TQ4, 8192, 0 };
 
 /* A session of tenant `tenant` with `tokens` per layer, last used at now_ms. */
 static uint64_t open_filled(struct fix *f, const char *tenant, uint32_t tokens, uint64_t seed, uint64_t now_ms)

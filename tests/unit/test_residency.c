@@ -34,7 +34,7 @@ static void fix_start(struct kvfix *f, uint64_t spill_slots)
 		    spill_slots);
 }
 
-static const struct session_geom G = { 3, 2, 4, 64, TQ_CODEC_TQ4, TQ_CODEC_TQ3, 1024 };
+static const struct session_geom G = { 3, 2, 4, 64, TQ_CODEC_TQ4, TQ_CODEC_TQ3, 1024, 0 };
 
 static uint64_t open_filled(struct kvfix *f, uint32_t tokens, uint64_t seed)
 {

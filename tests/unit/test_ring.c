@@ -60,7 +60,7 @@ static const struct sgeom G[] = {
 
 static struct session_geom sg_of(const struct sgeom *g, uint64_t max_tokens)
 {
-	struct session_geom s = { g->n_layers, g->n_kv, g->n_q, g->dim, g->k, g->v, max_tokens };
+	struct session_geom s = { g->n_layers, g->n_kv, g->n_q, g->dim, g->k, g->v, max_tokens, 0 };
 	return s;
 }
 
