@@ -23,11 +23,18 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "crc32c.h"
 #include "harness.h"
 #include "persist.h"
+#include "tq_xform.h"
 #include "tqkv.h"
 
 /* ---- unit: manifests ------------------------------------------------------- */
+/* Layer 0's transform statistics in the sample: bytes only (persist.c does
+ * not parse them), the size of a K-centering blob of 2 heads x 64. */
+#define XF_SAMPLE_BYTES (32u + 2u * 64u * 4u)
+static uint8_t xf_sample[XF_SAMPLE_BYTES];
+
 static void sample_manifest(struct persist_manifest *m, struct persist_layer *L, struct persist_page *pg)
 {
 	memset(m, 0, sizeof(*m));
@@ -36,7 +43,8 @@ static void sample_manifest(struct persist_manifest *m, struct persist_layer *L,
 	snprintf(m->name, sizeof(m->name), "chat-1");
 	m->owner_uid = 1000;
 	m->geom = (struct session_geom){ .n_layers = 2, .n_kv_heads = 2, .n_q_heads = 4, .head_dim = 64,
-					 .k_codec = TQ_CODEC_TQ4, .v_codec = TQ_CODEC_TQ3, .max_tokens = 4096 };
+					 .k_codec = TQ_CODEC_TQ4, .v_codec = TQ_CODEC_TQ3, .max_tokens = 4096,
+					 .kv_xform = TQ_XF_DEFAULT };
 	m->seed = 0x1234567890abcdefull;
 	m->created_ms = 1700000000000ull;
 	m->page_bytes = 65536;
@@ -49,7 +57,22 @@ static void sample_manifest(struct persist_manifest *m, struct persist_layer *L,
 	pg[2].slot = PERSIST_SLOT_LOST;
 	L[0] = (struct persist_layer){ .n_tokens = 300, .n_pages = 2, .pages = pg };
 	L[1] = (struct persist_layer){ .n_tokens = 100, .n_pages = 1, .pages = pg + 2 };
+	for (uint32_t i = 0; i < XF_SAMPLE_BYTES; i++)
+		xf_sample[i] = (uint8_t)(i * 7 + 3);
+	L[0].xf = xf_sample;
+	L[0].xf_bytes = XF_SAMPLE_BYTES;
 	m->layers = L;
+}
+
+/* After editing an encoded manifest: its length field and checksum. */
+static void reseal(uint8_t *b, size_t len)
+{
+	for (int i = 0; i < 8; i++)
+		b[16 + i] = (uint8_t)((uint64_t)len >> (8 * i));
+	memset(b + 12, 0, 4);
+	uint32_t crc = tq_crc32c(0, b, len);
+	for (int i = 0; i < 4; i++)
+		b[12 + i] = (uint8_t)(crc >> (8 * i));
 }
 
 static void test_manifest_roundtrip(void)
@@ -63,8 +86,14 @@ static void test_manifest_roundtrip(void)
 	sample_manifest(&m, L, pg);
 	uint8_t *b = persist_manifest_encode(&m, &len);
 	T_ASSERT(b);
-	T_EQ(len, PERSIST_MAN_HDR + 2 * 8 + 3 * 16);
+	T_EQ(len, PERSIST_MAN_HDR + 2 * 8 + 3 * 16 + 2 * 4 + XF_SAMPLE_BYTES);
 	T_EQ(persist_manifest_decode(b, len, &d, why, sizeof(why)), 0);
+	T_EQ(d.format, PERSIST_FORMAT);
+	T_EQ(d.geom.kv_xform, TQ_XF_DEFAULT);
+	T_EQ(d.layers[0].xf_bytes, XF_SAMPLE_BYTES);
+	T_ASSERT(d.layers[0].xf && !memcmp(d.layers[0].xf, xf_sample, XF_SAMPLE_BYTES));
+	T_EQ(d.layers[1].xf_bytes, 0);
+	T_ASSERT(!d.layers[1].xf);
 	T_EQ(d.id, 42);
 	T_ASSERT(!strcmp(d.tenant, "prod") && !strcmp(d.name, "chat-1"));
 	T_EQ(d.owner_uid, 1000);
@@ -114,6 +143,123 @@ static void test_manifest_damage(void)
 	b[12] = b[13] = b[14] = b[15] = 0;
 	T_ASSERT(persist_manifest_decode(b, len, &d, why, sizeof(why)) < 0);
 	free(b);
+}
+
+/* Format 1 (before transforms): no mode, no statistics; still read. */
+static void test_manifest_v1(void)
+{
+	struct persist_manifest m, d;
+	struct persist_layer L[2];
+	struct persist_page pg[3];
+	char why[256];
+	size_t len;
+
+	sample_manifest(&m, L, pg);
+	m.geom.kv_xform = 0;
+	L[0].xf = NULL;
+	L[0].xf_bytes = 0;
+	uint8_t *b = persist_manifest_encode(&m, &len);
+	T_ASSERT(b);
+	/* format 2 with nothing to add is format 1 and two zero lengths */
+	T_EQ(len, PERSIST_MAN_HDR + 2 * 8 + 3 * 16 + 2 * 4);
+	len -= 2 * 4;
+	b[8] = 1;
+	reseal(b, len);
+	T_EQ(persist_manifest_decode(b, len, &d, why, sizeof(why)), 0);
+	T_EQ(d.format, 1);
+	T_EQ(d.geom.kv_xform, 0);
+	T_EQ(d.layers[0].n_tokens, 300);
+	T_EQ(d.layers[0].pages[1].gen, 51);
+	T_ASSERT(!d.layers[0].xf_bytes && !d.layers[1].xf_bytes && !d.layers[0].xf);
+	/* what it encodes to is format 2, and reads back the same */
+	size_t len2;
+	uint8_t *b2 = persist_manifest_encode(&d, &len2);
+	persist_manifest_free(&d);
+	T_ASSERT(b2);
+	T_EQ(persist_manifest_decode(b2, len2, &d, why, sizeof(why)), 0);
+	T_EQ(d.format, PERSIST_FORMAT);
+	T_EQ(d.layers[1].pages[0].slot, (long long)PERSIST_SLOT_LOST);
+	persist_manifest_free(&d);
+	free(b2);
+	/* format 1 has no mode field: a byte there is damage */
+	b[240] = 1;
+	reseal(b, len);
+	T_ASSERT(persist_manifest_decode(b, len, &d, why, sizeof(why)) == -EBADMSG);
+	b[240] = 0;
+	/* nor statistics: bytes after the pages are refused */
+	uint8_t *b3 = calloc(1, len + 8);
+	T_ASSERT(b3);
+	memcpy(b3, b, len);
+	reseal(b3, len + 8);
+	T_ASSERT(persist_manifest_decode(b3, len + 8, &d, why, sizeof(why)) == -EBADMSG);
+	/* an unknown format */
+	b[8] = 3;
+	reseal(b, len);
+	T_EQ(persist_manifest_decode(b, len, &d, why, sizeof(why)), -EPROTO);
+	T_ASSERT(strstr(why, "format 3"));
+	free(b3);
+	free(b);
+}
+
+/* Statistics the geometry cannot have, or that run past the file, or a
+ * session without transforms that has some: refused with a reason. */
+static void test_manifest_xf_bounds(void)
+{
+	struct persist_manifest m, d;
+	struct persist_layer L[2];
+	struct persist_page pg[3];
+	char why[256];
+	size_t len;
+	const uint32_t max = (uint32_t)persist_xf_max(2, 64);
+	uint8_t *big = calloc(1, max + 4);
+
+	T_ASSERT(big);
+	T_EQ(max, 32 + 3 * 2 * 64 * 4);
+	sample_manifest(&m, L, pg);
+	/* the largest allowed decodes */
+	L[1].xf = big;
+	L[1].xf_bytes = max;
+	uint8_t *b = persist_manifest_encode(&m, &len);
+	T_ASSERT(b);
+	T_EQ(persist_manifest_decode(b, len, &d, why, sizeof(why)), 0);
+	T_EQ(d.layers[1].xf_bytes, max);
+	persist_manifest_free(&d);
+	free(b);
+	/* one more does not */
+	L[1].xf_bytes = max + 1;
+	b = persist_manifest_encode(&m, &len);
+	T_ASSERT(b);
+	why[0] = 0;
+	T_EQ(persist_manifest_decode(b, len, &d, why, sizeof(why)), -EBADMSG);
+	T_ASSERT(strstr(why, "layer 1") && strstr(why, "statistics"));
+	free(b);
+	/* a length beyond the file (checksum valid) */
+	L[1].xf_bytes = 64;
+	b = persist_manifest_encode(&m, &len);
+	T_ASSERT(b);
+	len -= 8;
+	reseal(b, len);
+	T_EQ(persist_manifest_decode(b, len, &d, why, sizeof(why)), -EBADMSG);
+	free(b);
+	/* statistics without a transform mode */
+	L[1].xf_bytes = 0;
+	m.geom.kv_xform = 0;
+	b = persist_manifest_encode(&m, &len);
+	T_ASSERT(b);
+	T_EQ(persist_manifest_decode(b, len, &d, why, sizeof(why)), -EBADMSG);
+	free(b);
+	/* an unknown mode bit */
+	L[0].xf_bytes = 0;
+	m.geom.kv_xform = 0x100;
+	b = persist_manifest_encode(&m, &len);
+	T_ASSERT(b);
+	T_EQ(persist_manifest_decode(b, len, &d, why, sizeof(why)), -EBADMSG);
+	T_ASSERT(strstr(why, "transform mode"));
+	free(b);
+	/* a huge geometry cannot make the bound wrap */
+	T_ASSERT(persist_xf_max(UINT32_MAX, UINT32_MAX) == UINT64_MAX);
+	T_ASSERT(persist_xf_max(1024, 1024) == 32 + 12ull * 1024 * 1024);
+	free(big);
 }
 
 /* Files: atomic write, read back, scan removes leftovers. */
@@ -201,8 +347,10 @@ static void test_journal(void)
 	T_ASSERT(jfd >= 0);
 	for (uint32_t i = 0; i < 4; i++) {
 		memset(pay, (int)i + 1, sizeof(pay));
-		struct persist_rec r = { .type = PERSIST_REC_APPEND, .layer = 0, .first = i * 2, .n = 2,
-					 .payload_bytes = sizeof(pay), .seq = i, .epoch = 5 };
+		/* the first: a calibration (its payload the statistics) */
+		struct persist_rec r = { .type = i ? PERSIST_REC_APPEND : PERSIST_REC_XFORM, .layer = 0,
+					 .first = i * 2, .n = i ? 2 : 0, .payload_bytes = sizeof(pay), .seq = i,
+					 .epoch = 5 };
 		T_EQ(persist_journal_write(jfd, &off, &r, pay, 16, pay + 16, 24), 0);
 	}
 	memset(&c, 0, sizeof(c));
@@ -444,28 +592,47 @@ static int client_verify(const char *dir, const char *name, const char *log)
 	return bad;
 }
 
-/* tests/fuzz/seeds/persist: a manifest and a journal, as fuzz_persist
- * reads them (first byte: 0 manifest, 1 journal). */
+static int write_seed(const char *dir, const char *name, uint8_t tag, const uint8_t *b, size_t len)
+{
+	char path[512];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	if (!(f = fopen(path, "wb")))
+		return 1;
+	fwrite(&tag, 1, 1, f);
+	fwrite(b, 1, len, f);
+	return fclose(f) != 0;
+}
+
+/* tests/fuzz/seeds/persist: manifests (format 2 with transform statistics,
+ * format 1) and journals (appends and a truncation; a calibration, appends,
+ * a truncation to 0 and another calibration), as fuzz_persist reads them
+ * (first byte: 0 manifest, 1 journal). */
 static int write_seeds(const char *dir)
 {
 	struct persist_manifest m;
 	struct persist_layer L[2];
 	struct persist_page pg[3];
 	char path[512], why[256], tmp[] = "/tmp/tqs-XXXXXX";
-	uint8_t tag;
 	size_t len;
 	uint64_t off = PERSIST_JNL_HDR;
-	FILE *f;
 
 	sample_manifest(&m, L, pg);
+	L[0].xf_bytes = 32 + 16; /* small: the fuzzer's mutations matter, not the size */
 	uint8_t *b = persist_manifest_encode(&m, &len);
-	snprintf(path, sizeof(path), "%s/manifest", dir);
-	if (!b || !(f = fopen(path, "wb")))
+	if (!b || write_seed(dir, "manifest", 0, b, len))
 		return 1;
-	tag = 0;
-	fwrite(&tag, 1, 1, f);
-	fwrite(b, 1, len, f);
-	fclose(f);
+	free(b);
+	m.geom.kv_xform = 0;
+	L[0].xf_bytes = 0;
+	if (!(b = persist_manifest_encode(&m, &len)))
+		return 1;
+	len -= 2 * 4; /* format 1: no statistics, no mode */
+	b[8] = 1;
+	reseal(b, len);
+	if (write_seed(dir, "manifest_v1", 0, b, len))
+		return 1;
 	free(b);
 	if (!mkdtemp(tmp))
 		return 1;
@@ -480,13 +647,26 @@ static int write_seeds(const char *dir)
 	}
 	uint8_t jb[4096];
 	ssize_t n = pread(jfd, jb, sizeof(jb), 0);
-	snprintf(path, sizeof(path), "%s/journal", dir);
-	if (n <= 0 || !(f = fopen(path, "wb")))
+	if (n <= 0 || write_seed(dir, "journal", 1, jb, (size_t)n))
 		return 1;
-	tag = 1;
-	fwrite(&tag, 1, 1, f);
-	fwrite(jb, 1, (size_t)n, f);
-	fclose(f);
+	close(jfd);
+	/* XFORM, APPEND, TRUNCATE to 0, XFORM, APPEND */
+	off = PERSIST_JNL_HDR;
+	jfd = persist_journal_reset(dfd, 1, 1, why, sizeof(why));
+	for (uint32_t i = 0; i < 5; i++) {
+		static const uint32_t type[5] = { PERSIST_REC_XFORM, PERSIST_REC_APPEND, PERSIST_REC_TRUNCATE,
+						  PERSIST_REC_XFORM, PERSIST_REC_APPEND };
+		uint32_t bytes = type[i] == PERSIST_REC_TRUNCATE ? 0 : type[i] == PERSIST_REC_XFORM ? 40 : 24;
+		uint8_t p2[40];
+		memset(p2, 0x50 + (int)i, sizeof(p2));
+		struct persist_rec r = { .type = type[i], .n = type[i] == PERSIST_REC_APPEND, .payload_bytes = bytes,
+					 .seq = i, .epoch = 1 };
+		if (persist_journal_write(jfd, &off, &r, p2, bytes, NULL, 0) < 0)
+			return 1;
+	}
+	n = pread(jfd, jb, sizeof(jb), 0);
+	if (n <= 0 || write_seed(dir, "journal_xform", 1, jb, (size_t)n))
+		return 1;
 	close(jfd);
 	close(dfd);
 	snprintf(path, sizeof(path), "rm -rf %s", tmp);
@@ -507,6 +687,8 @@ int main(int argc, char **argv)
 	}
 	T_RUN(test_manifest_roundtrip);
 	T_RUN(test_manifest_damage);
+	T_RUN(test_manifest_v1);
+	T_RUN(test_manifest_xf_bounds);
 	T_RUN(test_manifest_files);
 	T_RUN(test_journal);
 	T_RUN(test_journal_fuzz);
