@@ -16,6 +16,8 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,10 +26,14 @@
 #include <unistd.h>
 
 #include "crc32c.h"
+#include "dataop_internal.h"
 #include "harness.h"
+#include "kvfix.h"
+#include "kvpersist.h"
 #include "persist.h"
 #include "tq_xform.h"
 #include "tqkv.h"
+#include "tqkv_ring.h"
 
 /* ---- unit: manifests ------------------------------------------------------- */
 /* Layer 0's transform statistics in the sample: bytes only (persist.c does
@@ -429,7 +435,8 @@ static void test_journal_fuzz(void)
 	T_EQ(system(path), 0);
 }
 
-/* ---- the integration client ---------------------------------------------------- */
+/* ---- unit: restarts in-process (kvfix) ------------------------------------------ */
+/* The geometry of these and of the integration client. */
 #define L_N 2
 #define KVH 2
 #define QH 4
@@ -444,6 +451,261 @@ static float val_of(uint32_t tok, uint32_t layer, uint32_t h, uint32_t d, int kv
 	x ^= x >> 33;
 	return (float)((double)(x >> 11) / 9007199254740992.0 * 2.0 - 1.0);
 }
+
+/* A persistent session with K/V transforms, its tables torn down as a
+ * SIGKILL leaves them and recovered from its files: each layer's transform
+ * statistics come back exactly (from the manifest and from journaled
+ * calibrations, with a truncation to 0 and a recalibration between), and
+ * attention answers bit for bit as before. */
+#define XPAGE (16u << 10)
+#define XCONF "[pool]\npool_bytes = 16M\n[tenant t]\nlimit = 16M\nallow_uids = *\n"
+#define MUST(x) do { if (!(x)) { fprintf(stderr, "%s:%d: %s failed\n", __FILE__, __LINE__, #x); exit(1); } } while (0)
+static const struct session_geom XG = { .n_layers = 2, .n_kv_heads = 2, .n_q_heads = 4, .head_dim = 64,
+					.k_codec = TQ_CODEC_TQ4, .v_codec = TQ_CODEC_TQ3, .max_tokens = 4096,
+					.kv_xform = TQ_XF_DEFAULT };
+
+static void xpersist_up(struct kvfix *f)
+{
+	char why[512];
+	uint64_t max_id;
+
+	if (kvstore_persist_open(f->ks, f->dir, 3600000, why, sizeof(why)) < 0) {
+		fprintf(stderr, "persistence: %s\n", why);
+		exit(1);
+	}
+	MUST(kvstore_recover(f->ks, f->st, f->tt, &max_id) == 0);
+}
+
+/* A SIGKILL: nothing checkpointed, the files as they are; then a start. */
+static void xcrash(struct kvfix *f)
+{
+	kvstore_persist_stop(f->ks, NULL);
+	kvfix_restart(f);
+	xpersist_up(f);
+}
+
+/* Calibrate layer l if empty, as dataop does on a layer's first append
+ * (the transform made, calibrated from this append, journaled). */
+static void xcalibrate(struct kvfix *f, struct session *s, uint32_t l, const float *k, const float *v,
+		       const float *q, uint32_t n)
+{
+	struct dataop_res r;
+	struct kv_sess *kv;
+	tq_error te;
+
+	memset(&r, 0, sizeof(r));
+	MUST(dataop_kv_get(f->ks, s, &kv) == 0);
+	pthread_mutex_lock(&kv->lock);
+	struct kv_layer *L = &kv->layer[l];
+	if (!L->xf)
+		MUST(tq_xf_new(&L->xf, kv->xform, kv->geom.n_kv_heads, kv->n_q_heads, kv->dim, &te) == 0);
+	if (!L->n_tokens) {
+		tq_xf_reset(L->xf); /* a truncation to 0 does */
+		MUST(tq_xf_calibrate(L->xf, k, v, q, n, n, TQ_DTYPE_F32) == 0);
+		MUST(kvp_journal_xform(f->ks, s, kv, l, &r) == 0);
+	}
+	pthread_mutex_unlock(&kv->lock);
+}
+
+/* n tokens more on layer l (data set `gen`), calibrating an empty layer. */
+static void xfill(struct kvfix *f, struct session *s, uint32_t l, uint32_t n, uint32_t gen)
+{
+	static float k[64 * KVH * DIM], v[64 * KVH * DIM], q[64 * QH * DIM];
+	struct dataop_res r;
+	struct session_info si;
+
+	MUST(n <= 64);
+	MUST(session_get_info(f->st, session_id(s), &si) == 0);
+	for (uint32_t t = 0; t < n; t++)
+		for (uint32_t h = 0; h < QH; h++)
+			for (uint32_t d = 0; d < DIM; d++) {
+				/* keys with a channel offset (what centering removes) */
+				if (h < KVH) {
+					k[(t * KVH + h) * DIM + d] = val_of(t + 100 * gen, l, h, d, 0) + 0.02f * (float)d;
+					v[(t * KVH + h) * DIM + d] = val_of(t + 100 * gen, l, h, d, 1);
+				}
+				q[(t * QH + h) * DIM + d] = val_of(t + 100 * gen, l, h, d, 2) * (1.0f + (float)(d % 7));
+			}
+	xcalibrate(f, s, l, k, v, q, n);
+	dataop_append(f->ks, s, l, k, v, TQ_DTYPE_F32, n, &r);
+	MUST(r.status == TQKV_ST_OK);
+}
+
+struct xsnap {
+	uint32_t n_tokens[2], xb[2];
+	uint8_t blob[2][2048];
+	float out[2][4 * QH * DIM];
+};
+
+static void xsnapshot(struct kvfix *f, uint64_t id, struct xsnap *sn)
+{
+	struct dataop_ws ws = { 0 };
+	struct dataop_res r;
+	struct session *s;
+	struct kv_sess *kv;
+	float q[4 * QH * DIM];
+
+	memset(sn, 0, sizeof(*sn));
+	for (int i = 0; i < 4 * QH * DIM; i++)
+		q[i] = val_of(5, 77, 0, (uint32_t)i, 3);
+	MUST(session_acquire(f->st, id, 0, &s) == 0);
+	MUST(dataop_kv_get(f->ks, s, &kv) == 0);
+	for (uint32_t l = 0; l < 2; l++) {
+		pthread_mutex_lock(&kv->lock);
+		sn->n_tokens[l] = kv->layer[l].n_tokens;
+		if (kv->layer[l].xf) {
+			sn->xb[l] = (uint32_t)tq_xf_blob_bytes(kv->layer[l].xf);
+			MUST(sn->xb[l] <= sizeof(sn->blob[l]));
+			tq_xf_blob_write(kv->layer[l].xf, sn->blob[l]);
+		}
+		pthread_mutex_unlock(&kv->lock);
+		if (!sn->n_tokens[l])
+			continue;
+		int32_t n = (int32_t)sn->n_tokens[l], pos[4] = { 0, n / 3, n / 2, n - 1 };
+		dataop_attend(f->ks, s, &ws, l, NULL, NULL, 0, q, pos, 4, TQ_DTYPE_F32, sn->out[l], &r);
+		MUST(r.status == TQKV_ST_OK);
+	}
+	session_release(s);
+	dataop_ws_free(&ws);
+}
+
+static void xsame(const struct xsnap *a, const struct xsnap *b)
+{
+	for (uint32_t l = 0; l < 2; l++) {
+		T_EQ(b->n_tokens[l], a->n_tokens[l]);
+		T_EQ(b->xb[l], a->xb[l]);
+		if (memcmp(b->blob[l], a->blob[l], a->xb[l]))
+			T_FAIL("layer %u: the transform's statistics differ after the restart", l);
+		if (memcmp(b->out[l], a->out[l], sizeof(a->out[l])))
+			T_FAIL("layer %u: attention differs after the restart", l);
+	}
+}
+
+static void test_xform_restart(void)
+{
+	struct kvfix f;
+	struct session_info si;
+	struct session *s;
+	struct dataop_res r;
+	static struct xsnap a, b, c;
+	uint8_t first1[2048];
+	uint32_t first1_bytes;
+	char why[512], cmd[128];
+
+	kvfix_start(&f, XCONF, 16u << 20, XPAGE, 256);
+	xpersist_up(&f);
+	T_EQ(session_open(f.st, tenant_find(f.tt, "t"), "xf", 1000, &XG, 77, SESSION_PERSISTENT, 0, &si, why,
+			  sizeof(why)), 0);
+	MUST(session_acquire(f.st, si.id, 0, &s) == 0);
+	T_EQ(dataop_persist_init(f.ks, s, why, sizeof(why)), 0);
+	xfill(&f, s, 0, 40, 0);
+	xfill(&f, s, 1, 30, 0);
+	xfill(&f, s, 0, 5, 0);
+	session_release(s);
+	xsnapshot(&f, si.id, &a);
+	T_ASSERT(a.xb[0] > 32 && a.xb[1] > 32); /* statistics applied, not the identity */
+	first1_bytes = a.xb[1];
+	memcpy(first1, a.blob[1], first1_bytes);
+	/* from the journal alone (the manifest is the empty session's) */
+	xcrash(&f);
+	xsnapshot(&f, si.id, &b);
+	xsame(&a, &b);
+
+	/* the statistics in a manifest; then, journaled after it, layer 1
+	 * emptied and calibrated afresh from other data, layer 0 grown */
+	MUST(session_acquire(f.st, si.id, 0, &s) == 0);
+	T_EQ(dataop_checkpoint(f.ks, s, why, sizeof(why)), 0);
+	dataop_truncate(f.ks, s, 1, 0, 0, &r);
+	T_EQ(r.status, TQKV_ST_OK);
+	xfill(&f, s, 1, 20, 1);
+	xfill(&f, s, 0, 10, 0);
+	session_release(s);
+	xsnapshot(&f, si.id, &a);
+	T_ASSERT(a.xb[1] != first1_bytes || memcmp(a.blob[1], first1, first1_bytes));
+	xcrash(&f);
+	xsnapshot(&f, si.id, &b);
+	xsame(&a, &b);
+	/* recovery checkpointed what it replayed: from the manifest alone */
+	xcrash(&f);
+	xsnapshot(&f, si.id, &c);
+	xsame(&a, &c);
+
+	/* emptied and not refilled: uncalibrated after a restart (the next
+	 * append calibrates it) */
+	MUST(session_acquire(f.st, si.id, 0, &s) == 0);
+	dataop_truncate(f.ks, s, 1, 0, 0, &r);
+	session_release(s);
+	xcrash(&f);
+	xsnapshot(&f, si.id, &b);
+	T_EQ(b.n_tokens[1], 0);
+	T_EQ(b.xb[1], 0);
+	T_EQ(b.n_tokens[0], a.n_tokens[0]);
+	T_ASSERT(!memcmp(b.out[0], a.out[0], sizeof(a.out[0])));
+	T_EQ(session_close(f.st, si.id, NULL), 0);
+	kvfix_stop(&f);
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", f.dir);
+	T_EQ(system(cmd), 0);
+}
+
+/* Statistics that do not parse, or tokens without statistics: the session
+ * is dropped with its manifest set aside, the others stay. */
+static void test_xform_damage(void)
+{
+	struct kvfix f;
+	struct session_info si[3];
+	struct session *s;
+	struct persist_manifest m;
+	char why[512], path[256];
+	int dfd;
+
+	kvfix_start(&f, XCONF, 16u << 20, XPAGE, 256);
+	xpersist_up(&f);
+	for (int i = 0; i < 3; i++) {
+		char name[8];
+		snprintf(name, sizeof(name), "d%d", i);
+		T_EQ(session_open(f.st, tenant_find(f.tt, "t"), name, 1000, &XG, 5 + (uint64_t)i, SESSION_PERSISTENT,
+				  0, &si[i], why, sizeof(why)), 0);
+		MUST(session_acquire(f.st, si[i].id, 0, &s) == 0);
+		T_EQ(dataop_persist_init(f.ks, s, why, sizeof(why)), 0);
+		xfill(&f, s, 0, 20, 0);
+		xfill(&f, s, 1, 20, 0);
+		T_EQ(dataop_checkpoint(f.ks, s, why, sizeof(why)), 0);
+		session_release(s);
+	}
+	kvstore_persist_stop(f.ks, NULL);
+	dfd = persist_dir_open(f.dir, why, sizeof(why));
+	T_ASSERT(dfd >= 0);
+	/* d0: a NaN among layer 0's channel means (the checksum is right) */
+	T_EQ(persist_manifest_read(dfd, si[0].id, &m, why, sizeof(why)), 0);
+	T_ASSERT(m.layers[0].xf_bytes > 40);
+	memset(m.layers[0].xf + 36, 0xff, 4);
+	T_EQ(persist_manifest_write(dfd, &m, why, sizeof(why)), 0);
+	persist_manifest_free(&m);
+	/* d1: layer 1's tokens without their statistics */
+	T_EQ(persist_manifest_read(dfd, si[1].id, &m, why, sizeof(why)), 0);
+	free(m.layers[1].xf);
+	m.layers[1].xf = NULL;
+	m.layers[1].xf_bytes = 0;
+	T_EQ(persist_manifest_write(dfd, &m, why, sizeof(why)), 0);
+	persist_manifest_free(&m);
+	close(dfd);
+	kvfix_restart(&f);
+	xpersist_up(&f);
+	struct session_info got;
+	T_EQ(session_get_info(f.st, si[0].id, &got), -ENOENT);
+	T_EQ(session_get_info(f.st, si[1].id, &got), -ENOENT);
+	T_EQ(session_get_info(f.st, si[2].id, &got), 0);
+	for (int i = 0; i < 2; i++) {
+		snprintf(path, sizeof(path), "%s/%s/%" PRIu64 ".tqm.dropped", f.dir, PERSIST_SUBDIR, si[i].id);
+		T_EQ(access(path, F_OK), 0);
+	}
+	T_EQ(session_close(f.st, si[2].id, NULL), 0);
+	kvfix_stop(&f);
+	snprintf(path, sizeof(path), "rm -rf %s", f.dir);
+	T_EQ(system(path), 0);
+}
+
+/* ---- the integration client ---------------------------------------------------- */
 
 static int open_session(const char *dir, const char *name, tqkv **c, tqkv_session **s)
 {
@@ -692,5 +954,7 @@ int main(int argc, char **argv)
 	T_RUN(test_manifest_files);
 	T_RUN(test_journal);
 	T_RUN(test_journal_fuzz);
+	T_RUN(test_xform_restart);
+	T_RUN(test_xform_damage);
 	return t_done();
 }
