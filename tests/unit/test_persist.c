@@ -652,15 +652,16 @@ static void test_xform_restart(void)
 static void test_xform_damage(void)
 {
 	struct kvfix f;
-	struct session_info si[3];
+	struct session_info si[4];
 	struct session *s;
 	struct persist_manifest m;
+	struct dataop_res r;
 	char why[512], path[256];
 	int dfd;
 
 	kvfix_start(&f, XCONF, 16u << 20, XPAGE, 256);
 	xpersist_up(&f);
-	for (int i = 0; i < 3; i++) {
+	for (int i = 0; i < 4; i++) {
 		char name[8];
 		snprintf(name, sizeof(name), "d%d", i);
 		T_EQ(session_open(f.st, tenant_find(f.tt, "t"), name, 1000, &XG, 5 + (uint64_t)i, SESSION_PERSISTENT,
@@ -670,6 +671,10 @@ static void test_xform_damage(void)
 		xfill(&f, s, 0, 20, 0);
 		xfill(&f, s, 1, 20, 0);
 		T_EQ(dataop_checkpoint(f.ks, s, why, sizeof(why)), 0);
+		if (i == 3) { /* journal #0: layer 1 emptied */
+			dataop_truncate(f.ks, s, 1, 0, 0, &r);
+			T_EQ(r.status, TQKV_ST_OK);
+		}
 		session_release(s);
 	}
 	kvstore_persist_stop(f.ks, NULL);
@@ -688,6 +693,23 @@ static void test_xform_damage(void)
 	m.layers[1].xf_bytes = 0;
 	T_EQ(persist_manifest_write(dfd, &m, why, sizeof(why)), 0);
 	persist_manifest_free(&m);
+	/* d3: journal #1 calibrates layer 1 from statistics that do not parse
+	 * (checksummed all the same), #2 appends to it: the replay stops at #1 */
+	T_EQ(persist_manifest_read(dfd, si[3].id, &m, why, sizeof(why)), 0);
+	snprintf(path, sizeof(path), "%" PRIu64 ".tqj", si[3].id);
+	int jfd = openat(dfd, path, O_WRONLY);
+	T_ASSERT(jfd >= 0);
+	uint64_t off = (uint64_t)lseek(jfd, 0, SEEK_END);
+	uint8_t junk[64];
+	memset(junk, 0x5a, sizeof(junk));
+	struct persist_rec xr = { .type = PERSIST_REC_XFORM, .layer = 1, .payload_bytes = 64, .seq = 1,
+				  .epoch = m.epoch };
+	struct persist_rec ar = { .type = PERSIST_REC_APPEND, .layer = 1, .n = 1, .seq = 2, .epoch = m.epoch,
+				  .payload_bytes = 64 };
+	T_EQ(persist_journal_write(jfd, &off, &xr, junk, sizeof(junk), NULL, 0), 0);
+	T_EQ(persist_journal_write(jfd, &off, &ar, junk, ar.payload_bytes, NULL, 0), 0);
+	close(jfd);
+	persist_manifest_free(&m);
 	close(dfd);
 	kvfix_restart(&f);
 	xpersist_up(&f);
@@ -695,6 +717,12 @@ static void test_xform_damage(void)
 	T_EQ(session_get_info(f.st, si[0].id, &got), -ENOENT);
 	T_EQ(session_get_info(f.st, si[1].id, &got), -ENOENT);
 	T_EQ(session_get_info(f.st, si[2].id, &got), 0);
+	static struct xsnap sn;
+	xsnapshot(&f, si[3].id, &sn);
+	T_EQ(sn.n_tokens[0], 20);
+	T_EQ(sn.n_tokens[1], 0);
+	T_EQ(sn.xb[1], 0);
+	T_EQ(session_close(f.st, si[3].id, NULL), 0);
 	for (int i = 0; i < 2; i++) {
 		snprintf(path, sizeof(path), "%s/%s/%" PRIu64 ".tqm.dropped", f.dir, PERSIST_SUBDIR, si[i].id);
 		T_EQ(access(path, F_OK), 0);
