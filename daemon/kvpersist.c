@@ -322,6 +322,16 @@ static int checkpoint_locked(struct kvstore *ks, struct session *s, struct kv_se
 			m.layers[l].pages[i].slot = copy ? pm->slot : PERSIST_SLOT_LOST;
 			m.layers[l].pages[i].gen = copy ? pm->gen : 0;
 		}
+		/* the statistics the pages' keys and values were transformed by */
+		size_t xb = L->xf ? tq_xf_blob_bytes(L->xf) : 0;
+		if (xb && !(m.layers[l].xf = malloc(xb))) {
+			persist_manifest_free(&m);
+			snprintf(why, whylen, "out of memory");
+			return -ENOMEM;
+		}
+		if (xb)
+			tq_xf_blob_write(L->xf, m.layers[l].xf);
+		m.layers[l].xf_bytes = (uint32_t)xb;
 	}
 	r = persist_manifest_write(kp->dirfd, &m, why, whylen);
 	persist_manifest_free(&m);
@@ -505,6 +515,32 @@ int kvp_journal_truncate(struct kvstore *ks, struct session *s, struct kv_sess *
 	if ((e = journal_ready(ks, s, kv, r)) < 0)
 		return e;
 	return journal_put(ks, kv, &rec, NULL, 0, NULL, 0, r);
+}
+
+int kvp_journal_xform(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l, struct dataop_res *r)
+{
+	struct persist_rec rec = { .type = PERSIST_REC_XFORM, .layer = l };
+	const tq_xf *xf = kv->layer[l].xf;
+	size_t xb = xf ? tq_xf_blob_bytes(xf) : 0;
+	uint8_t *blob;
+	int e;
+
+	if (!xb) { /* a bug: only a calibrated transform is journaled */
+		dataop_res_set(r, -EINVAL, TQKV_ST_INTERNAL, l);
+		snprintf(r->msg, sizeof(r->msg), "persistent session: layer %u's transform is not calibrated", l);
+		return r->res;
+	}
+	if ((e = journal_ready(ks, s, kv, r)) < 0)
+		return e;
+	if (!(blob = malloc(xb))) {
+		dataop_res_set(r, -ENOMEM, TQKV_ST_NOMEM, 0);
+		return r->res;
+	}
+	tq_xf_blob_write(xf, blob);
+	rec.payload_bytes = (uint32_t)xb;
+	e = journal_put(ks, kv, &rec, blob, xb, NULL, 0, r);
+	free(blob);
+	return e;
 }
 
 /* ---- the checkpoint thread ------------------------------------------------------------- */
@@ -731,6 +767,23 @@ static int restore_page(struct kvstore *ks, struct session *s, struct kv_sess *k
 	return 0;
 }
 
+/* Layer l's transform from stored statistics (its xf made if missing, as
+ * the layer's codecs would make it): 0, or -ENOMEM / -EBADMSG with why. */
+static int xf_load(struct kv_sess *kv, uint32_t l, const uint8_t *blob, size_t len, char *why, size_t whylen)
+{
+	struct kv_layer *L = &kv->layer[l];
+	tq_error te;
+	int r;
+
+	if (!L->xf && (r = tq_xf_new(&L->xf, kv->xform, kv->geom.n_kv_heads, kv->n_q_heads, kv->dim, &te)) < 0) {
+		snprintf(why, whylen, "layer %u transform: %s", l, te.msg);
+		return r;
+	}
+	if ((r = tq_xf_blob_read(L->xf, blob, len, &te)) < 0)
+		snprintf(why, whylen, "layer %u: %s", l, te.msg);
+	return r;
+}
+
 static int replay_rec(void *ctx, const struct persist_rec *rec, const uint8_t *payload)
 {
 	struct replay *rp = ctx;
@@ -740,6 +793,17 @@ static int replay_rec(void *ctx, const struct persist_rec *rec, const uint8_t *p
 	struct dataop_res r;
 
 	memset(&r, 0, sizeof(r));
+	if (rec->type == PERSIST_REC_XFORM) {
+		/* a calibration: of an empty layer of a session with transforms */
+		if (!kv->xform || rec->layer >= kv->n_layers || kv->layer[rec->layer].n_tokens || rec->first ||
+		    rec->n || !rec->payload_bytes ||
+		    rec->payload_bytes > persist_xf_max(kv->geom.n_kv_heads, kv->dim)) {
+			snprintf(rp->why, sizeof(rp->why), "transform record (layer %u, %u bytes) does not follow the "
+				 "session's state (transform mode 0x%x)", rec->layer, rec->payload_bytes, kv->xform);
+			return -EBADMSG;
+		}
+		return xf_load(kv, rec->layer, payload, rec->payload_bytes, rp->why, sizeof(rp->why)) < 0 ? -EBADMSG : 0;
+	}
 	if (rec->type == PERSIST_REC_TRUNCATE) {
 		if (rec->layer != PERSIST_ALL_LAYERS && rec->layer >= kv->n_layers) {
 			snprintf(rp->why, sizeof(rp->why), "truncation of layer %u (of %u)", rec->layer, kv->n_layers);
@@ -758,6 +822,12 @@ static int replay_rec(void *ctx, const struct persist_rec *rec, const uint8_t *p
 		return -EBADMSG;
 	}
 	struct kv_layer *L = &kv->layer[rec->layer];
+	if (kv->xform && !(L->xf && tq_xf_calibrated(L->xf))) {
+		/* the tokens were transformed by statistics the journal lacks */
+		snprintf(rp->why, sizeof(rp->why), "append to layer %u at token %u, whose transform has no statistics",
+			 rec->layer, rec->first);
+		return -EBADMSG;
+	}
 	uint32_t added, tail = L->n_tokens / g->page_tokens;
 	if (L->n_tokens % g->page_tokens && restore_page(ks, rp->s, kv, rec->layer, tail, rp->why, sizeof(rp->why)) < 0)
 		return -EIO;
@@ -793,6 +863,29 @@ static int replay_rec(void *ctx, const struct persist_rec *rec, const uint8_t *p
 	return 0;
 }
 
+/* Why m's transform statistics do not parse (for its geometry), or NULL. */
+static const char *xf_misfit(const struct persist_manifest *m, char *buf, size_t n)
+{
+	const struct session_geom *g = &m->geom;
+	const char *bad = NULL;
+	tq_xf *xf = NULL;
+	tq_error te;
+
+	if (!g->kv_xform)
+		return NULL; /* decoding allowed no statistics */
+	if (tq_xf_new(&xf, g->kv_xform, g->n_kv_heads, g->n_q_heads, g->head_dim, &te) < 0) {
+		snprintf(buf, n, "transform: %s", te.msg);
+		return buf;
+	}
+	for (uint32_t l = 0; l < g->n_layers && !bad; l++)
+		if (m->layers[l].xf_bytes && tq_xf_blob_read(xf, m->layers[l].xf, m->layers[l].xf_bytes, &te) < 0) {
+			snprintf(buf, n, "layer %u: %s", l, te.msg);
+			bad = buf;
+		}
+	tq_xf_free(xf);
+	return bad;
+}
+
 /* Why a manifest cannot be used here, or NULL. */
 static const char *manifest_misfit(struct kvstore *ks, const struct persist_manifest *m, uint64_t slot_bytes,
 				   struct tenant_table *tt, char *buf, size_t n)
@@ -822,8 +915,13 @@ static const char *manifest_misfit(struct kvstore *ks, const struct persist_mani
 					 PRIu64 ")", l, L->n_tokens, L->n_pages, want, m->geom.max_tokens);
 				return buf;
 			}
+			if (m->geom.kv_xform && L->n_tokens && !L->xf_bytes) {
+				snprintf(buf, n, "layer %u holds %u tokens but not the statistics of their transform", l,
+					 L->n_tokens);
+				return buf;
+			}
 		}
-		return NULL;
+		return xf_misfit(m, buf, n);
 	}
 	return buf;
 }
@@ -886,6 +984,10 @@ static int build_tables(struct kvstore *ks, struct session *s, struct kv_sess *k
 		L->n_pages = pl->n_pages;
 		L->n_tokens = pl->n_tokens;
 		kv->n_pages += pl->n_pages;
+		/* checked by manifest_misfit: only memory can fail here */
+		char why[160];
+		if (pl->xf_bytes && xf_load(kv, l, pl->xf, pl->xf_bytes, why, sizeof(why)) < 0)
+			return -ENOMEM;
 	}
 	kv->n_spilled = spilled;
 	kv->gen_next = m->gen_next;
@@ -947,6 +1049,11 @@ static int recover_one(struct kvstore *ks, struct session_table *st, struct tena
 			    "it are dropped", id, n_rec, rp.why[0] ? rp.why : jwhy);
 	else if (jwhy[0] && n_rec)
 		log_info("session %" PRIu64 ": journal: %u record(s) replayed; then %s", id, n_rec, jwhy);
+	/* An empty layer is uncalibrated, as a truncation to 0 leaves it (a
+	 * calibration whose append never completed counts for nothing). */
+	for (uint32_t l = 0; l < kv->n_layers; l++)
+		if (!kv->layer[l].n_tokens && kv->layer[l].xf)
+			tq_xf_reset(kv->layer[l].xf);
 	dataop_update_tokens(s, kv);
 	if (n_rec) {
 		uint64_t out;

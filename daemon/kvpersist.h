@@ -14,6 +14,12 @@
  * Slots a manifest on disk may still name are never reused before a newer
  * manifest stops naming them (they are freed after the next checkpoint).
  *
+ * A layer's K/V transform (kernels/tq_xform.h) is part of its state: the
+ * pages hold transformed keys and values.  Its statistics are journaled
+ * when the layer calibrates (before the append that uses them) and written
+ * into every manifest; a layer restored without tokens is uncalibrated, as
+ * a truncation to 0 leaves it.
+ *
  * At start, kvstore_recover() reads every manifest, claims its slots,
  * re-creates the session under its id (state: spilled, restored on first
  * use; detached, so its owner re-attaches by id or by (tenant, name)),
@@ -77,6 +83,11 @@ void kvp_defer_free(struct kv_sess *kv, uint64_t slot);
  * pages (L->pages holds the new ones already): 0, or an error in r. */
 int kvp_journal_append(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l, uint32_t first,
 		       uint32_t n, struct dataop_res *r);
+/* Layer l's transform was just calibrated (by the append about to bring
+ * its first tokens): journal its statistics, before that append's record.
+ * 0, or an error in r (the caller then makes the layer uncalibrated again
+ * and fails the append). */
+int kvp_journal_xform(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l, struct dataop_res *r);
 int kvp_journal_truncate(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t layer, uint64_t pos,
 			 struct dataop_res *r);
 /* Start copying the full pages [from, to) of layer l that have no copy. */

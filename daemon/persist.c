@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "crc32c.h"
+#include "tq_xform.h"
 
 /* ---- little-endian fields ------------------------------------------------- */
 static void put32(uint8_t *p, uint32_t v)
@@ -49,14 +50,16 @@ static uint64_t get64(const uint8_t *p)
  *  48 seed  56 created_ms  64 max_tokens  72 slot_bytes  80 page_bytes
  *  84 layout_id  88 owner_uid  92 n_layers  96 n_kv_heads  100 n_q_heads
  * 104 head_dim  108 k_codec  109 v_codec  112 tenant[64]  176 name[64]
- * 240..255 zero.  Then n_layers x (n_tokens, n_pages: u32), then every
- * layer's pages in order, (slot, gen: u64) each.  The crc covers the whole
- * file with its own field zero. */
+ * 240 kv_xform (format 2; zero in format 1)  244..255 zero.  Then n_layers
+ * x (n_tokens, n_pages: u32), then every layer's pages in order, (slot,
+ * gen: u64) each; format 2 then has, per layer in order, xf_bytes (u32)
+ * and that many bytes of transform statistics (no padding).  The crc
+ * covers the whole file with its own field zero. */
 enum {
 	M_MAGIC = 0, M_FORMAT = 8, M_CRC = 12, M_BYTES = 16, M_ID = 24, M_EPOCH = 32, M_GEN = 40,
 	M_SEED = 48, M_CREATED = 56, M_MAXTOK = 64, M_SLOTB = 72, M_PAGEB = 80, M_LAYOUT = 84,
 	M_OWNER = 88, M_LAYERS = 92, M_KVH = 96, M_QH = 100, M_DIM = 104, M_KC = 108, M_VC = 109,
-	M_TENANT = 112, M_NAME = 176,
+	M_TENANT = 112, M_NAME = 176, M_XFORM = 240,
 };
 
 uint8_t *persist_manifest_encode(const struct persist_manifest *m, size_t *len)
@@ -69,6 +72,8 @@ uint8_t *persist_manifest_encode(const struct persist_manifest *m, size_t *len)
 	for (uint32_t l = 0; l < nl; l++)
 		pages += m->layers[l].n_pages;
 	n = PERSIST_MAN_HDR + (size_t)nl * 8 + (size_t)pages * 16;
+	for (uint32_t l = 0; l < nl; l++)
+		n += 4 + (size_t)m->layers[l].xf_bytes;
 	if (!(b = calloc(1, n)))
 		return NULL;
 	put64(b + M_MAGIC, PERSIST_MAN_MAGIC);
@@ -92,6 +97,7 @@ uint8_t *persist_manifest_encode(const struct persist_manifest *m, size_t *len)
 	b[M_VC] = (uint8_t)m->geom.v_codec;
 	memcpy(b + M_TENANT, m->tenant, strnlen(m->tenant, CONFIG_NAME_MAX - 1));
 	memcpy(b + M_NAME, m->name, strnlen(m->name, CONFIG_NAME_MAX - 1));
+	put32(b + M_XFORM, m->geom.kv_xform);
 	off = PERSIST_MAN_HDR;
 	for (uint32_t l = 0; l < nl; l++, off += 8) {
 		put32(b + off, m->layers[l].n_tokens);
@@ -102,6 +108,12 @@ uint8_t *persist_manifest_encode(const struct persist_manifest *m, size_t *len)
 			put64(b + off, m->layers[l].pages[i].slot);
 			put64(b + off + 8, m->layers[l].pages[i].gen);
 		}
+	for (uint32_t l = 0; l < nl; l++) {
+		put32(b + off, m->layers[l].xf_bytes);
+		if (m->layers[l].xf_bytes)
+			memcpy(b + off + 4, m->layers[l].xf, m->layers[l].xf_bytes);
+		off += 4 + (size_t)m->layers[l].xf_bytes;
+	}
 	put32(b + M_CRC, tq_crc32c(0, b, n));
 	*len = n;
 	return b;
@@ -111,8 +123,10 @@ void persist_manifest_free(struct persist_manifest *m)
 {
 	if (!m || !m->layers)
 		return;
-	for (uint32_t l = 0; l < m->geom.n_layers; l++)
+	for (uint32_t l = 0; l < m->geom.n_layers; l++) {
 		free(m->layers[l].pages);
+		free(m->layers[l].xf);
+	}
 	free(m->layers);
 	m->layers = NULL;
 }
@@ -136,18 +150,19 @@ static int get_name(char *dst, const uint8_t *src, int may_be_empty)
 int persist_manifest_decode(const uint8_t *b, size_t len, struct persist_manifest *m, char *why, size_t whylen)
 {
 	uint8_t tmp[4] = { 0 };
-	uint32_t crc, nl;
-	uint64_t pages = 0;
-	size_t off;
+	uint32_t crc, nl, format;
+	uint64_t pages = 0, xf_max;
+	size_t off, xf_off;
 
 	memset(m, 0, sizeof(*m));
 	if (len < PERSIST_MAN_HDR || get64(b + M_MAGIC) != PERSIST_MAN_MAGIC) {
 		snprintf(why, whylen, "not a tqkvd manifest (%zu bytes, bad magic or too short)", len);
 		return -EBADMSG;
 	}
-	if (get32(b + M_FORMAT) != PERSIST_FORMAT) {
-		snprintf(why, whylen, "manifest format %u, this tqkvd reads format %u", get32(b + M_FORMAT),
-			 PERSIST_FORMAT);
+	format = get32(b + M_FORMAT);
+	if (format < PERSIST_FORMAT_MIN || format > PERSIST_FORMAT) {
+		snprintf(why, whylen, "manifest format %u, this tqkvd reads formats %u to %u", format,
+			 PERSIST_FORMAT_MIN, PERSIST_FORMAT);
 		return -EPROTO;
 	}
 	if (get64(b + M_BYTES) != len) {
@@ -183,6 +198,8 @@ int persist_manifest_decode(const uint8_t *b, size_t len, struct persist_manifes
 	m->geom.k_codec = (enum tq_codec_id)b[M_KC];
 	m->geom.v_codec = (enum tq_codec_id)b[M_VC];
 	m->geom.max_tokens = get64(b + M_MAXTOK);
+	m->geom.kv_xform = format >= 2 ? get32(b + M_XFORM) : 0;
+	m->format = format;
 	if (m->id == 0 || get_name(m->tenant, b + M_TENANT, 0) < 0 || get_name(m->name, b + M_NAME, 1) < 0) {
 		snprintf(why, whylen, "manifest has a bad id, tenant or session name");
 		return -EBADMSG;
@@ -191,7 +208,11 @@ int persist_manifest_decode(const uint8_t *b, size_t len, struct persist_manifes
 		snprintf(why, whylen, "manifest header bytes 110..111 are not zero");
 		return -EBADMSG;
 	}
-	for (off = 240; off < PERSIST_MAN_HDR; off++)
+	if (m->geom.kv_xform & ~TQ_XF_MASK) {
+		snprintf(why, whylen, "manifest has an unknown kv transform mode 0x%x", m->geom.kv_xform);
+		return -EBADMSG;
+	}
+	for (off = format >= 2 ? M_XFORM + 4 : M_XFORM; off < PERSIST_MAN_HDR; off++)
 		if (b[off]) {
 			snprintf(why, whylen, "manifest header byte %zu is not zero", off);
 			return -EBADMSG;
@@ -199,8 +220,32 @@ int persist_manifest_decode(const uint8_t *b, size_t len, struct persist_manifes
 	off = PERSIST_MAN_HDR;
 	for (uint32_t l = 0; l < nl; l++)
 		pages += get32(b + off + 8 * l + 4);
-	if ((len - PERSIST_MAN_HDR - (size_t)nl * 8) / 16 != pages || (len - PERSIST_MAN_HDR - (size_t)nl * 8) % 16) {
+	/* pages <= nl * 2^32: no overflow below */
+	if ((len - PERSIST_MAN_HDR - (size_t)nl * 8) / 16 < pages ||
+	    (format < 2 && (len - PERSIST_MAN_HDR - (size_t)nl * 8) != pages * 16)) {
 		snprintf(why, whylen, "manifest names %" PRIu64 " pages but holds %zu bytes", pages, len);
+		return -EBADMSG;
+	}
+	/* format 2: each layer's statistics, bounded by the geometry (a
+	 * session without transforms has none) */
+	xf_max = m->geom.kv_xform ? persist_xf_max(m->geom.n_kv_heads, m->geom.head_dim) : 0;
+	xf_off = PERSIST_MAN_HDR + (size_t)nl * 8 + (size_t)pages * 16;
+	for (uint32_t l = 0; format >= 2 && l < nl; l++) {
+		uint32_t xb;
+		if (len - xf_off < 4) {
+			snprintf(why, whylen, "manifest ends in layer %u's transform statistics", l);
+			return -EBADMSG;
+		}
+		xb = get32(b + xf_off);
+		if (xb > xf_max || xb > len - xf_off - 4) {
+			snprintf(why, whylen, "layer %u's transform statistics are %u bytes (at most %" PRIu64
+				 " for the geometry, %zu left in the file)", l, xb, xf_max, len - xf_off - 4);
+			return -EBADMSG;
+		}
+		xf_off += 4 + (size_t)xb;
+	}
+	if (xf_off != len) {
+		snprintf(why, whylen, "manifest has %zu bytes after its last layer", len - xf_off);
 		return -EBADMSG;
 	}
 	if (!(m->layers = calloc(nl, sizeof(*m->layers)))) {
@@ -222,6 +267,19 @@ int persist_manifest_decode(const uint8_t *b, size_t len, struct persist_manifes
 			L->pages[i].slot = get64(b + off);
 			L->pages[i].gen = get64(b + off + 8);
 		}
+	}
+	for (uint32_t l = 0; format >= 2 && l < nl; l++) {
+		struct persist_layer *L = &m->layers[l];
+		L->xf_bytes = get32(b + off);
+		off += 4;
+		if (L->xf_bytes && !(L->xf = malloc(L->xf_bytes))) {
+			persist_manifest_free(m);
+			snprintf(why, whylen, "out of memory");
+			return -ENOMEM;
+		}
+		if (L->xf_bytes)
+			memcpy(L->xf, b + off, L->xf_bytes);
+		off += L->xf_bytes;
 	}
 	return 0;
 }
@@ -483,7 +541,8 @@ int persist_scan(int dirfd, uint64_t **ids, size_t *n, uint32_t *removed)
 }
 
 /* ---- journal ---------------------------------------------------------------- */
-/* Header: 0 magic, 8 format, 12 crc32c (of the 64 bytes, this field 0),
+/* Header: 0 magic, 8 format (2 written; 1 read too: it has no XFORM
+ * records, the record format is the same), 12 crc32c (of the 64 bytes, this field 0),
  * 16 session id, 24 epoch, 32..63 zero. */
 int persist_journal_reset(int dirfd, uint64_t id, uint64_t epoch, char *why, size_t whylen)
 {
@@ -584,7 +643,7 @@ int persist_journal_replay_buf(const uint8_t *b, size_t len, uint64_t session_id
 	}
 	memcpy(h, b, sizeof(h));
 	put32(h + 12, 0);
-	if (get64(b) != PERSIST_JNL_MAGIC || get32(b + 8) != PERSIST_FORMAT ||
+	if (get64(b) != PERSIST_JNL_MAGIC || get32(b + 8) < PERSIST_FORMAT_MIN || get32(b + 8) > PERSIST_FORMAT ||
 	    get32(b + 12) != tq_crc32c(0, h, sizeof(h)) || get64(b + 16) != session_id) {
 		snprintf(why, whylen, "journal header damaged or of another session");
 		return 0;

@@ -4,17 +4,26 @@
  * makes them a session again after a restart is in spill_dir/sessions/:
  *
  *   ID.tqm   the manifest: the session record (id, tenant, owner, name,
- *            geometry, codecs, seed) and, per layer, its token count and
- *            the (slot, generation) of each page at the last checkpoint.
+ *            geometry, codecs, seed, K/V transform mode) and, per layer,
+ *            its token count, the (slot, generation) of each page at the
+ *            last checkpoint and its transform's frozen statistics
+ *            (kernels/tq_xform.h: the pages hold transformed keys and
+ *            values, useless without them).
  *            crc32c over the whole file; written to ID.tqm.tmp, fdatasync'ed,
  *            renamed over ID.tqm, the directory fsync'ed: a reader sees
  *            the old manifest or the new one, never a mix.
  *   ID.tqj   the journal: what happened since that checkpoint — appended
- *            tokens (their encoded K and V blocks, as the pages hold them)
- *            and truncations — one checksummed record per operation,
+ *            tokens (their encoded K and V blocks, as the pages hold them),
+ *            truncations and calibrations of a layer's transform — one
+ *            checksummed record per operation,
  *            written before the operation completes.  Its header and each
  *            record carry the manifest's epoch: records of an older epoch
  *            are already in the manifest and are never replayed.
+ *
+ * Formats: 2 (this tqkvd writes it) adds the transform mode and the
+ * per-layer statistics to the manifest and the XFORM record to the
+ * journal; format 1 files (older tqkvd) still read, as sessions without
+ * transforms.
  *
  * This module is the formats and the files, nothing else: it never touches
  * a page table (daemon/kvpersist.c does).  Everything read back is
@@ -32,7 +41,8 @@
 #define PERSIST_MAN_MAGIC  0x314e414d564b5154ull   /* "TQKVMAN1" */
 #define PERSIST_JNL_MAGIC  0x314c4e4a564b5154ull   /* "TQKVJNL1" */
 #define PERSIST_REC_MAGIC  0x4345524au             /* "JREC"     */
-#define PERSIST_FORMAT     1u
+#define PERSIST_FORMAT     2u                      /* written; 1 and 2 are read */
+#define PERSIST_FORMAT_MIN 1u
 #define PERSIST_MAN_HDR    256u                    /* fixed part of a manifest */
 #define PERSIST_JNL_HDR    64u
 #define PERSIST_REC_HDR    48u
@@ -40,6 +50,15 @@
 /* A journal record's payload is at most this (one append's K and V blocks
  * of one layer: larger appends are journaled in several records). */
 #define PERSIST_REC_MAX    ((uint32_t)32 << 20)
+/* A layer's transform statistics are at most this many bytes (a 32-byte
+ * header and three [n_kv_heads][head_dim] float arrays: tq_xform.c);
+ * UINT64_MAX where that does not fit (geometries read from a file are
+ * untrusted until checked). */
+static inline uint64_t persist_xf_max(uint32_t n_kv_heads, uint32_t head_dim)
+{
+	uint64_t w = (uint64_t)n_kv_heads * head_dim;
+	return w > (UINT64_MAX - 32) / 12 ? UINT64_MAX : 32 + 12 * w;
+}
 
 struct persist_page {
 	uint64_t slot;            /* spill slot, or PERSIST_SLOT_LOST */
@@ -50,6 +69,8 @@ struct persist_layer {
 	uint32_t n_tokens;
 	uint32_t n_pages;
 	struct persist_page *pages;
+	uint32_t xf_bytes;        /* the transform's statistics (tq_xf_blob_write); */
+	uint8_t *xf;              /* 0 bytes, NULL: not calibrated                   */
 };
 
 struct persist_manifest {
@@ -65,17 +86,20 @@ struct persist_manifest {
 	uint64_t slot_bytes;      /* the spill store's slot size */
 	uint64_t epoch;           /* checkpoint number: journal records carry it */
 	uint64_t gen_next;        /* page generations continue above this */
+	uint32_t format;          /* the format decoded (encode writes PERSIST_FORMAT) */
 	struct persist_layer *layers;  /* [geom.n_layers] */
 };
 
-enum persist_rec_type { PERSIST_REC_APPEND = 1, PERSIST_REC_TRUNCATE = 2 };
+enum persist_rec_type { PERSIST_REC_APPEND = 1, PERSIST_REC_TRUNCATE = 2, PERSIST_REC_XFORM = 3 };
 #define PERSIST_ALL_LAYERS UINT32_MAX
 
 /* A journal record's header (on disk little-endian, PERSIST_REC_HDR bytes).
  * APPEND: n tokens from `first` of `layer`; payload = their K blocks
  * [n][n_kv_heads] then their V blocks [n][n_kv_heads].  TRUNCATE: tokens
  * from `first` dropped from `layer` (or every layer: PERSIST_ALL_LAYERS);
- * no payload. */
+ * no payload.  XFORM (format 2): `layer`, empty, was calibrated; payload =
+ * its transform's statistics (tq_xf_blob_write), written before the APPEND
+ * that brings the first tokens transformed by them; first = n = 0. */
 struct persist_rec {
 	uint32_t type;
 	uint32_t layer;
@@ -91,10 +115,12 @@ int persist_dir_open(const char *spill_dir, char *why, size_t whylen);
 
 /* Encode m: a malloc'd buffer of *len bytes (NULL: out of memory). */
 uint8_t *persist_manifest_encode(const struct persist_manifest *m, size_t *len);
-/* Decode and validate a manifest's bytes: 0, or -EBADMSG / -EPROTO
- * (unknown format) / -ENOMEM with the reason.  *m owns its layers
- * (persist_manifest_free).  Checks the encoding only: whether the pages
- * fit the geometry and the slots fit the store is the caller's. */
+/* Decode and validate a manifest's bytes (format 1 or 2): 0, or -EBADMSG /
+ * -EPROTO (unknown format) / -ENOMEM with the reason.  *m owns its layers
+ * and their statistics (persist_manifest_free).  Checks the encoding
+ * only (a statistics length within PERSIST_XF_MAX of the geometry, none
+ * without a transform mode): whether the pages fit the geometry, the
+ * slots fit the store and the statistics parse is the caller's. */
 int persist_manifest_decode(const uint8_t *buf, size_t len, struct persist_manifest *m,
 			    char *why, size_t whylen);
 void persist_manifest_free(struct persist_manifest *m);

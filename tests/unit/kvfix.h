@@ -23,6 +23,10 @@ struct kvfix {
 	struct kvstore *ks;
 	struct session_table *st;
 	struct spill *sp;
+	/* what kvfix_start was given (kvfix_restart starts the same again) */
+	const char *conf;
+	uint64_t pool_bytes, spill_slots;
+	uint32_t page_bytes;
 };
 
 /* conf: the config text; pool_bytes: the pool's real size, which replaces
@@ -38,5 +42,10 @@ extern const struct backend_ops *kvfix_backend;
 void kvfix_start(struct kvfix *f, const char *conf, uint64_t pool_bytes, uint32_t page_bytes,
 		 uint64_t spill_slots);
 void kvfix_stop(struct kvfix *f);
+/* A restart after a crash: everything is freed as is (persistent sessions'
+ * files stay: call kvstore_persist_stop(f->ks, NULL) first) except the
+ * directory and its files, then started again on them.  Persistence is
+ * the caller's to open and recover again. */
+void kvfix_restart(struct kvfix *f);
 
 #endif

@@ -16,6 +16,8 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,11 +25,22 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "crc32c.h"
+#include "dataop_internal.h"
 #include "harness.h"
+#include "kvfix.h"
+#include "kvpersist.h"
 #include "persist.h"
+#include "tq_xform.h"
 #include "tqkv.h"
+#include "tqkv_ring.h"
 
 /* ---- unit: manifests ------------------------------------------------------- */
+/* Layer 0's transform statistics in the sample: bytes only (persist.c does
+ * not parse them), the size of a K-centering blob of 2 heads x 64. */
+#define XF_SAMPLE_BYTES (32u + 2u * 64u * 4u)
+static uint8_t xf_sample[XF_SAMPLE_BYTES];
+
 static void sample_manifest(struct persist_manifest *m, struct persist_layer *L, struct persist_page *pg)
 {
 	memset(m, 0, sizeof(*m));
@@ -36,7 +49,8 @@ static void sample_manifest(struct persist_manifest *m, struct persist_layer *L,
 	snprintf(m->name, sizeof(m->name), "chat-1");
 	m->owner_uid = 1000;
 	m->geom = (struct session_geom){ .n_layers = 2, .n_kv_heads = 2, .n_q_heads = 4, .head_dim = 64,
-					 .k_codec = TQ_CODEC_TQ4, .v_codec = TQ_CODEC_TQ3, .max_tokens = 4096 };
+					 .k_codec = TQ_CODEC_TQ4, .v_codec = TQ_CODEC_TQ3, .max_tokens = 4096,
+					 .kv_xform = TQ_XF_DEFAULT };
 	m->seed = 0x1234567890abcdefull;
 	m->created_ms = 1700000000000ull;
 	m->page_bytes = 65536;
@@ -49,7 +63,22 @@ static void sample_manifest(struct persist_manifest *m, struct persist_layer *L,
 	pg[2].slot = PERSIST_SLOT_LOST;
 	L[0] = (struct persist_layer){ .n_tokens = 300, .n_pages = 2, .pages = pg };
 	L[1] = (struct persist_layer){ .n_tokens = 100, .n_pages = 1, .pages = pg + 2 };
+	for (uint32_t i = 0; i < XF_SAMPLE_BYTES; i++)
+		xf_sample[i] = (uint8_t)(i * 7 + 3);
+	L[0].xf = xf_sample;
+	L[0].xf_bytes = XF_SAMPLE_BYTES;
 	m->layers = L;
+}
+
+/* After editing an encoded manifest: its length field and checksum. */
+static void reseal(uint8_t *b, size_t len)
+{
+	for (int i = 0; i < 8; i++)
+		b[16 + i] = (uint8_t)((uint64_t)len >> (8 * i));
+	memset(b + 12, 0, 4);
+	uint32_t crc = tq_crc32c(0, b, len);
+	for (int i = 0; i < 4; i++)
+		b[12 + i] = (uint8_t)(crc >> (8 * i));
 }
 
 static void test_manifest_roundtrip(void)
@@ -63,8 +92,14 @@ static void test_manifest_roundtrip(void)
 	sample_manifest(&m, L, pg);
 	uint8_t *b = persist_manifest_encode(&m, &len);
 	T_ASSERT(b);
-	T_EQ(len, PERSIST_MAN_HDR + 2 * 8 + 3 * 16);
+	T_EQ(len, PERSIST_MAN_HDR + 2 * 8 + 3 * 16 + 2 * 4 + XF_SAMPLE_BYTES);
 	T_EQ(persist_manifest_decode(b, len, &d, why, sizeof(why)), 0);
+	T_EQ(d.format, PERSIST_FORMAT);
+	T_EQ(d.geom.kv_xform, TQ_XF_DEFAULT);
+	T_EQ(d.layers[0].xf_bytes, XF_SAMPLE_BYTES);
+	T_ASSERT(d.layers[0].xf && !memcmp(d.layers[0].xf, xf_sample, XF_SAMPLE_BYTES));
+	T_EQ(d.layers[1].xf_bytes, 0);
+	T_ASSERT(!d.layers[1].xf);
 	T_EQ(d.id, 42);
 	T_ASSERT(!strcmp(d.tenant, "prod") && !strcmp(d.name, "chat-1"));
 	T_EQ(d.owner_uid, 1000);
@@ -114,6 +149,123 @@ static void test_manifest_damage(void)
 	b[12] = b[13] = b[14] = b[15] = 0;
 	T_ASSERT(persist_manifest_decode(b, len, &d, why, sizeof(why)) < 0);
 	free(b);
+}
+
+/* Format 1 (before transforms): no mode, no statistics; still read. */
+static void test_manifest_v1(void)
+{
+	struct persist_manifest m, d;
+	struct persist_layer L[2];
+	struct persist_page pg[3];
+	char why[256];
+	size_t len;
+
+	sample_manifest(&m, L, pg);
+	m.geom.kv_xform = 0;
+	L[0].xf = NULL;
+	L[0].xf_bytes = 0;
+	uint8_t *b = persist_manifest_encode(&m, &len);
+	T_ASSERT(b);
+	/* format 2 with nothing to add is format 1 and two zero lengths */
+	T_EQ(len, PERSIST_MAN_HDR + 2 * 8 + 3 * 16 + 2 * 4);
+	len -= 2 * 4;
+	b[8] = 1;
+	reseal(b, len);
+	T_EQ(persist_manifest_decode(b, len, &d, why, sizeof(why)), 0);
+	T_EQ(d.format, 1);
+	T_EQ(d.geom.kv_xform, 0);
+	T_EQ(d.layers[0].n_tokens, 300);
+	T_EQ(d.layers[0].pages[1].gen, 51);
+	T_ASSERT(!d.layers[0].xf_bytes && !d.layers[1].xf_bytes && !d.layers[0].xf);
+	/* what it encodes to is format 2, and reads back the same */
+	size_t len2;
+	uint8_t *b2 = persist_manifest_encode(&d, &len2);
+	persist_manifest_free(&d);
+	T_ASSERT(b2);
+	T_EQ(persist_manifest_decode(b2, len2, &d, why, sizeof(why)), 0);
+	T_EQ(d.format, PERSIST_FORMAT);
+	T_EQ(d.layers[1].pages[0].slot, (long long)PERSIST_SLOT_LOST);
+	persist_manifest_free(&d);
+	free(b2);
+	/* format 1 has no mode field: a byte there is damage */
+	b[240] = 1;
+	reseal(b, len);
+	T_ASSERT(persist_manifest_decode(b, len, &d, why, sizeof(why)) == -EBADMSG);
+	b[240] = 0;
+	/* nor statistics: bytes after the pages are refused */
+	uint8_t *b3 = calloc(1, len + 8);
+	T_ASSERT(b3);
+	memcpy(b3, b, len);
+	reseal(b3, len + 8);
+	T_ASSERT(persist_manifest_decode(b3, len + 8, &d, why, sizeof(why)) == -EBADMSG);
+	/* an unknown format */
+	b[8] = 3;
+	reseal(b, len);
+	T_EQ(persist_manifest_decode(b, len, &d, why, sizeof(why)), -EPROTO);
+	T_ASSERT(strstr(why, "format 3"));
+	free(b3);
+	free(b);
+}
+
+/* Statistics the geometry cannot have, or that run past the file, or a
+ * session without transforms that has some: refused with a reason. */
+static void test_manifest_xf_bounds(void)
+{
+	struct persist_manifest m, d;
+	struct persist_layer L[2];
+	struct persist_page pg[3];
+	char why[256];
+	size_t len;
+	const uint32_t max = (uint32_t)persist_xf_max(2, 64);
+	uint8_t *big = calloc(1, max + 4);
+
+	T_ASSERT(big);
+	T_EQ(max, 32 + 3 * 2 * 64 * 4);
+	sample_manifest(&m, L, pg);
+	/* the largest allowed decodes */
+	L[1].xf = big;
+	L[1].xf_bytes = max;
+	uint8_t *b = persist_manifest_encode(&m, &len);
+	T_ASSERT(b);
+	T_EQ(persist_manifest_decode(b, len, &d, why, sizeof(why)), 0);
+	T_EQ(d.layers[1].xf_bytes, max);
+	persist_manifest_free(&d);
+	free(b);
+	/* one more does not */
+	L[1].xf_bytes = max + 1;
+	b = persist_manifest_encode(&m, &len);
+	T_ASSERT(b);
+	why[0] = 0;
+	T_EQ(persist_manifest_decode(b, len, &d, why, sizeof(why)), -EBADMSG);
+	T_ASSERT(strstr(why, "layer 1") && strstr(why, "statistics"));
+	free(b);
+	/* a length beyond the file (checksum valid) */
+	L[1].xf_bytes = 64;
+	b = persist_manifest_encode(&m, &len);
+	T_ASSERT(b);
+	len -= 8;
+	reseal(b, len);
+	T_EQ(persist_manifest_decode(b, len, &d, why, sizeof(why)), -EBADMSG);
+	free(b);
+	/* statistics without a transform mode */
+	L[1].xf_bytes = 0;
+	m.geom.kv_xform = 0;
+	b = persist_manifest_encode(&m, &len);
+	T_ASSERT(b);
+	T_EQ(persist_manifest_decode(b, len, &d, why, sizeof(why)), -EBADMSG);
+	free(b);
+	/* an unknown mode bit */
+	L[0].xf_bytes = 0;
+	m.geom.kv_xform = 0x100;
+	b = persist_manifest_encode(&m, &len);
+	T_ASSERT(b);
+	T_EQ(persist_manifest_decode(b, len, &d, why, sizeof(why)), -EBADMSG);
+	T_ASSERT(strstr(why, "transform mode"));
+	free(b);
+	/* a huge geometry cannot make the bound wrap */
+	T_ASSERT(persist_xf_max(UINT32_MAX, UINT32_MAX) == UINT64_MAX);
+	T_ASSERT(persist_xf_max(1024, 1024) == 32 + 12ull * 1024 * 1024);
+	free(big);
 }
 
 /* Files: atomic write, read back, scan removes leftovers. */
@@ -201,8 +353,10 @@ static void test_journal(void)
 	T_ASSERT(jfd >= 0);
 	for (uint32_t i = 0; i < 4; i++) {
 		memset(pay, (int)i + 1, sizeof(pay));
-		struct persist_rec r = { .type = PERSIST_REC_APPEND, .layer = 0, .first = i * 2, .n = 2,
-					 .payload_bytes = sizeof(pay), .seq = i, .epoch = 5 };
+		/* the first: a calibration (its payload the statistics) */
+		struct persist_rec r = { .type = i ? PERSIST_REC_APPEND : PERSIST_REC_XFORM, .layer = 0,
+					 .first = i * 2, .n = i ? 2 : 0, .payload_bytes = sizeof(pay), .seq = i,
+					 .epoch = 5 };
 		T_EQ(persist_journal_write(jfd, &off, &r, pay, 16, pay + 16, 24), 0);
 	}
 	memset(&c, 0, sizeof(c));
@@ -281,7 +435,8 @@ static void test_journal_fuzz(void)
 	T_EQ(system(path), 0);
 }
 
-/* ---- the integration client ---------------------------------------------------- */
+/* ---- unit: restarts in-process (kvfix) ------------------------------------------ */
+/* The geometry of these and of the integration client. */
 #define L_N 2
 #define KVH 2
 #define QH 4
@@ -296,6 +451,289 @@ static float val_of(uint32_t tok, uint32_t layer, uint32_t h, uint32_t d, int kv
 	x ^= x >> 33;
 	return (float)((double)(x >> 11) / 9007199254740992.0 * 2.0 - 1.0);
 }
+
+/* A persistent session with K/V transforms, its tables torn down as a
+ * SIGKILL leaves them and recovered from its files: each layer's transform
+ * statistics come back exactly (from the manifest and from journaled
+ * calibrations, with a truncation to 0 and a recalibration between), and
+ * attention answers bit for bit as before. */
+#define XPAGE (16u << 10)
+#define XCONF "[pool]\npool_bytes = 16M\n[tenant t]\nlimit = 16M\nallow_uids = *\n"
+#define MUST(x) do { if (!(x)) { fprintf(stderr, "%s:%d: %s failed\n", __FILE__, __LINE__, #x); exit(1); } } while (0)
+static const struct session_geom XG = { .n_layers = 2, .n_kv_heads = 2, .n_q_heads = 4, .head_dim = 64,
+					.k_codec = TQ_CODEC_TQ4, .v_codec = TQ_CODEC_TQ3, .max_tokens = 4096,
+					.kv_xform = TQ_XF_DEFAULT };
+
+static void xpersist_up(struct kvfix *f)
+{
+	char why[512];
+	uint64_t max_id;
+
+	if (kvstore_persist_open(f->ks, f->dir, 3600000, why, sizeof(why)) < 0) {
+		fprintf(stderr, "persistence: %s\n", why);
+		exit(1);
+	}
+	MUST(kvstore_recover(f->ks, f->st, f->tt, &max_id) == 0);
+}
+
+/* A SIGKILL: nothing checkpointed, the files as they are; then a start. */
+static void xcrash(struct kvfix *f)
+{
+	kvstore_persist_stop(f->ks, NULL);
+	kvfix_restart(f);
+	xpersist_up(f);
+}
+
+/* Calibrate layer l if empty, as dataop does on a layer's first append
+ * (the transform made, calibrated from this append, journaled). */
+static void xcalibrate(struct kvfix *f, struct session *s, uint32_t l, const float *k, const float *v,
+		       const float *q, uint32_t n)
+{
+	struct dataop_res r;
+	struct kv_sess *kv;
+	tq_error te;
+
+	memset(&r, 0, sizeof(r));
+	MUST(dataop_kv_get(f->ks, s, &kv) == 0);
+	pthread_mutex_lock(&kv->lock);
+	struct kv_layer *L = &kv->layer[l];
+	if (!L->xf)
+		MUST(tq_xf_new(&L->xf, kv->xform, kv->geom.n_kv_heads, kv->n_q_heads, kv->dim, &te) == 0);
+	if (!L->n_tokens) {
+		tq_xf_reset(L->xf); /* a truncation to 0 does */
+		MUST(tq_xf_calibrate(L->xf, k, v, q, n, n, TQ_DTYPE_F32) == 0);
+		MUST(kvp_journal_xform(f->ks, s, kv, l, &r) == 0);
+	}
+	pthread_mutex_unlock(&kv->lock);
+}
+
+/* n tokens more on layer l (data set `gen`), calibrating an empty layer. */
+static void xfill(struct kvfix *f, struct session *s, uint32_t l, uint32_t n, uint32_t gen)
+{
+	static float k[64 * KVH * DIM], v[64 * KVH * DIM], q[64 * QH * DIM];
+	struct dataop_res r;
+	struct session_info si;
+
+	MUST(n <= 64);
+	MUST(session_get_info(f->st, session_id(s), &si) == 0);
+	for (uint32_t t = 0; t < n; t++)
+		for (uint32_t h = 0; h < QH; h++)
+			for (uint32_t d = 0; d < DIM; d++) {
+				/* keys with a channel offset (what centering removes) */
+				if (h < KVH) {
+					k[(t * KVH + h) * DIM + d] = val_of(t + 100 * gen, l, h, d, 0) + 0.02f * (float)d;
+					v[(t * KVH + h) * DIM + d] = val_of(t + 100 * gen, l, h, d, 1);
+				}
+				q[(t * QH + h) * DIM + d] = val_of(t + 100 * gen, l, h, d, 2) * (1.0f + (float)(d % 7));
+			}
+	xcalibrate(f, s, l, k, v, q, n);
+	dataop_append(f->ks, s, l, k, v, TQ_DTYPE_F32, n, &r);
+	MUST(r.status == TQKV_ST_OK);
+}
+
+struct xsnap {
+	uint32_t n_tokens[2], xb[2];
+	uint8_t blob[2][2048];
+	float out[2][4 * QH * DIM];
+};
+
+static void xsnapshot(struct kvfix *f, uint64_t id, struct xsnap *sn)
+{
+	struct dataop_ws ws = { 0 };
+	struct dataop_res r;
+	struct session *s;
+	struct kv_sess *kv;
+	float q[4 * QH * DIM];
+
+	memset(sn, 0, sizeof(*sn));
+	for (int i = 0; i < 4 * QH * DIM; i++)
+		q[i] = val_of(5, 77, 0, (uint32_t)i, 3);
+	MUST(session_acquire(f->st, id, 0, &s) == 0);
+	MUST(dataop_kv_get(f->ks, s, &kv) == 0);
+	for (uint32_t l = 0; l < 2; l++) {
+		pthread_mutex_lock(&kv->lock);
+		sn->n_tokens[l] = kv->layer[l].n_tokens;
+		if (kv->layer[l].xf) {
+			sn->xb[l] = (uint32_t)tq_xf_blob_bytes(kv->layer[l].xf);
+			MUST(sn->xb[l] <= sizeof(sn->blob[l]));
+			tq_xf_blob_write(kv->layer[l].xf, sn->blob[l]);
+		}
+		pthread_mutex_unlock(&kv->lock);
+		if (!sn->n_tokens[l])
+			continue;
+		int32_t n = (int32_t)sn->n_tokens[l], pos[4] = { 0, n / 3, n / 2, n - 1 };
+		dataop_attend(f->ks, s, &ws, l, NULL, NULL, 0, q, pos, 4, TQ_DTYPE_F32, sn->out[l], &r);
+		MUST(r.status == TQKV_ST_OK);
+	}
+	session_release(s);
+	dataop_ws_free(&ws);
+}
+
+static void xsame(const struct xsnap *a, const struct xsnap *b)
+{
+	for (uint32_t l = 0; l < 2; l++) {
+		T_EQ(b->n_tokens[l], a->n_tokens[l]);
+		T_EQ(b->xb[l], a->xb[l]);
+		if (memcmp(b->blob[l], a->blob[l], a->xb[l]))
+			T_FAIL("layer %u: the transform's statistics differ after the restart", l);
+		if (memcmp(b->out[l], a->out[l], sizeof(a->out[l])))
+			T_FAIL("layer %u: attention differs after the restart", l);
+	}
+}
+
+static void test_xform_restart(void)
+{
+	struct kvfix f;
+	struct session_info si;
+	struct session *s;
+	struct dataop_res r;
+	static struct xsnap a, b, c;
+	uint8_t first1[2048];
+	uint32_t first1_bytes;
+	char why[512], cmd[128];
+
+	kvfix_start(&f, XCONF, 16u << 20, XPAGE, 256);
+	xpersist_up(&f);
+	T_EQ(session_open(f.st, tenant_find(f.tt, "t"), "xf", 1000, &XG, 77, SESSION_PERSISTENT, 0, &si, why,
+			  sizeof(why)), 0);
+	MUST(session_acquire(f.st, si.id, 0, &s) == 0);
+	T_EQ(dataop_persist_init(f.ks, s, why, sizeof(why)), 0);
+	xfill(&f, s, 0, 40, 0);
+	xfill(&f, s, 1, 30, 0);
+	xfill(&f, s, 0, 5, 0);
+	session_release(s);
+	xsnapshot(&f, si.id, &a);
+	T_ASSERT(a.xb[0] > 32 && a.xb[1] > 32); /* statistics applied, not the identity */
+	first1_bytes = a.xb[1];
+	memcpy(first1, a.blob[1], first1_bytes);
+	/* from the journal alone (the manifest is the empty session's) */
+	xcrash(&f);
+	xsnapshot(&f, si.id, &b);
+	xsame(&a, &b);
+
+	/* the statistics in a manifest; then, journaled after it, layer 1
+	 * emptied and calibrated afresh from other data, layer 0 grown */
+	MUST(session_acquire(f.st, si.id, 0, &s) == 0);
+	T_EQ(dataop_checkpoint(f.ks, s, why, sizeof(why)), 0);
+	dataop_truncate(f.ks, s, 1, 0, 0, &r);
+	T_EQ(r.status, TQKV_ST_OK);
+	xfill(&f, s, 1, 20, 1);
+	xfill(&f, s, 0, 10, 0);
+	session_release(s);
+	xsnapshot(&f, si.id, &a);
+	T_ASSERT(a.xb[1] != first1_bytes || memcmp(a.blob[1], first1, first1_bytes));
+	xcrash(&f);
+	xsnapshot(&f, si.id, &b);
+	xsame(&a, &b);
+	/* recovery checkpointed what it replayed: from the manifest alone */
+	xcrash(&f);
+	xsnapshot(&f, si.id, &c);
+	xsame(&a, &c);
+
+	/* emptied and not refilled: uncalibrated after a restart (the next
+	 * append calibrates it) */
+	MUST(session_acquire(f.st, si.id, 0, &s) == 0);
+	dataop_truncate(f.ks, s, 1, 0, 0, &r);
+	session_release(s);
+	xcrash(&f);
+	xsnapshot(&f, si.id, &b);
+	T_EQ(b.n_tokens[1], 0);
+	T_EQ(b.xb[1], 0);
+	T_EQ(b.n_tokens[0], a.n_tokens[0]);
+	T_ASSERT(!memcmp(b.out[0], a.out[0], sizeof(a.out[0])));
+	T_EQ(session_close(f.st, si.id, NULL), 0);
+	kvfix_stop(&f);
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", f.dir);
+	T_EQ(system(cmd), 0);
+}
+
+/* Statistics that do not parse, or tokens without statistics: the session
+ * is dropped with its manifest set aside, the others stay. */
+static void test_xform_damage(void)
+{
+	struct kvfix f;
+	struct session_info si[4];
+	struct session *s;
+	struct persist_manifest m;
+	struct dataop_res r;
+	char why[512], path[256];
+	int dfd;
+
+	kvfix_start(&f, XCONF, 16u << 20, XPAGE, 256);
+	xpersist_up(&f);
+	for (int i = 0; i < 4; i++) {
+		char name[8];
+		snprintf(name, sizeof(name), "d%d", i);
+		T_EQ(session_open(f.st, tenant_find(f.tt, "t"), name, 1000, &XG, 5 + (uint64_t)i, SESSION_PERSISTENT,
+				  0, &si[i], why, sizeof(why)), 0);
+		MUST(session_acquire(f.st, si[i].id, 0, &s) == 0);
+		T_EQ(dataop_persist_init(f.ks, s, why, sizeof(why)), 0);
+		xfill(&f, s, 0, 20, 0);
+		xfill(&f, s, 1, 20, 0);
+		T_EQ(dataop_checkpoint(f.ks, s, why, sizeof(why)), 0);
+		if (i == 3) { /* journal #0: layer 1 emptied */
+			dataop_truncate(f.ks, s, 1, 0, 0, &r);
+			T_EQ(r.status, TQKV_ST_OK);
+		}
+		session_release(s);
+	}
+	kvstore_persist_stop(f.ks, NULL);
+	dfd = persist_dir_open(f.dir, why, sizeof(why));
+	T_ASSERT(dfd >= 0);
+	/* d0: a NaN among layer 0's channel means (the checksum is right) */
+	T_EQ(persist_manifest_read(dfd, si[0].id, &m, why, sizeof(why)), 0);
+	T_ASSERT(m.layers[0].xf_bytes > 40);
+	memset(m.layers[0].xf + 36, 0xff, 4);
+	T_EQ(persist_manifest_write(dfd, &m, why, sizeof(why)), 0);
+	persist_manifest_free(&m);
+	/* d1: layer 1's tokens without their statistics */
+	T_EQ(persist_manifest_read(dfd, si[1].id, &m, why, sizeof(why)), 0);
+	free(m.layers[1].xf);
+	m.layers[1].xf = NULL;
+	m.layers[1].xf_bytes = 0;
+	T_EQ(persist_manifest_write(dfd, &m, why, sizeof(why)), 0);
+	persist_manifest_free(&m);
+	/* d3: journal #1 calibrates layer 1 from statistics that do not parse
+	 * (checksummed all the same), #2 appends to it: the replay stops at #1 */
+	T_EQ(persist_manifest_read(dfd, si[3].id, &m, why, sizeof(why)), 0);
+	snprintf(path, sizeof(path), "%" PRIu64 ".tqj", si[3].id);
+	int jfd = openat(dfd, path, O_WRONLY);
+	T_ASSERT(jfd >= 0);
+	uint64_t off = (uint64_t)lseek(jfd, 0, SEEK_END);
+	uint8_t junk[64];
+	memset(junk, 0x5a, sizeof(junk));
+	struct persist_rec xr = { .type = PERSIST_REC_XFORM, .layer = 1, .payload_bytes = 64, .seq = 1,
+				  .epoch = m.epoch };
+	struct persist_rec ar = { .type = PERSIST_REC_APPEND, .layer = 1, .n = 1, .seq = 2, .epoch = m.epoch,
+				  .payload_bytes = 64 };
+	T_EQ(persist_journal_write(jfd, &off, &xr, junk, sizeof(junk), NULL, 0), 0);
+	T_EQ(persist_journal_write(jfd, &off, &ar, junk, ar.payload_bytes, NULL, 0), 0);
+	close(jfd);
+	persist_manifest_free(&m);
+	close(dfd);
+	kvfix_restart(&f);
+	xpersist_up(&f);
+	struct session_info got;
+	T_EQ(session_get_info(f.st, si[0].id, &got), -ENOENT);
+	T_EQ(session_get_info(f.st, si[1].id, &got), -ENOENT);
+	T_EQ(session_get_info(f.st, si[2].id, &got), 0);
+	static struct xsnap sn;
+	xsnapshot(&f, si[3].id, &sn);
+	T_EQ(sn.n_tokens[0], 20);
+	T_EQ(sn.n_tokens[1], 0);
+	T_EQ(sn.xb[1], 0);
+	T_EQ(session_close(f.st, si[3].id, NULL), 0);
+	for (int i = 0; i < 2; i++) {
+		snprintf(path, sizeof(path), "%s/%s/%" PRIu64 ".tqm.dropped", f.dir, PERSIST_SUBDIR, si[i].id);
+		T_EQ(access(path, F_OK), 0);
+	}
+	T_EQ(session_close(f.st, si[2].id, NULL), 0);
+	kvfix_stop(&f);
+	snprintf(path, sizeof(path), "rm -rf %s", f.dir);
+	T_EQ(system(path), 0);
+}
+
+/* ---- the integration client ---------------------------------------------------- */
 
 static int open_session(const char *dir, const char *name, tqkv **c, tqkv_session **s)
 {
@@ -444,28 +882,47 @@ static int client_verify(const char *dir, const char *name, const char *log)
 	return bad;
 }
 
-/* tests/fuzz/seeds/persist: a manifest and a journal, as fuzz_persist
- * reads them (first byte: 0 manifest, 1 journal). */
+static int write_seed(const char *dir, const char *name, uint8_t tag, const uint8_t *b, size_t len)
+{
+	char path[512];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	if (!(f = fopen(path, "wb")))
+		return 1;
+	fwrite(&tag, 1, 1, f);
+	fwrite(b, 1, len, f);
+	return fclose(f) != 0;
+}
+
+/* tests/fuzz/seeds/persist: manifests (format 2 with transform statistics,
+ * format 1) and journals (appends and a truncation; a calibration, appends,
+ * a truncation to 0 and another calibration), as fuzz_persist reads them
+ * (first byte: 0 manifest, 1 journal). */
 static int write_seeds(const char *dir)
 {
 	struct persist_manifest m;
 	struct persist_layer L[2];
 	struct persist_page pg[3];
 	char path[512], why[256], tmp[] = "/tmp/tqs-XXXXXX";
-	uint8_t tag;
 	size_t len;
 	uint64_t off = PERSIST_JNL_HDR;
-	FILE *f;
 
 	sample_manifest(&m, L, pg);
+	L[0].xf_bytes = 32 + 16; /* small: the fuzzer's mutations matter, not the size */
 	uint8_t *b = persist_manifest_encode(&m, &len);
-	snprintf(path, sizeof(path), "%s/manifest", dir);
-	if (!b || !(f = fopen(path, "wb")))
+	if (!b || write_seed(dir, "manifest", 0, b, len))
 		return 1;
-	tag = 0;
-	fwrite(&tag, 1, 1, f);
-	fwrite(b, 1, len, f);
-	fclose(f);
+	free(b);
+	m.geom.kv_xform = 0;
+	L[0].xf_bytes = 0;
+	if (!(b = persist_manifest_encode(&m, &len)))
+		return 1;
+	len -= 2 * 4; /* format 1: no statistics, no mode */
+	b[8] = 1;
+	reseal(b, len);
+	if (write_seed(dir, "manifest_v1", 0, b, len))
+		return 1;
 	free(b);
 	if (!mkdtemp(tmp))
 		return 1;
@@ -480,13 +937,26 @@ static int write_seeds(const char *dir)
 	}
 	uint8_t jb[4096];
 	ssize_t n = pread(jfd, jb, sizeof(jb), 0);
-	snprintf(path, sizeof(path), "%s/journal", dir);
-	if (n <= 0 || !(f = fopen(path, "wb")))
+	if (n <= 0 || write_seed(dir, "journal", 1, jb, (size_t)n))
 		return 1;
-	tag = 1;
-	fwrite(&tag, 1, 1, f);
-	fwrite(jb, 1, (size_t)n, f);
-	fclose(f);
+	close(jfd);
+	/* XFORM, APPEND, TRUNCATE to 0, XFORM, APPEND */
+	off = PERSIST_JNL_HDR;
+	jfd = persist_journal_reset(dfd, 1, 1, why, sizeof(why));
+	for (uint32_t i = 0; i < 5; i++) {
+		static const uint32_t type[5] = { PERSIST_REC_XFORM, PERSIST_REC_APPEND, PERSIST_REC_TRUNCATE,
+						  PERSIST_REC_XFORM, PERSIST_REC_APPEND };
+		uint32_t bytes = type[i] == PERSIST_REC_TRUNCATE ? 0 : type[i] == PERSIST_REC_XFORM ? 40 : 24;
+		uint8_t p2[40];
+		memset(p2, 0x50 + (int)i, sizeof(p2));
+		struct persist_rec r = { .type = type[i], .n = type[i] == PERSIST_REC_APPEND, .payload_bytes = bytes,
+					 .seq = i, .epoch = 1 };
+		if (persist_journal_write(jfd, &off, &r, p2, bytes, NULL, 0) < 0)
+			return 1;
+	}
+	n = pread(jfd, jb, sizeof(jb), 0);
+	if (n <= 0 || write_seed(dir, "journal_xform", 1, jb, (size_t)n))
+		return 1;
 	close(jfd);
 	close(dfd);
 	snprintf(path, sizeof(path), "rm -rf %s", tmp);
@@ -507,8 +977,12 @@ int main(int argc, char **argv)
 	}
 	T_RUN(test_manifest_roundtrip);
 	T_RUN(test_manifest_damage);
+	T_RUN(test_manifest_v1);
+	T_RUN(test_manifest_xf_bounds);
 	T_RUN(test_manifest_files);
 	T_RUN(test_journal);
 	T_RUN(test_journal_fuzz);
+	T_RUN(test_xform_restart);
+	T_RUN(test_xform_damage);
 	return t_done();
 }
