@@ -423,6 +423,10 @@ static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *
 	if (L->xf && n) {
 		if ((calibrated = layer_calibrate(L, k, v, q, n, n_q, kv->n_q_heads * kv->dim, kv_row, dtype, r)) < 0)
 			return calibrated;
+		/* a persistent session's journal has the statistics before the
+		 * tokens encoded through them */
+		if (calibrated && kv->p && (e = kvp_journal_xform(ks, s, kv, l, r)) < 0)
+			goto fail_xf;
 		/* the GPU's kernels take all n rows at once; the CPU one token's */
 		size_t rows = pool_has_kernels(ks->pool) ? n : 1;
 		if (!(xk = malloc(2 * rows * kv_row * sizeof(float)))) {

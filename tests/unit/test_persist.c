@@ -484,29 +484,6 @@ static void xcrash(struct kvfix *f)
 	xpersist_up(f);
 }
 
-/* Calibrate layer l if empty, as dataop does on a layer's first append
- * (the transform made, calibrated from this append, journaled). */
-static void xcalibrate(struct kvfix *f, struct session *s, uint32_t l, const float *k, const float *v,
-		       const float *q, uint32_t n)
-{
-	struct dataop_res r;
-	struct kv_sess *kv;
-	tq_error te;
-
-	memset(&r, 0, sizeof(r));
-	MUST(dataop_kv_get(f->ks, s, &kv) == 0);
-	pthread_mutex_lock(&kv->lock);
-	struct kv_layer *L = &kv->layer[l];
-	if (!L->xf)
-		MUST(tq_xf_new(&L->xf, kv->xform, kv->geom.n_kv_heads, kv->n_q_heads, kv->dim, &te) == 0);
-	if (!L->n_tokens) {
-		tq_xf_reset(L->xf); /* a truncation to 0 does */
-		MUST(tq_xf_calibrate(L->xf, k, v, q, n, n, TQ_DTYPE_F32) == 0);
-		MUST(kvp_journal_xform(f->ks, s, kv, l, &r) == 0);
-	}
-	pthread_mutex_unlock(&kv->lock);
-}
-
 /* n tokens more on layer l (data set `gen`), calibrating an empty layer. */
 static void xfill(struct kvfix *f, struct session *s, uint32_t l, uint32_t n, uint32_t gen)
 {
@@ -526,8 +503,17 @@ static void xfill(struct kvfix *f, struct session *s, uint32_t l, uint32_t n, ui
 				}
 				q[(t * QH + h) * DIM + d] = val_of(t + 100 * gen, l, h, d, 2) * (1.0f + (float)(d % 7));
 			}
-	xcalibrate(f, s, l, k, v, q, n);
-	dataop_append(f->ks, s, l, k, v, TQ_DTYPE_F32, n, &r);
+	/* APPEND_ATTEND, as a prefill: an empty layer calibrates from these
+	 * keys, values and queries (dataop.c) and journals the statistics */
+	struct kv_sess *kv;
+	struct dataop_ws ws = { 0 };
+	static float out[64 * QH * DIM];
+	int32_t pos[64];
+	MUST(dataop_kv_get(f->ks, s, &kv) == 0);
+	for (uint32_t t = 0; t < n; t++)
+		pos[t] = (int32_t)(kv->layer[l].n_tokens + t);
+	dataop_attend(f->ks, s, &ws, l, k, v, n, q, pos, n, TQ_DTYPE_F32, out, &r);
+	dataop_ws_free(&ws);
 	MUST(r.status == TQKV_ST_OK);
 }
 
