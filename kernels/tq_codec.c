@@ -253,6 +253,17 @@ size_t tq_codec_block_bytes(const tq_codec *c) { return c->block_bytes; }
 uint64_t tq_codec_seed(const tq_codec *c) { return c->seed; }
 enum tq_isa tq_codec_isa(const tq_codec *c) { return c->ops->isa; }
 
+double tq_codec_shrink(const tq_codec *c)
+{
+	double D;
+
+	if (!tq_codec_rotated(c->id) || c->cb.bits < 1)
+		return 1.0;
+	/* cb.distortion is per coordinate of a unit vector: dim of them */
+	D = c->cb.distortion * c->dim;
+	return D > 0 && D < 1 ? sqrt(1.0 - D) : 1.0;
+}
+
 int tq_encode(const tq_codec *c, const void *src, enum tq_dtype dtype, size_t n, void *dst,
 	      tq_error *err)
 {

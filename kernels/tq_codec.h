@@ -109,6 +109,14 @@ int tq_codec_dim(const tq_codec *c);
 size_t tq_codec_block_bytes(const tq_codec *c);
 uint64_t tq_codec_seed(const tq_codec *c);
 enum tq_isa tq_codec_isa(const tq_codec *c);
+/* The expected factor by which a decoded vector's component along the
+ * original shrinks: for the norm-corrected TurboQuant codecs, decoded
+ * x̂ = |x| ĉ/|ĉ| with <c, ĉ> ≈ |ĉ|² = 1 − D (Lloyd–Max), so
+ * E[q·x̂] ≈ sqrt(1 − D) q·x, D = dim × the codebook's per-coordinate
+ * distortion (tq4 at d = 64: 0.9954; tq3 0.983; tq2 0.941).  1 for the
+ * codecs that keep values as given (q8, q4a, f16, f32).  tq_xform.h's
+ * TQ_XF_UNSHRINK divides it back out. */
+double tq_codec_shrink(const tq_codec *c);
 
 /* Encode n vectors.  src: [n][dim] of `dtype`; dst: [n][block_bytes].
  * A vector with a NaN or Inf (or, for f16, a value beyond fp16 range) fails
