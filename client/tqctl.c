@@ -451,6 +451,8 @@ static void print_layer_transforms(const Tqkv__V1__Session *s)
 	struct table t = { .ncol = 7, .hdr = { "LAYER", "STATE", "APPLIED", "TOKENS", "|MEAN K|/RMS",
 		"K SCALES", "|MEAN V|/RMS" }, .right = (1u << 0) | (1u << 3) | (1u << 4) | (1u << 6) };
 
+	if (strcmp(s->kv_transform, "none") == 0)
+		return; /* nothing to calibrate */
 	if (s->n_layer_transforms == 0) {
 		if (s->state == TQKV__V1__SESSION_STATE__SESSION_STATE_OPEN)
 			printf("layer transforms: - (no data yet: a layer's first append calibrates it)\n");
