@@ -642,7 +642,8 @@ static void h_close_session(struct rpc_server *srv, const struct peer *peer,
 /* The session's per-layer transforms into m (layer_transforms), in `lt`
  * and `plt` ([n_layers] each, the caller frees them).  Nothing when the
  * session holds no data yet, is evicted or closing, or the data path is
- * not up. */
+ * not up.  dataop_xf_summary takes the session's KV lock: this waits for
+ * the session's operation in progress (a spill or restore included). */
 static int layer_transforms(struct rpc_server *srv, uint64_t id, uint32_t n_layers, Tqkv__V1__Session *m,
 			    Tqkv__V1__LayerTransform **lt, Tqkv__V1__LayerTransform ***plt)
 {
