@@ -436,6 +436,48 @@ static void print_session_row(struct table *t, const Tqkv__V1__Session *s)
 		  ago(s->last_access_ms, idle, sizeof(idle)));
 }
 
+/* "0.83": x of `of`, or "-" when `of` is 0 (nothing measured). */
+static const char *ratio(float x, float of, char *buf, size_t n)
+{
+	if (!(of > 0.0f))
+		return "-";
+	snprintf(buf, n, "%.3g", (double)(x / of));
+	return buf;
+}
+
+/* One row per layer: its transform as the layer's first append froze it. */
+static void print_layer_transforms(const Tqkv__V1__Session *s)
+{
+	struct table t = { .ncol = 7, .hdr = { "LAYER", "STATE", "APPLIED", "TOKENS", "|MEAN K|/RMS",
+		"K SCALES", "|MEAN V|/RMS" }, .right = (1u << 0) | (1u << 3) | (1u << 4) | (1u << 6) };
+
+	if (strcmp(s->kv_transform, "none") == 0)
+		return; /* nothing to calibrate */
+	if (s->n_layer_transforms == 0) {
+		if (s->state == TQKV__V1__SESSION_STATE__SESSION_STATE_OPEN)
+			printf("layer transforms: - (no data yet: a layer's first append calibrates it)\n");
+		return;
+	}
+	printf("layer transforms (frozen by each layer's first append):\n");
+	for (size_t i = 0; i < s->n_layer_transforms; i++) {
+		const Tqkv__V1__LayerTransform *l = s->layer_transforms[i];
+		char layer[16], tok[24], mk[24], mv[24], sc[48];
+		snprintf(layer, sizeof(layer), "%u", l->layer);
+		if (!l->calibrated) {
+			table_row(&t, layer, "uncalibrated", "-", "-", "-", "-", "-");
+			continue;
+		}
+		if (l->scale_min == 1.0f && l->scale_max == 1.0f)
+			snprintf(sc, sizeof(sc), "-");
+		else
+			snprintf(sc, sizeof(sc), "%.3g..%.3g", (double)l->scale_min, (double)l->scale_max);
+		table_row(&t, layer, "calibrated", l->applied, num(l->calib_tokens, tok, sizeof(tok)),
+			  ratio(l->k_mean_norm, l->k_rms, mk, sizeof(mk)), sc,
+			  ratio(l->v_mean_norm, l->v_rms, mv, sizeof(mv)));
+	}
+	table_print(&t);
+}
+
 static void print_session_detail(const Tqkv__V1__Session *s)
 {
 	char a[64], b[64];
@@ -452,6 +494,7 @@ static void print_session_detail(const Tqkv__V1__Session *s)
 	printf("query heads:     %u\n", s->n_q_heads);
 	printf("head dim:        %u\n", s->head_dim);
 	printf("codecs (K/V):    %s / %s\n", s->k_codec, s->v_codec);
+	printf("kv transform:    %s\n", s->kv_transform[0] ? s->kv_transform : "?");
 	printf("rotation seed:   0x%016" PRIx64 "\n", s->rotation_seed);
 	printf("bytes per token: %s\n", sz(s->bytes_per_token, a, sizeof(a)));
 	printf("tokens:          %" PRIu64 " of %" PRIu64 "\n", s->tokens, s->max_tokens);
@@ -460,6 +503,7 @@ static void print_session_detail(const Tqkv__V1__Session *s)
 	printf("created:         %s\n", when(s->created_ms, a, sizeof(a)));
 	printf("last access:     %s (%s ago)\n", when(s->last_access_ms, a, sizeof(a)),
 	       ago(s->last_access_ms, b, sizeof(b)));
+	print_layer_transforms(s);
 }
 
 /* ---- commands ---------------------------------------------------------------------- */
@@ -829,7 +873,8 @@ static int cmd_config(struct ctx *x, int argc, char **argv)
 	return 0;
 }
 
-/* argv (after option parsing): tenant layers kv q dim kcodec vcodec max name seed persistent */
+/* argv (after option parsing): tenant layers kv q dim kcodec vcodec max name seed persistent
+ * kv-transform */
 static int cmd_open(struct ctx *x, int argc, char **argv)
 {
 	Tqkv__V1__OpenSessionRequest q = TQKV__V1__OPEN_SESSION_REQUEST__INIT;
@@ -869,6 +914,7 @@ static int cmd_open(struct ctx *x, int argc, char **argv)
 		q.has_rotation_seed = true;
 	}
 	q.persistent = argv[10][0] != 0;
+	q.kv_transform = argv[11];
 	if ((r = call(x, "OpenSession", &q.base, &rep)) != 0)
 		return r;
 	if (x->json)
@@ -1331,7 +1377,13 @@ static const struct cmd cmds[] = {
 	  "(layers x kv heads / query heads x head dim), K/V codecs, tokens, resident and\n"
 	  "spilled bytes, time since the last access.", true, cmd_sessions },
 	{ "session", "ID", "one session in detail (GetSession)",
-	  "Every field of session ID; for an evicted session, who evicted it and why.", true, cmd_session },
+	  "Every field of session ID; for an evicted session, who evicted it and why.\n"
+	  "Its K/V transform mode, then one row per layer once it holds data: whether\n"
+	  "its first append calibrated it, the parts applied (fewer than the mode when\n"
+	  "that append had under 8 tokens, or no queries for k-eq-qk), the tokens it\n"
+	  "was calibrated on, the calibration keys' |mean| relative to their rms (what\n"
+	  "K centering removes), the range of K equalization's channel scales, and the\n"
+	  "values' |mean| relative to their rms.", true, cmd_session },
 	{ "evict", "ID", "release a session's memory now (EvictSession)",
 	  "The record stays (state evicted) so its owner gets a clear error on its next\n"
 	  "call; `tqctl close ID` removes it.", true, cmd_evict },
@@ -1366,13 +1418,17 @@ static const struct cmd cmds[] = {
 	{ "config", "", "the daemon's effective configuration (GetConfig)",
 	  "Every option with its value, default and whether SIGHUP reloads it.", true, cmd_config },
 	{ "open", "--tenant T --layers N --kv-heads N --q-heads N --head-dim D --max-tokens N\n"
-	  "                 [--k-codec C] [--v-codec C] [--name NAME] [--seed S] [--persistent]",
+	  "                 [--k-codec C] [--v-codec C] [--name NAME] [--seed S] [--persistent]\n"
+	  "                 [--kv-transform MODE]",
 	  "admit a session owned by you (OpenSession)",
 	  "For operators and tests; inference processes open sessions through libtqkv.\n"
 	  "Codecs default to q8 (K) and tq4 (V).  The session is not tied to any\n"
 	  "connection: it stays until closed or evicted, or idle past\n"
 	  "daemon.session_idle_ttl (default 1h).  --persistent: the session is kept on\n"
-	  "disk and survives a restart of the daemon; it is never idle-expired.", true, cmd_open },
+	  "disk and survives a restart of the daemon; it is never idle-expired.\n"
+	  "--kv-transform MODE: the K/V transforms attention undoes exactly (default:\n"
+	  "the daemon's daemon.kv_transform): none, default (k-center+k-eq-qk), or parts\n"
+	  "joined by '+': k-center, v-center, k-eq-qk, k-eq-k.", true, cmd_open },
 	{ "top", "[--interval SECONDS] [-n COUNT]", "a live view of the pool, tenants and busiest sessions",
 	  "Calls GetStats, ListTenants and ListSessions every --interval SECONDS\n"
 	  "(default 1; decimals such as 0.5 are fine) and shows:\n"
@@ -1444,7 +1500,7 @@ static const char *default_socket(void)
 int main(int argc, char **argv)
 {
 	enum { O_TENANT = 256, O_LIMIT, O_GUAR, O_LAYERS, O_KVH, O_QH, O_DIM, O_KC, O_VC, O_MAXT, O_NAME, O_SEED,
-	       O_PERSIST, O_INTERVAL, O_COUNT, O_LAST = O_COUNT };
+	       O_KVX, O_PERSIST, O_INTERVAL, O_COUNT, O_LAST = O_COUNT };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, 's' },
 		{ "json", no_argument, NULL, 'j' },
@@ -1463,6 +1519,7 @@ int main(int argc, char **argv)
 		{ "max-tokens", required_argument, NULL, O_MAXT },
 		{ "name", required_argument, NULL, O_NAME },
 		{ "seed", required_argument, NULL, O_SEED },
+		{ "kv-transform", required_argument, NULL, O_KVX },
 		{ "persistent", no_argument, NULL, O_PERSIST },
 		{ "interval", required_argument, NULL, O_INTERVAL },
 		{ "count", required_argument, NULL, O_COUNT }, /* -n */
@@ -1578,11 +1635,12 @@ int main(int argc, char **argv)
 			return EXIT_USAGE;
 		}
 		static const int need[] = { O_TENANT, O_LAYERS, O_KVH, O_QH, O_DIM, O_KC, O_VC, O_MAXT, O_NAME, O_SEED,
-					    O_PERSIST };
+					    O_PERSIST, O_KVX };
 		for (size_t i = 0; i < sizeof(need) / sizeof(need[0]); i++) {
 			const char *v = val[need[i] - O_TENANT];
 			bool optional = need[i] == O_KC || need[i] == O_VC || need[i] == O_NAME ||
-					need[i] == O_SEED || need[i] == O_TENANT || need[i] == O_PERSIST;
+					need[i] == O_SEED || need[i] == O_TENANT || need[i] == O_PERSIST ||
+					need[i] == O_KVX;
 			if (!v && !optional) {
 				usage_error("--%s is required", longopts[5 + need[i] - O_TENANT].name);
 				return EXIT_USAGE;

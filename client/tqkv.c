@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <stddef.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <pthread.h>
@@ -843,7 +844,10 @@ static void session_from_reply(tqkv_session *s, const Tqkv__V1__Session *m)
 	s->head_dim = m->head_dim;
 }
 
-EXPORT int tqkv_session_open(tqkv *c, const struct tqkv_session_params *p, tqkv_session **out)
+/* tqkv_session_open@@TQKV_0.3: see the 0.1 twin below. */
+int tqkv_session_open_0_3(tqkv *c, const struct tqkv_session_params *p, tqkv_session **out);
+__asm__(".symver tqkv_session_open_0_3,tqkv_session_open@@TQKV_0.3");
+EXPORT int tqkv_session_open_0_3(tqkv *c, const struct tqkv_session_params *p, tqkv_session **out)
 {
 	Tqkv__V1__OpenSessionRequest q = TQKV__V1__OPEN_SESSION_REQUEST__INIT;
 	ProtobufCMessage *rep = NULL;
@@ -872,6 +876,7 @@ EXPORT int tqkv_session_open(tqkv *c, const struct tqkv_session_params *p, tqkv_
 	q.data_client = c->client_id;
 	q.detached = (p->flags & (TQKV_SESSION_DETACHED | TQKV_SESSION_PERSISTENT)) != 0;
 	q.persistent = (p->flags & TQKV_SESSION_PERSISTENT) != 0;
+	q.kv_transform = (char *)(p->kv_transform ? p->kv_transform : "");
 	if ((r = ctl_do(c, "OpenSession", &q.base, &rep)) < 0)
 		goto fail;
 	test_die(c, "open-after-rpc");
@@ -883,6 +888,33 @@ fail:
 	free(s);
 	return r;
 }
+
+/* The 0.1 ABI's tqkv_session_open: its parameters end before kv_transform. */
+struct tqkv_session_params_0_1 {
+	const char *tenant, *name;
+	uint32_t n_layers, n_kv_heads, n_q_heads, head_dim;
+	const char *k_codec, *v_codec;
+	uint64_t max_tokens;
+	int has_seed;
+	uint64_t seed;
+	uint32_t flags;
+};
+static_assert(offsetof(struct tqkv_session_params, kv_transform) == sizeof(struct tqkv_session_params_0_1),
+	      "the 0.1 parameters are a prefix of today's");
+
+int tqkv_session_open_0_1(tqkv *c, const struct tqkv_session_params_0_1 *o, tqkv_session **out);
+EXPORT int tqkv_session_open_0_1(tqkv *c, const struct tqkv_session_params_0_1 *o, tqkv_session **out)
+{
+	struct tqkv_session_params n = {
+		.tenant = o->tenant, .name = o->name, .n_layers = o->n_layers, .n_kv_heads = o->n_kv_heads,
+		.n_q_heads = o->n_q_heads, .head_dim = o->head_dim, .k_codec = o->k_codec,
+		.v_codec = o->v_codec, .max_tokens = o->max_tokens, .has_seed = o->has_seed, .seed = o->seed,
+		.flags = o->flags,
+	};
+
+	return tqkv_session_open_0_3(c, &n, out);
+}
+__asm__(".symver tqkv_session_open_0_1,tqkv_session_open@TQKV_0.1");
 
 EXPORT int tqkv_session_attach(tqkv *c, uint64_t id, const struct tqkv_session_params *geom,
 			       uint32_t flags, tqkv_session **out)
@@ -1019,7 +1051,10 @@ EXPORT int tqkv_session_prefetch(tqkv_session *s)
 	return 0;
 }
 
-EXPORT int tqkv_session_info(tqkv_session *s, struct tqkv_session_info *out)
+/* tqkv_session_info@@TQKV_0.3: see the 0.2 twin below. */
+int tqkv_session_info_0_3(tqkv_session *s, struct tqkv_session_info *out);
+__asm__(".symver tqkv_session_info_0_3,tqkv_session_info@@TQKV_0.3");
+EXPORT int tqkv_session_info_0_3(tqkv_session *s, struct tqkv_session_info *out)
 {
 	Tqkv__V1__SessionRef ref = TQKV__V1__SESSION_REF__INIT;
 	ProtobufCMessage *rep;
@@ -1037,9 +1072,29 @@ EXPORT int tqkv_session_info(tqkv_session *s, struct tqkv_session_info *out)
 	out->spilled_bytes = m->spilled_bytes;
 	out->evicted = m->state == TQKV__V1__SESSION_STATE__SESSION_STATE_EVICTED;
 	out->persistent = m->persistent;
+	snprintf(out->kv_transform, sizeof(out->kv_transform), "%s", m->kv_transform);
 	protobuf_c_message_free_unpacked(rep, NULL);
 	return 0;
 }
+
+/* The 0.2 ABI's tqkv_session_info: its struct ends before kv_transform. */
+struct tqkv_session_info_0_2 {
+	uint64_t id, tokens, max_tokens, resident_bytes, spilled_bytes;
+	int evicted, persistent;
+};
+static_assert(offsetof(struct tqkv_session_info, kv_transform) == sizeof(struct tqkv_session_info_0_2),
+	      "the 0.2 info is a prefix of today's");
+
+int tqkv_session_info_0_2(tqkv_session *s, struct tqkv_session_info_0_2 *out);
+EXPORT int tqkv_session_info_0_2(tqkv_session *s, struct tqkv_session_info_0_2 *out)
+{
+	struct tqkv_session_info n;
+	int r = tqkv_session_info_0_3(s, &n);
+
+	memcpy(out, &n, sizeof(*out)); /* the 0.2 fields are the 0.3 struct's prefix */
+	return r;
+}
+__asm__(".symver tqkv_session_info_0_2,tqkv_session_info@TQKV_0.2");
 
 EXPORT int tqkv_session_checkpoint(tqkv_session *s)
 {

@@ -16,6 +16,7 @@
 
 #include "log.h"
 #include "tq_size.h"
+#include "tq_xform.h"
 
 enum opt_type {
 	OPT_PATH,      /* char[CONFIG_DIR_MAX]                      */
@@ -29,6 +30,7 @@ enum opt_type {
 	OPT_UIDS,      /* tenant_conf.any_uid / n_uids / uids       */
 	OPT_GIDS,      /* tenant_conf.n_gids / gids                 */
 	OPT_CHOICE,    /* int: index into opt.choices               */
+	OPT_XFORM,     /* uint32_t TQ_XF_* mode (tq_xf_mode_parse)  */
 };
 
 enum opt_scope { SCOPE_GLOBAL, SCOPE_TENANT };
@@ -88,6 +90,9 @@ static const struct opt opts[] = {
 	  "threads running data operations (append, attention); 0: one per CPU", NULL },
 	{ "daemon", "attention_threads", OPT_U32, G(attention_threads), 1, 256, "1", NULL, false,
 	  "threads per attention call (each data worker owns a pool of this many)", NULL },
+	{ "daemon", "kv_transform", OPT_XFORM, G(kv_transform), 0, 0, "default", NULL, true,
+	  "K/V transforms of new sessions that ask for none (attention undoes them exactly): none, "
+	  "default (k-center+k-eq-qk), or parts joined by '+': k-center, v-center, k-eq-qk, k-eq-k", NULL },
 	{ "pool", "pool_bytes", OPT_SIZE, G(pool_bytes), 4 * MiB, PiB, "1GiB", NULL, false,
 	  "host memory for compressed KV pages; tenant budgets must fit in it", NULL },
 	{ "pool", "spill_dir", OPT_PATH, G(spill_dir), 0, 0, CONFIG_DEFAULT_SPILL_DIR, NULL, false,
@@ -431,6 +436,13 @@ static int opt_parse(const struct opt *o, void *base, const char *value, char *w
 		struct tenant_conf *t = base;
 		return parse_id_list(value, false, NULL, t->gids, &t->n_gids, why, whylen);
 	}
+	case OPT_XFORM:
+		if (tq_xf_mode_parse(value, (uint32_t *)(void *)f) < 0) {
+			snprintf(why, whylen, "'%s' is not a transform mode (none, default, or parts joined by "
+				 "'+': k-center, v-center, k-eq-qk, k-eq-k; at most one k-eq-*)", value);
+			return -EINVAL;
+		}
+		return 0;
 	case OPT_CHOICE: {
 		size_t used = 0;
 		char list[256] = "";
@@ -482,6 +494,9 @@ static void opt_format(const struct opt *o, const void *base, char *buf, size_t 
 	case OPT_CHOICE:
 		snprintf(buf, n, "%s", o->choices[*(const int *)f]);
 		return;
+	case OPT_XFORM:
+		tq_xf_mode_str(*(const uint32_t *)(const void *)f, buf, n);
+		return;
 	case OPT_UIDS:
 	case OPT_GIDS: {
 		const struct tenant_conf *t = base;
@@ -517,7 +532,8 @@ static void opt_copy(const struct opt *o, void *dst, const void *src)
 	case OPT_NAME: sz = CONFIG_NAME_MAX; break;
 	case OPT_LOGLEVEL:
 	case OPT_CHOICE: sz = sizeof(int); break;
-	case OPT_U32: sz = sizeof(uint32_t); break;
+	case OPT_U32:
+	case OPT_XFORM: sz = sizeof(uint32_t); break;
 	case OPT_I32: sz = sizeof(int32_t); break;
 	case OPT_SIZE:
 	case OPT_DURATION: sz = sizeof(uint64_t); break;

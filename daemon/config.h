@@ -70,6 +70,7 @@ struct config {
 	uint64_t max_arena_per_uid;          /* ring memory one uid may map, all connections */
 	uint32_t data_workers;               /* ring worker threads; 0 = one per CPU */
 	uint32_t attention_threads;          /* threads per attention call (per worker) */
+	uint32_t kv_transform;               /* TQ_XF_* of new sessions that name none */
 	/* [pool] */
 	uint64_t pool_bytes;
 	char spill_dir[CONFIG_DIR_MAX];

@@ -50,6 +50,7 @@
 #include "reclaim.h"
 #include "ring.h"
 #include "spill.h"
+#include "tq_xform.h"
 #include "tqkv.pb-c.h"
 #include "version.h"
 
@@ -307,7 +308,26 @@ static void h_get_stats(struct rpc_server *srv, const struct peer *peer,
 	rep_ok(rep, &r.base);
 }
 
-/* The message's strings point into `si`. */
+/* tq_xf_mode_str of every mode, built once: messages point into it. */
+static char xf_names[TQ_XF_MASK + 1][48];
+static pthread_once_t xf_names_once = PTHREAD_ONCE_INIT;
+
+static void xf_names_init(void)
+{
+	for (uint32_t m = 0; m <= TQ_XF_MASK; m++)
+		tq_xf_mode_str(m, xf_names[m], sizeof(xf_names[m]));
+}
+
+static const char *xf_name(uint32_t mode)
+{
+	pthread_once(&xf_names_once, xf_names_init);
+	return mode <= TQ_XF_MASK ? xf_names[mode] : "?";
+}
+
+#define XF_MODES_HELP "none, default, or parts joined by '+': k-center, v-center, k-eq-qk, k-eq-k; " \
+		      "at most one k-eq-*"
+
+/* The message's strings point into `si` (and static tables). */
 static void session_to_msg(struct session_info *si, Tqkv__V1__Session *m)
 {
 	tqkv__v1__session__init(m);
@@ -332,6 +352,7 @@ static void session_to_msg(struct session_info *si, Tqkv__V1__Session *m)
 	m->persistent = si->persistent;
 	m->evict_reason = si->state == SESSION_EVICTED ? si->evict_why : (char *)"";
 	m->bytes_per_token = si->bytes_per_token;
+	m->kv_transform = (char *)xf_name(si->geom.kv_xform);
 }
 
 static void rep_session(struct reply *rep, struct session_info *si)
@@ -483,6 +504,17 @@ static void h_open_session(struct rpc_server *srv, const struct peer *peer,
 			  safe(q->v_codec), known_codecs(why, sizeof(why)));
 		return;
 	}
+	if (q->kv_transform[0]) {
+		if (tq_xf_mode_parse(q->kv_transform, &g.kv_xform) < 0) {
+			rep_error(rep, GRPC_STATUS_INVALID_ARGUMENT, "unknown kv_transform '%s' (known: "
+				  XF_MODES_HELP ")", safe(q->kv_transform));
+			return;
+		}
+	} else {
+		pthread_mutex_lock(&srv->cfg_lock);
+		g.kv_xform = srv->cfg->kv_transform; /* daemon.kv_transform, as of now */
+		pthread_mutex_unlock(&srv->cfg_lock);
+	}
 	g.n_layers = q->n_layers;
 	g.n_kv_heads = q->n_kv_heads;
 	g.n_q_heads = q->n_q_heads;
@@ -534,9 +566,9 @@ static void h_open_session(struct rpc_server *srv, const struct peer *peer,
 		if (q->data_client && bind_new_session(srv, peer, q, &si, rep) < 0)
 			return;
 		log_info("session %" PRIu64 " opened: tenant %s, uid %u, name '%s', %u layers x %u/%u heads x %u, "
-			 "%s/%s, max %" PRIu64 " tokens%s%s", si.id, si.tenant, si.owner_uid, si.name,
+			 "%s/%s, transform %s, max %" PRIu64 " tokens%s%s", si.id, si.tenant, si.owner_uid, si.name,
 			 g.n_layers, g.n_kv_heads, g.n_q_heads, g.head_dim, tq_codec_name(g.k_codec),
-			 tq_codec_name(g.v_codec), g.max_tokens,
+			 tq_codec_name(g.v_codec), xf_name(g.kv_xform), g.max_tokens,
 			 !q->data_client ? ", not attached" : q->detached || q->persistent ? ", attached (detached)"
 							     : ", attached",
 			 q->persistent ? ", persistent" : "");
@@ -607,15 +639,76 @@ static void h_close_session(struct rpc_server *srv, const struct peer *peer,
 	rep_ok(rep, &r.base);
 }
 
+/* The session's per-layer transforms into m (layer_transforms), in `lt`
+ * and `plt` ([n_layers] each, the caller frees them).  Nothing when the
+ * session holds no data yet, is evicted or closing, or the data path is
+ * not up.  dataop_xf_summary takes the session's KV lock: this waits for
+ * the session's operation in progress (a spill or restore included). */
+static int layer_transforms(struct rpc_server *srv, uint64_t id, uint32_t n_layers, Tqkv__V1__Session *m,
+			    Tqkv__V1__LayerTransform **lt, Tqkv__V1__LayerTransform ***plt)
+{
+	struct kvstore *ks = __atomic_load_n(&srv->kv, __ATOMIC_ACQUIRE);
+	struct tq_xf_summary *sum = NULL;
+	struct session *s;
+	int r;
+
+	*lt = NULL;
+	*plt = NULL;
+	if (!ks || session_acquire(srv->sessions, id, 0, &s) < 0)
+		return 0;
+	if (!(sum = calloc(n_layers, sizeof(*sum))) || !(*lt = calloc(n_layers, sizeof(**lt))) ||
+	    !(*plt = calloc(n_layers, sizeof(**plt)))) {
+		r = -ENOMEM;
+		goto out;
+	}
+	if ((r = dataop_xf_summary(ks, s, sum, n_layers)) < 0) {
+		r = r == -ENOENT ? 0 : r; /* no data yet: no layers to show */
+		goto out;
+	}
+	for (uint32_t l = 0; l < n_layers; l++) {
+		Tqkv__V1__LayerTransform *e = &(*lt)[l];
+		tqkv__v1__layer_transform__init(e);
+		e->layer = l;
+		e->calibrated = sum[l].calibrated != 0;
+		e->applied = (char *)xf_name(sum[l].applied);
+		e->calib_tokens = sum[l].calib_tokens;
+		e->k_rms = sum[l].k_rms;
+		e->k_mean_norm = sum[l].k_mean_norm;
+		e->v_rms = sum[l].v_rms;
+		e->v_mean_norm = sum[l].v_mean_norm;
+		e->scale_min = sum[l].scale_min;
+		e->scale_max = sum[l].scale_max;
+		(*plt)[l] = e;
+	}
+	m->n_layer_transforms = n_layers;
+	m->layer_transforms = *plt;
+out:
+	session_release(s);
+	free(sum);
+	return r;
+}
+
 static void h_get_session(struct rpc_server *srv, const struct peer *peer,
 			  const ProtobufCMessage *req, struct reply *rep)
 {
 	const Tqkv__V1__SessionRef *q = (const void *)req;
+	Tqkv__V1__LayerTransform *lt, **plt;
 	struct session_info si;
+	Tqkv__V1__Session m;
+	int r;
 
 	if (!own_session(srv, peer, q->id, &si, rep))
 		return;
-	rep_session(rep, &si);
+	session_to_msg(&si, &m);
+	if ((r = layer_transforms(srv, si.id, si.geom.n_layers, &m, &lt, &plt)) == -ENOMEM)
+		rep_error(rep, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+	else if (r < 0)
+		rep_error(rep, GRPC_STATUS_INTERNAL, "cannot read session %" PRIu64 "'s transforms: %s",
+			  si.id, strerror(-r));
+	else
+		rep_ok(rep, &m.base);
+	free(plt);
+	free(lt);
 }
 
 static void h_list_sessions(struct rpc_server *srv, const struct peer *peer,

@@ -120,6 +120,15 @@ struct tqkv_session_params {
 	int has_seed;             /* 0: the daemon draws the rotation seed                    */
 	uint64_t seed;
 	uint32_t flags;           /* TQKV_SESSION_*                                          */
+	/* Transforms of each layer's K/V that attention undoes exactly, so the  */
+	/* codecs lose less (the daemon's daemon.kv_transform documents them):   */
+	/* NULL or "": the daemon's default; "none"; "default"; or parts joined  */
+	/* by "+": k-center, v-center, k-eq-qk, k-eq-k ("k-center+k-eq-qk").     */
+	/* k-eq-qk is calibrated from the queries of the append that fills an    */
+	/* empty layer: give prefill as tqkv_append_attend, not append + attend. */
+	/* -EINVAL for an unknown mode.  (Added in 0.3; a 0.1/0.2 binary gets    */
+	/* the daemon's default.)                                                */
+	const char *kv_transform;
 };
 
 /* Open a session (control channel) and attach it to this connection. */
@@ -155,6 +164,8 @@ struct tqkv_session_info {
 	uint64_t spilled_bytes;   /* in its spill tier (read back on use)                    */
 	int evicted;              /* the session was evicted: operations fail with -ESTALE   */
 	int persistent;           /* opened with TQKV_SESSION_PERSISTENT                     */
+	char kv_transform[48];    /* its K/V transforms: "k-center+k-eq-qk", "none"          */
+				  /* (added in 0.3; a 0.2 binary gets the fields above)    */
 };
 /* The session as the daemon sees it (control channel: -ENOTSUP on a
  * TQKV_CONNECT_NO_CONTROL connection). */

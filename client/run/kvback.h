@@ -67,6 +67,8 @@ struct tqr_kv_daemon_opts {
 	const char *tenant;       /* NULL: "default"                                  */
 	enum tq_codec_id k_codec, v_codec;
 	uint64_t rotation_seed;   /* passed to the session: the same codecs as local  */
+	const char *kv_transform; /* the session's K/V transforms (tqkv_session_params */
+				  /* .kv_transform); NULL: the daemon's default      */
 };
 /* Connects to tqkvd and opens an ephemeral session (closed when this
  * process's connection ends).  The daemon's error is in err.  (kvback_daemon.c,

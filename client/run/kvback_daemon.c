@@ -1,8 +1,10 @@
 /* kvback_daemon.c — tqkv-run's KV cache in a tqkvd session, through libtqkv.
  *
- * Decode steps (one token) are one APPEND_ATTEND per layer; prompt chunks
- * are an APPEND of the chunk's K/V, then a causal ATTEND of its queries.
- * A new sequence (ppl windows) truncates every layer to 0. */
+ * Every step is one APPEND_ATTEND per layer: a decode step's token, or a
+ * prompt chunk's K/V with its queries attending causally.  The chunk's
+ * queries must come with its append: the daemon calibrates a layer's
+ * k-eq-qk transform from the queries of the append that fills it.  A new
+ * sequence (ppl windows) truncates every layer to 0. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,23 +29,22 @@ static int daemon_append_attend(tqr_kv *kv, int layer, int pos0, int n, const fl
 				const float *k, const float *v, float *out, tqr_error *err)
 {
 	struct daemon *d = kv->priv;
+	struct tqkv_result res;
+	tqkv_req *req;
 	int rc;
 
 	for (int i = 0; i < n; i++)
 		d->pos[i] = pos0 + i;
-	if (n == 1) {
-		rc = tqkv_append_attend(d->s, (uint32_t)layer, k, v, 1, q, d->pos, 1, TQKV_F32, out);
-	} else {
-		rc = tqkv_append(d->s, (uint32_t)layer, k, v, (uint32_t)n, TQKV_F32);
-		if (rc >= 0 && rc != pos0 + n)
-			return tqr_fail(err, -EPROTO, "%s: layer %d holds %d tokens after an append, expected %d",
-					kv->name, layer, rc, pos0 + n);
-		if (rc >= 0)
-			rc = tqkv_attend(d->s, (uint32_t)layer, q, d->pos, (uint32_t)n, TQKV_F32, out);
-	}
+	rc = tqkv_submit_append_attend(d->s, (uint32_t)layer, k, v, (uint32_t)n, q, d->pos, (uint32_t)n,
+				       TQKV_F32, out, &req);
+	if (rc >= 0)
+		rc = tqkv_wait(req, &res);
 	if (rc < 0)
 		return tqr_fail(err, rc, "%s: layer %d, positions %d..%d: %s", kv->name, layer, pos0,
 				pos0 + n - 1, last_error(rc));
+	if (res.n_tokens != (uint64_t)pos0 + (uint64_t)n)
+		return tqr_fail(err, -EPROTO, "%s: layer %d holds %llu tokens after an append, expected %d",
+				kv->name, layer, (unsigned long long)res.n_tokens, pos0 + n);
 	return 0;
 }
 
@@ -123,11 +124,13 @@ int tqr_kv_new_daemon(tqr_kv **out, const struct tqr_kv_geom *g, const struct tq
 		.max_tokens = (uint64_t)g->max_tokens,
 		.has_seed = 1,
 		.seed = o->rotation_seed,
+		.kv_transform = o->kv_transform,
 	};
 	if ((rc = tqkv_session_open(d->c, &sp, &d->s)) < 0) {
 		d->s = NULL;
-		rc = tqr_fail(err, rc, "tqkvd: cannot open a session (%d layers, %d/%d heads, head_dim %d, %s/%s, %d tokens): %s",
-			      g->n_layers, g->n_q_heads, g->n_kv_heads, g->head_dim, sp.k_codec, sp.v_codec,
+		rc = tqr_fail(err, rc, "tqkvd: cannot open a session (%d layers, %d/%d heads, head_dim %d, %s/%s, "
+			      "transform %s, %d tokens): %s", g->n_layers, g->n_q_heads, g->n_kv_heads, g->head_dim,
+			      sp.k_codec, sp.v_codec, sp.kv_transform ? sp.kv_transform : "(the daemon's)",
 			      g->max_tokens, last_error(rc));
 		goto fail;
 	}

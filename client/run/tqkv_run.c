@@ -9,6 +9,7 @@
  *
  * common: --run-dir DIR  --k CODEC --v CODEC | --kv CODEC  --local
  *         --threads N  --chunk N  --rotation-seed S  --tenant NAME
+ *         --kv-transform MODE
  *
  * The forward pass runs here (model.c); the KV cache lives in the backend
  * chosen by the options (kvback.h): a tqkvd session (default), the same
@@ -32,6 +33,7 @@
 #include "sampler.h"
 #include "tokenizer.h"
 #include "tq_threads.h"
+#include "tq_xform.h"
 
 #define PROG "tqkv-run"
 /* The daemon's default run directory (daemon/config.h CONFIG_DEFAULT_RUN_DIR),
@@ -52,6 +54,8 @@ struct opts {
 	float temperature, top_p;
 	uint64_t seed, rotation_seed;
 	int have_seed;
+	uint32_t kv_xform;        /* --kv-transform: TQ_XF_* (kernels/tq_xform.h)    */
+	char kv_xform_name[48];   /* ... as tq_xf_mode_str writes it                  */
 };
 
 static void usage(FILE *f)
@@ -80,6 +84,11 @@ static void usage(FILE *f)
 		"  --threads N          attention threads with --local (default 1)\n"
 		"  --chunk N            prompt tokens per forward chunk (default 64)\n"
 		"  --rotation-seed S    the session's rotation seed (default fixed)\n"
+		"  --kv-transform MODE  K/V transforms that attention undoes exactly, frozen\n"
+		"                       by each layer's first chunk (its keys and queries):\n"
+		"                       default (k-center+k-eq-qk), none, or parts joined by\n"
+		"                       '+': k-center, v-center, k-eq-qk, k-eq-k; the same\n"
+		"                       with --local and tqkvd (measured: BENCHMARKS.md 4a)\n"
 		"  --sparse-v X         with --local: skip the values whose attention weight is\n"
 		"                       below X of the running maximum for every head of the\n"
 		"                       group (the kernels' sparse-V; default 0, off)\n"
@@ -183,7 +192,7 @@ static int is_gguf(const char *path)
 enum {
 	O_MODEL = 256, O_TOKENIZER, O_PROMPT, O_STEPS, O_TEMP, O_TOPP, O_SEED, O_WINDOWS, O_JSON,
 	O_RUNDIR, O_K, O_V, O_KV, O_LOCAL, O_THREADS, O_CHUNK, O_RSEED, O_TENANT, O_LOGITS, O_SESSIONS, O_TOKENS,
-	O_CTX, O_SYSTEM, O_SPARSE, O_HELP,
+	O_CTX, O_SYSTEM, O_SPARSE, O_KVXF, O_HELP,
 };
 
 static int parse_args(int argc, char **argv, struct opts *o)
@@ -213,6 +222,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "ctx", required_argument, NULL, O_CTX },
 		{ "system", required_argument, NULL, O_SYSTEM },
 		{ "sparse-v", required_argument, NULL, O_SPARSE },
+		{ "kv-transform", required_argument, NULL, O_KVXF },
 		{ "help", no_argument, NULL, O_HELP },
 		{ 0 },
 	};
@@ -232,6 +242,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	o->temperature = 1.0f;
 	o->top_p = 0.9f;
 	o->rotation_seed = DEFAULT_ROTATION_SEED;
+	o->kv_xform = TQ_XF_DEFAULT;
 
 	if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
 		usage(argc < 2 ? stderr : stdout);
@@ -276,6 +287,12 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case O_CTX: rc = parse_long("--ctx", optarg, 2, INT_MAX, &v); o->ctx = (int)v; break;
 		case O_SYSTEM: o->system = optarg; break;
 		case O_SPARSE: rc = parse_float("--sparse-v", optarg, &o->sparse_v); break;
+		case O_KVXF:
+			if ((rc = tq_xf_mode_parse(optarg, &o->kv_xform)) < 0)
+				fprintf(stderr, PROG ": --kv-transform: unknown mode '%s' (none, default, or parts "
+					"joined by '+': k-center, v-center, k-eq-qk, k-eq-k; at most one k-eq-*)\n",
+					optarg);
+			break;
 		case O_HELP: usage(stdout); return 1;
 		default:
 			fprintf(stderr, PROG ": see '" PROG " --help'\n");
@@ -339,6 +356,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		fprintf(stderr, PROG ": --kv f32 (the exact fp32 reference cache) needs --local\n");
 		return -EINVAL;
 	}
+	if (o->exact)
+		o->kv_xform = 0; /* the reference stores what it is given */
+	tq_xf_mode_str(o->kv_xform, o->kv_xform_name, sizeof(o->kv_xform_name));
 	return 0;
 }
 
@@ -374,6 +394,7 @@ static int open_backend(const struct opts *o, const struct tqr_config *c, tqr_kv
 			.rotation_seed = o->rotation_seed,
 			.threads = o->threads,
 			.sparse_v = o->sparse_v,
+			.kv_xform = o->kv_xform,
 		};
 		return tqr_kv_new_local(kv, &g, &lo, err);
 	}
@@ -383,6 +404,7 @@ static int open_backend(const struct opts *o, const struct tqr_config *c, tqr_kv
 		.k_codec = (enum tq_codec_id)o->k_codec,
 		.v_codec = (enum tq_codec_id)o->v_codec,
 		.rotation_seed = o->rotation_seed,
+		.kv_transform = o->kv_xform_name,
 	};
 	return tqr_kv_new_daemon(kv, &g, &dop, err);
 }
@@ -520,8 +542,9 @@ static int cmd_generate(const struct opts *o, const tqr_model *m, const tqr_tok 
 	printf("prompt: %d tokens at %.0f tokens/s; generated: %d tokens at %.1f tokens/s (seed %" PRIu64 ")\n",
 	       n_prompt, n_prompt / (t1 - t0 > 0 ? t1 - t0 : 1e-9), n_gen,
 	       n_gen / (t2 - t1 > 0 ? t2 - t1 : 1e-9), seed);
-	printf("KV cache (%s): %" PRIu64 " tokens x %d layers, %s vs %s for fp16 (%.1f %%, %.2f bits/value)%s\n",
-	       tqr_kv_name(kv), st.tokens, c->n_layers, a, b,
+	printf("KV cache (%s)%s%s: %" PRIu64 " tokens x %d layers, %s vs %s for fp16 (%.1f %%, %.2f bits/value)%s\n",
+	       tqr_kv_name(kv), o->exact ? "" : ", transform ", o->exact ? "" : o->kv_xform_name, st.tokens,
+	       c->n_layers, a, b,
 	       100.0 * (double)st.bytes_per_token / (double)st.fp16_per_token,
 	       16.0 * (double)st.bytes_per_token / (double)st.fp16_per_token, r);
 	rc = 0;
@@ -696,9 +719,10 @@ static int cmd_chat(const struct opts *o, const tqr_model *m, const tqr_tok *tok
 	fmt_bytes(a, sizeof(a), st.tokens * st.bytes_per_token);
 	fmt_bytes(b, sizeof(b), st.tokens * st.fp16_per_token);
 	fprintf(tty ? stderr : stdout, "---\n%d turn%s: prompt %ld tokens at %.0f tokens/s; answers %ld tokens at "
-		"%.1f tokens/s\nKV cache (%s): %" PRIu64 " tokens x %d layers, %s vs %s for fp16 (%.2f bits/value)\n",
+		"%.1f tokens/s\nKV cache (%s)%s%s: %" PRIu64 " tokens x %d layers, %s vs %s for fp16 (%.2f bits/value)\n",
 		turns, turns == 1 ? "" : "s", n_prompt_all, n_prompt_all / (t_prompt > 0 ? t_prompt : 1e-9),
-		n_gen_all, n_gen_all / (t_gen > 0 ? t_gen : 1e-9), tqr_kv_name(kv), st.tokens, c->n_layers, a, b,
+		n_gen_all, n_gen_all / (t_gen > 0 ? t_gen : 1e-9), tqr_kv_name(kv), o->exact ? "" : ", transform ",
+		o->exact ? "" : o->kv_xform_name, st.tokens, c->n_layers, a, b,
 		16.0 * (double)st.bytes_per_token / (double)st.fp16_per_token);
 	rc = 0;
 	goto out;
@@ -866,17 +890,18 @@ static int cmd_ppl(const struct opts *o, const tqr_model *m, const tqr_tok *tok)
 	const char *vn = o->exact ? "f32" : tq_codec_name((enum tq_codec_id)o->v_codec);
 	if (o->json) {
 		printf("{\"ppl\":%.6f,\"nll_per_token\":%.6f,\"tokens\":%ld,\"windows\":%d,\"window_tokens\":%d,"
-		       "\"scored_from\":%d,\"text_tokens\":%ld,\"k\":\"%s\",\"v\":\"%s\",\"backend\":\"%s\",\"kv_bytes\":%" PRIu64
+		       "\"scored_from\":%d,\"text_tokens\":%ld,\"k\":\"%s\",\"v\":\"%s\",\"backend\":\"%s\","
+		       "\"kv_transform\":\"%s\",\"kv_bytes\":%" PRIu64
 		       ",\"fp16_kv_bytes\":%" PRIu64 ",\"bits_per_value\":%.4f,\"tokens_per_s\":%.1f}\n",
-		       ppl, nll / (double)count, count, windows, wlen, first, nt, kn, vn, backend_kind(o), kvb, f16b,
-		       bits, tps);
+		       ppl, nll / (double)count, count, windows, wlen, first, nt, kn, vn, backend_kind(o),
+		       o->kv_xform_name, kvb, f16b, bits, tps);
 	} else {
 		char a[32], b[32];
 		fmt_bytes(a, sizeof(a), kvb);
 		fmt_bytes(b, sizeof(b), f16b);
-		printf("%s: %ld tokens; scored %ld in %d windows of %d%s (KV %s, K %s, V %s)\n", o->file, nt,
-		       count, windows, wlen, first ? ", second halves (llama-perplexity's way)" : "",
-		       tqr_kv_name(kv), kn, vn);
+		printf("%s: %ld tokens; scored %ld in %d windows of %d%s (KV %s, K %s, V %s, transform %s)\n",
+		       o->file, nt, count, windows, wlen, first ? ", second halves (llama-perplexity's way)" : "",
+		       tqr_kv_name(kv), kn, vn, o->kv_xform_name);
 		printf("perplexity %.4f  (%.4f nats/token)\n", ppl, nll / (double)count);
 		printf("KV cache per window: %s vs %s for fp16 (%.2f bits/value); %.0f tokens/s\n", a, b, bits, tps);
 	}

@@ -25,6 +25,10 @@ expect() { # expect RC CMD...: run tqctl, check its exit code, keep its output
 }
 has() { grep -q -- "$1" <<<"$OUT" || fail "output of the last command lacks '$1': $OUT"; }
 json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)" <<<"$OUT" || fail "bad JSON: $OUT"; }
+json_of() { # json_of CMD ARG EXPR: EXPR over `tqctl CMD ARG --json`, printed space-separated
+	ctl "$1" "$2" --json | python3 -c "import json,sys; d=json.load(sys.stdin); v=$3; print(*(v if isinstance(v, tuple) else (v,)))" \
+		|| fail "tqctl $1 $2 --json"
+}
 
 expect 0 health;                 has '^SERVING: tqkvd'
 expect 0 health --json;          [ "$(json 'd["status"]')" = SERVING ] || fail "health --json"
@@ -55,6 +59,19 @@ expect 0 sessions;               has '^ID  *NAME'; has "chat .*32x8/32x128  *q8/
 expect 0 sessions --json;        [ "$(json 'len(d["sessions"])')" = 2 ] || fail "sessions --json"
 expect 0 sessions --tenant locked --json; [ "$(json 'len(d["sessions"])')" = 0 ] || fail "sessions --tenant"
 expect 0 session "$ID";          has '^name: *chat'; has '^state: *open'; has '^codecs (K/V): *q8 / tq4'
+# the K/V transforms: daemon.kv_transform (default) unless the open names one
+has '^kv transform: *k-center+k-eq-qk$'; has '^layer transforms: - (no data yet'
+[ "$(json_of session "$ID" 'd["kv_transform"], len(d.get("layer_transforms", []))')" = "k-center+k-eq-qk 0" ] \
+	|| fail "session --json: kv_transform"
+expect 0 open --layers 1 --kv-heads 1 --q-heads 1 --head-dim 64 --max-tokens 8 --kv-transform none
+has '^kv transform: *none$'; ID3=$(awk '/^id:/ {print $2}' <<<"$OUT")
+expect 0 open --layers 1 --kv-heads 1 --q-heads 1 --head-dim 64 --max-tokens 8 --kv-transform k-center,v-center
+has '^kv transform: *k-center+v-center$'; ID4=$(awk '/^id:/ {print $2}' <<<"$OUT")
+expect 0 close "$ID3"; expect 0 close "$ID4"
+expect 1 open --layers 1 --kv-heads 1 --q-heads 1 --head-dim 64 --max-tokens 8 --kv-transform k-eq-k+k-eq-qk
+has "INVALID_ARGUMENT: unknown kv_transform 'k-eq-k+k-eq-qk' (known: none, default, .*k-center"
+expect 0 open --help;            has -- '--kv-transform MODE'
+expect 0 config;                 has '^daemon.kv_transform  *k-center+k-eq-qk  *default  *yes$'
 ! grep -q '^evict reason' <<<"$OUT" || fail "an open session has an evict reason: $OUT"
 expect 0 session "$ID" --json;   [ "$(json 'd["state"]')" = SESSION_STATE_OPEN ] || fail "session --json"
 expect 0 evict "$ID";            has "session $ID evicted"

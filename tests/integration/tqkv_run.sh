@@ -88,6 +88,7 @@ expect_fail 1 "No such file" -- "${Gm[@]}" --tokenizer "$tmp/nope.bin"
 
 # ---- bad options ------------------------------------------------------------------
 expect_fail 2 "unknown codec" -- "${G[@]}" --model "$M" --k tq9
+expect_fail 2 "--kv-transform: unknown mode 'k-eq-k+k-eq-qk'" -- "${G[@]}" --model "$M" --kv-transform k-eq-k+k-eq-qk
 expect_fail 2 "needs --local" -- generate --model "$M" --tokenizer "$T" --prompt x --kv f32
 expect_fail 2 "--model and --tokenizer are required" -- ppl "$X"
 expect_fail 2 "--prompt is required" -- generate --model "$M" --tokenizer "$T" --local
@@ -151,17 +152,22 @@ expect_fail 2 "--sessions" -- ppl --model "$M" --tokenizer "$T" --local --sessio
 
 daemon_checks() {
 	local P=(ppl --model "$M" --tokenizer "$T" "$X" --windows 1 --chunk 48) kv
-	for kv in "q8 tq4" "f16 f16" "tq3 tq2" "q4a q4a"; do
+	# K/V codecs and the transform (default: --kv-transform default)
+	for kv in "q8 tq4 default" "f16 f16 default" "tq3 tq2 default" "q4a q4a default" "q8 tq4 none" \
+		"tq3 tq2 k-center+v-center+k-eq-k"; do
 		set -- $kv
-		if ! "$RUN" "${P[@]}" --k "$1" --v "$2" --local --logits-out "$tmp/local.f32" --json >"$tmp/lj" 2>"$tmp/err"; then
+		if ! "$RUN" "${P[@]}" --k "$1" --v "$2" --kv-transform "$3" --local --logits-out "$tmp/local.f32" --json \
+			>"$tmp/lj" 2>"$tmp/err"; then
 			fail "local ppl $1/$2: $(cat "$tmp/err")"
-		elif ! "$RUN" "${P[@]}" --k "$1" --v "$2" --run-dir "$tmp/run" --logits-out "$tmp/daemon.f32" --json \
-			>"$tmp/dj" 2>"$tmp/err"; then
+		elif ! "$RUN" "${P[@]}" --k "$1" --v "$2" --kv-transform "$3" --run-dir "$tmp/run" \
+			--logits-out "$tmp/daemon.f32" --json >"$tmp/dj" 2>"$tmp/err"; then
 			fail "daemon ppl $1/$2: $(cat "$tmp/err")"
 		elif [ ! -s "$tmp/daemon.f32" ]; then
 			fail "no logits from the daemon run"
+		elif ! grep -q "\"kv_transform\":\"$([ "$3" = default ] && echo k-center+k-eq-qk || echo "$3")\"" "$tmp/dj"; then
+			fail "$1/$2 $3: the daemon run reports another transform: $(cat "$tmp/dj")"
 		elif cmp -s "$tmp/local.f32" "$tmp/daemon.f32"; then
-			echo "ok   $1/$2: daemon and --local logits identical ($(stat -c %s "$tmp/daemon.f32") bytes); $(cat "$tmp/dj")"
+			echo "ok   $1/$2 $3: daemon and --local logits identical ($(stat -c %s "$tmp/daemon.f32") bytes); $(cat "$tmp/dj")"
 		else
 			fail "$1/$2: daemon and --local logits differ: $(cat "$tmp/lj") vs $(cat "$tmp/dj")"
 		fi
@@ -175,7 +181,7 @@ daemon_checks() {
 	dtext=$(printf '%s\n' "$dout" | sed '/^---$/,$d')
 	if [ "$dtext" != "$text1" ]; then
 		fail "daemon and --local greedy texts differ: '$dtext' vs '$text1'"
-	elif ! printf '%s\n' "$dout" | grep -q "KV cache (tqkvd q8/tq4, session"; then
+	elif ! printf '%s\n' "$dout" | grep -q "KV cache (tqkvd q8/tq4, session [0-9]*), transform k-center+k-eq-qk: "; then
 		fail "no daemon KV figures: $dout"
 	else
 		echo "ok   daemon generate, same text as --local: $(printf '%s\n' "$dout" | tail -n 1)"

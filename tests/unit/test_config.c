@@ -7,6 +7,7 @@
 
 #include "harness.h"
 #include "config.h"
+#include "tq_xform.h"
 #include "../../client/ctl.h"
 
 static struct config *cfg_new(void)
@@ -180,6 +181,55 @@ static void test_errors_name_file_and_line(void)
 	T_ASSERT(ok);
 }
 
+/* daemon.kv_transform: tq_xf_mode_parse's syntax, shown as tq_xf_mode_str
+ * writes it; reloads. */
+static int kv_transform_value(void *ctx, const char *key, const char *value, const char *def, bool reloadable,
+			      const char *help)
+{
+	if (strcmp(key, "daemon.kv_transform") != 0)
+		return 0;
+	snprintf(ctx, 64, "%s|%s|%d", value, def, reloadable);
+	return 1;
+}
+
+static void test_kv_transform(void)
+{
+	static const struct { const char *s; uint32_t mode; const char *shown; } ok[] = {
+		{ "default", TQ_XF_DEFAULT, "k-center+k-eq-qk" },
+		{ "none", 0, "none" },
+		{ "k-center", TQ_XF_K_CENTER, "k-center" },
+		{ "k-center,v-center", TQ_XF_K_CENTER | TQ_XF_V_CENTER, "k-center+v-center" },
+		{ "k-eq-k + k-center", TQ_XF_K_CENTER | TQ_XF_K_EQ_K, "k-center+k-eq-k" },
+	};
+	struct config *c = cfg_new(), *next = cfg_new();
+	char err[CONFIG_ERR_MAX], text[128], got[64] = "", notes[CONFIG_ERR_MAX];
+
+	T_EQ(config_load(c, NULL, err, sizeof(err)), 0);
+	T_EQ(c->kv_transform, TQ_XF_DEFAULT);
+	T_EQ(config_visit(c, kv_transform_value, got), 1);
+	T_ASSERT(strcmp(got, "k-center+k-eq-qk|default|1") == 0);
+	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+		snprintf(text, sizeof(text), "[daemon]\nkv_transform = %s\n", ok[i].s);
+		T_EQ(config_load_string(c, "t.conf", text, err, sizeof(err)), 0);
+		T_EQ(c->kv_transform, ok[i].mode);
+		T_EQ(config_visit(c, kv_transform_value, got), 1);
+		T_ASSERT(strncmp(got, ok[i].shown, strlen(ok[i].shown)) == 0 && got[strlen(ok[i].shown)] == '|');
+	}
+	T_ASSERT(load_fails("[daemon]\nkv_transform = k-center+k-eq-qk+k-eq-k\n", "t.conf:2: daemon.kv_transform:",
+			    "not a transform mode"));
+	T_ASSERT(load_fails("[daemon]\n\nkv_transform = center\n", "t.conf:3: daemon.kv_transform: 'center'",
+			    "k-center, v-center, k-eq-qk, k-eq-k"));
+	T_ASSERT(load_fails("[pool]\nkv_transform = none\n", "t.conf:2:", "unknown option 'kv_transform' in [pool]"));
+	/* a reload applies it (to the sessions opened after) */
+	T_EQ(config_load_string(c, "t.conf", "[daemon]\nkv_transform = default\n", err, sizeof(err)), 0);
+	T_EQ(config_load_string(next, "t.conf", "[daemon]\nkv_transform = none\n", err, sizeof(err)), 0);
+	T_EQ(config_apply_reload(c, next, notes, sizeof(notes)), 1);
+	T_EQ(c->kv_transform, 0);
+	T_ASSERT(notes[0] == '\0');
+	free(c);
+	free(next);
+}
+
 static void test_tenants(void)
 {
 	struct config *c = cfg_new();
@@ -323,6 +373,7 @@ int main(void)
 	T_RUN(test_durations);
 	T_RUN(test_defaults);
 	T_RUN(test_errors_name_file_and_line);
+	T_RUN(test_kv_transform);
 	T_RUN(test_tenants);
 	T_RUN(test_shipped_file_is_the_defaults);
 	T_RUN(test_reload_merge);

@@ -886,7 +886,7 @@ static const enum tq_codec_id CODECS[] = { TQ_CODEC_F16, TQ_CODEC_Q8, TQ_CODEC_Q
 
 static void step_open(struct model *m)
 {
-	struct session_geom g = { 0 };
+	struct session_geom g = { 0 }; /* kv_xform 0: the model keeps no transforms */
 	struct session_info si;
 	char why[256];
 	tq_error te;
