@@ -189,8 +189,15 @@ static void scores_avx512(const float *q, const float *tile, const float *scale,
 	const float *q0 = q, *q1 = q + dim, *q2 = q + 2 * dim, *q3 = q + 3 * dim;
 	int t = 0;
 
-	for (; t + 4 <= n; t += 4) {
-		const float *k0 = tile + (size_t)t * dim, *k1 = k0 + dim, *k2 = k1 + dim, *k3 = k2 + dim;
+	/* Groups of 4 tokens, the last one padded with its own first token:
+	 * a token's score comes out of the same lane of the same reduction
+	 * whether the chunk ends after it or not (a row's bits must not
+	 * depend on the other rows of its call: plan_n_q). */
+	for (; t < n; t += 4) {
+		const float *k0 = tile + (size_t)t * dim;
+		const float *k1 = t + 1 < n ? k0 + dim : k0, *k2 = t + 2 < n ? k0 + 2 * dim : k0;
+		const float *k3 = t + 3 < n ? k0 + 3 * dim : k0;
+		const int left = n - t < 4 ? n - t : 4;
 		__m512 a[16];
 		_Pragma("GCC unroll 16")
 		for (int i = 0; i < 16; i++)
@@ -213,31 +220,9 @@ static void scores_avx512(const float *q, const float *tile, const float *scale,
 		if (tail)
 			SC_STEP(LDM);
 		__m512 z = reduce16(a);
-		__m512 sc = _mm512_permutexvar_ps(bidx, _mm512_castps128_ps512(_mm_loadu_ps(scale + t)));
-		_mm512_storeu_ps(s + t * TQA_ROWS, _mm512_mul_ps(z, sc));
-	}
-	for (; t < n; t++) {
-		const float *k0 = tile + (size_t)t * dim;
-		__m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-		int j = 0;
-		for (; j < d16; j += 16) {
-			__m512 kk = _mm512_loadu_ps(k0 + j);
-			a0 = _mm512_fmadd_ps(kk, _mm512_loadu_ps(q0 + j), a0);
-			a1 = _mm512_fmadd_ps(kk, _mm512_loadu_ps(q1 + j), a1);
-			a2 = _mm512_fmadd_ps(kk, _mm512_loadu_ps(q2 + j), a2);
-			a3 = _mm512_fmadd_ps(kk, _mm512_loadu_ps(q3 + j), a3);
-		}
-		if (tail) {
-			__m512 kk = LDM(k0 + j);
-			a0 = _mm512_fmadd_ps(kk, LDM(q0 + j), a0);
-			a1 = _mm512_fmadd_ps(kk, LDM(q1 + j), a1);
-			a2 = _mm512_fmadd_ps(kk, LDM(q2 + j), a2);
-			a3 = _mm512_fmadd_ps(kk, LDM(q3 + j), a3);
-		}
-		s[t * TQA_ROWS + 0] = _mm512_reduce_add_ps(a0) * scale[t];
-		s[t * TQA_ROWS + 1] = _mm512_reduce_add_ps(a1) * scale[t];
-		s[t * TQA_ROWS + 2] = _mm512_reduce_add_ps(a2) * scale[t];
-		s[t * TQA_ROWS + 3] = _mm512_reduce_add_ps(a3) * scale[t];
+		__m128 sc4 = _mm_maskz_loadu_ps((__mmask8)((1u << left) - 1u), scale + t);
+		__m512 sc = _mm512_permutexvar_ps(bidx, _mm512_castps128_ps512(sc4));
+		_mm512_mask_storeu_ps(s + t * TQA_ROWS, (__mmask16)((1u << (4 * left)) - 1u), _mm512_mul_ps(z, sc));
 	}
 #undef SC_STEP
 #undef LDU
@@ -450,8 +435,11 @@ static void scores_##C(const tq_codec *c, const uint8_t *src, int n, const float
 	const size_t bb = c->block_bytes;                                                     \
 	const __m512i bidx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0); \
 	int t = 0;                                                                            \
-	for (; t + 4 <= n; t += 4) {                                                          \
-		const uint8_t *b0 = src + (size_t)t * bb, *b1 = b0 + bb, *b2 = b1 + bb, *b3 = b2 + bb; \
+	for (; t < n; t += 4) {   /* the last group padded: see scores_avx512 */               \
+		const uint8_t *b0 = src + (size_t)t * bb;                                     \
+		const uint8_t *b1 = t + 1 < n ? b0 + bb : b0, *b2 = t + 2 < n ? b0 + 2 * bb : b0; \
+		const uint8_t *b3 = t + 3 < n ? b0 + 3 * bb : b0;                             \
+		const int left = n - t < 4 ? n - t : 4;                                       \
 		__m512 a[16];                                                                 \
 		_Pragma("GCC unroll 16")                                                      \
 		for (int i = 0; i < 16; i++)                                                  \
@@ -474,24 +462,8 @@ static void scores_##C(const tq_codec *c, const uint8_t *src, int n, const float
 		__m512 z = reduce16(a);                                                       \
 		__m128 sc4 = _mm_setr_ps(SC_##C(b0), SC_##C(b1), SC_##C(b2), SC_##C(b3));     \
 		__m512 sc = _mm512_permutexvar_ps(bidx, _mm512_castps128_ps512(sc4));         \
-		_mm512_storeu_ps(s + t * TQA_ROWS, _mm512_mul_ps(z, sc));                    \
-	}                                                                                     \
-	for (; t < n; t++) {                                                                  \
-		const uint8_t *b0 = src + (size_t)t * bb;                                     \
-		__m512 a[4] = { _mm512_setzero_ps(), _mm512_setzero_ps(),                     \
-				_mm512_setzero_ps(), _mm512_setzero_ps() };                   \
-		_Pragma("GCC unroll 8")                                                       \
-		for (int k = 0; k < D / 16; k++) {                                            \
-			const __m512 q0 = _mm512_loadu_ps(q + 16 * k);                        \
-			const __m512 q1 = _mm512_loadu_ps(q + D + 16 * k);                    \
-			const __m512 q2 = _mm512_loadu_ps(q + 2 * D + 16 * k);                \
-			const __m512 q3 = _mm512_loadu_ps(q + 3 * D + 16 * k);                \
-			__m512 k0 = LD_##C(b0, k);                                            \
-			FMA4(0, k0);                                                          \
-		}                                                                             \
-		float sc = SC_##C(b0);                                                        \
-		for (int r = 0; r < 4; r++)                                                   \
-			s[t * TQA_ROWS + r] = _mm512_reduce_add_ps(a[r]) * sc;                \
+		_mm512_mask_storeu_ps(s + t * TQA_ROWS, (__mmask16)((1u << (4 * left)) - 1u), \
+				      _mm512_mul_ps(z, sc));                                  \
 	}                                                                                     \
 }
 
