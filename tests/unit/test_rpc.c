@@ -531,11 +531,6 @@ static void test_rights(void)
 	unlink(exe);
 }
 
-/* Set to 1 once dataop.c calibrates a layer's transform on its first
- * append (the data-path half of kernels/tq_xform): the calibration checks
- * in test_kv_transform then always run instead of only when calibrated. */
-#define XF_DATA_PATH 1
-
 static void get_session(uint64_t id, Tqkv__V1__Session **out)
 {
 	Tqkv__V1__SessionRef ref = TQKV__V1__SESSION_REF__INIT;
@@ -645,7 +640,7 @@ static void test_kv_transform(void)
 		T_ASSERT(strcmp(s->layer_transforms[i]->applied, "none") == 0);
 		T_EQ(s->layer_transforms[i]->calib_tokens, 0);
 	}
-	if (XF_DATA_PATH || l0->calibrated) {
+	{
 		T_ASSERT(l0->calibrated);
 		T_ASSERT(strcmp(l0->applied, "k-center+k-eq-qk") == 0);
 		T_EQ(l0->calib_tokens, N);
