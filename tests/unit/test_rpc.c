@@ -648,11 +648,6 @@ static void test_kv_transform(void)
 		T_ASSERT(l0->scale_min > 0.0f && l0->scale_min < 1.0f && l0->scale_max > 1.0f);
 		T_ASSERT(l1->calibrated);
 		T_ASSERT(strcmp(l1->applied, "none") == 0); /* 4 < TQ_XF_MIN_TOKENS */
-	} else { /* before the data path calibrates: the transform exists, not yet frozen */
-		T_ASSERT(!l0->calibrated && !l1->calibrated);
-		T_ASSERT(strcmp(l0->applied, "none") == 0);
-		T_EQ(l0->calib_tokens, 0);
-		fprintf(stderr, "    (no calibration yet: dataop.c's part of kernels/tq_xform has not landed)\n");
 	}
 	protobuf_c_message_free_unpacked(&s->base, NULL);
 
