@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/mman.h>
 
 #include "kvpersist.h"
@@ -1394,8 +1395,16 @@ int dataop_xf_summary(struct kvstore *ks, struct session *s, struct tq_xf_summar
 	pthread_mutex_unlock(&ks->lock);
 	if (!kv)
 		return -ENOENT;
-	/* kv lives while the caller holds the session (kvstore_release) */
-	pthread_mutex_lock(&kv->lock);
+	/* kv lives while the caller holds the session (kvstore_release).  The
+	 * control plane must not wait behind a long operation (a spill or a
+	 * restore of many pages): at most DATAOP_XF_WAIT_MS, then -EBUSY. */
+	struct timespec dl;
+	clock_gettime(CLOCK_REALTIME, &dl);
+	dl.tv_nsec += (long)DATAOP_XF_WAIT_MS * 1000000L;
+	dl.tv_sec += dl.tv_nsec / 1000000000L;
+	dl.tv_nsec %= 1000000000L;
+	if (pthread_mutex_timedlock(&kv->lock, &dl) != 0)
+		return -EBUSY;
 	for (uint32_t l = 0; l < n_layers; l++)
 		if (kv->layer[l].xf)
 			tq_xf_summarize(kv->layer[l].xf, &out[l]);

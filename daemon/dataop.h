@@ -157,8 +157,12 @@ void dataop_ws_free(struct dataop_ws *ws);
 
 /* The K/V transforms of each layer (kernels/tq_xform.h): out[n_layers],
  * zeros for layers never appended to.  Inside session_acquire/release
- * (now_ms 0 leaves the session's last access as it is).  0, -ENOENT (the session holds no
- * data yet: every entry zero), -EINVAL (n_layers is not the session's). */
+ * (now_ms 0 leaves the session's last access as it is).  0, -ENOENT (the
+ * session holds no data yet: every entry zero), -EBUSY (an operation held
+ * the session longer than DATAOP_XF_WAIT_MS), -EINVAL (n_layers is not
+ * the session's). */
+#define DATAOP_XF_WAIT_MS 200
+
 struct tq_xf_summary;
 int dataop_xf_summary(struct kvstore *ks, struct session *s, struct tq_xf_summary *out, uint32_t n_layers);
 

@@ -642,8 +642,8 @@ static void h_close_session(struct rpc_server *srv, const struct peer *peer,
 /* The session's per-layer transforms into m (layer_transforms), in `lt`
  * and `plt` ([n_layers] each, the caller frees them).  Nothing when the
  * session holds no data yet, is evicted or closing, or the data path is
- * not up.  dataop_xf_summary takes the session's KV lock: this waits for
- * the session's operation in progress (a spill or restore included). */
+ * not up, or an operation holds the session's KV lock longer than
+ * DATAOP_XF_WAIT_MS (a spill or restore of many pages). */
 static int layer_transforms(struct rpc_server *srv, uint64_t id, uint32_t n_layers, Tqkv__V1__Session *m,
 			    Tqkv__V1__LayerTransform **lt, Tqkv__V1__LayerTransform ***plt)
 {
@@ -662,7 +662,10 @@ static int layer_transforms(struct rpc_server *srv, uint64_t id, uint32_t n_laye
 		goto out;
 	}
 	if ((r = dataop_xf_summary(ks, s, sum, n_layers)) < 0) {
-		r = r == -ENOENT ? 0 : r; /* no data yet: no layers to show */
+		if (r == -EBUSY)
+			log_info("GetSession: session %llu is busy (a long operation); its layers' "
+				"transforms are left out of this answer", (unsigned long long)id);
+		r = r == -ENOENT || r == -EBUSY ? 0 : r; /* no layers to show */
 		goto out;
 	}
 	for (uint32_t l = 0; l < n_layers; l++) {
