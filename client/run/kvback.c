@@ -468,14 +468,11 @@ int tqr_kv_new_local(tqr_kv **out, const struct tqr_kv_geom *g, const struct tqr
 		}
 	}
 	if (o->kv_xform) {
-		char m[64];
 		if (!(lc->xk = malloc(2 * sizeof(float) * (size_t)g->n_kv_heads * g->head_dim))) {
 			rc = tqr_fail(err, -ENOMEM, "%s: out of memory", kv->name);
 			goto fail;
 		}
 		lc->xv = lc->xk + (size_t)g->n_kv_heads * g->head_dim;
-		snprintf(kv->name + strlen(kv->name), sizeof(kv->name) - strlen(kv->name), " %s",
-			 tq_xf_mode_str(o->kv_xform, m, sizeof(m)));
 	}
 	kv->bytes_per_token = (uint64_t)g->n_layers * g->n_kv_heads * (uint64_t)(kb + vb);
 	*out = kv;

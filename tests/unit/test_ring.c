@@ -38,6 +38,7 @@
 #include "tq_attn.h"
 #include "tq_page.h"
 #include "tqkv.h"
+#include "tq_xform.h"
 #include "tqkv_ring.h"
 
 #define PAGE_BYTES (8u << 10)   /* small pages: the tests cross page boundaries */
@@ -60,7 +61,8 @@ static const struct sgeom G[] = {
 
 static struct session_geom sg_of(const struct sgeom *g, uint64_t max_tokens)
 {
-	struct session_geom s = { g->n_layers, g->n_kv, g->n_q, g->dim, g->k, g->v, max_tokens, 0 };
+	/* the daemon's default transform, as sessions opened with no kv_transform get */
+	struct session_geom s = { g->n_layers, g->n_kv, g->n_q, g->dim, g->k, g->v, max_tokens, TQ_XF_DEFAULT };
 	return s;
 }
 
@@ -205,6 +207,7 @@ struct ref_layer {
 	uint8_t *pages[512];
 	uint32_t n_pages, n;
 	tq_codec *kc, *vc;
+	tq_xf *xf;                /* TQ_XF_DEFAULT, calibrated as tqkvd does */
 };
 struct ref {
 	const struct sgeom *g;
@@ -225,7 +228,8 @@ static int ref_init(struct ref *r, const struct sgeom *g, uint64_t seed, int pag
 	for (uint32_t l = 0; l < g->n_layers; l++) {
 		struct tq_codec_params kp = { g->k, (int)g->dim, tqkv_seed_derive(seed, l, 0), TQ_ISA_AUTO };
 		struct tq_codec_params vp = { g->v, (int)g->dim, tqkv_seed_derive(seed, l, 1), TQ_ISA_AUTO };
-		if (tq_codec_new(&r->L[l].kc, NULL, &kp, &te) < 0 || tq_codec_new(&r->L[l].vc, NULL, &vp, &te) < 0)
+		if (tq_codec_new(&r->L[l].kc, NULL, &kp, &te) < 0 || tq_codec_new(&r->L[l].vc, NULL, &vp, &te) < 0 ||
+		    tq_xf_new(&r->L[l].xf, TQ_XF_DEFAULT, g->n_kv, g->n_q, g->dim, &te) < 0)
 			return -1;
 	}
 	return 0;
@@ -238,29 +242,41 @@ static void ref_free(struct ref *r)
 			free(r->L[l].pages[p]);
 		tq_codec_free(r->L[l].kc);
 		tq_codec_free(r->L[l].vc);
+		tq_xf_free(r->L[l].xf);
 	}
 	memset(r, 0, sizeof(*r));
 }
 
-static void ref_append(struct ref *r, uint32_t l, const void *k, const void *v, enum tq_dtype dt, uint32_t n)
+/* q, n_q: the queries that came with the tokens (APPEND_ATTEND): an empty
+ * layer calibrates its transform from them, as tqkvd does. */
+static void ref_append(struct ref *r, uint32_t l, const void *k, const void *v, enum tq_dtype dt, uint32_t n,
+		       const void *q, uint32_t n_q)
 {
 	struct ref_layer *L = &r->L[l];
-	size_t row = r->g->dim * tq_dtype_size(dt);
+	size_t row = (size_t)r->g->n_kv * r->g->dim * tq_dtype_size(dt);
+	float *xk = malloc(2 * sizeof(float) * r->g->n_kv * r->g->dim), *xv = xk + r->g->n_kv * r->g->dim;
 	tq_error te;
 
+	if (!L->n && n) {
+		tq_xf_reset(L->xf);
+		tq_xf_calibrate(L->xf, k, v, q, n, n_q, dt);
+	}
 	for (uint32_t t = 0; t < n; t++) {
 		uint32_t p = L->n + t;
 		while (p / r->pg.page_tokens >= L->n_pages)
 			L->pages[L->n_pages++] = aligned_alloc(64, tq_page_bytes(&r->pg));
 		uint8_t *page = L->pages[p / r->pg.page_tokens];
+		tq_xf_keys(L->xf, (const uint8_t *)k + t * row, dt, 1, xk);
+		tq_xf_values(L->xf, (const uint8_t *)v + t * row, dt, 1, xv);
 		for (uint32_t h = 0; h < r->g->n_kv; h++) {
-			tq_encode(L->kc, (const uint8_t *)k + ((size_t)t * r->g->n_kv + h) * row, dt, 1,
+			tq_encode(L->kc, xk + (size_t)h * r->g->dim, TQ_DTYPE_F32, 1,
 				  page + tq_page_k_off(&r->pg, h, p % r->pg.page_tokens), &te);
-			tq_encode(L->vc, (const uint8_t *)v + ((size_t)t * r->g->n_kv + h) * row, dt, 1,
+			tq_encode(L->vc, xv + (size_t)h * r->g->dim, TQ_DTYPE_F32, 1,
 				  page + tq_page_v_off(&r->pg, h, p % r->pg.page_tokens), &te);
 		}
 	}
 	L->n += n;
+	free(xk);
 }
 
 static int ref_attend(struct ref *r, uint32_t l, const void *q, const int32_t *pos, uint32_t n_q,
@@ -268,6 +284,14 @@ static int ref_attend(struct ref *r, uint32_t l, const void *q, const int32_t *p
 {
 	struct ref_layer *L = &r->L[l];
 	struct tq_page_table pt = { (const uint8_t *const *)L->pages, L->n_pages, L->n, r->pg };
+	float *xq = NULL;
+	if (tq_xf_touches_queries(L->xf)) {
+		if (!(xq = malloc(sizeof(float) * n_q * r->g->n_q * r->g->dim)))
+			return -1;
+		tq_xf_queries(L->xf, q, dt, n_q, xq);
+		q = xq;
+		dt = TQ_DTYPE_F32;
+	}
 	struct tq_attn_params ap = { .k_codec = L->kc, .v_codec = L->vc, .n_q_heads = (int)r->g->n_q,
 				     .kv = &pt, .n_q = (int)n_q, .q = q, .q_dtype = dt, .q_pos = pos,
 				     .causal = 1, .out = out, .isa = TQ_ISA_AUTO };
@@ -275,6 +299,9 @@ static int ref_attend(struct ref *r, uint32_t l, const void *q, const int32_t *p
 	int e = oracle ? tq_attend_ref(&ap, &te) : tq_attend(&ap, &te);
 	if (e < 0)
 		fprintf(stderr, "reference attention: %s\n", te.msg);
+	else
+		tq_xf_output(L->xf, out, n_q);
+	free(xq);
 	return e;
 }
 
@@ -282,6 +309,8 @@ static void ref_truncate(struct ref *r, uint32_t l, uint32_t pos)
 {
 	if (pos < r->L[l].n)
 		r->L[l].n = pos;
+	if (!pos)
+		tq_xf_reset(r->L[l].xf);
 }
 
 /* Client "exact": a decode-like workload on sessions ids[i] (geometry
@@ -353,7 +382,7 @@ static int client_exact(const char *dir, int n, uint64_t *ids, int *gi, uint64_t
 				fprintf(stderr, "client: submit: %s\n", tqkv_last_error());
 				return 3;
 			}
-			ref_append(&ref[i], layer[i], k, v, dt[i], nt[i]);
+			ref_append(&ref[i], layer[i], k, v, dt[i], nt[i], q, nq[i]);
 			/* the reference outputs, while q is still this step's */
 			size_t on = (size_t)nq[i] * g->n_q * g->dim;
 			wantv[i] = malloc(on * sizeof(float));
@@ -462,7 +491,7 @@ static void *thread_main(void *arg)
 		fill(k, TQ_DTYPE_F32, n * g->n_kv * g->dim, &rs);
 		fill(v, TQ_DTYPE_F32, n * g->n_kv * g->dim, &rs);
 		fill(q, TQ_DTYPE_F32, qn, &rs);
-		ref_append(&ref, l, k, v, TQ_DTYPE_F32, n);
+		ref_append(&ref, l, k, v, TQ_DTYPE_F32, n, q, 1);
 		int32_t pos = (int32_t)ref.L[l].n - 1;
 		if (tqkv_append_attend(s, l, k, v, n, q, &pos, 1, TQKV_F32, out) != 1 ||
 		    ref_attend(&ref, l, q, &pos, 1, TQ_DTYPE_F32, want, 0) < 0 || memcmp(out, want, qn * 4)) {
