@@ -571,6 +571,24 @@ static void test_bad_metadata(void)
 	voc_free(&v);
 }
 
+/* The fuzz seed spm.gguf (tests/fuzz/make_gguf_seeds.py) loads: fuzz_gguf's
+ * seeds reach the "llama" vocabulary loader. */
+static void test_seed_loads(void)
+{
+	char path[1024];
+	tqr_tok *t = NULL;
+	tqr_error err;
+	int ids[32];
+
+	snprintf(path, sizeof(path), "%s/tests/fuzz/seeds/gguf/spm.gguf", src_dir());
+	T_ASSERT(tqr_tok_from_gguf(&t, path, 36, &err) == 0 || (fprintf(stderr, "%s\n", err.msg), 0));
+	T_EQ(tqr_tok_encode(t, "a time", 6, 1, 0, ids, &err), 4); /* BOS ▁a ▁tim e */
+	T_EQ(ids[0], 1);
+	tqr_tok_free(t);
+	T_EQ(tqr_tok_from_gguf(&t, path, 37, &err), -EINVAL);
+	T_ASSERT(strstr(err.msg, "spm.gguf: tokenizer.ggml.tokens"));
+}
+
 /* ---- tok512.bin's vocabulary against the references ------------------------ */
 
 static size_t unescape(const char *s, size_t n, char *out)
@@ -778,6 +796,7 @@ int main(void)
 
 	T_RUN(test_merges_match_naive);
 	T_RUN(test_bad_metadata);
+	T_RUN(test_seed_loads);
 	snprintf(path, sizeof(path), "%s/../shared/data/tok512.bin", src_dir());
 	if (voc_from_tokbin(&T512, path) < 0 || T512.n != 512 || tqr_tok_load(&L2C, path, 512, &err) < 0) {
 		if ((rc = t_done()) != 0)
