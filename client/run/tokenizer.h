@@ -97,7 +97,9 @@ long tqr_tok_encode(const tqr_tok *t, const char *text, size_t len, int bos, int
 int tqr_tok_decode(const tqr_tok *t, int prev, int id, const char **piece, size_t *n);
 
 /* The same, with a vocabulary's special tokens (ChatML's <|im_start|>, ...)
- * recognised in the text; for llama2.c vocabularies it is tqr_tok_encode. */
+ * recognised in the text.  For the sentencepiece-style vocabularies it is
+ * tqr_tok_encode for now: "<s>" in the text stays text (llama.cpp's
+ * parse_special would make it a token and put a prefix space after it). */
 long tqr_tok_encode_special(const tqr_tok *t, const char *text, size_t len, int bos, int eos,
 			    int *tokens, tqr_error *err);
 
