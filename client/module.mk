@@ -35,5 +35,7 @@ TEST_OBJS_test_model := $(TQKV_RUN_LIB_OBJ)
 $(OBJ)/tests/unit/test_model.o: ALL_CFLAGS += -Iclient/run
 TEST_OBJS_test_bpe := $(TQKV_RUN_LIB_OBJ)
 $(OBJ)/tests/unit/test_bpe.o: ALL_CFLAGS += -Iclient/run
+TEST_OBJS_test_spm := $(TQKV_RUN_LIB_OBJ)
+$(OBJ)/tests/unit/test_spm.o: ALL_CFLAGS += -Iclient/run
 TEST_OBJS_test_gguf := $(TQKV_RUN_LIB_OBJ)
 $(OBJ)/tests/unit/test_gguf.o: ALL_CFLAGS += -Iclient/run

@@ -1,4 +1,7 @@
-/* tokenizer.c — llama2.c tokenizer.bin: loading, BPE encoding, decoding. */
+/* tokenizer.c — sentencepiece-style vocabularies: llama2.c's tokenizer.bin
+ * and GGUF "llama" metadata (tok_gguf.c) share one constructor
+ * (tok_new) and one encoder (encode_spm); GGUF "gpt2" vocabularies are
+ * handed to bpe.c. */
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -9,23 +12,29 @@
 
 #include "bpe.h"
 
+#define SPACE_MARK "\xe2\x96\x81" /* U+2581, sentencepiece's space */
+
 struct tok_entry {
-	const char *s;      /* into tqr_tok.strings */
+	const char *s;      /* into tqr_tok.strings (or .pieces) */
 	uint32_t n;
 	int id;
 };
 
 struct tqr_tok {
 	tqr_bpe *bpe;             /* GGUF gpt2 vocabularies: all calls go there */
-	int bos_id, eos_id, add_bos;
+	int spm;                  /* GGUF llama: sentencepiece rules (tokenizer.h) */
+	int bos_id, eos_id, unk_id, add_bos, add_space;
 	int vocab_size;
-	int max_len;              /* max_token_length from the file        */
-	float *score;             /* [vocab_size]                          */
-	struct tok_entry *by_id;  /* [vocab_size]                          */
-	struct tok_entry *sorted; /* [vocab_size] by bytes, then id        */
-	char *strings;            /* every token's bytes, NUL after each   */
-	int byte_id[256];         /* the "<0xXX>" token of each byte, or -1 */
-	unsigned char bytes[256]; /* byte b's decoded piece is bytes + b   */
+	int max_len;              /* the longest token's bytes                 */
+	float *score;             /* [vocab_size]                              */
+	uint8_t *type;            /* [vocab_size] enum tqr_bpe_type; NULL: llama2.c */
+	struct tok_entry *by_id;  /* [vocab_size]                              */
+	struct tok_entry *sorted; /* [vocab_size] by bytes, then id            */
+	struct tok_entry *piece;  /* [vocab_size] spm: decoded bytes, NULL else */
+	char *strings;            /* every token's bytes, NUL after each       */
+	char *pieces;             /* spm: every decoded piece                  */
+	int byte_id[256];         /* the "<0xXX>" token of each byte, or -1     */
+	unsigned char bytes[256]; /* byte b's decoded piece is bytes + b       */
 };
 
 static int entry_cmp(const void *a, const void *b)
@@ -51,25 +60,51 @@ static int key_cmp(const char *s, uint32_t n, const struct tok_entry *e)
 	return (n > e->n) - (n < e->n);
 }
 
-int tqr_tok_lookup(const tqr_tok *t, const char *s, size_t n)
+/* The first index of t->sorted whose string is >= s[0..n). */
+static size_t lower_bound(const tqr_tok *t, const char *s, uint32_t n)
 {
 	size_t lo = 0, hi = (size_t)t->vocab_size;
 
-	if (t->bpe)
-		return tqr_bpe_lookup(t->bpe, s, n);
-
-	if (n > UINT32_MAX)
-		return -1;
-	/* lower bound: the smallest id among equal strings */
 	while (lo < hi) {
 		size_t mid = lo + (hi - lo) / 2;
-		if (key_cmp(s, (uint32_t)n, &t->sorted[mid]) > 0)
+		if (key_cmp(s, n, &t->sorted[mid]) > 0)
 			lo = mid + 1;
 		else
 			hi = mid;
 	}
-	if (lo < (size_t)t->vocab_size && key_cmp(s, (uint32_t)n, &t->sorted[lo]) == 0)
-		return t->sorted[lo].id;
+	return lo;
+}
+
+int tqr_tok_lookup(const tqr_tok *t, const char *s, size_t n)
+{
+	size_t i;
+
+	if (t->bpe)
+		return tqr_bpe_lookup(t->bpe, s, n);
+	if (n > UINT32_MAX)
+		return -1;
+	i = lower_bound(t, s, (uint32_t)n);
+	if (i < (size_t)t->vocab_size && key_cmp(s, (uint32_t)n, &t->sorted[i]) == 0)
+		return t->sorted[i].id; /* the smallest id among equal strings */
+	return -1;
+}
+
+/* Whether text may become token id: llama2.c matches any token; a GGUF
+ * vocabulary only normal and user-defined ones (sentencepiece's pieces_). */
+static int matchable(const tqr_tok *t, int id)
+{
+	return !t->type || t->type[id] == TQR_BPE_NORMAL || t->type[id] == TQR_BPE_USER;
+}
+
+/* The matchable token spelled s[0..n), or -1. */
+static int piece_lookup(const tqr_tok *t, const char *s, size_t n)
+{
+	if (n > (size_t)t->max_len)
+		return -1;
+	for (size_t i = lower_bound(t, s, (uint32_t)n);
+	     i < (size_t)t->vocab_size && key_cmp(s, (uint32_t)n, &t->sorted[i]) == 0; i++)
+		if (matchable(t, t->sorted[i].id))
+			return t->sorted[i].id;
 	return -1;
 }
 
@@ -78,7 +113,7 @@ static uint32_t rd_u32(const unsigned char *p)
 	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-static int is_byte_token(const char *s, uint32_t n, int *byte)
+static int is_byte_token(const char *s, size_t n, int *byte)
 {
 	static const char hex[] = "0123456789ABCDEF";
 	const char *h, *l;
@@ -99,17 +134,177 @@ void tqr_tok_free(tqr_tok *t)
 		return;
 	tqr_bpe_free(t->bpe);
 	free(t->score);
+	free(t->type);
 	free(t->by_id);
 	free(t->sorted);
+	free(t->piece);
 	free(t->strings);
+	free(t->pieces);
 	free(t);
+}
+
+/* Each GGUF type's validity for tqr_tok_new_spm. */
+static int spm_type_ok(int32_t ty)
+{
+	return ty >= TQR_BPE_NORMAL && ty <= TQR_BPE_BYTE;
+}
+
+/* The one constructor.  types == NULL: a llama2.c tokenizer.bin (its
+ * strings and scores already checked by the loader; duplicates allowed,
+ * ids 1 / 2 are BOS / EOS).  Otherwise a sentencepiece vocabulary from
+ * GGUF metadata: every entry is checked here.  `what` names the source in
+ * messages. */
+static int tok_new(tqr_tok **out, const char *const *tokens, const size_t *lens, const float *scores,
+		   const int32_t *types, int n, const struct tqr_spm_spec *spec, const char *what,
+		   tqr_error *err)
+{
+	size_t str_bytes = 0;
+	tqr_tok *t = NULL;
+	char *sp, *pp;
+	int rc;
+
+	*out = NULL;
+	for (int i = 0; i < n; i++) {
+		int b;
+		if (lens[i] > TQR_TOK_LEN_MAX)
+			return tqr_fail(err, -EINVAL, "%s: token %d is %zu bytes long, more than %d", what, i,
+					lens[i], TQR_TOK_LEN_MAX);
+		if (!isfinite(scores[i]))
+			return tqr_fail(err, -EINVAL, "%s: token %d has a non-finite score", what, i);
+		if (types && !spm_type_ok(types[i]))
+			return tqr_fail(err, -EINVAL, "%s: token %d has type %d (valid: 1..6)", what, i,
+					(int)types[i]);
+		if (types && types[i] == TQR_BPE_BYTE && !is_byte_token(tokens[i], lens[i], &b))
+			return tqr_fail(err, -EINVAL, "%s: token %d is a byte token not spelled <0xXX>", what, i);
+		str_bytes += lens[i] + 1;
+	}
+	if (!(t = calloc(1, sizeof(*t))))
+		goto fail_nomem;
+	t->vocab_size = n;
+	t->spm = types != NULL;
+	if (spec) {
+		t->bos_id = spec->bos_id;
+		t->eos_id = spec->eos_id;
+		t->unk_id = spec->unk_id;
+		t->add_bos = spec->add_bos;
+		t->add_space = spec->add_space_prefix;
+	} else {
+		t->bos_id = TQR_TOK_BOS;
+		t->eos_id = TQR_TOK_EOS;
+		t->unk_id = TQR_TOK_UNK;
+		t->add_bos = 1;
+		t->add_space = 1;
+	}
+	t->score = malloc(sizeof(float) * (size_t)n);
+	t->by_id = malloc(sizeof(*t->by_id) * (size_t)n);
+	t->sorted = malloc(sizeof(*t->sorted) * (size_t)n);
+	t->strings = malloc(str_bytes ? str_bytes : 1);
+	if (!t->score || !t->by_id || !t->sorted || !t->strings)
+		goto fail_nomem;
+	if (types) {
+		t->type = malloc((size_t)n);
+		t->piece = malloc(sizeof(*t->piece) * (size_t)n);
+		t->pieces = malloc(str_bytes ? str_bytes : 1);
+		if (!t->type || !t->piece || !t->pieces)
+			goto fail_nomem;
+	}
+	for (int i = 0; i < 256; i++) {
+		t->byte_id[i] = -1;
+		t->bytes[i] = (unsigned char)i;
+	}
+	sp = t->strings;
+	pp = t->pieces;
+	for (int i = 0; i < n; i++) {
+		uint32_t len = (uint32_t)lens[i];
+		int b;
+
+		t->score[i] = scores[i];
+		memcpy(sp, tokens[i], len);
+		sp[len] = 0;
+		t->by_id[i] = (struct tok_entry){ sp, len, i };
+		if (len > (uint32_t)t->max_len)
+			t->max_len = (int)len;
+		/* llama2.c: any "<0xXX>"; GGUF: the byte-typed ones */
+		if ((!types || types[i] == TQR_BPE_BYTE) && is_byte_token(sp, len, &b) && t->byte_id[b] < 0)
+			t->byte_id[b] = i;
+		if (types) {
+			/* the decoded piece: U+2581 -> ' ' for text tokens, the
+			 * byte for byte tokens, nothing for the others
+			 * (llama.cpp's token_to_piece without `special`) */
+			uint32_t k = 0;
+			t->type[i] = (uint8_t)types[i];
+			if (types[i] == TQR_BPE_BYTE) {
+				pp[k++] = (char)b;
+			} else if (types[i] == TQR_BPE_NORMAL || types[i] == TQR_BPE_USER) {
+				for (uint32_t j = 0; j < len; j++) {
+					if (j + 3 <= len && !memcmp(sp + j, SPACE_MARK, 3)) {
+						pp[k++] = ' ';
+						j += 2;
+					} else {
+						pp[k++] = sp[j];
+					}
+				}
+			}
+			pp[k] = 0;
+			t->piece[i] = (struct tok_entry){ pp, k, i };
+			pp += k + 1;
+		}
+		sp += len + 1;
+	}
+	memcpy(t->sorted, t->by_id, sizeof(*t->sorted) * (size_t)n);
+	qsort(t->sorted, (size_t)n, sizeof(*t->sorted), entry_cmp);
+	if (types) {
+		/* two matchable tokens (or two byte tokens) with one spelling:
+		 * which id the text means would be arbitrary */
+		for (int i = 1; i < n; i++) {
+			const struct tok_entry *a = &t->sorted[i - 1], *c = &t->sorted[i];
+			int ma = matchable(t, a->id) || t->type[a->id] == TQR_BPE_BYTE;
+			int mc = matchable(t, c->id) || t->type[c->id] == TQR_BPE_BYTE;
+			if (ma && mc && a->n == c->n && !memcmp(a->s, c->s, a->n)) {
+				rc = tqr_fail(err, -EINVAL, "%s: token %d repeats token %d", what, c->id, a->id);
+				goto fail;
+			}
+		}
+		/* every escaped space needs it: without it one input byte could
+		 * become three byte tokens (and break encode's len + 3 bound) */
+		if (piece_lookup(t, SPACE_MARK, 3) < 0) {
+			rc = tqr_fail(err, -EINVAL, "%s: no normal token \"" SPACE_MARK "\" (U+2581, the space)", what);
+			goto fail;
+		}
+	}
+	*out = t;
+	return 0;
+
+fail_nomem:
+	rc = tqr_fail(err, -ENOMEM, "%s: out of memory", what);
+fail:
+	tqr_tok_free(t);
+	return rc;
+}
+
+int tqr_tok_new_spm(tqr_tok **out, const char *const *tokens, const size_t *lens, const float *scores,
+		    const int32_t *types, int n, const struct tqr_spm_spec *spec, tqr_error *err)
+{
+	*out = NULL;
+	if (n < 1 || n > TQR_BPE_TOKENS_MAX)
+		return tqr_fail(err, -EINVAL, "a vocabulary of %d tokens (valid: 1..%d)", n, TQR_BPE_TOKENS_MAX);
+	if (!types)
+		return tqr_fail(err, -EINVAL, "a sentencepiece vocabulary needs token types");
+	if (spec->bos_id < -1 || spec->bos_id >= n || spec->eos_id < -1 || spec->eos_id >= n ||
+	    spec->unk_id < -1 || spec->unk_id >= n)
+		return tqr_fail(err, -EINVAL, "BOS %d, EOS %d or unknown %d is not a token id in [0, %d)",
+				spec->bos_id, spec->eos_id, spec->unk_id, n);
+	if (spec->add_bos && spec->bos_id < 0)
+		return tqr_fail(err, -EINVAL, "add_bos_token without a BOS token");
+	return tok_new(out, tokens, lens, scores, types, n, spec, "tokenizer.ggml", err);
 }
 
 int tqr_tok_load(tqr_tok **out, const char *path, int vocab_size, tqr_error *err)
 {
 	unsigned char *buf = NULL;
-	size_t len, off, str_bytes = 0;
-	tqr_tok *t = NULL;
+	const char **tok = NULL;
+	size_t len, off, *tlen = NULL;
+	float *score = NULL;
 	int32_t max_len;
 	long count = 0;
 	int rc;
@@ -132,7 +327,7 @@ int tqr_tok_load(tqr_tok **out, const char *path, int vocab_size, tqr_error *err
 	}
 	/* First pass: count the entries and validate each one. */
 	for (off = 4; off < len; count++) {
-		float score;
+		float sc;
 		int32_t n;
 
 		if (len - off < 8) {
@@ -140,9 +335,9 @@ int tqr_tok_load(tqr_tok **out, const char *path, int vocab_size, tqr_error *err
 				      path, off, count);
 			goto fail;
 		}
-		memcpy(&score, buf + off, 4);
+		memcpy(&sc, buf + off, 4);
 		n = (int32_t)rd_u32(buf + off + 4);
-		if (!isfinite(score)) {
+		if (!isfinite(sc)) {
 			rc = tqr_fail(err, -EINVAL, "%s: token %ld (byte %zu) has a non-finite score", path, count, off);
 			goto fail;
 		}
@@ -158,54 +353,31 @@ int tqr_tok_load(tqr_tok **out, const char *path, int vocab_size, tqr_error *err
 			goto fail;
 		}
 		off += (size_t)n;
-		str_bytes += (size_t)n + 1;
 	}
 	if (count != vocab_size) {
 		rc = tqr_fail(err, -EINVAL, "%s: tokenizer mismatch: the file holds %ld tokens, the model's vocabulary has %d",
 			      path, count, vocab_size);
 		goto fail;
 	}
-
-	rc = -ENOMEM;
-	if (!(t = calloc(1, sizeof(*t))))
-		goto fail_nomem;
-	t->vocab_size = vocab_size;
-	t->max_len = max_len;
-	t->score = malloc(sizeof(float) * (size_t)vocab_size);
-	t->by_id = malloc(sizeof(*t->by_id) * (size_t)vocab_size);
-	t->sorted = malloc(sizeof(*t->sorted) * (size_t)vocab_size);
-	t->strings = malloc(str_bytes ? str_bytes : 1);
-	if (!t->score || !t->by_id || !t->sorted || !t->strings)
-		goto fail_nomem;
-	for (int i = 0; i < 256; i++) {
-		t->byte_id[i] = -1;
-		t->bytes[i] = (unsigned char)i;
+	tok = malloc(sizeof(*tok) * (size_t)vocab_size);
+	tlen = malloc(sizeof(*tlen) * (size_t)vocab_size);
+	score = malloc(sizeof(*score) * (size_t)vocab_size);
+	if (!tok || !tlen || !score) {
+		rc = tqr_fail(err, -ENOMEM, "%s: out of memory", path);
+		goto fail;
 	}
-	char *sp = t->strings;
 	off = 4;
 	for (int i = 0; i < vocab_size; i++) {
-		uint32_t n = rd_u32(buf + off + 4);
-		int b;
-
-		memcpy(&t->score[i], buf + off, 4);
-		memcpy(sp, buf + off + 8, n);
-		sp[n] = 0;
-		t->by_id[i] = (struct tok_entry){ sp, n, i };
-		if (is_byte_token(sp, n, &b) && t->byte_id[b] < 0)
-			t->byte_id[b] = i;
-		sp += n + 1;
-		off += 8 + n;
+		memcpy(&score[i], buf + off, 4);
+		tlen[i] = rd_u32(buf + off + 4);
+		tok[i] = (const char *)buf + off + 8;
+		off += 8 + tlen[i];
 	}
-	memcpy(t->sorted, t->by_id, sizeof(*t->sorted) * (size_t)vocab_size);
-	qsort(t->sorted, (size_t)vocab_size, sizeof(*t->sorted), entry_cmp);
-	free(buf);
-	*out = t;
-	return 0;
-
-fail_nomem:
-	rc = tqr_fail(err, -ENOMEM, "%s: out of memory", path);
+	rc = tok_new(out, tok, tlen, score, NULL, vocab_size, NULL, path, err);
 fail:
-	tqr_tok_free(t);
+	free(tok);
+	free(tlen);
+	free(score);
 	free(buf);
 	return rc;
 }
@@ -228,6 +400,7 @@ int tqr_tok_wrap_bpe(tqr_tok **out, tqr_bpe *b, int bos_id, int eos_id, int add_
 	t->vocab_size = tqr_bpe_n_tokens(b);
 	t->bos_id = bos_id;
 	t->eos_id = eos_id;
+	t->unk_id = -1;
 	t->add_bos = add_bos;
 	*out = t;
 	return 0;
@@ -235,23 +408,25 @@ int tqr_tok_wrap_bpe(tqr_tok **out, tqr_bpe *b, int bos_id, int eos_id, int add_
 
 int tqr_tok_bos(const tqr_tok *t)
 {
-	return t->bpe ? t->bos_id : TQR_TOK_BOS;
+	return t->bos_id;
 }
 
 int tqr_tok_eos(const tqr_tok *t)
 {
-	return t->bpe ? t->eos_id : TQR_TOK_EOS;
+	return t->eos_id;
 }
 
 int tqr_tok_adds_bos(const tqr_tok *t)
 {
-	return t->bpe ? t->add_bos : 1;
+	return t->add_bos;
 }
 
 int tqr_tok_is_control(const tqr_tok *t, int id)
 {
 	if (t->bpe)
 		return tqr_bpe_type(t->bpe, id) == TQR_BPE_CONTROL;
+	if (t->type)
+		return id >= 0 && id < t->vocab_size && t->type[id] == TQR_BPE_CONTROL;
 	return id == TQR_TOK_BOS || id == TQR_TOK_EOS;
 }
 
@@ -283,6 +458,19 @@ int tqr_tok_decode(const tqr_tok *t, int prev, int id, const char **piece, size_
 		return tqr_bpe_decode(t->bpe, id, 0, piece, n);
 	if (id < 0 || id >= t->vocab_size)
 		return -EINVAL;
+	if (t->spm) {
+		/* sentencepiece drops the dummy prefix of the first piece of a
+		 * text: at the start (prev < 0) or after a control token */
+		e = &t->piece[id];
+		*piece = e->s;
+		*n = e->n;
+		if (t->add_space && e->n && e->s[0] == ' ' && t->type[id] == TQR_BPE_NORMAL &&
+		    (prev < 0 || tqr_tok_is_control(t, prev))) {
+			(*piece)++;
+			(*n)--;
+		}
+		return 0;
+	}
 	e = &t->by_id[id];
 	if (is_byte_token(e->s, e->n, &b)) {
 		*piece = (const char *)t->bytes + b;
@@ -300,24 +488,30 @@ int tqr_tok_decode(const tqr_tok *t, int prev, int id, const char **piece, size_
 
 /* ---- encoding ------------------------------------------------------------- */
 
-/* One symbol of the text being merged: a token id in a doubly linked list
- * ordered like the text (array order never changes, merges unlink). */
+/* One symbol of the text being merged: the bytes work[start, start + n) and
+ * their token (-1: a GGUF vocabulary's unknown code point, resolved after
+ * the merges).  A doubly linked list ordered like the text: adjacent
+ * symbols are adjacent bytes, so a pair's text is contiguous.  Array order
+ * never changes; merges unlink (n = 0: merged away). */
 struct sym {
+	uint32_t start, n;
 	int id;
+	int pinned;       /* llama2.c byte fallback: never merges */
 	int prev, next;   /* -1 at the ends */
 };
 
-/* A merge candidate: symbols `left` and its successor `right` with ids
- * (lid, rid) merge into `merged`, whose score is `score`. */
+/* A merge candidate: symbols `left` (ln bytes) and its successor `right`
+ * (rn bytes) merge into `merged`, whose score is `score`. */
 struct cand {
 	float score;
 	int left, right;
-	int lid, rid;
+	uint32_t ln, rn;
 	int merged;
 };
 
 /* Heap order: higher score first, then the leftmost pair (llama2.c scans left
- * to right and keeps the first strictly better score). */
+ * to right and keeps the first strictly better score; llama.cpp and
+ * sentencepiece order their queues the same way). */
 static int cand_before(const struct cand *a, const struct cand *b)
 {
 	if (a->score != b->score)
@@ -370,22 +564,35 @@ static struct cand heap_pop(struct heap *h)
 	return top;
 }
 
-/* Pushes the merge of symbols l and r when their concatenation is a token. */
-static void try_pair(const tqr_tok *t, struct heap *h, const struct sym *s, int l, int r, char *buf)
+/* Pushes the merge of symbols l and r when their text is a token. */
+static void try_pair(const tqr_tok *t, struct heap *h, const struct sym *s, const char *work, int l, int r)
 {
-	const struct tok_entry *a, *b;
 	int id;
 
-	if (l < 0 || r < 0)
+	if (l < 0 || r < 0 || s[l].pinned || s[r].pinned)
 		return;
-	a = &t->by_id[s[l].id];
-	b = &t->by_id[s[r].id];
-	memcpy(buf, a->s, a->n);
-	memcpy(buf + a->n, b->s, b->n);
-	id = tqr_tok_lookup(t, buf, (size_t)a->n + b->n);
+	id = piece_lookup(t, work + s[l].start, (size_t)s[l].n + s[r].n);
 	if (id < 0)
 		return;
-	heap_push(h, (struct cand){ t->score[id], l, r, s[l].id, s[r].id, id });
+	heap_push(h, (struct cand){ t->score[id], l, r, s[l].n, s[r].n, id });
+}
+
+/* The bytes of the code point at w[i..len): llama2.c takes a byte and the
+ * continuation bytes after it (at most 4 in all); a GGUF vocabulary the
+ * continuation bytes its lead byte announces (llama.cpp's unicode_len_utf8
+ * on valid UTF-8; a malformed sequence ends at its first byte that is not
+ * a continuation byte, where llama.cpp would take that byte along). */
+static size_t cp_len(const tqr_tok *t, const unsigned char *w, size_t i, size_t len)
+{
+	size_t want = 4, k = 1;
+
+	if (t->spm) {
+		unsigned char c = w[i];
+		want = c < 0xC0 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : c < 0xF8 ? 4 : 1;
+	}
+	while (i + k < len && k < want && (w[i + k] & 0xC0) == 0x80)
+		k++;
+	return k;
 }
 
 /* A byte-level BPE vocabulary: BOS only where the file says the model
@@ -420,51 +627,59 @@ long tqr_tok_encode(const tqr_tok *t, const char *text, size_t len, int bos, int
 	if (t->bpe)
 		return encode_bpe(t, text, len, bos, eos, 0, tokens, err);
 
-	const unsigned char *u = (const unsigned char *)text;
 	struct sym *s = NULL;
 	struct heap h = { 0 };
-	char *buf = NULL;
-	size_t n = 0, i, start;
+	char *work = NULL;
+	size_t n = 0, wlen = 0, plen = 0, i, k;
 	long out = 0;
 	int rc;
 
-	/* symbols: at most one per byte plus the dummy prefix */
-	s = malloc(sizeof(*s) * (len + 1));
-	buf = malloc(2 * (size_t)t->max_len + 8);
-	if (!s || !buf) {
+	if (len > (SIZE_MAX - 8) / 3 || len > UINT32_MAX / 4) {
+		rc = tqr_fail(err, -E2BIG, "%zu bytes are too many to encode at once", len);
+		goto fail;
+	}
+	/* work: the dummy prefix and the text; a GGUF vocabulary spells
+	 * spaces U+2581 (3 bytes).  At most one symbol per byte. */
+	work = malloc(3 * len + 4);
+	s = malloc(sizeof(*s) * (3 * len + 4));
+	if (!work || !s) {
 		rc = tqr_fail(err, -ENOMEM, "out of memory encoding %zu bytes", len);
 		goto fail;
 	}
-	if (len) {
-		int sp = tqr_tok_lookup(t, " ", 1);
-		if (sp < 0)
-			sp = t->byte_id[' '];
-		if (sp < 0) {
-			rc = tqr_fail(err, -EILSEQ, "the vocabulary has neither \" \" nor <0x20> for the dummy prefix");
-			goto fail;
-		}
-		s[n++].id = sp;
+	if (len && t->add_space) {
+		plen = t->spm ? 3 : 1;
+		memcpy(work, t->spm ? SPACE_MARK : " ", plen);
+		wlen = plen;
 	}
-	/* One symbol per UTF-8 code point: a byte that is not a continuation
-	 * byte starts one; at most 4 bytes. */
-	for (i = 0; i < len; i = start) {
+	for (i = 0; i < len; i++) {
+		if (t->spm && text[i] == ' ') {
+			memcpy(work + wlen, SPACE_MARK, 3);
+			wlen += 3;
+		} else {
+			work[wlen++] = text[i];
+		}
+	}
+	/* One symbol per code point (the prefix on its own). */
+	for (i = 0; i < wlen; i += k) {
 		int id;
 
-		start = i + 1;
-		while (start < len && (u[start] & 0xC0) == 0x80 && start - i < 4)
-			start++;
-		id = tqr_tok_lookup(t, text + i, start - i);
-		if (id >= 0) {
-			s[n++].id = id;
+		k = i < plen ? plen : cp_len(t, (const unsigned char *)work, i, wlen);
+		id = piece_lookup(t, work + i, k);
+		if (id >= 0 || t->spm) {
+			/* GGUF: an unknown code point may still merge with its
+			 * neighbours (sentencepiece, llama.cpp) */
+			s[n++] = (struct sym){ (uint32_t)i, (uint32_t)k, id, 0, 0, 0 };
 			continue;
 		}
-		for (size_t j = i; j < start; j++) {
-			if (t->byte_id[u[j]] < 0) {
-				rc = tqr_fail(err, -EILSEQ, "byte 0x%02X at offset %zu has no <0x%02X> token",
-					      u[j], j, u[j]);
+		/* llama2.c: its bytes' tokens now, and they never merge */
+		for (size_t j = i; j < i + k; j++) {
+			unsigned char b = (unsigned char)work[j];
+			if (t->byte_id[b] < 0) {
+				rc = tqr_fail(err, -EILSEQ, "byte 0x%02X at offset %zu has no <0x%02X> token", b,
+					      j >= plen ? j - plen : 0, b);
 				goto fail;
 			}
-			s[n++].id = t->byte_id[u[j]];
+			s[n++] = (struct sym){ (uint32_t)j, 1, t->byte_id[b], 1, 0, 0 };
 		}
 	}
 	for (i = 0; i < n; i++) {
@@ -480,34 +695,58 @@ long tqr_tok_encode(const tqr_tok *t, const char *text, size_t len, int bos, int
 		goto fail;
 	}
 	for (i = 0; i + 1 < n; i++)
-		try_pair(t, &h, s, (int)i, (int)i + 1, buf);
+		try_pair(t, &h, s, work, (int)i, (int)i + 1);
 	while (h.n) {
 		struct cand c = heap_pop(&h);
-		/* stale: a side was merged away or changed since the push */
-		if (s[c.left].id != c.lid || s[c.left].next != c.right || s[c.right].id != c.rid)
+		struct sym *l = &s[c.left], *r = &s[c.right];
+		/* stale: a side was merged away or grew since the push (a
+		 * symbol's start never moves, so the sizes tell) */
+		if (l->n != c.ln || l->next != c.right || r->n != c.rn)
 			continue;
-		s[c.left].id = c.merged;
-		s[c.left].next = s[c.right].next;
-		if (s[c.right].next >= 0)
-			s[s[c.right].next].prev = c.left;
-		s[c.right].id = -1; /* dead */
-		s[c.right].next = -1;
-		try_pair(t, &h, s, s[c.left].prev, c.left, buf);
-		try_pair(t, &h, s, c.left, s[c.left].next, buf);
+		l->id = c.merged;
+		l->n += r->n;
+		l->next = r->next;
+		if (r->next >= 0)
+			s[r->next].prev = c.left;
+		r->n = 0;
+		r->next = -1;
+		try_pair(t, &h, s, work, l->prev, c.left);
+		try_pair(t, &h, s, work, c.left, l->next);
 	}
-	if (bos)
-		tokens[out++] = TQR_TOK_BOS;
-	for (int k = n ? 0 : -1; k >= 0; k = s[k].next)
-		tokens[out++] = s[k].id;
-	if (eos)
-		tokens[out++] = TQR_TOK_EOS;
+	if (bos && t->add_bos && t->bos_id >= 0)
+		tokens[out++] = t->bos_id;
+	for (int j = n ? 0 : -1; j >= 0; j = s[j].next) {
+		const unsigned char *w = (const unsigned char *)work + s[j].start;
+		size_t m = s[j].n, b;
+
+		if (s[j].id >= 0) {
+			tokens[out++] = s[j].id;
+			continue;
+		}
+		/* GGUF: an unknown code point left alone — its bytes' tokens,
+		 * or the unknown token when one is missing (sentencepiece) */
+		for (b = 0; b < m && t->byte_id[w[b]] >= 0; b++)
+			;
+		if (b == m) {
+			for (b = 0; b < m; b++)
+				tokens[out++] = t->byte_id[w[b]];
+		} else if (t->unk_id >= 0) {
+			tokens[out++] = t->unk_id;
+		} else {
+			rc = tqr_fail(err, -EILSEQ, "byte 0x%02X has no <0x%02X> token and the vocabulary no "
+				      "unknown token", w[b], w[b]);
+			goto fail;
+		}
+	}
+	if (eos && t->eos_id >= 0)
+		tokens[out++] = t->eos_id;
 	free(h.v);
-	free(buf);
+	free(work);
 	free(s);
 	return out;
 fail:
 	free(h.v);
-	free(buf);
+	free(work);
 	free(s);
 	return rc;
 }

@@ -1,8 +1,10 @@
-/* fuzz_gguf — the GGUF reader and the GGUF llama loader (client/run/gguf.c,
- * model_gguf.c): any bytes parse or fail with a message; on a parsed file
- * every accessor stays inside the bytes (each key's getters, every array
- * element, every tensor's dequantization), and a loaded model's
- * configuration is consistent. */
+/* fuzz_gguf — the GGUF reader, the GGUF llama loader and the GGUF
+ * tokenizer loader (client/run/gguf.c, model_gguf.c, tok_gguf.c): any bytes
+ * parse or fail with a message; on a parsed file every accessor stays
+ * inside the bytes (each key's getters, every array element, every
+ * tensor's dequantization), a loaded model's configuration is consistent,
+ * and a loaded vocabulary ("gpt2" or "llama", its size taken from
+ * tokenizer.ggml.tokens) encodes and decodes text. */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -10,6 +12,7 @@
 #include "fuzz.h"
 #include "gguf.h"
 #include "model.h"
+#include "tokenizer.h"
 
 static volatile float sink;
 
@@ -74,6 +77,31 @@ static void walk(const tqr_gguf *g)
 	}
 }
 
+/* The file's vocabulary, if it loads: ids from encode decode. */
+static void tokenize(const tqr_gguf *g)
+{
+	static const char text[] = "Once upon a time, \xc3\xa9t\xc3\xa9 \xe2\x96\x81 \xff\xfe 42!\n<s>";
+	int toks[sizeof(text) + 3];
+	struct tqr_gguf_arr a;
+	tqr_tok *t = NULL;
+	tqr_error err;
+
+	if (tqr_gguf_get_arr(g, "tokenizer.ggml.tokens", &a, &err) < 0 || a.count > 4096)
+		return;
+	if (tqr_tok_from_gguf_meta(&t, g, (int)a.count, &err) < 0)
+		return;
+	long n = tqr_tok_encode(t, text, sizeof(text) - 1, 1, 1, toks, &err);
+	if (n > (long)sizeof(text) + 2)
+		abort(); /* more ids than the documented bound */
+	for (long i = 0; i < n; i++) {
+		const char *piece;
+		size_t len;
+		if (tqr_tok_decode(t, i ? toks[i - 1] : -1, toks[i], &piece, &len) < 0)
+			abort(); /* encode produced an id decode refuses */
+	}
+	tqr_tok_free(t);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	tqr_gguf *g = NULL;
@@ -84,6 +112,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	if (tqr_gguf_parse(&g, data, size, "fuzz.gguf", &err) == 0) {
 		walk(g);
+		tokenize(g);
 		tqr_gguf_free(g);
 	}
 	if ((fd = fuzz_as_file(data, size, path, sizeof(path))) < 0)

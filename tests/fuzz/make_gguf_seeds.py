@@ -7,6 +7,10 @@ tests/fuzz/seeds/gguf/ (tiny files; never a real model):
                that tqkv-run loads: Q8_0 embedding, Q4_1 / Q4_0 / F16
                matrices, F32 norms, tied classifier
   empty.gguf   no keys, no tensors
+  spm.gguf     tokenizer metadata only: a sentencepiece-style "llama"
+               vocabulary (U+2581 spaces, scores, unknown / control / byte /
+               normal / user-defined / unused types, add_bos_token,
+               add_space_prefix) that tok_gguf.c loads
 Plain struct packing, no gguf package: the seeds do not depend on it."""
 import os
 import random
@@ -116,6 +120,32 @@ def main():
           norm("output_norm.weight", D)]
     open(os.path.join(OUT, "llama.gguf"), "wb").write(gguf(meta, ts))
     open(os.path.join(OUT, "empty.gguf"), "wb").write(gguf([], []))
+
+    SP = "\u2581"
+    toks = ["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in (0x0A, 0x20, 0x21, 0x34, 0x32, 0xC3, 0xA9, 0xFF)]
+    types = [2, 3, 3] + [6] * 8
+    for p, t in [(SP, 1), ("O", 1), ("n", 1), ("c", 1), ("e", 1), ("u", 1), ("p", 1), ("o", 1), ("a", 1),
+                 ("t", 1), ("i", 1), ("m", 1), (",", 1), ("\u00e9", 1), ("On", 1), ("ce", 1), (SP + "u", 1),
+                 (SP + "up", 1), ("on", 1), (SP + "a", 1), (SP + "t", 1), ("im", 1), (SP + "tim", 1),
+                 ("<tool>", 4), ("xx", 5)]:
+        toks.append(p)
+        types.append(t)
+    scores = [0.0] * 11 + [-float(i) for i in range(len(toks) - 11)]
+
+    def arr(t, items, pack):
+        return struct.pack("<IQ", t, len(items)) + b"".join(pack(x) for x in items)
+    meta = [
+        kv("tokenizer.ggml.model", 8, s("llama")),
+        kv("tokenizer.ggml.tokens", 9, arr(8, toks, s)),
+        kv("tokenizer.ggml.scores", 9, arr(6, scores, lambda x: struct.pack("<f", x))),
+        kv("tokenizer.ggml.token_type", 9, arr(5, types, lambda x: struct.pack("<i", x))),
+        kv("tokenizer.ggml.bos_token_id", 4, struct.pack("<I", 1)),
+        kv("tokenizer.ggml.eos_token_id", 4, struct.pack("<I", 2)),
+        kv("tokenizer.ggml.unknown_token_id", 4, struct.pack("<I", 0)),
+        kv("tokenizer.ggml.add_bos_token", 7, b"\x01"),
+        kv("tokenizer.ggml.add_space_prefix", 7, b"\x01"),
+    ]
+    open(os.path.join(OUT, "spm.gguf"), "wb").write(gguf(meta, []))
 
 
 if __name__ == "__main__":
