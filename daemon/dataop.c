@@ -242,9 +242,6 @@ static int layer_codecs(struct kvstore *ks, struct kv_sess *kv, uint32_t l, stru
 
 	if (L->kc && L->vc && (L->xf || !kv->xform))
 		return 0;
-	if (kv->xform && !L->xf &&
-	    (e = tq_xf_new(&L->xf, kv->xform, kv->geom.n_kv_heads, kv->n_q_heads, kv->dim, &te)) < 0)
-		goto fail;
 	if (!L->kc) {
 		cp.id = kv->k_id;
 		cp.seed = tqkv_seed_derive(kv->seed, l, 0);
@@ -257,6 +254,12 @@ static int layer_codecs(struct kvstore *ks, struct kv_sess *kv, uint32_t l, stru
 		if ((e = tq_codec_new(&L->vc, ks->cache, &cp, &te)) < 0)
 			goto fail;
 	}
+	/* recovery (kvpersist.c) may have made the transform before the codecs */
+	if (L->xf)
+		tq_xf_set_k_codec(L->xf, L->kc);
+	else if (kv->xform &&
+		 (e = tq_xf_new(&L->xf, kv->xform, kv->geom.n_kv_heads, kv->n_q_heads, kv->dim, L->kc, &te)) < 0)
+		goto fail;
 	return 0;
 fail:
 	dataop_res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_INTERNAL, l);

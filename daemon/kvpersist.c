@@ -775,7 +775,9 @@ static int xf_load(struct kv_sess *kv, uint32_t l, const uint8_t *blob, size_t l
 	tq_error te;
 	int r;
 
-	if (!L->xf && (r = tq_xf_new(&L->xf, kv->xform, kv->geom.n_kv_heads, kv->n_q_heads, kv->dim, &te)) < 0) {
+	/* the K codec's unshrink factor comes when dataop makes the codecs */
+	if (!L->xf && (r = tq_xf_new(&L->xf, kv->xform, kv->geom.n_kv_heads, kv->n_q_heads, kv->dim, L->kc,
+				     &te)) < 0) {
 		snprintf(why, whylen, "layer %u transform: %s", l, te.msg);
 		return r;
 	}
@@ -873,7 +875,7 @@ static const char *xf_misfit(const struct persist_manifest *m, char *buf, size_t
 
 	if (!g->kv_xform)
 		return NULL; /* decoding allowed no statistics */
-	if (tq_xf_new(&xf, g->kv_xform, g->n_kv_heads, g->n_q_heads, g->head_dim, &te) < 0) {
+	if (tq_xf_new(&xf, g->kv_xform, g->n_kv_heads, g->n_q_heads, g->head_dim, NULL, &te) < 0) {
 		snprintf(buf, n, "transform: %s", te.msg);
 		return buf;
 	}

@@ -324,7 +324,7 @@ static const char *xf_name(uint32_t mode)
 	return mode <= TQ_XF_MASK ? xf_names[mode] : "?";
 }
 
-#define XF_MODES_HELP "none, default, or parts joined by '+': k-center, v-center, k-eq-qk, k-eq-k; " \
+#define XF_MODES_HELP "none, default, or parts joined by '+': k-center, v-center, k-eq-qk, k-eq-k, k-unshrink; " \
 		      "at most one k-eq-*"
 
 /* The message's strings point into `si` (and static tables). */

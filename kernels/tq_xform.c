@@ -15,6 +15,7 @@ struct tq_xf {
 	uint32_t mode, applied, n_kv, n_q, dim;
 	uint32_t calibrated, calib_tokens;
 	float k_rms, v_rms;       /* for the summary */
+	float k_gain;             /* K unshrink: 1 / tq_codec_shrink(K codec) */
 	float *k_mean;            /* [n_kv][dim] */
 	float *k_scale;           /* [n_kv][dim] */
 	float *v_mean;            /* [n_kv][dim] */
@@ -28,6 +29,7 @@ static const struct {
 	{ TQ_XF_V_CENTER, "v-center" },
 	{ TQ_XF_K_EQ_QK, "k-eq-qk" },
 	{ TQ_XF_K_EQ_K, "k-eq-k" },
+	{ TQ_XF_K_UNSHRINK, "k-unshrink" },
 };
 
 int tq_xf_mode_check(uint32_t mode, tq_error *err)
@@ -107,7 +109,7 @@ int tq_xf_mode_parse(const char *s, uint32_t *mode)
 }
 
 int tq_xf_new(tq_xf **out, uint32_t mode, uint32_t n_kv_heads, uint32_t n_q_heads, uint32_t dim,
-	      tq_error *err)
+	      const tq_codec *k_codec, tq_error *err)
 {
 	tq_xf *xf;
 	size_t n;
@@ -135,6 +137,7 @@ int tq_xf_new(tq_xf **out, uint32_t mode, uint32_t n_kv_heads, uint32_t n_q_head
 	xf->n_kv = n_kv_heads;
 	xf->n_q = n_q_heads;
 	xf->dim = dim;
+	tq_xf_set_k_codec(xf, k_codec);
 	tq_xf_reset(xf);
 	*out = xf;
 	return 0;
@@ -146,6 +149,11 @@ void tq_xf_free(tq_xf *xf)
 		return;
 	free(xf->k_mean);
 	free(xf);
+}
+
+void tq_xf_set_k_codec(tq_xf *xf, const tq_codec *k_codec)
+{
+	xf->k_gain = k_codec ? (float)(1.0 / tq_codec_shrink(k_codec)) : 1.0f;
 }
 
 uint32_t tq_xf_mode(const tq_xf *xf) { return xf->mode; }
@@ -211,8 +219,8 @@ int tq_xf_calibrate(tq_xf *xf, const void *k, const void *v, const void *q, uint
 		n_q = TQ_XF_CALIB_MAX;
 	xf->calibrated = 1;
 	xf->calib_tokens = n;
-	xf->applied = 0;
-	if (n < TQ_XF_MIN_TOKENS || !xf->mode)
+	xf->applied = xf->mode & TQ_XF_K_UNSHRINK;   /* needs no statistics */
+	if (n < TQ_XF_MIN_TOKENS || !(xf->mode & ~(uint32_t)TQ_XF_K_UNSHRINK))
 		return 0;
 	if (!(acc = malloc(2 * w * sizeof(double)))) {
 		xf->calibrated = 0;
@@ -313,6 +321,7 @@ void tq_xf_queries(const tq_xf *xf, const void *q, enum tq_dtype dtype, uint32_t
 	const uint32_t d = xf->dim, G = xf->n_q / xf->n_kv;
 	const size_t w = (size_t)xf->n_q * d;
 	const int scaled = (tq_xf_applied(xf) & (TQ_XF_K_EQ_QK | TQ_XF_K_EQ_K)) != 0;
+	const float g = tq_xf_applied(xf) & TQ_XF_K_UNSHRINK ? xf->k_gain : 1.0f;
 
 	for (uint32_t t = 0; t < n_q; t++)
 		for (uint32_t h = 0; h < xf->n_q; h++) {
@@ -320,7 +329,7 @@ void tq_xf_queries(const tq_xf *xf, const void *q, enum tq_dtype dtype, uint32_t
 			size_t o = (size_t)t * w + (size_t)h * d;
 			for (uint32_t c = 0; c < d; c++) {
 				float x = load1(q, dtype, o + c);
-				out[o + c] = scaled ? x * s[c] : x;
+				out[o + c] = (scaled ? x * s[c] : x) * g;
 			}
 		}
 }
@@ -342,7 +351,8 @@ void tq_xf_output(const tq_xf *xf, float *out, uint32_t n_q)
 
 int tq_xf_touches_queries(const tq_xf *xf)
 {
-	return (tq_xf_applied(xf) & (TQ_XF_K_EQ_QK | TQ_XF_K_EQ_K)) != 0;
+	return (tq_xf_applied(xf) & (TQ_XF_K_EQ_QK | TQ_XF_K_EQ_K)) != 0 ||
+	       ((tq_xf_applied(xf) & TQ_XF_K_UNSHRINK) && xf->k_gain != 1.0f);
 }
 
 int tq_xf_touches_output(const tq_xf *xf)
@@ -443,7 +453,7 @@ int tq_xf_blob_read(tq_xf *xf, const uint8_t *buf, size_t len, tq_error *err)
 	if (get32(buf + 16) != xf->n_kv || get32(buf + 20) != xf->dim)
 		BAD("kv transform: shape %u x %u, the session's is %u x %u", get32(buf + 16), get32(buf + 20),
 		    xf->n_kv, xf->dim);
-	if (applied && get32(buf + 12) < TQ_XF_MIN_TOKENS)
+	if ((applied & ~(uint32_t)TQ_XF_K_UNSHRINK) && get32(buf + 12) < TQ_XF_MIN_TOKENS)
 		BAD("kv transform: calibrated on %u tokens, fewer than %u", get32(buf + 12), TQ_XF_MIN_TOKENS);
 	k_rms = u2f(get32(buf + 24));
 	v_rms = u2f(get32(buf + 28));

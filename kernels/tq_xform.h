@@ -16,6 +16,11 @@
  *                   minimizes (Cauchy–Schwarz).
  *   V centering     v' = v − μv, out += μv   (the weights sum to one)
  *
+ * and one correction that needs no statistics, K unshrink: a norm-corrected
+ * TurboQuant key shrinks every logit by about sqrt(1 − D) on average
+ * (tq_codec_shrink: tq4 0.9954, tq3 0.983) — softer attention than the
+ * exact one; queries × 1/shrink undo it (no effect for q8, f16, f32).
+ *
  * Why K centering pays: real keys carry a large shared offset (RoPE'd
  * channels with a bias); the codec spends its bits on the vector's norm,
  * mostly offset.  Why V centering is off by default: attention-sink tokens
@@ -26,7 +31,7 @@
  * empty layer (and again after the layer is emptied by a truncation), from
  * that append's keys (values, queries); it is frozen until then.  An append
  * of fewer than TQ_XF_MIN_TOKENS tokens calibrates to the identity (too few
- * tokens for a mean); so does a mode of 0.  Equalization from queries falls
+ * tokens for a mean) but for K unshrink; so does a mode of 0.  Equalization from queries falls
  * back to none when the calibrating append brought no queries.  What was
  * applied is tq_xf_applied().
  *
@@ -51,10 +56,11 @@ enum {
 	TQ_XF_V_CENTER = 1u << 1,  /* values minus theirs, added back         */
 	TQ_XF_K_EQ_QK  = 1u << 2,  /* channel scales from keys and queries    */
 	TQ_XF_K_EQ_K   = 1u << 3,  /* channel scales from keys alone          */
+	TQ_XF_K_UNSHRINK = 1u << 4, /* queries × 1/tq_codec_shrink(K codec)   */
 };
-#define TQ_XF_MASK    0xfu
+#define TQ_XF_MASK    0x1fu
 /* The default for new sessions (measured: BENCHMARKS.md 4a). */
-#define TQ_XF_DEFAULT (TQ_XF_K_CENTER | TQ_XF_K_EQ_QK)
+#define TQ_XF_DEFAULT (TQ_XF_K_CENTER | TQ_XF_K_EQ_QK | TQ_XF_K_UNSHRINK)
 #define TQ_XF_MIN_TOKENS 8u
 /* A calibration reads at most this many tokens (and queries): the first. */
 #define TQ_XF_CALIB_MAX  512u
@@ -73,10 +79,14 @@ const char *tq_xf_mode_str(uint32_t mode, char *buf, size_t len);
 int tq_xf_mode_parse(const char *s, uint32_t *mode);
 
 /* A transform for one layer of n_kv_heads × dim (n_q_heads a multiple),
- * uncalibrated.  -EINVAL (mode, shapes), -ENOMEM. */
+ * uncalibrated; k_codec: the layer's K codec (K unshrink's factor), or
+ * NULL (no unshrink: factor 1).  -EINVAL (mode, shapes), -ENOMEM. */
 int tq_xf_new(tq_xf **out, uint32_t mode, uint32_t n_kv_heads, uint32_t n_q_heads, uint32_t dim,
-	      tq_error *err);
+	      const tq_codec *k_codec, tq_error *err);
 void tq_xf_free(tq_xf *xf);
+/* The K codec, when it comes after tq_xf_new (NULL then): only K unshrink's
+ * factor depends on it. */
+void tq_xf_set_k_codec(tq_xf *xf, const tq_codec *k_codec);
 uint32_t tq_xf_mode(const tq_xf *xf);
 /* Back to uncalibrated (the layer was emptied). */
 void tq_xf_reset(tq_xf *xf);

@@ -123,7 +123,8 @@ struct tqkv_session_params {
 	/* Transforms of each layer's K/V that attention undoes exactly, so the  */
 	/* codecs lose less (the daemon's daemon.kv_transform documents them):   */
 	/* NULL or "": the daemon's default; "none"; "default"; or parts joined  */
-	/* by "+": k-center, v-center, k-eq-qk, k-eq-k ("k-center+k-eq-qk").     */
+	/* by "+": k-center, v-center, k-eq-qk, k-eq-k, k-unshrink             */
+	/* ("k-center+k-eq-qk").                                                 */
 	/* k-eq-qk is calibrated from the queries of the append that fills an    */
 	/* empty layer: give prefill as tqkv_append_attend, not append + attend. */
 	/* -EINVAL for an unknown mode.  (Added in 0.3; a 0.1/0.2 binary gets    */

@@ -462,7 +462,8 @@ int tqr_kv_new_local(tqr_kv **out, const struct tqr_kv_geom *g, const struct tqr
 			goto fail;
 		}
 		if (o->kv_xform && (rc = tq_xf_new(&lc->layer[l].xf, o->kv_xform, (uint32_t)g->n_kv_heads,
-						   (uint32_t)g->n_q_heads, (uint32_t)g->head_dim, &te)) < 0) {
+						   (uint32_t)g->n_q_heads, (uint32_t)g->head_dim,
+						   lc->layer[l].kc, &te)) < 0) {
 			rc = tqr_fail(err, rc, "%s: %s", kv->name, te.msg);
 			goto fail;
 		}

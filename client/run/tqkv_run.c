@@ -86,8 +86,8 @@ static void usage(FILE *f)
 		"  --rotation-seed S    the session's rotation seed (default fixed)\n"
 		"  --kv-transform MODE  K/V transforms that attention undoes exactly, frozen\n"
 		"                       by each layer's first chunk (its keys and queries):\n"
-		"                       default (k-center+k-eq-qk), none, or parts joined by\n"
-		"                       '+': k-center, v-center, k-eq-qk, k-eq-k; the same\n"
+		"                       default (k-center+k-eq-qk+k-unshrink), none, or parts joined by\n"
+		"                       '+': k-center, v-center, k-eq-qk, k-eq-k, k-unshrink; the same\n"
 		"                       with --local and tqkvd (measured: BENCHMARKS.md 4a)\n"
 		"  --sparse-v X         with --local: skip the values whose attention weight is\n"
 		"                       below X of the running maximum for every head of the\n"
@@ -290,7 +290,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case O_KVXF:
 			if ((rc = tq_xf_mode_parse(optarg, &o->kv_xform)) < 0)
 				fprintf(stderr, PROG ": --kv-transform: unknown mode '%s' (none, default, or parts "
-					"joined by '+': k-center, v-center, k-eq-qk, k-eq-k; at most one k-eq-*)\n",
+					"joined by '+': k-center, v-center, k-eq-qk, k-eq-k, k-unshrink; at most one k-eq-*)\n",
 					optarg);
 			break;
 		case O_HELP: usage(stdout); return 1;

@@ -574,7 +574,7 @@ static void test_kv_transform(void)
 			struct tq_codec_params vp = { TQ_CODEC_TQ3, XD, tqkv_seed_derive(session_seed(s), l, 1), TQ_ISA_AUTO };
 			T_EQ(tq_codec_new(&x[l].kc, NULL, &kp, &te), 0);
 			T_EQ(tq_codec_new(&x[l].vc, NULL, &vp, &te), 0);
-			T_EQ(tq_xf_new(&x[l].xf, modes[m], XKV, XQ, XD, &te), 0);
+			T_EQ(tq_xf_new(&x[l].xf, modes[m], XKV, XQ, XD, x[l].kc, &te), 0);
 			x[l].g = (struct tq_page_geom){ XKV, (uint32_t)dataop_page_tokens(64 << 10, &g),
 							(uint32_t)tq_codec_block_bytes(x[l].kc),
 							(uint32_t)tq_codec_block_bytes(x[l].vc) };
@@ -629,7 +629,7 @@ static void test_kv_transform(void)
 		dataop_append(f.ks, s, 1, k, v, TQ_DTYPE_F32, 20, &r);
 		T_EQ(dataop_xf_summary(f.ks, s, sum, XL), 0);
 		T_EQ(sum[1].calibrated, 1);
-		T_EQ(sum[1].applied, 0);
+		T_EQ(sum[1].applied, modes[m] & TQ_XF_K_UNSHRINK);
 		T_EQ(sum[1].calib_tokens, TQ_XF_MIN_TOKENS - 1);
 		for (uint32_t l = 0; l < XL; l++) {
 			for (uint32_t i = 0; i < 8 && x[l].pages[i]; i++)

@@ -229,7 +229,7 @@ static int ref_init(struct ref *r, const struct sgeom *g, uint64_t seed, int pag
 		struct tq_codec_params kp = { g->k, (int)g->dim, tqkv_seed_derive(seed, l, 0), TQ_ISA_AUTO };
 		struct tq_codec_params vp = { g->v, (int)g->dim, tqkv_seed_derive(seed, l, 1), TQ_ISA_AUTO };
 		if (tq_codec_new(&r->L[l].kc, NULL, &kp, &te) < 0 || tq_codec_new(&r->L[l].vc, NULL, &vp, &te) < 0 ||
-		    tq_xf_new(&r->L[l].xf, TQ_XF_DEFAULT, g->n_kv, g->n_q, g->dim, &te) < 0)
+		    tq_xf_new(&r->L[l].xf, TQ_XF_DEFAULT, g->n_kv, g->n_q, g->dim, r->L[l].kc, &te) < 0)
 			return -1;
 	}
 	return 0;

@@ -162,7 +162,7 @@ static void test_exact_in_attention(void)
 	T_EQ(attend(TQ_CODEC_F32, TQ_CODEC_F32, NULL, K, V, Q, N, NQ, ref), 0);
 	for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
 		tq_xf *xf;
-		T_EQ(tq_xf_new(&xf, modes[m], NKV, NQH, D, NULL), 0);
+		T_EQ(tq_xf_new(&xf, modes[m], NKV, NQH, D, NULL, NULL), 0);
 		T_EQ(tq_xf_calibrate(xf, K, V, Q, 64, NQ, TQ_DTYPE_F32), 0);
 		T_EQ(tq_xf_applied(xf), modes[m]);
 		T_EQ(attend(TQ_CODEC_F32, TQ_CODEC_F32, xf, K, V, Q, N, NQ, got), 0);
@@ -186,7 +186,7 @@ static void test_default_helps_tq4_keys(void)
 		Q[i] *= 4.0f;                       /* peaky attention, where key errors show */
 	T_EQ(attend(TQ_CODEC_F32, TQ_CODEC_F32, NULL, K, V, Q, N, NQ, ref), 0);
 	T_EQ(attend(TQ_CODEC_TQ4, TQ_CODEC_F32, NULL, K, V, Q, N, NQ, plain), 0);
-	T_EQ(tq_xf_new(&xf, TQ_XF_DEFAULT, NKV, NQH, D, NULL), 0);
+	T_EQ(tq_xf_new(&xf, TQ_XF_DEFAULT, NKV, NQH, D, NULL, NULL), 0);
 	T_EQ(tq_xf_calibrate(xf, K, V, Q, 64, NQ, TQ_DTYPE_F32), 0);
 	T_EQ(attend(TQ_CODEC_TQ4, TQ_CODEC_F32, xf, K, V, Q, N, NQ, xfd), 0);
 	double ep = rel_err(plain, ref, (size_t)NQ * NQH * D), ex = rel_err(xfd, ref, (size_t)NQ * NQH * D);
@@ -202,19 +202,19 @@ static void test_calibration_rules(void)
 	rs = t_seed() ^ 0x77;
 	make_inputs(K, V, Q, N, NQ);
 	/* too few tokens: identity, frozen */
-	T_EQ(tq_xf_new(&xf, TQ_XF_DEFAULT, NKV, NQH, D, NULL), 0);
+	T_EQ(tq_xf_new(&xf, TQ_XF_DEFAULT, NKV, NQH, D, NULL, NULL), 0);
 	T_EQ(tq_xf_calibrate(xf, K, V, Q, TQ_XF_MIN_TOKENS - 1, 1, TQ_DTYPE_F32), 0);
 	T_EQ(tq_xf_calibrated(xf), 1);
-	T_EQ(tq_xf_applied(xf), 0);
+	T_EQ(tq_xf_applied(xf), TQ_XF_K_UNSHRINK);   /* needs no statistics */
 	T_EQ(tq_xf_calibrate(xf, K, V, Q, 64, 1, TQ_DTYPE_F32), -EALREADY);
 	/* emptied: calibrates again; no queries: no query-based equalization */
 	tq_xf_reset(xf);
 	T_EQ(tq_xf_calibrate(xf, K, V, NULL, 64, 0, TQ_DTYPE_F32), 0);
-	T_EQ(tq_xf_applied(xf), TQ_XF_K_CENTER);
-	T_EQ(tq_xf_touches_queries(xf), 0);
+	T_EQ(tq_xf_applied(xf), TQ_XF_K_CENTER | TQ_XF_K_UNSHRINK);
+	T_EQ(tq_xf_touches_queries(xf), 0);   /* no K codec given: the factor is 1 */
 	tq_xf_free(xf);
 	/* mode 0 never applies anything */
-	T_EQ(tq_xf_new(&xf, 0, NKV, NQH, D, NULL), 0);
+	T_EQ(tq_xf_new(&xf, 0, NKV, NQH, D, NULL, NULL), 0);
 	T_EQ(tq_xf_calibrate(xf, K, V, Q, 64, NQ, TQ_DTYPE_F32), 0);
 	T_EQ(tq_xf_applied(xf), 0);
 	tq_xf_free(xf);
@@ -229,8 +229,8 @@ static void test_calibration_rules(void)
 			kf[i] = tq_f16_to_f32(k16[i]);
 			vf[i] = tq_f16_to_f32(v16[i]);
 		}
-		T_EQ(tq_xf_new(&x1, TQ_XF_K_CENTER | TQ_XF_K_EQ_K, NKV, NQH, D, NULL), 0);
-		T_EQ(tq_xf_new(&x2, TQ_XF_K_CENTER | TQ_XF_K_EQ_K, NKV, NQH, D, NULL), 0);
+		T_EQ(tq_xf_new(&x1, TQ_XF_K_CENTER | TQ_XF_K_EQ_K, NKV, NQH, D, NULL, NULL), 0);
+		T_EQ(tq_xf_new(&x2, TQ_XF_K_CENTER | TQ_XF_K_EQ_K, NKV, NQH, D, NULL, NULL), 0);
 		T_EQ(tq_xf_calibrate(x1, k16, v16, NULL, 64, 0, TQ_DTYPE_F16), 0);
 		T_EQ(tq_xf_calibrate(x2, kf, vf, NULL, 64, 0, TQ_DTYPE_F32), 0);
 		tq_xf_keys(x1, k16, TQ_DTYPE_F16, 8, a);
@@ -241,9 +241,9 @@ static void test_calibration_rules(void)
 	}
 	/* bad shapes and modes */
 	tq_error err;
-	T_EQ(tq_xf_new(&xf, TQ_XF_K_EQ_QK | TQ_XF_K_EQ_K, NKV, NQH, D, &err), -EINVAL);
-	T_EQ(tq_xf_new(&xf, 0x100, NKV, NQH, D, &err), -EINVAL);
-	T_EQ(tq_xf_new(&xf, 0, 4, 6, D, &err), -EINVAL);
+	T_EQ(tq_xf_new(&xf, TQ_XF_K_EQ_QK | TQ_XF_K_EQ_K, NKV, NQH, D, NULL, &err), -EINVAL);
+	T_EQ(tq_xf_new(&xf, 0x100, NKV, NQH, D, NULL, &err), -EINVAL);
+	T_EQ(tq_xf_new(&xf, 0, 4, 6, D, NULL, &err), -EINVAL);
 }
 
 static void test_mode_names(void)
@@ -276,9 +276,9 @@ static void test_blob(void)
 
 	rs = t_seed() ^ 0x99;
 	make_inputs(K, V, Q, N, NQ);
-	T_EQ(tq_xf_new(&x1, TQ_XF_K_CENTER | TQ_XF_V_CENTER | TQ_XF_K_EQ_QK, NKV, NQH, D, NULL), 0);
-	T_EQ(tq_xf_new(&x2, TQ_XF_K_CENTER | TQ_XF_V_CENTER | TQ_XF_K_EQ_QK, NKV, NQH, D, NULL), 0);
-	T_EQ(tq_xf_new(&x3, TQ_XF_K_CENTER, NKV, NQH, D, NULL), 0);
+	T_EQ(tq_xf_new(&x1, TQ_XF_K_CENTER | TQ_XF_V_CENTER | TQ_XF_K_EQ_QK, NKV, NQH, D, NULL, NULL), 0);
+	T_EQ(tq_xf_new(&x2, TQ_XF_K_CENTER | TQ_XF_V_CENTER | TQ_XF_K_EQ_QK, NKV, NQH, D, NULL, NULL), 0);
+	T_EQ(tq_xf_new(&x3, TQ_XF_K_CENTER, NKV, NQH, D, NULL, NULL), 0);
 	T_EQ(tq_xf_blob_bytes(x1), 0);
 	T_EQ(tq_xf_calibrate(x1, K, V, Q, 100, NQ, TQ_DTYPE_F32), 0);
 	n = tq_xf_blob_bytes(x1);
@@ -323,6 +323,60 @@ static void test_blob(void)
 	tq_xf_free(x3);
 }
 
+/* K unshrink: through tq4 (tq3) keys the logits' regression slope on the
+ * exact ones is tq_codec_shrink (a norm-corrected codec shrinks them);
+ * with the queries scaled by the transform it is 1. */
+static void test_unshrink(void)
+{
+	static const enum tq_codec_id ids[] = { TQ_CODEC_TQ4, TQ_CODEC_TQ3 };
+	enum { NV = 4000 };
+	static float k[NV * D], kd[NV * D];
+	float q[NQH * D], xq[NQH * D];
+
+	rs = t_seed() ^ 0x1234;
+	for (size_t i = 0; i < (size_t)NV * D; i++)
+		k[i] = gauss();
+	for (size_t i = 0; i < (size_t)NQH * D; i++)
+		q[i] = gauss();
+	for (size_t c = 0; c < 2; c++) {
+		struct tq_codec_params p = { .id = ids[c], .dim = D, .seed = 5 };
+		tq_codec *kc;
+		tq_xf *xf;
+		tq_error err;
+		uint8_t *blk;
+		T_EQ(tq_codec_new(&kc, NULL, &p, &err), 0);
+		T_ASSERT((blk = malloc(tq_codec_block_bytes(kc) * NV)) != NULL);
+		T_EQ(tq_encode(kc, k, TQ_DTYPE_F32, NV, blk, &err), 0);
+		T_EQ(tq_decode(kc, blk, NV, kd), 0);
+		T_EQ(tq_xf_new(&xf, TQ_XF_K_UNSHRINK, NKV, NQH, D, kc, NULL), 0);
+		T_EQ(tq_xf_calibrate(xf, k, k, NULL, 1, 0, TQ_DTYPE_F32), 0);
+		T_EQ(tq_xf_touches_queries(xf), 1);
+		tq_xf_queries(xf, q, TQ_DTYPE_F32, 1, xq);
+		double sxy = 0, sxx = 0, sxy2 = 0;
+		for (int t = 0; t < NV; t++)
+			for (int h = 0; h < NQH; h++) {
+				double a = 0, b = 0, b2 = 0;
+				for (int j = 0; j < D; j++) {
+					a += (double)q[h * D + j] * k[(size_t)t * D + j];
+					b += (double)q[h * D + j] * kd[(size_t)t * D + j];
+					b2 += (double)xq[h * D + j] * kd[(size_t)t * D + j];
+				}
+				sxy += a * b;
+				sxy2 += a * b2;
+				sxx += a * a;
+			}
+		double shrink = tq_codec_shrink(kc);
+		fprintf(stderr, "  %s: shrink %.5f predicted, slope %.5f measured; with unshrink %.5f\n",
+			tq_codec_name(ids[c]), shrink, sxy / sxx, sxy2 / sxx);
+		T_NEAR(sxy / sxx, shrink, 0.004);
+		T_NEAR(sxy2 / sxx, 1.0, 0.004);
+		T_ASSERT(shrink < 0.999);
+		tq_xf_free(xf);
+		tq_codec_free(kc);
+		free(blk);
+	}
+}
+
 int main(void)
 {
 	T_RUN(test_mode_names);
@@ -330,5 +384,6 @@ int main(void)
 	T_RUN(test_default_helps_tq4_keys);
 	T_RUN(test_calibration_rules);
 	T_RUN(test_blob);
+	T_RUN(test_unshrink);
 	return t_done();
 }
