@@ -26,6 +26,7 @@ static const struct {
 	const char *name;
 } xf_names[] = {
 	{ TQ_XF_K_CENTER, "k-center" },
+	{ TQ_XF_K_SINK, "k-sink" },
 	{ TQ_XF_V_CENTER, "v-center" },
 	{ TQ_XF_K_EQ_QK, "k-eq-qk" },
 	{ TQ_XF_K_EQ_K, "k-eq-k" },
@@ -38,6 +39,11 @@ int tq_xf_mode_check(uint32_t mode, tq_error *err)
 		if (err)
 			snprintf(err->msg, sizeof(err->msg), "kv transform 0x%x: unknown bits 0x%x", mode,
 				 mode & ~TQ_XF_MASK);
+		return -EINVAL;
+	}
+	if ((mode & TQ_XF_K_CENTER) && (mode & TQ_XF_K_SINK)) {
+		if (err)
+			snprintf(err->msg, sizeof(err->msg), "kv transform: k-center and k-sink exclude each other");
 		return -EINVAL;
 	}
 	if ((mode & TQ_XF_K_EQ_QK) && (mode & TQ_XF_K_EQ_K)) {
@@ -228,10 +234,17 @@ int tq_xf_calibrate(tq_xf *xf, const void *k, const void *v, const void *q, uint
 	}
 	xf->k_rms = rows_mean(k, dtype, n, xf->n_kv, d, xf->k_mean, acc);
 	xf->v_rms = rows_mean(v, dtype, n, xf->n_kv, d, xf->v_mean, acc);
-	if (xf->mode & TQ_XF_K_CENTER)
+	if (xf->mode & TQ_XF_K_SINK) {
+		/* the centre is the first token's key: that key (the attention
+		 * sink's, where a sequence starts with one) encodes exactly */
+		for (size_t i = 0; i < w; i++)
+			xf->k_mean[i] = load1(k, dtype, i);
+		xf->applied |= TQ_XF_K_SINK;
+	} else if (xf->mode & TQ_XF_K_CENTER) {
 		xf->applied |= TQ_XF_K_CENTER;
-	else
+	} else {
 		memset(xf->k_mean, 0, w * sizeof(float));
+	}
 	if (xf->mode & TQ_XF_V_CENTER)
 		xf->applied |= TQ_XF_V_CENTER;
 	else
@@ -296,7 +309,7 @@ void tq_xf_keys(const tq_xf *xf, const void *k, enum tq_dtype dtype, uint32_t n,
 	for (uint32_t t = 0; t < n; t++)
 		for (size_t i = 0; i < w; i++) {
 			float x = load1(k, dtype, (size_t)t * w + i);
-			if (a & TQ_XF_K_CENTER)
+			if (a & (TQ_XF_K_CENTER | TQ_XF_K_SINK))
 				x -= xf->k_mean[i];
 			if (a & (TQ_XF_K_EQ_QK | TQ_XF_K_EQ_K))
 				x /= xf->k_scale[i];
@@ -363,7 +376,7 @@ int tq_xf_touches_output(const tq_xf *xf)
 /* ---- bytes ------------------------------------------------------------------
  * header (XF_HDR bytes, little-endian u32): magic, version, applied,
  * calib_tokens, n_kv, dim, k_rms (f32 bits), v_rms (f32 bits); then
- * k_mean if K_CENTER, k_scale if an equalization, v_mean if V_CENTER,
+ * k_mean (the K centre) if K_CENTER or K_SINK, k_scale if an equalization, v_mean if V_CENTER,
  * each [n_kv][dim] f32.  An uncalibrated transform has no bytes (0). */
 
 static void put32(uint8_t *p, uint32_t x)
@@ -395,7 +408,7 @@ static float u2f(uint32_t u)
 
 static uint32_t parts(uint32_t applied)
 {
-	return !!(applied & TQ_XF_K_CENTER) + !!(applied & (TQ_XF_K_EQ_QK | TQ_XF_K_EQ_K)) +
+	return !!(applied & (TQ_XF_K_CENTER | TQ_XF_K_SINK)) + !!(applied & (TQ_XF_K_EQ_QK | TQ_XF_K_EQ_K)) +
 	       !!(applied & TQ_XF_V_CENTER);
 }
 
@@ -410,7 +423,7 @@ void tq_xf_blob_write(const tq_xf *xf, uint8_t *buf)
 {
 	const size_t w = (size_t)xf->n_kv * xf->dim;
 	const float *arr[3] = { xf->k_mean, xf->k_scale, xf->v_mean };
-	const uint32_t bits[3] = { TQ_XF_K_CENTER, TQ_XF_K_EQ_QK | TQ_XF_K_EQ_K, TQ_XF_V_CENTER };
+	const uint32_t bits[3] = { TQ_XF_K_CENTER | TQ_XF_K_SINK, TQ_XF_K_EQ_QK | TQ_XF_K_EQ_K, TQ_XF_V_CENTER };
 	uint8_t *p = buf + XF_HDR;
 
 	if (!xf->calibrated)
@@ -438,7 +451,7 @@ int tq_xf_blob_read(tq_xf *xf, const uint8_t *buf, size_t len, tq_error *err)
 {
 	const size_t w = (size_t)xf->n_kv * xf->dim;
 	float *arr[3] = { xf->k_mean, xf->k_scale, xf->v_mean };
-	const uint32_t bits[3] = { TQ_XF_K_CENTER, TQ_XF_K_EQ_QK | TQ_XF_K_EQ_K, TQ_XF_V_CENTER };
+	const uint32_t bits[3] = { TQ_XF_K_CENTER | TQ_XF_K_SINK, TQ_XF_K_EQ_QK | TQ_XF_K_EQ_K, TQ_XF_V_CENTER };
 	uint32_t applied;
 	float k_rms, v_rms;
 	const uint8_t *p;

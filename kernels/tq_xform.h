@@ -15,6 +15,10 @@
  *                   Σ q_c² s_c² · Σ k_c² / s_c², which the first choice
  *                   minimizes (Cauchy–Schwarz).
  *   V centering     v' = v − μv, out += μv   (the weights sum to one)
+ *   K sink centring k' = k − k0 (TQ_XF_K_SINK, instead of μk): the first
+ *                   token's key — the attention sink's, which takes much of
+ *                   the weight in late layers — becomes 0 and encodes
+ *                   exactly; the other keys keep their offset from it
  *
  * and one correction that needs no statistics, K unshrink: a norm-corrected
  * TurboQuant key shrinks every logit by about sqrt(1 − D) on average
@@ -57,8 +61,9 @@ enum {
 	TQ_XF_K_EQ_QK  = 1u << 2,  /* channel scales from keys and queries    */
 	TQ_XF_K_EQ_K   = 1u << 3,  /* channel scales from keys alone          */
 	TQ_XF_K_UNSHRINK = 1u << 4, /* queries × 1/tq_codec_shrink(K codec)   */
+	TQ_XF_K_SINK   = 1u << 5,  /* keys minus the first token's key         */
 };
-#define TQ_XF_MASK    0x1fu
+#define TQ_XF_MASK    0x3fu
 /* The default for new sessions (measured: BENCHMARKS.md 4a). */
 #define TQ_XF_DEFAULT (TQ_XF_K_CENTER | TQ_XF_K_EQ_QK | TQ_XF_K_UNSHRINK)
 #define TQ_XF_MIN_TOKENS 8u
@@ -69,8 +74,8 @@ enum {
 
 typedef struct tq_xf tq_xf;
 
-/* A mode is valid when it has no unknown bits and at most one of the two
- * equalizations: 0, or -EINVAL with err. */
+/* A mode is valid when it has no unknown bits, at most one of the two
+ * equalizations and at most one K centre: 0, or -EINVAL with err. */
 int tq_xf_mode_check(uint32_t mode, tq_error *err);
 /* "k-center+k-eq-qk", "none", ... into buf (always terminated). */
 const char *tq_xf_mode_str(uint32_t mode, char *buf, size_t len);

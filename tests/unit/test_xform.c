@@ -155,7 +155,8 @@ static void test_exact_in_attention(void)
 {
 	static float ref[NQ * NQH * D], got[NQ * NQH * D];
 	uint32_t modes[] = { TQ_XF_K_CENTER, TQ_XF_V_CENTER, TQ_XF_K_EQ_QK, TQ_XF_K_EQ_K,
-			     TQ_XF_DEFAULT, TQ_XF_K_CENTER | TQ_XF_V_CENTER | TQ_XF_K_EQ_QK };
+			     TQ_XF_DEFAULT, TQ_XF_K_CENTER | TQ_XF_V_CENTER | TQ_XF_K_EQ_QK,
+			     TQ_XF_K_SINK | TQ_XF_K_EQ_QK, TQ_XF_K_SINK | TQ_XF_V_CENTER };
 
 	rs = t_seed();
 	make_inputs(K, V, Q, N, NQ);
@@ -260,6 +261,10 @@ static void test_mode_names(void)
 	T_ASSERT(strcmp(tq_xf_mode_str(m, buf, sizeof(buf)), "k-center+v-center+k-eq-k") == 0);
 	T_ASSERT(strcmp(tq_xf_mode_str(0, buf, sizeof(buf)), "none") == 0);
 	T_EQ(tq_xf_mode_parse("k-eq-qk,k-eq-k", &m), -EINVAL);
+	T_EQ(tq_xf_mode_parse("k-center+k-sink", &m), -EINVAL);
+	T_EQ(tq_xf_mode_parse("k-sink+k-eq-qk+k-unshrink", &m), 0);
+	T_EQ(m, TQ_XF_K_SINK | TQ_XF_K_EQ_QK | TQ_XF_K_UNSHRINK);
+	T_ASSERT(strcmp(tq_xf_mode_str(m, buf, sizeof(buf)), "k-sink+k-eq-qk+k-unshrink") == 0);
 	T_EQ(tq_xf_mode_parse("k-centre", &m), -EINVAL);
 	T_EQ(tq_xf_mode_parse("a-very-long-word-that-is-not-a-mode-at-all", &m), -EINVAL);
 }
@@ -377,6 +382,34 @@ static void test_unshrink(void)
 	}
 }
 
+/* K sink centring: the first token's key becomes the zero vector (its
+ * block encodes exactly), and the centre survives the stored bytes. */
+static void test_sink(void)
+{
+	static float xk[4 * NKV * D], b[4 * NKV * D];
+	tq_xf *x1, *x2;
+	tq_error err;
+	uint8_t buf[32 + 2 * NKV * D * 4];
+
+	rs = t_seed() ^ 0x5151;
+	make_inputs(K, V, Q, N, NQ);
+	T_EQ(tq_xf_new(&x1, TQ_XF_K_SINK | TQ_XF_K_EQ_QK, NKV, NQH, D, NULL, NULL), 0);
+	T_EQ(tq_xf_new(&x2, TQ_XF_K_SINK | TQ_XF_K_EQ_QK, NKV, NQH, D, NULL, NULL), 0);
+	T_EQ(tq_xf_calibrate(x1, K, V, Q, 64, NQ, TQ_DTYPE_F32), 0);
+	T_EQ(tq_xf_applied(x1), TQ_XF_K_SINK | TQ_XF_K_EQ_QK);
+	tq_xf_keys(x1, K, TQ_DTYPE_F32, 4, xk);
+	for (int i = 0; i < NKV * D; i++)
+		T_EQ(xk[i], 0.0f);
+	T_ASSERT(xk[NKV * D + 3] != 0.0f);
+	T_EQ(tq_xf_blob_bytes(x1), sizeof(buf));
+	tq_xf_blob_write(x1, buf);
+	T_EQ(tq_xf_blob_read(x2, buf, sizeof(buf), &err), 0);
+	tq_xf_keys(x2, K, TQ_DTYPE_F32, 4, b);
+	T_ASSERT(memcmp(xk, b, sizeof(b)) == 0);
+	tq_xf_free(x1);
+	tq_xf_free(x2);
+}
+
 int main(void)
 {
 	T_RUN(test_mode_names);
@@ -385,5 +418,6 @@ int main(void)
 	T_RUN(test_calibration_rules);
 	T_RUN(test_blob);
 	T_RUN(test_unshrink);
+	T_RUN(test_sink);
 	return t_done();
 }
