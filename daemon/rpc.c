@@ -324,8 +324,8 @@ static const char *xf_name(uint32_t mode)
 	return mode <= TQ_XF_MASK ? xf_names[mode] : "?";
 }
 
-#define XF_MODES_HELP "none, default, or parts joined by '+': k-center, v-center, k-eq-qk, k-eq-k, k-unshrink; " \
-		      "at most one k-eq-*"
+#define XF_MODES_HELP "none, default, or parts joined by '+': k-center, k-sink, v-center, k-eq-qk, k-eq-k, k-unshrink; " \
+		      "at most one k-eq-* and one of k-center, k-sink"
 
 /* The message's strings point into `si` (and static tables). */
 static void session_to_msg(struct session_info *si, Tqkv__V1__Session *m)
