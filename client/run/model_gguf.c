@@ -38,8 +38,12 @@ struct spec {
 	const float **dst;
 };
 
-static int load_tensor(const tqr_gguf *g, const char *path, const char *name, uint64_t ne0, uint64_t ne1,
-		       float *dst, tqr_error *err)
+/* The tensor `name` with the shape the metadata imply, in a type tqkv-run
+ * reads (its bytes lie inside the file: gguf.c checked that): 0 and *out,
+ * or an error.  Every tensor is checked before the fp32 weights are
+ * allocated, so their size is bounded by the file's, not by metadata. */
+static int check_tensor(const tqr_gguf *g, const char *path, const char *name, uint64_t ne0, uint64_t ne1,
+			const struct tqr_gguf_tensor **out, tqr_error *err)
 {
 	const struct tqr_gguf_tensor *t = tqr_gguf_tensor_find(g, name);
 	int is_vec = ne1 == 0;
@@ -60,6 +64,18 @@ static int load_tensor(const tqr_gguf *g, const char *path, const char *name, ui
 	if (!tqr_ggml_dequant_supported(t->type))
 		return tqr_fail(err, -EOPNOTSUPP, "%s: tensor %s is %s: tqkv-run loads F32, F16, BF16, Q8_0, Q4_0 and Q4_1",
 				path, name, tqr_ggml_type_name(t->type));
+	*out = t;
+	return 0;
+}
+
+static int load_tensor(const tqr_gguf *g, const char *path, const char *name, uint64_t ne0, uint64_t ne1,
+		       float *dst, tqr_error *err)
+{
+	const struct tqr_gguf_tensor *t;
+	int rc;
+
+	if ((rc = check_tensor(g, path, name, ne0, ne1, &t, err)) < 0)
+		return rc;
 	tqr_ggml_dequant(t->type, t->data, t->n_elems, dst);
 	for (uint64_t j = 0; j < t->n_elems; j++)
 		if (!isfinite(dst[j]))
@@ -194,6 +210,17 @@ int tqr_model_load_gguf(tqr_model *m, const char *path, tqr_error *err)
 		if (sp[i].dst)
 			total += (sp[i].per_layer ? (uint64_t)c.n_layers : 1) * sp[i].ne0 * (sp[i].ne1 ? sp[i].ne1 : 1);
 	}
+	for (size_t i = 0; i < nsp; i++)
+		for (int l = 0; sp[i].dst && l < (sp[i].per_layer ? c.n_layers : 1); l++) {
+			const struct tqr_gguf_tensor *t;
+			char name[64];
+			if (sp[i].per_layer)
+				snprintf(name, sizeof(name), "blk.%d.%s", l, sp[i].name);
+			else
+				snprintf(name, sizeof(name), "%s", sp[i].name);
+			if ((rc = check_tensor(g, path, name, sp[i].ne0, sp[i].ne1, &t, err)) < 0)
+				goto fail;
+		}
 	if (total > ((uint64_t)1 << 36) || !(buf = malloc(sizeof(float) * (size_t)total))) {
 		rc = tqr_fail(err, -ENOMEM, "%s: out of memory for %llu fp32 weights", path, (unsigned long long)total);
 		goto fail;
