@@ -7,7 +7,7 @@
 set -u
 cd "$TQ_SRC"
 rc=0
-for t in config tokenizer checkpoint persist bpe gguf; do
+for t in config tokenizer checkpoint persist bpe gguf sqe rpc hello spillhdr; do
 	bin="$TQ_BUILD/tests/fuzz_$t"
 	[ -x "$bin" ] || { echo "missing $bin"; exit 1; }
 	extra=()
