@@ -300,9 +300,9 @@ static uint64_t tensor_bytes(uint32_t n, uint32_t heads, uint32_t dim, size_t es
 }
 
 /* 0, or the status for a region [off, off+len) of the arena aligned to `align`. */
-static uint32_t check_region(const struct ring_client *c, uint64_t off, uint64_t len, uint32_t align)
+static uint32_t check_region(uint64_t arena_bytes, uint64_t off, uint64_t len, uint32_t align)
 {
-	if (off > c->arena_bytes || len > c->arena_bytes - off)
+	if (off > arena_bytes || len > arena_bytes - off)
 		return TQKV_ST_BAD_RANGE;
 	if (off % align)
 		return TQKV_ST_BAD_ALIGN;
@@ -318,18 +318,23 @@ static bool all_zero(const void *p, size_t n)
 	return true;
 }
 
-/* Check an SQE against its op and the binding's geometry: TQKV_ST_OK or
- * the status to complete it with (*detail set). */
-static uint32_t sqe_check(const struct ring_client *c, const struct tqkv_sqe *e,
-			  const struct binding *b, uint32_t *detail)
+/* Every field an op does not use is zero (NOP: all of them, session too). */
+static bool sqe_unused_zero(const struct tqkv_sqe *e, uint16_t flags_ok)
 {
-	const struct session_geom *g = &b->geom;
+	return !(e->flags & ~flags_ok) && !e->dtype && !e->layer && !e->n_tokens && !e->n_q && !e->k_off &&
+	       !e->v_off && !e->q_off && !e->pos_off && !e->out_off && !e->pos &&
+	       (e->opcode != TQKV_OP_NOP || !e->session);
+}
+
+/* The data ops' checks against the session's geometry and the arena. */
+static uint32_t sqe_check_data(const struct tqkv_sqe *e, uint64_t arena_bytes, const struct session_geom *g,
+			       uint32_t *detail)
+{
 	size_t es;
 	uint32_t st;
 	bool app = e->opcode == TQKV_OP_APPEND || e->opcode == TQKV_OP_APPEND_ATTEND;
 	bool att = e->opcode == TQKV_OP_ATTEND || e->opcode == TQKV_OP_APPEND_ATTEND;
 
-	*detail = 0;
 	if (e->opcode == TQKV_OP_TRUNCATE) {
 		if ((e->flags & ~TQKV_SQE_ALL_LAYERS) || e->dtype || e->n_tokens || e->n_q || e->k_off ||
 		    e->v_off || e->q_off || e->pos_off || e->out_off ||
@@ -359,8 +364,8 @@ static uint32_t sqe_check(const struct ring_client *c, const struct tqkv_sqe *e,
 			return TQKV_ST_BAD_COUNT;
 		}
 		kvb = tensor_bytes(e->n_tokens, g->n_kv_heads, g->head_dim, es);
-		if ((st = check_region(c, e->k_off, kvb, (uint32_t)es)) ||
-		    (st = check_region(c, e->v_off, kvb, (uint32_t)es)))
+		if ((st = check_region(arena_bytes, e->k_off, kvb, (uint32_t)es)) ||
+		    (st = check_region(arena_bytes, e->v_off, kvb, (uint32_t)es)))
 			return st;
 	} else if (e->n_tokens || e->k_off || e->v_off) {
 		return TQKV_ST_BAD_FIELD;
@@ -370,15 +375,45 @@ static uint32_t sqe_check(const struct ring_client *c, const struct tqkv_sqe *e,
 			*detail = e->n_q;
 			return TQKV_ST_BAD_COUNT;
 		}
-		if ((st = check_region(c, e->q_off, tensor_bytes(e->n_q, g->n_q_heads, g->head_dim, es),
+		if ((st = check_region(arena_bytes, e->q_off, tensor_bytes(e->n_q, g->n_q_heads, g->head_dim, es),
 				       (uint32_t)es)) ||
-		    (st = check_region(c, e->pos_off, (uint64_t)e->n_q * 4u, 4)) ||
-		    (st = check_region(c, e->out_off, tensor_bytes(e->n_q, g->n_q_heads, g->head_dim, 4), 4)))
+		    (st = check_region(arena_bytes, e->pos_off, (uint64_t)e->n_q * 4u, 4)) ||
+		    (st = check_region(arena_bytes, e->out_off, tensor_bytes(e->n_q, g->n_q_heads, g->head_dim, 4), 4)))
 			return st;
 	} else if (e->n_q || e->q_off || e->pos_off || e->out_off) {
 		return TQKV_ST_BAD_FIELD;
 	}
 	return TQKV_ST_OK;
+}
+
+uint32_t ring_sqe_check(const struct tqkv_sqe *e, uint64_t arena_bytes, const struct session_geom *g,
+			uint32_t *detail)
+{
+	*detail = 0;
+	if (!all_zero(e->reserved, sizeof(e->reserved)))
+		return TQKV_ST_BAD_FIELD;
+	switch (e->opcode) {
+	case TQKV_OP_NOP:
+		return sqe_unused_zero(e, 0) ? TQKV_ST_OK : TQKV_ST_BAD_FIELD;
+	case TQKV_OP_ATTACH:
+		return sqe_unused_zero(e, TQKV_SQE_EPHEMERAL) ? TQKV_ST_OK : TQKV_ST_BAD_FIELD;
+	case TQKV_OP_DETACH:
+	case TQKV_OP_CLOSE:
+	case TQKV_OP_PREFETCH:
+		if (!g)
+			return TQKV_ST_NOT_ATTACHED;
+		return sqe_unused_zero(e, 0) ? TQKV_ST_OK : TQKV_ST_BAD_FIELD;
+	case TQKV_OP_APPEND:
+	case TQKV_OP_ATTEND:
+	case TQKV_OP_APPEND_ATTEND:
+	case TQKV_OP_TRUNCATE:
+		if (!g)
+			return TQKV_ST_NOT_ATTACHED;
+		return sqe_check_data(e, arena_bytes, g, detail);
+	default:
+		*detail = e->opcode;
+		return TQKV_ST_BAD_OPCODE;
+	}
 }
 
 /* ---- ATTACH / DETACH (ring thread) ------------------------------------------------ */
@@ -390,9 +425,7 @@ static void do_attach(struct ring_client *c, const struct tqkv_sqe *e)
 	struct binding *b, **pp;
 	uint32_t st = TQKV_ST_OK;
 
-	if ((e->flags & ~TQKV_SQE_EPHEMERAL) || e->layer || e->dtype || e->n_tokens || e->n_q ||
-	    e->k_off || e->v_off || e->q_off || e->pos_off || e->out_off || e->pos)
-		return cq_fail(c, e, TQKV_ST_BAD_FIELD, 0);
+	/* its fields were checked by dispatch (ring_sqe_check) */
 	if (session_get_info(rs->st, e->session, &info) < 0)
 		return cq_fail(c, e, TQKV_ST_NO_SESSION, 0);
 	/* Never say more about another user's session than "not yours". */
@@ -454,28 +487,15 @@ static void dispatch(struct ring_client *c, const struct tqkv_sqe *e)
 	struct ring_server *rs = c->rs;
 	struct binding *b;
 	struct op *o;
-	uint32_t st = TQKV_ST_OK, detail = 0;
+	uint32_t st, detail = 0;
 
-	if (!all_zero(e->reserved, sizeof(e->reserved)))
-		return cq_fail(c, e, TQKV_ST_BAD_FIELD, 0);
-	switch (e->opcode) {
-	case TQKV_OP_NOP:
-		if (e->flags || e->dtype || e->layer || e->session || e->n_tokens || e->n_q || e->k_off ||
-		    e->v_off || e->q_off || e->pos_off || e->out_off || e->pos)
-			return cq_fail(c, e, TQKV_ST_BAD_FIELD, 0);
+	/* NOP, ATTACH and unknown opcodes name no attached session. */
+	if (e->opcode == TQKV_OP_NOP || e->opcode == TQKV_OP_ATTACH || e->opcode >= TQKV_OP__COUNT) {
+		if ((st = ring_sqe_check(e, c->arena_bytes, NULL, &detail)) != TQKV_ST_OK)
+			return cq_fail(c, e, st, detail);
+		if (e->opcode == TQKV_OP_ATTACH)
+			return do_attach(c, e);
 		return cq_post(c, e, 0, TQKV_ST_OK, 0, 0, NULL);
-	case TQKV_OP_ATTACH:
-		return do_attach(c, e);
-	case TQKV_OP_DETACH:
-	case TQKV_OP_CLOSE:
-	case TQKV_OP_PREFETCH:
-	case TQKV_OP_APPEND:
-	case TQKV_OP_ATTEND:
-	case TQKV_OP_APPEND_ATTEND:
-	case TQKV_OP_TRUNCATE:
-		break;
-	default:
-		return cq_fail(c, e, TQKV_ST_BAD_OPCODE, e->opcode);
 	}
 
 	o = malloc(sizeof(*o));
@@ -485,22 +505,12 @@ static void dispatch(struct ring_client *c, const struct tqkv_sqe *e)
 	o->e = *e;
 	pthread_mutex_lock(&rs->lock);
 	b = *map_slot(rs, e->session);
-	if (!b || b->c != c || b->detached) {
-		st = TQKV_ST_NOT_ATTACHED;
-	} else if (e->opcode == TQKV_OP_DETACH || e->opcode == TQKV_OP_CLOSE) {
-		if (e->flags || e->dtype || e->layer || e->n_tokens || e->n_q || e->k_off || e->v_off ||
-		    e->q_off || e->pos_off || e->out_off || e->pos) {
-			st = TQKV_ST_BAD_FIELD;
-		} else {
-			b->detached = true; /* later SQEs of this session: NOT_ATTACHED */
-			b->close_requested = e->opcode == TQKV_OP_CLOSE;
-		}
-	} else if (e->opcode == TQKV_OP_PREFETCH) {
-		if (e->flags || e->dtype || e->layer || e->n_tokens || e->n_q || e->k_off || e->v_off ||
-		    e->q_off || e->pos_off || e->out_off || e->pos)
-			st = TQKV_ST_BAD_FIELD;
-	} else {
-		st = sqe_check(c, e, b, &detail);
+	if (b && (b->c != c || b->detached))
+		b = NULL;
+	st = ring_sqe_check(e, c->arena_bytes, b ? &b->geom : NULL, &detail);
+	if (st == TQKV_ST_OK && (e->opcode == TQKV_OP_DETACH || e->opcode == TQKV_OP_CLOSE)) {
+		b->detached = true; /* later SQEs of this session: NOT_ATTACHED */
+		b->close_requested = e->opcode == TQKV_OP_CLOSE;
 	}
 	if (st == TQKV_ST_OK) {
 		if (b->tail)
@@ -857,6 +867,50 @@ static void welcome_send(int fd, int res, uint64_t client_id, const char *msg)
 	}
 }
 
+int ring_hello_check(const struct tqkv_hello *h, size_t n, size_t n_fds, bool ctrunc,
+		     struct tqkv_ring_layout *lay, char *why, size_t whylen)
+{
+	if (n != sizeof(*h)) {
+		snprintf(why, whylen, "hello of %zu bytes (expected %zu)", n, sizeof(*h));
+		return -EPROTO;
+	}
+	if (ctrunc || n_fds > 1) {
+		snprintf(why, whylen, "the hello must carry exactly one fd (the ring's memfd); it carried %s",
+			 ctrunc ? "more than 4" : "several");
+		return -EPROTO;
+	}
+	if (h->magic != TQKV_RING_MAGIC) {
+		snprintf(why, whylen, "not a tqkv data client (bad magic)");
+		return -EPROTO;
+	}
+	if ((h->version >> 16) != TQKV_RING_VERSION_MAJOR) {
+		snprintf(why, whylen, "ring ABI %u.%u is not supported (daemon speaks %u.%u)",
+			 h->version >> 16, h->version & 0xffff, TQKV_RING_VERSION_MAJOR, TQKV_RING_VERSION_MINOR);
+		return -EPROTONOSUPPORT;
+	}
+	if (h->flags || !all_zero(h->reserved, sizeof(h->reserved)) ||
+	    tqkv_ring_layout(h->sq_entries, h->cq_entries, h->arena_bytes, lay) < 0 ||
+	    lay->total_bytes != h->total_bytes) {
+		snprintf(why, whylen, "bad ring geometry (sq %u, cq %u, arena %llu, total %llu)",
+			 h->sq_entries, h->cq_entries, (unsigned long long)h->arena_bytes,
+			 (unsigned long long)h->total_bytes);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+int ring_memfd_check(uint32_t mode, uint64_t size, int seals, uint64_t total_bytes, char *why, size_t whylen)
+{
+	/* Sealed against shrinking, so no access inside total_bytes can SIGBUS. */
+	if (!S_ISREG(mode) || seals < 0 ||
+	    (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW) || size != total_bytes) {
+		snprintf(why, whylen, "the fd must be a memfd of %llu bytes sealed with F_SEAL_SHRINK|F_SEAL_GROW",
+			 (unsigned long long)total_bytes);
+		return -EINVAL;
+	}
+	return 0;
+}
+
 /* Handshake on a new connection: 0 and the mapped client, or a negative
  * errno with why set (the caller answers and closes). */
 static int handshake(struct ring_server *rs, struct ring_client *c, char *why, size_t whylen)
@@ -901,52 +955,19 @@ static int handshake(struct ring_server *rs, struct ring_client *c, char *why, s
 		snprintf(why, whylen, "reading the hello: %s", strerror(errno));
 		goto fail;
 	}
-	if ((size_t)n != sizeof(h)) {
-		r = -EPROTO;
-		snprintf(why, whylen, "hello of %zd bytes (expected %zu)", n, sizeof(h));
+	if ((r = ring_hello_check(&h, (size_t)n, n_fds, (msg.msg_flags & MSG_CTRUNC) != 0, &lay, why,
+				  whylen)) < 0)
 		goto fail;
-	}
-	if ((msg.msg_flags & MSG_CTRUNC) || n_fds > 1) {
-		r = -EPROTO;
-		snprintf(why, whylen, "the hello must carry exactly one fd (the ring's memfd); it carried %s",
-			 (msg.msg_flags & MSG_CTRUNC) ? "more than 4" : "several");
-		goto fail;
-	}
-	if (h.magic != TQKV_RING_MAGIC) {
-		r = -EPROTO;
-		snprintf(why, whylen, "not a tqkv data client (bad magic)");
-		goto fail;
-	}
-	if ((h.version >> 16) != TQKV_RING_VERSION_MAJOR) {
-		r = -EPROTONOSUPPORT;
-		snprintf(why, whylen, "ring ABI %u.%u is not supported (daemon speaks %u.%u)",
-			 h.version >> 16, h.version & 0xffff, TQKV_RING_VERSION_MAJOR, TQKV_RING_VERSION_MINOR);
-		goto fail;
-	}
-	if (h.flags || !all_zero(h.reserved, sizeof(h.reserved)) ||
-	    tqkv_ring_layout(h.sq_entries, h.cq_entries, h.arena_bytes, &lay) < 0 ||
-	    lay.total_bytes != h.total_bytes) {
-		r = -EINVAL;
-		snprintf(why, whylen, "bad ring geometry (sq %u, cq %u, arena %llu, total %llu)",
-			 h.sq_entries, h.cq_entries, (unsigned long long)h.arena_bytes,
-			 (unsigned long long)h.total_bytes);
-		goto fail;
-	}
 	if (memfd < 0) {
 		r = -EBADF;
 		snprintf(why, whylen, "no memfd passed with the hello");
 		goto fail;
 	}
-	/* Sealed against shrinking, so no access inside total_bytes can SIGBUS. */
 	seals = fcntl(memfd, F_GET_SEALS);
-	if (fstat(memfd, &sb) < 0 || !S_ISREG(sb.st_mode) || seals < 0 ||
-	    (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW) ||
-	    (uint64_t)sb.st_size != h.total_bytes) {
-		r = -EINVAL;
-		snprintf(why, whylen, "the fd must be a memfd of %llu bytes sealed with F_SEAL_SHRINK|F_SEAL_GROW",
-			 (unsigned long long)h.total_bytes);
+	if (fstat(memfd, &sb) < 0)
+		sb.st_mode = 0; /* not a regular file: refused below */
+	if ((r = ring_memfd_check(sb.st_mode, (uint64_t)sb.st_size, seals, h.total_bytes, why, whylen)) < 0)
 		goto fail;
-	}
 	/* The uid's ring memory, all its connections together, is capped. */
 	pthread_mutex_lock(&rs->lock);
 	uint64_t mine = 0, cap = __atomic_load_n(&rs->max_arena_per_uid, __ATOMIC_RELAXED);

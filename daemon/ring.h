@@ -81,4 +81,27 @@ void ring_server_set_limits(struct ring_server *rs, uint32_t max_clients, uint32
 int ring_server_bind(struct ring_server *rs, uint64_t client_id, uid_t uid, uint64_t id,
 		     const struct session_geom *g, bool detached);
 
+/* ---- the checks on what a client sends (pure functions; fuzzed by
+ * tests/fuzz/fuzz_sqe.c and fuzz_hello.c) ---------------------------------- */
+
+/* One SQE (the daemon's private copy) against the client's arena of
+ * arena_bytes and g, the geometry of the session it names when that
+ * session is attached to this connection (NULL: it is not).  TQKV_ST_OK,
+ * or the status to complete it with (*detail set where one applies), in
+ * this order: reserved words, opcode, attachment, the op's unused fields,
+ * dtype, layer, counts, then each region.  An accepted APPEND / ATTEND /
+ * APPEND_ATTEND has every region ([k|v]_off, q_off, pos_off, out_off with
+ * their lengths from the counts, g and dtype) inside [0, arena_bytes) and
+ * aligned to its element size.  g must satisfy session_geom_check. */
+uint32_t ring_sqe_check(const struct tqkv_sqe *e, uint64_t arena_bytes, const struct session_geom *g,
+			uint32_t *detail);
+/* The hello of n bytes (n_fds passed with it; ctrunc: the control data
+ * was cut): 0 and the ring's layout in *lay, or -EPROTO,
+ * -EPROTONOSUPPORT, -EINVAL with why. */
+int ring_hello_check(const struct tqkv_hello *h, size_t n, size_t n_fds, bool ctrunc,
+		     struct tqkv_ring_layout *lay, char *why, size_t whylen);
+/* The passed fd's st_mode, st_size and F_GET_SEALS (< 0: none) against
+ * the hello's total_bytes: 0, or -EINVAL with why. */
+int ring_memfd_check(uint32_t mode, uint64_t size, int seals, uint64_t total_bytes, char *why, size_t whylen);
+
 #endif

@@ -56,6 +56,13 @@
 
 #define N_METHODS 13
 
+/* Index of each method in methods[] (= the service's order in tqkv.proto). */
+enum {
+	M_HEALTH, M_GET_STATS, M_OPEN_SESSION, M_CLOSE_SESSION, M_GET_SESSION, M_LIST_SESSIONS,
+	M_EVICT_SESSION, M_LIST_TENANTS, M_SET_TENANT_BUDGET, M_GET_CONFIG, M_SPILL_SESSION,
+	M_RESTORE_SESSION, M_CHECKPOINT_SESSION,
+};
+
 #define PEER_GROUPS_MAX 64
 
 /* Who is calling.  has_cred: kernel credentials of a unix-socket peer. */
@@ -464,6 +471,111 @@ static int persist_new_session(struct rpc_server *srv, uint64_t id, struct reply
 	return r;
 }
 
+/* OpenSession's arguments, as far as they need no daemon state: names,
+ * codecs, the transform (an empty one: default_xform, the daemon's) and
+ * the geometry (session_geom_check) into *g.  0, or a gRPC status with why.
+ * Whether the tenant exists and the caller may use it is the handler's. */
+static int open_args(const Tqkv__V1__OpenSessionRequest *q, uint32_t default_xform, struct session_geom *g,
+		     char *why, size_t whylen)
+{
+	const char *tname = q->tenant[0] ? q->tenant : CONFIG_DEFAULT_TENANT;
+	char known[256];
+	uint64_t bpt;
+
+	memset(g, 0, sizeof(*g));
+	if (config_check_name(tname) < 0) {
+		snprintf(why, whylen, q->tenant[0] ? "unknown tenant '%s'" : "no tenant given and there is no tenant '%s'",
+			 safe(tname));
+		return GRPC_STATUS_INVALID_ARGUMENT;
+	}
+	if (q->name[0] && config_check_name(q->name) < 0) {
+		snprintf(why, whylen, "session name '%s' is not valid ([A-Za-z0-9_.-], 1..%d characters)",
+			 safe(q->name), CONFIG_NAME_MAX - 1);
+		return GRPC_STATUS_INVALID_ARGUMENT;
+	}
+	if (codec_arg(q->k_codec, "q8", &g->k_codec) < 0) {
+		snprintf(why, whylen, "unknown K codec '%s' (known: %s)", safe(q->k_codec),
+			 known_codecs(known, sizeof(known)));
+		return GRPC_STATUS_INVALID_ARGUMENT;
+	}
+	if (codec_arg(q->v_codec, "tq4", &g->v_codec) < 0) {
+		snprintf(why, whylen, "unknown V codec '%s' (known: %s)", safe(q->v_codec),
+			 known_codecs(known, sizeof(known)));
+		return GRPC_STATUS_INVALID_ARGUMENT;
+	}
+	if (!q->kv_transform[0]) {
+		g->kv_xform = default_xform;
+	} else if (tq_xf_mode_parse(q->kv_transform, &g->kv_xform) < 0) {
+		snprintf(why, whylen, "unknown kv_transform '%s' (known: " XF_MODES_HELP ")", safe(q->kv_transform));
+		return GRPC_STATUS_INVALID_ARGUMENT;
+	}
+	if (q->detached && !q->data_client) {
+		snprintf(why, whylen, "detached applies to data_client (the connection the session is attached "
+			 "to); without data_client a session is not attached");
+		return GRPC_STATUS_INVALID_ARGUMENT;
+	}
+	g->n_layers = q->n_layers;
+	g->n_kv_heads = q->n_kv_heads;
+	g->n_q_heads = q->n_q_heads;
+	g->head_dim = q->head_dim;
+	g->max_tokens = q->max_tokens;
+	if (session_geom_check(g, &bpt, why, whylen) < 0)
+		return GRPC_STATUS_INVALID_ARGUMENT;
+	return 0;
+}
+
+static int id_arg(uint64_t id, char *why, size_t whylen)
+{
+	if (id == 0) {
+		snprintf(why, whylen, "session id is required (ids start at 1)");
+		return GRPC_STATUS_INVALID_ARGUMENT;
+	}
+	return 0;
+}
+
+static int tenant_arg(const char *name, char *why, size_t whylen)
+{
+	if (config_check_name(name) < 0) {
+		snprintf(why, whylen, "unknown tenant '%s'", safe(name));
+		return GRPC_STATUS_INVALID_ARGUMENT;
+	}
+	return 0;
+}
+
+int rpc_request_check(unsigned method, const ProtobufCMessage *req, char *why, size_t whylen)
+{
+	switch (method) {
+	case M_OPEN_SESSION: {
+		struct session_geom g;
+		/* an empty kv_transform is the daemon's, valid since its config loaded */
+		return open_args((const void *)req, 0, &g, why, whylen);
+	}
+	case M_CLOSE_SESSION:
+	case M_GET_SESSION:
+	case M_EVICT_SESSION:
+	case M_RESTORE_SESSION:
+	case M_CHECKPOINT_SESSION:
+		return id_arg(((const Tqkv__V1__SessionRef *)(const void *)req)->id, why, whylen);
+	case M_SPILL_SESSION:
+		return id_arg(((const Tqkv__V1__SpillSessionRequest *)(const void *)req)->id, why, whylen);
+	case M_LIST_SESSIONS: {
+		const Tqkv__V1__ListSessionsRequest *q = (const void *)req;
+		return q->tenant[0] ? tenant_arg(q->tenant, why, whylen) : 0;
+	}
+	case M_SET_TENANT_BUDGET: {
+		const Tqkv__V1__SetTenantBudgetRequest *q = (const void *)req;
+		int code = tenant_arg(q->tenant, why, whylen);
+		if (code == 0 && !q->set_limit && !q->set_guaranteed) {
+			snprintf(why, whylen, "nothing to change: give a limit and/or a guarantee");
+			code = GRPC_STATUS_INVALID_ARGUMENT;
+		}
+		return code;
+	}
+	default: /* Health, GetStats, ListTenants, GetConfig: nothing to check */
+		return 0;
+	}
+}
+
 static void h_open_session(struct rpc_server *srv, const struct peer *peer,
 			   const ProtobufCMessage *req, struct reply *rep)
 {
@@ -471,7 +583,7 @@ static void h_open_session(struct rpc_server *srv, const struct peer *peer,
 	struct session_geom g = { 0 };
 	struct session_info si;
 	struct tenant *t;
-	char why[256];
+	char why[512];
 	uint64_t seed;
 	int r;
 
@@ -481,45 +593,21 @@ static void h_open_session(struct rpc_server *srv, const struct peer *peer,
 			  "uid from the kernel, which a TCP peer does not have");
 		return;
 	}
+	uint32_t xf;
+	pthread_mutex_lock(&srv->cfg_lock);
+	xf = srv->cfg->kv_transform; /* daemon.kv_transform, as of now */
+	pthread_mutex_unlock(&srv->cfg_lock);
+	if ((r = open_args(q, xf, &g, why, sizeof(why))) != 0) {
+		rep_error(rep, (grpc_status_code)r, "%s", why);
+		return;
+	}
 	const char *tname = q->tenant[0] ? q->tenant : CONFIG_DEFAULT_TENANT;
-	if (config_check_name(tname) < 0 || !(t = tenant_find(srv->tenants, tname))) {
+	if (!(t = tenant_find(srv->tenants, tname))) {
 		rep_error(rep, GRPC_STATUS_INVALID_ARGUMENT, q->tenant[0]
 			  ? "unknown tenant '%s'" : "no tenant given and there is no tenant '%s'",
 			  safe(tname));
 		return;
 	}
-	if (q->name[0] && config_check_name(q->name) < 0) {
-		rep_error(rep, GRPC_STATUS_INVALID_ARGUMENT,
-			  "session name '%s' is not valid ([A-Za-z0-9_.-], 1..%d characters)",
-			  safe(q->name), CONFIG_NAME_MAX - 1);
-		return;
-	}
-	if (codec_arg(q->k_codec, "q8", &g.k_codec) < 0) {
-		rep_error(rep, GRPC_STATUS_INVALID_ARGUMENT, "unknown K codec '%s' (known: %s)",
-			  safe(q->k_codec), known_codecs(why, sizeof(why)));
-		return;
-	}
-	if (codec_arg(q->v_codec, "tq4", &g.v_codec) < 0) {
-		rep_error(rep, GRPC_STATUS_INVALID_ARGUMENT, "unknown V codec '%s' (known: %s)",
-			  safe(q->v_codec), known_codecs(why, sizeof(why)));
-		return;
-	}
-	if (q->kv_transform[0]) {
-		if (tq_xf_mode_parse(q->kv_transform, &g.kv_xform) < 0) {
-			rep_error(rep, GRPC_STATUS_INVALID_ARGUMENT, "unknown kv_transform '%s' (known: "
-				  XF_MODES_HELP ")", safe(q->kv_transform));
-			return;
-		}
-	} else {
-		pthread_mutex_lock(&srv->cfg_lock);
-		g.kv_xform = srv->cfg->kv_transform; /* daemon.kv_transform, as of now */
-		pthread_mutex_unlock(&srv->cfg_lock);
-	}
-	g.n_layers = q->n_layers;
-	g.n_kv_heads = q->n_kv_heads;
-	g.n_q_heads = q->n_q_heads;
-	g.head_dim = q->head_dim;
-	g.max_tokens = q->max_tokens;
 	if (q->persistent) {
 		struct kvstore *ks = __atomic_load_n(&srv->kv, __ATOMIC_ACQUIRE);
 		if (!ks || !kvstore_persist_enabled(ks)) {
@@ -527,11 +615,6 @@ static void h_open_session(struct rpc_server *srv, const struct peer *peer,
 				  "(no spill tier, or still starting)");
 			return;
 		}
-	}
-	if (q->detached && !q->data_client) {
-		rep_error(rep, GRPC_STATUS_INVALID_ARGUMENT, "detached applies to data_client (the connection "
-			  "the session is attached to); without data_client a session is not attached");
-		return;
 	}
 	if (!tenant_allows(t, peer->cred.uid, peer->cred.gid, peer->groups, peer->n_groups)) {
 		rep_error(rep, GRPC_STATUS_PERMISSION_DENIED, "uid %u may not use tenant '%s' (allow_uids/allow_gids)",
@@ -547,9 +630,7 @@ static void h_open_session(struct rpc_server *srv, const struct peer *peer,
 	/* One token of every KV head must fit a pool page (the geometry's other
 	 * checks are session_open's; this one needs the pool). */
 	struct pool *pool = __atomic_load_n(&srv->pool, __ATOMIC_ACQUIRE);
-	uint64_t bpt;
-	if (pool && session_geom_check(&g, &bpt, why, sizeof(why)) == 0 &&
-	    dataop_page_tokens(pool_page_bytes(pool), &g) < 0) {
+	if (pool && dataop_page_tokens(pool_page_bytes(pool), &g) < 0) {
 		rep_error(rep, GRPC_STATUS_INVALID_ARGUMENT,
 			  "one token of %u KV heads (%s/%s, head_dim %u) does not fit a pool page of %u bytes "
 			  "(pool.page_bytes)", g.n_kv_heads, tq_codec_name(g.k_codec), tq_codec_name(g.v_codec),
@@ -591,23 +672,12 @@ static void h_open_session(struct rpc_server *srv, const struct peer *peer,
 	}
 }
 
-static bool check_id(uint64_t id, struct reply *rep)
-{
-	if (id == 0) {
-		rep_error(rep, GRPC_STATUS_INVALID_ARGUMENT, "session id is required (ids start at 1)");
-		return false;
-	}
-	return true;
-}
-
 /* Session `id` for a caller that must own it (operators may touch any):
  * true and *si, or false with the reply set.  Another user's session is
  * "not yours", never more about it. */
 static bool own_session(struct rpc_server *srv, const struct peer *peer, uint64_t id,
 			struct session_info *si, struct reply *rep)
 {
-	if (!check_id(id, rep))
-		return false;
 	if (session_get_info(srv->sessions, id, si) < 0) {
 		rep_error(rep, GRPC_STATUS_NOT_FOUND, "no session %" PRIu64, id);
 		return false;
@@ -724,7 +794,7 @@ static void h_list_sessions(struct rpc_server *srv, const struct peer *peer,
 	struct tenant *t = NULL;
 	size_t n = 0;
 
-	if (q->tenant[0] && (config_check_name(q->tenant) < 0 || !(t = tenant_find(srv->tenants, q->tenant)))) {
+	if (q->tenant[0] && !(t = tenant_find(srv->tenants, q->tenant))) {
 		rep_error(rep, GRPC_STATUS_INVALID_ARGUMENT, "unknown tenant '%s'", safe(q->tenant));
 		return;
 	}
@@ -793,7 +863,7 @@ static void disk_op(struct rpc_server *srv, const struct peer *peer, uint64_t id
 	char why[512];
 	int r;
 
-	if (op == OP_CHECKPOINT ? !own_session(srv, peer, id, &si, rep) : !check_id(id, rep))
+	if (op == OP_CHECKPOINT && !own_session(srv, peer, id, &si, rep))
 		return;
 	if (!kv || !__atomic_load_n(&srv->spill, __ATOMIC_ACQUIRE)) {
 		rep_error(rep, GRPC_STATUS_FAILED_PRECONDITION, "this tqkvd has no spill tier");
@@ -925,12 +995,8 @@ static void h_set_tenant_budget(struct rpc_server *srv, const struct peer *peer,
 	char a[32], b[32], why[256];
 	int r;
 
-	if (config_check_name(q->tenant) < 0 || !(t = tenant_find(srv->tenants, q->tenant))) {
+	if (!(t = tenant_find(srv->tenants, q->tenant))) {
 		rep_error(rep, GRPC_STATUS_INVALID_ARGUMENT, "unknown tenant '%s'", safe(q->tenant));
-		return;
-	}
-	if (!q->set_limit && !q->set_guaranteed) {
-		rep_error(rep, GRPC_STATUS_INVALID_ARGUMENT, "nothing to change: give a limit and/or a guarantee");
 		return;
 	}
 	r = tenant_set_budget(srv->tenants, t, q->set_limit, q->limit_bytes, q->set_guaranteed,
@@ -1036,11 +1102,9 @@ static const struct {
 };
 
 /* protobuf-c turns a string with an embedded NUL into its prefix (a C
- * string), so "prod\0x" would silently name tenant "prod".  Walk the wire
- * bytes with the message's descriptor and refuse such strings, nested
- * messages included.  Malformed wire data is left to the unpacker:
- * returns 0 then, or -EINVAL with *field naming the offending field. */
-static int wire_check_strings(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n,
+ * string), so "prod\0x" would silently name tenant "prod": walk the wire
+ * bytes with the message's descriptor, nested messages included (rpc.h). */
+int rpc_wire_check(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n,
 			      int depth, const char **field)
 {
 	size_t i = 0;
@@ -1083,7 +1147,7 @@ static int wire_check_strings(const ProtobufCMessageDescriptor *d, const uint8_t
 			return -EINVAL;
 		}
 		if (f && f->type == PROTOBUF_C_TYPE_MESSAGE &&
-		    wire_check_strings(f->descriptor, p + i, len, depth + 1, field) < 0)
+		    rpc_wire_check(f->descriptor, p + i, len, depth + 1, field) < 0)
 			return -EINVAL;
 		i += len;
 	}
@@ -1339,7 +1403,7 @@ static void call_handle(struct rpc_server *srv, struct call *c)
 				const char *bad = NULL;
 				s = grpc_byte_buffer_reader_readall(&rd);
 				grpc_byte_buffer_reader_destroy(&rd);
-				if (wire_check_strings(md->input, GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s), 0,
+				if (rpc_wire_check(md->input, GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s), 0,
 						       &bad) < 0) {
 					rep_error(&rep, GRPC_STATUS_INVALID_ARGUMENT,
 						  "%s: field '%s' contains a NUL byte", mname, bad);
@@ -1353,8 +1417,12 @@ static void call_handle(struct rpc_server *srv, struct call *c)
 				grpc_slice_unref(s);
 			}
 		}
+		char why[512];
+		int code;
 		if (req && !allowed(&peer, methods[c->method].need, mname, &rep))
 			;
+		else if (req && (code = rpc_request_check((unsigned)c->method, req, why, sizeof(why))) != 0)
+			rep_error(&rep, (grpc_status_code)code, "%s", why);
 		else if (req && methods[c->method].slow && call_async(srv, c, &peer, req, &rep) == 0)
 			return; /* its thread replies */
 		else if (req)

@@ -56,4 +56,22 @@ void rpc_set_spill(struct rpc_server *srv, struct spill *sp, struct kvstore *kv)
 struct reclaim;
 void rpc_set_reclaim(struct rpc_server *srv, struct reclaim *rc);
 
+/* ---- the checks on a request's bytes (pure functions; fuzzed by
+ * tests/fuzz/fuzz_rpc.c) ------------------------------------------------------ */
+struct ProtobufCMessage;
+struct ProtobufCMessageDescriptor;
+/* Before the unpack: protobuf-c turns a string with an embedded NUL into
+ * its prefix, so the wire bytes of a message of descriptor d are walked
+ * (nested messages to depth 8) and a string field holding a NUL refused:
+ * -EINVAL with *field naming it.  Malformed wire data is left to the
+ * unpacker: 0 then. */
+int rpc_wire_check(const struct ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n, int depth,
+		   const char **field);
+/* After the unpack, before the handler: the checks of request req of the
+ * service's method `method` (its index in tqkv.proto) that need no daemon
+ * state — ids, tenant and session names, codecs, kv_transform, the
+ * geometry (session_geom_check), a budget change that changes something.
+ * 0, or the gRPC status code with why. */
+int rpc_request_check(unsigned method, const struct ProtobufCMessage *req, char *why, size_t whylen);
+
 #endif

@@ -179,26 +179,33 @@ static uint32_t page_crc(const struct spill_page_hdr *h, const void *payload, ui
 	return spill_crc32c(spill_crc32c(0, &c, sizeof(c)), payload, bytes);
 }
 
-/* 0, or -EBADMSG with why: the header (in staging) and the payload
- * against what the reader expects. */
-static int verify(struct spill *sp, const struct req *q, const uint8_t *buf, const uint8_t *payload, char *why,
-		  size_t whylen)
+void spill_hdr_seal(struct spill_page_hdr *h, const void *payload, uint32_t page_bytes)
+{
+	h->magic = SPILL_MAGIC;
+	h->format = SPILL_FORMAT;
+	h->hdr_bytes = SPILL_HDR_BYTES;
+	h->layout_id = TQ_PAGE_LAYOUT_ID;
+	h->payload_bytes = page_bytes;
+	h->crc32c = 0;
+	h->crc32c = page_crc(h, payload, page_bytes);
+}
+
+int spill_hdr_check(const void *hdr_bytes, const void *payload, uint32_t page_bytes,
+		    const struct spill_page_hdr *e, char *why, size_t whylen)
 {
 	struct spill_page_hdr h;
-	const struct spill_page_hdr *e = &q->hdr;
-	uint64_t off = q->slot * sp->slot_bytes;
 
-	memcpy(&h, buf, sizeof(h));
+	memcpy(&h, hdr_bytes, sizeof(h));
 	if (h.magic != SPILL_MAGIC || h.hdr_bytes != SPILL_HDR_BYTES)
 		snprintf(why, whylen, "not a spilled page (bad magic)");
 	else if (h.format != SPILL_FORMAT)
 		snprintf(why, whylen, "page format %u, this tqkvd reads %u", h.format, SPILL_FORMAT);
-	else if (h.layout_id != TQ_PAGE_LAYOUT_ID || h.payload_bytes != sp->page_bytes)
+	else if (h.layout_id != TQ_PAGE_LAYOUT_ID || h.payload_bytes != page_bytes)
 		snprintf(why, whylen, "page layout %u of %u bytes, expected layout %u of %u", h.layout_id,
-			 h.payload_bytes, TQ_PAGE_LAYOUT_ID, sp->page_bytes);
-	else if (h.crc32c != page_crc(&h, payload, sp->page_bytes))
+			 h.payload_bytes, TQ_PAGE_LAYOUT_ID, page_bytes);
+	else if (h.crc32c != page_crc(&h, payload, page_bytes))
 		snprintf(why, whylen, "checksum mismatch (crc32c %08x stored, %08x computed)", h.crc32c,
-			 page_crc(&h, payload, sp->page_bytes));
+			 page_crc(&h, payload, page_bytes));
 	else if (h.session_id != e->session_id || h.layer != e->layer || h.page_index != e->page_index ||
 		 h.generation != e->generation)
 		snprintf(why, whylen, "holds session %" PRIu64 " layer %u page %u generation %" PRIu64
@@ -206,6 +213,18 @@ static int verify(struct spill *sp, const struct req *q, const uint8_t *buf, con
 			 h.session_id, h.layer, h.page_index, h.generation, e->session_id, e->layer,
 			 e->page_index, e->generation);
 	else
+		return 0;
+	return -EBADMSG;
+}
+
+/* 0, or -EBADMSG with why: the header (in staging) and the payload
+ * against what the reader expects, the location prefixed to why. */
+static int verify(struct spill *sp, const struct req *q, const uint8_t *buf, const uint8_t *payload, char *why,
+		  size_t whylen)
+{
+	uint64_t off = q->slot * sp->slot_bytes;
+
+	if (spill_hdr_check(buf, payload, sp->page_bytes, &q->hdr, why, whylen) == 0)
 		return 0;
 	/* prefix the location: the log and the session's error name it */
 	char tmp[256];
@@ -305,12 +324,6 @@ static void stage_write(struct spill *sp, struct req *q, uint8_t *buf)
 	struct spill_page_hdr h = q->hdr;
 	const void *payload = q->src;
 
-	h.magic = SPILL_MAGIC;
-	h.format = SPILL_FORMAT;
-	h.hdr_bytes = SPILL_HDR_BYTES;
-	h.layout_id = TQ_PAGE_LAYOUT_ID;
-	h.payload_bytes = sp->page_bytes;
-	h.crc32c = 0;
 	if (!q->direct && !sp->page_copy)
 		payload = memcpy(buf + SPILL_HDR_BYTES, q->src, sp->page_bytes);
 	else if (!q->direct) {
@@ -320,7 +333,7 @@ static void stage_write(struct spill *sp, struct req *q, uint8_t *buf)
 		if (q->copy_err > 0)
 			q->copy_err = -EIO;
 	}
-	h.crc32c = page_crc(&h, payload, sp->page_bytes);
+	spill_hdr_seal(&h, payload, sp->page_bytes);
 	if (q->copy_err)
 		h.magic = 0; /* what staging holds is not the page: the slot must never verify */
 	memset(buf, 0, SPILL_HDR_BYTES);

@@ -73,6 +73,19 @@ struct spill_page_hdr {
 };
 static_assert(sizeof(struct spill_page_hdr) == 80, "spill header layout");
 
+/* The header a write puts in front of payload (page_bytes): magic,
+ * format, sizes, layout and crc32c filled in, the names (session, layer,
+ * page, generation, …) as the caller set them.  A pure function. */
+void spill_hdr_seal(struct spill_page_hdr *h, const void *payload, uint32_t page_bytes);
+/* The checks a read makes (fuzzed by tests/fuzz/fuzz_spillhdr.c): the
+ * header's first sizeof(struct spill_page_hdr) bytes, as read from disk,
+ * and the payload (page_bytes) against what the reader expects (only
+ * session_id, layer, page_index and generation of e are looked at).  0:
+ * the page is the one expected, sealed by spill_hdr_seal and unchanged
+ * since; else -EBADMSG with why.  A pure function. */
+int spill_hdr_check(const void *hdr_bytes, const void *payload, uint32_t page_bytes,
+		    const struct spill_page_hdr *e, char *why, size_t whylen);
+
 struct spill_params {
 	const char *dir;
 	uint64_t bytes;           /* capacity; rounded down to whole slots        */

@@ -31,7 +31,7 @@ ALL_TARGETS += $(UNIT_BINS) $(TQBENCH)
 # Regression build: each target linked with tests/fuzz/runner.c, which
 # replays the seeds and mutations of them (tests/integration/fuzz.sh).
 # `make fuzz [FUZZ_SECONDS=60]`: the same targets under libFuzzer (clang).
-FUZZ_NAMES := config tokenizer checkpoint persist bpe gguf
+FUZZ_NAMES := config tokenizer checkpoint persist bpe gguf sqe rpc hello spillhdr
 FUZZ_DEPS_config     = $(OBJ)/daemon/config.o $(OBJ)/daemon/log.o
 FUZZ_LIBS_config     = $(INIH_LIBS)
 FUZZ_SRCS_config     = daemon/config.c daemon/log.c
@@ -46,10 +46,27 @@ FUZZ_SRCS_gguf       = $(TQKV_RUN_LIB_SRC)
 FUZZ_DEPS_persist    = $(OBJ)/daemon/persist.o $(OBJ)/daemon/crc32c.o $(OBJ)/daemon/config.o $(OBJ)/daemon/log.o
 FUZZ_LIBS_persist    = $(ISAL_LIBS) $(INIH_LIBS)
 FUZZ_SRCS_persist    = daemon/persist.c daemon/crc32c.c daemon/config.c daemon/log.c
+# what a client or a disk sends the daemon: ring.c's and rpc.c's checks
+# link the daemon's objects (ring.o reaches the whole data path)
+FUZZ_DAEMON_SRCS     = $(filter-out daemon/main.c,$(DAEMON_SRC)) $(PROTO_C)
+FUZZ_DEPS_sqe        = $(DAEMON_OBJS) $(PROTO_OBJ)
+FUZZ_LIBS_sqe        = $(DAEMON_LIBS)
+FUZZ_SRCS_sqe        = $(FUZZ_DAEMON_SRCS)
+FUZZ_DEPS_rpc        = $(DAEMON_OBJS) $(PROTO_OBJ)
+FUZZ_LIBS_rpc        = $(DAEMON_LIBS)
+FUZZ_SRCS_rpc        = $(FUZZ_DAEMON_SRCS)
+FUZZ_DEPS_hello      = $(DAEMON_OBJS) $(PROTO_OBJ)
+FUZZ_LIBS_hello      = $(DAEMON_LIBS)
+FUZZ_SRCS_hello      = $(FUZZ_DAEMON_SRCS)
+FUZZ_DEPS_spillhdr   = $(OBJ)/daemon/spill.o $(OBJ)/daemon/crc32c.o $(OBJ)/daemon/log.o
+FUZZ_LIBS_spillhdr   = $(URING_LIBS) $(ISAL_LIBS)
+FUZZ_SRCS_spillhdr   = daemon/spill.c daemon/crc32c.c daemon/log.c
 FUZZ_BINS := $(FUZZ_NAMES:%=$(B)/tests/fuzz_%)
 FUZZ_CFLAGS = -Iclient/run -Itests/fuzz
 
 $(OBJ)/tests/fuzz/%.o: ALL_CFLAGS += $(FUZZ_CFLAGS)
+$(OBJ)/tests/fuzz/fuzz_rpc.o: ALL_CFLAGS += $(PBC_CFLAGS)
+$(OBJ)/tests/fuzz/fuzz_rpc.o: | $(PROTO_H)
 $(FUZZ_BINS): $(B)/tests/fuzz_%: $(OBJ)/tests/fuzz/fuzz_%.o $(OBJ)/tests/fuzz/runner.o \
 		$(OBJ)/tests/fuzz/fuzz_util.o $$(FUZZ_DEPS_$$*) $(LIBTQK) $(STAMP)
 	@mkdir -p $(dir $@)
@@ -59,21 +76,23 @@ ALL_TARGETS += $(FUZZ_BINS)
 
 FUZZ_SECONDS ?= 60
 FUZZ_CC ?= clang
+FUZZ_ONLY ?= $(FUZZ_NAMES)
+# one target: build it under libFuzzer, run it from its seeds (and the
+# corpus it grew before) for FUZZ_SECONDS
+define FUZZ_ONE
+	@echo "fuzz: building $(1)"
+	@$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -std=gnu11 \
+		-Ikernels -Iproto -Idaemon -Iclient/run -Iclient/include -I$(GEN) -Itests/fuzz $(PBC_CFLAGS) \
+		-DTQ_VERSION='"$(VERSION)"' -o $(B)/fuzz/fuzz_$(1) tests/fuzz/fuzz_$(1).c \
+		tests/fuzz/fuzz_util.c $(FUZZ_SRCS_$(1)) $(LIBTQK) $(FUZZ_LIBS_$(1)) $(LDLIBS_BASE)
+	@mkdir -p $(B)/fuzz/corpus_$(1)
+	@echo "fuzz: running $(1) for $(FUZZ_SECONDS) s"
+	$(B)/fuzz/fuzz_$(1) -max_total_time=$(FUZZ_SECONDS) -max_len=65536 \
+		$(B)/fuzz/corpus_$(1) tests/fuzz/seeds/$(1)
+
+endef
 .PHONY: fuzz
-fuzz: $(LIBTQK)
+fuzz: $(LIBTQK) $(PROTO_H) $(VERSION_H)
 	@mkdir -p $(B)/fuzz
-	@for t in $(FUZZ_NAMES); do \
-		case $$t in config) srcs='$(FUZZ_SRCS_config)'; libs='$(FUZZ_LIBS_config)';; \
-		persist) srcs='$(FUZZ_SRCS_persist)'; libs='$(FUZZ_LIBS_persist)';; \
-		*) srcs='$(FUZZ_SRCS_tokenizer)'; libs='';; esac; \
-		echo "fuzz: building $$t"; \
-		$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -std=gnu11 \
-			-Ikernels -Iproto -Idaemon -Iclient/run -Iclient/include -I$(GEN) -Itests/fuzz \
-			-DTQ_VERSION='"$(VERSION)"' -o $(B)/fuzz/fuzz_$$t tests/fuzz/fuzz_$$t.c \
-			tests/fuzz/fuzz_util.c $$srcs $(LIBTQK) $$libs -lm -pthread || exit 1; \
-		mkdir -p $(B)/fuzz/corpus_$$t; \
-		echo "fuzz: running $$t for $(FUZZ_SECONDS) s"; \
-		$(B)/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -max_len=65536 \
-			$(B)/fuzz/corpus_$$t tests/fuzz/seeds/$$t || exit 1; \
-	done
+	$(foreach t,$(FUZZ_ONLY),$(call FUZZ_ONE,$(t)))
 include tests/simt/module.mk
