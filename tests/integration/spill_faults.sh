@@ -23,14 +23,18 @@ start_daemon --config "$T/tqkvd.conf"
 wait_up
 
 hold() { # a detached session with pages; prints its id
-	"$CLIENT" --client hold "$T/run" detached >"$T/hold.out" 2>&1 &
+	# (each call its own output file: with one shared file, a slow start
+	# let the second call read the first one's "ready" line and id)
+	local out
+	out=$(mktemp "$T/hold.XXXXXX")
+	"$CLIENT" --client hold "$T/run" detached >"$out" 2>&1 &
 	local pid=$!
-	for _ in $(seq 100); do grep -q ready "$T/hold.out" && break; sleep 0.1; done
+	for _ in $(seq 100); do grep -q ready "$out" && break; sleep 0.1; done
 	kill -KILL $pid; wait $pid 2>/dev/null
-	awk '/ready/ {print $1}' "$T/hold.out"
+	awk '/ready/ {print $1}' "$out"
 }
 A=$(hold); B=$(hold)
-[ -n "$A" ] && [ -n "$B" ] || fail "clients did not get ready"
+[ -n "$A" ] && [ -n "$B" ] && [ "$A" != "$B" ] || fail "clients did not get ready (sessions '$A', '$B')"
 ctl spill "$A" >/dev/null && ctl spill "$B" >/dev/null || fail "tqctl spill"
 [ "$(sess "$A" resident_bytes)" = 0 ] && [ "$(sess "$B" resident_bytes)" = 0 ] || fail "not spilled"
 
