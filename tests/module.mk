@@ -31,7 +31,7 @@ ALL_TARGETS += $(UNIT_BINS) $(TQBENCH)
 # Regression build: each target linked with tests/fuzz/runner.c, which
 # replays the seeds and mutations of them (tests/integration/fuzz.sh).
 # `make fuzz [FUZZ_SECONDS=60]`: the same targets under libFuzzer (clang).
-FUZZ_NAMES := config tokenizer checkpoint persist bpe gguf sqe rpc hello spillhdr
+FUZZ_NAMES := config tokenizer checkpoint persist bpe gguf sqe rpc hello spillhdr xform
 FUZZ_DEPS_config     = $(OBJ)/daemon/config.o $(OBJ)/daemon/log.o
 FUZZ_LIBS_config     = $(INIH_LIBS)
 FUZZ_SRCS_config     = daemon/config.c daemon/log.c

@@ -3,12 +3,13 @@
 # deterministic mutations of each go through each parser (config file,
 # tokenizer, checkpoint, persistent sessions' manifests and journals,
 # byte-level BPE encoding, GGUF models, the ring's SQEs and hello, control
-# requests, spilled pages' headers); a crash or a sanitizer report fails.  The real
+# requests, spilled pages' headers, K/V transform statistics); a crash or a
+# sanitizer report fails.  The real
 # model files, when ../shared/data is there, are seeds too (read in place).
 set -u
 cd "$TQ_SRC"
 rc=0
-for t in config tokenizer checkpoint persist bpe gguf sqe rpc hello spillhdr; do
+for t in config tokenizer checkpoint persist bpe gguf sqe rpc hello spillhdr xform; do
 	bin="$TQ_BUILD/tests/fuzz_$t"
 	[ -x "$bin" ] || { echo "missing $bin"; exit 1; }
 	extra=()
