@@ -33,13 +33,13 @@ if [ "${TQ_AARCH64_QUICK:-0}" = 1 ]; then
 	export TQ_TEST_SKIP=test_mse_paper_d128,test_mse_codebook_theory,test_codec_mse_norm_corrected,test_norm_preserved,test_rotation_orthogonal
 fi
 rc=0
-tests="test_codec test_codec_simd test_attn"
+tests="test_codec test_codec_simd test_attn test_xform"
 for t in $tests; do
 	$CC $FLAGS -Itests/unit -c "tests/unit/$t.c" -o "$out/$t.o"
 	$CC -static -o "$out/$t" "$out/$t.o" "$out/harness.o" "$out/tietest.o" "$out/libk.a" -lm -pthread
 done
 # the longest first; at most $jobs at once; each one's status in $out/$t.rc
-printf '%s\n' test_attn test_codec_simd test_codec |
+printf '%s\n' test_attn test_codec_simd test_codec test_xform |
 	xargs -P "$jobs" -I{} sh -c '"$0" "$1/$2" >"$1/$2.log" 2>&1; echo $? >"$1/$2.rc"' "$QEMU" "$out" {}
 for t in $tests; do
 	if [ "$(cat "$out/$t.rc")" = 0 ]; then
