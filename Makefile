@@ -175,8 +175,9 @@ test: deps
 	@$(MAKE) --no-print-directory check
 
 # check: run the tests without the install step (used by `make test`)
+# [TESTS="name ..."]: only the tests whose names contain one of these
 check: $(ALL_TARGETS)
-	@SANITIZER='$(SANITIZER)' BIN='$(BIN)' tests/run.sh
+	@SANITIZER='$(SANITIZER)' BIN='$(BIN)' tests/run.sh $(TESTS)
 
 # test-faults: the long fault runs — persistent sessions survive SIGKILL at a
 # random moment, KILL_ROUNDS times (default 20; `make test` runs 3)

@@ -1192,10 +1192,12 @@ static void peer_lookup(struct rpc_server *srv, grpc_call *call, struct peer *p)
 
 	memset(p, 0, sizeof(*p));
 	snprintf(p->desc, sizeof(p->desc), "%s", s ? safe(s) : "?");
-	if (s && sscanf(s, "fd:%d%n", &fd, &n) == 1 && s[n] == '\0' && fd >= 0 &&
-	    fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode)) {
+	if (s && sscanf(s, "fd:%d%n", &fd, &n) == 1 && s[n] == '\0' && fd >= 0) {
+		/* fstat under peer_lock: the accept thread made fd and recorded
+		 * it under the same lock before gRPC saw it */
 		pthread_mutex_lock(&srv->peer_lock);
-		if ((size_t)fd < srv->n_peers && srv->peers[fd].valid && srv->peers[fd].ino == st.st_ino) {
+		if (fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) &&
+		    (size_t)fd < srv->n_peers && srv->peers[fd].valid && srv->peers[fd].ino == st.st_ino) {
 			p->has_cred = true;
 			p->cred = srv->peers[fd].cred;
 			p->n_groups = srv->peers[fd].n_groups;
@@ -1457,7 +1459,11 @@ static void call_reply(struct rpc_server *srv, struct call *c, const struct peer
 		ops[n++].data.send_message.send_message = c->reply;
 	}
 	c->status_msg = grpc_slice_from_copied_string(rep.msg);
-	c->phase = PHASE_SENDING;
+	/* A spill or restore replies from its own thread, and the RPC thread
+	 * reads the call when gRPC hands it back: gRPC orders the two, but
+	 * inside a library ThreadSanitizer does not see; the release here and
+	 * the acquire there say it where it does. */
+	__atomic_store_n(&c->phase, PHASE_SENDING, __ATOMIC_RELEASE);
 	ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
 	ops[n].data.send_status_from_server.trailing_metadata_count = 0;
 	ops[n].data.send_status_from_server.status = rep.code;
@@ -1505,7 +1511,7 @@ static void *rpc_main(void *arg)
 			continue;
 		}
 		struct call *c = ev.tag;
-		if (c->phase == PHASE_REQUESTED) {
+		if (__atomic_load_n(&c->phase, __ATOMIC_ACQUIRE) == PHASE_REQUESTED) {
 			bool stop = __atomic_load_n(&srv->stopping, __ATOMIC_ACQUIRE);
 			if (!ev.success) { /* the server is shutting down */
 				call_free(c);

@@ -401,7 +401,10 @@ static void pump_locked(struct spill *sp)
 			io_uring_prep_read_fixed(e, 0, buf, (unsigned)sp->slot_bytes, off, 0);
 		e->flags |= IOSQE_FIXED_FILE;
 		io_uring_sqe_set_data64(e, q->stage);
-		sp->inflight[q->stage] = q;
+		/* published to whichever thread reaps the completion (it holds
+		 * cq_lock, not sq_lock): the kernel orders the two, the
+		 * release/acquire pair says so to the compiler and to TSan */
+		__atomic_store_n(&sp->inflight[q->stage], q, __ATOMIC_RELEASE);
 		if (++n % SUBMIT_EVERY == 0)
 			ring_submit(sp);
 	}
@@ -419,8 +422,7 @@ static unsigned reap_locked(struct spill *sp)
 
 	io_uring_for_each_cqe(&sp->ring, head, cqe) {
 		uint64_t tag = io_uring_cqe_get_data64(cqe);
-		struct req *q = sp->inflight[tag];
-		sp->inflight[tag] = NULL;
+		struct req *q = __atomic_exchange_n(&sp->inflight[tag], NULL, __ATOMIC_ACQUIRE);
 		complete(sp, q, sp->staging + (size_t)tag * sp->slot_bytes, cqe->res);
 		done[n++] = (uint32_t)tag;
 		if (n == sizeof(done) / sizeof(done[0]))
@@ -604,9 +606,11 @@ void spill_wait(struct spill *sp, bool (*done)(void *arg), void *arg)
 	}
 	if (toggled)
 		io_uring_cq_eventfd_toggle(&sp->ring, true);
+	/* what completed between the last reap and the toggle went unsignalled
+	 * (read under cq_lock: another waiter's reap moves the CQ head) */
+	bool pending = io_uring_cq_ready(&sp->ring) > 0;
 	pthread_mutex_unlock(&sp->cq_lock);
-	/* what completed between the last reap and the toggle went unsignalled */
-	if (io_uring_cq_ready(&sp->ring))
+	if (pending)
 		kick(sp->efd);
 }
 

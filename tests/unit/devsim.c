@@ -22,7 +22,11 @@ static int fail_reg;
 
 void devsim_stats(struct devsim_stats *out)
 {
-	*out = st;
+	/* the counters move under the daemon's workers: read each atomically */
+#define LD(f) out->f = __atomic_load_n(&st.f, __ATOMIC_RELAXED)
+	LD(copies_to_dev); LD(copies_from_dev); LD(copy_bytes);
+	LD(appends); LD(attends); LD(registered); LD(registers);
+#undef LD
 }
 
 void devsim_fail_register(int on)
