@@ -3,6 +3,7 @@
  *
  *   tqsoak client RUN_DIR STATE_DIR INDEX SEED PAGE_BYTES
  *   tqsoak report STATE_DIR          sum every client's counters; exit 1 on a violation
+ *   tqsoak errors RUN_DIR N          N failing operations, then disconnect
  *
  * A client keeps up to NSLOT sessions (ephemeral, detached or persistent,
  * in random tenants, geometries and K/V transform modes) and does random
@@ -25,7 +26,7 @@
  *
  * Counters live in a shared file per incarnation (cI/counters.N), so a
  * SIGKILLed client's counts survive it; errors are logged one per line in
- * cI/events ("MS KIND SESSION DETAIL") for soak.sh to match against the
+ * cI/events ("MS KIND SESSION pid PID: DETAIL") for soak.sh to match against the
  * daemon's log and its own chaos log; "VIOLATION" lines fail the soak.
  */
 #include <dirent.h>
@@ -50,8 +51,7 @@
 #include "tqkv_ring.h"
 
 #define NSLOT 3
-#define MAX_TOKENS 1024u         /* per layer, what sessions are opened with */
-#define MAX_LOG_RECORDS 400      /* a session whose log grows past this is closed */
+#define MAX_LOG_RECORDS 800      /* a session whose log grows past this is closed */
 #define MAX_PAGES 256
 #define MAX_LAYERS 2
 #define CONN_RETRY_MS 60000      /* give up reconnecting after this long */
@@ -97,8 +97,8 @@ static void event(const char *kind, uint64_t sid, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	int n = snprintf(buf, sizeof(buf), "%llu %s %llu %s\n", (unsigned long long)now_ms(), kind,
-			 (unsigned long long)sid, msg);
+	int n = snprintf(buf, sizeof(buf), "%llu %s %llu pid %d: %s\n", (unsigned long long)now_ms(), kind,
+			 (unsigned long long)sid, (int)getpid(), msg);
 	if (n > (int)sizeof(buf) - 1)
 		n = (int)sizeof(buf) - 1;
 	if (write(events_fd, buf, (size_t)n) < 0) {
@@ -139,11 +139,14 @@ static void fill(void *buf, enum tq_dtype dt, size_t n, size_t row, uint64_t *s)
 struct geo {
 	uint32_t n_layers, n_kv, n_q, dim;
 	const char *k, *v;
+	uint32_t max_tokens;      /* per layer, what sessions are opened with */
 };
 static const struct geo GEOS[] = {
-	{ 2, 2, 4, 64, "q8", "tq4" },
-	{ 2, 1, 4, 64, "tq4", "tq3" },
-	{ 1, 2, 4, 128, "tq3", "tq2" },
+	/* 800 bytes a token and layer: tenants run into their limits; its
+	 * max_tokens fits the smallest limit (OpenSession checks) */
+	{ 2, 4, 8, 128, "q8", "tq4", 512 },
+	{ 2, 1, 4, 64, "tq4", "tq3", 1024 },
+	{ 1, 2, 4, 128, "tq3", "tq2", 1024 },
 };
 #define NGEO (sizeof(GEOS) / sizeof(GEOS[0]))
 /* NULL: the daemon's default (daemon.kv_transform, not set: "default") */
@@ -304,7 +307,7 @@ struct opdata {
 	enum tq_dtype dt;
 	uint64_t dseed;
 	int32_t pos[4];
-	uint8_t k[64 * 2 * 128 * 4], v[64 * 2 * 128 * 4];   /* [n][n_kv][dim] of dt */
+	uint8_t k[64 * 4 * 128 * 4], v[64 * 4 * 128 * 4];   /* [n][n_kv][dim] of dt */
 	uint8_t q[4 * 8 * 128 * 4];                          /* [n_q][n_q_heads][dim] of dt */
 };
 
@@ -418,7 +421,7 @@ static int op_failed(int k, const char *op, int r, const struct tqkv_result *res
 	if (st && st < TQKV_ST__COUNT)
 		K->status[st]++;
 	if (st == TQKV_ST_TENANT_LIMIT || st == TQKV_ST_POOL_FULL) {
-		event(tqkv_status_name(st), sl->id, "%s tenant %s: %s", op, TENANTS[sl->tenant], tqkv_last_error());
+		event(st == TQKV_ST_TENANT_LIMIT ? "TENANT_LIMIT" : "POOL_FULL", sl->id, "%s tenant %s: %s", op, TENANTS[sl->tenant], tqkv_last_error());
 		return 0;
 	}
 	if (st == TQKV_ST_EVICTED) {
@@ -780,7 +783,7 @@ static int do_open(int k)
 	int has_seed = rnd_below(&rng, 2);
 	struct tqkv_session_params sp = {
 		.tenant = TENANTS[sl->tenant], .name = sl->name, .n_layers = g->n_layers, .n_kv_heads = g->n_kv,
-		.n_q_heads = g->n_q, .head_dim = g->dim, .k_codec = g->k, .v_codec = g->v, .max_tokens = MAX_TOKENS,
+		.n_q_heads = g->n_q, .head_dim = g->dim, .k_codec = g->k, .v_codec = g->v, .max_tokens = g->max_tokens,
 		.has_seed = has_seed, .seed = splitmix(&rng),
 		.flags = sl->kind == PERSISTENT ? TQKV_SESSION_PERSISTENT : sl->kind == DETACHED ? TQKV_SESSION_DETACHED : 0,
 		.kv_transform = XFORMS[sl->xi],
@@ -846,9 +849,10 @@ static int do_data(int k, bool append, bool attend)
 	o.dseed = splitmix(&rng) ^ ((uint64_t)cidx << 56);
 	uint32_t len = sl->ref.L[o.layer].n;
 	if (append) {
-		o.n = !len || rnd_below(&rng, 8) == 0 ? 8 + rnd_below(&rng, 40) : 1 + rnd_below(&rng, 3);
-		if (len + o.n > MAX_TOKENS)
-			o.n = MAX_TOKENS - len;
+		/* prefill-sized now and then (and into an empty layer: it calibrates), else decode steps */
+		o.n = !len || rnd_below(&rng, 4) == 0 ? 8 + rnd_below(&rng, 56) : 1 + rnd_below(&rng, 3);
+		if (len + o.n > g->max_tokens)
+			o.n = g->max_tokens - len;
 		if (!o.n)
 			return 0;
 	}
@@ -921,7 +925,7 @@ static int do_truncate(int k)
 	const struct geo *g = &GEOS[sl->gi];
 	int layer = rnd_below(&rng, 3) == 0 ? -1 : (int)rnd_below(&rng, g->n_layers);
 	uint32_t ref_n = sl->ref.L[layer < 0 ? 0 : layer].n;
-	uint32_t pos = rnd_below(&rng, 4) == 0 ? 0 : ref_n > 4 ? ref_n - 1 - rnd_below(&rng, ref_n / 2) : 0;
+	uint32_t pos = rnd_below(&rng, 8) == 0 ? 0 : ref_n > 4 ? ref_n - 1 - rnd_below(&rng, ref_n / 4) : 0;
 	uint64_t no = ++opno;
 	struct tqkv_req *req;
 	struct tqkv_result res = { 0 };
@@ -1079,15 +1083,15 @@ static int step(void)
 	if (sl->n_records > MAX_LOG_RECORDS)
 		return do_close(k);
 	uint32_t x = rnd_below(&rng, 100);
-	if (x < 30)
+	if (x < 32)
 		return do_data(k, true, true);
-	if (x < 50)
+	if (x < 55)
 		return do_data(k, true, false);
-	if (x < 75)
+	if (x < 78)
 		return do_data(k, false, true);
-	if (x < 85)
+	if (x < 86)
 		return do_truncate(k);
-	if (x < 91)
+	if (x < 93)
 		return do_detach(k);
 	if (x < 95)
 		return do_close(k);
@@ -1234,9 +1238,36 @@ static int report_main(int argc, char **argv)
 	return sum.c[C_VIOLATION] ? 1 : 0;
 }
 
+/* errors RUN_DIR N: N failing operations (an attend on an empty layer:
+ * BAD_POSITION), then disconnect: the daemon's log must account for all
+ * of them (tests/integration/client_errors_log.sh). */
+static int errors_main(int argc, char **argv)
+{
+	struct tqkv_connect_opts o = { .run_dir = argc > 2 ? argv[2] : NULL };
+	struct tqkv_session_params sp = { .n_layers = 1, .n_kv_heads = 1, .n_q_heads = 1, .head_dim = 64,
+					  .max_tokens = 16 };
+	tqkv *c;
+	tqkv_session *s;
+	float q[64] = { 0 }, out[64];
+	int32_t pos = 0;
+	int n = argc > 3 ? atoi(argv[3]) : 0, failed = 0;
+
+	if (argc != 4 || tqkv_connect(&c, &o) < 0 || tqkv_session_open(c, &sp, &s) < 0) {
+		fprintf(stderr, "tqsoak errors: %s\n", tqkv_last_error());
+		return 2;
+	}
+	for (int i = 0; i < n; i++)
+		failed += tqkv_attend(s, 0, q, &pos, 1, TQKV_F32, out) < 0;
+	printf("%d of %d operations failed\n", failed, n);
+	tqkv_disconnect(c);
+	return failed == n ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
 	signal(SIGPIPE, SIG_IGN);
+	if (argc > 1 && !strcmp(argv[1], "errors"))
+		return errors_main(argc, argv);
 	if (argc > 1 && !strcmp(argv[1], "client"))
 		return client_main(argc, argv);
 	if (argc > 1 && !strcmp(argv[1], "report"))
