@@ -309,8 +309,19 @@ sleep 0.5
 END_FDS=$(nfd)
 sample "idle, after closing everything"
 [ "$END_FDS" -le $((IDLE_FDS + 2)) ] && passed || violation "daemon fds: $END_FDS idle at the end, $IDLE_FDS idle at the start"
-[ "$END_RSS" -le $((WARM_RSS * 110 / 100)) ] && passed ||
-	violation "daemon RSS grew: $WARM_RSS kB after warm-up, $END_RSS kB after the soak (> 10 %)"
+if ldd "$TQKVD" 2>/dev/null | grep -q libasan; then
+	# AddressSanitizer keeps freed memory in its quarantine (256 MB): RSS
+	# measures that, not the daemon; LeakSanitizer checks at the clean stop
+	echo "soak: AddressSanitizer build: RSS reported, not bounded (LeakSanitizer at the stop instead)"
+else
+	[ "$END_RSS" -le $((WARM_RSS * 110 / 100)) ] && passed ||
+		violation "daemon RSS grew: $WARM_RSS kB after warm-up, $END_RSS kB after the soak (> 10 %)"
+fi
+# a clean stop (SIGTERM): exit 0, and under a sanitizer no report
+stop_daemon TERM
+[ "$STOP_RC" = 0 ] && passed || violation "tqkvd exited $STOP_RC on SIGTERM after the soak"
+grep -q "ERROR: AddressSanitizer\|ERROR: LeakSanitizer\|runtime error:" "$LOG" &&
+	violation "sanitizer report in the daemon's log" || passed
 
 # ---- every error a client saw, explained ------------------------------------------------
 cat "$STATE"/c*/events 2>/dev/null | sort -n >"$T/events"
