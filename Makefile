@@ -146,7 +146,7 @@ include daemon/module.mk
 include client/module.mk
 include tests/module.mk
 
-.PHONY: all deps test test-faults run install clean demo FORCE
+.PHONY: all deps test test-faults soak run install clean demo FORCE
 .DEFAULT_GOAL := all
 all: $(ALL_TARGETS)
 
@@ -185,6 +185,18 @@ KILL_ROUNDS ?= 20
 test-faults: deps
 	@$(MAKE) --no-print-directory all
 	@KILL_ROUNDS=$(KILL_ROUNDS) TQ_BIN='$(BIN)' bash tests/integration/persist.sh
+
+# soak: the chaos soak (tests/soak/soak.sh): SOAK_CLIENTS clients against one
+# tqkvd for SOAK_SECONDS while clients and the daemon are killed, sessions
+# evicted and spilled, budgets changed and the config reloaded (good and
+# broken); every attention result checked bit for bit.  `make test` runs
+# 40 s with 4 clients (tests/integration/soak.sh).  SOAK_SEED=N repeats a run.
+SOAK_SECONDS ?= 300
+SOAK_CLIENTS ?= 8
+soak: deps
+	@$(MAKE) --no-print-directory all
+	@SOAK_SECONDS=$(SOAK_SECONDS) SOAK_CLIENTS=$(SOAK_CLIENTS) $(if $(SOAK_SEED),SOAK_SEED=$(SOAK_SEED)) \
+		TQ_BIN='$(abspath $(BIN))' TQ_BUILD='$(abspath $(B))' bash tests/soak/soak.sh
 
 # demo: stories260K and SmolLM2 (chat) end to end through a private tqkvd (scripts/demo.sh)
 demo: deps

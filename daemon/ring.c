@@ -1207,8 +1207,18 @@ static void reap(struct ring_server *rs)
 		if (c->thread_started)
 			pthread_join(c->thread, NULL);
 		epoll_ctl(rs->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
-		if (c->live)
+		if (c->live) {
+			/* errors the rate limit held back in the last window would
+			 * otherwise be counted only when the next one comes */
+			pthread_mutex_lock(&c->cq_lock);
+			uint64_t held = c->log_suppressed;
+			pthread_mutex_unlock(&c->cq_lock);
+			if (held)
+				log_info("data client %llu (pid %d uid %u): %llu more errors not logged",
+					 (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid,
+					 (unsigned long long)held);
 			log_info("data client %llu (pid %d) disconnected", (unsigned long long)c->id, (int)c->pid);
+		}
 		client_free(c);
 		/* counted until its memory is gone: clients == 0 means all unmapped */
 		pthread_mutex_lock(&rs->lock);

@@ -96,3 +96,12 @@ fuzz: $(LIBTQK) $(PROTO_H) $(VERSION_H)
 	@mkdir -p $(B)/fuzz
 	$(foreach t,$(FUZZ_ONLY),$(call FUZZ_ONE,$(t)))
 include tests/simt/module.mk
+
+# ---- the chaos soak (tests/soak/): tqsoak is the client soak.sh runs N of;
+# `make soak SOAK_SECONDS=1800 SOAK_CLIENTS=8`, a short run in `make test`
+# (tests/integration/soak.sh) --------------------------------------------------
+TQSOAK := $(B)/tests/tqsoak
+$(TQSOAK): $(OBJ)/tests/soak/tqsoak.o $(LIBTQKV_OBJS) $(LIBTQK) $(STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LIBTQKV_LIBS) $(LDLIBS_BASE)
+ALL_TARGETS += $(TQSOAK)
