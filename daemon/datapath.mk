@@ -18,7 +18,7 @@ DATAPATH_OBJS := $(OBJ)/daemon/backend_host.o $(OBJ)/daemon/backend_cuda.o $(OBJ
 	$(OBJ)/daemon/persist.o $(OBJ)/daemon/kvpersist.o $(OBJ)/daemon/reclaim.o
 TEST_OBJS_test_pool := $(OBJ)/daemon/backend_host.o $(OBJ)/daemon/backend_cuda.o $(OBJ)/daemon/pool.o
 TEST_LIBS_test_pool := $(NUMA_LIBS)
-TEST_OBJS_test_ring = $(OBJ)/tests/unit/devsim.o $(DATAPATH_OBJS) $(OBJ)/daemon/session.o $(OBJ)/daemon/tenant.o \
+TEST_OBJS_test_ring = $(OBJ)/tests/unit/ringfix.o $(OBJ)/tests/unit/devsim.o $(DATAPATH_OBJS) $(OBJ)/daemon/session.o $(OBJ)/daemon/tenant.o \
 	$(OBJ)/daemon/config.o $(OBJ)/daemon/log.o $(LIBTQKV_OBJS)
 TEST_LIBS_test_ring = $(NUMA_LIBS) $(INIH_LIBS) $(LIBTQKV_LIBS) $(URING_LIBS) $(ISAL_LIBS)
 $(OBJ)/tests/unit/test_ring.o: | $(PROTO_H)
