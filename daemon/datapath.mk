@@ -47,3 +47,9 @@ TEST_LIBS_test_reclaim = $(NUMA_LIBS) $(INIH_LIBS) $(URING_LIBS) $(ISAL_LIBS)
 TEST_OBJS_test_pressure_model = $(OBJ)/tests/unit/kvfix.o $(OBJ)/tests/unit/devsim.o $(DATAPATH_OBJS) $(OBJ)/daemon/session.o \
 	$(OBJ)/daemon/tenant.o $(OBJ)/daemon/config.o $(OBJ)/daemon/log.o
 TEST_LIBS_test_pressure_model = $(NUMA_LIBS) $(INIH_LIBS) $(URING_LIBS) $(ISAL_LIBS)
+# test_hostile: hostile clients next to a well-behaved one (issue 14 item 3);
+# also the client of tests/integration/hostile_*.sh
+TEST_OBJS_test_hostile = $(OBJ)/tests/unit/ringfix.o $(DATAPATH_OBJS) $(OBJ)/daemon/session.o $(OBJ)/daemon/tenant.o \
+	$(OBJ)/daemon/config.o $(OBJ)/daemon/log.o $(LIBTQKV_OBJS)
+TEST_LIBS_test_hostile = $(NUMA_LIBS) $(INIH_LIBS) $(LIBTQKV_LIBS) $(URING_LIBS) $(ISAL_LIBS)
+$(OBJ)/tests/unit/test_hostile.o $(OBJ)/tests/unit/ringfix.o: | $(PROTO_H)
