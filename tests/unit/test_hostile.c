@@ -988,12 +988,218 @@ static void test_max_sessions_conns(void)
 	srv_stop(&s);
 }
 
+/* ---- client modes for tests/integration/hostile_*.sh ---------------------------------------
+ *
+ *   --client fill DIR NAME     open a detached session NAME in tenant "default"
+ *                              (2 layers, 2/8 heads, d 128, tq4/tq3, seed 42),
+ *                              300 tokens per layer of fixed data; prints "ID ready"
+ *   --client digest DIR ID     attach ID, attend fixed queries at positions 0,
+ *                              150, 299 of each layer, check that 300 is past
+ *                              the end; prints "digest HEX tokens 300"
+ *   --client intrude DIR ID NAME   every data-path way into someone else's
+ *                              session ID (named NAME): each must be refused;
+ *                              prints one line per attempt, exits 0 when all were
+ *   --client sessions DIR N    open up to N ephemeral sessions until refused;
+ *                              prints "opened K" and the refusal, then holds
+ *                              them until stdin closes
+ */
+static const struct tqkv_session_params client_geom = {
+	.tenant = "default", .n_layers = 2, .n_kv_heads = 2, .n_q_heads = 8, .head_dim = 128,
+	.k_codec = "tq4", .v_codec = "tq3", .max_tokens = 4096, .has_seed = 1, .seed = 42,
+};
+
+static int client_fill(const char *dir, const char *name)
+{
+	struct tqkv_connect_opts o = { .run_dir = dir };
+	struct tqkv_session_params p = client_geom;
+	static float k[300 * 2 * 128], v[300 * 2 * 128];
+	uint64_t rs = 42;
+	tqkv *c;
+	tqkv_session *ss;
+
+	p.name = name;
+	p.flags = TQKV_SESSION_DETACHED;
+	if (tqkv_connect(&c, &o) < 0 || tqkv_session_open(c, &p, &ss) < 0) {
+		printf("fill: %s\n", tqkv_last_error());
+		return 2;
+	}
+	for (uint32_t l = 0; l < 2; l++) {
+		fill_f32(k, sizeof(k) / 4, &rs);
+		fill_f32(v, sizeof(v) / 4, &rs);
+		if (tqkv_append(ss, l, k, v, 300, TQKV_F32) != 300) {
+			printf("fill: append: %s\n", tqkv_last_error());
+			return 3;
+		}
+	}
+	printf("%llu ready\n", (unsigned long long)tqkv_session_id(ss));
+	tqkv_session_detach(ss);
+	tqkv_disconnect(c);
+	return 0;
+}
+
+static int client_digest(const char *dir, uint64_t id)
+{
+	struct tqkv_connect_opts o = { .run_dir = dir, .flags = TQKV_CONNECT_NO_CONTROL };
+	static float q[3 * 8 * 128], out[3 * 8 * 128];
+	int32_t pos[3] = { 0, 150, 299 }, past = 300;
+	uint64_t rs = 7, h = 0xcbf29ce484222325ull;
+	tqkv *c;
+	tqkv_session *ss;
+	int r;
+
+	if (tqkv_connect(&c, &o) < 0 || tqkv_session_attach(c, id, &client_geom, TQKV_SESSION_DETACHED, &ss) < 0) {
+		printf("digest: %s\n", tqkv_last_error());
+		return 2;
+	}
+	fill_f32(q, sizeof(q) / 4, &rs);
+	for (uint32_t l = 0; l < 2; l++) {
+		if ((r = tqkv_attend(ss, l, q, pos, 3, TQKV_F32, out)) != 3) {
+			printf("digest: attend: %s\n", tqkv_last_error());
+			return 3;
+		}
+		const uint8_t *b = (const uint8_t *)out;
+		for (size_t i = 0; i < sizeof(out); i++)
+			h = (h ^ b[i]) * 0x100000001b3ull;
+		/* exactly 300 tokens: position 300 is past the end */
+		struct tqkv_result res;
+		tqkv_req *rq;
+		if (tqkv_submit_attend(ss, l, q, &past, 1, TQKV_F32, out, &rq) < 0 || tqkv_wait(rq, &res) >= 0 ||
+		    res.status != TQKV_ST_BAD_POSITION || res.n_tokens != 300) {
+			printf("digest: layer %u does not hold exactly 300 tokens (%s, %llu)\n", l,
+			       tqkv_status_name(res.status), (unsigned long long)res.n_tokens);
+			return 4;
+		}
+	}
+	printf("digest %016llx tokens 300\n", (unsigned long long)h);
+	tqkv_session_detach(ss);
+	tqkv_disconnect(c);
+	return 0;
+}
+
+static int client_intrude(const char *dir, uint64_t id, const char *name)
+{
+	struct tqkv_connect_opts o = { .run_dir = dir };
+	struct tqkv_session_params p = client_geom;
+	struct raw r;
+	tqkv *c;
+	tqkv_session *ss = NULL;
+	int fails = 0, res, e;
+
+#define EXPECT(what, cond, msg) do { bool ok_ = (cond); fails += !ok_; \
+	printf("%s %s: %s\n", ok_ ? "refused" : "ALLOWED", what, msg); } while (0)
+
+	if ((e = raw_connect(&r, dir, 8, 16, MiB, RAW_OK)) < 0) {
+		printf("intrude: data connection: %d %s\n", e, r.w.msg);
+		return 2;
+	}
+	/* ATTACH by id, ephemeral or not */
+	for (int f = 0; f < 2; f++) {
+		struct tqkv_sqe a = { .opcode = TQKV_OP_ATTACH, .session = id, .user_data = 1 + (uint64_t)f,
+				      .flags = f ? TQKV_SQE_EPHEMERAL : 0 };
+		int st = raw_op(&r, &a, &res);
+		EXPECT(f ? "ATTACH (ephemeral)" : "ATTACH", st == TQKV_ST_NOT_OWNER && res == -EPERM,
+		       tqkv_status_str((uint32_t)st));
+	}
+	/* every operation naming its id: not attached here, whatever it is */
+	static const struct { uint8_t op; const char *name; } ops[] = {
+		{ TQKV_OP_APPEND, "APPEND" }, { TQKV_OP_ATTEND, "ATTEND" }, { TQKV_OP_APPEND_ATTEND, "APPEND_ATTEND" },
+		{ TQKV_OP_TRUNCATE, "TRUNCATE" }, { TQKV_OP_DETACH, "DETACH" }, { TQKV_OP_CLOSE, "CLOSE" },
+		{ TQKV_OP_PREFETCH, "PREFETCH" },
+	};
+	memset(r.arena, 0, 65536);
+	for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
+		struct tqkv_sqe e2 = { .opcode = ops[i].op, .session = id, .user_data = 10 + i };
+		if (ops[i].op == TQKV_OP_APPEND || ops[i].op == TQKV_OP_APPEND_ATTEND) {
+			e2.n_tokens = 1;
+			e2.v_off = 4096;
+		}
+		if (ops[i].op == TQKV_OP_ATTEND || ops[i].op == TQKV_OP_APPEND_ATTEND) {
+			e2.n_q = 1;
+			e2.q_off = 8192;
+			e2.pos_off = 16384;
+			e2.out_off = 32768;
+		}
+		int st = raw_op(&r, &e2, &res);
+		EXPECT(ops[i].name, st == TQKV_ST_NOT_ATTACHED && res == -EBADF, tqkv_status_str((uint32_t)st));
+	}
+	raw_close(&r);
+	/* through libtqkv: by id with a geometry, by id asking the control
+	 * channel, by name; a session of its own under the same name */
+	if (tqkv_connect(&c, &o) < 0) {
+		printf("intrude: connect: %s\n", tqkv_last_error());
+		return 2;
+	}
+	e = tqkv_session_attach(c, id, &client_geom, TQKV_SESSION_DETACHED, &ss);
+	EXPECT("tqkv_session_attach (geometry given)", e == -EPERM, e < 0 ? tqkv_last_error() : "attached");
+	if (e == 0)
+		tqkv_session_detach(ss);
+	e = tqkv_session_attach(c, id, NULL, TQKV_SESSION_DETACHED, &ss);
+	EXPECT("tqkv_session_attach (geometry asked)", e < 0, e < 0 ? tqkv_last_error() : "attached");
+	if (e == 0)
+		tqkv_session_detach(ss);
+	e = tqkv_session_attach_name(c, "default", name, TQKV_SESSION_DETACHED, &ss);
+	EXPECT("tqkv_session_attach_name", e == -ENOENT, e < 0 ? tqkv_last_error() : "attached");
+	if (e == 0)
+		tqkv_session_detach(ss);
+	p.name = name;
+	e = tqkv_session_open(c, &p, &ss);
+	EXPECT("tqkv_session_open under its name", e < 0, e < 0 ? tqkv_last_error() : "opened");
+	if (e == 0)
+		tqkv_session_close(ss);
+	tqkv_disconnect(c);
+#undef EXPECT
+	return fails ? 1 : 0;
+}
+
+static int client_sessions(const char *dir, int n)
+{
+	struct tqkv_connect_opts o = { .run_dir = dir };
+	struct tqkv_session_params p = client_geom;
+	tqkv *c;
+	tqkv_session *ss;
+	int i, e = 0;
+	char buf[16];
+
+	p.has_seed = 0;
+	if (tqkv_connect(&c, &o) < 0) {
+		printf("sessions: %s\n", tqkv_last_error());
+		return 2;
+	}
+	for (i = 0; i < n && (e = tqkv_session_open(c, &p, &ss)) == 0; i++)
+		;
+	printf("opened %d\n", i);
+	if (e < 0)
+		printf("refused: %s: %s\n", tqkv_strerror(e), tqkv_last_error());
+	fflush(stdout);
+	while (read(0, buf, sizeof(buf)) > 0)
+		;
+	tqkv_disconnect(c);   /* the daemon closes them all */
+	return 0;
+}
+
+static int client_main(int argc, char **argv)
+{
+	const char *mode = argv[2], *dir = argv[3];
+
+	log_set_level(LOG_WARNING);
+	if (!strcmp(mode, "fill") && argc > 4)
+		return client_fill(dir, argv[4]);
+	if (!strcmp(mode, "digest") && argc > 4)
+		return client_digest(dir, strtoull(argv[4], NULL, 0));
+	if (!strcmp(mode, "intrude") && argc > 5)
+		return client_intrude(dir, strtoull(argv[4], NULL, 0), argv[5]);
+	if (!strcmp(mode, "sessions") && argc > 4)
+		return client_sessions(dir, atoi(argv[4]));
+	fprintf(stderr, "unknown client mode %s\n", mode);
+	return 100;
+}
+
 int main(int argc, char **argv)
 {
 	signal(SIGPIPE, SIG_IGN);
+	if (argc > 3 && !strcmp(argv[1], "--client"))
+		return client_main(argc, argv);
 	log_set_level(getenv("TQ_TEST_VERBOSE") ? LOG_DEBUG : LOG_ERR);
-	(void)argc;
-	(void)argv;
 	T_RUN(test_flood);
 	T_RUN(test_arena_rewrite);
 	T_RUN(test_arena_toctou);
