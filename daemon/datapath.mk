@@ -6,6 +6,9 @@
 #                   in-process, clients forked with libtqkv (data channel):
 #                   bit-exact against the kernels, concurrency, limits,
 #                   hostile clients, SIGKILL cleanup
+#   test_hostile    hostile clients (floods, arena rewritten or punched during
+#                   operations, every cap) beside a well-behaved client held to
+#                   a stated latency bound; client of hostile_*.sh
 #   test_dataop     the operations alone: a huge ATTEND's memory, during and
 #                   after; attention overflowing float range
 #   test_pressure_model  budgets under pressure: 1 M random steps (open, append,
