@@ -307,10 +307,12 @@ static int measure(struct good *g, struct flood *f, double ms, double *p50, doub
 	pthread_t th;
 	int st;
 
+	uint32_t head0 = f ? __atomic_load_n(&f->r.hdr->sq_head, __ATOMIC_ACQUIRE) : 0;
+
 	if (f && pthread_create(&th, NULL, flood_main, f) != 0)
 		return -1;
-	if (f) /* the flood is under way: its first op runs */
-		for (int i = 0; i < 1000 && __atomic_load_n(&f->r.hdr->sq_head, __ATOMIC_ACQUIRE) == 0; i++)
+	if (f) /* the flood is under way: the daemon took its first SQE */
+		for (int i = 0; i < 1000 && __atomic_load_n(&f->r.hdr->sq_head, __ATOMIC_ACQUIRE) == head0; i++)
 			usleep(1000);
 	st = good_run(g, ms);
 	if (f) {
@@ -1155,8 +1157,11 @@ static int client_sessions(const char *dir, int n)
 {
 	struct tqkv_connect_opts o = { .run_dir = dir };
 	struct tqkv_session_params p = client_geom;
+	/* the handles stay reachable, never freed: this client leaves its
+	 * sessions to the daemon by disconnecting (no API frees a handle
+	 * without telling the daemon) */
+	static tqkv_session *ss[1024];
 	tqkv *c;
-	tqkv_session *ss;
 	int i, e = 0;
 	char buf[16];
 
@@ -1165,7 +1170,7 @@ static int client_sessions(const char *dir, int n)
 		printf("sessions: %s\n", tqkv_last_error());
 		return 2;
 	}
-	for (i = 0; i < n && (e = tqkv_session_open(c, &p, &ss)) == 0; i++)
+	for (i = 0; i < n && i < 1024 && (e = tqkv_session_open(c, &p, &ss[i])) == 0; i++)
 		;
 	printf("opened %d\n", i);
 	if (e < 0)
