@@ -1227,13 +1227,13 @@ void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, 
 	 * Queries are checked in place here (before anything is appended) and
 	 * again as each pass copies them. */
 	memcpy(ws->pos, pos, pos_bytes);
-	if ((bad = first_nonfinite(q, dtype, (size_t)n_q * row, row)) >= 0) {
-		dataop_res_set(r, -EINVAL, TQKV_ST_NONFINITE, (uint32_t)bad);
-		goto trim;
-	}
-
+	bad = first_nonfinite(q, dtype, (size_t)n_q * row, row);
 	pthread_mutex_lock(&kv->lock);
 	L = &kv->layer[layer];
+	if (bad >= 0) { /* the CQE still reports the layer's length */
+		dataop_res_set(r, -EINVAL, TQKV_ST_NONFINITE, (uint32_t)bad);
+		goto out;
+	}
 	new_len = (uint64_t)L->n_tokens + n_append;
 	for (uint32_t i = 0; i < n_q; i++) {
 		if (ws->pos[i] < 0 || (uint64_t)ws->pos[i] >= new_len) {
@@ -1318,7 +1318,6 @@ void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, 
 out:
 	r->n_tokens = L->n_tokens;
 	pthread_mutex_unlock(&kv->lock);
-trim:
 	ws_trim(ws);
 }
 

@@ -6,6 +6,9 @@
 #                   in-process, clients forked with libtqkv (data channel):
 #                   bit-exact against the kernels, concurrency, limits,
 #                   hostile clients, SIGKILL cleanup
+#   test_hostile    hostile clients (floods, arena rewritten or punched during
+#                   operations, every cap) beside a well-behaved client held to
+#                   a stated latency bound; client of hostile_*.sh
 #   test_dataop     the operations alone: a huge ATTEND's memory, during and
 #                   after; attention overflowing float range
 #   test_pressure_model  budgets under pressure: 1 M random steps (open, append,
@@ -18,7 +21,7 @@ DATAPATH_OBJS := $(OBJ)/daemon/backend_host.o $(OBJ)/daemon/backend_cuda.o $(OBJ
 	$(OBJ)/daemon/persist.o $(OBJ)/daemon/kvpersist.o $(OBJ)/daemon/reclaim.o
 TEST_OBJS_test_pool := $(OBJ)/daemon/backend_host.o $(OBJ)/daemon/backend_cuda.o $(OBJ)/daemon/pool.o
 TEST_LIBS_test_pool := $(NUMA_LIBS)
-TEST_OBJS_test_ring = $(OBJ)/tests/unit/devsim.o $(DATAPATH_OBJS) $(OBJ)/daemon/session.o $(OBJ)/daemon/tenant.o \
+TEST_OBJS_test_ring = $(OBJ)/tests/unit/ringfix.o $(OBJ)/tests/unit/devsim.o $(DATAPATH_OBJS) $(OBJ)/daemon/session.o $(OBJ)/daemon/tenant.o \
 	$(OBJ)/daemon/config.o $(OBJ)/daemon/log.o $(LIBTQKV_OBJS)
 TEST_LIBS_test_ring = $(NUMA_LIBS) $(INIH_LIBS) $(LIBTQKV_LIBS) $(URING_LIBS) $(ISAL_LIBS)
 $(OBJ)/tests/unit/test_ring.o: | $(PROTO_H)
@@ -47,3 +50,9 @@ TEST_LIBS_test_reclaim = $(NUMA_LIBS) $(INIH_LIBS) $(URING_LIBS) $(ISAL_LIBS)
 TEST_OBJS_test_pressure_model = $(OBJ)/tests/unit/kvfix.o $(OBJ)/tests/unit/devsim.o $(DATAPATH_OBJS) $(OBJ)/daemon/session.o \
 	$(OBJ)/daemon/tenant.o $(OBJ)/daemon/config.o $(OBJ)/daemon/log.o
 TEST_LIBS_test_pressure_model = $(NUMA_LIBS) $(INIH_LIBS) $(URING_LIBS) $(ISAL_LIBS)
+# test_hostile: hostile clients next to a well-behaved one (issue 14 item 3);
+# also the client of tests/integration/hostile_*.sh
+TEST_OBJS_test_hostile = $(OBJ)/tests/unit/ringfix.o $(DATAPATH_OBJS) $(OBJ)/daemon/session.o $(OBJ)/daemon/tenant.o \
+	$(OBJ)/daemon/config.o $(OBJ)/daemon/log.o $(LIBTQKV_OBJS)
+TEST_LIBS_test_hostile = $(NUMA_LIBS) $(INIH_LIBS) $(LIBTQKV_LIBS) $(URING_LIBS) $(ISAL_LIBS)
+$(OBJ)/tests/unit/test_hostile.o $(OBJ)/tests/unit/ringfix.o: | $(PROTO_H)

@@ -665,16 +665,21 @@ static int enc_f16(const struct ctx *e, const void *row, enum tq_dtype dt, uint8
 	return 0;
 }
 
+/* The row is read once: the values checked are the values stored, even
+ * when another process rewrites it meanwhile (a client's shared arena). */
 static int enc_f32(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t *blk)
 {
+	float x[TQ_DIM_MAX] __attribute__((aligned(32)));
 	__m256i amx = _mm256_setzero_si256();
 
-	for (int k = 0; k < e->nc; k++)
-		amx = absbits_max(amx, ld8(row, dt, k));
+	for (int k = 0; k < e->nc; k++) {
+		__m256 v = ld8(row, dt, k);
+		amx = absbits_max(amx, v);
+		_mm256_store_ps(x + 8 * k, v);
+	}
 	if (hmax_u32(amx) >= 0x7f800000u)
 		return 1;
-	for (int k = 0; k < e->nc; k++)
-		_mm256_storeu_ps((float *)(void *)(blk + 32 * k), ld8(row, dt, k));
+	memcpy(blk, x, e->bb);
 	return 0;
 }
 

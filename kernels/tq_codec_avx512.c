@@ -967,18 +967,21 @@ static int enc_f16_m(const struct ctx *e, const void *row, enum tq_dtype dt, uin
 	return 0;
 }
 
+/* The row is read once: the values checked are the values stored, even
+ * when another process rewrites it meanwhile (a client's shared arena). */
 static int enc_f32_m(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t *blk)
 {
+	float x[TQ_DIM_MAX + 16] __attribute__((aligned(64)));
 	__m512i amx = _mm512_setzero_si512();
 
-	for (int k = 0; k < e->nc; k++)
-		amx = absbits_max(amx, ld_chunk(row, dt, k, k == e->nc - 1 ? e->mt : 0xFFFF));
+	for (int k = 0; k < e->nc; k++) {
+		__m512 v = ld_chunk(row, dt, k, k == e->nc - 1 ? e->mt : 0xFFFF);   /* masked lanes: zero */
+		amx = absbits_max(amx, v);
+		_mm512_store_ps(x + 16 * k, v);
+	}
 	if (_mm512_reduce_max_epu32(amx) >= 0x7f800000u)
 		return 1;
-	for (int k = 0; k < e->nc; k++) {
-		__mmask16 m = k == e->nc - 1 ? e->mt : 0xFFFF;
-		_mm512_mask_storeu_ps(blk + 64 * k, m, ld_chunk(row, dt, k, m));
-	}
+	memcpy(blk, x, e->bb);
 	return 0;
 }
 

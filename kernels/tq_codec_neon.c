@@ -617,16 +617,21 @@ static int enc_f16(const struct ctx *e, const void *row, enum tq_dtype dt, uint8
 	return 0;
 }
 
+/* The row is read once: the values checked are the values stored, even
+ * when another process rewrites it meanwhile (a client's shared arena). */
 static int enc_f32(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t *blk)
 {
+	float x[TQ_DIM_MAX];
 	uint32x4_t amx = vdupq_n_u32(0);
 
-	for (int k = 0; k < e->nc; k++)
-		amx = absbits_max(amx, ld4(row, dt, k));
+	for (int k = 0; k < e->nc; k++) {
+		float32x4_t v = ld4(row, dt, k);
+		amx = absbits_max(amx, v);
+		vst1q_f32(x + 4 * k, v);
+	}
 	if (vmaxvq_u32(amx) >= 0x7f800000u)
 		return 1;
-	for (int k = 0; k < e->nc; k++)
-		vst1q_f32((float *)(void *)(blk + 16 * k), ld4(row, dt, k));
+	memcpy(blk, x, e->bb);
 	return 0;
 }
 
