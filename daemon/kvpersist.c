@@ -345,11 +345,11 @@ static int checkpoint_locked(struct kvstore *ks, struct session *s, struct kv_se
 	p->jfd = persist_journal_reset(kp->dirfd, kv->id, p->epoch, why, whylen);
 	if (p->jfd < 0)
 		log_err("session %" PRIu64 ": new journal: %s (the next append checkpoints again)", kv->id, why);
-	p->joff = PERSIST_JNL_HDR;
+	__atomic_store_n(&p->joff, PERSIST_JNL_HDR, __ATOMIC_RELAXED);
 	p->jseq = 0;
 	free_deferred(ks, p);
 	__atomic_store_n(&p->dirty, false, __ATOMIC_RELAXED);
-	p->last_ckpt_ms = mono_ms();
+	__atomic_store_n(&p->last_ckpt_ms, mono_ms(), __ATOMIC_RELAXED);
 	p->wt_warned = false;
 	__atomic_add_fetch(&kp->checkpoints, 1, __ATOMIC_RELAXED);
 	why[0] = 0;
@@ -557,7 +557,10 @@ static void checkpoint_due(struct kvstore *ks, struct session_table *st, bool al
 			struct kvp_sess *p = kv->p;
 			if (!p || !__atomic_load_n(&p->dirty, __ATOMIC_RELAXED))
 				continue;
-			if (!all && now - p->last_ckpt_ms < iv && p->joff < KVP_JOURNAL_CHECKPOINT)
+			/* joff and last_ckpt_ms move under the session's lock, not
+			 * ks->lock: read atomically, a hint for this pass only */
+			if (!all && now - __atomic_load_n(&p->last_ckpt_ms, __ATOMIC_RELAXED) < iv &&
+			    __atomic_load_n(&p->joff, __ATOMIC_RELAXED) < KVP_JOURNAL_CHECKPOINT)
 				continue;
 			if (n == cap) {
 				uint64_t *ni = realloc(ids, (cap ? cap * 2 : 16) * sizeof(*ni));
@@ -1066,7 +1069,7 @@ static int recover_one(struct kvstore *ks, struct session_table *st, struct tena
 			dataop_spill_locked(ks, s, kv, UINT64_MAX, &out, why, sizeof(why));
 	} else {
 		kv->p->jfd = persist_journal_reset(kp->dirfd, id, kv->p->epoch, jwhy, sizeof(jwhy));
-		kv->p->joff = PERSIST_JNL_HDR;
+		__atomic_store_n(&kv->p->joff, PERSIST_JNL_HDR, __ATOMIC_RELAXED);
 		if (kv->p->jfd < 0)
 			log_err("session %" PRIu64 ": journal: %s (the first append checkpoints first)", id, jwhy);
 	}

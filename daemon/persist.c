@@ -623,7 +623,9 @@ int persist_journal_write(int fd, uint64_t *off, const struct persist_rec *r, co
 			return w < 0 ? -errno : -EIO;
 		done += (size_t)w;
 	}
-	*off += total;
+	/* one writer (the session's lock holder); the checkpoint thread reads
+	 * *off without that lock to see whether the journal has grown long */
+	__atomic_store_n(off, *off + total, __ATOMIC_RELAXED);
 	return 0;
 }
 

@@ -331,7 +331,7 @@ static const char *xf_name(uint32_t mode)
 	return mode <= TQ_XF_MASK ? xf_names[mode] : "?";
 }
 
-#define XF_MODES_HELP "none, default, or parts joined by '+': k-center, k-sink, v-center, k-eq-qk, k-eq-k, k-unshrink; " \
+#define XF_MODES_HELP "none, default, or parts joined by '+': k-center, k-sink, v-center, v-eq, k-eq-qk, k-eq-k, k-unshrink; " \
 		      "at most one k-eq-* and one of k-center, k-sink"
 
 /* The message's strings point into `si` (and static tables). */
@@ -1462,7 +1462,10 @@ static void call_reply(struct rpc_server *srv, struct call *c, const struct peer
 	/* A spill or restore replies from its own thread, and the RPC thread
 	 * reads the call when gRPC hands it back: gRPC orders the two, but
 	 * inside a library ThreadSanitizer does not see; the release here and
-	 * the acquire there say it where it does. */
+	 * the acquire there say it where it does.  After the store this
+	 * thread reads nothing of c: the RPC thread may free it as soon as the
+	 * batch is started. */
+	grpc_call *call = c->call;
 	__atomic_store_n(&c->phase, PHASE_SENDING, __ATOMIC_RELEASE);
 	ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
 	ops[n].data.send_status_from_server.trailing_metadata_count = 0;
@@ -1470,9 +1473,9 @@ static void call_reply(struct rpc_server *srv, struct call *c, const struct peer
 	ops[n++].data.send_status_from_server.status_details = &c->status_msg;
 	ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
 	ops[n++].data.recv_close_on_server.cancelled = &c->cancelled;
-	if (grpc_call_start_batch(c->call, ops, n, c, NULL) != GRPC_CALL_OK) {
+	if (grpc_call_start_batch(call, ops, n, c, NULL) != GRPC_CALL_OK) {
 		log_err("%s: cannot send the reply", mname);
-		call_free(c);
+		call_free(c); /* no batch, no completion: c is still ours */
 	}
 }
 
