@@ -19,6 +19,7 @@ struct tq_xf {
 	float *k_mean;            /* [n_kv][dim] */
 	float *k_scale;           /* [n_kv][dim] */
 	float *v_mean;            /* [n_kv][dim] */
+	float *v_scale;           /* [n_kv][dim] */
 };
 
 static const struct {
@@ -28,6 +29,7 @@ static const struct {
 	{ TQ_XF_K_CENTER, "k-center" },
 	{ TQ_XF_K_SINK, "k-sink" },
 	{ TQ_XF_V_CENTER, "v-center" },
+	{ TQ_XF_V_EQ, "v-eq" },
 	{ TQ_XF_K_EQ_QK, "k-eq-qk" },
 	{ TQ_XF_K_EQ_K, "k-eq-k" },
 	{ TQ_XF_K_UNSHRINK, "k-unshrink" },
@@ -131,7 +133,7 @@ int tq_xf_new(tq_xf **out, uint32_t mode, uint32_t n_kv_heads, uint32_t n_q_head
 		return -EINVAL;
 	}
 	n = (size_t)n_kv_heads * dim;
-	if (!(xf = calloc(1, sizeof(*xf))) || !(xf->k_mean = calloc(3 * n, sizeof(float)))) {
+	if (!(xf = calloc(1, sizeof(*xf))) || !(xf->k_mean = calloc(4 * n, sizeof(float)))) {
 		free(xf);
 		if (err)
 			snprintf(err->msg, sizeof(err->msg), "kv transform: out of memory");
@@ -139,6 +141,7 @@ int tq_xf_new(tq_xf **out, uint32_t mode, uint32_t n_kv_heads, uint32_t n_q_head
 	}
 	xf->k_scale = xf->k_mean + n;
 	xf->v_mean = xf->k_mean + 2 * n;
+	xf->v_scale = xf->k_mean + 3 * n;
 	xf->mode = mode;
 	xf->n_kv = n_kv_heads;
 	xf->n_q = n_q_heads;
@@ -174,7 +177,7 @@ void tq_xf_reset(tq_xf *xf)
 	memset(xf->k_mean, 0, n * sizeof(float));
 	memset(xf->v_mean, 0, n * sizeof(float));
 	for (size_t i = 0; i < n; i++)
-		xf->k_scale[i] = 1.0f;
+		xf->k_scale[i] = xf->v_scale[i] = 1.0f;
 	xf->applied = 0;
 	xf->calibrated = 0;
 	xf->calib_tokens = 0;
@@ -208,6 +211,23 @@ static float rows_mean(const void *x, enum tq_dtype dtype, uint32_t n, uint32_t 
 	for (size_t i = 0; i < w; i++)
 		mean[i] = (float)(acc[i] / n);
 	return (float)sqrt(sq / ((double)n * n_kv));
+}
+
+/* Channel scales s[0..d) (0 where a channel had no signal) to geometric
+ * mean 1 over the channels that had one (lsum: their logs, nl: how many);
+ * the others get 1; all clamped to the allowed range. */
+static void scales_normalize(float *s, uint32_t d, double lsum, uint32_t nl)
+{
+	double gm = nl ? exp(lsum / nl) : 1;
+
+	for (uint32_t c = 0; c < d; c++) {
+		float x = s[c] > 0 ? (float)(s[c] / gm) : 1.0f;
+		if (x > TQ_XF_SCALE_MAX)
+			x = TQ_XF_SCALE_MAX;
+		if (x < 1.0f / TQ_XF_SCALE_MAX)
+			x = 1.0f / TQ_XF_SCALE_MAX;
+		s[c] = x;
+	}
 }
 
 int tq_xf_calibrate(tq_xf *xf, const void *k, const void *v, const void *q, uint32_t n, uint32_t n_q,
@@ -285,17 +305,33 @@ int tq_xf_calibrate(tq_xf *xf, const void *k, const void *v, const void *q, uint
 					nl++;
 				}
 			}
-			double gm = nl ? exp(lsum / nl) : 1;
-			for (uint32_t c = 0; c < d; c++) {
-				float x = s[c] > 0 ? (float)(s[c] / gm) : 1.0f;
-				if (x > TQ_XF_SCALE_MAX)
-					x = TQ_XF_SCALE_MAX;
-				if (x < 1.0f / TQ_XF_SCALE_MAX)
-					x = 1.0f / TQ_XF_SCALE_MAX;
-				s[c] = x;
-			}
+			scales_normalize(s, d, lsum, nl);
 		}
 		xf->applied |= eq;
+	}
+	if (xf->mode & TQ_XF_V_EQ) {
+		double *vss = acc;
+		memset(acc, 0, w * sizeof(double));
+		for (uint32_t t = 0; t < n; t++)
+			for (size_t i = 0; i < w; i++) {
+				double a = (double)load1(v, dtype, (size_t)t * w + i) - xf->v_mean[i];
+				vss[i] += a * a;
+			}
+		for (uint32_t h = 0; h < xf->n_kv; h++) {
+			float *s = xf->v_scale + (size_t)h * d;
+			double lsum = 0;
+			uint32_t nl = 0;
+			for (uint32_t c = 0; c < d; c++) {
+				double r = sqrt(vss[(size_t)h * d + c] / n);
+				s[c] = r > 1e-30 && isfinite(r) ? (float)sqrt(r) : 0;
+				if (s[c] > 0) {
+					lsum += log(s[c]);
+					nl++;
+				}
+			}
+			scales_normalize(s, d, lsum, nl);
+		}
+		xf->applied |= TQ_XF_V_EQ;
 	}
 	free(acc);
 	return 0;
@@ -325,7 +361,11 @@ void tq_xf_values(const tq_xf *xf, const void *v, enum tq_dtype dtype, uint32_t 
 	for (uint32_t t = 0; t < n; t++)
 		for (size_t i = 0; i < w; i++) {
 			float x = load1(v, dtype, (size_t)t * w + i);
-			out[(size_t)t * w + i] = a & TQ_XF_V_CENTER ? x - xf->v_mean[i] : x;
+			if (a & TQ_XF_V_CENTER)
+				x -= xf->v_mean[i];
+			if (a & TQ_XF_V_EQ)
+				x /= xf->v_scale[i];
+			out[(size_t)t * w + i] = x;
 		}
 }
 
@@ -351,14 +391,18 @@ void tq_xf_output(const tq_xf *xf, float *out, uint32_t n_q)
 {
 	const uint32_t d = xf->dim, G = xf->n_q / xf->n_kv;
 
-	if (!(tq_xf_applied(xf) & TQ_XF_V_CENTER))
+	const uint32_t a = tq_xf_applied(xf);
+
+	if (!(a & (TQ_XF_V_CENTER | TQ_XF_V_EQ)))
 		return;
 	for (uint32_t t = 0; t < n_q; t++)
 		for (uint32_t h = 0; h < xf->n_q; h++) {
 			const float *m = xf->v_mean + (size_t)(h / G) * d;
+			const float *s = xf->v_scale + (size_t)(h / G) * d;
 			float *o = out + ((size_t)t * xf->n_q + h) * d;
+			/* (v_mean is 0 and v_scale 1 where the part is not applied) */
 			for (uint32_t c = 0; c < d; c++)
-				o[c] += m[c];
+				o[c] = o[c] * s[c] + m[c];
 		}
 }
 
@@ -370,14 +414,14 @@ int tq_xf_touches_queries(const tq_xf *xf)
 
 int tq_xf_touches_output(const tq_xf *xf)
 {
-	return (tq_xf_applied(xf) & TQ_XF_V_CENTER) != 0;
+	return (tq_xf_applied(xf) & (TQ_XF_V_CENTER | TQ_XF_V_EQ)) != 0;
 }
 
 /* ---- bytes ------------------------------------------------------------------
  * header (XF_HDR bytes, little-endian u32): magic, version, applied,
  * calib_tokens, n_kv, dim, k_rms (f32 bits), v_rms (f32 bits); then
- * k_mean (the K centre) if K_CENTER or K_SINK, k_scale if an equalization, v_mean if V_CENTER,
- * each [n_kv][dim] f32.  An uncalibrated transform has no bytes (0). */
+ * k_mean (the K centre) if K_CENTER or K_SINK, k_scale if a K equalization,
+ * v_mean if V_CENTER, v_scale if V_EQ, each [n_kv][dim] f32.  An uncalibrated transform has no bytes (0). */
 
 static void put32(uint8_t *p, uint32_t x)
 {
@@ -406,10 +450,16 @@ static float u2f(uint32_t u)
 	return f;
 }
 
+/* The stored arrays, in this order, each present when its part is applied */
+#define XF_PARTS 4
+static const uint32_t part_bits[XF_PARTS] = {
+	TQ_XF_K_CENTER | TQ_XF_K_SINK, TQ_XF_K_EQ_QK | TQ_XF_K_EQ_K, TQ_XF_V_CENTER, TQ_XF_V_EQ,
+};
+
 static uint32_t parts(uint32_t applied)
 {
 	return !!(applied & (TQ_XF_K_CENTER | TQ_XF_K_SINK)) + !!(applied & (TQ_XF_K_EQ_QK | TQ_XF_K_EQ_K)) +
-	       !!(applied & TQ_XF_V_CENTER);
+	       !!(applied & TQ_XF_V_CENTER) + !!(applied & TQ_XF_V_EQ);
 }
 
 size_t tq_xf_blob_bytes(const tq_xf *xf)
@@ -422,8 +472,7 @@ size_t tq_xf_blob_bytes(const tq_xf *xf)
 void tq_xf_blob_write(const tq_xf *xf, uint8_t *buf)
 {
 	const size_t w = (size_t)xf->n_kv * xf->dim;
-	const float *arr[3] = { xf->k_mean, xf->k_scale, xf->v_mean };
-	const uint32_t bits[3] = { TQ_XF_K_CENTER | TQ_XF_K_SINK, TQ_XF_K_EQ_QK | TQ_XF_K_EQ_K, TQ_XF_V_CENTER };
+	const float *arr[XF_PARTS] = { xf->k_mean, xf->k_scale, xf->v_mean, xf->v_scale };
 	uint8_t *p = buf + XF_HDR;
 
 	if (!xf->calibrated)
@@ -437,8 +486,8 @@ void tq_xf_blob_write(const tq_xf *xf, uint8_t *buf)
 	put32(buf + 20, xf->dim);
 	put32(buf + 24, f2u(xf->k_rms));
 	put32(buf + 28, f2u(xf->v_rms));
-	for (int a = 0; a < 3; a++) {
-		if (!(xf->applied & bits[a]))
+	for (int a = 0; a < XF_PARTS; a++) {
+		if (!(xf->applied & part_bits[a]))
 			continue;
 		for (size_t i = 0; i < w; i++, p += 4)
 			put32(p, f2u(arr[a][i]));
@@ -450,8 +499,7 @@ void tq_xf_blob_write(const tq_xf *xf, uint8_t *buf)
 int tq_xf_blob_read(tq_xf *xf, const uint8_t *buf, size_t len, tq_error *err)
 {
 	const size_t w = (size_t)xf->n_kv * xf->dim;
-	float *arr[3] = { xf->k_mean, xf->k_scale, xf->v_mean };
-	const uint32_t bits[3] = { TQ_XF_K_CENTER | TQ_XF_K_SINK, TQ_XF_K_EQ_QK | TQ_XF_K_EQ_K, TQ_XF_V_CENTER };
+	float *arr[XF_PARTS] = { xf->k_mean, xf->k_scale, xf->v_mean, xf->v_scale };
 	uint32_t applied;
 	float k_rms, v_rms;
 	const uint8_t *p;
@@ -476,21 +524,21 @@ int tq_xf_blob_read(tq_xf *xf, const uint8_t *buf, size_t len, tq_error *err)
 		BAD("kv transform: %zu bytes, its parts need %zu", len, XF_HDR + (size_t)parts(applied) * w * 4);
 	/* check everything before changing anything */
 	p = buf + XF_HDR;
-	for (int a = 0; a < 3; a++) {
-		if (!(applied & bits[a]))
+	for (int a = 0; a < XF_PARTS; a++) {
+		if (!(applied & part_bits[a]))
 			continue;
 		for (size_t i = 0; i < w; i++, p += 4) {
 			float x = u2f(get32(p));
 			if (!isfinite(x))
 				BAD("kv transform: a non-finite statistic");
-			if (a == 1 && !(x >= 1.0f / TQ_XF_SCALE_MAX && x <= TQ_XF_SCALE_MAX))
+			if ((a == 1 || a == 3) && !(x >= 1.0f / TQ_XF_SCALE_MAX && x <= TQ_XF_SCALE_MAX))
 				BAD("kv transform: channel scale %g out of range", (double)x);
 		}
 	}
 	tq_xf_reset(xf);
 	p = buf + XF_HDR;
-	for (int a = 0; a < 3; a++) {
-		if (!(applied & bits[a]))
+	for (int a = 0; a < XF_PARTS; a++) {
+		if (!(applied & part_bits[a]))
 			continue;
 		for (size_t i = 0; i < w; i++, p += 4)
 			arr[a][i] = u2f(get32(p));

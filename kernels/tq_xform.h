@@ -15,6 +15,11 @@
  *                   Σ q_c² s_c² · Σ k_c² / s_c², which the first choice
  *                   minimizes (Cauchy–Schwarz).
  *   V centering     v' = v − μv, out += μv   (the weights sum to one)
+ *   V equalization  v' = (v − μv) / t,  out = out' ∘ t + μv  (Σ p = 1:
+ *                   exact); t_c = sqrt(rms v'_c), geometric mean 1.  The
+ *                   output's quantization error is about Σ t_c² · Σ v_c²/t_c²
+ *                   (the rotation spreads each row's error evenly over its
+ *                   channels, then ∘ t weights them): minimal for this t.
  *   K sink centring k' = k − k0 (TQ_XF_K_SINK, instead of μk): the first
  *                   token's key — the attention sink's, which takes much of
  *                   the weight in late layers — becomes 0 and encodes
@@ -62,8 +67,9 @@ enum {
 	TQ_XF_K_EQ_K   = 1u << 3,  /* channel scales from keys alone          */
 	TQ_XF_K_UNSHRINK = 1u << 4, /* queries × 1/tq_codec_shrink(K codec)   */
 	TQ_XF_K_SINK   = 1u << 5,  /* keys minus the first token's key         */
+	TQ_XF_V_EQ     = 1u << 6,  /* values / channel scales, output × them  */
 };
-#define TQ_XF_MASK    0x3fu
+#define TQ_XF_MASK    0x7fu
 /* The default for new sessions (measured: BENCHMARKS.md 4a). */
 #define TQ_XF_DEFAULT (TQ_XF_K_CENTER | TQ_XF_K_EQ_QK | TQ_XF_K_UNSHRINK)
 #define TQ_XF_MIN_TOKENS 8u

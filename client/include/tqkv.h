@@ -123,7 +123,7 @@ struct tqkv_session_params {
 	/* Transforms of each layer's K/V that attention undoes exactly, so the  */
 	/* codecs lose less (the daemon's daemon.kv_transform documents them):   */
 	/* NULL or "": the daemon's default; "none"; "default"; or parts joined  */
-	/* by "+": k-center, k-sink, v-center, k-eq-qk, k-eq-k, k-unshrink      */
+	/* by "+": k-center, k-sink, v-center, v-eq, k-eq-qk, k-eq-k, k-unshrink      */
 	/* ("k-center+k-eq-qk").                                                 */
 	/* k-eq-qk is calibrated from the queries of the append that fills an    */
 	/* empty layer: give prefill as tqkv_append_attend, not append + attend. */

@@ -87,8 +87,8 @@ static void usage(FILE *f)
 		"  --kv-transform MODE  K/V transforms that attention undoes, frozen by each\n"
 		"                       layer's first chunk (its keys and queries): default\n"
 		"                       (k-center+k-eq-qk+k-unshrink), none, or parts joined\n"
-		"                       by '+': k-center, k-sink, v-center, k-eq-qk, k-eq-k,\n"
-		"                       k-unshrink; the same with --local and tqkvd\n"
+		"                       by '+': k-center, k-sink, v-center, v-eq, k-eq-qk,\n"
+		"                       k-eq-k, k-unshrink; the same with --local and tqkvd\n"
 		"                       (measured: BENCHMARKS.md 4a)\n"
 		"  --sparse-v X         with --local: skip the values whose attention weight is\n"
 		"                       below X of the running maximum for every head of the\n"
@@ -291,7 +291,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case O_KVXF:
 			if ((rc = tq_xf_mode_parse(optarg, &o->kv_xform)) < 0)
 				fprintf(stderr, PROG ": --kv-transform: unknown mode '%s' (none, default, or parts "
-					"joined by '+': k-center, k-sink, v-center, k-eq-qk, k-eq-k, k-unshrink; at most one k-eq-* and one of k-center, k-sink)\n",
+					"joined by '+': k-center, k-sink, v-center, v-eq, k-eq-qk, k-eq-k, k-unshrink; at most one k-eq-* and one of k-center, k-sink)\n",
 					optarg);
 			break;
 		case O_HELP: usage(stdout); return 1;

@@ -2,8 +2,8 @@
  * session's manifest or journal hands them back (kernels/tq_xform.c,
  * tq_xf_blob_read): any bytes are refused with a reason, leaving the
  * transform as it was, or accepted; accepted bytes write back to exactly
- * themselves, and keys, values and queries through the loaded transform
- * stay finite.  The first 3 bytes pick the session's shape and mode (kv
+ * themselves, and keys, values, queries and outputs through the loaded
+ * transform stay finite.  The first 3 bytes pick the session's shape and mode (kv
  * heads 1..4, group 1..4, dim 8..64 in steps of 8, mode: any valid one);
  * the rest is the blob. */
 #include <math.h>
@@ -44,6 +44,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		for (uint32_t i = 0; i < n_kv * g * dim; i++)
 			in[i] = (float)((int)(i % 7) - 3);
 		tq_xf_keys(xf, in, TQ_DTYPE_F32, 1, out);
+		for (uint32_t i = 0; i < n_kv * dim; i++)
+			if (!isfinite(out[i]))
+				abort();
+		tq_xf_values(xf, in, TQ_DTYPE_F32, 1, out);
 		for (uint32_t i = 0; i < n_kv * dim; i++)
 			if (!isfinite(out[i]))
 				abort();

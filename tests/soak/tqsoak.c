@@ -150,7 +150,8 @@ static const struct geo GEOS[] = {
 };
 #define NGEO (sizeof(GEOS) / sizeof(GEOS[0]))
 /* NULL: the daemon's default (daemon.kv_transform, not set: "default") */
-static const char *const XFORMS[] = { NULL, "none", "k-center+k-eq-qk+k-unshrink", "k-sink+v-center", "k-eq-k" };
+static const char *const XFORMS[] = { NULL, "none", "k-center+k-eq-qk+k-unshrink", "k-sink+v-center", "k-eq-k",
+					"k-center+v-eq+k-eq-qk" };
 #define NXF (sizeof(XFORMS) / sizeof(XFORMS[0]))
 static const char *const TENANTS[] = { "alpha", "beta", "gamma" };
 #define NTEN (sizeof(TENANTS) / sizeof(TENANTS[0]))
