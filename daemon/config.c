@@ -86,6 +86,9 @@ static const struct opt opts[] = {
 	  "data connections one user may hold at once (handshakes in progress count)", NULL },
 	{ "daemon", "max_arena_per_uid", OPT_SIZE, G(max_arena_per_uid), MiB, PiB, "16GiB", NULL, true,
 	  "shared ring memory one user's data connections may map together", NULL },
+	{ "daemon", "max_workers_per_uid", OPT_U32, G(max_workers_per_uid), 0, 256, "0", NULL, true,
+	  "data workers one user's operations may hold at once, so another user's next op never waits "
+	  "behind a busy one's (0: no cap; one user with nobody else waiting still gets them all)", NULL },
 	{ "daemon", "data_workers", OPT_U32, G(data_workers), 0, 256, "0", NULL, false,
 	  "threads running data operations (append, attention); 0: one per CPU", NULL },
 	{ "daemon", "attention_threads", OPT_U32, G(attention_threads), 1, 256, "1", NULL, false,

@@ -68,6 +68,7 @@ struct config {
 	uint32_t max_clients;                /* data connections at once */
 	uint32_t max_clients_per_uid;
 	uint64_t max_arena_per_uid;          /* ring memory one uid may map, all connections */
+	uint32_t max_workers_per_uid;        /* data workers one uid's ops may hold at once (0: all) */
 	uint32_t data_workers;               /* ring worker threads; 0 = one per CPU */
 	uint32_t attention_threads;          /* threads per attention call (per worker) */
 	uint32_t kv_transform;               /* TQ_XF_* of new sessions that name none */

@@ -257,6 +257,7 @@ static void reload(struct daemon *d)
 		log_err("reload: %s", why);
 	ring_server_set_limits(d->ring, d->cfg->max_clients, d->cfg->max_clients_per_uid,
 			       d->cfg->max_arena_per_uid);
+	ring_server_set_worker_share(d->ring, d->cfg->max_workers_per_uid);
 	rpc_set_config(d->rpc, d->cfg);
 	log_notice("reload: done, %d option%s changed", changed, changed == 1 ? "" : "s");
 done:
@@ -432,6 +433,7 @@ static int start_ring(struct daemon *d)
 		.max_clients = d->cfg->max_clients,
 		.max_clients_per_uid = d->cfg->max_clients_per_uid,
 		.max_arena_per_uid = d->cfg->max_arena_per_uid,
+		.max_workers_per_uid = d->cfg->max_workers_per_uid,
 		.sock_gid = (gid_t)-1,
 		.spin_us = 50,
 	};

@@ -109,6 +109,8 @@ struct ring_worker {
 	struct ring_server *rs;
 	pthread_t thread;
 	bool started;
+	bool busy;                /* running an op (rs->lock) ...              */
+	uid_t busy_uid;           /* ... for a client of this uid              */
 	struct dataop_ws ws;
 };
 
@@ -125,6 +127,7 @@ struct ring_server {
 
 	/* limits (atomic: a reload changes them) */
 	uint32_t max_clients, max_clients_per_uid;
+	uint32_t max_workers_per_uid;      /* rs->lock; 0: no cap */
 	uint64_t max_arena_per_uid;
 
 	pthread_mutex_t lock;
@@ -482,6 +485,53 @@ static void push_runq(struct ring_server *rs, struct binding *b)
 		pthread_cond_signal(&rs->work);
 }
 
+/* Workers running an op for uid (rs->lock held). */
+static uint32_t uid_running(const struct ring_server *rs, uid_t uid)
+{
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i < rs->n_workers; i++)
+		n += rs->workers[i].busy && rs->workers[i].busy_uid == uid;
+	return n;
+}
+
+/* Take the session whose op runs next off the run queue (rs->lock held),
+ * or NULL when every queued session's uid is at daemon.max_workers_per_uid.
+ * Round robin between sessions, with two rules between users:
+ *  - the cap, when set: a uid never holds more workers than it, so another
+ *    user's op finds one free (not work-conserving: the cap holds with
+ *    nobody else waiting too; it is for boxes shared between users);
+ *  - without one, a uid holding all workers but one does not get the last
+ *    while another uid's session waits, so a user with many busy sessions
+ *    delays a queued op of another by at most the shortest of its running
+ *    ops, not by its whole queue; with nobody else waiting it gets all. */
+static struct binding *pop_runq(struct ring_server *rs)
+{
+	const uint32_t cap = rs->max_workers_per_uid;
+	const uint32_t share = cap ? cap : rs->n_workers > 1 ? rs->n_workers - 1 : 1;
+	struct binding *b = NULL, *prev = NULL;
+
+	for (struct binding *x = rs->rq_head, *xp = NULL; x; xp = x, x = x->rq_next)
+		if (uid_running(rs, x->c->uid) < share) {
+			b = x;
+			prev = xp;
+			break;
+		}
+	if (!b) {
+		if (cap || !rs->rq_head)
+			return NULL;
+		b = rs->rq_head;   /* every uid at its share, no cap: the oldest */
+	}
+	if (prev)
+		prev->rq_next = b->rq_next;
+	else
+		__atomic_store_n(&rs->rq_head, b->rq_next, __ATOMIC_RELAXED);
+	if (rs->rq_tail == b)
+		rs->rq_tail = prev;
+	b->rq_next = NULL;
+	return b;
+}
+
 static void dispatch(struct ring_client *c, const struct tqkv_sqe *e)
 {
 	struct ring_server *rs = c->rs;
@@ -778,7 +828,18 @@ static void *worker_main(void *arg)
 		struct op *o;
 		struct ring_client *c;
 
-		if (!rs->rq_head) {
+		b = rs->rq_head ? pop_runq(rs) : NULL;
+		if (!b && rs->rq_head) {
+			/* queued work, all of it of uids at their cap: wait for a
+			 * worker to finish (it wakes us) */
+			if (__atomic_load_n(&rs->workers_stop, __ATOMIC_ACQUIRE))
+				break;
+			rs->sleepers++;
+			pthread_cond_wait(&rs->work, &rs->lock);
+			rs->sleepers--;
+			continue;
+		}
+		if (!b) {
 			if (__atomic_load_n(&rs->workers_stop, __ATOMIC_ACQUIRE))
 				break;
 			/* short spin before sleeping: back-to-back ops skip the wake-up */
@@ -795,15 +856,13 @@ static void *worker_main(void *arg)
 			}
 			continue;
 		}
-		b = rs->rq_head;
-		__atomic_store_n(&rs->rq_head, b->rq_next, __ATOMIC_RELAXED);
-		if (!rs->rq_head)
-			rs->rq_tail = NULL;
 		o = b->head;
 		b->head = o->next;
 		if (!b->head)
 			b->tail = NULL;
 		c = b->c;
+		w->busy = true;
+		w->busy_uid = c->uid;
 		pthread_mutex_unlock(&rs->lock);
 
 		/* A departed client's queued work is dropped, but never a CLOSE:
@@ -815,6 +874,11 @@ static void *worker_main(void *arg)
 		free(o);
 
 		pthread_mutex_lock(&rs->lock);
+		w->busy = false;
+		/* a capped uid's queued work may run now: wake a sleeper for it
+		 * (push_runq below signals for this session's next op) */
+		if (rs->max_workers_per_uid && rs->rq_head && rs->sleepers)
+			pthread_cond_signal(&rs->work);
 		if (b->head) {
 			push_runq(rs, b); /* round robin between sessions */
 		} else {
@@ -1280,6 +1344,7 @@ int ring_server_new(struct ring_server **out, const struct ring_params *p,
 	rs->p.run_dir = NULL;
 	rs->max_clients = p->max_clients;
 	rs->max_clients_per_uid = p->max_clients_per_uid;
+	rs->max_workers_per_uid = p->max_workers_per_uid;
 	rs->max_arena_per_uid = p->max_arena_per_uid;
 	rs->st = st;
 	rs->ks = ks;
@@ -1442,6 +1507,17 @@ void ring_server_set_limits(struct ring_server *rs, uint32_t max_clients, uint32
 	__atomic_store_n(&rs->max_clients, max_clients ? max_clients : 1, __ATOMIC_RELAXED);
 	__atomic_store_n(&rs->max_clients_per_uid, max_clients_per_uid, __ATOMIC_RELAXED);
 	__atomic_store_n(&rs->max_arena_per_uid, max_arena_per_uid, __ATOMIC_RELAXED);
+}
+
+void ring_server_set_worker_share(struct ring_server *rs, uint32_t max_workers_per_uid)
+{
+	if (!rs)
+		return;
+	pthread_mutex_lock(&rs->lock);
+	rs->max_workers_per_uid = max_workers_per_uid;
+	if (rs->sleepers)
+		pthread_cond_broadcast(&rs->work); /* a raised cap may free queued work */
+	pthread_mutex_unlock(&rs->lock);
 }
 
 int ring_server_bind(struct ring_server *rs, uint64_t client_id, uid_t uid, uint64_t id,

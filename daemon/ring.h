@@ -45,6 +45,7 @@ struct ring_params {
 	uint32_t max_clients;      /* connections at once                             */
 	uint32_t max_clients_per_uid; /* connections of one uid at once (0: max_clients) */
 	uint64_t max_arena_per_uid;   /* ring bytes one uid may map (0: no cap)        */
+	uint32_t max_workers_per_uid; /* workers one uid's ops may hold (0: no cap)    */
 	uint32_t spin_us;          /* longest adaptive spin before a futex sleep      */
 };
 
@@ -71,6 +72,10 @@ void ring_server_stats(struct ring_server *rs, struct ring_stats *out);
 /* New connection limits (a reload); connections already made stay. */
 void ring_server_set_limits(struct ring_server *rs, uint32_t max_clients, uint32_t max_clients_per_uid,
 			    uint64_t max_arena_per_uid);
+/* How many workers one uid's operations may hold at once (a reload); 0: no
+ * cap.  Without a cap, a uid holding all workers but one still does not get
+ * the last while another uid's session waits. */
+void ring_server_set_worker_share(struct ring_server *rs, uint32_t max_workers_per_uid);
 /* Attach session `id` (just opened by `uid` over the control channel) to
  * the live data connection `client_id` of the same uid, as ATTACH does but
  * in the caller's step (OpenSession with data_client): from here on the

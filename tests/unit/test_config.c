@@ -219,7 +219,7 @@ static void test_kv_transform(void)
 	T_ASSERT(load_fails("[daemon]\nkv_transform = k-center+k-eq-qk+k-eq-k\n", "t.conf:2: daemon.kv_transform:",
 			    "not a transform mode"));
 	T_ASSERT(load_fails("[daemon]\n\nkv_transform = center\n", "t.conf:3: daemon.kv_transform: 'center'",
-			    "k-center, k-sink, v-center, k-eq-qk, k-eq-k, k-unshrink"));
+			    "k-center, k-sink, v-center, v-eq, k-eq-qk, k-eq-k, k-unshrink"));
 	T_ASSERT(load_fails("[pool]\nkv_transform = none\n", "t.conf:2:", "unknown option 'kv_transform' in [pool]"));
 	/* a reload applies it (to the sessions opened after) */
 	T_EQ(config_load_string(c, "t.conf", "[daemon]\nkv_transform = default\n", err, sizeof(err)), 0);

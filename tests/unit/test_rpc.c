@@ -554,7 +554,7 @@ static void test_kv_transform(void)
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		T_EQ(open_session_xf(cl, "default", "", 64, 64, bad[i], NULL, &st), GRPC_STATUS_INVALID_ARGUMENT);
 		T_ASSERT(strstr(st.msg, "unknown kv_transform"));
-		T_ASSERT(strstr(st.msg, "k-center, k-sink, v-center, k-eq-qk, k-eq-k, k-unshrink")); /* lists the names */
+		T_ASSERT(strstr(st.msg, "k-center, k-sink, v-center, v-eq, k-eq-qk, k-eq-k, k-unshrink")); /* lists the names */
 	}
 	/* "": the configured default (k-center in this test's config) */
 	T_EQ(open_session_xf(cl, "default", "", 64, 64, "", &s, &st), 0);
