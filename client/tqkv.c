@@ -1109,6 +1109,19 @@ EXPORT int tqkv_session_checkpoint(tqkv_session *s)
 	return 0;
 }
 
+EXPORT int tqkv_session_drop(tqkv *c, uint64_t id)
+{
+	Tqkv__V1__SessionRef ref = TQKV__V1__SESSION_REF__INIT;
+	ProtobufCMessage *rep;
+	int r;
+
+	ref.id = id;
+	if ((r = ctl_do(c, "CloseSession", &ref.base, &rep)) < 0)
+		return r;
+	protobuf_c_message_free_unpacked(rep, NULL);
+	return 0;
+}
+
 EXPORT uint64_t tqkv_session_id(const tqkv_session *s)
 {
 	return s->id;

@@ -151,6 +151,13 @@ int tqkv_session_detach(tqkv_session *s);
  * ring, so it works on TQKV_CONNECT_NO_CONTROL connections too; once it
  * was submitted the close completes even if this process dies. */
 int tqkv_session_close(tqkv_session *s);
+/* Close the caller's session `id` in the daemon without attaching it —
+ * e.g. one evicted while detached, which attach refuses (-ESTALE) and which
+ * would otherwise hold its name until the idle TTL drops it.  Over the
+ * control channel (-ENOTSUP without it); -ENOENT when there is none, -EPERM
+ * when it is another user's.  A handle to it, if any, must still be freed
+ * with tqkv_session_detach (its operations then fail). */
+int tqkv_session_drop(tqkv *c, uint64_t id);
 uint64_t tqkv_session_id(const tqkv_session *s);
 /* Ask the daemon to read the session's spilled pages back now (after the
  * operations submitted before), so later operations find them resident.

@@ -85,5 +85,11 @@ D1=$(client $UA digest "$ID") || fail "$UA's digest after the attack: $D1"
 [ "$(sess "$ID" state)" = SESSION_STATE_OPEN ] || fail "session $ID state: $(sess "$ID" state)"
 [ "$(sess "$ID" tokens)" = 300 ] || fail "session $ID tokens: $(sess "$ID" tokens)"
 echo "after the attack: $D1"
-uctl $UA close "$ID" >/dev/null || fail "$UA cannot close its own session"
+# evicted while detached, its owner cannot attach it but can drop it by id
+# (tqkv_session_drop); the second uid could not (intrude above)
+uctl $UA evict "$ID" >/dev/null || fail "$UA cannot evict its own session"
+out=$(client $UA drop "$ID") || fail "$UA could not drop its evicted session: $out"
+grep -q "^attach: .*" <<<"$out" && ! grep -q "^attach: ok" <<<"$out" || fail "attach of an evicted session: $out"
+echo "$out"
+uctl $UA session "$ID" >/dev/null 2>&1 && fail "session $ID is still there after the drop"
 echo ok

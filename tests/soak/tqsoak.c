@@ -607,6 +607,18 @@ static int attach_slot(int k, bool by_name)
 	return r;
 }
 
+/* A session of ours evicted while detached: attach refuses it (-ESTALE),
+ * so close it by id (tqkv_session_drop) rather than leave its record and
+ * name to the idle TTL.  Gone already (an operator, the TTL): fine. */
+static void drop_evicted(int k)
+{
+	struct slot *sl = &S[k];
+	int r = tqkv_session_drop(conn, sl->id);
+
+	if (r < 0 && r != -ENOENT && !conn_err(r))
+		event("VIOLATION", sl->id, "drop of an evicted session: %s: %s", tqkv_strerror(r), tqkv_last_error());
+}
+
 static int check_lengths(int k);
 static int do_close(int k);
 
@@ -677,9 +689,9 @@ static int recover(int k)
 		usleep(50000);
 	}
 	if (r == -ESTALE) {
-		/* evicted while detached: its record stays until an operator
-		 * closes it (soak.sh does, at the end) or the idle TTL */
+		/* evicted while detached: attach refuses it; closed by id */
 		event("EVICTED", sl->id, "re-attach: %s", tqkv_last_error());
+		drop_evicted(k);
 		slot_drop(k);
 		return 1;
 	}
@@ -1006,6 +1018,7 @@ static int do_reattach(int k)
 	int r = attach_slot(k, rnd_below(&rng, 2));
 	if (r == -ESTALE) {
 		event("EVICTED", sl->id, "re-attach: %s", tqkv_last_error());
+		drop_evicted(k);
 		slot_drop(k);
 		return 0;
 	}

@@ -1133,6 +1133,8 @@ static void test_max_sessions_conns(void)
  *   --client intrude DIR ID NAME   every data-path way into someone else's
  *                              session ID (named NAME): each must be refused;
  *                              prints one line per attempt, exits 0 when all were
+ *   --client drop DIR ID       attach ID (printed: refused once it was
+ *                              evicted), then close it by id (tqkv_session_drop)
  *   --client sessions DIR N    open up to N ephemeral sessions until refused;
  *                              prints "opened K" and the refusal, then holds
  *                              them until stdin closes
@@ -1275,6 +1277,8 @@ static int client_intrude(const char *dir, uint64_t id, const char *name)
 	EXPECT("tqkv_session_attach_name", e == -ENOENT, e < 0 ? tqkv_last_error() : "attached");
 	if (e == 0)
 		tqkv_session_detach(ss);
+	e = tqkv_session_drop(c, id);
+	EXPECT("tqkv_session_drop", e == -EPERM, e < 0 ? tqkv_last_error() : "dropped");
 	p.name = name;
 	e = tqkv_session_open(c, &p, &ss);
 	EXPECT("tqkv_session_open under its name", e < 0, e < 0 ? tqkv_last_error() : "opened");
@@ -1314,6 +1318,26 @@ static int client_sessions(const char *dir, int n)
 	return 0;
 }
 
+/* --client drop DIR ID: close session ID by id (tqkv_session_drop), e.g.
+ * its owner's after it was evicted while detached; prints the result. */
+static int client_drop(const char *dir, uint64_t id)
+{
+	struct tqkv_connect_opts o = { .run_dir = dir };
+	tqkv *c;
+	int e;
+
+	if (tqkv_connect(&c, &o) < 0) {
+		printf("drop: connect: %s\n", tqkv_last_error());
+		return 2;
+	}
+	e = tqkv_session_attach(c, id, NULL, TQKV_SESSION_DETACHED, &(tqkv_session *){ NULL });
+	printf("attach: %s\n", e < 0 ? tqkv_strerror(e) : "ok");
+	e = tqkv_session_drop(c, id);
+	printf("drop: %s\n", e < 0 ? tqkv_last_error() : "ok");
+	tqkv_disconnect(c);
+	return e < 0 ? 1 : 0;
+}
+
 static int client_main(int argc, char **argv)
 {
 	const char *mode = argv[2], *dir = argv[3];
@@ -1325,6 +1349,8 @@ static int client_main(int argc, char **argv)
 		return client_digest(dir, strtoull(argv[4], NULL, 0));
 	if (!strcmp(mode, "intrude") && argc > 5)
 		return client_intrude(dir, strtoull(argv[4], NULL, 0), argv[5]);
+	if (!strcmp(mode, "drop") && argc > 4)
+		return client_drop(dir, strtoull(argv[4], NULL, 0));
 	if (!strcmp(mode, "sessions") && argc > 4)
 		return client_sessions(dir, atoi(argv[4]));
 	fprintf(stderr, "unknown client mode %s\n", mode);
