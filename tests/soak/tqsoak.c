@@ -425,7 +425,9 @@ static int op_failed(int k, const char *op, int r, const struct tqkv_result *res
 		event(st == TQKV_ST_TENANT_LIMIT ? "TENANT_LIMIT" : "POOL_FULL", sl->id, "%s tenant %s: %s", op, TENANTS[sl->tenant], tqkv_last_error());
 		return 0;
 	}
-	if (st == TQKV_ST_EVICTED) {
+	/* the synchronous calls (tqkv_truncate) give the errno alone:
+	 * -ESTALE is libtqkv's EVICTED */
+	if (st == TQKV_ST_EVICTED || (!st && r == -ESTALE)) {
 		event("EVICTED", sl->id, "%s: %s", op, tqkv_last_error());
 		return 1;
 	}
