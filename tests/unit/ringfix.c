@@ -124,7 +124,13 @@ int raw_connect(struct raw *r, const char *dir, uint32_t sqn, uint32_t cqn, uint
 	int sent = sendmsg(r->fd, &m, 0) < 0 ? -errno : 0;
 	if (!(how & RAW_KEEPFD))
 		close(memfd);
-	if (recv(r->fd, &r->w, sizeof(r->w), 0) != sizeof(r->w))
+	/* a daemon that closed with our hello unread makes the first read
+	 * report ECONNRESET before the queued refusal: read again (as
+	 * libtqkv does) */
+	ssize_t n = recv(r->fd, &r->w, sizeof(r->w), 0);
+	if (n < 0 && errno == ECONNRESET)
+		n = recv(r->fd, &r->w, sizeof(r->w), 0);
+	if (n != sizeof(r->w))
 		return sent < 0 ? sent : -EPROTO;
 	return r->w.res;
 }

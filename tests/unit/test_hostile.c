@@ -1001,9 +1001,13 @@ static void test_hole_punch(void)
 struct hammer {
 	const char *dir;
 	int *stop;
-	int refused, other;
+	int refused, other, transient, last_transient;
 };
 
+/* refused: -EUSERS with the cap's name, as it must be; other: accepted past
+ * the cap, or refused without the reason (a daemon bug); transient: the
+ * socket itself failed (a full backlog, a reset while the refusal was in
+ * flight — the kernel's, not the daemon's; counted and bounded) */
 static void *hammer_main(void *arg)
 {
 	struct hammer *h = arg;
@@ -1012,8 +1016,10 @@ static void *hammer_main(void *arg)
 		int e = raw_connect(&r, h->dir, 8, 16, MiB, RAW_OK);
 		if (e == -EUSERS && strstr(r.w.msg, "daemon.max_clients"))
 			h->refused++;
-		else
+		else if (e == 0 || e == -EUSERS || r.w.magic == TQKV_RING_MAGIC)
 			h->other++;
+		else
+			h->transient++, h->last_transient = e;
 		raw_close(&r);
 	}
 	return NULL;
@@ -1084,14 +1090,17 @@ static void test_max_sessions_conns(void)
 	/* refused connections in a tight loop do not slow the others */
 	int stop = 0;
 	pthread_t th;
-	struct hammer hm = { s.dir, &stop, 0, 0 };
+	struct hammer hm = { .dir = s.dir, .stop = &stop };
 	T_EQ(pthread_create(&th, NULL, hammer_main, &hm), 0);
 	T_EQ(measure(&g, NULL, 400, &p50, &p99), 0);
 	__atomic_store_n(&stop, 1, __ATOMIC_RELEASE);
 	pthread_join(th, NULL);
-	fprintf(stderr, "    %d refused connections meanwhile: good p50 %.3f ms, p99 %.3f ms\n", hm.refused, p50, p99);
+	fprintf(stderr, "    %d refused connections meanwhile (%d failed in the socket layer%s%s): good p50 %.3f ms, "
+		"p99 %.3f ms\n", hm.refused, hm.transient, hm.transient ? ", last: " : "",
+		hm.transient ? strerror(-hm.last_transient) : "", p50, p99);
 	T_EQ(hm.other, 0);
 	T_ASSERT(hm.refused > 10);
+	T_ASSERT(hm.transient <= hm.refused / 100 + 1);
 	if (p99 > bound)
 		T_FAIL("p99 %.3f ms next to a connect flood passes the bound %.1f ms", p99, bound);
 
