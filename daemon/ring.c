@@ -743,14 +743,20 @@ static void client_teardown(struct ring_client *c)
 		uint64_t id = b->id;
 		bool eph = (b->ephemeral && !b->detached) || b->close_requested;
 
-		binding_unlink(rs, b);
-		free(b);
+		/* Closed while still bound here: another connection of the
+		 * same uid that tries to ATTACH it meanwhile is told it is
+		 * attached elsewhere, then that it is gone — it never gets an
+		 * ephemeral session whose owner just left, for this loop to
+		 * close under it (found by the chaos soak).  Nobody else
+		 * unlinks c's bindings: its operations are done. */
 		if (eph) {
 			pthread_mutex_unlock(&rs->lock);
 			if (session_close(rs->st, id, NULL) == 0)
 				closed++;
 			pthread_mutex_lock(&rs->lock);
 		}
+		binding_unlink(rs, b);
+		free(b);
 	}
 	pthread_mutex_unlock(&rs->lock);
 	__atomic_add_fetch(&rs->sessions_closed_on_eof, closed, __ATOMIC_RELAXED);
