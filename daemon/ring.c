@@ -427,6 +427,7 @@ static void do_attach(struct ring_client *c, const struct tqkv_sqe *e)
 	struct session_info info;
 	struct binding *b, **pp;
 	uint32_t st = TQKV_ST_OK;
+	bool fresh = false;
 
 	/* its fields were checked by dispatch (ring_sqe_check) */
 	if (session_get_info(rs->st, e->session, &info) < 0)
@@ -463,10 +464,24 @@ static void do_attach(struct ring_client *c, const struct tqkv_sqe *e)
 		b->c_next = c->bindings;
 		c->bindings = b;
 		c->n_bindings++;
+		fresh = true;
 	}
 	pthread_mutex_unlock(&rs->lock);
 	if (st)
 		return cq_post(c, e, st == TQKV_ST_NOMEM ? -ENOMEM : status_errno(st), st, 0, 0, NULL);
+	/* The session was looked up before the lock: its owner's connection
+	 * may have closed it since (a close runs before its binding goes, so
+	 * an empty slot here means that close is done).  Look again: a
+	 * binding to a closed session would answer OK and then NO_SESSION
+	 * (found by the chaos soak). */
+	struct session_info now;
+	if (fresh && (session_get_info(rs->st, e->session, &now) < 0 || now.state != SESSION_OPEN)) {
+		pthread_mutex_lock(&rs->lock);
+		binding_unlink(rs, b);
+		free(b);
+		pthread_mutex_unlock(&rs->lock);
+		return cq_fail(c, e, TQKV_ST_NO_SESSION, 0);
+	}
 	cq_post(c, e, 0, TQKV_ST_OK, 0, info.tokens, NULL);
 }
 
