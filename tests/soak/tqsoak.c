@@ -1275,6 +1275,7 @@ static int errors_main(int argc, char **argv)
 	for (int i = 0; i < n; i++)
 		failed += tqkv_attend(s, 0, q, &pos, 1, TQKV_F32, out) < 0;
 	printf("%d of %d operations failed\n", failed, n);
+	tqkv_session_close(s);   /* not an error; the count is logged at the disconnect */
 	tqkv_disconnect(c);
 	return failed == n ? 0 : 1;
 }
