@@ -624,6 +624,25 @@ static void drop_evicted(int k)
 static int check_lengths(int k);
 static int do_close(int k);
 
+/* Slot k's session must be gone (attach fails); a VIOLATION saying `why`
+ * if not.  Returns 1 (the slot dropped), or 2 when the connection is lost. */
+static int expect_gone(int k, const char *why)
+{
+	struct slot *sl = &S[k];
+	int r = tqkv_session_attach(conn, sl->id, NULL, 0, &sl->s);
+
+	if (r == 0) {
+		event("VIOLATION", sl->id, "%s", why);
+		tqkv_session_close(sl->s);
+	} else if (conn_err(r) && r != -ENOENT) {
+		return 2;
+	} else {
+		K->c[C_CHECK_GONE]++;
+	}
+	slot_drop(k);
+	return 1;
+}
+
 /* Slot k after this client lost its connection or its predecessor died:
  * the session is attached again (by id or by name), its reference rebuilt
  * from the log and an operation whose completion was lost made certain.
@@ -654,34 +673,11 @@ static int recover(int k)
 		slot_drop(k);
 		return 1;
 	}
-	if (sl->closing) {
-		/* killed around a close: it was submitted, so it completes */
-		r = tqkv_session_attach(conn, sl->id, NULL, 0, &sl->s);
-		if (r == 0) {
-			event("VIOLATION", sl->id, "a submitted close did not complete");
-			tqkv_session_close(sl->s);
-		} else if (conn_err(r) && r != -ENOENT) {
-			return 2;
-		} else {
-			K->c[C_CHECK_GONE]++;
-		}
-		slot_drop(k);
-		return 1;
-	}
-	if (sl->kind == EPHEMERAL) {
-		/* its connection died: the daemon closes it; never attachable again */
-		r = tqkv_session_attach(conn, sl->id, NULL, 0, &sl->s);
-		if (r == 0) {
-			event("VIOLATION", sl->id, "ephemeral session outlived its connection");
-			tqkv_session_close(sl->s);
-		} else if (conn_err(r) && r != -ENOENT) {
-			return 2;
-		} else {
-			K->c[C_CHECK_GONE]++;
-		}
-		slot_drop(k);
-		return 1;
-	}
+	/* killed around a close: it was submitted, so it completes; an
+	 * ephemeral session's connection died: the daemon closed it */
+	if (sl->closing || sl->kind == EPHEMERAL)
+		return expect_gone(k, sl->closing ? "a submitted close did not complete"
+						  : "ephemeral session outlived its connection");
 	/* the old connection may still be being torn down: EBUSY for a moment */
 	for (int tries = 0;; tries++) {
 		r = attach_slot(k, splitmix(&rng) & 1);
