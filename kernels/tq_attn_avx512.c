@@ -511,14 +511,270 @@ static void accum_##C(const tq_codec *c, const uint8_t *src, int n, float *acc, 
 	}                                                                                     \
 }
 
-DEF_SCORES(tq4)
-DEF_SCORES(tq3)
-DEF_SCORES(tq2)
-DEF_SCORES(q8)
+/* ---- integer key scoring at dim 128 --------------------------------------------
+ * The AVX2 path's scheme (tq_attn_avx2.c) on 512-bit registers: query rows
+ * as int16 (q_j = rint(q_j · Q / max|q|)) once per task and row block, the
+ * codebook as int16 (c_i = rint(c_i · C / max|c|)), and q·k as vpmaddwd
+ * (32 dims per instruction where the float path does 16 per FMA), with no
+ * float decode of the keys.  The centroids come from one vpermw per 32
+ * indices over the codebook replicated to 32 entries, so vpermw's 5 index
+ * bits need no masking above the codec's own bits (as vpermps's 4 in the
+ * float path).  The query rows stay in natural order: vpermw does not move
+ * dims between lanes.
+ *
+ * Range: tq*: a lane sums 2 products per vpmaddwd and two vpmaddwd before
+ * its conversion to float, at most 4 · 23170² < 2^31 (the AVX2 path's bound
+ * and accuracy: tests/unit/test_attn.c measures both).  q8: codes are exact
+ * (|code| <= 127) and a lane sums 8 products of at most 32767 · 127, so a
+ * token's whole row stays in int32 until the reduction.
+ *
+ * qp: int16 q[4][128] | float fac[4] (max|q_r| / (Q · C)) | int16 cb[32] */
+#define QP_FAC 1024
+#define QP_CB  1088
+#define QLIM_TQ 23170.0f
+#define CLIM_TQ 23170.0f
+#define QLIM_Q8 32767.0f
+
+static_assert(QP_CB + 64 <= TQA_QPREP_BYTES, "qprep layout fits");
+
+static void qprep_rows(const float *q, float qlim, float csc, uint8_t *qp)
+{
+	float *fac = (float *)(void *)(qp + QP_FAC);
+
+	for (int r = 0; r < TQA_ROWS; r++) {
+		const float *qr = q + r * D;
+		__m512 mx = _mm512_setzero_ps();
+		for (int j = 0; j < D; j += 16)
+			mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(qr + j)));
+		const float m = _mm512_reduce_max_ps(mx);
+		/* max 0: every product is 0.  max inf: the factor is inf, the
+		 * scores inf or NaN, and the row comes out NaN as the softmax
+		 * contract says (as in the AVX2 path). */
+		const __m512 sq = _mm512_set1_ps(m > 0.0f && m <= 3.4e38f ? qlim / m : 0.0f);
+		fac[r] = m / (qlim * csc);
+		int16_t *o = (int16_t *)(void *)qp + r * D;
+		for (int j = 0; j < D; j += 16)
+			_mm256_store_si256((__m256i *)(void *)(o + j), _mm512_cvtsepi32_epi16(
+				_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(qr + j), sq))));
+	}
+}
+
+static void qprep_cb(const tq_codec *c, const float *q, void *qpv)
+{
+	uint8_t *qp = qpv;
+	const int nc = 1 << c->bits;
+	float cm = 0.0f;
+
+	for (int i = 0; i < nc; i++)
+		cm = fmaxf(cm, fabsf(c->cb.centroid[i]));
+	const float csc = cm > 0.0f ? CLIM_TQ / cm : 1.0f;
+	int16_t *cb = (int16_t *)(void *)(qp + QP_CB);
+	for (int i = 0; i < 32; i++)
+		cb[i] = (int16_t)lrintf(c->cb.centroid[i & (nc - 1)] * csc);
+	qprep_rows(q, QLIM_TQ, csc, qp);
+}
+
+static void qprep_q8(const tq_codec *c, const float *q, void *qp)
+{
+	(void)c;
+	qprep_rows(q, QLIM_Q8, 1.0f, qp);
+}
+
+/* IXW_<codec>(blk, g): the 32 indices of dims [32g, 32g + 32) of one block
+ * as 16-bit lanes; only their low 5 bits are defined (vpermw reads no more).
+ * IXL_<codec>(blk): what a block's groups share, loaded once. */
+#define IXL_tq4(b) const __m512i w0_##b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(             \
+			(const __m256i *)(const void *)(b + 4))),                              \
+		     w1_##b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(                         \
+			(const __m256i *)(const void *)(b + 36)))
+/* byte j of the 64: dim j in its low nibble, dim j + 64 in its high one */
+#define IXW_tq4(b, g) ((g) == 0 ? w0_##b : (g) == 1 ? w1_##b                                   \
+		       : _mm512_srli_epi16((g) == 2 ? w0_##b : w1_##b, 4))
+/* tq3: low bits of dim 32g + j in byte j of the 2-bit plane at shift 2g;
+ * high bit in byte j % 16 of the 1-bit plane at shift 2g + (j >= 16) */
+#define IXL_tq3(b) const __m512i w0_##b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(             \
+			(const __m256i *)(const void *)(b + 4))),                              \
+		     h_##b = _mm512_srlv_epi16(_mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(  \
+			_mm_loadu_si128((const __m128i *)(const void *)(b + 36)))), hsh)
+#define IXW_tq3(b, g) _mm512_ternarylogic_epi32(m3, _mm512_srli_epi16(w0_##b, 2 * (g)),         \
+	(g) == 0 ? _mm512_slli_epi16(h_##b, 2) : _mm512_srli_epi16(h_##b, 2 * (g) - 2), 0xCA)
+#define IXL_tq2(b) const __m512i w0_##b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(             \
+			(const __m256i *)(const void *)(b + 4)))
+#define IXW_tq2(b, g) _mm512_srli_epi16(w0_##b, 2 * (g))
+
+static inline __m512i qrow16(const int16_t *qi, int off)
+{
+	return _mm512_load_si512((const void *)(qi + off));
+}
+
+/* a[i * 4 + r] = float(dot of token i's block with row r), int16 products */
+#define ITOKEN(C, b, i)                                                                         \
+	do {                                                                                    \
+		IXL_##C(b);                                                                     \
+		__m512i k_[4];                                                                  \
+		_Pragma("GCC unroll 4")                                                         \
+		for (int g = 0; g < 4; g++)                                                     \
+			k_[g] = _mm512_permutexvar_epi16(IXW_##C(b, g), cb);                    \
+		_Pragma("GCC unroll 4")                                                         \
+		for (int r = 0; r < 4; r++) {                                                   \
+			const __m512i s01 = _mm512_add_epi32(                                   \
+				_mm512_madd_epi16(k_[0], qrow16(qi, r * D)),                    \
+				_mm512_madd_epi16(k_[1], qrow16(qi, r * D + 32)));              \
+			const __m512i s23 = _mm512_add_epi32(                                   \
+				_mm512_madd_epi16(k_[2], qrow16(qi, r * D + 64)),               \
+				_mm512_madd_epi16(k_[3], qrow16(qi, r * D + 96)));              \
+			a[(i) * 4 + r] = _mm512_add_ps(_mm512_cvtepi32_ps(s01), _mm512_cvtepi32_ps(s23)); \
+		}                                                                               \
+	} while (0)
+
+/* 4 tokens x 4 rows, the last group padded with its own first token (a
+ * token's score must not depend on how many share its call: plan_n_q) */
+#define DEF_ISCORES(C)                                                                          \
+static void iscores_##C(const tq_codec *c, const uint8_t *src, int n, const float *qf, float *s) \
+{                                                                                               \
+	const uint8_t *qp = (const uint8_t *)(const void *)qf;                                  \
+	const int16_t *qi = (const int16_t *)(const void *)qp;                                  \
+	const __m512i cb = _mm512_loadu_si512((const void *)(qp + QP_CB));                     \
+	const __m512i m3 = _mm512_set1_epi16(3);                                                \
+	const __m512i hsh = _mm512_set_epi64(0x0001000100010001LL, 0x0001000100010001LL,       \
+					     0x0001000100010001LL, 0x0001000100010001LL, 0, 0, 0, 0); \
+	const __m512i bidx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);  \
+	const __m512 fac = _mm512_broadcast_f32x4(_mm_loadu_ps((const float *)(const void *)(qp + QP_FAC))); \
+	const size_t bb = c->block_bytes;                                                       \
+	(void)m3; (void)hsh;                                                                    \
+	for (int t = 0; t < n; t += 4) {                                                        \
+		const uint8_t *b0 = src + (size_t)t * bb;                                       \
+		const uint8_t *b1 = t + 1 < n ? b0 + bb : b0, *b2 = t + 2 < n ? b0 + 2 * bb : b0; \
+		const uint8_t *b3 = t + 3 < n ? b0 + 3 * bb : b0;                               \
+		const int left = n - t < 4 ? n - t : 4;                                         \
+		__m512 a[16];                                                                   \
+		ITOKEN(C, b0, 0);                                                               \
+		ITOKEN(C, b1, 1);                                                               \
+		ITOKEN(C, b2, 2);                                                               \
+		ITOKEN(C, b3, 3);                                                               \
+		__m512 z = _mm512_mul_ps(reduce16(a), fac);                                     \
+		__m128 sc4 = _mm_setr_ps(hdr_scale(b0), hdr_scale(b1), hdr_scale(b2), hdr_scale(b3)); \
+		__m512 sc = _mm512_permutexvar_ps(bidx, _mm512_castps128_ps512(sc4));           \
+		_mm512_mask_storeu_ps(s + t * TQA_ROWS, (__mmask16)((1u << (4 * left)) - 1u),   \
+				      _mm512_mul_ps(z, sc));                                    \
+	}                                                                                       \
+}
+DEF_ISCORES(tq4)
+DEF_ISCORES(tq3)
+DEF_ISCORES(tq2)
+
+#define QTOKEN(b, i)                                                                            \
+	do {                                                                                    \
+		__m512i k_[4];                                                                  \
+		_Pragma("GCC unroll 4")                                                         \
+		for (int g = 0; g < 4; g++)                                                     \
+			k_[g] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(                        \
+				(const __m256i *)(const void *)((b) + 4 + 32 * g)));            \
+		_Pragma("GCC unroll 4")                                                         \
+		for (int r = 0; r < 4; r++)                                                     \
+			a[(i) * 4 + r] = _mm512_cvtepi32_ps(_mm512_add_epi32(                   \
+				_mm512_add_epi32(_mm512_madd_epi16(k_[0], qrow16(qi, r * D)),   \
+						 _mm512_madd_epi16(k_[1], qrow16(qi, r * D + 32))), \
+				_mm512_add_epi32(_mm512_madd_epi16(k_[2], qrow16(qi, r * D + 64)), \
+						 _mm512_madd_epi16(k_[3], qrow16(qi, r * D + 96))))); \
+	} while (0)
+
+static void iscores_q8(const tq_codec *c, const uint8_t *src, int n, const float *qf, float *s)
+{
+	const uint8_t *qp = (const uint8_t *)(const void *)qf;
+	const int16_t *qi = (const int16_t *)(const void *)qp;
+	const __m512i bidx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+	const __m512 fac = _mm512_broadcast_f32x4(_mm_loadu_ps((const float *)(const void *)(qp + QP_FAC)));
+	const size_t bb = c->block_bytes;
+
+	for (int t = 0; t < n; t += 4) {
+		const uint8_t *b0 = src + (size_t)t * bb;
+		const uint8_t *b1 = t + 1 < n ? b0 + bb : b0, *b2 = t + 2 < n ? b0 + 2 * bb : b0;
+		const uint8_t *b3 = t + 3 < n ? b0 + 3 * bb : b0;
+		const int left = n - t < 4 ? n - t : 4;
+		__m512 a[16];
+		QTOKEN(b0, 0);
+		QTOKEN(b1, 1);
+		QTOKEN(b2, 2);
+		QTOKEN(b3, 3);
+		__m512 z = _mm512_mul_ps(reduce16(a), fac);
+		__m128 sc4 = _mm_setr_ps(hdr_scale(b0), hdr_scale(b1), hdr_scale(b2), hdr_scale(b3));
+		__m512 sc = _mm512_permutexvar_ps(bidx, _mm512_castps128_ps512(sc4));
+		_mm512_mask_storeu_ps(s + t * TQA_ROWS, (__mmask16)((1u << (4 * left)) - 1u),
+				      _mm512_mul_ps(z, sc));
+	}
+}
+
 DEF_SCORES(f16)
 DEF_SCORES(f32)
 DEF_ACCUM(tq4)
-DEF_ACCUM(tq3)
+
+/* tq3 values: the chunk's index bytes first (32 dims per step by in-lane
+ * byte shifts and masks, as the AVX2 path), then the passes look them up
+ * with one vpmovzxbd and one vpermps per 16 dims; the slice decoder
+ * (LD_tq3) took two vpmovzxbd, two shifts, a vpternlogd and the vpermps per
+ * 16 dims in both passes.  Same products in the same order: the same bits. */
+static void accum_tq3(const tq_codec *c, const uint8_t *src, int n, float *acc,
+		      const float *alpha, const float *p)
+{
+	CB_tq3;
+	const __m256i b3 = _mm256_set1_epi8(3), b4 = _mm256_set1_epi8(4);
+	const size_t bb = c->block_bytes;
+	float w[TQA_CHUNK * TQA_ROWS] __attribute__((aligned(64)));
+	uint8_t ix[TQA_CHUNK * D] __attribute__((aligned(64)));
+
+	(void)m3;
+	for (int t = 0; t < n; t++) {
+		const uint8_t *b = src + (size_t)t * bb;
+		__m128 sc = _mm_set1_ps(hdr_scale(b));
+		_mm_store_ps(w + 4 * t, _mm_mul_ps(_mm_loadu_ps(p + 4 * t), sc));
+		/* dim 32g + j: low bits in byte j at shift 2g, high bit in byte
+		 * j % 16 of the 1-bit plane at shift 2g + (j >= 16) */
+		const __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(b + 4));
+		const __m256i y = _mm256_srlv_epi64(_mm256_broadcastsi128_si256(
+			_mm_loadu_si128((const __m128i *)(const void *)(b + 36))), _mm256_set_epi64x(1, 1, 0, 0));
+		__m256i *o = (__m256i *)(void *)(ix + (size_t)t * D);
+		_mm256_store_si256(o, _mm256_or_si256(_mm256_and_si256(x, b3),
+						      _mm256_and_si256(_mm256_slli_epi16(y, 2), b4)));
+		_mm256_store_si256(o + 1, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 2), b3),
+							  _mm256_and_si256(y, b4)));
+		_mm256_store_si256(o + 2, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 4), b3),
+							  _mm256_and_si256(_mm256_srli_epi16(y, 2), b4)));
+		_mm256_store_si256(o + 3, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 6), b3),
+							  _mm256_and_si256(_mm256_srli_epi16(y, 4), b4)));
+	}
+	_Pragma("GCC unroll 2")
+	for (int h = 0; h < 2; h++) {
+		__m512 a[16];
+		_Pragma("GCC unroll 4")
+		for (int r = 0; r < 4; r++) {
+			const __m512 al = _mm512_set1_ps(alpha[r]);
+			_Pragma("GCC unroll 4")
+			for (int k = 0; k < 4; k++)
+				a[r * 4 + k] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * D + 64 * h + 16 * k), al);
+		}
+		const uint8_t *ip = ix + 64 * h;
+		for (int t = 0; t < n; t++, ip += D) {
+			const __m512 v0 = _mm512_permutexvar_ps(zext16(ip), cb);
+			const __m512 v1 = _mm512_permutexvar_ps(zext16(ip + 16), cb);
+			const __m512 v2 = _mm512_permutexvar_ps(zext16(ip + 32), cb);
+			const __m512 v3 = _mm512_permutexvar_ps(zext16(ip + 48), cb);
+			_Pragma("GCC unroll 4")
+			for (int r = 0; r < 4; r++) {
+				const __m512 wr = _mm512_set1_ps(w[4 * t + r]);
+				a[r * 4 + 0] = _mm512_fmadd_ps(wr, v0, a[r * 4 + 0]);
+				a[r * 4 + 1] = _mm512_fmadd_ps(wr, v1, a[r * 4 + 1]);
+				a[r * 4 + 2] = _mm512_fmadd_ps(wr, v2, a[r * 4 + 2]);
+				a[r * 4 + 3] = _mm512_fmadd_ps(wr, v3, a[r * 4 + 3]);
+			}
+		}
+		_Pragma("GCC unroll 4")
+		for (int r = 0; r < 4; r++)
+			_Pragma("GCC unroll 4")
+			for (int k = 0; k < 4; k++)
+				_mm512_storeu_ps(acc + r * D + 64 * h + 16 * k, a[r * 4 + k]);
+	}
+}
 DEF_ACCUM(tq2)
 DEF_ACCUM(q8)
 DEF_ACCUM(f16)
@@ -532,8 +788,12 @@ static const struct tqa_ops ops = {
 	.softmax = softmax_avx512,
 	.accum = accum_avx512,
 	.scores_d128 = {
-		[TQ_CODEC_TQ4] = scores_tq4, [TQ_CODEC_TQ3] = scores_tq3, [TQ_CODEC_TQ2] = scores_tq2,
-		[TQ_CODEC_Q8] = scores_q8, [TQ_CODEC_F16] = scores_f16, [TQ_CODEC_F32] = scores_f32,
+		[TQ_CODEC_TQ4] = iscores_tq4, [TQ_CODEC_TQ3] = iscores_tq3, [TQ_CODEC_TQ2] = iscores_tq2,
+		[TQ_CODEC_Q8] = iscores_q8, [TQ_CODEC_F16] = scores_f16, [TQ_CODEC_F32] = scores_f32,
+	},
+	.qprep_d128 = {
+		[TQ_CODEC_TQ4] = qprep_cb, [TQ_CODEC_TQ3] = qprep_cb, [TQ_CODEC_TQ2] = qprep_cb,
+		[TQ_CODEC_Q8] = qprep_q8,
 	},
 	.accum_d128 = {
 		[TQ_CODEC_TQ4] = accum_tq4, [TQ_CODEC_TQ3] = accum_tq3, [TQ_CODEC_TQ2] = accum_tq2,
