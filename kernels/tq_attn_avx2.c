@@ -429,15 +429,15 @@ static void accum_##C(const tq_codec *c, const uint8_t *src, int n, float *acc, 
 
 /* The passes of the tq3 / tq4 value kernels over the chunk's index bytes
  * ix [n][128]: 4 rows x 16 dims in registers per pass, one vpermps per 8
- * dims; fold (tq4): the index's bit 3 is the sign (accum_tq4). */
+ * dims; fold (tq4): the index byte's bit 7 is the sign (accum_tq4). */
 static inline __attribute__((always_inline)) __m256 ix_value(__m256 cb, const uint8_t *ip, const int fold)
 {
-	const __m256i i = zext8(ip);
-	const __m256 v = _mm256_permutevar8x32_ps(cb, i);
 	if (!fold)
-		return v;
-	return _mm256_xor_ps(v, _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(i, 28),
-								      _mm256_set1_epi32((int)0x80000000u))));
+		return _mm256_permutevar8x32_ps(cb, zext8(ip));
+	/* sign-extended: a lane is negative exactly where the value is */
+	const __m256i i = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)ip));
+	return _mm256_xor_ps(_mm256_permutevar8x32_ps(cb, i),
+			     _mm256_and_ps(_mm256_castsi256_ps(i), _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u))));
 }
 
 static inline __attribute__((always_inline)) void ix_passes(const uint8_t *ix, int n, const float *w, float *acc,
@@ -508,18 +508,21 @@ static void accum_tq3(const tq_codec *c, const uint8_t *src, int n, float *acc,
 /* tq4 values the same way.  The 16-entry codebook is symmetric bit for bit
  * (c[15 - i] = -c[i], tq_codebook.c), so c[i] = ±c[j] with j the low 3 bits
  * of i ^ (i >= 8 ? 7 : 0) and the sign bit 3 of i: the index byte is made
- * that once per chunk, and per 8 dims the passes take one vpermps over
- * c[0..7] and a sign flip instead of two vpermps and a blend. */
-static inline __m256i tq4_fold(__m256i i, __m256i m8, __m256i m7)
+ * that once per chunk (the sign moved to the byte's bit 7), and per 8 dims
+ * the passes take a vpmovsxbd, one vpermps over c[0..7] and a sign flip
+ * (and + xor) instead of two vpermps and a blend. */
+static inline __m256i tq4_fold(__m256i i, __m256i m8, __m256i mf7)
 {
-	return _mm256_xor_si256(i, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(i, m8), m8), m7));
+	/* i >= 8: i ^ 0xf7 = 0xf8 | (7 - (i & 7)), a negative byte whose low
+	 * 3 bits index c[0..7] (vpermps reads no more); i < 8: i itself */
+	return _mm256_xor_si256(i, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(i, m8), m8), mf7));
 }
 
 static void accum_tq4(const tq_codec *c, const uint8_t *src, int n, float *acc,
 		      const float *alpha, const float *p)
 {
 	const __m256 cb = _mm256_loadu_ps(c->cb.centroid);
-	const __m256i m15 = _mm256_set1_epi8(15), m8 = _mm256_set1_epi8(8), m7 = _mm256_set1_epi8(7);
+	const __m256i m15 = _mm256_set1_epi8(15), m8 = _mm256_set1_epi8(8), m7 = _mm256_set1_epi8((char)0xf7);
 	const size_t bb = c->block_bytes;
 	float w[TQA_CHUNK * TQA_ROWS] __attribute__((aligned(32)));
 	uint8_t ix[TQA_CHUNK * D] __attribute__((aligned(32)));
