@@ -479,7 +479,6 @@ static void accum_tq3(const tq_codec *c, const uint8_t *src, int n, float *acc,
 		      const float *alpha, const float *p)
 {
 	const __m256 cb = _mm256_loadu_ps(c->cb.centroid);
-	const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
 	const size_t bb = c->block_bytes;
 	float w[TQA_CHUNK * TQA_ROWS] __attribute__((aligned(32)));
 	uint8_t ix[TQA_CHUNK * D] __attribute__((aligned(32)));
@@ -488,19 +487,7 @@ static void accum_tq3(const tq_codec *c, const uint8_t *src, int n, float *acc,
 		const uint8_t *b = src + (size_t)t * bb;
 		__m128 sc = _mm_set1_ps(hdr_scale(b));
 		_mm_store_ps(w + 4 * t, _mm_mul_ps(_mm_loadu_ps(p + 4 * t), sc));
-		/* as decode_cent_avx2 at d = 128 */
-		const __m256i x = tq_load32(b + 4);
-		const __m256i y = _mm256_srlv_epi64(_mm256_broadcastsi128_si256(
-			_mm_loadu_si128((const __m128i *)(const void *)(b + 36))), _mm256_set_epi64x(1, 1, 0, 0));
-		__m256i *o = (__m256i *)(void *)(ix + (size_t)t * D);
-		_mm256_store_si256(o, _mm256_or_si256(_mm256_and_si256(x, m3),
-						      _mm256_and_si256(_mm256_slli_epi16(y, 2), m4)));
-		_mm256_store_si256(o + 1, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 2), m3),
-							  _mm256_and_si256(y, m4)));
-		_mm256_store_si256(o + 2, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 4), m3),
-							  _mm256_and_si256(_mm256_srli_epi16(y, 2), m4)));
-		_mm256_store_si256(o + 3, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 6), m3),
-							  _mm256_and_si256(_mm256_srli_epi16(y, 4), m4)));
+		tq3_ix128(b, ix + (size_t)t * D);
 	}
 	ix_passes(ix, n, w, acc, alpha, cb, 0);
 }

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "tq_attn_internal.h"
+#include "tq_avx2.h"
 
 static inline __m512i zext16(const uint8_t *p)
 {
@@ -718,7 +719,6 @@ static void accum_tq3(const tq_codec *c, const uint8_t *src, int n, float *acc,
 		      const float *alpha, const float *p)
 {
 	CB_tq3;
-	const __m256i b3 = _mm256_set1_epi8(3), b4 = _mm256_set1_epi8(4);
 	const size_t bb = c->block_bytes;
 	float w[TQA_CHUNK * TQA_ROWS] __attribute__((aligned(64)));
 	uint8_t ix[TQA_CHUNK * D] __attribute__((aligned(64)));
@@ -728,20 +728,7 @@ static void accum_tq3(const tq_codec *c, const uint8_t *src, int n, float *acc,
 		const uint8_t *b = src + (size_t)t * bb;
 		__m128 sc = _mm_set1_ps(hdr_scale(b));
 		_mm_store_ps(w + 4 * t, _mm_mul_ps(_mm_loadu_ps(p + 4 * t), sc));
-		/* dim 32g + j: low bits in byte j at shift 2g, high bit in byte
-		 * j % 16 of the 1-bit plane at shift 2g + (j >= 16) */
-		const __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(b + 4));
-		const __m256i y = _mm256_srlv_epi64(_mm256_broadcastsi128_si256(
-			_mm_loadu_si128((const __m128i *)(const void *)(b + 36))), _mm256_set_epi64x(1, 1, 0, 0));
-		__m256i *o = (__m256i *)(void *)(ix + (size_t)t * D);
-		_mm256_store_si256(o, _mm256_or_si256(_mm256_and_si256(x, b3),
-						      _mm256_and_si256(_mm256_slli_epi16(y, 2), b4)));
-		_mm256_store_si256(o + 1, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 2), b3),
-							  _mm256_and_si256(y, b4)));
-		_mm256_store_si256(o + 2, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 4), b3),
-							  _mm256_and_si256(_mm256_srli_epi16(y, 2), b4)));
-		_mm256_store_si256(o + 3, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 6), b3),
-							  _mm256_and_si256(_mm256_srli_epi16(y, 4), b4)));
+		tq3_ix128(b, ix + (size_t)t * D);
 	}
 	_Pragma("GCC unroll 2")
 	for (int h = 0; h < 2; h++) {

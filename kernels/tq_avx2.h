@@ -1,6 +1,6 @@
 /* tq_avx2.h — AVX2 helpers shared by tq_codec_avx2.c and tq_attn_avx2.c:
  * the centroid codecs' indices turned into centroid floats by byte shuffles.
- * Include only from files built with the AVX2 flags (*_avx2.c); kernels/
+ * Include only from files built with the AVX2 flags (*_avx2.c, *_avx512.c); kernels/
  * internal, not installed.
  *
  * A float centroid is 4 bytes; T[b] holds byte b of c[0..15] in both 128-bit
@@ -69,6 +69,28 @@ static inline __m256i tq_load32(const uint8_t *p)
 /* 1 if tq_cent_block handles codec c's dim: whole 32-byte loads of the
  * planes — tq4 at d % 64 == 0 (plane d/2 bytes), tq2 at d % 128 == 0 (d/4),
  * tq3 at d == 128 or d % 256 == 0 (d/4 and d/8) */
+/* A d = 128 tq3 block's 128 index bytes (< 8, in dim order) into o (32-byte
+ * aligned): dim 32g + j has its low bits in byte j of the 2-bit plane at
+ * shift 2g, its high bit in byte j % 16 of the 1-bit plane at shift 2g +
+ * (j >= 16); in-lane shifts and masks, 32 dims per step. */
+static inline void tq3_ix128(const uint8_t *blk, uint8_t *o)
+{
+	const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
+	const __m256i x = tq_load32(blk + 4);
+	const __m256i y = _mm256_srlv_epi64(_mm256_broadcastsi128_si256(
+		_mm_loadu_si128((const __m128i *)(const void *)(blk + 36))), _mm256_set_epi64x(1, 1, 0, 0));
+	__m256i *v = (__m256i *)(void *)o;
+
+	_mm256_store_si256(v, _mm256_or_si256(_mm256_and_si256(x, m3),
+					      _mm256_and_si256(_mm256_slli_epi16(y, 2), m4)));
+	_mm256_store_si256(v + 1, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 2), m3),
+						  _mm256_and_si256(y, m4)));
+	_mm256_store_si256(v + 2, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 4), m3),
+						  _mm256_and_si256(_mm256_srli_epi16(y, 2), m4)));
+	_mm256_store_si256(v + 3, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 6), m3),
+						  _mm256_and_si256(_mm256_srli_epi16(y, 4), m4)));
+}
+
 static inline int tq_cent_ok(const tq_codec *c)
 {
 	const int d = c->dim;
