@@ -35,6 +35,8 @@ done
 if [ ! -x "$LP" ]; then
 	mkdir -p "$W"
 	if [ ! -d "$SRC" ]; then
+		python3 -m pip --version >/dev/null 2>&1 ||
+			{ echo "llama-cpp-ppl: needs pip to fetch the sdist (apt-get install python3-pip)" >&2; exit 1; }
 		python3 -m pip download --quiet --no-deps --no-binary :all: -d "$W" "llama-cpp-python==$VER" >&2
 		tar -C "$W" -xzf "$W/llama_cpp_python-$VER.tar.gz"
 	fi
