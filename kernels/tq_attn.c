@@ -489,10 +489,12 @@ static void task_compute(void *arg, int task, int thread)
 	float *acc0 = acc_at(jb, s, h, r0);   /* [nblk*ROWS][d] */
 	float *ml0 = ml_at(jb, s, h, r0);     /* [nblk*ROWS][2] */
 	float mrow[RT_MAX], lrow[RT_MAX];
+	float srow[RT_MAX];   /* sparse-V: weight skipped, in the scale of lrow */
 	memset(acc0, 0, (size_t)nblk * TQA_ROWS * d * 4);
 	for (int i = 0; i < nblk * TQA_ROWS; i++) {
 		mrow[i] = -INFINITY;
 		lrow[i] = 0.0f;
+		srow[i] = 0.0f;
 	}
 
 	/* d = 128: keys scored straight from their blocks — by every row block
@@ -554,21 +556,39 @@ static void task_compute(void *arg, int task, int thread)
 		if (!any)
 			break;
 
-		/* values: every token, or (sparse-V) those some row still weighs */
+		/* values: every token, or (sparse-V) all but those whose weights
+		 * still fit every row's skip budget: a row's skipped weight stays
+		 * at most thr times its running sum lrow, which only grows, so at
+		 * most thr of the row's final attention mass is left out (per
+		 * split, and so after the merge).  srow follows lrow's rescaling
+		 * by alpha when the running max moves. */
 		int nv = n;
 		const float *vt = NULL;
 		int keep[TQA_CHUNK];
 		if (thr > 0.0f) {
+			for (int b = 0; b < nblk; b++)
+				if (active[b])
+					for (int i = 0; i < TQA_ROWS; i++)
+						srow[b * TQA_ROWS + i] *= abuf[b * TQA_ROWS + i];
 			nv = 0;
 			for (int j = 0; j < n; j++) {
-				int k = 0;
-				for (int b = 0; b < nblk && !k; b++) {
+				int skip = 1;
+				for (int b = 0; b < nblk && skip; b++) {
+					if (!active[b])
+						continue;
 					const float *sb = pbuf + ((size_t)b * TQA_CHUNK + j) * TQA_ROWS;
-					k = active[b] && (sb[0] >= thr || sb[1] >= thr ||
-							  sb[2] >= thr || sb[3] >= thr);
+					for (int i = 0; i < TQA_ROWS; i++)
+						if (!(srow[b * TQA_ROWS + i] + sb[i] <= thr * lrow[b * TQA_ROWS + i]))
+							skip = 0;
 				}
-				if (k)
+				if (!skip) {
 					keep[nv++] = j;
+					continue;
+				}
+				for (int b = 0; b < nblk; b++)
+					if (active[b])
+						for (int i = 0; i < TQA_ROWS; i++)
+							srow[b * TQA_ROWS + i] += pbuf[((size_t)b * TQA_CHUNK + j) * TQA_ROWS + i];
 			}
 		}
 		if (direct && ops->accum_d128[vid]) {

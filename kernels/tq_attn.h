@@ -57,10 +57,12 @@ struct tq_attn_params {
 				     /* each in [0, kv_len) (else -EINVAL)          */
 	int causal;                  /* 1: query i sees keys t <= q_pos[i]         */
 	float scale;                 /* softmax scale; 0 means 1/sqrt(dim)         */
-	float sparse_v;              /* skip values whose weight (relative to the  */
-				     /* running max, an upper bound of the final   */
-				     /* weight) is below this for every head of the */
-				     /* group; 0 = off (exact).  Fused path only.   */
+	float sparse_v;              /* skip values (decode and accumulation) as   */
+				     /* long as, for every head of the group, the  */
+				     /* weight skipped stays at most this fraction */
+				     /* of the row's attention mass: the output    */
+				     /* moves by at most sparse_v x max |v|; 0 =   */
+				     /* off (exact).  Fused path only.             */
 
 	float *out;                  /* [n_q][n_q_heads][dim] fp32                 */
 
