@@ -71,7 +71,7 @@ enum {
 };
 #define TQ_XF_MASK    0x7fu
 /* The default for new sessions (measured: BENCHMARKS.md 4a). */
-#define TQ_XF_DEFAULT (TQ_XF_K_CENTER | TQ_XF_K_EQ_QK | TQ_XF_K_UNSHRINK)
+#define TQ_XF_DEFAULT (TQ_XF_K_CENTER | TQ_XF_V_EQ | TQ_XF_K_EQ_QK | TQ_XF_K_UNSHRINK)
 #define TQ_XF_MIN_TOKENS 8u
 /* A calibration reads at most this many tokens (and queries): the first. */
 #define TQ_XF_CALIB_MAX  512u

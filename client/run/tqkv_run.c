@@ -86,7 +86,7 @@ static void usage(FILE *f)
 		"  --rotation-seed S    the session's rotation seed (default fixed)\n"
 		"  --kv-transform MODE  K/V transforms that attention undoes, frozen by each\n"
 		"                       layer's first chunk (its keys and queries): default\n"
-		"                       (k-center+k-eq-qk+k-unshrink), none, or parts joined\n"
+		"                       (k-center+v-eq+k-eq-qk+k-unshrink), none, or parts joined\n"
 		"                       by '+': k-center, k-sink, v-center, v-eq, k-eq-qk,\n"
 		"                       k-eq-k, k-unshrink; the same with --local and tqkvd\n"
 		"                       (measured: BENCHMARKS.md 4a)\n"

@@ -567,7 +567,7 @@ static void test_kv_transform(void)
 	uint64_t id_none = s->id;
 	protobuf_c_message_free_unpacked(&s->base, NULL);
 	T_EQ(open_session_xf(cl, "default", "", 64, 64, "default", &s, &st), 0);
-	T_ASSERT(strcmp(s->kv_transform, "k-center+k-eq-qk+k-unshrink") == 0); /* TQ_XF_DEFAULT */
+	T_ASSERT(strcmp(s->kv_transform, "k-center+v-eq+k-eq-qk+k-unshrink") == 0); /* TQ_XF_DEFAULT */
 	uint64_t id = s->id;
 	protobuf_c_message_free_unpacked(&s->base, NULL);
 	/* a reload changes what new sessions get, not the open ones */
@@ -599,7 +599,7 @@ static void test_kv_transform(void)
 	}
 	protobuf_c_message_free_unpacked(lrep, NULL);
 
-	/* Session `id` (k-center+k-eq-qk+k-unshrink): layer 0 gets 16 tokens with their
+	/* Session `id` (k-center+v-eq+k-eq-qk+k-unshrink): layer 0 gets 16 tokens with their
 	 * queries (prefill: it calibrates K centering and equalization), layer
 	 * 1 four tokens (under TQ_XF_MIN_TOKENS: the identity), 2 and 3 none. */
 	enum { N = 16, KVH = 2, QH = 8, D = 64 };
@@ -642,7 +642,7 @@ static void test_kv_transform(void)
 	}
 	{
 		T_ASSERT(l0->calibrated);
-		T_ASSERT(strcmp(l0->applied, "k-center+k-eq-qk+k-unshrink") == 0);
+		T_ASSERT(strcmp(l0->applied, "k-center+v-eq+k-eq-qk+k-unshrink") == 0);
 		T_EQ(l0->calib_tokens, N);
 		T_ASSERT(l0->k_rms > 0.0f && l0->k_mean_norm > 0.5f * l0->k_rms); /* the offset shows */
 		T_ASSERT(l0->scale_min > 0.0f && l0->scale_min < 1.0f && l0->scale_max > 1.0f);
@@ -658,7 +658,7 @@ static void test_kv_transform(void)
 	T_EQ(ctl_call(cl, "EvictSession", &ref.base, &rep, 5000, &st), 0);
 	protobuf_c_message_free_unpacked(rep, NULL);
 	get_session(id, &s);
-	T_ASSERT(strcmp(s->kv_transform, "k-center+k-eq-qk+k-unshrink") == 0);
+	T_ASSERT(strcmp(s->kv_transform, "k-center+v-eq+k-eq-qk+k-unshrink") == 0);
 	T_EQ(s->n_layer_transforms, 0);
 	protobuf_c_message_free_unpacked(&s->base, NULL);
 	(void)id_none;

@@ -237,10 +237,11 @@ static void test_calibration_rules(void)
 	T_EQ(tq_xf_calibrated(xf), 1);
 	T_EQ(tq_xf_applied(xf), TQ_XF_K_UNSHRINK);   /* needs no statistics */
 	T_EQ(tq_xf_calibrate(xf, K, V, Q, 64, 1, TQ_DTYPE_F32), -EALREADY);
-	/* emptied: calibrates again; no queries: no query-based equalization */
+	/* emptied: calibrates again; no queries: no query-based equalization
+	 * (the values' needs none) */
 	tq_xf_reset(xf);
 	T_EQ(tq_xf_calibrate(xf, K, V, NULL, 64, 0, TQ_DTYPE_F32), 0);
-	T_EQ(tq_xf_applied(xf), TQ_XF_K_CENTER | TQ_XF_K_UNSHRINK);
+	T_EQ(tq_xf_applied(xf), TQ_XF_K_CENTER | TQ_XF_V_EQ | TQ_XF_K_UNSHRINK);
 	T_EQ(tq_xf_touches_queries(xf), 0);   /* no K codec given: the factor is 1 */
 	tq_xf_free(xf);
 	/* mode 0 never applies anything */
