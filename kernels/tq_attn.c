@@ -515,7 +515,6 @@ static void task_compute(void *arg, int task, int thread)
 	uint32_t t1 = t0 + pl->split_len < jb->sh.kv_len ? t0 + pl->split_len : jb->sh.kv_len;
 	if (t1 > tmax)
 		t1 = tmax;
-	const size_t vbb = geom->v_block_bytes;
 
 	for (uint32_t t = t0; t < t1;) {
 		uint32_t page = t / pt, slot = t % pt;
@@ -556,87 +555,50 @@ static void task_compute(void *arg, int task, int thread)
 		if (!any)
 			break;
 
-		/* values: every token, or (sparse-V) all but those whose weights
-		 * still fit every row's skip budget: a row's skipped weight stays
-		 * at most thr times its running sum lrow, which only grows, so at
-		 * most thr of the row's final attention mass is left out (per
-		 * split, and so after the merge).  srow follows lrow's rescaling
-		 * by alpha when the running max moves. */
+		/* values: every token, or (sparse-V) none of this chunk's when
+		 * its weights still fit every row's skip budget: a row's skipped
+		 * weight stays at most thr times its running sum lrow, which only
+		 * grows, so at most thr of the row's final attention mass is left
+		 * out (per split, and so after the merge); srow follows lrow's
+		 * rescaling by alpha when the running max moves.  Whole chunks
+		 * only: skipping single tokens cut chunks into runs that cost
+		 * more than the values they saved (BENCHMARKS.md 2), and away
+		 * from a sharp attention's peaks whole chunks are negligible. */
 		int nv = n;
-		const float *vt = NULL;
-		int keep[TQA_CHUNK];
+		const float *vt;
 		if (thr > 0.0f) {
-			for (int b = 0; b < nblk; b++)
-				if (active[b])
-					for (int i = 0; i < TQA_ROWS; i++)
-						srow[b * TQA_ROWS + i] *= abuf[b * TQA_ROWS + i];
-			nv = 0;
-			for (int j = 0; j < n; j++) {
-				int skip = 1;
-				for (int b = 0; b < nblk && skip; b++) {
-					if (!active[b])
-						continue;
-					const float *sb = pbuf + ((size_t)b * TQA_CHUNK + j) * TQA_ROWS;
-					for (int i = 0; i < TQA_ROWS; i++)
-						if (!(srow[b * TQA_ROWS + i] + sb[i] <= thr * lrow[b * TQA_ROWS + i]))
-							skip = 0;
-				}
-				if (!skip) {
-					keep[nv++] = j;
-					continue;
-				}
-				for (int b = 0; b < nblk; b++)
-					if (active[b])
-						for (int i = 0; i < TQA_ROWS; i++)
-							srow[b * TQA_ROWS + i] += pbuf[((size_t)b * TQA_CHUNK + j) * TQA_ROWS + i];
-			}
-		}
-		if (direct && ops->accum_d128[vid]) {
-			if (nv == n) {
-				ops->accum_d128[vid](p->v_codec, vb, n, acc0, abuf, pbuf);
-			} else {
-				/* runs of kept tokens, straight from the blocks; alpha
-				 * applies once, with the first run (or alone) */
-				static const float one[TQA_ROWS] = { 1.0f, 1.0f, 1.0f, 1.0f };
-				const float *al = abuf;
-				int j = 0;
-				do {
-					int len = 0;
-					if (j < nv) {
-						int st = keep[j];
-						len = 1;
-						while (j + len < nv && keep[j + len] == st + len)
-							len++;
-						ops->accum_d128[vid](p->v_codec, vb + (size_t)st * vbb, len, acc0, al,
-								     pbuf + (size_t)st * TQA_ROWS);
-						j += len;
-					} else {
-						ops->accum_d128[vid](p->v_codec, vb, 0, acc0, al, pbuf);
-					}
-					al = one;
-				} while (j < nv);
-			}
-			t += (uint32_t)n;
-			continue;
-		}
-		if (nv == n) {
-			vt = ops->decode(p->v_codec, vb, n, vtile, vscale);
-		} else {
-			for (int jj = 0; jj < nv; jj++) {
-				const float *row = ops->decode(p->v_codec, vb + (size_t)keep[jj] * vbb, 1,
-							       vtile + (size_t)jj * d, vscale + jj);
-				if (row != vtile + (size_t)jj * d)
-					memcpy(vtile + (size_t)jj * d, row, (size_t)d * 4);
-			}
-			vt = vtile;
+			int skip = 1;
+			float cm[RT_MAX];
 			for (int b = 0; b < nblk; b++) {
 				if (!active[b])
 					continue;
-				float *sb = pbuf + (size_t)b * TQA_CHUNK * TQA_ROWS;
-				for (int jj = 0; jj < nv; jj++)
-					memcpy(sb + jj * TQA_ROWS, sb + keep[jj] * TQA_ROWS, TQA_ROWS * 4);
+				const float *sb = pbuf + (size_t)b * TQA_CHUNK * TQA_ROWS;
+				for (int i = 0; i < TQA_ROWS; i++) {
+					float m = 0.0f;
+					for (int j = 0; j < n; j++)
+						m += sb[j * TQA_ROWS + i];
+					const int r = b * TQA_ROWS + i;
+					srow[r] *= abuf[r];
+					cm[r] = m;
+					if (!(srow[r] + m <= thr * lrow[r]))
+						skip = 0;
+				}
+			}
+			if (skip) {
+				nv = 0;
+				for (int b = 0; b < nblk; b++)
+					if (active[b])
+						for (int i = 0; i < TQA_ROWS; i++)
+							srow[b * TQA_ROWS + i] += cm[b * TQA_ROWS + i];
 			}
 		}
+		/* nv = 0 (a skipped chunk) still applies alpha */
+		if (direct && ops->accum_d128[vid]) {
+			ops->accum_d128[vid](p->v_codec, vb, nv, acc0, abuf, pbuf);
+			t += (uint32_t)n;
+			continue;
+		}
+		vt = nv ? ops->decode(p->v_codec, vb, n, vtile, vscale) : vtile;
 		for (int b = 0; b < nblk; b++) {
 			if (!active[b])
 				continue;

@@ -261,6 +261,7 @@ struct opts {
 	int reps;
 	uint32_t page_tokens;
 	float sparse;
+	float q_scale;        /* queries times this: sharper attention */
 	enum tq_isa isa;
 	int quality;
 	int trials;
@@ -301,6 +302,8 @@ static int run_perf(const struct opts *o)
 	}
 	for (int i = 0; i < n_q * NQH; i++)
 		gen_query(&r, q + (size_t)i * DIM, DIM);
+	for (size_t i = 0; i < (size_t)n_q * NQH * DIM; i++)
+		q[i] *= o->q_scale;
 	int32_t pos[PREFILL_Q];
 	for (int i = 0; i < n_q; i++)
 		pos[i] = (int32_t)(T - (uint32_t)n_q + (uint32_t)i);
@@ -671,6 +674,7 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: tqbench attn --ctx N [--k C] [--v C] [--threads T] [--mode decode|prefill]\n"
 		"                    [--json] [--reps R] [--page-tokens P] [--sparse THR]\n"
+		"                    [--q-scale X]\n"
 		"                    [--isa scalar|avx2|avx512|neon]\n"
 		"       tqbench attn --quality [--trials N] [--margin M] [--json]\n"
 		"       tqbench attn --backend cuda [--device N] [--ctx N,N,..] [--batch B,B,..]\n"
@@ -681,7 +685,10 @@ static void usage(FILE *f)
 		"  --page-tokens 256 --isa: the best this CPU runs.  --quality: output cosine and\n"
 		"  top-1 agreement per codec pair, then the needle test (default 1000 trials;\n"
 		"  the needle's exact score is (1 + margin) x the best distractor's; without\n"
-		"  --margin, margins 0.05 0.10 0.20 0.30).\n"
+		"  --margin, margins 0.05 0.10 0.20 0.30).  --sparse THR: sparse-V (at most THR\n"
+		"  of each head's attention mass skipped; the baselines never skip).  --q-scale X:\n"
+		"  the queries times X (default 1), for attention sharper than the synthetic\n"
+		"  default's.\n"
 		"\n"
 		"  --backend cpu|cuda   cpu (default): the CPU kernels against their CPU baselines,\n"
 		"                       as above.  cuda: the GPU kernels (tq_cuda.h) on device\n"
@@ -746,7 +753,7 @@ static int bench_attn_main(int argc, char **argv)
 {
 	struct opts o = {
 		.ctx = 8192, .k = TQ_CODEC_TQ4, .v = TQ_CODEC_TQ3, .threads = 2, .reps = 15,
-		.page_tokens = 256, .trials = 1000, .margin = 0.0,
+		.page_tokens = 256, .trials = 1000, .margin = 0.0, .q_scale = 1.0f,
 	};
 	o.isa = tq_attn_isa_supported(TQ_ISA_AVX512) ? TQ_ISA_AVX512
 		: tq_attn_isa_supported(TQ_ISA_AVX2) ? TQ_ISA_AVX2
@@ -806,6 +813,13 @@ static int bench_attn_main(int argc, char **argv)
 		} else if (!strcmp(a, "--sparse")) {
 			o.sparse = strtof(val, NULL); i++;
 			cpu_only = a;
+		} else if (!strcmp(a, "--q-scale")) {
+			o.q_scale = strtof(val, NULL); i++;
+			cpu_only = a;
+			if (!(o.q_scale > 0.0f && o.q_scale <= 64.0f)) {
+				fprintf(stderr, "tqbench attn: --q-scale wants (0, 64]\n");
+				return 2;
+			}
 		} else if (!strcmp(a, "--trials")) {
 			o.trials = atoi(val); i++;
 			cpu_only = a;
