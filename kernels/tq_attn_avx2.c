@@ -509,7 +509,7 @@ static void accum_tq4(const tq_codec *c, const uint8_t *src, int n, float *acc,
 		      const float *alpha, const float *p)
 {
 	const __m256 cb = _mm256_loadu_ps(c->cb.centroid);
-	const __m256i m15 = _mm256_set1_epi8(15), m8 = _mm256_set1_epi8(8), m7 = _mm256_set1_epi8((char)0xf7);
+	const __m256i m15 = _mm256_set1_epi8(15), m8 = _mm256_set1_epi8(8), mf7 = _mm256_set1_epi8((char)0xf7);
 	const size_t bb = c->block_bytes;
 	float w[TQA_CHUNK * TQA_ROWS] __attribute__((aligned(32)));
 	uint8_t ix[TQA_CHUNK * D] __attribute__((aligned(32)));
@@ -520,10 +520,10 @@ static void accum_tq4(const tq_codec *c, const uint8_t *src, int n, float *acc,
 		_mm_store_ps(w + 4 * t, _mm_mul_ps(_mm_loadu_ps(p + 4 * t), sc));
 		const __m256i x0 = tq_load32(b + 4), x1 = tq_load32(b + 36);
 		__m256i *o = (__m256i *)(void *)(ix + (size_t)t * D);
-		_mm256_store_si256(o, tq4_fold(_mm256_and_si256(x0, m15), m8, m7));
-		_mm256_store_si256(o + 1, tq4_fold(_mm256_and_si256(x1, m15), m8, m7));
-		_mm256_store_si256(o + 2, tq4_fold(_mm256_and_si256(_mm256_srli_epi16(x0, 4), m15), m8, m7));
-		_mm256_store_si256(o + 3, tq4_fold(_mm256_and_si256(_mm256_srli_epi16(x1, 4), m15), m8, m7));
+		_mm256_store_si256(o, tq4_fold(_mm256_and_si256(x0, m15), m8, mf7));
+		_mm256_store_si256(o + 1, tq4_fold(_mm256_and_si256(x1, m15), m8, mf7));
+		_mm256_store_si256(o + 2, tq4_fold(_mm256_and_si256(_mm256_srli_epi16(x0, 4), m15), m8, mf7));
+		_mm256_store_si256(o + 3, tq4_fold(_mm256_and_si256(_mm256_srli_epi16(x1, 4), m15), m8, mf7));
 	}
 	ix_passes(ix, n, w, acc, alpha, cb, 1);
 }
@@ -604,11 +604,7 @@ static void qprep_cb(const tq_codec *c, const float *q, void *qpv)
 {
 	uint8_t *qp = qpv;
 	const int nc = 1 << c->bits;
-	float cm = 0.0f;
-
-	for (int i = 0; i < nc; i++)
-		cm = fmaxf(cm, fabsf(c->cb.centroid[i]));
-	const float csc = cm > 0.0f ? CLIM_TQ / cm : 1.0f;
+	const float csc = tqa_cb_int_scale(c, CLIM_TQ);
 	for (int i = 0; i < 16; i++) {
 		int v = i < nc ? (int)lrintf(c->cb.centroid[i] * csc) : 0;
 		uint16_t u = (uint16_t)(int16_t)v;

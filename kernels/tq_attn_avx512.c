@@ -7,8 +7,10 @@
  * bits, so 2- and 3-bit codebooks are replicated to 16 entries and the bits
  * above the index need no masking).  Scores: 4 tokens x 4 rows of 16-lane
  * partial dot products, then one transposed reduction of the 16 vectors to
- * the 16 scores.  Accumulation: 4 rows x 64 dims in registers per pass over
- * the value tile, weights broadcast from memory.
+ * the 16 scores; at d = 128 the centroid codecs' and q8's keys are scored
+ * as 16-bit integer dot products instead (see "integer key scoring" below).
+ * Accumulation: 4 rows x 64 dims in registers per pass over the value tile,
+ * weights broadcast from memory.
  */
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -380,12 +382,6 @@ static void accum_avx512(float *acc, const float *alpha, const float *wp, const 
 #define D 128
 #define LD_tq4(b, k) _mm512_permutexvar_ps((k) < 4 ? zext16((b) + 4 + 16 * (k))                   \
 	: _mm512_srli_epi32(zext16((b) + 4 + 16 * ((k) - 4)), 4), cb)
-/* tq3: low bits in byte (16k) % 32 at shift 2 (k / 2); high bit in byte l of
- * the 16-byte 1-bit plane at shift k */
-#define LD_tq3(b, k) _mm512_permutexvar_ps(_mm512_ternarylogic_epi32(m3,                           \
-	_mm512_srli_epi32(zext16((b) + 4 + 16 * ((k) & 1)), 2 * ((k) >> 1)),                          \
-	(k) < 2 ? _mm512_slli_epi32(zext16((b) + 36), 2 - (k))                                        \
-		: _mm512_srli_epi32(zext16((b) + 36), (k) - 2), 0xCA), cb)
 #define LD_tq2(b, k) _mm512_permutexvar_ps(                                                          \
 	_mm512_srli_epi32(zext16((b) + 4 + 16 * ((k) & 1)), 2 * ((k) >> 1)), cb)
 #define LD_q8(b, k) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(                                         \
@@ -400,7 +396,6 @@ static inline float hdr_scale(const uint8_t *b)
 	return f;
 }
 #define SC_tq4(b) hdr_scale(b)
-#define SC_tq3(b) hdr_scale(b)
 #define SC_tq2(b) hdr_scale(b)
 #define SC_q8(b) hdr_scale(b)
 #define SC_f16(b) 1.0f
@@ -411,8 +406,7 @@ static inline float hdr_scale(const uint8_t *b)
 	float c16[16];                                                            \
 	for (int i_ = 0; i_ < 16; i_++)                                           \
 		c16[i_] = c->cb.centroid[i_ & 7];                                 \
-	const __m512 cb = _mm512_loadu_ps(c16);                                   \
-	const __m512i m3 = _mm512_set1_epi32(3)
+	const __m512 cb = _mm512_loadu_ps(c16)
 #define CB_tq2                                                                    \
 	float c16[16];                                                            \
 	for (int i_ = 0; i_ < 16; i_++)                                           \
@@ -564,11 +558,7 @@ static void qprep_cb(const tq_codec *c, const float *q, void *qpv)
 {
 	uint8_t *qp = qpv;
 	const int nc = 1 << c->bits;
-	float cm = 0.0f;
-
-	for (int i = 0; i < nc; i++)
-		cm = fmaxf(cm, fabsf(c->cb.centroid[i]));
-	const float csc = cm > 0.0f ? CLIM_TQ / cm : 1.0f;
+	const float csc = tqa_cb_int_scale(c, CLIM_TQ);
 	int16_t *cb = (int16_t *)(void *)(qp + QP_CB);
 	for (int i = 0; i < 32; i++)
 		cb[i] = (int16_t)lrintf(c->cb.centroid[i & (nc - 1)] * csc);
@@ -712,9 +702,10 @@ DEF_ACCUM(tq4)
 
 /* tq3 values: the chunk's index bytes first (32 dims per step by in-lane
  * byte shifts and masks, as the AVX2 path), then the passes look them up
- * with one vpmovzxbd and one vpermps per 16 dims; the slice decoder
- * (LD_tq3) took two vpmovzxbd, two shifts, a vpternlogd and the vpermps per
- * 16 dims in both passes.  Same products in the same order: the same bits. */
+ * with one vpmovzxbd and one vpermps per 16 dims, where a slice decoder
+ * took two vpmovzxbd, two shifts, a vpternlogd and the vpermps per 16 dims
+ * in both passes (13 % slower in `tqbench kern`).  Same products in the
+ * same order: the same bits. */
 static void accum_tq3(const tq_codec *c, const uint8_t *src, int n, float *acc,
 		      const float *alpha, const float *p)
 {
@@ -723,7 +714,6 @@ static void accum_tq3(const tq_codec *c, const uint8_t *src, int n, float *acc,
 	float w[TQA_CHUNK * TQA_ROWS] __attribute__((aligned(64)));
 	uint8_t ix[TQA_CHUNK * D] __attribute__((aligned(64)));
 
-	(void)m3;
 	for (int t = 0; t < n; t++) {
 		const uint8_t *b = src + (size_t)t * bb;
 		__m128 sc = _mm_set1_ps(hdr_scale(b));

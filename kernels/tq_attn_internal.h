@@ -6,8 +6,8 @@
  *      scale per token (tq*: the block scale; q8: its scale; others: 1);
  *   2. per block of up to TQA_ROWS query rows (a row = one query token and one
  *      query head of the GQA group): scores, causal mask, online softmax;
- *   3. decodes the V blocks into a tile in the value frame (only the tokens
- *      some row still needs when sparse-V is on) and accumulates
+ *   3. decodes the V blocks into a tile in the value frame (none of them
+ *      when sparse-V skips the chunk) and accumulates
  *      acc[r] = acc[r] * alpha[r] + Σ_t w[t][r] v[t] with w = p · vscale.
  * Scores are kept in base 2: q is pre-multiplied by scale · log2(e).
  */
@@ -77,6 +77,20 @@ const struct tqa_ops *tqa_ops_neon(void);
  * the fallback of the SIMD decoders for dims they do not specialize. */
 const float *tqa_decode_scalar(const tq_codec *c, const uint8_t *src, int n,
 			       float *tile, float *scale);
+/* The factor that maps a centroid codec's codebook to integers of at most
+ * lim in magnitude (the integer key scoring's qprep_d128: AVX2, AVX-512). */
+static inline float tqa_cb_int_scale(const tq_codec *c, float lim)
+{
+	float cm = 0.0f;
+
+	for (int i = 0; i < (1 << c->bits); i++) {
+		const float a = c->cb.centroid[i] < 0.0f ? -c->cb.centroid[i] : c->cb.centroid[i];
+		if (a > cm)
+			cm = a;
+	}
+	return cm > 0.0f ? lim / cm : 1.0f;
+}
+
 /* Portable softmax step (also used by the AVX2 ops). */
 void tqa_softmax_scalar(float *s, int n, const int *vis, float *m, float *l, float *alpha);
 

@@ -1,5 +1,6 @@
-/* tq_avx2.h — AVX2 helpers shared by tq_codec_avx2.c and tq_attn_avx2.c:
- * the centroid codecs' indices turned into centroid floats by byte shuffles.
+/* tq_avx2.h — AVX2 helpers shared by tq_codec_avx2.c, tq_attn_avx2.c and
+ * tq_attn_avx512.c: the centroid codecs' indices turned into centroid floats
+ * by byte shuffles, and tq3's index bytes (tq3_ix128).
  * Include only from files built with the AVX2 flags (*_avx2.c, *_avx512.c); kernels/
  * internal, not installed.
  *
@@ -66,9 +67,6 @@ static inline __m256i tq_load32(const uint8_t *p)
 	return _mm256_loadu_si256((const __m256i *)(const void *)p);
 }
 
-/* 1 if tq_cent_block handles codec c's dim: whole 32-byte loads of the
- * planes — tq4 at d % 64 == 0 (plane d/2 bytes), tq2 at d % 128 == 0 (d/4),
- * tq3 at d == 128 or d % 256 == 0 (d/4 and d/8) */
 /* A d = 128 tq3 block's 128 index bytes (< 8, in dim order) into o (32-byte
  * aligned): dim 32g + j has its low bits in byte j of the 2-bit plane at
  * shift 2g, its high bit in byte j % 16 of the 1-bit plane at shift 2g +
@@ -91,6 +89,9 @@ static inline void tq3_ix128(const uint8_t *blk, uint8_t *o)
 						  _mm256_and_si256(_mm256_srli_epi16(y, 4), m4)));
 }
 
+/* 1 if tq_cent_block handles codec c's dim: whole 32-byte loads of the
+ * planes — tq4 at d % 64 == 0 (plane d/2 bytes), tq2 at d % 128 == 0 (d/4),
+ * tq3 at d == 128 or d % 256 == 0 (d/4 and d/8) */
 static inline int tq_cent_ok(const tq_codec *c)
 {
 	const int d = c->dim;

@@ -23,11 +23,6 @@
 
 #define KD 128
 
-struct kern_case {
-	const tq_codec *c;
-	uint8_t *blk;
-};
-
 static double best_ns(double a, double b)
 {
 	return a < b ? a : b;
@@ -85,10 +80,7 @@ static void kern_time(const struct tqa_ops *o, const tq_codec *c, const uint8_t 
 				o->accum_d128[id](c, blk, N, acc, al, p);
 			} else {
 				const float *t = o->decode(c, blk, N, tile, scale);
-				float w[TQA_CHUNK * TQA_ROWS];
-				for (int k = 0; k < N * TQA_ROWS; k++)
-					w[k] = p[k];
-				o->accum(acc, al, w, scale, t, N, KD);
+				o->accum(acc, al, p, scale, t, N, KD);
 			}
 			bench_sink(acc);
 		}
@@ -165,23 +157,24 @@ static int bench_kern_main(int argc, char **argv)
 		x[i] = sinf(0.11f * (float)i) + 0.3f * cosf(0.53f * (float)i);
 	/* pass 0 warms the core up (its clock rises under load: the first
 	 * figures of a cold run read up to 1.4 x slower); pass 1 is reported */
-	for (int pass = 0; pass < 2; pass++)
-	for (int ci = 0; ci < NC; ci++) {
-		struct tq_codec_params cp = { .id = ids[ci], .dim = KD, .seed = 11 };
-		tq_codec *c;
-		tq_error err;
-		if (tq_codec_new(&c, cache, &cp, &err)) {
-			fprintf(stderr, "tqbench kern: %s\n", err.msg);
-			return 1;
+	for (int pass = 0; pass < 2; pass++) {
+		for (int ci = 0; ci < NC; ci++) {
+			struct tq_codec_params cp = { .id = ids[ci], .dim = KD, .seed = 11 };
+			tq_codec *c;
+			tq_error err;
+			if (tq_codec_new(&c, cache, &cp, &err)) {
+				fprintf(stderr, "tqbench kern: %s\n", err.msg);
+				return 1;
+			}
+			uint8_t *blk = aligned_alloc(64, ((size_t)TQA_CHUNK * tq_codec_block_bytes(c) + 63) & ~(size_t)63);
+			if (!blk || tq_encode(c, x, TQ_DTYPE_F32, TQA_CHUNK, blk, &err)) {
+				fprintf(stderr, "tqbench kern: encode %s failed\n", tq_codec_name(ids[ci]));
+				return 1;
+			}
+			kern_time(o, c, blk, pass ? reps : 1 + reps / 5, &sc[ci], &sm[ci], &ac[ci]);
+			free(blk);
+			tq_codec_free(c);
 		}
-		uint8_t *blk = aligned_alloc(64, ((size_t)TQA_CHUNK * tq_codec_block_bytes(c) + 63) & ~(size_t)63);
-		if (!blk || tq_encode(c, x, TQ_DTYPE_F32, TQA_CHUNK, blk, &err)) {
-			fprintf(stderr, "tqbench kern: encode %s failed\n", tq_codec_name(ids[ci]));
-			return 1;
-		}
-		kern_time(o, c, blk, pass ? reps : 1 + reps / 5, &sc[ci], &sm[ci], &ac[ci]);
-		free(blk);
-		tq_codec_free(c);
 	}
 	const int f16 = NC - 1;
 	const double base = sc[f16] + sm[f16] + ac[f16];
