@@ -398,12 +398,18 @@ struct rot_ent {
 struct tqc_ctx {
 	int device;
 	int sms;
+	int smem_optin;          /* shared memory a kernel may ask for, bytes      */
+	int attn_kind;           /* TQC_ATTN_*: TQ_CUDA_ATTN=general|simt, else MMA */
+	int ctas_per_sm;         /* TQ_CUDA_CTAS_PER_SM, else ATT_CTAS_PER_SM      */
+	const char *last_attn;   /* tqc_ctx_last_attn                              */
 	cudaStream_t stream;
 	cudaEvent_t ev0, ev1;
 	double last_us;
 	uint8_t *dev;            /* device scratch */
 	size_t dev_cap;
 	uint8_t *pin;            /* pinned staging */
+	uint8_t *enc_state;      /* device: the encoder's status word and CTA count */
+	unsigned long long *report, *report_dev; /* host-mapped: its report       */
 	size_t pin_cap;
 	struct rot_ent rot[ROT_CACHE];
 	uint64_t tick;
@@ -433,6 +439,16 @@ int tqc_ctx_new(tqc_ctx **out, int device, tq_error *err)
 	x->sms = attr(cudaDevAttrMultiProcessorCount, device);
 	if (x->sms < 1)
 		x->sms = 1;
+	x->smem_optin = attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+	x->last_attn = "";
+	/* knobs for tests and tuning (tq_cuda.h) */
+	const char *ev = getenv("TQ_CUDA_ATTN");
+	x->attn_kind = !ev || !*ev || !strcmp(ev, "auto")  ? TQC_ATTN_MMA
+		       : !strcmp(ev, "general")            ? TQC_ATTN_GENERAL
+		       : !strcmp(ev, "simt")               ? TQC_ATTN_SIMT
+							   : TQC_ATTN_MMA;
+	ev = getenv("TQ_CUDA_CTAS_PER_SM");
+	x->ctas_per_sm = ev && atoi(ev) >= 1 && atoi(ev) <= 64 ? atoi(ev) : ATT_CTAS_PER_SM;
 	if ((e = cudaStreamCreateWithFlags(&x->stream, cudaStreamNonBlocking)) != cudaSuccess) {
 		rc = err_fail(err, "GPU context: cudaStreamCreateWithFlags", e);
 		free(x);
@@ -443,6 +459,20 @@ int tqc_ctx_new(tqc_ctx **out, int device, tq_error *err)
 		tqc_ctx_free(x);
 		return rc;
 	}
+	/* the encoder's status (~0: nothing failed) and finished-CTA count (0),
+	 * which each launch leaves as it found them, and its host-mapped report */
+	static const uint64_t enc_init[2] = { ~(uint64_t)0, 0 };
+	void *rp = NULL, *rd = NULL;
+	if ((e = cudaMalloc((void **)&x->enc_state, sizeof(enc_init))) != cudaSuccess ||
+	    (e = cudaMemcpy(x->enc_state, enc_init, sizeof(enc_init), cudaMemcpyHostToDevice)) != cudaSuccess ||
+	    (e = cudaHostAlloc(&rp, sizeof(unsigned long long), cudaHostAllocMapped | cudaHostAllocPortable)) !=
+		    cudaSuccess ||
+	    (x->report = rp, (e = cudaHostGetDevicePointer(&rd, rp, 0)) != cudaSuccess)) {
+		rc = err_fail(err, "GPU context: the encoder's status words", e);
+		tqc_ctx_free(x);
+		return rc;
+	}
+	x->report_dev = rd;
 	*out = x;
 	return 0;
 }
@@ -463,6 +493,10 @@ void tqc_ctx_free(tqc_ctx *x)
 		(void)cudaFree(x->dev);
 	if (x->pin)
 		(void)cudaFreeHost(x->pin);
+	if (x->enc_state)
+		(void)cudaFree(x->enc_state);
+	if (x->report)
+		(void)cudaFreeHost(x->report);
 	if (x->ev0)
 		(void)cudaEventDestroy(x->ev0);
 	if (x->ev1)
@@ -481,6 +515,11 @@ int tqc_ctx_device(const tqc_ctx *x)
 double tqc_ctx_last_us(const tqc_ctx *x)
 {
 	return x ? x->last_us : 0.0;
+}
+
+const char *tqc_ctx_last_attn(const tqc_ctx *x)
+{
+	return x ? x->last_attn : "";
 }
 
 /* Scratch and staging of at least `dev` / `pin` bytes.  Only while the
@@ -803,23 +842,32 @@ int tqc_append(tqc_ctx *x, const struct tqc_append *a, uint32_t *bad, tq_error *
 		pass = np < 1 ? 1 : (uint32_t)np;
 	}
 	const size_t stage = (size_t)pass * tok_bytes;
+	/* a few pages ride in the launch's arguments, more in a table */
 	const uint32_t n_pt = p_end - p_first;
+	const size_t n_tab = n_pt <= TQC_ENC_PAGES_INLINE ? 0 : n_pt;
 	size_t dtop = 0, ptop = 0;
-	const size_t d_pages = carve(&dtop, sizeof(void *) * n_pt), d_status = carve(&dtop, 8);
+	const size_t d_pages = carve(&dtop, sizeof(void *) * n_tab);
 	const size_t d_k = carve(&dtop, kd ? 0 : stage), d_v = carve(&dtop, vd ? 0 : stage);
-	const size_t h_pages = carve(&ptop, sizeof(void *) * n_pt), h_status = carve(&ptop, 8);
+	const size_t h_pages = carve(&ptop, sizeof(void *) * n_tab);
 	const size_t h_k = carve(&ptop, kw == W_HOST ? stage : 0), h_v = carve(&ptop, vw == W_HOST ? stage : 0);
 	if ((rc = reserve(x, dtop, ptop, err)) < 0)
 		return rc;
 
-	memcpy(x->pin + h_pages, kv->pages + p_first, sizeof(void *) * n_pt);
-	args.pages = (const uint8_t *const *)(void *)(x->dev + d_pages);
 	args.geom = *g;
 	args.dtype = (int32_t)a->dtype;
-	args.status = (unsigned long long *)(void *)(x->dev + d_status);
+	args.status = (unsigned long long *)(void *)x->enc_state;
+	args.done = (uint32_t *)(void *)(x->enc_state + 8);
+	args.report = x->report_dev;
 	CK("cudaEventRecord", cudaEventRecord(x->ev0, x->stream));
-	CK("page table copy", cudaMemcpyAsync(x->dev + d_pages, x->pin + h_pages, sizeof(void *) * n_pt,
-					      cudaMemcpyHostToDevice, x->stream));
+	if (n_tab) {
+		memcpy(x->pin + h_pages, kv->pages + p_first, sizeof(void *) * n_tab);
+		args.pages = (const uint8_t *const *)(void *)(x->dev + d_pages);
+		CK("page table copy", cudaMemcpyAsync(x->dev + d_pages, x->pin + h_pages, sizeof(void *) * n_tab,
+						      cudaMemcpyHostToDevice, x->stream));
+	} else {
+		for (uint32_t i = 0; i < n_pt; i++)
+			args.page_inline[i] = kv->pages[p_first + i];
+	}
 
 	for (uint32_t t0 = 0; t0 < a->n; t0 += pass) {
 		const uint32_t nt = a->n - t0 < pass ? a->n - t0 : pass;
@@ -829,15 +877,12 @@ int tqc_append(tqc_ctx *x, const struct tqc_append *a, uint32_t *bad, tq_error *
 		CK("V input copy", input_rows(x, vd, a->v, vw, h_v, d_v, off, bytes, &args.v));
 		args.slot0 = a->pos + t0 - p_first * pt;
 		args.n_tok = nt;
-		CK("cudaMemsetAsync", cudaMemsetAsync(x->dev + d_status, 0xff, 8, x->stream));
+		*(volatile unsigned long long *)x->report = ~0ull; /* the kernel's last CTA writes it */
 		CK("encode kernel launch", (cudaError_t)tqc_launch_encode(&args, x->stream));
-		CK("status copy", cudaMemcpyAsync(x->pin + h_status, x->dev + d_status, 8, cudaMemcpyDeviceToHost,
-						  x->stream));
 		CK("cudaEventRecord", cudaEventRecord(x->ev1, x->stream));
 		CK("encode kernel", cudaStreamSynchronize(x->stream));
 
-		unsigned long long st;
-		memcpy(&st, x->pin + h_status, 8);
+		const unsigned long long st = *(volatile unsigned long long *)x->report;
 		if (st != ~0ull) {
 			/* the first failing vector (token-major, K before V, then
 			 * head) of the first launch with one */
@@ -868,21 +913,39 @@ cuda_err:
 
 /* ---- attention -------------------------------------------------------------------- */
 
-/* The context split of one attention pass. */
+/* The kernel and context split of one attention pass. */
 struct att_plan {
+	int tiled, rows_blk;     /* tqc_attn_args.tiled, .rows_blk                  */
 	int rows_ph, n_rb, n_split;
 	uint32_t split_len;
 	size_t part_rows;        /* n_kv * rows_pad * n_split: partial rows written */
 };
 
-/* Splits so that the grid has a few CTAs per SM, no split is shorter than
- * ATT_SPLIT_MIN tokens and the partials stay within ATT_PART_FLOATS (one
- * split always fits). */
-static void att_plan_make(const tqc_ctx *x, const struct tqa_shape *sh, size_t nq, int R, struct att_plan *pl)
+/* The tensor-core tiled kernel (or, TQ_CUDA_ATTN=simt, its SIMT twin)
+ * where it applies and its shared memory fits, else the general one; splits
+ * so that the grid has a few CTAs per SM, no split is shorter than
+ * ATT_SPLIT_MIN tokens (tiled: a multiple of the tile) and the partials stay
+ * within ATT_PART_FLOATS (one split always fits). */
+static void att_plan_make(const tqc_ctx *x, const struct tqa_shape *sh, const struct tqc_attn_args *args,
+			  size_t nq, struct att_plan *pl)
 {
-	const size_t rows_ph = nq * (size_t)sh->group, n_rb = (rows_ph + (size_t)R - 1) / (size_t)R;
+	const size_t rows_ph = nq * (size_t)sh->group;
+	const size_t smem_max = (size_t)(x->smem_optin > 0 ? x->smem_optin : 48 << 10);
+	const uint32_t kb = args->geom.k_block_bytes, vb = args->geom.v_block_bytes;
+	int R = x->attn_kind == TQC_ATTN_GENERAL || rows_ph > INT32_MAX || sh->kv_len > UINT32_MAX - TQC_TILE
+			? 0
+			: tqc_attn_tiled_rows(&args->kc, &args->vc, args->geom.page_tokens, (int)rows_ph);
+	const size_t smem = x->attn_kind == TQC_ATTN_MMA ? tqc_attn_mma_smem(sh->dim, kb, vb)
+							 : tqc_attn_tiled_smem(sh->dim, R, kb, vb);
+	if (R > 0 && smem > smem_max)
+		R = 0;
+	pl->tiled = R > 0 ? x->attn_kind : TQC_ATTN_GENERAL;
+	if (!pl->tiled)
+		R = tqc_attn_rows(tqc_attn_vpl(sh->dim));
+	pl->rows_blk = R;
+	const size_t n_rb = (rows_ph + (size_t)R - 1) / (size_t)R;
 	const size_t rows = (size_t)sh->n_kv * n_rb * (size_t)R; /* partial rows per split */
-	const size_t want = ((size_t)ATT_CTAS_PER_SM * (size_t)x->sms + (size_t)sh->n_kv * n_rb - 1) /
+	const size_t want = ((size_t)x->ctas_per_sm * (size_t)x->sms + (size_t)sh->n_kv * n_rb - 1) /
 			    ((size_t)sh->n_kv * n_rb);
 	const size_t by_len = sh->kv_len / ATT_SPLIT_MIN, by_mem = ATT_PART_FLOATS / (rows * (size_t)(sh->dim + 2));
 	size_t ns = want;
@@ -891,13 +954,15 @@ static void att_plan_make(const tqc_ctx *x, const struct tqa_shape *sh, size_t n
 		ns = by_len;
 	if (ns > by_mem)
 		ns = by_mem;
-	if (ns > 1024)
-		ns = 1024;
+	if (ns > TQC_SPLITS_MAX)
+		ns = TQC_SPLITS_MAX;
 	if (ns < 1)
 		ns = 1;
 	uint32_t len = (uint32_t)((sh->kv_len + ns - 1) / ns);
 	if (len < 1)
 		len = 1;
+	if (pl->tiled)
+		len = (len + TQC_TILE - 1) / TQC_TILE * TQC_TILE; /* no wrap: kv_len checked */
 	ns = sh->kv_len ? (sh->kv_len + (size_t)len - 1) / len : 1;
 	pl->rows_ph = (int)rows_ph;
 	pl->n_rb = (int)n_rb;
@@ -955,12 +1020,12 @@ int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 		qp = 1;
 	if (qp > (size_t)p->n_q)
 		qp = (size_t)p->n_q;
-	const int R = tqc_attn_rows(tqc_attn_vpl(d));
+	args.geom = kv->geom;
 	size_t part_rows;
-	att_plan_make(x, &sh, qp, R, &pl);
+	att_plan_make(x, &sh, &args, qp, &pl);
 	part_rows = pl.part_rows;
 	if ((size_t)p->n_q % qp) {
-		att_plan_make(x, &sh, (size_t)p->n_q % qp, R, &pl);
+		att_plan_make(x, &sh, &args, (size_t)p->n_q % qp, &pl);
 		if (pl.part_rows > part_rows)
 			part_rows = pl.part_rows;
 	}
@@ -988,7 +1053,6 @@ int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 	args.n_kv = sh.n_kv;
 	args.causal = p->causal ? 1 : 0;
 	args.scale2 = (float)((double)sh.scale * LOG2E);
-	args.rows_blk = R;
 	args.q_pos = (const int32_t *)(void *)(x->dev + d_pos);
 	args.q = (const float *)(void *)(x->dev + d_q);
 	args.qrot = (float *)(void *)(x->dev + d_qrot);
@@ -1015,11 +1079,14 @@ int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 			CK("position copy", cudaMemcpyAsync(x->dev + d_pos, x->pin + h_pos, nq * sizeof(int32_t),
 							    cudaMemcpyHostToDevice, x->stream));
 		}
-		att_plan_make(x, &sh, nq, R, &pl);
+		att_plan_make(x, &sh, &args, nq, &pl);
 		args.n_q = (int32_t)nq;
+		args.tiled = pl.tiled;
+		x->last_attn = pl.tiled == TQC_ATTN_MMA ? "mma" : pl.tiled == TQC_ATTN_SIMT ? "simt" : "general";
+		args.rows_blk = pl.rows_blk;
 		args.rows_ph = pl.rows_ph;
 		args.n_rb = pl.n_rb;
-		args.rows_pad = pl.n_rb * R;
+		args.rows_pad = pl.n_rb * pl.rows_blk;
 		args.n_split = pl.n_split;
 		args.split_len = pl.split_len;
 		args.out = od ? od + q0 * row_floats : (float *)(void *)(x->dev + d_out);

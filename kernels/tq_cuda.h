@@ -112,6 +112,16 @@ int tqc_ctx_device(const tqc_ctx *x);
 /* GPU time of the last tqc_append / tqc_attend on this context, in
  * microseconds (CUDA events around its stream work); 0 before any. */
 double tqc_ctx_last_us(const tqc_ctx *x);
+/* The attention kernel the last tqc_attend ran (its last pass): "mma" (tiles
+ * of 32 keys staged in shared memory, scores and values on the tensor cores:
+ * head dims 64 / 128 / 256, K and V codecs tq2..tq4 / q8, pages of a
+ * multiple of 32 tokens), "simt" (the same tiles on the CUDA cores) or
+ * "general" (any shape); "" before any.  The environment, read by
+ * tqc_ctx_new, can steer it for tests and tuning: TQ_CUDA_ATTN=general never
+ * runs a tiled kernel, TQ_CUDA_ATTN=simt runs the SIMT one instead of "mma";
+ * TQ_CUDA_CTAS_PER_SM=N (1..64) sets the CTAs per SM the context split aims
+ * at (default 4). */
+const char *tqc_ctx_last_attn(const tqc_ctx *x);
 
 /* Quantize-append n tokens of one layer: token i goes to slot pos + i, that
  * is page (pos + i) / page_tokens at slot (pos + i) % page_tokens, K blocks

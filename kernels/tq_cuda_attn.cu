@@ -231,6 +231,39 @@ __global__ void __launch_bounds__(TQC_WARPS * 32) attn_prep(const __grid_constan
 	}
 }
 
+/* The CTA's partial (m, l, acc) per row: its warps' merged (log-sum-exp), written
+ * to the partials of (KV head h, rows r0.., split).  Warp w's acc of row r is
+ * at acc + w * warp_stride + r * row_stride; call after a barrier. */
+template <int R>
+static __device__ __forceinline__ void cta_partials(const struct tqc_attn_args &a, const float (*s_m)[R],
+						    const float (*s_l)[R], const float *acc, int warp_stride,
+						    int row_stride, int r0, int nrows, int split, uint32_t h)
+{
+	const int d = a.kc.dim;
+	const size_t pbase = (size_t)h * (size_t)a.rows_pad + (size_t)r0;
+
+	for (int e = (int)threadIdx.x; e < nrows * d; e += TQC_WARPS * 32) {
+		const int r = e / d, c = e % d;
+		float M = NEG_INF, L = 0.0f, A = 0.0f;
+		for (int w = 0; w < TQC_WARPS; w++)
+			M = fmaxf(M, s_m[w][r]);
+		for (int w = 0; w < TQC_WARPS; w++) {
+			const float mw = s_m[w][r], lw = s_l[w][r];
+			if (mw == NEG_INF && !isnan(lw))
+				continue; /* saw nothing (a NaN sum must reach the row) */
+			const float f = exp2f(mw - M);
+			L += lw * f;
+			A += acc[w * warp_stride + r * row_stride + c] * f;
+		}
+		const size_t pi = (pbase + (size_t)r) * (size_t)a.n_split + (size_t)split;
+		a.part_acc[pi * (size_t)d + (size_t)c] = A;
+		if (c == 0) {
+			a.part_ml[2 * pi] = M;
+			a.part_ml[2 * pi + 1] = L;
+		}
+	}
+}
+
 /* ---- main: partial softmax of one row block over one split ------------------------ */
 
 template <int VPL, int R>
@@ -353,100 +386,826 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 4) attn_main(const __grid_cons
 			s_acc[warp][r][lane + 32 * j] = acc[r][j];
 	}
 	__syncthreads();
-	const size_t pbase = (size_t)h * (size_t)a.rows_pad + (size_t)r0;
-	for (int e = (int)threadIdx.x; e < nrows * d; e += TQC_WARPS * 32) {
-		const int r = e / d, c = e % d;
-		float M = NEG_INF, L = 0.0f, A = 0.0f;
-		for (int w = 0; w < TQC_WARPS; w++)
-			M = fmaxf(M, s_m[w][r]);
-		for (int w = 0; w < TQC_WARPS; w++) {
-			const float mw = s_m[w][r], lw = s_l[w][r];
-			if (mw == NEG_INF && !isnan(lw))
-				continue; /* saw nothing (a NaN sum must reach the row) */
-			const float f = exp2f(mw - M);
-			L += lw * f;
-			A += s_acc[w][r][c] * f;
-		}
-		const size_t pi = (pbase + (size_t)r) * (size_t)a.n_split + (size_t)split;
-		a.part_acc[pi * (size_t)d + (size_t)c] = A;
-		if (c == 0) {
-			a.part_ml[2 * pi] = M;
-			a.part_ml[2 * pi + 1] = L;
+	cta_partials<R>(a, s_m, s_l, &s_acc[0][0][0], R * 32 * VPL, 32 * VPL, r0, nrows, split, h);
+}
+
+/* ---- tiled decode: one key per lane, tiles staged in shared memory ---------------
+ *
+ * attn_tiled<D, R> (tqc_attn_tiled_rows says where it applies) reads the cache
+ * the way the memory system wants it read: each warp walks the split in tiles
+ * of TQC_TILE (32) tokens, tiles w, w + 4, ... of the split for warp w, and
+ * copies the next tile's K and V blocks (contiguous runs of 32 blocks in one
+ * page) into its own shared memory with 16-byte cp.async while it computes on
+ * the current one.  Per tile:
+ *   scores   lane i scores token i for all R rows: its K block's indices
+ *            against the rows' rotated queries in shared memory (broadcast
+ *            reads; block strides are an odd number of words, so the 32 lanes'
+ *            block reads never share a bank), times the block's scale;
+ *   softmax  per row, a warp max and sum (online: m, l, and the accumulators
+ *            rescaled by 2^(m_old - m_new)); the weight p * (V block scale) of
+ *            each token goes to shared memory;
+ *   values   LPT lanes per token (16, or 32 at d = 256), each lane 4 x NG
+ *            coordinates c = 4 lp + 4 LPT g + i, whose indices sit in one
+ *            32-bit word per index plane: acc[r][c] += w[r][t] value[c].
+ * Non-finite scores make the row NaN as in attn_main; a row sees a key only
+ * below its causal limit and the split's end. */
+
+/* 16 bytes global -> shared without registers (sm_80+); the emulator copies. */
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src)
+{
+#ifdef __CUDA_ARCH__
+	const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
+#else
+	memcpy(dst, src, 16);
+#endif
+}
+
+static __device__ __forceinline__ void cp_async_commit(void)
+{
+#ifdef __CUDA_ARCH__
+	asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+/* wait until at most N of this thread's groups are in flight */
+template <int N>
+static __device__ __forceinline__ void cp_async_wait(void)
+{
+#ifdef __CUDA_ARCH__
+	asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+static __device__ __forceinline__ float warp_max(float v)
+{
+#pragma unroll
+	for (int o = 16; o >= 1; o >>= 1)
+		v = fmaxf(v, __shfl_xor_sync(FULL, v, o));
+	return v;
+}
+
+/* coordinates per lane in the value pass: LPT = 16 lanes per token, 32 at d 256 */
+__host__ __device__ constexpr int tiled_lpt(int d)
+{
+	return d == 256 ? 32 : 16;
+}
+__host__ __device__ constexpr int tiled_cpl(int d)
+{
+	return d / tiled_lpt(d);
+}
+
+struct alignas(16) f4 {
+	float x, y, z, w;
+};
+struct alignas(8) f2 {
+	float x, y;
+};
+
+/* The values of coordinates c0 .. c0 + 3 (c0 a multiple of 4) of a block of
+ * KB bits (tq2 / tq3 / tq4: codebook entries; 8: q8's int8), unscaled.  Every
+ * index plane of width w has stride S = D w / 8, a multiple of 4, so the four
+ * coordinates sit in bytes 0..3 of one word per plane, at bit w (c0 / S). */
+template <int D, int KB>
+static __device__ __forceinline__ void vals4(const uint32_t *blk, int c0, const float *cb, float (&v)[4])
+{
+	if (KB == 8) {
+		const uint32_t x = blk[1 + c0 / 4];
+#pragma unroll
+		for (int i = 0; i < 4; i++)
+			v[i] = (float)(int32_t)(int8_t)(uint8_t)(x >> (8 * i));
+		return;
+	}
+	constexpr int WH = KB == 4 ? 4 : 2; /* the widest plane: the lowest bits */
+	constexpr int SH = D * WH / 8;
+	constexpr uint32_t MH = (1u << WH) - 1u;
+	const uint32_t hi = blk[1 + (c0 % SH) / 4] >> (WH * (c0 / SH));
+	uint32_t lo = 0;
+	if (KB == 3) {
+		constexpr int S1 = D / 8;
+		lo = blk[1 + SH / 4 + (c0 % S1) / 4] >> (c0 / S1);
+	}
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		uint32_t idx = (hi >> (8 * i)) & MH;
+		if (KB == 3)
+			idx |= ((lo >> (8 * i)) & 1u) << 2;
+		v[i] = cb[idx];
+	}
+}
+
+/* s[r] += q[r] . values of the K block (unscaled), q [R][D] in shared memory */
+template <int D, int R, int KB>
+static __device__ __forceinline__ void tile_scores(const uint32_t *blk, const float *sq, const float *cb,
+						  float (&s)[R])
+{
+#pragma unroll
+	for (int c0 = 0; c0 < D; c0 += 4) {
+		float k[4];
+		vals4<D, KB>(blk, c0, cb, k);
+#pragma unroll
+		for (int r = 0; r < R; r++) {
+			const f4 q = *reinterpret_cast<const f4 *>(sq + r * D + c0);
+			s[r] = fmaf(q.x, k[0], s[r]);
+			s[r] = fmaf(q.y, k[1], s[r]);
+			s[r] = fmaf(q.z, k[2], s[r]);
+			s[r] = fmaf(q.w, k[3], s[r]);
 		}
 	}
 }
 
-/* ---- finish: merge the splits, normalize, rotate back ------------------------------ */
-
-__global__ void __launch_bounds__(TQC_WARPS * 32) attn_finish(const __grid_constant__ struct tqc_attn_args a)
+/* acc[r][4 g + i] += pw[r][t] * value of coordinate 4 lp + 4 LPT g + i of
+ * token t's V block, for this lane's tokens t = step * TPS + lane / LPT */
+template <int D, int R, int VB>
+static __device__ __forceinline__ void tile_values(const uint32_t *vbase, uint32_t vwords, const float *pw,
+						   const float *cb, int lane, float (&acc)[R][tiled_cpl(D)])
 {
-	__shared__ float s_y[TQC_WARPS][TQ_DIM_MAX];
-	const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
-	const size_t row = (size_t)blockIdx.x * TQC_WARPS + (size_t)warp;
+	constexpr int LPT = tiled_lpt(D), TPS = 32 / LPT, NG = D / (4 * LPT);
+	const int lp = lane % LPT, tk = lane / LPT;
 
-	if (row >= (size_t)a.n_q * (size_t)a.n_q_heads)
-		return; /* the whole warp */
+#pragma unroll 2
+	for (int step = 0; step < TQC_TILE / TPS; step++) {
+		const int t = step * TPS + tk;
+		const uint32_t *blk = vbase + (uint32_t)t * vwords;
+		float w[R];
+#pragma unroll
+		for (int r = 0; r < R; r++)
+			w[r] = pw[r * TQC_TILE + t];
+#pragma unroll
+		for (int g = 0; g < NG; g++) {
+			float v[4];
+			vals4<D, VB>(blk, 4 * lp + 4 * LPT * g, cb, v);
+#pragma unroll
+			for (int r = 0; r < R; r++)
+#pragma unroll
+				for (int i = 0; i < 4; i++)
+					acc[r][4 * g + i] = fmaf(w[r], v[i], acc[r][4 * g + i]);
+		}
+	}
+}
+
+/* index bits of a tiled codec: tq2..4, q8 -> 8 */
+static __device__ __forceinline__ int tiled_bits(const struct tqc_codec_desc &c)
+{
+	return c.id == TQ_CODEC_Q8 ? 8 : c.bits;
+}
+
+#ifdef TQC_SIMT
+#define TILED_SMEM(name) alignas(16) static uint8_t name[TQC_SIMT_DYN_SMEM]
+#else
+#define TILED_SMEM(name) extern __shared__ __align__(16) uint8_t name[]
+#endif
+
+template <int D, int R>
+__global__ void __launch_bounds__(TQC_WARPS * 32) attn_tiled(const __grid_constant__ struct tqc_attn_args a)
+{
+	constexpr int LPT = tiled_lpt(D), TPS = 32 / LPT, CPL = tiled_cpl(D);
+	TILED_SMEM(smem);
+	__shared__ float s_ck[TQC_CB_MAX], s_cv[TQC_CB_MAX];
+	__shared__ float s_m[TQC_WARPS][R], s_l[TQC_WARPS][R];
+
+	const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
+	const int split = (int)blockIdx.y;
+	const uint32_t h = blockIdx.z;
+	const int r0 = (int)blockIdx.x * R;
+	const int nrows = min(R, a.rows_ph - r0);
+	const struct tq_page_geom g = a.geom;
+	const uint32_t kb = g.k_block_bytes, vb = g.v_block_bytes, P = g.page_tokens;
+	const uint32_t stage_bytes = TQC_TILE * (kb + vb);
+	float *sq = reinterpret_cast<float *>(smem);                 /* [R][D]               */
+	float *pw = sq + R * D + warp * R * TQC_TILE;                /* this warp's [R][TILE] */
+	uint8_t *stage0 = smem + (size_t)(R * D + TQC_WARPS * R * TQC_TILE) * 4u +
+			  (size_t)warp * 2u * stage_bytes;             /* this warp's 2 stages  */
+
+	if (threadIdx.x < TQC_CB_MAX) {
+		s_ck[threadIdx.x] = a.kc.centroid[threadIdx.x];
+		s_cv[threadIdx.x] = a.vc.centroid[threadIdx.x];
+	}
+	uint32_t lim[R], tmax = 0;
+#pragma unroll
+	for (int r = 0; r < R; r++) {
+		lim[r] = 0;
+		if (r < nrows) {
+			const int qi = (r0 + r) / a.group;
+			lim[r] = a.causal ? (uint32_t)a.q_pos[qi] + 1u : a.kv_len;
+		}
+		tmax = max(tmax, lim[r]);
+	}
+	for (int e = (int)threadIdx.x; e < R * D; e += TQC_WARPS * 32) {
+		const int r = e / D, c = e % D;
+		float q = 0.0f;
+		if (r < nrows) {
+			const int rr = r0 + r, qi = rr / a.group, gi = rr % a.group;
+			q = a.qrot[((size_t)qi * a.n_q_heads + (size_t)h * a.group + gi) * D + c];
+		}
+		sq[e] = q;
+	}
+	__syncthreads(); /* s_ck, s_cv, sq */
+
+	const int kbits = tiled_bits(a.kc), vbits = tiled_bits(a.vc);
+	const uint64_t kh = tq_page_k_off(&g, h, 0), vh = tq_page_v_off(&g, h, 0);
+	const uint32_t tb = (uint32_t)split * a.split_len;
+	uint32_t te = a.kv_len - tb < a.split_len ? a.kv_len : tb + a.split_len; /* tb < kv_len */
+	te = te < tmax ? te : tmax;
+	const uint32_t n_tile = te > tb ? (te - tb + TQC_TILE - 1) / TQC_TILE : 0;
+
+	float m[R], l[R], acc[R][CPL];
+#pragma unroll
+	for (int r = 0; r < R; r++) {
+		m[r] = NEG_INF;
+		l[r] = 0.0f;
+#pragma unroll
+		for (int j = 0; j < CPL; j++)
+			acc[r][j] = 0.0f;
+	}
+
+	/* tile i of the split: its K and V blocks into stage st (both runs are
+	 * 32 blocks long, 16-byte aligned, inside the page) */
+	auto fetch = [&](uint32_t i, const uint8_t *pg, int st) {
+		const uint32_t slot = (tb + i * TQC_TILE) % P;
+		uint8_t *dst = stage0 + (size_t)st * stage_bytes;
+		const uint8_t *ks = pg + kh + (uint64_t)slot * kb, *vs = pg + vh + (uint64_t)slot * vb;
+		for (uint32_t j = (uint32_t)lane; j < 2u * kb; j += 32) /* TILE * kb / 16 */
+			cp_async16(dst + 16u * j, ks + 16u * j);
+		dst += TQC_TILE * kb;
+		for (uint32_t j = (uint32_t)lane; j < 2u * vb; j += 32)
+			cp_async16(dst + 16u * j, vs + 16u * j);
+	};
+	auto page_of = [&](uint32_t i) { return a.pages[(tb + i * TQC_TILE) / P]; };
+
+	uint32_t i = (uint32_t)warp;
+	int st = 0;
+	if (i < n_tile)
+		fetch(i, page_of(i), 0);
+	cp_async_commit();
+	const uint8_t *pg_next = i + TQC_WARPS < n_tile ? page_of(i + TQC_WARPS) : nullptr;
+	for (; i < n_tile; i += TQC_WARPS) {
+		const uint32_t in = i + TQC_WARPS;
+		if (in < n_tile)
+			fetch(in, pg_next, st ^ 1);
+		cp_async_commit();
+		if (in + TQC_WARPS < n_tile)
+			pg_next = page_of(in + TQC_WARPS); /* lands while this tile is computed */
+		cp_async_wait<1>();                        /* tile i is in */
+		__syncwarp();
+
+		const uint8_t *kt = stage0 + (size_t)st * stage_bytes, *vt = kt + TQC_TILE * kb;
+		const uint32_t *kblk = reinterpret_cast<const uint32_t *>(kt + (uint32_t)lane * kb);
+		const uint32_t t = tb + i * TQC_TILE + (uint32_t)lane;
+		float s[R];
+#pragma unroll
+		for (int r = 0; r < R; r++)
+			s[r] = 0.0f;
+		switch (kbits) {
+		case 2: tile_scores<D, R, 2>(kblk, sq, s_ck, s); break;
+		case 3: tile_scores<D, R, 3>(kblk, sq, s_ck, s); break;
+		case 4: tile_scores<D, R, 4>(kblk, sq, s_ck, s); break;
+		default: tile_scores<D, R, 8>(kblk, sq, s_ck, s); break;
+		}
+		const float ks = __uint_as_float(kblk[0]);
+		const float vsc = __uint_as_float(*reinterpret_cast<const uint32_t *>(vt + (uint32_t)lane * vb));
+#pragma unroll
+		for (int r = 0; r < R; r++) {
+			const bool vis = t < te && t < lim[r];
+			const float sc = s[r] * ks;
+			const bool fin = isfinite(sc);
+			const float mn = fmaxf(m[r], warp_max(vis && fin ? sc : NEG_INF));
+			const bool bad = __any_sync(FULL, vis && !fin);
+			const float alpha = mn == NEG_INF ? 1.0f : exp2f(m[r] - mn);
+			const float p = vis && fin ? exp2f(sc - mn) : 0.0f;
+			/* a visible score that is not finite makes the row NaN */
+			l[r] = bad ? QNAN : l[r] * alpha + warp_sum(p);
+			m[r] = mn;
+			pw[r * TQC_TILE + lane] = vis ? p * vsc : 0.0f;
+#pragma unroll
+			for (int j = 0; j < CPL; j++)
+				acc[r][j] *= alpha;
+		}
+		__syncwarp(); /* pw */
+		const uint32_t *vbase = reinterpret_cast<const uint32_t *>(vt);
+		switch (vbits) {
+		case 2: tile_values<D, R, 2>(vbase, vb / 4u, pw, s_cv, lane, acc); break;
+		case 3: tile_values<D, R, 3>(vbase, vb / 4u, pw, s_cv, lane, acc); break;
+		case 4: tile_values<D, R, 4>(vbase, vb / 4u, pw, s_cv, lane, acc); break;
+		default: tile_values<D, R, 8>(vbase, vb / 4u, pw, s_cv, lane, acc); break;
+		}
+		__syncwarp(); /* the stage and pw are free again */
+		st ^= 1;
+	}
+	cp_async_wait<0>();
+
+	/* the lanes of a token group hold the same coordinates of other tokens */
+	if (TPS == 2) {
+#pragma unroll
+		for (int r = 0; r < R; r++)
+#pragma unroll
+			for (int j = 0; j < CPL; j++)
+				acc[r][j] += __shfl_xor_sync(FULL, acc[r][j], 16);
+	}
+	/* this warp's (m, l, acc): acc into its own first stage, [R][D] */
+	float *wacc = reinterpret_cast<float *>(stage0);
+	if (lane == 0) {
+#pragma unroll
+		for (int r = 0; r < R; r++) {
+			s_m[warp][r] = m[r];
+			s_l[warp][r] = l[r];
+		}
+	}
+	__syncwarp();
+	if (lane < LPT) {
+#pragma unroll
+		for (int r = 0; r < R; r++)
+#pragma unroll
+			for (int j = 0; j < CPL; j++)
+				wacc[r * D + 4 * lane + 4 * LPT * (j / 4) + j % 4] = acc[r][j];
+	}
+	__syncthreads();
+	cta_partials<R>(a, s_m, s_l, reinterpret_cast<const float *>(smem + (size_t)(R * D + TQC_WARPS * R * TQC_TILE) * 4u),
+			(int)(2u * stage_bytes / 4u), D, r0, nrows, split, h);
+}
+
+/* ---- tensor-core tiled decode: attn_mma -----------------------------------------
+ *
+ * The tiles, stages and splits of attn_tiled, with both products on the
+ * tensor cores (mma.sync m16n8k8, TF32 inputs, FP32 accumulation; sm_80+):
+ *   scores  S (16 tokens x 8 rows) += K (16 tokens x 8 coordinates) Q^T: the
+ *           lanes decode the K blocks straight into the A fragments; Q^T's
+ *           B fragments are laid out once per CTA in shared memory;
+ *   values  O^T (16 coordinates x 8 rows) += V^T (16 x 8 tokens) P^T, P the
+ *           softmax weights times each token's V block scale.
+ * The order of the coordinates inside an mma is free (a dot product does not
+ * care), so each fragment pairs coordinate c with c + d/2: every codec keeps
+ * those two in one byte (tq4 nibbles; tq2 / tq3 2-bit fields 4 bits apart
+ * and 1-bit fields 4 bits apart; q8 two bytes d/2 apart), one byte load per
+ * pair.  Rows are the N dimension (8: up to 8 rows per block, the rest 0);
+ * lane (g, q) = (lane / 4, lane % 4) holds the scores of rows 2q, 2q + 1 and
+ * the output of the same rows, so the online softmax never moves data across
+ * rows.  TF32 keeps 10 mantissa bits: enough for the values (their errors
+ * average out), not for the scores (a logit error becomes a relative weight
+ * error of the same size), which are computed in split TF32 (mma_scores). */
+
+/* x rounded to TF32 (nearest, ties away), as cvt.rna.tf32.f32 does */
+static __device__ __forceinline__ float tf32r(float x)
+{
+#ifdef __CUDA_ARCH__
+	uint32_t r;
+	asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+	return __uint_as_float(r);
+#else
+	uint32_t u = __float_as_uint(x);
+	if ((u & 0x7f800000u) != 0x7f800000u)
+		u = (u + 0x1000u) & 0xffffe000u;
+	return __uint_as_float(u);
+#endif
+}
+
+/* c += A B, A 16x8 (a0: row g col q, a1: row g+8 col q, a2: row g col q+4,
+ * a3: row g+8 col q+4), B 8x8 (b0: row q col g, b1: row q+4 col g), C 16x8
+ * (c0, c1: row g cols 2q, 2q+1; c2, c3: row g+8) — PTX's m16n8k8 .tf32
+ * fragments; the emulator gathers them with shuffles. */
+static __device__ __forceinline__ void mma_tf32(float (&c)[4], const float (&a)[4], const float (&b)[2])
+{
+#ifdef __CUDA_ARCH__
+	asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+		     "{%0,%1,%2,%3};\n"
+		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+		     : "r"(__float_as_uint(a[0])), "r"(__float_as_uint(a[1])), "r"(__float_as_uint(a[2])),
+		       "r"(__float_as_uint(a[3])), "r"(__float_as_uint(b[0])), "r"(__float_as_uint(b[1])));
+#else
+	/* the emulator: the warp's fragments through a per-warp exchange buffer */
+	static float xa[TQC_WARPS][32][4], xb[TQC_WARPS][32][2];
+	const int lane = (int)(threadIdx.x & 31u), w = (int)(threadIdx.x >> 5), g = lane >> 2, q = lane & 3;
+	for (int e = 0; e < 4; e++)
+		xa[w][lane][e] = a[e];
+	xb[w][lane][0] = b[0];
+	xb[w][lane][1] = b[1];
+	__syncwarp();
+	for (int k = 0; k < 8; k++) {
+		const int src = k & 3, hi = k >> 2;
+		const float ag = xa[w][g * 4 + src][2 * hi], ag8 = xa[w][g * 4 + src][2 * hi + 1];
+		const float b0 = xb[w][2 * q * 4 + src][hi], b1 = xb[w][(2 * q + 1) * 4 + src][hi];
+		c[0] = fmaf(ag, b0, c[0]);
+		c[1] = fmaf(ag, b1, c[1]);
+		c[2] = fmaf(ag8, b0, c[2]);
+		c[3] = fmaf(ag8, b1, c[3]);
+	}
+	__syncwarp();
+#endif
+}
+
+/* The values of coordinates c and c + D/2 (c < D/2) of a block of KB bits
+ * (tq2 / tq3 / tq4: codebook entries; 8: q8's int8), unscaled. */
+template <int D, int KB>
+static __device__ __forceinline__ void pair_vals(const uint8_t *blk, int c, const float *cb, float &lo, float &hi)
+{
+	const uint8_t *pl = blk + 4; /* the planes, after the 4-byte header */
+	if (KB == 8) {
+		lo = (float)(int32_t)(int8_t)pl[c];
+		hi = (float)(int32_t)(int8_t)pl[c + D / 2];
+	} else if (KB == 4) {
+		const uint32_t b = pl[c];
+		lo = cb[b & 15u];
+		hi = cb[b >> 4];
+	} else {
+		constexpr int S2 = D / 4, S1 = D / 8;
+		const uint32_t sh = 2u * (uint32_t)(c / S2);
+		const uint32_t b2 = (uint32_t)pl[c % S2] >> sh;
+		uint32_t il = b2 & 3u, ih = (b2 >> 4) & 3u;
+		if (KB == 3) {
+			const uint32_t b1 = (uint32_t)pl[S2 + c % S1] >> (c / S1);
+			il |= (b1 & 1u) << 2;
+			ih |= ((b1 >> 4) & 1u) << 2;
+		}
+		lo = cb[il];
+		hi = cb[ih];
+	}
+}
+
+/* S (tokens t0 + g, t0 + g + 8 x rows 2q, 2q + 1) = K Q^T over the tile's K
+ * blocks, in split TF32 (x = hi + lo, both TF32; K Q^T = Kh Qh + Kh Ql +
+ * Kl Qh, about FP32's accuracy: score errors grow with the logits, value
+ * errors do not); qf: Q^T's B fragments [D/8][32] x (hi 0, hi 1, lo 0, lo 1) */
+template <int D, int KB>
+static __device__ __forceinline__ void mma_scores(const uint8_t *kt, uint32_t kb, int t0, const float *qf,
+						  const float *cb, int lane, float (&s)[4])
+{
+	const int g = lane >> 2, q = lane & 3;
+	const uint8_t *ba = kt + (uint32_t)(t0 + g) * kb, *bb = ba + 8u * kb;
+	s[0] = s[1] = s[2] = s[3] = 0.0f;
+#pragma unroll
+	for (int j = 0; j < D / 8; j++) {
+		float v[4], ah[4], al[4];
+		pair_vals<D, KB>(ba, 4 * j + q, cb, v[0], v[2]);
+		pair_vals<D, KB>(bb, 4 * j + q, cb, v[1], v[3]);
+		const f4 f = *reinterpret_cast<const f4 *>(qf + (j * 32 + lane) * 4);
+		const float bh[2] = { f.x, f.y }, bl[2] = { f.z, f.w };
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			ah[e] = tf32r(v[e]);
+			al[e] = tf32r(v[e] - ah[e]); /* 0 for q8's integers */
+		}
+		mma_tf32(s, ah, bl);
+		if (KB != 8)
+			mma_tf32(s, al, bh);
+		mma_tf32(s, ah, bh);
+	}
+}
+
+/* acc (coordinates 8 i + g, 8 i + g + D/2 x rows 2q, 2q + 1) += V^T P^T over
+ * the tile's 32 tokens; pw: P [8 rows][TILE] (TF32) */
+template <int D, int VB>
+static __device__ __forceinline__ void mma_values(const uint8_t *vt, uint32_t vb, const float *pw, const float *cb,
+						  int lane, float (&acc)[D / 16][4])
+{
+	const int g = lane >> 2, q = lane & 3;
+#pragma unroll
+	for (int k0 = 0; k0 < TQC_TILE; k0 += 8) {
+		const float b[2] = { pw[g * TQC_TILE + k0 + q], pw[g * TQC_TILE + k0 + q + 4] };
+		const uint8_t *b0 = vt + (uint32_t)(k0 + q) * vb, *b1 = b0 + 4u * vb;
+#pragma unroll
+		for (int i = 0; i < D / 16; i++) {
+			float a[4];
+			pair_vals<D, VB>(b0, 8 * i + g, cb, a[0], a[1]);
+			pair_vals<D, VB>(b1, 8 * i + g, cb, a[2], a[3]);
+			mma_tf32(acc[i], a, b);
+		}
+	}
+}
+
+/* max or sum over the 8 lanes of a row pair (lanes q, q + 4, ..., q + 28) */
+static __device__ __forceinline__ float group_max(float v)
+{
+	v = fmaxf(v, __shfl_xor_sync(FULL, v, 4));
+	v = fmaxf(v, __shfl_xor_sync(FULL, v, 8));
+	return fmaxf(v, __shfl_xor_sync(FULL, v, 16));
+}
+
+static __device__ __forceinline__ float group_sum(float v)
+{
+	v += __shfl_xor_sync(FULL, v, 4);
+	v += __shfl_xor_sync(FULL, v, 8);
+	return v + __shfl_xor_sync(FULL, v, 16);
+}
+
+template <int D, int R>
+__global__ void __launch_bounds__(TQC_WARPS * 32) attn_mma(const __grid_constant__ struct tqc_attn_args a)
+{
+	TILED_SMEM(smem);
+	__shared__ float s_ck[TQC_CB_MAX], s_cv[TQC_CB_MAX];
+	__shared__ float s_m[TQC_WARPS][R], s_l[TQC_WARPS][R];
+
+	const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
+	const int g = lane >> 2, q = lane & 3;
+	const int split = (int)blockIdx.y;
+	const uint32_t h = blockIdx.z;
+	const int r0 = (int)blockIdx.x * R;
+	const int nrows = min(R, a.rows_ph - r0);
+	const struct tq_page_geom geo = a.geom;
+	const uint32_t kb = geo.k_block_bytes, vb = geo.v_block_bytes, P = geo.page_tokens;
+	const uint32_t stage_bytes = TQC_TILE * (kb + vb);
+	float *qf = reinterpret_cast<float *>(smem);          /* [D/8][32][4]   */
+	float *pw = qf + 16 * D + warp * 8 * TQC_TILE;         /* this warp's [8][TILE] */
+	uint8_t *stage0 = smem + (size_t)(16 * D + TQC_WARPS * 8 * TQC_TILE) * 4u + (size_t)warp * 2u * stage_bytes;
+
+	if (threadIdx.x < TQC_CB_MAX) {
+		s_ck[threadIdx.x] = a.kc.centroid[threadIdx.x]; /* split per use */
+		s_cv[threadIdx.x] = tf32r(a.vc.centroid[threadIdx.x]);
+	}
+	/* Q^T's B fragments: chunk j, lane (gg, qq): rows gg, coordinates
+	 * 4 j + qq and 4 j + qq + D/2, hi and lo */
+	for (int e = (int)threadIdx.x; e < 4 * D; e += TQC_WARPS * 32) {
+		const int j = e / 32, L = e % 32, gg = L >> 2, qq = L & 3;
+		float v0 = 0.0f, v1 = 0.0f;
+		if (gg < nrows) {
+			const int rr = r0 + gg, qi = rr / a.group, gi = rr % a.group;
+			const float *qr = a.qrot + ((size_t)qi * a.n_q_heads + (size_t)h * a.group + gi) * D;
+			v0 = qr[4 * j + qq];
+			v1 = qr[4 * j + qq + D / 2];
+		}
+		const float h0 = tf32r(v0), h1 = tf32r(v1);
+		qf[4 * e] = h0;
+		qf[4 * e + 1] = h1;
+		qf[4 * e + 2] = tf32r(v0 - h0);
+		qf[4 * e + 3] = tf32r(v1 - h1);
+	}
+	/* this lane's rows 2q, 2q + 1: keys [0, lim) visible */
+	uint32_t lim[2], tmax = 0;
+	for (int r = 0; r < R && r < nrows; r++) {
+		const uint32_t lr = a.causal ? (uint32_t)a.q_pos[(r0 + r) / a.group] + 1u : a.kv_len;
+		tmax = max(tmax, lr);
+	}
+#pragma unroll
+	for (int k = 0; k < 2; k++) {
+		const int r = 2 * q + k;
+		lim[k] = r < nrows ? (a.causal ? (uint32_t)a.q_pos[(r0 + r) / a.group] + 1u : a.kv_len) : 0u;
+	}
+	__syncthreads(); /* s_ck, s_cv, qf */
+
+	const int kbits = tiled_bits(a.kc), vbits = tiled_bits(a.vc);
+	const uint64_t kh = tq_page_k_off(&geo, h, 0), vh = tq_page_v_off(&geo, h, 0);
+	const uint32_t tb = (uint32_t)split * a.split_len;
+	uint32_t te = a.kv_len - tb < a.split_len ? a.kv_len : tb + a.split_len;
+	te = te < tmax ? te : tmax;
+	const uint32_t n_tile = te > tb ? (te - tb + TQC_TILE - 1) / TQC_TILE : 0;
+
+	float m[2] = { NEG_INF, NEG_INF }, l[2] = { 0.0f, 0.0f }, acc[D / 16][4];
+#pragma unroll
+	for (int i = 0; i < D / 16; i++)
+		acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+
+	auto fetch = [&](uint32_t i, const uint8_t *pg, int st) {
+		const uint32_t slot = (tb + i * TQC_TILE) % P;
+		uint8_t *dst = stage0 + (size_t)st * stage_bytes;
+		const uint8_t *ks = pg + kh + (uint64_t)slot * kb, *vs = pg + vh + (uint64_t)slot * vb;
+		for (uint32_t j = (uint32_t)lane; j < 2u * kb; j += 32)
+			cp_async16(dst + 16u * j, ks + 16u * j);
+		dst += TQC_TILE * kb;
+		for (uint32_t j = (uint32_t)lane; j < 2u * vb; j += 32)
+			cp_async16(dst + 16u * j, vs + 16u * j);
+	};
+	auto page_of = [&](uint32_t i) { return a.pages[(tb + i * TQC_TILE) / P]; };
+
+	uint32_t i = (uint32_t)warp;
+	int st = 0;
+	if (i < n_tile)
+		fetch(i, page_of(i), 0);
+	cp_async_commit();
+	const uint8_t *pg_next = i + TQC_WARPS < n_tile ? page_of(i + TQC_WARPS) : nullptr;
+	for (; i < n_tile; i += TQC_WARPS) {
+		const uint32_t in = i + TQC_WARPS;
+		if (in < n_tile)
+			fetch(in, pg_next, st ^ 1);
+		cp_async_commit();
+		if (in + TQC_WARPS < n_tile)
+			pg_next = page_of(in + TQC_WARPS);
+		cp_async_wait<1>();
+		__syncwarp();
+
+		const uint8_t *kt = stage0 + (size_t)st * stage_bytes, *vt = kt + TQC_TILE * kb;
+		const uint32_t t0 = tb + i * TQC_TILE;
+		/* scores of tokens g, g + 8, g + 16, g + 24 (sc[2 mt + hi]) for
+		 * rows 2q, 2q + 1 */
+		float sc[4][2];
+#pragma unroll
+		for (int mt = 0; mt < 2; mt++) {
+			float s[4];
+			switch (kbits) {
+			case 2: mma_scores<D, 2>(kt, kb, 16 * mt, qf, s_ck, lane, s); break;
+			case 3: mma_scores<D, 3>(kt, kb, 16 * mt, qf, s_ck, lane, s); break;
+			case 4: mma_scores<D, 4>(kt, kb, 16 * mt, qf, s_ck, lane, s); break;
+			default: mma_scores<D, 8>(kt, kb, 16 * mt, qf, s_ck, lane, s); break;
+			}
+			sc[2 * mt][0] = s[0];
+			sc[2 * mt][1] = s[1];
+			sc[2 * mt + 1][0] = s[2];
+			sc[2 * mt + 1][1] = s[3];
+		}
+		float ks[4], vs[4];
+		bool vis[4][2];
+#pragma unroll
+		for (int u = 0; u < 4; u++) {
+			const int tt = g + 8 * u;
+			ks[u] = __uint_as_float(*reinterpret_cast<const uint32_t *>(kt + (uint32_t)tt * kb));
+			vs[u] = __uint_as_float(*reinterpret_cast<const uint32_t *>(vt + (uint32_t)tt * vb));
+#pragma unroll
+			for (int k = 0; k < 2; k++) {
+				vis[u][k] = t0 + (uint32_t)tt < te && t0 + (uint32_t)tt < lim[k];
+				sc[u][k] *= ks[u];
+			}
+		}
+#pragma unroll
+		for (int k = 0; k < 2; k++) {
+			float mx = NEG_INF;
+			uint32_t badl = 0;
+#pragma unroll
+			for (int u = 0; u < 4; u++) {
+				const bool fin = isfinite(sc[u][k]);
+				mx = fmaxf(mx, vis[u][k] && fin ? sc[u][k] : NEG_INF);
+				badl |= vis[u][k] && !fin;
+			}
+			const float mn = fmaxf(m[k], group_max(mx));
+			badl |= __shfl_xor_sync(FULL, badl, 4);
+			badl |= __shfl_xor_sync(FULL, badl, 8);
+			badl |= __shfl_xor_sync(FULL, badl, 16);
+			const float alpha = mn == NEG_INF ? 1.0f : exp2f(m[k] - mn);
+			float ps = 0.0f;
+#pragma unroll
+			for (int u = 0; u < 4; u++) {
+				const bool ok = vis[u][k] && isfinite(sc[u][k]);
+				const float p = ok ? exp2f(sc[u][k] - mn) : 0.0f;
+				ps += p;
+				pw[(2 * q + k) * TQC_TILE + g + 8 * u] = vis[u][k] ? tf32r(p * vs[u]) : 0.0f;
+			}
+			/* a visible score that is not finite makes the row NaN (the
+			 * sum first: every lane takes part in the shuffles) */
+			ps = group_sum(ps);
+			l[k] = badl ? QNAN : l[k] * alpha + ps;
+			m[k] = mn;
+#pragma unroll
+			for (int ii = 0; ii < D / 16; ii++) {
+				acc[ii][k] *= alpha;
+				acc[ii][k + 2] *= alpha;
+			}
+		}
+		__syncwarp(); /* pw */
+		switch (vbits) {
+		case 2: mma_values<D, 2>(vt, vb, pw, s_cv, lane, acc); break;
+		case 3: mma_values<D, 3>(vt, vb, pw, s_cv, lane, acc); break;
+		case 4: mma_values<D, 4>(vt, vb, pw, s_cv, lane, acc); break;
+		default: mma_values<D, 8>(vt, vb, pw, s_cv, lane, acc); break;
+		}
+		__syncwarp(); /* the stage and pw are free again */
+		st ^= 1;
+	}
+	cp_async_wait<0>();
+
+	/* this warp's (m, l, acc): acc into its own first stage, [R][D] */
+	float *wacc = reinterpret_cast<float *>(stage0);
+	if (g == 0) {
+#pragma unroll
+		for (int k = 0; k < 2; k++)
+			if (2 * q + k < R) {
+				s_m[warp][2 * q + k] = m[k];
+				s_l[warp][2 * q + k] = l[k];
+			}
+	}
+	__syncwarp();
+#pragma unroll
+	for (int k = 0; k < 2; k++)
+		if (2 * q + k < R) {
+#pragma unroll
+			for (int ii = 0; ii < D / 16; ii++) {
+				wacc[(2 * q + k) * D + 8 * ii + g] = acc[ii][k];
+				wacc[(2 * q + k) * D + 8 * ii + g + D / 2] = acc[ii][k + 2];
+			}
+		}
+	__syncthreads();
+	cta_partials<R>(a, s_m, s_l,
+			reinterpret_cast<const float *>(smem + (size_t)(16 * D + TQC_WARPS * 8 * TQC_TILE) * 4u),
+			(int)(2u * stage_bytes / 4u), D, r0, nrows, split, h);
+}
+
+/* ---- finish: merge the splits, normalize, rotate back ------------------------------
+ * One CTA per row: the splits' (m, l) reduced by all threads (max, then the
+ * sum of l 2^(m - M)), each split's weight 2^(m - M) kept in shared memory,
+ * then thread c sums w_s acc_s[c] over the splits (loads of many splits in
+ * flight, not one after another), and the row goes back to the original
+ * frame. */
+
+#define FIN_THREADS (TQC_WARPS * 32)
+
+/* The CTA's reduction of v (max or sum); every thread gets the result. */
+template <bool MAX>
+static __device__ __forceinline__ float cta_reduce(float v, float *scratch)
+{
+	const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
+
+	v = MAX ? warp_max(v) : warp_sum(v);
+	__syncthreads(); /* scratch free from an earlier call */
+	if (lane == 0)
+		scratch[warp] = v;
+	__syncthreads();
+	v = scratch[0];
+	for (int w = 1; w < TQC_WARPS; w++)
+		v = MAX ? fmaxf(v, scratch[w]) : v + scratch[w];
+	return v;
+}
+
+__global__ void __launch_bounds__(FIN_THREADS) attn_finish(const __grid_constant__ struct tqc_attn_args a)
+{
+	__shared__ float s_w[TQC_SPLITS_MAX];
+	__shared__ float s_y[TQ_DIM_MAX];
+	__shared__ float s_red[TQC_WARPS];
+	const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const size_t row = blockIdx.x;
 	const struct tqc_codec_desc &vc = a.vc;
-	const int d = vc.dim;
+	const int d = vc.dim, ns = a.n_split;
 	const int i = (int)(row / (size_t)a.n_q_heads), hq = (int)(row % (size_t)a.n_q_heads);
 	const int h = hq / a.group, gi = hq % a.group;
-	const size_t base = ((size_t)h * (size_t)a.rows_pad + (size_t)i * a.group + gi) * (size_t)a.n_split;
+	const size_t base = ((size_t)h * (size_t)a.rows_pad + (size_t)i * a.group + gi) * (size_t)ns;
 	const float *ml = a.part_ml + 2 * base;
 	float *o = a.out + row * (size_t)d;
-	float *y = s_y[warp];
 
-	float M = NEG_INF, L = 0.0f;
-	for (int s = 0; s < a.n_split; s++)
+	/* a split that saw nothing has m = -inf and l = 0 (a NaN l must reach
+	 * the row: a logit beyond float range) */
+	float M = NEG_INF;
+	for (int s = tid; s < ns; s += FIN_THREADS)
 		M = fmaxf(M, ml[2 * s]);
-	for (int s = 0; s < a.n_split; s++) {
-		if (ml[2 * s] == NEG_INF && !isnan(ml[2 * s + 1]))
-			continue;
-		L += ml[2 * s + 1] * exp2f(ml[2 * s] - M);
+	M = cta_reduce<true>(M, s_red);
+	float L = 0.0f;
+	for (int s = tid; s < ns; s += FIN_THREADS) {
+		const float m = ml[2 * s], l = ml[2 * s + 1];
+		const bool none = m == NEG_INF && !isnan(l);
+		const float w = none ? 0.0f : exp2f(m - M);
+		s_w[s] = w;
+		L += none ? 0.0f : l * w;
 	}
+	L = cta_reduce<false>(L, s_red); /* its barriers publish s_w */
 	/* positions are checked (0 <= q_pos < kv_len): a row sees a key unless
 	 * the cache is empty (then it is not causal) */
-	const bool sees = a.kv_len > 0;
-	if (M == NEG_INF && !sees) {
-		for (int c = lane; c < d; c += 32)
+	if (M == NEG_INF && !(a.kv_len > 0)) {
+		for (int c = tid; c < d; c += FIN_THREADS)
 			o[c] = 0.0f;
 		return;
 	}
 	if (!isfinite(M) || !isfinite(L) || !(L > 0.0f)) {
-		for (int c = lane; c < d; c += 32)
+		for (int c = tid; c < d; c += FIN_THREADS)
 			o[c] = QNAN; /* a logit beyond float range */
 		return;
 	}
 	const float inv = 1.0f / L;
-	for (int c = lane; c < d; c += 32) {
-		float A = 0.0f;
-		for (int s = 0; s < a.n_split; s++) {
-			if (ml[2 * s] == NEG_INF && !isnan(ml[2 * s + 1]))
-				continue;
-			A += a.part_acc[(base + (size_t)s) * (size_t)d + (size_t)c] * exp2f(ml[2 * s] - M);
+	for (int c = tid; c < d; c += FIN_THREADS) {
+		const float *pa = a.part_acc + base * (size_t)d + (size_t)c;
+		float A0 = 0.0f, A1 = 0.0f, A2 = 0.0f, A3 = 0.0f;
+		int s = 0;
+		for (; s + 4 <= ns; s += 4) {
+			A0 = fmaf(s_w[s], pa[(size_t)s * d], A0);
+			A1 = fmaf(s_w[s + 1], pa[(size_t)(s + 1) * d], A1);
+			A2 = fmaf(s_w[s + 2], pa[(size_t)(s + 2) * d], A2);
+			A3 = fmaf(s_w[s + 3], pa[(size_t)(s + 3) * d], A3);
 		}
-		y[c] = A * inv;
+		for (; s < ns; s++)
+			A0 = fmaf(s_w[s], pa[(size_t)s * d], A0);
+		s_y[c] = ((A0 + A1) + (A2 + A3)) * inv;
 	}
-	__syncwarp();
+	__syncthreads();
 	if (vc.rot_kind == ROT_HADAMARD) {
-		/* R^T y = D H (y / sqrt(d)) */
-		for (int c = lane; c < d; c += 32)
-			y[c] *= vc.inv_sqrt_dim;
-		__syncwarp();
-		warp_fwht(y, d, lane);
-		for (int c = lane; c < d; c += 32)
-			o[c] = y[c] * sign_of(vc, c);
+		/* R^T y = D H (y / sqrt(d)): one warp's transform */
+		if (warp == 0) {
+			for (int c = lane; c < d; c += 32)
+				s_y[c] *= vc.inv_sqrt_dim;
+			__syncwarp();
+			warp_fwht(s_y, d, lane);
+			for (int c = lane; c < d; c += 32)
+				o[c] = s_y[c] * sign_of(vc, c);
+		}
 	} else if (vc.rot_kind == ROT_DENSE) {
 		const float *mat = vc.mat; /* (R^T y)_j = sum_i R[i][j] y_i */
-		for (int j = lane; j < d; j += 32) {
+		for (int j = tid; j < d; j += FIN_THREADS) {
 			float acc = 0.0f;
 			for (int k = 0; k < d; k++)
-				acc = fmaf(mat[(size_t)k * d + j], y[k], acc);
+				acc = fmaf(mat[(size_t)k * d + j], s_y[k], acc);
 			o[j] = acc;
 		}
 	} else {
-		for (int c = lane; c < d; c += 32)
-			o[c] = y[c];
+		for (int c = tid; c < d; c += FIN_THREADS)
+			o[c] = s_y[c];
 	}
+}
+
+/* The host planned for the kernel that runs: the same rows per block. */
+static bool attend_args_ok(const struct tqc_attn_args *a)
+{
+	const size_t rows = (size_t)a->n_q * (size_t)a->n_q_heads;
+	const int vpl = tqc_attn_vpl(a->kc.dim);
+	const int want = a->tiled ? tqc_attn_tiled_rows(&a->kc, &a->vc, a->geom.page_tokens, a->rows_ph)
+				  : tqc_attn_rows(vpl);
+
+	return a->rows_blk == want && want > 0 && (a->tiled || a->rows_blk == rows_for(vpl)) &&
+	       (!a->tiled || a->split_len % TQC_TILE == 0) && a->tiled >= TQC_ATTN_GENERAL &&
+	       a->tiled <= TQC_ATTN_MMA && a->vc.dim == a->kc.dim && a->n_rb >= 1 &&
+	       a->n_split >= 1 && a->n_split <= TQC_SPLITS_MAX && a->n_kv >= 1 && a->n_kv <= 65535 &&
+	       a->rows_pad == a->n_rb * a->rows_blk && a->rows_ph <= a->rows_pad && rows > 0;
 }
 
 /* The launcher (tests/simt/ runs the kernels above on the CPU with its own). */
@@ -461,6 +1220,50 @@ static void launch_main(const struct tqc_attn_args *a, cudaStream_t st)
 	attn_main<VPL, rows_for(VPL)><<<grid, TQC_WARPS * 32, 0, st>>>(*a);
 }
 
+template <int D, int R>
+static cudaError_t launch_tiled(const struct tqc_attn_args *a, cudaStream_t st)
+{
+	const dim3 grid((unsigned)a->n_rb, (unsigned)a->n_split, (unsigned)a->n_kv);
+	const size_t smem = tqc_attn_tiled_smem(D, R, a->geom.k_block_bytes, a->geom.v_block_bytes);
+	cudaError_t e;
+
+	/* past 48 KiB a kernel must ask (the host checked the device's limit) */
+	if (smem > (48u << 10) &&
+	    (e = cudaFuncSetAttribute(attn_tiled<D, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) !=
+		    cudaSuccess)
+		return e;
+	attn_tiled<D, R><<<grid, TQC_WARPS * 32, smem, st>>>(*a);
+	return cudaSuccess;
+}
+
+template <int D, int R>
+static cudaError_t launch_mma(const struct tqc_attn_args *a, cudaStream_t st)
+{
+	const dim3 grid((unsigned)a->n_rb, (unsigned)a->n_split, (unsigned)a->n_kv);
+	const size_t smem = tqc_attn_mma_smem(D, a->geom.k_block_bytes, a->geom.v_block_bytes);
+	cudaError_t e;
+
+	if (smem > (48u << 10) &&
+	    (e = cudaFuncSetAttribute(attn_mma<D, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) !=
+		    cudaSuccess)
+		return e;
+	attn_mma<D, R><<<grid, TQC_WARPS * 32, smem, st>>>(*a);
+	return cudaSuccess;
+}
+
+template <int D>
+static cudaError_t launch_tiled_rows(const struct tqc_attn_args *a, cudaStream_t st)
+{
+	const bool mma = a->tiled == TQC_ATTN_MMA;
+	switch (a->rows_blk) {
+	case 1: return mma ? launch_mma<D, 1>(a, st) : launch_tiled<D, 1>(a, st);
+	case 2: return mma ? launch_mma<D, 2>(a, st) : launch_tiled<D, 2>(a, st);
+	case 4: return mma ? launch_mma<D, 4>(a, st) : launch_tiled<D, 4>(a, st);
+	case 8: return mma ? launch_mma<D, 8>(a, st) : launch_tiled<D, 8>(a, st);
+	default: return cudaErrorInvalidValue;
+	}
+}
+
 extern "C" int tqc_launch_attend(const struct tqc_attn_args *a, void *stream)
 {
 	cudaStream_t st = (cudaStream_t)stream;
@@ -470,25 +1273,33 @@ extern "C" int tqc_launch_attend(const struct tqc_attn_args *a, void *stream)
 	cudaError_t e;
 
 	(void)cudaGetLastError(); /* a stale error of an earlier call is not this launch's */
-	/* the host planned for the kernel that runs: the same rows per block */
-	if (a->rows_blk != rows_for(vpl) || a->rows_blk != tqc_attn_rows(vpl) || a->vc.dim != a->kc.dim ||
-	    a->n_rb < 1 || a->n_split < 1 || a->n_split > 65535 || a->n_kv < 1 || a->n_kv > 65535 ||
-	    a->rows_pad != a->n_rb * a->rows_blk || a->rows_ph > a->rows_pad || rows == 0)
+	if (!attend_args_ok(a))
 		return (int)cudaErrorInvalidValue;
 	attn_prep<<<row_ctas, TQC_WARPS * 32, 0, st>>>(*a);
 	if ((e = cudaGetLastError()) != cudaSuccess)
 		return (int)e;
-	switch (vpl) {
-	case 1: launch_main<1>(a, st); break;
-	case 2: launch_main<2>(a, st); break;
-	case 4: launch_main<4>(a, st); break;
-	case 8: launch_main<8>(a, st); break;
-	case 16: launch_main<16>(a, st); break;
-	default: return (int)cudaErrorInvalidValue;
+	if (a->tiled) {
+		switch (a->kc.dim) {
+		case 64: e = launch_tiled_rows<64>(a, st); break;
+		case 128: e = launch_tiled_rows<128>(a, st); break;
+		case 256: e = launch_tiled_rows<256>(a, st); break;
+		default: e = cudaErrorInvalidValue; break;
+		}
+		if (e != cudaSuccess)
+			return (int)e;
+	} else {
+		switch (vpl) {
+		case 1: launch_main<1>(a, st); break;
+		case 2: launch_main<2>(a, st); break;
+		case 4: launch_main<4>(a, st); break;
+		case 8: launch_main<8>(a, st); break;
+		case 16: launch_main<16>(a, st); break;
+		default: return (int)cudaErrorInvalidValue;
+		}
 	}
 	if ((e = cudaGetLastError()) != cudaSuccess)
 		return (int)e;
-	attn_finish<<<row_ctas, TQC_WARPS * 32, 0, st>>>(*a);
+	attn_finish<<<(unsigned)rows, FIN_THREADS, 0, st>>>(*a);
 	return (int)cudaGetLastError();
 }
 #endif /* TQC_SIMT */

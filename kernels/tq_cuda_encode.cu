@@ -331,25 +331,16 @@ static __device__ uint32_t enc_f32(const struct tqc_codec_desc *cd, const float 
 
 /* ---- the kernel ------------------------------------------------------------------ */
 
-__global__ void __launch_bounds__(TQC_WARPS * 32) enc_kernel(const __grid_constant__ struct tqc_enc_args a)
+/* One vector: its status (0, or TQC_ST_* | element). */
+static __device__ uint32_t enc_vector(const struct tqc_enc_args &a, uint32_t vec, float *x, float *u, uint8_t *ib,
+				      int lane)
 {
-	__shared__ float s_x[TQC_WARPS][TQ_DIM_MAX];
-	__shared__ float s_u[TQC_WARPS][TQ_DIM_MAX];
-	__shared__ uint8_t s_ib[TQC_WARPS][TQ_DIM_MAX];
-
-	const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
 	const uint32_t n_kv = a.geom.n_kv_heads;
-	const uint32_t vec = blockIdx.x * TQC_WARPS + (uint32_t)warp;
-
-	if (vec >= a.n_tok * 2u * n_kv)
-		return; /* the whole warp: nothing below waits for other warps */
 	const uint32_t t = vec / (2u * n_kv), side = vec / n_kv % 2u, head = vec % n_kv;
 	const struct tqc_codec_desc *cd = side ? &a.vc : &a.kc;
 	const int d = cd->dim;
 	const size_t esz = a.dtype == DT_F32 ? 4 : 2;
 	const uint8_t *row = (side ? a.v : a.k) + ((size_t)t * n_kv + head) * (size_t)d * esz;
-	float *x = s_x[warp], *u = s_u[warp];
-	uint8_t *ib = s_ib[warp];
 
 	/* tq_row_to_f32: convert, and find the first NaN/Inf */
 	unsigned bad = 0xffffffffu;
@@ -361,30 +352,56 @@ __global__ void __launch_bounds__(TQC_WARPS * 32) enc_kernel(const __grid_consta
 	}
 	bad = __reduce_min_sync(FULL, bad);
 	__syncwarp();
+	if (bad != 0xffffffffu)
+		return TQC_ST_NONFINITE | bad;
 
-	uint32_t st;
-	if (bad != 0xffffffffu) {
-		st = TQC_ST_NONFINITE | bad;
-	} else {
-		const struct tq_page_geom g = a.geom;
-		const uint32_t s = a.slot0 + t;
-		const uint8_t *pg = a.pages[s / g.page_tokens];
-		const uint64_t off = side ? tq_page_v_off(&g, head, s % g.page_tokens)
-					  : tq_page_k_off(&g, head, s % g.page_tokens);
-		uint8_t *blk = (uint8_t *)pg + off;
+	const struct tq_page_geom g = a.geom;
+	const uint32_t s = a.slot0 + t, pi = s / g.page_tokens;
+	const uint8_t *pg = a.pages ? a.pages[pi] : a.page_inline[pi];
+	const uint64_t off = side ? tq_page_v_off(&g, head, s % g.page_tokens) : tq_page_k_off(&g, head, s % g.page_tokens);
+	uint8_t *blk = (uint8_t *)pg + off;
 
-		switch (cd->id) {
-		case TQ_CODEC_TQ2:
-		case TQ_CODEC_TQ3:
-		case TQ_CODEC_TQ4: st = enc_tq(cd, x, u, ib, blk, lane); break;
-		case TQ_CODEC_Q8: st = enc_q8(cd, x, u, blk, lane); break;
-		case TQ_CODEC_Q4A: st = enc_q4a(cd, x, ib, blk, lane); break;
-		case TQ_CODEC_F16: st = enc_f16(cd, x, blk, lane); break;
-		default: st = enc_f32(cd, x, blk, lane); break; /* the host admits only the 7 ids */
-		}
+	switch (cd->id) {
+	case TQ_CODEC_TQ2:
+	case TQ_CODEC_TQ3:
+	case TQ_CODEC_TQ4: return enc_tq(cd, x, u, ib, blk, lane);
+	case TQ_CODEC_Q8: return enc_q8(cd, x, u, blk, lane);
+	case TQ_CODEC_Q4A: return enc_q4a(cd, x, ib, blk, lane);
+	case TQ_CODEC_F16: return enc_f16(cd, x, blk, lane);
+	default: return enc_f32(cd, x, blk, lane); /* the host admits only the 7 ids */
 	}
-	if (st && lane == 0)
-		atomicMin(a.status, (unsigned long long)vec << 32 | st);
+}
+
+/* One warp per vector.  The first failing vector's status is the minimum
+ * over the launch (atomicMin into *status); the CTA that finishes last moves
+ * it to the host-mapped *report and resets *status and *done for the next
+ * launch, so a launch needs no copies before or after it. */
+__global__ void __launch_bounds__(TQC_WARPS * 32) enc_kernel(const __grid_constant__ struct tqc_enc_args a)
+{
+	__shared__ float s_x[TQC_WARPS][TQ_DIM_MAX];
+	__shared__ float s_u[TQC_WARPS][TQ_DIM_MAX];
+	__shared__ uint8_t s_ib[TQC_WARPS][TQ_DIM_MAX];
+	__shared__ bool s_last;
+
+	const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
+	const uint32_t vec = blockIdx.x * TQC_WARPS + (uint32_t)warp;
+
+	if (vec < a.n_tok * 2u * a.geom.n_kv_heads) { /* the whole warp */
+		const uint32_t st = enc_vector(a, vec, s_x[warp], s_u[warp], s_ib[warp], lane);
+		if (st && lane == 0)
+			atomicMin(a.status, (unsigned long long)vec << 32 | st);
+	}
+	__threadfence(); /* this CTA's atomicMin before its count */
+	__syncthreads();
+	if (threadIdx.x == 0)
+		s_last = atomicAdd(a.done, 1u) == gridDim.x - 1u;
+	__syncthreads();
+	if (s_last && threadIdx.x == 0) {
+		__threadfence();
+		*(volatile unsigned long long *)a.report = atomicExch(a.status, ~0ull);
+		*(volatile uint32_t *)a.done = 0u;
+		__threadfence_system();
+	}
 }
 
 /* The launcher (tests/simt/ runs the kernels above on the CPU with its own). */

@@ -28,6 +28,7 @@ extern "C" {
 
 #define TQC_WARPS   4     /* warps per CTA of every kernel (128 threads)        */
 #define TQC_CB_MAX  16    /* codebook levels the kernels take: tq2 .. tq4        */
+#define TQC_SPLITS_MAX 1024 /* context splits of one attention pass (attn_finish) */
 
 /* One codec, by value.  Built by the host from struct tq_codec
  * (tq_internal.h); the kernels never see a host pointer. */
@@ -58,10 +59,14 @@ struct tqc_codec_desc {
 #define TQC_ST_RANGE     0x20000u  /* the codec cannot represent the vector (-ERANGE) */
 #define TQC_ST_ELEM_MASK 0x0ffffu
 
+#define TQC_ENC_PAGES_INLINE 8 /* page bases a launch carries in its arguments */
+
 struct tqc_enc_args {
 	struct tqc_codec_desc kc, vc;
 	const uint8_t *const *pages; /* device: page bases; slot s of this launch is   */
 				     /* in pages[s / page_tokens] at s % page_tokens  */
+				     /* (NULL: page_inline has them)                  */
+	const uint8_t *page_inline[TQC_ENC_PAGES_INLINE]; /* a decode token's pages   */
 	struct tq_page_geom geom;
 	uint32_t slot0;              /* slot of token 0 of this launch in pages[]       */
 	uint32_t n_tok;              /* tokens of this launch (n_tok * 2 * n_kv < 2^31) */
@@ -69,7 +74,10 @@ struct tqc_enc_args {
 	uint32_t pad0;
 	const uint8_t *k;            /* device: [n_tok][n_kv][dim] of dtype, any alignment */
 	const uint8_t *v;
-	unsigned long long *status;  /* device: one word, see above                     */
+	unsigned long long *status;  /* device: one word, see above; ~0 between launches */
+	uint32_t *done;              /* device: CTAs finished; 0 between launches       */
+	unsigned long long *report;  /* host-mapped: the last CTA moves *status here,   */
+				     /* then resets *status and *done                  */
 };
 
 int tqc_launch_encode(const struct tqc_enc_args *a, void *stream);
@@ -102,6 +110,52 @@ static inline int tqc_attn_rows(int vpl)
 	return vpl <= 4 ? 8 : 32 / vpl; /* 8, 8, 8, 4, 2 */
 }
 
+/* The tiled decode kernel (attn_tiled): one key per lane, 32-key tiles of
+ * each warp copied to shared memory ahead of use (cp.async, two stages).  It
+ * takes head dims 64 / 128 / 256, K and V codecs tq2 / tq3 / tq4 / q8 (a
+ * 4-byte header, then index planes or int8), pages of a multiple of 32
+ * tokens (tiles never straddle a page and start 16-byte aligned), and row
+ * blocks of 1, 2, 4 or 8 rows.  Returns the rows per block for rows_ph rows
+ * per KV head, or 0 where it does not apply (the general kernel then runs). */
+#define TQC_TILE 32
+static inline int tqc_attn_tiled_codec(int32_t id)
+{
+	return id == TQ_CODEC_TQ2 || id == TQ_CODEC_TQ3 || id == TQ_CODEC_TQ4 || id == TQ_CODEC_Q8;
+}
+
+static inline int tqc_attn_tiled_rows(const struct tqc_codec_desc *kc, const struct tqc_codec_desc *vc,
+				      uint32_t page_tokens, int rows_ph)
+{
+	const int d = kc->dim;
+
+	if (d != vc->dim || (d != 64 && d != 128 && d != 256) || !tqc_attn_tiled_codec(kc->id) ||
+	    !tqc_attn_tiled_codec(vc->id) || page_tokens % TQC_TILE != 0 || rows_ph < 1)
+		return 0;
+	return rows_ph >= 8 ? 8 : rows_ph > 2 ? 4 : rows_ph; /* 1, 2, 4, 8 */
+}
+
+/* Its tensor-core twin attn_mma (sm_80+) takes the same shapes; Q^T's
+ * fragments [d/8][32][4] and [8][TILE] weights per warp, then the stages. */
+static inline size_t tqc_attn_mma_smem(int dim, uint32_t k_block_bytes, uint32_t v_block_bytes)
+{
+	return (size_t)dim * 64u + (size_t)TQC_WARPS * 8u * TQC_TILE * 4u +
+	       (size_t)TQC_WARPS * 2u * TQC_TILE * ((size_t)k_block_bytes + v_block_bytes);
+}
+
+/* tqc_attn_args.tiled: the main kernel */
+#define TQC_ATTN_GENERAL 0
+#define TQC_ATTN_SIMT    1  /* attn_tiled */
+#define TQC_ATTN_MMA     2  /* attn_mma   */
+
+/* Shared memory of attn_tiled (dynamic): the rows' queries [R][d], each
+ * warp's softmax weights [R][TQC_TILE] and two stages of its tile's K and V
+ * blocks (the warps' partial sums reuse their own stages at the end). */
+static inline size_t tqc_attn_tiled_smem(int dim, int rows, uint32_t k_block_bytes, uint32_t v_block_bytes)
+{
+	return (size_t)rows * (size_t)dim * 4u + (size_t)TQC_WARPS * (size_t)rows * TQC_TILE * 4u +
+	       (size_t)TQC_WARPS * 2u * TQC_TILE * ((size_t)k_block_bytes + v_block_bytes);
+}
+
 struct tqc_attn_args {
 	struct tqc_codec_desc kc, vc;
 	const uint8_t *const *pages; /* device: [n_pages] page bases (64-byte aligned)  */
@@ -114,12 +168,12 @@ struct tqc_attn_args {
 	int32_t causal;              /* 1: row i sees keys t <= q_pos[i]                */
 	float scale2;                /* softmax scale * log2(e)                         */
 	int32_t rows_ph;             /* rows per KV head: n_q * group                   */
-	int32_t rows_blk;            /* rows per row block: tqc_attn_rows(vpl)          */
+	int32_t rows_blk;            /* rows per row block: tqc_attn_rows(vpl), or tiled's */
 	int32_t n_rb;                /* row blocks per KV head                          */
 	int32_t rows_pad;            /* n_rb * rows_blk                                 */
 	int32_t n_split;             /* splits of the context, >= 1                     */
-	uint32_t split_len;          /* tokens per split, >= 1                          */
-	uint32_t pad0;
+	uint32_t split_len;          /* tokens per split, >= 1 (tiled: a multiple of TQC_TILE) */
+	int32_t tiled;               /* TQC_ATTN_*; SIMT / MMA: rows_blk = tqc_attn_tiled_rows */
 	const int32_t *q_pos;        /* device: [n_q] (causal only, else unused)         */
 	const float *q;              /* device: [n_q][n_q_heads][dim] fp32               */
 	float *qrot;                 /* device: [n_q][n_q_heads][dim], prep's output     */
@@ -133,8 +187,8 @@ int tqc_launch_attend(const struct tqc_attn_args *a, void *stream);
 /* The layout both compilers must agree on. */
 static_assert(sizeof(struct tqc_codec_desc) == 232, "tqc_codec_desc layout");
 static_assert(offsetof(struct tqc_codec_desc, mat) == 216, "tqc_codec_desc layout");
-static_assert(sizeof(struct tqc_enc_args) == 2 * 232 + 8 + 16 + 16 + 24, "tqc_enc_args layout");
-static_assert(offsetof(struct tqc_enc_args, k) == 2 * 232 + 8 + 16 + 16, "tqc_enc_args layout");
+static_assert(sizeof(struct tqc_enc_args) == 2 * 232 + 8 + 64 + 16 + 16 + 40, "tqc_enc_args layout");
+static_assert(offsetof(struct tqc_enc_args, k) == 2 * 232 + 8 + 64 + 16 + 16, "tqc_enc_args layout");
 static_assert(offsetof(struct tqc_attn_args, q_pos) == 2 * 232 + 8 + 16 + 14 * 4, "tqc_attn_args layout");
 static_assert(sizeof(struct tqc_attn_args) == 2 * 232 + 8 + 16 + 14 * 4 + 6 * 8, "tqc_attn_args layout");
 static_assert(TQ_DIM_MAX % 32 == 0, "sign mask words");

@@ -93,6 +93,7 @@ cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int d)
 	case cudaDevAttrGlobalMemoryBusWidth: *v = 5120; break;
 	case cudaDevAttrHostRegisterSupported: *v = 1; break;
 	case cudaDevAttrManagedMemory: *v = 1; break;
+	case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = 227 << 10; break;
 	default: *v = 0; break;
 	}
 	return cudaSuccess;

@@ -3,7 +3,7 @@
 #include <vector>
 
 simt_thread *simt_cur;
-simt_dim simt_block;
+simt_dim simt_block, simt_grid;
 
 extern "C" void simt_switch(void **save_sp, void *new_sp);
 asm(R"(
@@ -135,6 +135,7 @@ void simt_run(unsigned gx, unsigned gy, unsigned gz, int nthreads, const std::fu
 		warps.assign(nthreads / 32, warp_state());
 	}
 	cur_body = &body;
+	simt_grid = { gx, gy, gz };
 	for (unsigned z = 0; z < gz; z++)
 		for (unsigned y = 0; y < gy; y++)
 			for (unsigned x = 0; x < gx; x++) {
@@ -171,7 +172,7 @@ void simt_run(unsigned gx, unsigned gy, unsigned gz, int nthreads, const std::fu
 							live++;
 					}
 					simt_cur = nullptr;
-					if (live && ++spins > 100000)
+					if (live && ++spins > 2000000)
 						die("deadlock: threads wait at barriers that never complete");
 				}
 			}

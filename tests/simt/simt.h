@@ -29,9 +29,10 @@ struct simt_thread {
 	char *stack;
 };
 extern simt_thread *simt_cur;
-extern simt_dim simt_block;
+extern simt_dim simt_block, simt_grid;
 #define threadIdx (simt_cur->tidx)
 #define blockIdx simt_block
+#define gridDim simt_grid
 
 void simt_wbar(void);
 void simt_bbar(void);
@@ -93,5 +94,20 @@ static inline unsigned long long atomicMin(unsigned long long *p, unsigned long 
 		*p = v;
 	return o;
 }
+/* blocks run one after another, threads one at a time: plain updates are atomic */
+static inline unsigned atomicAdd(unsigned *p, unsigned v)
+{
+	unsigned o = *p;
+	*p = o + v;
+	return o;
+}
+static inline unsigned long long atomicExch(unsigned long long *p, unsigned long long v)
+{
+	unsigned long long o = *p;
+	*p = v;
+	return o;
+}
+static inline void __threadfence(void) {}
+static inline void __threadfence_system(void) {}
 using std::isnan;
 using std::isfinite;

@@ -758,6 +758,21 @@ static double row_err(const float *a, const float *b, size_t rows, int dim)
 	return worst;
 }
 
+/* Which attention kernel tqc_attend must pick for the layer (tq_cuda.h):
+ * the tiled one for its shapes unless TQ_CUDA_ATTN=general. */
+static int general_only;
+static const char *tiled_kind = "mma"; /* TQ_CUDA_ATTN=simt: "simt" */
+
+static int tiled_expected(const struct layer *L)
+{
+	const enum tq_codec_id k = tq_codec_id(L->kc), v = tq_codec_id(L->vc);
+	const int tk = k == TQ_CODEC_TQ2 || k == TQ_CODEC_TQ3 || k == TQ_CODEC_TQ4 || k == TQ_CODEC_Q8;
+	const int tv = v == TQ_CODEC_TQ2 || v == TQ_CODEC_TQ3 || v == TQ_CODEC_TQ4 || v == TQ_CODEC_Q8;
+
+	return !general_only && tk && tv && (L->dim == 64 || L->dim == 128 || L->dim == 256) &&
+	       L->g.page_tokens % 32 == 0;
+}
+
 /* The oracle on the host pages, the GPU on the device pages (output in
  * `out_mem` memory); the worst relative row error, or -1 on a failed call. */
 static double compare(const struct layer *L, int n_q, int n_q_heads, const void *q, enum tq_dtype q_dtype,
@@ -782,8 +797,11 @@ static double compare(const struct layer *L, int n_q, int n_q_heads, const void 
 	p.kv = &L->dt;
 	p.out = ob.p;
 	int rc = tqc_attend(ctx, &p, &err);
+	const char *kern = tqc_ctx_last_attn(ctx), *want = tiled_expected(L) ? tiled_kind : "general";
 	if (rc)
 		fprintf(stderr, "  %s: tqc_attend: rc %d: %s\n", what, rc, err.msg);
+	else if (strcmp(kern, want))
+		fprintf(stderr, "  %s: ran the %s kernel, not the %s one\n", what, kern, want);
 	else if (buf_read(&ob, got, bytes) == 0)
 		e = row_err(got, ref, rows, L->dim);
 	buf_free(&ob);
@@ -827,30 +845,36 @@ static int check_layer(const struct layer *L, int group, const char *what0)
 }
 
 /* Every K/V codec pair at head dims 64, 128, 256 (GQA 1, 4, 8 in turn,
- * 203 tokens in 48-token pages), and dim 96 (dense rotations) once. */
+ * 203 tokens in 48-token pages: the general kernel), the pairs the tiled
+ * kernel takes again in 64-token pages (GQA 1, 2, 4, 8 in turn: its 1, 2, 4
+ * and 8-row blocks), and dim 96 (dense rotations) once. */
 static void test_attn_pairs(void)
 {
 	static const int dims[] = { 64, 128, 256 };
-	static const int groups[] = { 1, 4, 8 };
-	int n = 0;
+	static const int groups[] = { 1, 4, 8 }, tgroups[] = { 1, 2, 4, 8 };
+	int n = 0, nt = 0;
 
 	for (size_t di = 0; di < (quick ? 1u : 3u); di++)
 		for (int i = 0; i < N_CODECS; i++)
-			for (int j = 0; j < N_CODECS; j++) {
-				struct layer L;
-				char what[96];
-				int G = groups[(i + j + (int)di) % 3];
-				snprintf(what, sizeof(what), "K %s V %s d %d G %d", tq_codec_name(all_codecs[i]),
-					 tq_codec_name(all_codecs[j]), dims[di], G);
-				if (!layer_build(&L, all_codecs[i], all_codecs[j], dims[di], 2, 48, 203, 0,
-						 t_seed() + (uint64_t)(i * 7 + j)))
-					T_FAIL("%s: layer", what);
-				int rc = check_layer(&L, G, what);
-				layer_free(&L);
-				if (rc)
-					T_FAIL("%s", what);
-				n++;
-			}
+			for (int j = 0; j < N_CODECS; j++)
+				for (int pt = 48; pt <= 64; pt += 16) {
+					struct layer L;
+					char what[96];
+					int G = pt == 48 ? groups[(i + j + (int)di) % 3] : tgroups[(i + j + (int)di) % 4];
+					snprintf(what, sizeof(what), "K %s V %s d %d G %d, %d-token pages",
+						 tq_codec_name(all_codecs[i]), tq_codec_name(all_codecs[j]), dims[di], G,
+						 pt);
+					if (!layer_build(&L, all_codecs[i], all_codecs[j], dims[di], 2, (uint32_t)pt, 203, 0,
+							 t_seed() + (uint64_t)(i * 7 + j)))
+						T_FAIL("%s: layer", what);
+					const int tiled = tiled_expected(&L);
+					int rc = pt == 48 || tiled ? check_layer(&L, G, what) : 0;
+					layer_free(&L);
+					if (rc)
+						T_FAIL("%s", what);
+					n += pt == 48 || tiled;
+					nt += tiled;
+				}
 	static const struct { enum tq_codec_id k, v; } d96[] = {
 		{ TQ_CODEC_TQ4, TQ_CODEC_TQ3 }, { TQ_CODEC_Q8, TQ_CODEC_TQ2 }, { TQ_CODEC_Q4A, TQ_CODEC_Q8 },
 	};
@@ -866,7 +890,7 @@ static void test_attn_pairs(void)
 			T_FAIL("%s", what);
 		n++;
 	}
-	fprintf(stderr, "    %d layers, 3 calls each, within %.0e\n", n, TOL);
+	fprintf(stderr, "    %d layers (%d on the tiled kernel), 3 calls each, within %.0e\n", n, nt, TOL);
 }
 
 /* Context lengths that are and are not page multiples; pages appended on the
@@ -1080,7 +1104,9 @@ static void test_attn_errors(void)
  * row that sees only ordinary keys, (e) -inf for one key among finite ones,
  * (f) NaN for every 4th key (on the GPU: all the keys one warp of a CTA
  * walks, while the others see finite logits): those rows are NaN (as on the
- * CPU path, which is checked too), the ordinary row is not. */
+ * CPU path, which is checked too), the ordinary row is not.  With f32 keys
+ * and values (the general kernel) and q8 ones (the tiled kernel: int8 keys
+ * of +-127 at a block scale of 1e28). */
 static void test_attn_overflow(void)
 {
 	static float big[128], alt[128];
@@ -1091,23 +1117,32 @@ static void test_attn_overflow(void)
 		big[j] = 1e30f;
 		alt[j] = (j & 1) ? -1e30f : 1e30f;
 	}
+	for (int ci = 0; ci < 2; ci++)
 	for (int dim = 64; dim <= 128; dim += 64)
 		for (int cs = 0; cs < 6; cs++) {
+			const enum tq_codec_id cid = ci ? TQ_CODEC_Q8 : TQ_CODEC_F32;
 			const uint32_t len = cs == 3 ? 5000 : 40;
 			const int nq = cs == 3 ? 2 : 1;
 			int32_t pos[2] = { (int32_t)len - 1, 1000 };
 			struct layer L;
 			float qb[2 * 128];
 
-			T_ASSERT(layer_build(&L, TQ_CODEC_F32, TQ_CODEC_F32, dim, 1, 256, len, 0, t_seed()) != NULL);
+			T_ASSERT(layer_build(&L, cid, cid, dim, 1, 256, len, 0, t_seed()) != NULL);
 			for (uint32_t t = 0; t < len; t++) {
 				const float *x = NULL;
 				if ((cs == 0 && t == 0) || cs == 1 || (cs == 4 && t == 5))
 					x = big;
 				else if ((cs == 2 && t < 32) || (cs == 3 && t >= 4000) || (cs == 5 && t % 4 == 1))
 					x = alt;
-				if (x)
-					memcpy(L.hpages[t / 256] + tq_page_k_off(&L.g, 0, t % 256), x, sizeof(float) * dim);
+				uint8_t *blk = L.hpages[t / 256] + tq_page_k_off(&L.g, 0, t % 256);
+				if (x && cid == TQ_CODEC_F32) {
+					memcpy(blk, x, sizeof(float) * dim);
+				} else if (x) {
+					const float s = 1e28f;
+					memcpy(blk, &s, sizeof(s));
+					for (int j = 0; j < dim; j++)
+						blk[TQ_Q8_HEADER_BYTES + j] = (uint8_t)(x[j] > 0 ? 127 : -127);
+				}
 			}
 			T_ASSERT(layer_upload(&L) == 0);
 			for (int j = 0; j < dim; j++) {
@@ -1120,14 +1155,16 @@ static void test_attn_overflow(void)
 			T_EQ(tqc_attend(ctx, &p, &err), 0);
 			for (int j = 0; j < dim; j++)
 				if (!isnan(out[j]))
-					T_FAIL("case %c d %d: out[%d] = %g, not NaN", 'a' + cs, dim, j, out[j]);
+					T_FAIL("case %c %s d %d (%s kernel): out[%d] = %g, not NaN", 'a' + cs,
+					       tq_codec_name(cid), dim, tqc_ctx_last_attn(ctx), j, out[j]);
 			float cpu[2 * 128];
 			p.kv = &L.ht;
 			p.out = cpu;
 			T_EQ(tq_attend(&p, &err), 0);
 			for (int j = 0; j < dim; j++)
 				if (!isnan(cpu[j]))
-					T_FAIL("case %c d %d: the CPU path gives %g, not NaN", 'a' + cs, dim, cpu[j]);
+					T_FAIL("case %c %s d %d: the CPU path gives %g, not NaN", 'a' + cs, tq_codec_name(cid),
+					       dim, cpu[j]);
 			if (nq > 1) {
 				float ref[2 * 128];
 				p.out = ref;
@@ -1233,6 +1270,9 @@ int main(void)
 	const char *e = getenv("TQ_CUDA_DEVICE");
 
 	quick = getenv("TQ_CUDA_QUICK") && atoi(getenv("TQ_CUDA_QUICK"));
+	general_only = getenv("TQ_CUDA_ATTN") && !strcmp(getenv("TQ_CUDA_ATTN"), "general");
+	if (getenv("TQ_CUDA_ATTN") && !strcmp(getenv("TQ_CUDA_ATTN"), "simt"))
+		tiled_kind = "simt";
 
 	if (!tqc_built()) {
 		snprintf(why, sizeof(why), "built without CUDA");

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# gpu-check.sh — the GPU tier's checks on a machine with an NVIDIA GPU (issue
+# 11): run from the repository root, with the binaries in .gpu/ (made by
+# scripts/gpu-bundle.sh on a Debian machine) or, with B=build, a build made
+# there.  Each step is bounded by `timeout`; every step's output also goes to
+# $OUT/ when OUT is set (the device tool's folder), else to build/gpu-logs/.
+#
+#   scripts/gpu-check.sh [STEP...]     steps: smi test quick backend benchsmall bench
+#                                      testsimt benchq8 bench8 simt general ncu sanitize
+#                                      (default: smi test backend benchsmall bench)
+set -u
+cd "$(dirname "$0")/.."
+if [ -z "${B:-}" ] && [ -f .gpu/build.tar.xz ] && [ ! -d .gpu/build ]; then
+	tar -C .gpu -xJf .gpu/build.tar.xz || exit 1
+fi
+if [ -z "${B:-}" ] && [ -d .gpu/build ]; then
+	B=.gpu/build
+	export LD_LIBRARY_PATH=$PWD/.gpu/sys${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+B=${B:-build}
+export TQ_BUILD=$PWD/$B TQ_BIN=$PWD/$B/bin TQ_SRC=$PWD
+LOGS=${OUT:-$PWD/build/gpu-logs}
+mkdir -p "$LOGS"
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(smi test backend benchsmall bench)
+status=0
+step() { # name, timeout (s), command...
+	local name=$1 limit=$2 t0 rc
+	shift 2
+	echo "=== $name: $*"
+	t0=$SECONDS
+	timeout "$limit" "$@" > >(tee "$LOGS/$name.log") 2>&1
+	rc=$?
+	echo "=== $name: exit $rc in $((SECONDS - t0)) s"
+	[ "$rc" -eq 0 ] || status=1
+}
+for s in "${steps[@]}"; do
+	case $s in
+	smi)        step smi 30 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv ;;
+	test)       step test_cuda 150 "$B/tests/test_cuda" ;;
+	quick)      step test_cuda_quick 120 env TQ_CUDA_QUICK=1 "$B/tests/test_cuda" ;;
+	testsimt)   step test_cuda_simt 150 env TQ_CUDA_ATTN=simt "$B/tests/test_cuda" ;;
+	backend)    step gpu_backend 100 bash tests/integration/gpu_backend.sh ;;
+	benchsmall) step bench_cuda 60 bash tests/integration/bench_cuda.sh ;;
+	bench)      step bench 200 "$B/bin/tqbench" attn --backend cuda ;;
+	benchq8)    step bench_q8_tq4 200 "$B/bin/tqbench" attn --backend cuda --k q8 --v tq4 --no-baseline ;;
+	bench8)     step bench_ctas8 200 env TQ_CUDA_CTAS_PER_SM=8 "$B/bin/tqbench" attn --backend cuda --no-baseline ;;
+	simt)       step bench_simt 200 env TQ_CUDA_ATTN=simt "$B/bin/tqbench" attn --backend cuda --no-baseline ;;
+	general)    step bench_general 200 env TQ_CUDA_ATTN=general "$B/bin/tqbench" attn --backend cuda --no-baseline ;;
+	ncu)        step ncu 150 ncu --kernel-name regex:'attn_(mma|tiled)' --launch-skip 5 --launch-count 1 \
+	                 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+	                 --section MemoryWorkloadAnalysis \
+	                 "$B/bin/tqbench" attn --backend cuda --ctx 32768 --batch 1 --reps 3 --no-baseline --layers 2 --bulk 64 ;;
+	sanitize)   step sanitize 300 compute-sanitizer --tool memcheck --leak-check full \
+	                 env TQ_CUDA_QUICK=1 "$B/tests/test_cuda" ;;
+	*) echo "gpu-check: unknown step '$s' (smi test quick testsimt backend benchsmall bench benchq8 bench8 simt general ncu sanitize)" >&2; exit 2 ;;
+	esac
+done
+exit $status
