@@ -1034,6 +1034,9 @@ int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 	const enum where ow = locate(x, p->out, &odp);
 	float *od = odp; /* NULL: staged */
 	size_t dtop = 0, ptop = 0;
+	/* the page table, queries and positions sit at the same offsets in the
+	 * scratch and the staging (carved first, in the same order), so one
+	 * copy takes them all */
 	const size_t q_bytes = qp * row_floats * sizeof(float);
 	const size_t d_pages = carve(&dtop, sizeof(void *) * n_pages), d_q = carve(&dtop, q_bytes);
 	const size_t d_pos = carve(&dtop, qp * sizeof(int32_t)), d_qrot = carve(&dtop, q_bytes);
@@ -1060,11 +1063,8 @@ int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 	args.part_ml = (float *)(void *)(x->dev + d_ml);
 
 	CK("cudaEventRecord", cudaEventRecord(x->ev0, x->stream));
-	if (n_pages) {
+	if (n_pages)
 		memcpy(x->pin + h_pages, kv->pages, sizeof(void *) * n_pages);
-		CK("page table copy", cudaMemcpyAsync(x->dev + d_pages, x->pin + h_pages, sizeof(void *) * n_pages,
-						      cudaMemcpyHostToDevice, x->stream));
-	}
 	for (size_t q0 = 0; q0 < (size_t)p->n_q; q0 += qp) {
 		const size_t nq = (size_t)p->n_q - q0 < qp ? (size_t)p->n_q - q0 : qp;
 		const size_t bytes = nq * row_floats * sizeof(float);
@@ -1073,12 +1073,11 @@ int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 		/* queries as fp32 (tqa_q_row: the CPU path's conversion) */
 		for (size_t r = 0; r < nq * (size_t)p->n_q_heads; r++)
 			tqa_q_row(p, d, q0 * (size_t)p->n_q_heads + r, hq + r * (size_t)d);
-		CK("query copy", cudaMemcpyAsync(x->dev + d_q, hq, bytes, cudaMemcpyHostToDevice, x->stream));
-		if (p->causal) {
+		if (p->causal)
 			memcpy(x->pin + h_pos, p->q_pos + q0, nq * sizeof(int32_t));
-			CK("position copy", cudaMemcpyAsync(x->dev + d_pos, x->pin + h_pos, nq * sizeof(int32_t),
-							    cudaMemcpyHostToDevice, x->stream));
-		}
+		/* one copy: the page table (first pass), the queries, the positions */
+		const size_t c0 = q0 == 0 ? d_pages : d_q, c1 = p->causal ? d_pos + nq * sizeof(int32_t) : d_q + bytes;
+		CK("query copy", cudaMemcpyAsync(x->dev + c0, x->pin + c0, c1 - c0, cudaMemcpyHostToDevice, x->stream));
 		att_plan_make(x, &sh, &args, nq, &pl);
 		args.n_q = (int32_t)nq;
 		args.tiled = pl.tiled;

@@ -193,6 +193,48 @@ static __device__ __forceinline__ float decode(int id, int d, int bits, const ui
 
 /* ---- prep: qrot = scale2 * R_k q ------------------------------------------------- */
 
+/* One row's qrot into x[0..d) (shared memory), by one warp: Hadamard or none
+ * (the dense rotation is attn_prep's alone). */
+static __device__ __forceinline__ void qrot_row(const struct tqc_attn_args &a, const float *q, float *x, int lane)
+{
+	const struct tqc_codec_desc &kc = a.kc;
+	const int d = kc.dim;
+
+	if (kc.rot_kind == ROT_HADAMARD) {
+		for (int c = lane; c < d; c += 32)
+			x[c] = q[c] * sign_of(kc, c);
+		__syncwarp();
+		warp_fwht(x, d, lane);
+		for (int c = lane; c < d; c += 32)
+			x[c] = (x[c] * kc.inv_sqrt_dim) * a.scale2;
+	} else {
+		for (int c = lane; c < d; c += 32)
+			x[c] = q[c] * a.scale2;
+	}
+	__syncwarp();
+}
+
+/* The rows r0 .. r0 + R - 1 of KV head h as qrot into out [R][d] (rows past
+ * nrows zero): warp w rotates rows w, w + TQC_WARPS, ...; then a barrier. */
+template <int R>
+static __device__ __forceinline__ void cta_qrot(const struct tqc_attn_args &a, uint32_t h, int r0, int nrows,
+						float *out)
+{
+	const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5), d = a.kc.dim;
+
+	for (int r = warp; r < R; r += TQC_WARPS) {
+		float *x = out + r * d;
+		if (r < nrows) {
+			const int rr = r0 + r, qi = rr / a.group, gi = rr % a.group;
+			qrot_row(a, a.q + ((size_t)qi * a.n_q_heads + (size_t)h * a.group + gi) * d, x, lane);
+		} else {
+			for (int c = lane; c < d; c += 32)
+				x[c] = 0.0f;
+		}
+	}
+	__syncthreads();
+}
+
 __global__ void __launch_bounds__(TQC_WARPS * 32) attn_prep(const __grid_constant__ struct tqc_attn_args a)
 {
 	__shared__ float s_x[TQC_WARPS][TQ_DIM_MAX];
@@ -207,14 +249,11 @@ __global__ void __launch_bounds__(TQC_WARPS * 32) attn_prep(const __grid_constan
 	float *o = a.qrot + row * (size_t)d;
 	float *x = s_x[warp];
 
-	if (kc.rot_kind == ROT_HADAMARD) {
+	if (kc.rot_kind != ROT_DENSE) {
+		qrot_row(a, q, x, lane);
 		for (int c = lane; c < d; c += 32)
-			x[c] = q[c] * sign_of(kc, c);
-		__syncwarp();
-		warp_fwht(x, d, lane);
-		for (int c = lane; c < d; c += 32)
-			o[c] = (x[c] * kc.inv_sqrt_dim) * a.scale2;
-	} else if (kc.rot_kind == ROT_DENSE) {
+			o[c] = x[c];
+	} else {
 		for (int c = lane; c < d; c += 32)
 			x[c] = q[c];
 		__syncwarp();
@@ -225,9 +264,6 @@ __global__ void __launch_bounds__(TQC_WARPS * 32) attn_prep(const __grid_constan
 				acc = fmaf(mt[(size_t)j * d + i], x[j], acc);
 			o[i] = acc * a.scale2;
 		}
-	} else {
-		for (int c = lane; c < d; c += 32)
-			o[c] = q[c] * a.scale2;
 	}
 }
 
@@ -591,16 +627,7 @@ __global__ void __launch_bounds__(TQC_WARPS * 32) attn_tiled(const __grid_consta
 		}
 		tmax = max(tmax, lim[r]);
 	}
-	for (int e = (int)threadIdx.x; e < R * D; e += TQC_WARPS * 32) {
-		const int r = e / D, c = e % D;
-		float q = 0.0f;
-		if (r < nrows) {
-			const int rr = r0 + r, qi = rr / a.group, gi = rr % a.group;
-			q = a.qrot[((size_t)qi * a.n_q_heads + (size_t)h * a.group + gi) * D + c];
-		}
-		sq[e] = q;
-	}
-	__syncthreads(); /* s_ck, s_cv, sq */
+	cta_qrot<R>(a, h, r0, nrows, sq); /* its barrier publishes s_ck, s_cv too */
 
 	const int kbits = tiled_bits(a.kc), vbits = tiled_bits(a.vc);
 	const uint64_t kh = tq_page_k_off(&g, h, 0), vh = tq_page_v_off(&g, h, 0);
@@ -744,19 +771,11 @@ __global__ void __launch_bounds__(TQC_WARPS * 32) attn_tiled(const __grid_consta
  * average out), not for the scores (a logit error becomes a relative weight
  * error of the same size), which are computed in split TF32 (mma_scores). */
 
-/* x rounded to TF32 (nearest, ties away), as cvt.rna.tf32.f32 does */
+/* finite x rounded to TF32 (nearest, ties away: what cvt.rna.tf32.f32
+ * does, in two integer operations instead of its longer sequence) */
 static __device__ __forceinline__ float tf32r(float x)
 {
-#ifdef __CUDA_ARCH__
-	uint32_t r;
-	asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-	return __uint_as_float(r);
-#else
-	uint32_t u = __float_as_uint(x);
-	if ((u & 0x7f800000u) != 0x7f800000u)
-		u = (u + 0x1000u) & 0xffffe000u;
-	return __uint_as_float(u);
-#endif
+	return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u);
 }
 
 /* c += A B, A 16x8 (a0: row g col q, a1: row g+8 col q, a2: row g col q+4,
@@ -793,32 +812,71 @@ static __device__ __forceinline__ void mma_tf32(float (&c)[4], const float (&a)[
 #endif
 }
 
-/* The values of coordinates c and c + D/2 (c < D/2) of a block of KB bits
- * (tq2 / tq3 / tq4: codebook entries; 8: q8's int8), unscaled. */
+/* The indices (or q8's bytes) of coordinates c = c0 + x and c + D/2 of a
+ * block, for bx = block + x: c0 a multiple of the step (4 or 8) of the
+ * lane offsets x < step, so that every plane's byte is (c0 mod S) + x at
+ * bit w (c0 / S) — constants once the loops over c0 are unrolled (S, a
+ * multiple of 8, is D w / 8 for a plane of width w). */
 template <int D, int KB>
-static __device__ __forceinline__ void pair_vals(const uint8_t *blk, int c, const float *cb, float &lo, float &hi)
+static __device__ __forceinline__ void pair_idx(const uint8_t *bx, int c0, uint32_t &il, uint32_t &ih)
 {
-	const uint8_t *pl = blk + 4; /* the planes, after the 4-byte header */
+	const uint8_t *pl = bx + 4; /* the planes, after the 4-byte header */
 	if (KB == 8) {
-		lo = (float)(int32_t)(int8_t)pl[c];
-		hi = (float)(int32_t)(int8_t)pl[c + D / 2];
+		il = pl[c0];
+		ih = pl[c0 + D / 2];
 	} else if (KB == 4) {
-		const uint32_t b = pl[c];
-		lo = cb[b & 15u];
-		hi = cb[b >> 4];
+		const uint32_t b = pl[c0];
+		il = b & 15u;
+		ih = b >> 4;
 	} else {
 		constexpr int S2 = D / 4, S1 = D / 8;
-		const uint32_t sh = 2u * (uint32_t)(c / S2);
-		const uint32_t b2 = (uint32_t)pl[c % S2] >> sh;
-		uint32_t il = b2 & 3u, ih = (b2 >> 4) & 3u;
+		const uint32_t b2 = (uint32_t)pl[c0 % S2] >> (2 * (c0 / S2));
+		il = b2 & 3u;
+		ih = (b2 >> 4) & 3u;
 		if (KB == 3) {
-			const uint32_t b1 = (uint32_t)pl[S2 + c % S1] >> (c / S1);
+			const uint32_t b1 = (uint32_t)pl[S2 + c0 % S1] >> (c0 / S1);
 			il |= (b1 & 1u) << 2;
 			ih |= ((b1 >> 4) & 1u) << 2;
 		}
+	}
+}
+
+/* The values of coordinates c0 + x and c0 + x + D/2 (pair_idx) of a block
+ * of KB bits (tq2 / tq3 / tq4: codebook entries; 8: q8's int8), unscaled. */
+template <int D, int KB>
+static __device__ __forceinline__ void pair_vals(const uint8_t *bx, int c0, const float *cb, float &lo, float &hi)
+{
+	uint32_t il, ih;
+	pair_idx<D, KB>(bx, c0, il, ih);
+	if (KB == 8) {
+		lo = (float)(int32_t)(int8_t)il;
+		hi = (float)(int32_t)(int8_t)ih;
+	} else {
 		lo = cb[il];
 		hi = cb[ih];
 	}
+}
+
+/* The TF32 hi and lo parts of coordinates c0 + x and c0 + x + D/2
+ * (pair_idx) of a K block: tq: the codebook's split (ck2[i] = hi, lo); q8:
+ * the integer, exact. */
+template <int D, int KB>
+static __device__ __forceinline__ void pair_split(const uint8_t *bx, int c0, const f2 *ck2, float &hl, float &ll,
+						  float &hh, float &lh)
+{
+	uint32_t il, ih;
+	pair_idx<D, KB>(bx, c0, il, ih);
+	if (KB == 8) {
+		hl = (float)(int32_t)(int8_t)il;
+		hh = (float)(int32_t)(int8_t)ih;
+		ll = lh = 0.0f;
+		return;
+	}
+	const f2 x = ck2[il], y = ck2[ih];
+	hl = x.x;
+	ll = x.y;
+	hh = y.x;
+	lh = y.y;
 }
 
 /* S (tokens t0 + g, t0 + g + 8 x rows 2q, 2q + 1) = K Q^T over the tile's K
@@ -827,28 +885,28 @@ static __device__ __forceinline__ void pair_vals(const uint8_t *blk, int c, cons
  * errors do not); qf: Q^T's B fragments [D/8][32] x (hi 0, hi 1, lo 0, lo 1) */
 template <int D, int KB>
 static __device__ __forceinline__ void mma_scores(const uint8_t *kt, uint32_t kb, int t0, const float *qf,
-						  const float *cb, int lane, float (&s)[4])
+						  const f2 *ck2, int lane, float (&s)[4])
 {
 	const int g = lane >> 2, q = lane & 3;
-	const uint8_t *ba = kt + (uint32_t)(t0 + g) * kb, *bb = ba + 8u * kb;
+	const uint8_t *ba = kt + (uint32_t)(t0 + g) * kb + q, *bb = ba + 8u * kb; /* + x = q */
+	/* two accumulators: shorter chains of dependent mmas */
+	float s2[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
 	s[0] = s[1] = s[2] = s[3] = 0.0f;
-#pragma unroll
+#pragma unroll 4 /* fully unrolled, the loads of all chunks would be hoisted into registers */
 	for (int j = 0; j < D / 8; j++) {
-		float v[4], ah[4], al[4];
-		pair_vals<D, KB>(ba, 4 * j + q, cb, v[0], v[2]);
-		pair_vals<D, KB>(bb, 4 * j + q, cb, v[1], v[3]);
+		float ah[4], al[4];
+		pair_split<D, KB>(ba, 4 * j, ck2, ah[0], al[0], ah[2], al[2]);
+		pair_split<D, KB>(bb, 4 * j, ck2, ah[1], al[1], ah[3], al[3]);
 		const f4 f = *reinterpret_cast<const f4 *>(qf + (j * 32 + lane) * 4);
 		const float bh[2] = { f.x, f.y }, bl[2] = { f.z, f.w };
-#pragma unroll
-		for (int e = 0; e < 4; e++) {
-			ah[e] = tf32r(v[e]);
-			al[e] = tf32r(v[e] - ah[e]); /* 0 for q8's integers */
-		}
-		mma_tf32(s, ah, bl);
+		mma_tf32(s2, ah, bl);
 		if (KB != 8)
-			mma_tf32(s, al, bh);
+			mma_tf32(s2, al, bh); /* q8's integers have no lo part */
 		mma_tf32(s, ah, bh);
 	}
+#pragma unroll
+	for (int e = 0; e < 4; e++)
+		s[e] += s2[e];
 }
 
 /* acc (coordinates 8 i + g, 8 i + g + D/2 x rows 2q, 2q + 1) += V^T P^T over
@@ -858,15 +916,15 @@ static __device__ __forceinline__ void mma_values(const uint8_t *vt, uint32_t vb
 						  int lane, float (&acc)[D / 16][4])
 {
 	const int g = lane >> 2, q = lane & 3;
-#pragma unroll
+#pragma unroll 1 /* unrolled, the decodes of all 32 tokens would be hoisted into registers */
 	for (int k0 = 0; k0 < TQC_TILE; k0 += 8) {
 		const float b[2] = { pw[g * TQC_TILE + k0 + q], pw[g * TQC_TILE + k0 + q + 4] };
-		const uint8_t *b0 = vt + (uint32_t)(k0 + q) * vb, *b1 = b0 + 4u * vb;
+		const uint8_t *b0 = vt + (uint32_t)(k0 + q) * vb + g, *b1 = b0 + 4u * vb; /* + x = g */
 #pragma unroll
 		for (int i = 0; i < D / 16; i++) {
 			float a[4];
-			pair_vals<D, VB>(b0, 8 * i + g, cb, a[0], a[1]);
-			pair_vals<D, VB>(b1, 8 * i + g, cb, a[2], a[3]);
+			pair_vals<D, VB>(b0, 8 * i, cb, a[0], a[1]);
+			pair_vals<D, VB>(b1, 8 * i, cb, a[2], a[3]);
 			mma_tf32(acc[i], a, b);
 		}
 	}
@@ -888,10 +946,11 @@ static __device__ __forceinline__ float group_sum(float v)
 }
 
 template <int D, int R>
-__global__ void __launch_bounds__(TQC_WARPS * 32) attn_mma(const __grid_constant__ struct tqc_attn_args a)
+__global__ void __launch_bounds__(TQC_WARPS * 32, 3) attn_mma(const __grid_constant__ struct tqc_attn_args a)
 {
 	TILED_SMEM(smem);
-	__shared__ float s_ck[TQC_CB_MAX], s_cv[TQC_CB_MAX];
+	__shared__ f2 s_ck2[TQC_CB_MAX];
+	__shared__ float s_cv[TQC_CB_MAX];
 	__shared__ float s_m[TQC_WARPS][R], s_l[TQC_WARPS][R];
 
 	const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
@@ -908,19 +967,21 @@ __global__ void __launch_bounds__(TQC_WARPS * 32) attn_mma(const __grid_constant
 	uint8_t *stage0 = smem + (size_t)(16 * D + TQC_WARPS * 8 * TQC_TILE) * 4u + (size_t)warp * 2u * stage_bytes;
 
 	if (threadIdx.x < TQC_CB_MAX) {
-		s_ck[threadIdx.x] = a.kc.centroid[threadIdx.x]; /* split per use */
+		const float c = a.kc.centroid[threadIdx.x], ch = tf32r(c);
+		s_ck2[threadIdx.x] = f2{ ch, tf32r(c - ch) };
 		s_cv[threadIdx.x] = tf32r(a.vc.centroid[threadIdx.x]);
 	}
-	/* Q^T's B fragments: chunk j, lane (gg, qq): rows gg, coordinates
-	 * 4 j + qq and 4 j + qq + D/2, hi and lo */
+	/* the rows' qrot [R][D] in the stages (not in use yet), then Q^T's B
+	 * fragments: chunk j, lane (gg, qq): rows gg, coordinates 4 j + qq and
+	 * 4 j + qq + D/2, hi and lo */
+	float *sq = reinterpret_cast<float *>(smem + (size_t)(16 * D + TQC_WARPS * 8 * TQC_TILE) * 4u);
+	cta_qrot<R>(a, h, r0, nrows, sq);
 	for (int e = (int)threadIdx.x; e < 4 * D; e += TQC_WARPS * 32) {
 		const int j = e / 32, L = e % 32, gg = L >> 2, qq = L & 3;
 		float v0 = 0.0f, v1 = 0.0f;
-		if (gg < nrows) {
-			const int rr = r0 + gg, qi = rr / a.group, gi = rr % a.group;
-			const float *qr = a.qrot + ((size_t)qi * a.n_q_heads + (size_t)h * a.group + gi) * D;
-			v0 = qr[4 * j + qq];
-			v1 = qr[4 * j + qq + D / 2];
+		if (gg < R) {
+			v0 = sq[gg * D + 4 * j + qq];
+			v1 = sq[gg * D + 4 * j + qq + D / 2];
 		}
 		const float h0 = tf32r(v0), h1 = tf32r(v1);
 		qf[4 * e] = h0;
@@ -939,7 +1000,7 @@ __global__ void __launch_bounds__(TQC_WARPS * 32) attn_mma(const __grid_constant
 		const int r = 2 * q + k;
 		lim[k] = r < nrows ? (a.causal ? (uint32_t)a.q_pos[(r0 + r) / a.group] + 1u : a.kv_len) : 0u;
 	}
-	__syncthreads(); /* s_ck, s_cv, qf */
+	__syncthreads(); /* s_ck2, s_cv, qf; sq is free (stages) */
 
 	const int kbits = tiled_bits(a.kc), vbits = tiled_bits(a.vc);
 	const uint64_t kh = tq_page_k_off(&geo, h, 0), vh = tq_page_v_off(&geo, h, 0);
@@ -990,10 +1051,10 @@ __global__ void __launch_bounds__(TQC_WARPS * 32) attn_mma(const __grid_constant
 		for (int mt = 0; mt < 2; mt++) {
 			float s[4];
 			switch (kbits) {
-			case 2: mma_scores<D, 2>(kt, kb, 16 * mt, qf, s_ck, lane, s); break;
-			case 3: mma_scores<D, 3>(kt, kb, 16 * mt, qf, s_ck, lane, s); break;
-			case 4: mma_scores<D, 4>(kt, kb, 16 * mt, qf, s_ck, lane, s); break;
-			default: mma_scores<D, 8>(kt, kb, 16 * mt, qf, s_ck, lane, s); break;
+			case 2: mma_scores<D, 2>(kt, kb, 16 * mt, qf, s_ck2, lane, s); break;
+			case 3: mma_scores<D, 3>(kt, kb, 16 * mt, qf, s_ck2, lane, s); break;
+			case 4: mma_scores<D, 4>(kt, kb, 16 * mt, qf, s_ck2, lane, s); break;
+			default: mma_scores<D, 8>(kt, kb, 16 * mt, qf, s_ck2, lane, s); break;
 			}
 			sc[2 * mt][0] = s[0];
 			sc[2 * mt][1] = s[1];
@@ -1275,9 +1336,11 @@ extern "C" int tqc_launch_attend(const struct tqc_attn_args *a, void *stream)
 	(void)cudaGetLastError(); /* a stale error of an earlier call is not this launch's */
 	if (!attend_args_ok(a))
 		return (int)cudaErrorInvalidValue;
-	attn_prep<<<row_ctas, TQC_WARPS * 32, 0, st>>>(*a);
-	if ((e = cudaGetLastError()) != cudaSuccess)
-		return (int)e;
+	if (!a->tiled) { /* the tiled kernels rotate their rows' queries */
+		attn_prep<<<row_ctas, TQC_WARPS * 32, 0, st>>>(*a);
+		if ((e = cudaGetLastError()) != cudaSuccess)
+			return (int)e;
+	}
 	if (a->tiled) {
 		switch (a->kc.dim) {
 		case 64: e = launch_tiled_rows<64>(a, st); break;

@@ -114,8 +114,9 @@ static inline int tqc_attn_rows(int vpl)
  * each warp copied to shared memory ahead of use (cp.async, two stages).  It
  * takes head dims 64 / 128 / 256, K and V codecs tq2 / tq3 / tq4 / q8 (a
  * 4-byte header, then index planes or int8), pages of a multiple of 32
- * tokens (tiles never straddle a page and start 16-byte aligned), and row
- * blocks of 1, 2, 4 or 8 rows.  Returns the rows per block for rows_ph rows
+ * tokens (tiles never straddle a page and start 16-byte aligned), row
+ * blocks of 1, 2, 4 or 8 rows, and keys rotated by a Hadamard transform or
+ * not at all (it rotates its rows' queries itself: no attn_prep).  Returns the rows per block for rows_ph rows
  * per KV head, or 0 where it does not apply (the general kernel then runs). */
 #define TQC_TILE 32
 static inline int tqc_attn_tiled_codec(int32_t id)
@@ -129,7 +130,8 @@ static inline int tqc_attn_tiled_rows(const struct tqc_codec_desc *kc, const str
 	const int d = kc->dim;
 
 	if (d != vc->dim || (d != 64 && d != 128 && d != 256) || !tqc_attn_tiled_codec(kc->id) ||
-	    !tqc_attn_tiled_codec(vc->id) || page_tokens % TQC_TILE != 0 || rows_ph < 1)
+	    !tqc_attn_tiled_codec(vc->id) || page_tokens % TQC_TILE != 0 || rows_ph < 1 ||
+	    kc->rot_kind == 2 /* dense: attn_prep rotates the queries */)
 		return 0;
 	return rows_ph >= 8 ? 8 : rows_ph > 2 ? 4 : rows_ph; /* 1, 2, 4, 8 */
 }
