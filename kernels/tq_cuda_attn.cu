@@ -812,105 +812,122 @@ static __device__ __forceinline__ void mma_tf32(float (&c)[4], const float (&a)[
 #endif
 }
 
-/* The indices (or q8's bytes) of coordinates c = c0 + x and c + D/2 of a
- * block, for bx = block + x: c0 a multiple of the step (4 or 8) of the
- * lane offsets x < step, so that every plane's byte is (c0 mod S) + x at
- * bit w (c0 / S) — constants once the loops over c0 are unrolled (S, a
- * multiple of 8, is D w / 8 for a plane of width w). */
+/* The indices (or q8's bytes) of coordinates c + e and c + e + D/2, e < 4,
+ * of a block (c a multiple of 4 below D/2): every index plane of width w has
+ * stride S = D w / 8, a multiple of 4, so the four coordinates c + e sit in
+ * bytes e of one 32-bit word per plane, at bit w (c / S) of each byte, and
+ * their partners c + e + D/2 in the same bytes w (D/2) / S bits higher
+ * (tq4 nibbles; tq2 / tq3 2-bit fields 4 bits up, tq3's 1-bit fields 4 up;
+ * q8: the bytes d/2 further on).  One or two word loads per four pairs. */
 template <int D, int KB>
-static __device__ __forceinline__ void pair_idx(const uint8_t *bx, int c0, uint32_t &il, uint32_t &ih)
+static __device__ __forceinline__ void quad_idx(const uint8_t *blk, int c, uint32_t (&il)[4], uint32_t (&ih)[4])
 {
-	const uint8_t *pl = bx + 4; /* the planes, after the 4-byte header */
+	const uint8_t *pl = blk + 4; /* the planes, after the 4-byte header */
 	if (KB == 8) {
-		il = pl[c0];
-		ih = pl[c0 + D / 2];
+		const uint32_t x = *reinterpret_cast<const uint32_t *>(pl + c);
+		const uint32_t y = *reinterpret_cast<const uint32_t *>(pl + c + D / 2);
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			il[e] = (x >> (8 * e)) & 0xffu;
+			ih[e] = (y >> (8 * e)) & 0xffu;
+		}
 	} else if (KB == 4) {
-		const uint32_t b = pl[c0];
-		il = b & 15u;
-		ih = b >> 4;
+		const uint32_t x = *reinterpret_cast<const uint32_t *>(pl + c);
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			il[e] = (x >> (8 * e)) & 15u;
+			ih[e] = (x >> (8 * e + 4)) & 15u;
+		}
 	} else {
 		constexpr int S2 = D / 4, S1 = D / 8;
-		const uint32_t b2 = (uint32_t)pl[c0 % S2] >> (2 * (c0 / S2));
-		il = b2 & 3u;
-		ih = (b2 >> 4) & 3u;
-		if (KB == 3) {
-			const uint32_t b1 = (uint32_t)pl[S2 + c0 % S1] >> (c0 / S1);
-			il |= (b1 & 1u) << 2;
-			ih |= ((b1 >> 4) & 1u) << 2;
+		const uint32_t x = *reinterpret_cast<const uint32_t *>(pl + c % S2) >> (2 * (c / S2));
+		uint32_t y = 0;
+		if (KB == 3)
+			y = *reinterpret_cast<const uint32_t *>(pl + S2 + c % S1) >> (c / S1);
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			il[e] = (x >> (8 * e)) & 3u;
+			ih[e] = (x >> (8 * e + 4)) & 3u;
+			if (KB == 3) {
+				il[e] |= ((y >> (8 * e)) & 1u) << 2;
+				ih[e] |= ((y >> (8 * e + 4)) & 1u) << 2;
+			}
 		}
 	}
 }
 
-/* The values of coordinates c0 + x and c0 + x + D/2 (pair_idx) of a block
- * of KB bits (tq2 / tq3 / tq4: codebook entries; 8: q8's int8), unscaled. */
-template <int D, int KB>
-static __device__ __forceinline__ void pair_vals(const uint8_t *bx, int c0, const float *cb, float &lo, float &hi)
+/* a value from quad_idx: a codebook entry, or q8's int8 */
+template <int KB>
+static __device__ __forceinline__ float idx_val(uint32_t i, const float *cb)
 {
-	uint32_t il, ih;
-	pair_idx<D, KB>(bx, c0, il, ih);
-	if (KB == 8) {
-		lo = (float)(int32_t)(int8_t)il;
-		hi = (float)(int32_t)(int8_t)ih;
-	} else {
-		lo = cb[il];
-		hi = cb[ih];
-	}
-}
-
-/* The TF32 hi and lo parts of coordinates c0 + x and c0 + x + D/2
- * (pair_idx) of a K block: tq: the codebook's split (ck2[i] = hi, lo); q8:
- * the integer, exact. */
-template <int D, int KB>
-static __device__ __forceinline__ void pair_split(const uint8_t *bx, int c0, const f2 *ck2, float &hl, float &ll,
-						  float &hh, float &lh)
-{
-	uint32_t il, ih;
-	pair_idx<D, KB>(bx, c0, il, ih);
-	if (KB == 8) {
-		hl = (float)(int32_t)(int8_t)il;
-		hh = (float)(int32_t)(int8_t)ih;
-		ll = lh = 0.0f;
-		return;
-	}
-	const f2 x = ck2[il], y = ck2[ih];
-	hl = x.x;
-	ll = x.y;
-	hh = y.x;
-	lh = y.y;
+	return KB == 8 ? (float)(int32_t)(int8_t)(uint8_t)i : cb[i];
 }
 
 /* S (tokens t0 + g, t0 + g + 8 x rows 2q, 2q + 1) = K Q^T over the tile's K
  * blocks, in split TF32 (x = hi + lo, both TF32; K Q^T = Kh Qh + Kh Ql +
  * Kl Qh, about FP32's accuracy: score errors grow with the logits, value
- * errors do not); qf: Q^T's B fragments [D/8][32] x (hi 0, hi 1, lo 0, lo 1) */
+ * errors do not).  Chunk j = 4 jb + e of the mma's k dimension holds, for
+ * lane quad q, coordinates 16 jb + 4 q + e and + D/2 (kcoord): lane q's four
+ * chunks of a jb come from one word.  qf: Q^T's B fragments [D/8][32] x
+ * (hi 0, hi 1, lo 0, lo 1); ck2: the K codebook's (hi, lo). */
+__host__ __device__ constexpr int kcoord(int j, int q)
+{
+	return 16 * (j / 4) + 4 * q + j % 4;
+}
+
 template <int D, int KB>
 static __device__ __forceinline__ void mma_scores(const uint8_t *kt, uint32_t kb, int t0, const float *qf,
 						  const f2 *ck2, int lane, float (&s)[4])
 {
 	const int g = lane >> 2, q = lane & 3;
-	const uint8_t *ba = kt + (uint32_t)(t0 + g) * kb + q, *bb = ba + 8u * kb; /* + x = q */
+	const uint8_t *ba = kt + (uint32_t)(t0 + g) * kb, *bb = ba + 8u * kb;
 	/* two accumulators: shorter chains of dependent mmas */
 	float s2[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
 	s[0] = s[1] = s[2] = s[3] = 0.0f;
-#pragma unroll 4 /* fully unrolled, the loads of all chunks would be hoisted into registers */
-	for (int j = 0; j < D / 8; j++) {
-		float ah[4], al[4];
-		pair_split<D, KB>(ba, 4 * j, ck2, ah[0], al[0], ah[2], al[2]);
-		pair_split<D, KB>(bb, 4 * j, ck2, ah[1], al[1], ah[3], al[3]);
-		const f4 f = *reinterpret_cast<const f4 *>(qf + (j * 32 + lane) * 4);
-		const float bh[2] = { f.x, f.y }, bl[2] = { f.z, f.w };
-		mma_tf32(s2, ah, bl);
-		if (KB != 8)
-			mma_tf32(s2, al, bh); /* q8's integers have no lo part */
-		mma_tf32(s, ah, bh);
+#pragma unroll 1
+	for (int jb = 0; jb < D / 32; jb++) { /* 4 chunks of 8 k-positions each */
+		uint32_t ial[4], iah[4], ibl[4], ibh[4];
+		quad_idx<D, KB>(ba, 16 * jb + 4 * q, ial, iah);
+		quad_idx<D, KB>(bb, 16 * jb + 4 * q, ibl, ibh);
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			const int j = 4 * jb + e;
+			float ah[4], al[4];
+			if (KB == 8) {
+				ah[0] = idx_val<8>(ial[e], nullptr);
+				ah[1] = idx_val<8>(ibl[e], nullptr);
+				ah[2] = idx_val<8>(iah[e], nullptr);
+				ah[3] = idx_val<8>(ibh[e], nullptr);
+				al[0] = al[1] = al[2] = al[3] = 0.0f;
+			} else {
+				const f2 x0 = ck2[ial[e]], x1 = ck2[ibl[e]], x2 = ck2[iah[e]], x3 = ck2[ibh[e]];
+				ah[0] = x0.x, al[0] = x0.y;
+				ah[1] = x1.x, al[1] = x1.y;
+				ah[2] = x2.x, al[2] = x2.y;
+				ah[3] = x3.x, al[3] = x3.y;
+			}
+			const f4 f = *reinterpret_cast<const f4 *>(qf + (j * 32 + lane) * 4);
+			const float bh[2] = { f.x, f.y }, bl[2] = { f.z, f.w };
+			mma_tf32(s2, ah, bl);
+			if (KB != 8)
+				mma_tf32(s2, al, bh); /* q8's integers have no lo part */
+			mma_tf32(s, ah, bh);
+		}
 	}
 #pragma unroll
 	for (int e = 0; e < 4; e++)
 		s[e] += s2[e];
 }
 
-/* acc (coordinates 8 i + g, 8 i + g + D/2 x rows 2q, 2q + 1) += V^T P^T over
- * the tile's 32 tokens; pw: P [8 rows][TILE] (TF32) */
+/* acc (coordinates vcoord(i, g) and + D/2 x rows 2q, 2q + 1) += V^T P^T over
+ * the tile's 32 tokens; m-tile i = 4 ib + e holds, for lane group g,
+ * coordinate 32 ib + 4 g + e: lane g's four m-tiles of an ib come from one
+ * word.  pw: P [8 rows][TILE] (TF32). */
+__host__ __device__ constexpr int vcoord(int i, int g)
+{
+	return 32 * (i / 4) + 4 * g + i % 4;
+}
+
 template <int D, int VB>
 static __device__ __forceinline__ void mma_values(const uint8_t *vt, uint32_t vb, const float *pw, const float *cb,
 						  int lane, float (&acc)[D / 16][4])
@@ -919,13 +936,18 @@ static __device__ __forceinline__ void mma_values(const uint8_t *vt, uint32_t vb
 #pragma unroll 1 /* unrolled, the decodes of all 32 tokens would be hoisted into registers */
 	for (int k0 = 0; k0 < TQC_TILE; k0 += 8) {
 		const float b[2] = { pw[g * TQC_TILE + k0 + q], pw[g * TQC_TILE + k0 + q + 4] };
-		const uint8_t *b0 = vt + (uint32_t)(k0 + q) * vb + g, *b1 = b0 + 4u * vb; /* + x = g */
+		const uint8_t *b0 = vt + (uint32_t)(k0 + q) * vb, *b1 = b0 + 4u * vb;
 #pragma unroll
-		for (int i = 0; i < D / 16; i++) {
-			float a[4];
-			pair_vals<D, VB>(b0, 8 * i, cb, a[0], a[1]);
-			pair_vals<D, VB>(b1, 8 * i, cb, a[2], a[3]);
-			mma_tf32(acc[i], a, b);
+		for (int ib = 0; ib < D / 64; ib++) {
+			uint32_t l0[4], h0[4], l1[4], h1[4];
+			quad_idx<D, VB>(b0, 32 * ib + 4 * g, l0, h0);
+			quad_idx<D, VB>(b1, 32 * ib + 4 * g, l1, h1);
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				const float a[4] = { idx_val<VB>(l0[e], cb), idx_val<VB>(h0[e], cb), idx_val<VB>(l1[e], cb),
+						     idx_val<VB>(h1[e], cb) };
+				mma_tf32(acc[4 * ib + e], a, b);
+			}
 		}
 	}
 }
@@ -972,16 +994,16 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 3) attn_mma(const __grid_const
 		s_cv[threadIdx.x] = tf32r(a.vc.centroid[threadIdx.x]);
 	}
 	/* the rows' qrot [R][D] in the stages (not in use yet), then Q^T's B
-	 * fragments: chunk j, lane (gg, qq): rows gg, coordinates 4 j + qq and
-	 * 4 j + qq + D/2, hi and lo */
+	 * fragments: chunk j, lane (gg, qq): rows gg, coordinates kcoord(j, qq)
+	 * and + D/2, hi and lo */
 	float *sq = reinterpret_cast<float *>(smem + (size_t)(16 * D + TQC_WARPS * 8 * TQC_TILE) * 4u);
 	cta_qrot<R>(a, h, r0, nrows, sq);
 	for (int e = (int)threadIdx.x; e < 4 * D; e += TQC_WARPS * 32) {
 		const int j = e / 32, L = e % 32, gg = L >> 2, qq = L & 3;
 		float v0 = 0.0f, v1 = 0.0f;
 		if (gg < R) {
-			v0 = sq[gg * D + 4 * j + qq];
-			v1 = sq[gg * D + 4 * j + qq + D / 2];
+			v0 = sq[gg * D + kcoord(j, qq)];
+			v1 = sq[gg * D + kcoord(j, qq) + D / 2];
 		}
 		const float h0 = tf32r(v0), h1 = tf32r(v1);
 		qf[4 * e] = h0;
@@ -1136,8 +1158,8 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 3) attn_mma(const __grid_const
 		if (2 * q + k < R) {
 #pragma unroll
 			for (int ii = 0; ii < D / 16; ii++) {
-				wacc[(2 * q + k) * D + 8 * ii + g] = acc[ii][k];
-				wacc[(2 * q + k) * D + 8 * ii + g + D / 2] = acc[ii][k + 2];
+				wacc[(2 * q + k) * D + vcoord(ii, g)] = acc[ii][k];
+				wacc[(2 * q + k) * D + vcoord(ii, g) + D / 2] = acc[ii][k + 2];
 			}
 		}
 	__syncthreads();
