@@ -869,7 +869,7 @@ static __device__ __forceinline__ float idx_val(uint32_t i, const float *cb)
  * errors do not).  Chunk j = 4 jb + e of the mma's k dimension holds, for
  * lane quad q, coordinates 16 jb + 4 q + e and + D/2 (kcoord): lane q's four
  * chunks of a jb come from one word.  qf: Q^T's B fragments [D/8][32] x
- * (hi 0, hi 1, lo 0, lo 1); ck2: the K codebook's (hi, lo). */
+ * (hi 0, hi 1, lo 0, lo 1); ckh, ckl: the K codebook's hi and lo parts. */
 __host__ __device__ constexpr int kcoord(int j, int q)
 {
 	return 16 * (j / 4) + 4 * q + j % 4;
@@ -877,7 +877,7 @@ __host__ __device__ constexpr int kcoord(int j, int q)
 
 template <int D, int KB>
 static __device__ __forceinline__ void mma_scores(const uint8_t *kt, uint32_t kb, int t0, const float *qf,
-						  const f2 *ck2, int lane, float (&s)[4])
+						  const float *ckh, const float *ckl, int lane, float (&s)[4])
 {
 	const int g = lane >> 2, q = lane & 3;
 	const uint8_t *ba = kt + (uint32_t)(t0 + g) * kb, *bb = ba + 8u * kb;
@@ -899,12 +899,11 @@ static __device__ __forceinline__ void mma_scores(const uint8_t *kt, uint32_t kb
 				ah[2] = idx_val<8>(iah[e], nullptr);
 				ah[3] = idx_val<8>(ibh[e], nullptr);
 				al[0] = al[1] = al[2] = al[3] = 0.0f;
-			} else {
-				const f2 x0 = ck2[ial[e]], x1 = ck2[ibl[e]], x2 = ck2[iah[e]], x3 = ck2[ibh[e]];
-				ah[0] = x0.x, al[0] = x0.y;
-				ah[1] = x1.x, al[1] = x1.y;
-				ah[2] = x2.x, al[2] = x2.y;
-				ah[3] = x3.x, al[3] = x3.y;
+			} else { /* loads straight into the fragments' registers */
+				ah[0] = ckh[ial[e]], al[0] = ckl[ial[e]];
+				ah[1] = ckh[ibl[e]], al[1] = ckl[ibl[e]];
+				ah[2] = ckh[iah[e]], al[2] = ckl[iah[e]];
+				ah[3] = ckh[ibh[e]], al[3] = ckl[ibh[e]];
 			}
 			const f4 f = *reinterpret_cast<const f4 *>(qf + (j * 32 + lane) * 4);
 			const float bh[2] = { f.x, f.y }, bl[2] = { f.z, f.w };
@@ -971,8 +970,7 @@ template <int D, int R>
 __global__ void __launch_bounds__(TQC_WARPS * 32, 3) attn_mma(const __grid_constant__ struct tqc_attn_args a)
 {
 	TILED_SMEM(smem);
-	__shared__ f2 s_ck2[TQC_CB_MAX];
-	__shared__ float s_cv[TQC_CB_MAX];
+	__shared__ float s_ckh[TQC_CB_MAX], s_ckl[TQC_CB_MAX], s_cv[TQC_CB_MAX];
 	__shared__ float s_m[TQC_WARPS][R], s_l[TQC_WARPS][R];
 
 	const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
@@ -990,7 +988,8 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 3) attn_mma(const __grid_const
 
 	if (threadIdx.x < TQC_CB_MAX) {
 		const float c = a.kc.centroid[threadIdx.x], ch = tf32r(c);
-		s_ck2[threadIdx.x] = f2{ ch, tf32r(c - ch) };
+		s_ckh[threadIdx.x] = ch;
+		s_ckl[threadIdx.x] = tf32r(c - ch);
 		s_cv[threadIdx.x] = tf32r(a.vc.centroid[threadIdx.x]);
 	}
 	/* the rows' qrot [R][D] in the stages (not in use yet), then Q^T's B
@@ -1022,7 +1021,7 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 3) attn_mma(const __grid_const
 		const int r = 2 * q + k;
 		lim[k] = r < nrows ? (a.causal ? (uint32_t)a.q_pos[(r0 + r) / a.group] + 1u : a.kv_len) : 0u;
 	}
-	__syncthreads(); /* s_ck2, s_cv, qf; sq is free (stages) */
+	__syncthreads(); /* the codebooks, qf; sq is free (stages) */
 
 	const int kbits = tiled_bits(a.kc), vbits = tiled_bits(a.vc);
 	const uint64_t kh = tq_page_k_off(&geo, h, 0), vh = tq_page_v_off(&geo, h, 0);
@@ -1073,10 +1072,10 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 3) attn_mma(const __grid_const
 		for (int mt = 0; mt < 2; mt++) {
 			float s[4];
 			switch (kbits) {
-			case 2: mma_scores<D, 2>(kt, kb, 16 * mt, qf, s_ck2, lane, s); break;
-			case 3: mma_scores<D, 3>(kt, kb, 16 * mt, qf, s_ck2, lane, s); break;
-			case 4: mma_scores<D, 4>(kt, kb, 16 * mt, qf, s_ck2, lane, s); break;
-			default: mma_scores<D, 8>(kt, kb, 16 * mt, qf, s_ck2, lane, s); break;
+			case 2: mma_scores<D, 2>(kt, kb, 16 * mt, qf, s_ckh, s_ckl, lane, s); break;
+			case 3: mma_scores<D, 3>(kt, kb, 16 * mt, qf, s_ckh, s_ckl, lane, s); break;
+			case 4: mma_scores<D, 4>(kt, kb, 16 * mt, qf, s_ckh, s_ckl, lane, s); break;
+			default: mma_scores<D, 8>(kt, kb, 16 * mt, qf, s_ckh, s_ckl, lane, s); break;
 			}
 			sc[2 * mt][0] = s[0];
 			sc[2 * mt][1] = s[1];
