@@ -399,7 +399,7 @@ struct tqc_ctx {
 	int device;
 	int sms;
 	int smem_optin;          /* shared memory a kernel may ask for, bytes      */
-	int attn_kind;           /* TQC_ATTN_*: TQ_CUDA_ATTN=general|simt, else MMA */
+	int attn_general;        /* TQ_CUDA_ATTN=general: never attn_mma            */
 	int ctas_per_sm;         /* TQ_CUDA_CTAS_PER_SM, else ATT_CTAS_PER_SM      */
 	const char *last_attn;   /* tqc_ctx_last_attn                              */
 	cudaStream_t stream;
@@ -443,10 +443,7 @@ int tqc_ctx_new(tqc_ctx **out, int device, tq_error *err)
 	x->last_attn = "";
 	/* knobs for tests and tuning (tq_cuda.h) */
 	const char *ev = getenv("TQ_CUDA_ATTN");
-	x->attn_kind = !ev || !*ev || !strcmp(ev, "auto")  ? TQC_ATTN_MMA
-		       : !strcmp(ev, "general")            ? TQC_ATTN_GENERAL
-		       : !strcmp(ev, "simt")               ? TQC_ATTN_SIMT
-							   : TQC_ATTN_MMA;
+	x->attn_general = ev && !strcmp(ev, "general");
 	ev = getenv("TQ_CUDA_CTAS_PER_SM");
 	x->ctas_per_sm = ev && atoi(ev) >= 1 && atoi(ev) <= 64 ? atoi(ev) : ATT_CTAS_PER_SM;
 	if ((e = cudaStreamCreateWithFlags(&x->stream, cudaStreamNonBlocking)) != cudaSuccess) {
@@ -921,8 +918,8 @@ struct att_plan {
 	size_t part_rows;        /* n_kv * rows_pad * n_split: partial rows written */
 };
 
-/* The tensor-core tiled kernel (or, TQ_CUDA_ATTN=simt, its SIMT twin)
- * where it applies and its shared memory fits, else the general one; splits
+/* The tiled kernel (attn_mma) where it applies and its shared memory fits,
+ * else the general one (attn_main); splits
  * so that the grid has a few CTAs per SM, no split is shorter than
  * ATT_SPLIT_MIN tokens (tiled: a multiple of the tile) and the partials stay
  * within ATT_PART_FLOATS (one split always fits). */
@@ -932,16 +929,10 @@ static void att_plan_make(const tqc_ctx *x, const struct tqa_shape *sh, const st
 	const size_t rows_ph = nq * (size_t)sh->group;
 	const size_t smem_max = (size_t)(x->smem_optin > 0 ? x->smem_optin : 48 << 10);
 	const uint32_t kb = args->geom.k_block_bytes, vb = args->geom.v_block_bytes;
-	int R = x->attn_kind == TQC_ATTN_GENERAL || rows_ph > INT32_MAX || sh->kv_len > UINT32_MAX - TQC_TILE
-			? 0
-			: tqc_attn_tiled_rows(&args->kc, &args->vc, args->geom.page_tokens, (int)rows_ph);
-	const size_t smem = x->attn_kind == TQC_ATTN_MMA ? tqc_attn_mma_smem(sh->dim, kb, vb)
-							 : tqc_attn_tiled_smem(sh->dim, R, kb, vb);
-	if (R > 0 && smem > smem_max)
-		R = 0;
-	pl->tiled = R > 0 ? x->attn_kind : TQC_ATTN_GENERAL;
-	if (!pl->tiled)
-		R = tqc_attn_rows(tqc_attn_vpl(sh->dim));
+	pl->tiled = !x->attn_general && sh->kv_len <= UINT32_MAX - TQC_TILE &&
+		    tqc_attn_tiled_ok(&args->kc, &args->vc, args->geom.page_tokens) &&
+		    tqc_attn_mma_smem(sh->dim, kb, vb) <= smem_max;
+	const int R = pl->tiled ? TQC_TILE_ROWS : tqc_attn_rows(tqc_attn_vpl(sh->dim));
 	pl->rows_blk = R;
 	const size_t n_rb = (rows_ph + (size_t)R - 1) / (size_t)R;
 	const size_t rows = (size_t)sh->n_kv * n_rb * (size_t)R; /* partial rows per split */
@@ -1081,7 +1072,7 @@ int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 		att_plan_make(x, &sh, &args, nq, &pl);
 		args.n_q = (int32_t)nq;
 		args.tiled = pl.tiled;
-		x->last_attn = pl.tiled == TQC_ATTN_MMA ? "mma" : pl.tiled == TQC_ATTN_SIMT ? "simt" : "general";
+		x->last_attn = pl.tiled ? "mma" : "general";
 		args.rows_blk = pl.rows_blk;
 		args.rows_ph = pl.rows_ph;
 		args.n_rb = pl.n_rb;

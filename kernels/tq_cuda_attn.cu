@@ -1,8 +1,11 @@
 /* tq_cuda_attn.cu — fused attention over paged, compressed K/V on the GPU:
  * the contract of tq_attend (tq_attn.h), every K/V codec pair, any head dim.
  *
- * Per pass over the query tokens (tq_cuda.c cuts a call into passes), three
- * kernels on one stream:
+ * Per pass over the query tokens (tq_cuda.c cuts a call into passes), on one
+ * stream: attn_mma where its shapes apply — tiles of 32 keys staged in
+ * shared memory, both products on the tensor cores, see "tiled decode"
+ * below; it rotates its rows' queries itself — else attn_prep and attn_main;
+ * then attn_finish:
  *
  *   attn_prep    one warp per row (query token, query head): q in the K
  *                frame, pre-scaled for base-2 softmax: qrot = scale2 * R_k q
@@ -425,26 +428,7 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 4) attn_main(const __grid_cons
 	cta_partials<R>(a, s_m, s_l, &s_acc[0][0][0], R * 32 * VPL, 32 * VPL, r0, nrows, split, h);
 }
 
-/* ---- tiled decode: one key per lane, tiles staged in shared memory ---------------
- *
- * attn_tiled<D, R> (tqc_attn_tiled_rows says where it applies) reads the cache
- * the way the memory system wants it read: each warp walks the split in tiles
- * of TQC_TILE (32) tokens, tiles w, w + 4, ... of the split for warp w, and
- * copies the next tile's K and V blocks (contiguous runs of 32 blocks in one
- * page) into its own shared memory with 16-byte cp.async while it computes on
- * the current one.  Per tile:
- *   scores   lane i scores token i for all R rows: its K block's indices
- *            against the rows' rotated queries in shared memory (broadcast
- *            reads; block strides are an odd number of words, so the 32 lanes'
- *            block reads never share a bank), times the block's scale;
- *   softmax  per row, a warp max and sum (online: m, l, and the accumulators
- *            rescaled by 2^(m_old - m_new)); the weight p * (V block scale) of
- *            each token goes to shared memory;
- *   values   LPT lanes per token (16, or 32 at d = 256), each lane 4 x NG
- *            coordinates c = 4 lp + 4 LPT g + i, whose indices sit in one
- *            32-bit word per index plane: acc[r][c] += w[r][t] value[c].
- * Non-finite scores make the row NaN as in attn_main; a row sees a key only
- * below its causal limit and the split's end. */
+/* ---- tiled decode: pieces ------------------------------------------------------- */
 
 /* 16 bytes global -> shared without registers (sm_80+); the emulator copies. */
 static __device__ __forceinline__ void cp_async16(void *dst, const void *src)
@@ -481,104 +465,12 @@ static __device__ __forceinline__ float warp_max(float v)
 	return v;
 }
 
-/* coordinates per lane in the value pass: LPT = 16 lanes per token, 32 at d 256 */
-__host__ __device__ constexpr int tiled_lpt(int d)
-{
-	return d == 256 ? 32 : 16;
-}
-__host__ __device__ constexpr int tiled_cpl(int d)
-{
-	return d / tiled_lpt(d);
-}
-
 struct alignas(16) f4 {
 	float x, y, z, w;
 };
 struct alignas(8) f2 {
 	float x, y;
 };
-
-/* The values of coordinates c0 .. c0 + 3 (c0 a multiple of 4) of a block of
- * KB bits (tq2 / tq3 / tq4: codebook entries; 8: q8's int8), unscaled.  Every
- * index plane of width w has stride S = D w / 8, a multiple of 4, so the four
- * coordinates sit in bytes 0..3 of one word per plane, at bit w (c0 / S). */
-template <int D, int KB>
-static __device__ __forceinline__ void vals4(const uint32_t *blk, int c0, const float *cb, float (&v)[4])
-{
-	if (KB == 8) {
-		const uint32_t x = blk[1 + c0 / 4];
-#pragma unroll
-		for (int i = 0; i < 4; i++)
-			v[i] = (float)(int32_t)(int8_t)(uint8_t)(x >> (8 * i));
-		return;
-	}
-	constexpr int WH = KB == 4 ? 4 : 2; /* the widest plane: the lowest bits */
-	constexpr int SH = D * WH / 8;
-	constexpr uint32_t MH = (1u << WH) - 1u;
-	const uint32_t hi = blk[1 + (c0 % SH) / 4] >> (WH * (c0 / SH));
-	uint32_t lo = 0;
-	if (KB == 3) {
-		constexpr int S1 = D / 8;
-		lo = blk[1 + SH / 4 + (c0 % S1) / 4] >> (c0 / S1);
-	}
-#pragma unroll
-	for (int i = 0; i < 4; i++) {
-		uint32_t idx = (hi >> (8 * i)) & MH;
-		if (KB == 3)
-			idx |= ((lo >> (8 * i)) & 1u) << 2;
-		v[i] = cb[idx];
-	}
-}
-
-/* s[r] += q[r] . values of the K block (unscaled), q [R][D] in shared memory */
-template <int D, int R, int KB>
-static __device__ __forceinline__ void tile_scores(const uint32_t *blk, const float *sq, const float *cb,
-						  float (&s)[R])
-{
-#pragma unroll
-	for (int c0 = 0; c0 < D; c0 += 4) {
-		float k[4];
-		vals4<D, KB>(blk, c0, cb, k);
-#pragma unroll
-		for (int r = 0; r < R; r++) {
-			const f4 q = *reinterpret_cast<const f4 *>(sq + r * D + c0);
-			s[r] = fmaf(q.x, k[0], s[r]);
-			s[r] = fmaf(q.y, k[1], s[r]);
-			s[r] = fmaf(q.z, k[2], s[r]);
-			s[r] = fmaf(q.w, k[3], s[r]);
-		}
-	}
-}
-
-/* acc[r][4 g + i] += pw[r][t] * value of coordinate 4 lp + 4 LPT g + i of
- * token t's V block, for this lane's tokens t = step * TPS + lane / LPT */
-template <int D, int R, int VB>
-static __device__ __forceinline__ void tile_values(const uint32_t *vbase, uint32_t vwords, const float *pw,
-						   const float *cb, int lane, float (&acc)[R][tiled_cpl(D)])
-{
-	constexpr int LPT = tiled_lpt(D), TPS = 32 / LPT, NG = D / (4 * LPT);
-	const int lp = lane % LPT, tk = lane / LPT;
-
-#pragma unroll 2
-	for (int step = 0; step < TQC_TILE / TPS; step++) {
-		const int t = step * TPS + tk;
-		const uint32_t *blk = vbase + (uint32_t)t * vwords;
-		float w[R];
-#pragma unroll
-		for (int r = 0; r < R; r++)
-			w[r] = pw[r * TQC_TILE + t];
-#pragma unroll
-		for (int g = 0; g < NG; g++) {
-			float v[4];
-			vals4<D, VB>(blk, 4 * lp + 4 * LPT * g, cb, v);
-#pragma unroll
-			for (int r = 0; r < R; r++)
-#pragma unroll
-				for (int i = 0; i < 4; i++)
-					acc[r][4 * g + i] = fmaf(w[r], v[i], acc[r][4 * g + i]);
-		}
-	}
-}
 
 /* index bits of a tiled codec: tq2..4, q8 -> 8 */
 static __device__ __forceinline__ int tiled_bits(const struct tqc_codec_desc &c)
@@ -592,169 +484,15 @@ static __device__ __forceinline__ int tiled_bits(const struct tqc_codec_desc &c)
 #define TILED_SMEM(name) extern __shared__ __align__(16) uint8_t name[]
 #endif
 
-template <int D, int R>
-__global__ void __launch_bounds__(TQC_WARPS * 32) attn_tiled(const __grid_constant__ struct tqc_attn_args a)
-{
-	constexpr int LPT = tiled_lpt(D), TPS = 32 / LPT, CPL = tiled_cpl(D);
-	TILED_SMEM(smem);
-	__shared__ float s_ck[TQC_CB_MAX], s_cv[TQC_CB_MAX];
-	__shared__ float s_m[TQC_WARPS][R], s_l[TQC_WARPS][R];
-
-	const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
-	const int split = (int)blockIdx.y;
-	const uint32_t h = blockIdx.z;
-	const int r0 = (int)blockIdx.x * R;
-	const int nrows = min(R, a.rows_ph - r0);
-	const struct tq_page_geom g = a.geom;
-	const uint32_t kb = g.k_block_bytes, vb = g.v_block_bytes, P = g.page_tokens;
-	const uint32_t stage_bytes = TQC_TILE * (kb + vb);
-	float *sq = reinterpret_cast<float *>(smem);                 /* [R][D]               */
-	float *pw = sq + R * D + warp * R * TQC_TILE;                /* this warp's [R][TILE] */
-	uint8_t *stage0 = smem + (size_t)(R * D + TQC_WARPS * R * TQC_TILE) * 4u +
-			  (size_t)warp * 2u * stage_bytes;             /* this warp's 2 stages  */
-
-	if (threadIdx.x < TQC_CB_MAX) {
-		s_ck[threadIdx.x] = a.kc.centroid[threadIdx.x];
-		s_cv[threadIdx.x] = a.vc.centroid[threadIdx.x];
-	}
-	uint32_t lim[R], tmax = 0;
-#pragma unroll
-	for (int r = 0; r < R; r++) {
-		lim[r] = 0;
-		if (r < nrows) {
-			const int qi = (r0 + r) / a.group;
-			lim[r] = a.causal ? (uint32_t)a.q_pos[qi] + 1u : a.kv_len;
-		}
-		tmax = max(tmax, lim[r]);
-	}
-	cta_qrot<R>(a, h, r0, nrows, sq); /* its barrier publishes s_ck, s_cv too */
-
-	const int kbits = tiled_bits(a.kc), vbits = tiled_bits(a.vc);
-	const uint64_t kh = tq_page_k_off(&g, h, 0), vh = tq_page_v_off(&g, h, 0);
-	const uint32_t tb = (uint32_t)split * a.split_len;
-	uint32_t te = a.kv_len - tb < a.split_len ? a.kv_len : tb + a.split_len; /* tb < kv_len */
-	te = te < tmax ? te : tmax;
-	const uint32_t n_tile = te > tb ? (te - tb + TQC_TILE - 1) / TQC_TILE : 0;
-
-	float m[R], l[R], acc[R][CPL];
-#pragma unroll
-	for (int r = 0; r < R; r++) {
-		m[r] = NEG_INF;
-		l[r] = 0.0f;
-#pragma unroll
-		for (int j = 0; j < CPL; j++)
-			acc[r][j] = 0.0f;
-	}
-
-	/* tile i of the split: its K and V blocks into stage st (both runs are
-	 * 32 blocks long, 16-byte aligned, inside the page) */
-	auto fetch = [&](uint32_t i, const uint8_t *pg, int st) {
-		const uint32_t slot = (tb + i * TQC_TILE) % P;
-		uint8_t *dst = stage0 + (size_t)st * stage_bytes;
-		const uint8_t *ks = pg + kh + (uint64_t)slot * kb, *vs = pg + vh + (uint64_t)slot * vb;
-		for (uint32_t j = (uint32_t)lane; j < 2u * kb; j += 32) /* TILE * kb / 16 */
-			cp_async16(dst + 16u * j, ks + 16u * j);
-		dst += TQC_TILE * kb;
-		for (uint32_t j = (uint32_t)lane; j < 2u * vb; j += 32)
-			cp_async16(dst + 16u * j, vs + 16u * j);
-	};
-	auto page_of = [&](uint32_t i) { return a.pages[(tb + i * TQC_TILE) / P]; };
-
-	uint32_t i = (uint32_t)warp;
-	int st = 0;
-	if (i < n_tile)
-		fetch(i, page_of(i), 0);
-	cp_async_commit();
-	const uint8_t *pg_next = i + TQC_WARPS < n_tile ? page_of(i + TQC_WARPS) : nullptr;
-	for (; i < n_tile; i += TQC_WARPS) {
-		const uint32_t in = i + TQC_WARPS;
-		if (in < n_tile)
-			fetch(in, pg_next, st ^ 1);
-		cp_async_commit();
-		if (in + TQC_WARPS < n_tile)
-			pg_next = page_of(in + TQC_WARPS); /* lands while this tile is computed */
-		cp_async_wait<1>();                        /* tile i is in */
-		__syncwarp();
-
-		const uint8_t *kt = stage0 + (size_t)st * stage_bytes, *vt = kt + TQC_TILE * kb;
-		const uint32_t *kblk = reinterpret_cast<const uint32_t *>(kt + (uint32_t)lane * kb);
-		const uint32_t t = tb + i * TQC_TILE + (uint32_t)lane;
-		float s[R];
-#pragma unroll
-		for (int r = 0; r < R; r++)
-			s[r] = 0.0f;
-		switch (kbits) {
-		case 2: tile_scores<D, R, 2>(kblk, sq, s_ck, s); break;
-		case 3: tile_scores<D, R, 3>(kblk, sq, s_ck, s); break;
-		case 4: tile_scores<D, R, 4>(kblk, sq, s_ck, s); break;
-		default: tile_scores<D, R, 8>(kblk, sq, s_ck, s); break;
-		}
-		const float ks = __uint_as_float(kblk[0]);
-		const float vsc = __uint_as_float(*reinterpret_cast<const uint32_t *>(vt + (uint32_t)lane * vb));
-#pragma unroll
-		for (int r = 0; r < R; r++) {
-			const bool vis = t < te && t < lim[r];
-			const float sc = s[r] * ks;
-			const bool fin = isfinite(sc);
-			const float mn = fmaxf(m[r], warp_max(vis && fin ? sc : NEG_INF));
-			const bool bad = __any_sync(FULL, vis && !fin);
-			const float alpha = mn == NEG_INF ? 1.0f : exp2f(m[r] - mn);
-			const float p = vis && fin ? exp2f(sc - mn) : 0.0f;
-			/* a visible score that is not finite makes the row NaN */
-			l[r] = bad ? QNAN : l[r] * alpha + warp_sum(p);
-			m[r] = mn;
-			pw[r * TQC_TILE + lane] = vis ? p * vsc : 0.0f;
-#pragma unroll
-			for (int j = 0; j < CPL; j++)
-				acc[r][j] *= alpha;
-		}
-		__syncwarp(); /* pw */
-		const uint32_t *vbase = reinterpret_cast<const uint32_t *>(vt);
-		switch (vbits) {
-		case 2: tile_values<D, R, 2>(vbase, vb / 4u, pw, s_cv, lane, acc); break;
-		case 3: tile_values<D, R, 3>(vbase, vb / 4u, pw, s_cv, lane, acc); break;
-		case 4: tile_values<D, R, 4>(vbase, vb / 4u, pw, s_cv, lane, acc); break;
-		default: tile_values<D, R, 8>(vbase, vb / 4u, pw, s_cv, lane, acc); break;
-		}
-		__syncwarp(); /* the stage and pw are free again */
-		st ^= 1;
-	}
-	cp_async_wait<0>();
-
-	/* the lanes of a token group hold the same coordinates of other tokens */
-	if (TPS == 2) {
-#pragma unroll
-		for (int r = 0; r < R; r++)
-#pragma unroll
-			for (int j = 0; j < CPL; j++)
-				acc[r][j] += __shfl_xor_sync(FULL, acc[r][j], 16);
-	}
-	/* this warp's (m, l, acc): acc into its own first stage, [R][D] */
-	float *wacc = reinterpret_cast<float *>(stage0);
-	if (lane == 0) {
-#pragma unroll
-		for (int r = 0; r < R; r++) {
-			s_m[warp][r] = m[r];
-			s_l[warp][r] = l[r];
-		}
-	}
-	__syncwarp();
-	if (lane < LPT) {
-#pragma unroll
-		for (int r = 0; r < R; r++)
-#pragma unroll
-			for (int j = 0; j < CPL; j++)
-				wacc[r * D + 4 * lane + 4 * LPT * (j / 4) + j % 4] = acc[r][j];
-	}
-	__syncthreads();
-	cta_partials<R>(a, s_m, s_l, reinterpret_cast<const float *>(smem + (size_t)(R * D + TQC_WARPS * R * TQC_TILE) * 4u),
-			(int)(2u * stage_bytes / 4u), D, r0, nrows, split, h);
-}
-
-/* ---- tensor-core tiled decode: attn_mma -----------------------------------------
+/* ---- tiled decode: attn_mma ------------------------------------------------------
  *
- * The tiles, stages and splits of attn_tiled, with both products on the
- * tensor cores (mma.sync m16n8k8, TF32 inputs, FP32 accumulation; sm_80+):
+ * attn_mma<D> (tqc_attn_tiled_ok says where it applies) reads the cache the
+ * way the memory system wants it read: each warp walks its split in tiles of
+ * TQC_TILE (32) tokens, tiles w, w + 4, ... for warp w, and copies the next
+ * tile's K and V blocks (two runs of 32 contiguous blocks in one page,
+ * 16-byte aligned) into its own shared memory with cp.async while it
+ * computes on the current one.  Both products run on the tensor cores
+ * (mma.sync m16n8k8, TF32 inputs, FP32 accumulation; sm_80+):
  *   scores  S (16 tokens x 8 rows) += K (16 tokens x 8 coordinates) Q^T: the
  *           lanes decode the K blocks straight into the A fragments; Q^T's
  *           B fragments are laid out once per CTA in shared memory;
@@ -763,13 +501,17 @@ __global__ void __launch_bounds__(TQC_WARPS * 32) attn_tiled(const __grid_consta
  * The order of the coordinates inside an mma is free (a dot product does not
  * care), so each fragment pairs coordinate c with c + d/2: every codec keeps
  * those two in one byte (tq4 nibbles; tq2 / tq3 2-bit fields 4 bits apart
- * and 1-bit fields 4 bits apart; q8 two bytes d/2 apart), one byte load per
- * pair.  Rows are the N dimension (8: up to 8 rows per block, the rest 0);
+ * and 1-bit fields 4 bits apart; q8 two bytes d/2 apart), and a lane's four
+ * consecutive chunks take coordinates in one 32-bit word per index plane
+ * (quad_idx).  Rows are the N dimension: TQC_TILE_ROWS (8) rows per block,
+ * those past the pass's rows zero;
  * lane (g, q) = (lane / 4, lane % 4) holds the scores of rows 2q, 2q + 1 and
  * the output of the same rows, so the online softmax never moves data across
  * rows.  TF32 keeps 10 mantissa bits: enough for the values (their errors
  * average out), not for the scores (a logit error becomes a relative weight
- * error of the same size), which are computed in split TF32 (mma_scores). */
+ * error of the same size), which are computed in split TF32 (mma_scores).
+ * Non-finite scores make the row NaN as in attn_main; a row sees a key only
+ * below its causal limit and the split's end. */
 
 /* finite x rounded to TF32 (nearest, ties away: what cvt.rna.tf32.f32
  * does, in two integer operations instead of its longer sequence) */
@@ -966,9 +708,11 @@ static __device__ __forceinline__ float group_sum(float v)
 	return v + __shfl_xor_sync(FULL, v, 16);
 }
 
-template <int D, int R>
+template <int D>
 __global__ void __launch_bounds__(TQC_WARPS * 32, 3) attn_mma(const __grid_constant__ struct tqc_attn_args a)
 {
+	constexpr int R = TQC_TILE_ROWS; /* the mma's N */
+	static_assert(R == 8, "rows are the N of m16n8k8");
 	TILED_SMEM(smem);
 	__shared__ float s_ckh[TQC_CB_MAX], s_ckl[TQC_CB_MAX], s_cv[TQC_CB_MAX];
 	__shared__ float s_m[TQC_WARPS][R], s_l[TQC_WARPS][R];
@@ -1280,12 +1024,12 @@ static bool attend_args_ok(const struct tqc_attn_args *a)
 {
 	const size_t rows = (size_t)a->n_q * (size_t)a->n_q_heads;
 	const int vpl = tqc_attn_vpl(a->kc.dim);
-	const int want = a->tiled ? tqc_attn_tiled_rows(&a->kc, &a->vc, a->geom.page_tokens, a->rows_ph)
-				  : tqc_attn_rows(vpl);
+	const int want = !a->tiled ? tqc_attn_rows(vpl)
+				   : tqc_attn_tiled_ok(&a->kc, &a->vc, a->geom.page_tokens) ? TQC_TILE_ROWS : 0;
 
 	return a->rows_blk == want && want > 0 && (a->tiled || a->rows_blk == rows_for(vpl)) &&
-	       (!a->tiled || a->split_len % TQC_TILE == 0) && a->tiled >= TQC_ATTN_GENERAL &&
-	       a->tiled <= TQC_ATTN_MMA && a->vc.dim == a->kc.dim && a->n_rb >= 1 &&
+	       (!a->tiled || a->split_len % TQC_TILE == 0) && (a->tiled == 0 || a->tiled == 1) &&
+	       a->vc.dim == a->kc.dim && a->n_rb >= 1 &&
 	       a->n_split >= 1 && a->n_split <= TQC_SPLITS_MAX && a->n_kv >= 1 && a->n_kv <= 65535 &&
 	       a->rows_pad == a->n_rb * a->rows_blk && a->rows_ph <= a->rows_pad && rows > 0;
 }
@@ -1302,48 +1046,20 @@ static void launch_main(const struct tqc_attn_args *a, cudaStream_t st)
 	attn_main<VPL, rows_for(VPL)><<<grid, TQC_WARPS * 32, 0, st>>>(*a);
 }
 
-template <int D, int R>
-static cudaError_t launch_tiled(const struct tqc_attn_args *a, cudaStream_t st)
-{
-	const dim3 grid((unsigned)a->n_rb, (unsigned)a->n_split, (unsigned)a->n_kv);
-	const size_t smem = tqc_attn_tiled_smem(D, R, a->geom.k_block_bytes, a->geom.v_block_bytes);
-	cudaError_t e;
-
-	/* past 48 KiB a kernel must ask (the host checked the device's limit) */
-	if (smem > (48u << 10) &&
-	    (e = cudaFuncSetAttribute(attn_tiled<D, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) !=
-		    cudaSuccess)
-		return e;
-	attn_tiled<D, R><<<grid, TQC_WARPS * 32, smem, st>>>(*a);
-	return cudaSuccess;
-}
-
-template <int D, int R>
+template <int D>
 static cudaError_t launch_mma(const struct tqc_attn_args *a, cudaStream_t st)
 {
 	const dim3 grid((unsigned)a->n_rb, (unsigned)a->n_split, (unsigned)a->n_kv);
 	const size_t smem = tqc_attn_mma_smem(D, a->geom.k_block_bytes, a->geom.v_block_bytes);
 	cudaError_t e;
 
+	/* past 48 KiB a kernel must ask (the host checked the device's limit) */
 	if (smem > (48u << 10) &&
-	    (e = cudaFuncSetAttribute(attn_mma<D, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) !=
+	    (e = cudaFuncSetAttribute(attn_mma<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) !=
 		    cudaSuccess)
 		return e;
-	attn_mma<D, R><<<grid, TQC_WARPS * 32, smem, st>>>(*a);
+	attn_mma<D><<<grid, TQC_WARPS * 32, smem, st>>>(*a);
 	return cudaSuccess;
-}
-
-template <int D>
-static cudaError_t launch_tiled_rows(const struct tqc_attn_args *a, cudaStream_t st)
-{
-	const bool mma = a->tiled == TQC_ATTN_MMA;
-	switch (a->rows_blk) {
-	case 1: return mma ? launch_mma<D, 1>(a, st) : launch_tiled<D, 1>(a, st);
-	case 2: return mma ? launch_mma<D, 2>(a, st) : launch_tiled<D, 2>(a, st);
-	case 4: return mma ? launch_mma<D, 4>(a, st) : launch_tiled<D, 4>(a, st);
-	case 8: return mma ? launch_mma<D, 8>(a, st) : launch_tiled<D, 8>(a, st);
-	default: return cudaErrorInvalidValue;
-	}
 }
 
 extern "C" int tqc_launch_attend(const struct tqc_attn_args *a, void *stream)
@@ -1364,9 +1080,9 @@ extern "C" int tqc_launch_attend(const struct tqc_attn_args *a, void *stream)
 	}
 	if (a->tiled) {
 		switch (a->kc.dim) {
-		case 64: e = launch_tiled_rows<64>(a, st); break;
-		case 128: e = launch_tiled_rows<128>(a, st); break;
-		case 256: e = launch_tiled_rows<256>(a, st); break;
+		case 64: e = launch_mma<64>(a, st); break;
+		case 128: e = launch_mma<128>(a, st); break;
+		case 256: e = launch_mma<256>(a, st); break;
 		default: e = cudaErrorInvalidValue; break;
 		}
 		if (e != cudaSuccess)

@@ -83,10 +83,12 @@ struct tqc_enc_args {
 int tqc_launch_encode(const struct tqc_enc_args *a, void *stream);
 
 /* ---- attention (tq_cuda_attn.cu) ----------------------------------------------
- * Three kernels per pass over the query tokens:
- *   prep    qrot[row] = scale2 * R_k q[row]            (one warp per row)
+ * Per pass over the query tokens:
+ *   prep    qrot[row] = scale2 * R_k q[row]            (one warp per row;
+ *           not for the tiled kernels, which rotate their rows themselves)
  *   main    per (row block, split, KV head): online softmax over the split's
- *           tokens, partial (m, l, acc) per row in the V frame
+ *           tokens, partial (m, l, acc) per row in the V frame (attn_main,
+ *           or the tiled attn_mma)
  *   finish  per row: log-sum-exp merge of the splits, acc / l, R_v^T, out
  * A row is (query token i, query head hq); within KV head h the rows are
  * r = i * group + g (hq = h * group + g), cut into row blocks of `rows_blk`
@@ -110,51 +112,37 @@ static inline int tqc_attn_rows(int vpl)
 	return vpl <= 4 ? 8 : 32 / vpl; /* 8, 8, 8, 4, 2 */
 }
 
-/* The tiled decode kernel (attn_tiled): one key per lane, 32-key tiles of
- * each warp copied to shared memory ahead of use (cp.async, two stages).  It
- * takes head dims 64 / 128 / 256, K and V codecs tq2 / tq3 / tq4 / q8 (a
- * 4-byte header, then index planes or int8), pages of a multiple of 32
- * tokens (tiles never straddle a page and start 16-byte aligned), row
- * blocks of 1, 2, 4 or 8 rows, and keys rotated by a Hadamard transform or
- * not at all (it rotates its rows' queries itself: no attn_prep).  Returns the rows per block for rows_ph rows
- * per KV head, or 0 where it does not apply (the general kernel then runs). */
+/* The tiled decode kernel (attn_mma): 32-key tiles of each warp copied to
+ * shared memory ahead of use (cp.async, two stages), scores and values on
+ * the tensor cores.  It takes head dims 64 / 128 / 256, K and V codecs tq2 /
+ * tq3 / tq4 / q8 (a 4-byte header, then index planes or int8), pages of a
+ * multiple of 32 tokens (tiles never straddle a page and start 16-byte
+ * aligned) and keys rotated by a Hadamard transform or not at all (it
+ * rotates its rows' queries itself: no attn_prep); row blocks of
+ * TQC_TILE_ROWS rows (the mma's N).  Where it does not apply, attn_main. */
 #define TQC_TILE 32
+#define TQC_TILE_ROWS 8
 static inline int tqc_attn_tiled_codec(int32_t id)
 {
 	return id == TQ_CODEC_TQ2 || id == TQ_CODEC_TQ3 || id == TQ_CODEC_TQ4 || id == TQ_CODEC_Q8;
 }
 
-static inline int tqc_attn_tiled_rows(const struct tqc_codec_desc *kc, const struct tqc_codec_desc *vc,
-				      uint32_t page_tokens, int rows_ph)
+static inline int tqc_attn_tiled_ok(const struct tqc_codec_desc *kc, const struct tqc_codec_desc *vc,
+				    uint32_t page_tokens)
 {
 	const int d = kc->dim;
 
-	if (d != vc->dim || (d != 64 && d != 128 && d != 256) || !tqc_attn_tiled_codec(kc->id) ||
-	    !tqc_attn_tiled_codec(vc->id) || page_tokens % TQC_TILE != 0 || rows_ph < 1 ||
-	    kc->rot_kind == 2 /* dense: attn_prep rotates the queries */)
-		return 0;
-	return rows_ph >= 8 ? 8 : rows_ph > 2 ? 4 : rows_ph; /* 1, 2, 4, 8 */
+	return d == vc->dim && (d == 64 || d == 128 || d == 256) && tqc_attn_tiled_codec(kc->id) &&
+	       tqc_attn_tiled_codec(vc->id) && page_tokens % TQC_TILE == 0 &&
+	       kc->rot_kind != 2 /* dense: attn_prep rotates the queries */;
 }
 
-/* Its tensor-core twin attn_mma (sm_80+) takes the same shapes; Q^T's
- * fragments [d/8][32][4] and [8][TILE] weights per warp, then the stages. */
+/* Its shared memory (dynamic): Q^T's fragments [d/8][32][4], [8][TILE]
+ * weights per warp, then each warp's two stages of its tile's K and V
+ * blocks (the warps' partial sums reuse their own stages at the end). */
 static inline size_t tqc_attn_mma_smem(int dim, uint32_t k_block_bytes, uint32_t v_block_bytes)
 {
-	return (size_t)dim * 64u + (size_t)TQC_WARPS * 8u * TQC_TILE * 4u +
-	       (size_t)TQC_WARPS * 2u * TQC_TILE * ((size_t)k_block_bytes + v_block_bytes);
-}
-
-/* tqc_attn_args.tiled: the main kernel */
-#define TQC_ATTN_GENERAL 0
-#define TQC_ATTN_SIMT    1  /* attn_tiled */
-#define TQC_ATTN_MMA     2  /* attn_mma   */
-
-/* Shared memory of attn_tiled (dynamic): the rows' queries [R][d], each
- * warp's softmax weights [R][TQC_TILE] and two stages of its tile's K and V
- * blocks (the warps' partial sums reuse their own stages at the end). */
-static inline size_t tqc_attn_tiled_smem(int dim, int rows, uint32_t k_block_bytes, uint32_t v_block_bytes)
-{
-	return (size_t)rows * (size_t)dim * 4u + (size_t)TQC_WARPS * (size_t)rows * TQC_TILE * 4u +
+	return (size_t)dim * 64u + (size_t)TQC_WARPS * TQC_TILE_ROWS * TQC_TILE * 4u +
 	       (size_t)TQC_WARPS * 2u * TQC_TILE * ((size_t)k_block_bytes + v_block_bytes);
 }
 
@@ -170,12 +158,12 @@ struct tqc_attn_args {
 	int32_t causal;              /* 1: row i sees keys t <= q_pos[i]                */
 	float scale2;                /* softmax scale * log2(e)                         */
 	int32_t rows_ph;             /* rows per KV head: n_q * group                   */
-	int32_t rows_blk;            /* rows per row block: tqc_attn_rows(vpl), or tiled's */
+	int32_t rows_blk;            /* rows per row block: tqc_attn_rows(vpl) or TQC_TILE_ROWS */
 	int32_t n_rb;                /* row blocks per KV head                          */
 	int32_t rows_pad;            /* n_rb * rows_blk                                 */
 	int32_t n_split;             /* splits of the context, >= 1                     */
 	uint32_t split_len;          /* tokens per split, >= 1 (tiled: a multiple of TQC_TILE) */
-	int32_t tiled;               /* TQC_ATTN_*; SIMT / MMA: rows_blk = tqc_attn_tiled_rows */
+	int32_t tiled;               /* 1: attn_mma, rows_blk = TQC_TILE_ROWS; 0: attn_main */
 	const int32_t *q_pos;        /* device: [n_q] (causal only, else unused)         */
 	const float *q;              /* device: [n_q][n_q_heads][dim] fp32               */
 	float *qrot;                 /* device: [n_q][n_q_heads][dim], prep's output     */

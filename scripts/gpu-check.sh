@@ -6,7 +6,7 @@
 # $OUT/ when OUT is set (the device tool's folder), else to build/gpu-logs/.
 #
 #   scripts/gpu-check.sh [STEP...]     steps: smi test quick backend benchsmall bench
-#                                      testsimt benchq8 bench8 simt general ncu sanitize
+#                                      benchq8 bench8 general ncu sanitize
 #                                      (default: smi test backend benchsmall bench)
 set -u
 cd "$(dirname "$0")/.."
@@ -39,21 +39,19 @@ for s in "${steps[@]}"; do
 	smi)        step smi 30 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv ;;
 	test)       step test_cuda 150 "$B/tests/test_cuda" ;;
 	quick)      step test_cuda_quick 120 env TQ_CUDA_QUICK=1 "$B/tests/test_cuda" ;;
-	testsimt)   step test_cuda_simt 150 env TQ_CUDA_ATTN=simt "$B/tests/test_cuda" ;;
 	backend)    step gpu_backend 100 bash tests/integration/gpu_backend.sh ;;
 	benchsmall) step bench_cuda 60 bash tests/integration/bench_cuda.sh ;;
 	bench)      step bench 200 "$B/bin/tqbench" attn --backend cuda ;;
 	benchq8)    step bench_q8_tq4 200 "$B/bin/tqbench" attn --backend cuda --k q8 --v tq4 --no-baseline ;;
 	bench8)     step bench_ctas8 200 env TQ_CUDA_CTAS_PER_SM=8 "$B/bin/tqbench" attn --backend cuda --no-baseline ;;
-	simt)       step bench_simt 200 env TQ_CUDA_ATTN=simt "$B/bin/tqbench" attn --backend cuda --no-baseline ;;
 	general)    step bench_general 200 env TQ_CUDA_ATTN=general "$B/bin/tqbench" attn --backend cuda --no-baseline ;;
-	ncu)        step ncu 150 ncu --kernel-name regex:'attn_(mma|tiled)' --launch-skip 5 --launch-count 1 \
+	ncu)        step ncu 150 ncu --kernel-name regex:attn_mma --launch-skip 5 --launch-count 1 \
 	                 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
 	                 --section MemoryWorkloadAnalysis \
 	                 "$B/bin/tqbench" attn --backend cuda --ctx 32768 --batch 1 --reps 3 --no-baseline --layers 2 --bulk 64 ;;
 	sanitize)   step sanitize 300 compute-sanitizer --tool memcheck --leak-check full \
 	                 env TQ_CUDA_QUICK=1 "$B/tests/test_cuda" ;;
-	*) echo "gpu-check: unknown step '$s' (smi test quick testsimt backend benchsmall bench benchq8 bench8 simt general ncu sanitize)" >&2; exit 2 ;;
+	*) echo "gpu-check: unknown step '$s' (smi test quick backend benchsmall bench benchq8 bench8 general ncu sanitize)" >&2; exit 2 ;;
 	esac
 done
 exit $status

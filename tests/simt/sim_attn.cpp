@@ -2,6 +2,6 @@
 #include "simt.h"
 #include "fake.h"
 #define TQC_SIMT 1
-#define TQC_SIMT_DYN_SMEM (227u << 10) /* attn_tiled's dynamic shared memory: an H100's */
+#define TQC_SIMT_DYN_SMEM (227u << 10) /* attn_mma's dynamic shared memory: an H100's */
 #include "tq_cuda_attn.cu"
 #include "launch_attn.inc"

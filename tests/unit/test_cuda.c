@@ -761,7 +761,6 @@ static double row_err(const float *a, const float *b, size_t rows, int dim)
 /* Which attention kernel tqc_attend must pick for the layer (tq_cuda.h):
  * the tiled one for its shapes unless TQ_CUDA_ATTN=general. */
 static int general_only;
-static const char *tiled_kind = "mma"; /* TQ_CUDA_ATTN=simt: "simt" */
 
 static int tiled_expected(const struct layer *L)
 {
@@ -797,7 +796,7 @@ static double compare(const struct layer *L, int n_q, int n_q_heads, const void 
 	p.kv = &L->dt;
 	p.out = ob.p;
 	int rc = tqc_attend(ctx, &p, &err);
-	const char *kern = tqc_ctx_last_attn(ctx), *want = tiled_expected(L) ? tiled_kind : "general";
+	const char *kern = tqc_ctx_last_attn(ctx), *want = tiled_expected(L) ? "mma" : "general";
 	if (rc)
 		fprintf(stderr, "  %s: tqc_attend: rc %d: %s\n", what, rc, err.msg);
 	else if (strcmp(kern, want))
@@ -846,8 +845,8 @@ static int check_layer(const struct layer *L, int group, const char *what0)
 
 /* Every K/V codec pair at head dims 64, 128, 256 (GQA 1, 4, 8 in turn,
  * 203 tokens in 48-token pages: the general kernel), the pairs the tiled
- * kernel takes again in 64-token pages (GQA 1, 2, 4, 8 in turn: its 1, 2, 4
- * and 8-row blocks), and dim 96 (dense rotations) once. */
+ * kernel takes again in 64-token pages (GQA 1, 2, 4, 8 in turn: 1 to 40 of
+ * its 8-row blocks' rows in use), and dim 96 (dense rotations) once. */
 static void test_attn_pairs(void)
 {
 	static const int dims[] = { 64, 128, 256 };
@@ -1271,8 +1270,6 @@ int main(void)
 
 	quick = getenv("TQ_CUDA_QUICK") && atoi(getenv("TQ_CUDA_QUICK"));
 	general_only = getenv("TQ_CUDA_ATTN") && !strcmp(getenv("TQ_CUDA_ATTN"), "general");
-	if (getenv("TQ_CUDA_ATTN") && !strcmp(getenv("TQ_CUDA_ATTN"), "simt"))
-		tiled_kind = "simt";
 
 	if (!tqc_built()) {
 		snprintf(why, sizeof(why), "built without CUDA");
