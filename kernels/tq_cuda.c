@@ -409,6 +409,8 @@ struct tqc_ctx {
 	size_t dev_cap;
 	uint8_t *pin;            /* pinned staging */
 	uint8_t *enc_state;      /* device: the encoder's status word and CTA count */
+	uint32_t *att_cnt;       /* device: attn_mma's per-row-block counts, zeros  */
+	size_t att_cnt_cap;
 	unsigned long long *report, *report_dev; /* host-mapped: its report       */
 	size_t pin_cap;
 	struct rot_ent rot[ROT_CACHE];
@@ -492,6 +494,8 @@ void tqc_ctx_free(tqc_ctx *x)
 		(void)cudaFreeHost(x->pin);
 	if (x->enc_state)
 		(void)cudaFree(x->enc_state);
+	if (x->att_cnt)
+		(void)cudaFree(x->att_cnt);
 	if (x->report)
 		(void)cudaFreeHost(x->report);
 	if (x->ev0)
@@ -962,6 +966,28 @@ static void att_plan_make(const tqc_ctx *x, const struct tqa_shape *sh, const st
 	pl->part_rows = rows * ns;
 }
 
+/* At least n zeroed counts for attn_mma's fused finish (each launch leaves
+ * them zero). */
+static cudaError_t att_counters(tqc_ctx *x, size_t n)
+{
+	cudaError_t e;
+
+	if (n <= x->att_cnt_cap)
+		return cudaSuccess;
+	if (x->att_cnt) {
+		(void)cudaStreamSynchronize(x->stream);
+		(void)cudaFree(x->att_cnt);
+		x->att_cnt = NULL;
+		x->att_cnt_cap = 0;
+	}
+	if ((e = cudaMalloc((void **)&x->att_cnt, n * sizeof(uint32_t))) != cudaSuccess)
+		return e;
+	if ((e = cudaMemsetAsync(x->att_cnt, 0, n * sizeof(uint32_t), x->stream)) != cudaSuccess)
+		return e; /* on the context's stream: before the kernel that counts */
+	x->att_cnt_cap = n;
+	return cudaSuccess;
+}
+
 int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 {
 	struct tq_attn_params v;
@@ -1079,6 +1105,9 @@ int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 		args.rows_pad = pl.n_rb * pl.rows_blk;
 		args.n_split = pl.n_split;
 		args.split_len = pl.split_len;
+		if (pl.tiled)
+			CK("attention counts", att_counters(x, (size_t)sh.n_kv * (size_t)pl.n_rb));
+		args.counters = pl.tiled ? x->att_cnt : NULL;
 		args.out = od ? od + q0 * row_floats : (float *)(void *)(x->dev + d_out);
 		CK("kernel launch", (cudaError_t)tqc_launch_attend(&args, x->stream));
 		if (ow == W_HOST)

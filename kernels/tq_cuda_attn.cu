@@ -75,6 +75,15 @@ static __device__ __forceinline__ float warp_sum(float v)
 	return v;
 }
 
+/* Max over the warp; every lane gets the same value. */
+static __device__ __forceinline__ float warp_max(float v)
+{
+#pragma unroll
+	for (int o = 16; o >= 1; o >>= 1)
+		v = fmaxf(v, __shfl_xor_sync(FULL, v, o));
+	return v;
+}
+
 /* Byte offsets (in a block) of the index planes of width 4, 2 and 1 (0 where
  * the codec has no such plane: never read then). */
 struct planes {
@@ -428,6 +437,127 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 4) attn_main(const __grid_cons
 	cta_partials<R>(a, s_m, s_l, &s_acc[0][0][0], R * 32 * VPL, 32 * VPL, r0, nrows, split, h);
 }
 
+/* ---- finish: merge the splits, normalize, rotate back ------------------------------
+ * One CTA per row: the splits' (m, l) reduced by all threads (max, then the
+ * sum of l 2^(m - M)), each split's weight 2^(m - M) kept in shared memory,
+ * then thread c sums w_s acc_s[c] over the splits (loads of many splits in
+ * flight, not one after another), and the row goes back to the original
+ * frame. */
+
+#define FIN_THREADS (TQC_WARPS * 32)
+
+/* The CTA's reduction of v (max or sum); every thread gets the result. */
+template <bool MAX>
+static __device__ __forceinline__ float cta_reduce(float v, float *scratch)
+{
+	const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
+
+	v = MAX ? warp_max(v) : warp_sum(v);
+	__syncthreads(); /* scratch free from an earlier call */
+	if (lane == 0)
+		scratch[warp] = v;
+	__syncthreads();
+	v = scratch[0];
+	for (int w = 1; w < TQC_WARPS; w++)
+		v = MAX ? fmaxf(v, scratch[w]) : v + scratch[w];
+	return v;
+}
+
+/* A partial written by another CTA of the same launch (the fused finish):
+ * read through L2, never a stale L1 line. */
+template <bool CG>
+static __device__ __forceinline__ float ld_part(const float *p)
+{
+#ifdef __CUDA_ARCH__
+	return CG ? __ldcg(p) : *p;
+#else
+	return *p;
+#endif
+}
+
+/* Row `row` (query token i, head hq) finished by the whole CTA: the splits'
+ * partials merged, divided by the sum, rotated back, written to out.
+ * Scratch in shared memory: s_w [TQC_SPLITS_MAX], s_y [TQ_DIM_MAX],
+ * s_red [TQC_WARPS]. */
+template <bool CG>
+static __device__ void finish_row(const struct tqc_attn_args &a, size_t row, float *s_w, float *s_y, float *s_red)
+{
+	const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const struct tqc_codec_desc &vc = a.vc;
+	const int d = vc.dim, ns = a.n_split;
+	const int i = (int)(row / (size_t)a.n_q_heads), hq = (int)(row % (size_t)a.n_q_heads);
+	const int h = hq / a.group, gi = hq % a.group;
+	const size_t base = ((size_t)h * (size_t)a.rows_pad + (size_t)i * a.group + gi) * (size_t)ns;
+	const float *ml = a.part_ml + 2 * base;
+	float *o = a.out + row * (size_t)d;
+
+	/* a split that saw nothing has m = -inf and l = 0 (a NaN l must reach
+	 * the row: a logit beyond float range) */
+	float M = NEG_INF;
+	for (int s = tid; s < ns; s += FIN_THREADS)
+		M = fmaxf(M, ld_part<CG>(ml + 2 * s));
+	M = cta_reduce<true>(M, s_red);
+	float L = 0.0f;
+	for (int s = tid; s < ns; s += FIN_THREADS) {
+		const float m = ld_part<CG>(ml + 2 * s), l = ld_part<CG>(ml + 2 * s + 1);
+		const bool none = m == NEG_INF && !isnan(l);
+		const float w = none ? 0.0f : exp2f(m - M);
+		s_w[s] = w;
+		L += none ? 0.0f : l * w;
+	}
+	L = cta_reduce<false>(L, s_red); /* its barriers publish s_w */
+	/* positions are checked (0 <= q_pos < kv_len): a row sees a key unless
+	 * the cache is empty (then it is not causal) */
+	if (M == NEG_INF && !(a.kv_len > 0)) {
+		for (int c = tid; c < d; c += FIN_THREADS)
+			o[c] = 0.0f;
+		return;
+	}
+	if (!isfinite(M) || !isfinite(L) || !(L > 0.0f)) {
+		for (int c = tid; c < d; c += FIN_THREADS)
+			o[c] = QNAN; /* a logit beyond float range */
+		return;
+	}
+	const float inv = 1.0f / L;
+	for (int c = tid; c < d; c += FIN_THREADS) {
+		const float *pa = a.part_acc + base * (size_t)d + (size_t)c;
+		float A0 = 0.0f, A1 = 0.0f, A2 = 0.0f, A3 = 0.0f;
+		int s = 0;
+		for (; s + 4 <= ns; s += 4) {
+			A0 = fmaf(s_w[s], ld_part<CG>(pa + (size_t)s * d), A0);
+			A1 = fmaf(s_w[s + 1], ld_part<CG>(pa + (size_t)(s + 1) * d), A1);
+			A2 = fmaf(s_w[s + 2], ld_part<CG>(pa + (size_t)(s + 2) * d), A2);
+			A3 = fmaf(s_w[s + 3], ld_part<CG>(pa + (size_t)(s + 3) * d), A3);
+		}
+		for (; s < ns; s++)
+			A0 = fmaf(s_w[s], ld_part<CG>(pa + (size_t)s * d), A0);
+		s_y[c] = ((A0 + A1) + (A2 + A3)) * inv;
+	}
+	__syncthreads();
+	if (vc.rot_kind == ROT_HADAMARD) {
+		/* R^T y = D H (y / sqrt(d)): one warp's transform */
+		if (warp == 0) {
+			for (int c = lane; c < d; c += 32)
+				s_y[c] *= vc.inv_sqrt_dim;
+			__syncwarp();
+			warp_fwht(s_y, d, lane);
+			for (int c = lane; c < d; c += 32)
+				o[c] = s_y[c] * sign_of(vc, c);
+		}
+	} else if (vc.rot_kind == ROT_DENSE) {
+		const float *mat = vc.mat; /* (R^T y)_j = sum_i R[i][j] y_i */
+		for (int j = tid; j < d; j += FIN_THREADS) {
+			float acc = 0.0f;
+			for (int k = 0; k < d; k++)
+				acc = fmaf(mat[(size_t)k * d + j], s_y[k], acc);
+			o[j] = acc;
+		}
+	} else {
+		for (int c = tid; c < d; c += FIN_THREADS)
+			o[c] = s_y[c];
+	}
+}
+
 /* ---- tiled decode: pieces ------------------------------------------------------- */
 
 /* 16 bytes global -> shared without registers (sm_80+); the emulator copies. */
@@ -455,14 +585,6 @@ static __device__ __forceinline__ void cp_async_wait(void)
 #ifdef __CUDA_ARCH__
 	asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
-}
-
-static __device__ __forceinline__ float warp_max(float v)
-{
-#pragma unroll
-	for (int o = 16; o >= 1; o >>= 1)
-		v = fmaxf(v, __shfl_xor_sync(FULL, v, o));
-	return v;
 }
 
 struct alignas(16) f4 {
@@ -909,32 +1031,29 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 3) attn_mma(const __grid_const
 	cta_partials<R>(a, s_m, s_l,
 			reinterpret_cast<const float *>(smem + (size_t)(16 * D + TQC_WARPS * 8 * TQC_TILE) * 4u),
 			(int)(2u * stage_bytes / 4u), D, r0, nrows, split, h);
-}
 
-/* ---- finish: merge the splits, normalize, rotate back ------------------------------
- * One CTA per row: the splits' (m, l) reduced by all threads (max, then the
- * sum of l 2^(m - M)), each split's weight 2^(m - M) kept in shared memory,
- * then thread c sums w_s acc_s[c] over the splits (loads of many splits in
- * flight, not one after another), and the row goes back to the original
- * frame. */
-
-#define FIN_THREADS (TQC_WARPS * 32)
-
-/* The CTA's reduction of v (max or sum); every thread gets the result. */
-template <bool MAX>
-static __device__ __forceinline__ float cta_reduce(float v, float *scratch)
-{
-	const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
-
-	v = MAX ? warp_max(v) : warp_sum(v);
-	__syncthreads(); /* scratch free from an earlier call */
-	if (lane == 0)
-		scratch[warp] = v;
+	/* the fused finish: the CTA that completes a (row block, KV head) last
+	 * merges its splits (attn_finish's work, without its launch) and
+	 * resets the count for the next launch */
+	__shared__ bool s_last;
+	__threadfence(); /* this CTA's partials before its count */
 	__syncthreads();
-	v = scratch[0];
-	for (int w = 1; w < TQC_WARPS; w++)
-		v = MAX ? fmaxf(v, scratch[w]) : v + scratch[w];
-	return v;
+	const uint32_t ci = h * (uint32_t)a.n_rb + blockIdx.x;
+	if (threadIdx.x == 0)
+		s_last = atomicAdd(&a.counters[ci], 1u) == (uint32_t)a.n_split - 1u;
+	__syncthreads();
+	if (!s_last)
+		return;
+	__threadfence();
+	float *s_w = reinterpret_cast<float *>(smem + (size_t)(16 * D + TQC_WARPS * 8 * TQC_TILE) * 4u);
+	float *s_y = s_w + TQC_SPLITS_MAX, *s_red = s_y + TQ_DIM_MAX; /* in the stages: free now */
+	for (int r = 0; r < nrows; r++) {
+		const int rr = r0 + r, qi = rr / a.group, gi = rr % a.group;
+		finish_row<true>(a, (size_t)qi * a.n_q_heads + (size_t)h * a.group + gi, s_w, s_y, s_red);
+		__syncthreads(); /* warp 0's rotation done before the scratch is reused */
+	}
+	if (threadIdx.x == 0)
+		a.counters[ci] = 0u;
 }
 
 __global__ void __launch_bounds__(FIN_THREADS) attn_finish(const __grid_constant__ struct tqc_attn_args a)
@@ -942,81 +1061,8 @@ __global__ void __launch_bounds__(FIN_THREADS) attn_finish(const __grid_constant
 	__shared__ float s_w[TQC_SPLITS_MAX];
 	__shared__ float s_y[TQ_DIM_MAX];
 	__shared__ float s_red[TQC_WARPS];
-	const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
-	const size_t row = blockIdx.x;
-	const struct tqc_codec_desc &vc = a.vc;
-	const int d = vc.dim, ns = a.n_split;
-	const int i = (int)(row / (size_t)a.n_q_heads), hq = (int)(row % (size_t)a.n_q_heads);
-	const int h = hq / a.group, gi = hq % a.group;
-	const size_t base = ((size_t)h * (size_t)a.rows_pad + (size_t)i * a.group + gi) * (size_t)ns;
-	const float *ml = a.part_ml + 2 * base;
-	float *o = a.out + row * (size_t)d;
 
-	/* a split that saw nothing has m = -inf and l = 0 (a NaN l must reach
-	 * the row: a logit beyond float range) */
-	float M = NEG_INF;
-	for (int s = tid; s < ns; s += FIN_THREADS)
-		M = fmaxf(M, ml[2 * s]);
-	M = cta_reduce<true>(M, s_red);
-	float L = 0.0f;
-	for (int s = tid; s < ns; s += FIN_THREADS) {
-		const float m = ml[2 * s], l = ml[2 * s + 1];
-		const bool none = m == NEG_INF && !isnan(l);
-		const float w = none ? 0.0f : exp2f(m - M);
-		s_w[s] = w;
-		L += none ? 0.0f : l * w;
-	}
-	L = cta_reduce<false>(L, s_red); /* its barriers publish s_w */
-	/* positions are checked (0 <= q_pos < kv_len): a row sees a key unless
-	 * the cache is empty (then it is not causal) */
-	if (M == NEG_INF && !(a.kv_len > 0)) {
-		for (int c = tid; c < d; c += FIN_THREADS)
-			o[c] = 0.0f;
-		return;
-	}
-	if (!isfinite(M) || !isfinite(L) || !(L > 0.0f)) {
-		for (int c = tid; c < d; c += FIN_THREADS)
-			o[c] = QNAN; /* a logit beyond float range */
-		return;
-	}
-	const float inv = 1.0f / L;
-	for (int c = tid; c < d; c += FIN_THREADS) {
-		const float *pa = a.part_acc + base * (size_t)d + (size_t)c;
-		float A0 = 0.0f, A1 = 0.0f, A2 = 0.0f, A3 = 0.0f;
-		int s = 0;
-		for (; s + 4 <= ns; s += 4) {
-			A0 = fmaf(s_w[s], pa[(size_t)s * d], A0);
-			A1 = fmaf(s_w[s + 1], pa[(size_t)(s + 1) * d], A1);
-			A2 = fmaf(s_w[s + 2], pa[(size_t)(s + 2) * d], A2);
-			A3 = fmaf(s_w[s + 3], pa[(size_t)(s + 3) * d], A3);
-		}
-		for (; s < ns; s++)
-			A0 = fmaf(s_w[s], pa[(size_t)s * d], A0);
-		s_y[c] = ((A0 + A1) + (A2 + A3)) * inv;
-	}
-	__syncthreads();
-	if (vc.rot_kind == ROT_HADAMARD) {
-		/* R^T y = D H (y / sqrt(d)): one warp's transform */
-		if (warp == 0) {
-			for (int c = lane; c < d; c += 32)
-				s_y[c] *= vc.inv_sqrt_dim;
-			__syncwarp();
-			warp_fwht(s_y, d, lane);
-			for (int c = lane; c < d; c += 32)
-				o[c] = s_y[c] * sign_of(vc, c);
-		}
-	} else if (vc.rot_kind == ROT_DENSE) {
-		const float *mat = vc.mat; /* (R^T y)_j = sum_i R[i][j] y_i */
-		for (int j = tid; j < d; j += FIN_THREADS) {
-			float acc = 0.0f;
-			for (int k = 0; k < d; k++)
-				acc = fmaf(mat[(size_t)k * d + j], s_y[k], acc);
-			o[j] = acc;
-		}
-	} else {
-		for (int c = tid; c < d; c += FIN_THREADS)
-			o[c] = s_y[c];
-	}
+	finish_row<false>(a, blockIdx.x, s_w, s_y, s_red);
 }
 
 /* The host planned for the kernel that runs: the same rows per block. */
@@ -1028,7 +1074,7 @@ static bool attend_args_ok(const struct tqc_attn_args *a)
 				   : tqc_attn_tiled_ok(&a->kc, &a->vc, a->geom.page_tokens) ? TQC_TILE_ROWS : 0;
 
 	return a->rows_blk == want && want > 0 && (a->tiled || a->rows_blk == rows_for(vpl)) &&
-	       (!a->tiled || a->split_len % TQC_TILE == 0) && (a->tiled == 0 || a->tiled == 1) &&
+	       (!a->tiled || (a->split_len % TQC_TILE == 0 && a->counters)) && (a->tiled == 0 || a->tiled == 1) &&
 	       a->vc.dim == a->kc.dim && a->n_rb >= 1 &&
 	       a->n_split >= 1 && a->n_split <= TQC_SPLITS_MAX && a->n_kv >= 1 && a->n_kv <= 65535 &&
 	       a->rows_pad == a->n_rb * a->rows_blk && a->rows_ph <= a->rows_pad && rows > 0;
@@ -1099,7 +1145,8 @@ extern "C" int tqc_launch_attend(const struct tqc_attn_args *a, void *stream)
 	}
 	if ((e = cudaGetLastError()) != cudaSuccess)
 		return (int)e;
-	attn_finish<<<(unsigned)rows, FIN_THREADS, 0, st>>>(*a);
+	if (!a->tiled) /* attn_mma finishes its rows itself */
+		attn_finish<<<(unsigned)rows, FIN_THREADS, 0, st>>>(*a);
 	return (int)cudaGetLastError();
 }
 #endif /* TQC_SIMT */

@@ -90,6 +90,7 @@ int tqc_launch_encode(const struct tqc_enc_args *a, void *stream);
  *           tokens, partial (m, l, acc) per row in the V frame (attn_main,
  *           or the tiled attn_mma)
  *   finish  per row: log-sum-exp merge of the splits, acc / l, R_v^T, out
+ *           (attn_finish; attn_mma's last CTA per row block does it itself)
  * A row is (query token i, query head hq); within KV head h the rows are
  * r = i * group + g (hq = h * group + g), cut into row blocks of `rows_blk`
  * rows: one block may span several query tokens. */
@@ -170,6 +171,8 @@ struct tqc_attn_args {
 	float *part_acc;             /* device: [n_kv][rows_pad][n_split][dim]           */
 	float *part_ml;              /* device: [n_kv][rows_pad][n_split][2]: m, l        */
 	float *out;                  /* device-accessible: [n_q][n_q_heads][dim]         */
+	uint32_t *counters;          /* device, tiled: [n_kv][n_rb] finished splits, 0   */
+				     /* between launches (the last CTA merges, resets) */
 };
 
 int tqc_launch_attend(const struct tqc_attn_args *a, void *stream);
@@ -180,7 +183,7 @@ static_assert(offsetof(struct tqc_codec_desc, mat) == 216, "tqc_codec_desc layou
 static_assert(sizeof(struct tqc_enc_args) == 2 * 232 + 8 + 64 + 16 + 16 + 40, "tqc_enc_args layout");
 static_assert(offsetof(struct tqc_enc_args, k) == 2 * 232 + 8 + 64 + 16 + 16, "tqc_enc_args layout");
 static_assert(offsetof(struct tqc_attn_args, q_pos) == 2 * 232 + 8 + 16 + 14 * 4, "tqc_attn_args layout");
-static_assert(sizeof(struct tqc_attn_args) == 2 * 232 + 8 + 16 + 14 * 4 + 6 * 8, "tqc_attn_args layout");
+static_assert(sizeof(struct tqc_attn_args) == 2 * 232 + 8 + 16 + 14 * 4 + 7 * 8, "tqc_attn_args layout");
 static_assert(TQ_DIM_MAX % 32 == 0, "sign mask words");
 
 #ifdef __cplusplus
