@@ -1050,22 +1050,23 @@ int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 	void *odp;
 	const enum where ow = locate(x, p->out, &odp);
 	float *od = odp; /* NULL: staged */
-	size_t dtop = 0, ptop = 0;
-	/* the page table, queries and positions sit at the same offsets in the
-	 * scratch and the staging (carved first, in the same order), so one
-	 * copy takes them all */
+	size_t dtop = 0;
+	/* the page table, queries and positions have the same offsets in the
+	 * scratch and the staging (carved once, first), so one copy takes them
+	 * all */
 	const size_t q_bytes = qp * row_floats * sizeof(float);
-	const size_t d_pages = carve(&dtop, sizeof(void *) * n_pages), d_q = carve(&dtop, q_bytes);
-	const size_t d_pos = carve(&dtop, qp * sizeof(int32_t)), d_qrot = carve(&dtop, q_bytes);
+	const size_t o_pages = carve(&dtop, sizeof(void *) * n_pages), o_q = carve(&dtop, q_bytes);
+	const size_t o_pos = carve(&dtop, qp * sizeof(int32_t));
+	size_t ptop = dtop;
+	const size_t d_qrot = carve(&dtop, q_bytes);
 	const size_t d_acc = carve(&dtop, part_rows * (size_t)d * sizeof(float));
 	const size_t d_ml = carve(&dtop, part_rows * 2 * sizeof(float));
 	const size_t d_out = carve(&dtop, od ? 0 : q_bytes);
-	const size_t h_pages = carve(&ptop, sizeof(void *) * n_pages), h_q = carve(&ptop, q_bytes);
-	const size_t h_pos = carve(&ptop, qp * sizeof(int32_t)), h_out = carve(&ptop, ow == W_HOST ? q_bytes : 0);
+	const size_t h_out = carve(&ptop, ow == W_HOST ? q_bytes : 0);
 	if ((rc = reserve(x, dtop, ptop, err)) < 0)
 		return rc;
 
-	args.pages = (const uint8_t *const *)(void *)(x->dev + d_pages);
+	args.pages = (const uint8_t *const *)(void *)(x->dev + o_pages);
 	args.geom = kv->geom;
 	args.kv_len = sh.kv_len;
 	args.n_q_heads = p->n_q_heads;
@@ -1073,27 +1074,27 @@ int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 	args.n_kv = sh.n_kv;
 	args.causal = p->causal ? 1 : 0;
 	args.scale2 = (float)((double)sh.scale * LOG2E);
-	args.q_pos = (const int32_t *)(void *)(x->dev + d_pos);
-	args.q = (const float *)(void *)(x->dev + d_q);
+	args.q_pos = (const int32_t *)(void *)(x->dev + o_pos);
+	args.q = (const float *)(void *)(x->dev + o_q);
 	args.qrot = (float *)(void *)(x->dev + d_qrot);
 	args.part_acc = (float *)(void *)(x->dev + d_acc);
 	args.part_ml = (float *)(void *)(x->dev + d_ml);
 
 	CK("cudaEventRecord", cudaEventRecord(x->ev0, x->stream));
 	if (n_pages)
-		memcpy(x->pin + h_pages, kv->pages, sizeof(void *) * n_pages);
+		memcpy(x->pin + o_pages, kv->pages, sizeof(void *) * n_pages);
 	for (size_t q0 = 0; q0 < (size_t)p->n_q; q0 += qp) {
 		const size_t nq = (size_t)p->n_q - q0 < qp ? (size_t)p->n_q - q0 : qp;
 		const size_t bytes = nq * row_floats * sizeof(float);
-		float *hq = (float *)(void *)(x->pin + h_q);
+		float *hq = (float *)(void *)(x->pin + o_q);
 
 		/* queries as fp32 (tqa_q_row: the CPU path's conversion) */
 		for (size_t r = 0; r < nq * (size_t)p->n_q_heads; r++)
 			tqa_q_row(p, d, q0 * (size_t)p->n_q_heads + r, hq + r * (size_t)d);
 		if (p->causal)
-			memcpy(x->pin + h_pos, p->q_pos + q0, nq * sizeof(int32_t));
+			memcpy(x->pin + o_pos, p->q_pos + q0, nq * sizeof(int32_t));
 		/* one copy: the page table (first pass), the queries, the positions */
-		const size_t c0 = q0 == 0 ? d_pages : d_q, c1 = p->causal ? d_pos + nq * sizeof(int32_t) : d_q + bytes;
+		const size_t c0 = q0 == 0 ? o_pages : o_q, c1 = p->causal ? o_pos + nq * sizeof(int32_t) : o_q + bytes;
 		CK("query copy", cudaMemcpyAsync(x->dev + c0, x->pin + c0, c1 - c0, cudaMemcpyHostToDevice, x->stream));
 		att_plan_make(x, &sh, &args, nq, &pl);
 		args.n_q = (int32_t)nq;

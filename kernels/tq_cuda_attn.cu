@@ -4,8 +4,8 @@
  * Per pass over the query tokens (tq_cuda.c cuts a call into passes), on one
  * stream: attn_mma where its shapes apply — tiles of 32 keys staged in
  * shared memory, both products on the tensor cores, see "tiled decode"
- * below; it rotates its rows' queries itself — else attn_prep and attn_main;
- * then attn_finish:
+ * below; it rotates its rows' queries and merges its splits itself — else
+ * attn_prep, attn_main and attn_finish:
  *
  *   attn_prep    one warp per row (query token, query head): q in the K
  *                frame, pre-scaled for base-2 softmax: qrot = scale2 * R_k q
@@ -849,8 +849,9 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 3) attn_mma(const __grid_const
 	const uint32_t kb = geo.k_block_bytes, vb = geo.v_block_bytes, P = geo.page_tokens;
 	const uint32_t stage_bytes = TQC_TILE * (kb + vb);
 	float *qf = reinterpret_cast<float *>(smem);          /* [D/8][32][4]   */
-	float *pw = qf + 16 * D + warp * 8 * TQC_TILE;         /* this warp's [8][TILE] */
-	uint8_t *stage0 = smem + (size_t)(16 * D + TQC_WARPS * 8 * TQC_TILE) * 4u + (size_t)warp * 2u * stage_bytes;
+	float *pw = qf + 16 * D + warp * R * TQC_TILE;         /* this warp's [R][TILE] */
+	uint8_t *stages = smem + (size_t)(16 * D + TQC_WARPS * R * TQC_TILE) * 4u; /* all warps' */
+	uint8_t *stage0 = stages + (size_t)warp * 2u * stage_bytes;               /* this warp's 2 */
 
 	if (threadIdx.x < TQC_CB_MAX) {
 		const float c = a.kc.centroid[threadIdx.x], ch = tf32r(c);
@@ -861,31 +862,27 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 3) attn_mma(const __grid_const
 	/* the rows' qrot [R][D] in the stages (not in use yet), then Q^T's B
 	 * fragments: chunk j, lane (gg, qq): rows gg, coordinates kcoord(j, qq)
 	 * and + D/2, hi and lo */
-	float *sq = reinterpret_cast<float *>(smem + (size_t)(16 * D + TQC_WARPS * 8 * TQC_TILE) * 4u);
+	float *sq = reinterpret_cast<float *>(stages);
 	cta_qrot<R>(a, h, r0, nrows, sq);
 	for (int e = (int)threadIdx.x; e < 4 * D; e += TQC_WARPS * 32) {
-		const int j = e / 32, L = e % 32, gg = L >> 2, qq = L & 3;
-		float v0 = 0.0f, v1 = 0.0f;
-		if (gg < R) {
-			v0 = sq[gg * D + kcoord(j, qq)];
-			v1 = sq[gg * D + kcoord(j, qq) + D / 2];
-		}
+		const int j = e / 32, L = e % 32, gg = L >> 2, qq = L & 3; /* gg < R: every row */
+		const float v0 = sq[gg * D + kcoord(j, qq)], v1 = sq[gg * D + kcoord(j, qq) + D / 2];
 		const float h0 = tf32r(v0), h1 = tf32r(v1);
 		qf[4 * e] = h0;
 		qf[4 * e + 1] = h1;
 		qf[4 * e + 2] = tf32r(v0 - h0);
 		qf[4 * e + 3] = tf32r(v1 - h1);
 	}
-	/* this lane's rows 2q, 2q + 1: keys [0, lim) visible */
-	uint32_t lim[2], tmax = 0;
-	for (int r = 0; r < R && r < nrows; r++) {
+	/* keys [0, lim) visible to each row (rows past nrows: none); this lane
+	 * holds rows 2q, 2q + 1 */
+	uint32_t lim[2] = { 0, 0 }, tmax = 0;
+	for (int r = 0; r < nrows; r++) {
 		const uint32_t lr = a.causal ? (uint32_t)a.q_pos[(r0 + r) / a.group] + 1u : a.kv_len;
 		tmax = max(tmax, lr);
-	}
-#pragma unroll
-	for (int k = 0; k < 2; k++) {
-		const int r = 2 * q + k;
-		lim[k] = r < nrows ? (a.causal ? (uint32_t)a.q_pos[(r0 + r) / a.group] + 1u : a.kv_len) : 0u;
+		if (r == 2 * q)
+			lim[0] = lr;
+		else if (r == 2 * q + 1)
+			lim[1] = lr;
 	}
 	__syncthreads(); /* the codebooks, qf; sq is free (stages) */
 
@@ -1010,27 +1007,20 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 3) attn_mma(const __grid_const
 	/* this warp's (m, l, acc): acc into its own first stage, [R][D] */
 	float *wacc = reinterpret_cast<float *>(stage0);
 	if (g == 0) {
-#pragma unroll
-		for (int k = 0; k < 2; k++)
-			if (2 * q + k < R) {
-				s_m[warp][2 * q + k] = m[k];
-				s_l[warp][2 * q + k] = l[k];
-			}
+		s_m[warp][2 * q] = m[0], s_m[warp][2 * q + 1] = m[1];
+		s_l[warp][2 * q] = l[0], s_l[warp][2 * q + 1] = l[1];
 	}
 	__syncwarp();
 #pragma unroll
 	for (int k = 0; k < 2; k++)
-		if (2 * q + k < R) {
 #pragma unroll
-			for (int ii = 0; ii < D / 16; ii++) {
-				wacc[(2 * q + k) * D + vcoord(ii, g)] = acc[ii][k];
-				wacc[(2 * q + k) * D + vcoord(ii, g) + D / 2] = acc[ii][k + 2];
-			}
+		for (int ii = 0; ii < D / 16; ii++) {
+			wacc[(2 * q + k) * D + vcoord(ii, g)] = acc[ii][k];
+			wacc[(2 * q + k) * D + vcoord(ii, g) + D / 2] = acc[ii][k + 2];
 		}
 	__syncthreads();
-	cta_partials<R>(a, s_m, s_l,
-			reinterpret_cast<const float *>(smem + (size_t)(16 * D + TQC_WARPS * 8 * TQC_TILE) * 4u),
-			(int)(2u * stage_bytes / 4u), D, r0, nrows, split, h);
+	cta_partials<R>(a, s_m, s_l, reinterpret_cast<const float *>(stages), (int)(2u * stage_bytes / 4u), D, r0,
+			nrows, split, h);
 
 	/* the fused finish: the CTA that completes a (row block, KV head) last
 	 * merges its splits (attn_finish's work, without its launch) and
@@ -1045,8 +1035,8 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 3) attn_mma(const __grid_const
 	if (!s_last)
 		return;
 	__threadfence();
-	float *s_w = reinterpret_cast<float *>(smem + (size_t)(16 * D + TQC_WARPS * 8 * TQC_TILE) * 4u);
-	float *s_y = s_w + TQC_SPLITS_MAX, *s_red = s_y + TQ_DIM_MAX; /* in the stages: free now */
+	float *s_w = reinterpret_cast<float *>(stages); /* the stages are free now */
+	float *s_y = s_w + TQC_SPLITS_MAX, *s_red = s_y + TQ_DIM_MAX;
 	for (int r = 0; r < nrows; r++) {
 		const int rr = r0 + r, qi = rr / a.group, gi = rr % a.group;
 		finish_row<true>(a, (size_t)qi * a.n_q_heads + (size_t)h * a.group + gi, s_w, s_y, s_red);
@@ -1073,8 +1063,16 @@ static bool attend_args_ok(const struct tqc_attn_args *a)
 	const int want = !a->tiled ? tqc_attn_rows(vpl)
 				   : tqc_attn_tiled_ok(&a->kc, &a->vc, a->geom.page_tokens) ? TQC_TILE_ROWS : 0;
 
+	/* attn_mma's stages also hold its warps' partial sums and the fused
+	 * finish's scratch */
+	const size_t stages = (size_t)TQC_WARPS * 2u * TQC_TILE * (a->geom.k_block_bytes + a->geom.v_block_bytes);
+	const bool scratch_fits = stages >= (size_t)(TQC_SPLITS_MAX + TQ_DIM_MAX + TQC_WARPS) * 4u &&
+				  2u * TQC_TILE * (a->geom.k_block_bytes + a->geom.v_block_bytes) >=
+					  (size_t)TQC_TILE_ROWS * (size_t)a->kc.dim * 4u;
+
 	return a->rows_blk == want && want > 0 && (a->tiled || a->rows_blk == rows_for(vpl)) &&
-	       (!a->tiled || (a->split_len % TQC_TILE == 0 && a->counters)) && (a->tiled == 0 || a->tiled == 1) &&
+	       (!a->tiled || (a->split_len % TQC_TILE == 0 && a->counters && scratch_fits)) &&
+	       (a->tiled == 0 || a->tiled == 1) &&
 	       a->vc.dim == a->kc.dim && a->n_rb >= 1 &&
 	       a->n_split >= 1 && a->n_split <= TQC_SPLITS_MAX && a->n_kv >= 1 && a->n_kv <= 65535 &&
 	       a->rows_pad == a->n_rb * a->rows_blk && a->rows_ph <= a->rows_pad && rows > 0;
