@@ -399,8 +399,10 @@ struct tqc_ctx {
 	int device;
 	int sms;
 	int smem_optin;          /* shared memory a kernel may ask for, bytes      */
+	int smem_sm;             /* shared memory per SM, bytes                    */
 	int attn_general;        /* TQ_CUDA_ATTN=general: never attn_mma            */
-	int ctas_per_sm;         /* TQ_CUDA_CTAS_PER_SM, else ATT_CTAS_PER_SM      */
+	int ctas_per_sm;         /* TQ_CUDA_CTAS_PER_SM, else 0: ATT_CTAS_PER_SM    */
+				 /* (attn_mma: as many as its shared memory lets run) */
 	const char *last_attn;   /* tqc_ctx_last_attn                              */
 	cudaStream_t stream;
 	cudaEvent_t ev0, ev1;
@@ -442,12 +444,13 @@ int tqc_ctx_new(tqc_ctx **out, int device, tq_error *err)
 	if (x->sms < 1)
 		x->sms = 1;
 	x->smem_optin = attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+	x->smem_sm = attr(cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
 	x->last_attn = "";
 	/* knobs for tests and tuning (tq_cuda.h) */
 	const char *ev = getenv("TQ_CUDA_ATTN");
 	x->attn_general = ev && !strcmp(ev, "general");
 	ev = getenv("TQ_CUDA_CTAS_PER_SM");
-	x->ctas_per_sm = ev && atoi(ev) >= 1 && atoi(ev) <= 64 ? atoi(ev) : ATT_CTAS_PER_SM;
+	x->ctas_per_sm = ev && atoi(ev) >= 1 && atoi(ev) <= 64 ? atoi(ev) : 0;
 	if ((e = cudaStreamCreateWithFlags(&x->stream, cudaStreamNonBlocking)) != cudaSuccess) {
 		rc = err_fail(err, "GPU context: cudaStreamCreateWithFlags", e);
 		free(x);
@@ -640,6 +643,55 @@ static int rot_get(tqc_ctx *x, const tq_codec *c, const float **mat, const float
 	return 0;
 }
 
+/* The scale at which a codebook's entries come closest to FP16 numbers
+ * (attn_mma decodes through FP16 tables, see tq_cuda_attn.cu): of 4096
+ * scales spread over the octave that puts the largest |entry| in [1, 2), the
+ * one with the smallest worst relative rounding error.  A codebook depends
+ * on (dim, bits) alone, so the search runs once per pair. */
+static pthread_mutex_t h16_lock = PTHREAD_MUTEX_INITIALIZER;
+static float h16_cache[TQ_DIM_MAX + 1][TQC_CB_MAX + 1];
+
+static float h16_search(const float *cb, int n)
+{
+	float mx = 0.0f, best = 1.0f;
+	double best_err = INFINITY;
+	int e;
+
+	for (int i = 0; i < n; i++)
+		mx = fmaxf(mx, fabsf(cb[i]));
+	if (!(mx > 0.0f) || !isfinite(mx))
+		return 1.0f;
+	(void)frexpf(mx, &e); /* mx in [2^(e-1), 2^e) */
+	const float base = ldexpf(1.0f, 1 - e);
+	for (int k = 0; k < 4096; k++) {
+		const float s = base * (1.0f + (float)k / 4096.0f);
+		double err = 0.0;
+		for (int i = 0; i < n && err < best_err; i++) {
+			const float v = cb[i] * s;
+			if (v != 0.0f)
+				err = fmax(err, fabs((double)tq_f16_to_f32(tq_f32_to_f16(v)) - v) / fabs((double)v));
+		}
+		if (err < best_err) {
+			best_err = err;
+			best = s;
+		}
+	}
+	return best;
+}
+
+float tqc_h16_scale(const float *cb, int dim, int bits)
+{
+	float s;
+
+	if (dim < 0 || dim > TQ_DIM_MAX || bits < 1 || (1 << bits) > TQC_CB_MAX)
+		return 1.0f;
+	pthread_mutex_lock(&h16_lock);
+	if ((s = h16_cache[dim][bits]) == 0.0f)
+		s = h16_cache[dim][bits] = h16_search(cb, 1 << bits);
+	pthread_mutex_unlock(&h16_lock);
+	return s;
+}
+
 /* The kernels' view of a codec. */
 static int desc_make(const tq_codec *c, const float *mat, const float *mat_t, struct tqc_codec_desc *d,
 		     tq_error *err)
@@ -672,6 +724,9 @@ static int desc_make(const tq_codec *c, const float *mat, const float *mat_t, st
 			d->centroid[i] = c->cb.centroid[i];
 		for (int i = 0; i < c->cb.levels - 1; i++)
 			d->bound[i] = c->cb.bound[i];
+		d->h16_scale = tqc_h16_scale(d->centroid, c->dim, c->bits);
+	} else {
+		d->h16_scale = 1.0f;
 	}
 	return 0;
 }
@@ -940,8 +995,15 @@ static void att_plan_make(const tqc_ctx *x, const struct tqa_shape *sh, const st
 	pl->rows_blk = R;
 	const size_t n_rb = (rows_ph + (size_t)R - 1) / (size_t)R;
 	const size_t rows = (size_t)sh->n_kv * n_rb * (size_t)R; /* partial rows per split */
-	const size_t want = ((size_t)x->ctas_per_sm * (size_t)x->sms + (size_t)sh->n_kv * n_rb - 1) /
-			    ((size_t)sh->n_kv * n_rb);
+	/* CTAs per SM the splits aim at: attn_mma's shared memory (its decode
+	 * tables) lets only a few run at once, and a second wave would redo
+	 * their set-up; the driver reserves 1 KiB per CTA */
+	size_t per_sm = x->ctas_per_sm > 0 ? (size_t)x->ctas_per_sm : ATT_CTAS_PER_SM;
+	if (pl->tiled && x->ctas_per_sm <= 0 && x->smem_sm > 0) {
+		const size_t fit = (size_t)x->smem_sm / (tqc_attn_mma_smem(sh->dim, kb, vb) + 1024u);
+		per_sm = fit < 1 ? 1 : fit < per_sm ? fit : per_sm;
+	}
+	const size_t want = (per_sm * (size_t)x->sms + (size_t)sh->n_kv * n_rb - 1) / ((size_t)sh->n_kv * n_rb);
 	const size_t by_len = sh->kv_len / ATT_SPLIT_MIN, by_mem = ATT_PART_FLOATS / (rows * (size_t)(sh->dim + 2));
 	size_t ns = want;
 

@@ -475,14 +475,17 @@ static __device__ __forceinline__ float ld_part(const float *p)
 #endif
 }
 
-/* Row `row` (query token i, head hq) finished by the whole CTA: the splits'
+/* Row `row` (query token i, head hq) finished by the whole CTA (attn_finish)
+ * or by one warp (WARP: attn_mma's fused finish, its warps finishing rows
+ * side by side, the partials of other CTAs read through L2): the splits'
  * partials merged, divided by the sum, rotated back, written to out.
- * Scratch in shared memory: s_w [TQC_SPLITS_MAX], s_y [TQ_DIM_MAX],
- * s_red [TQC_WARPS]. */
-template <bool CG>
+ * Scratch in shared memory, the group's own: s_w [TQC_SPLITS_MAX],
+ * s_y [TQ_DIM_MAX], s_red [TQC_WARPS] (CTA only). */
+template <bool WARP>
 static __device__ void finish_row(const struct tqc_attn_args &a, size_t row, float *s_w, float *s_y, float *s_red)
 {
-	const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const int tid = WARP ? (int)(threadIdx.x & 31u) : (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const int nthr = WARP ? 32 : FIN_THREADS;
 	const struct tqc_codec_desc &vc = a.vc;
 	const int d = vc.dim, ns = a.n_split;
 	const int i = (int)(row / (size_t)a.n_q_heads), hq = (int)(row % (size_t)a.n_q_heads);
@@ -494,46 +497,54 @@ static __device__ void finish_row(const struct tqc_attn_args &a, size_t row, flo
 	/* a split that saw nothing has m = -inf and l = 0 (a NaN l must reach
 	 * the row: a logit beyond float range) */
 	float M = NEG_INF;
-	for (int s = tid; s < ns; s += FIN_THREADS)
-		M = fmaxf(M, ld_part<CG>(ml + 2 * s));
-	M = cta_reduce<true>(M, s_red);
+	for (int s = tid; s < ns; s += nthr)
+		M = fmaxf(M, ld_part<WARP>(ml + 2 * s));
+	M = WARP ? warp_max(M) : cta_reduce<true>(M, s_red);
 	float L = 0.0f;
-	for (int s = tid; s < ns; s += FIN_THREADS) {
-		const float m = ld_part<CG>(ml + 2 * s), l = ld_part<CG>(ml + 2 * s + 1);
+	for (int s = tid; s < ns; s += nthr) {
+		const float m = ld_part<WARP>(ml + 2 * s), l = ld_part<WARP>(ml + 2 * s + 1);
 		const bool none = m == NEG_INF && !isnan(l);
 		const float w = none ? 0.0f : exp2f(m - M);
 		s_w[s] = w;
 		L += none ? 0.0f : l * w;
 	}
-	L = cta_reduce<false>(L, s_red); /* its barriers publish s_w */
+	if (WARP) { /* publishes s_w */
+		L = warp_sum(L);
+		__syncwarp();
+	} else {
+		L = cta_reduce<false>(L, s_red); /* its barriers publish s_w */
+	}
 	/* positions are checked (0 <= q_pos < kv_len): a row sees a key unless
 	 * the cache is empty (then it is not causal) */
 	if (M == NEG_INF && !(a.kv_len > 0)) {
-		for (int c = tid; c < d; c += FIN_THREADS)
+		for (int c = tid; c < d; c += nthr)
 			o[c] = 0.0f;
 		return;
 	}
 	if (!isfinite(M) || !isfinite(L) || !(L > 0.0f)) {
-		for (int c = tid; c < d; c += FIN_THREADS)
+		for (int c = tid; c < d; c += nthr)
 			o[c] = QNAN; /* a logit beyond float range */
 		return;
 	}
 	const float inv = 1.0f / L;
-	for (int c = tid; c < d; c += FIN_THREADS) {
+	for (int c = tid; c < d; c += nthr) {
 		const float *pa = a.part_acc + base * (size_t)d + (size_t)c;
 		float A0 = 0.0f, A1 = 0.0f, A2 = 0.0f, A3 = 0.0f;
 		int s = 0;
 		for (; s + 4 <= ns; s += 4) {
-			A0 = fmaf(s_w[s], ld_part<CG>(pa + (size_t)s * d), A0);
-			A1 = fmaf(s_w[s + 1], ld_part<CG>(pa + (size_t)(s + 1) * d), A1);
-			A2 = fmaf(s_w[s + 2], ld_part<CG>(pa + (size_t)(s + 2) * d), A2);
-			A3 = fmaf(s_w[s + 3], ld_part<CG>(pa + (size_t)(s + 3) * d), A3);
+			A0 = fmaf(s_w[s], ld_part<WARP>(pa + (size_t)s * d), A0);
+			A1 = fmaf(s_w[s + 1], ld_part<WARP>(pa + (size_t)(s + 1) * d), A1);
+			A2 = fmaf(s_w[s + 2], ld_part<WARP>(pa + (size_t)(s + 2) * d), A2);
+			A3 = fmaf(s_w[s + 3], ld_part<WARP>(pa + (size_t)(s + 3) * d), A3);
 		}
 		for (; s < ns; s++)
-			A0 = fmaf(s_w[s], ld_part<CG>(pa + (size_t)s * d), A0);
+			A0 = fmaf(s_w[s], ld_part<WARP>(pa + (size_t)s * d), A0);
 		s_y[c] = ((A0 + A1) + (A2 + A3)) * inv;
 	}
-	__syncthreads();
+	if (WARP)
+		__syncwarp();
+	else
+		__syncthreads();
 	if (vc.rot_kind == ROT_HADAMARD) {
 		/* R^T y = D H (y / sqrt(d)): one warp's transform */
 		if (warp == 0) {
@@ -546,16 +557,18 @@ static __device__ void finish_row(const struct tqc_attn_args &a, size_t row, flo
 		}
 	} else if (vc.rot_kind == ROT_DENSE) {
 		const float *mat = vc.mat; /* (R^T y)_j = sum_i R[i][j] y_i */
-		for (int j = tid; j < d; j += FIN_THREADS) {
+		for (int j = tid; j < d; j += nthr) {
 			float acc = 0.0f;
 			for (int k = 0; k < d; k++)
 				acc = fmaf(mat[(size_t)k * d + j], s_y[k], acc);
 			o[j] = acc;
 		}
 	} else {
-		for (int c = tid; c < d; c += FIN_THREADS)
+		for (int c = tid; c < d; c += nthr)
 			o[c] = s_y[c];
 	}
+	if (WARP)
+		__syncwarp(); /* s_w, s_y free for the warp's next row */
 }
 
 /* ---- tiled decode: pieces ------------------------------------------------------- */
@@ -587,13 +600,6 @@ static __device__ __forceinline__ void cp_async_wait(void)
 #endif
 }
 
-struct alignas(16) f4 {
-	float x, y, z, w;
-};
-struct alignas(8) f2 {
-	float x, y;
-};
-
 /* index bits of a tiled codec: tq2..4, q8 -> 8 */
 static __device__ __forceinline__ int tiled_bits(const struct tqc_codec_desc &c)
 {
@@ -613,203 +619,346 @@ static __device__ __forceinline__ int tiled_bits(const struct tqc_codec_desc &c)
  * TQC_TILE (32) tokens, tiles w, w + 4, ... for warp w, and copies the next
  * tile's K and V blocks (two runs of 32 contiguous blocks in one page,
  * 16-byte aligned) into its own shared memory with cp.async while it
- * computes on the current one.  Both products run on the tensor cores
- * (mma.sync m16n8k8, TF32 inputs, FP32 accumulation; sm_80+):
- *   scores  S (16 tokens x 8 rows) += K (16 tokens x 8 coordinates) Q^T: the
- *           lanes decode the K blocks straight into the A fragments; Q^T's
- *           B fragments are laid out once per CTA in shared memory;
- *   values  O^T (16 coordinates x 8 rows) += V^T (16 x 8 tokens) P^T, P the
+ * computes on the current one.  Both products run on the tensor cores as
+ * mma.sync m16n8k16 with FP16 inputs and FP32 accumulation (sm_80+):
+ *   scores  S (16 tokens x 8 rows) += K (16 tokens x 16) Q^T;
+ *   values  O^T (16 coordinates x 8 rows) += V^T (16 x 16 tokens) P^T, P the
  *           softmax weights times each token's V block scale.
- * The order of the coordinates inside an mma is free (a dot product does not
- * care), so each fragment pairs coordinate c with c + d/2: every codec keeps
- * those two in one byte (tq4 nibbles; tq2 / tq3 2-bit fields 4 bits apart
- * and 1-bit fields 4 bits apart; q8 two bytes d/2 apart), and a lane's four
- * consecutive chunks take coordinates in one 32-bit word per index plane
- * (quad_idx).  Rows are the N dimension: TQC_TILE_ROWS (8) rows per block,
- * those past the pass's rows zero;
- * lane (g, q) = (lane / 4, lane % 4) holds the scores of rows 2q, 2q + 1 and
- * the output of the same rows, so the online softmax never moves data across
- * rows.  TF32 keeps 10 mantissa bits: enough for the values (their errors
- * average out), not for the scores (a logit error becomes a relative weight
- * error of the same size), which are computed in split TF32 (mma_scores).
+ * Rows are the N dimension: TQC_TILE_ROWS (8) rows per block, those past the
+ * pass's rows zero; lane (g, q) = (lane / 4, lane % 4) holds the scores and
+ * the output of rows 2q and 2q + 1, so the online softmax never moves data
+ * across rows.
+ *
+ * Decoding is a table lookup per pair of values.  An FP16 register holds
+ * two values, and the order of the coordinates inside a dot product is
+ * free, so a K register pairs coordinates c and c + D/2 of one token — one
+ * byte in every codec (tq4 nibbles; tq2 / tq3 2-bit fields 4 bits apart and
+ * 1-bit fields 4 bits apart; see pair_codes) — and a V register pairs two
+ * tokens' values of one coordinate (two such nibbles side by side).  That
+ * byte indexes a 256-entry table of FP16 pairs in shared memory, kept in 32
+ * copies (one per lane, 4 bytes apart: every lookup hits its own bank), K's
+ * and V's side by side; one PRMT builds the address (code << 8 | lane << 2)
+ * from the code byte.  q8 needs no table: int8 -> FP16 by the exponent trick
+ * (0x6400 | (x ^ 0x80)) - 1152.
+ *
+ * Precision.  FP16 keeps 11 significant bits.  The values (V) tolerate that
+ * (their errors average out); the scores do not (a logit error becomes a
+ * relative weight error of the same size), so:
+ *   - codebook entries are scaled by the codec's h16_scale before rounding:
+ *     the host picked the scale at which the entries land closest to FP16
+ *     numbers (relative error ~1e-4 at tq4, far less at tq2 / tq3; q8's
+ *     integers are exact); the scale is divided out of the block scale;
+ *   - queries go in two parts, hi + lo (both FP16: about 22 bits), so S =
+ *     K Qh + K Ql, after scaling each row by a power of two rho that brings
+ *     its largest |q| into [256, 512) (FP16's range; divided out too);
+ *   - P times the V block scale is scaled by a power of two 2^-E per warp,
+ *     raised as larger block scales arrive (the accumulator rescaled with
+ *     the softmax's alpha), so no weight overflows FP16.
  * Non-finite scores make the row NaN as in attn_main; a row sees a key only
  * below its causal limit and the split's end. */
 
-/* finite x rounded to TF32 (nearest, ties away: what cvt.rna.tf32.f32
- * does, in two integer operations instead of its longer sequence) */
-static __device__ __forceinline__ float tf32r(float x)
-{
-	return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u);
-}
-
-/* c += A B, A 16x8 (a0: row g col q, a1: row g+8 col q, a2: row g col q+4,
- * a3: row g+8 col q+4), B 8x8 (b0: row q col g, b1: row q+4 col g), C 16x8
- * (c0, c1: row g cols 2q, 2q+1; c2, c3: row g+8) — PTX's m16n8k8 .tf32
- * fragments; the emulator gathers them with shuffles. */
-static __device__ __forceinline__ void mma_tf32(float (&c)[4], const float (&a)[4], const float (&b)[2])
+/* byte permute (PTX prmt): result byte i = byte (s >> 4i) & 7 of b:a */
+static __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t s)
 {
 #ifdef __CUDA_ARCH__
-	asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+	return __byte_perm(a, b, s);
+#else
+	const uint64_t x = (uint64_t)b << 32 | a;
+	uint32_t r = 0;
+	for (int i = 0; i < 4; i++)
+		r |= (uint32_t)(x >> (8 * ((s >> (4 * i)) & 7u)) & 0xffu) << (8 * i);
+	return r;
+#endif
+}
+
+/* two floats as an FP16 pair (round to nearest even), lo in the low half */
+static __device__ __forceinline__ uint32_t h2pack(float lo, float hi)
+{
+#ifdef __CUDA_ARCH__
+	uint32_t r;
+	asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+	return r;
+#else
+	return f32_to_f16(lo) | f32_to_f16(hi) << 16;
+#endif
+}
+
+static __device__ __forceinline__ uint16_t h1pack(float x)
+{
+#ifdef __CUDA_ARCH__
+	uint16_t r;
+	asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(r) : "f"(x));
+	return r;
+#else
+	return (uint16_t)f32_to_f16(x);
+#endif
+}
+
+/* a - b on FP16 pairs */
+static __device__ __forceinline__ uint32_t h2sub(uint32_t a, uint32_t b)
+{
+#ifdef __CUDA_ARCH__
+	uint32_t r;
+	asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+	return r;
+#else
+	return f32_to_f16(f16_to_f32(a & 0xffffu) - f16_to_f32(b & 0xffffu)) |
+	       f32_to_f16(f16_to_f32(a >> 16) - f16_to_f32(b >> 16)) << 16;
+#endif
+}
+
+/* 2^n exactly (n >= -126; 0 below) */
+static __device__ __forceinline__ float pow2i(int n)
+{
+	return n < -126 ? 0.0f : __uint_as_float((uint32_t)(n + 127) << 23);
+}
+
+static __device__ __forceinline__ int iclamp(int x, int lo, int hi)
+{
+	return x < lo ? lo : x > hi ? hi : x;
+}
+
+/* floor(log2 x) of a finite x > 0 (normal) */
+static __device__ __forceinline__ int ilog2f(float x)
+{
+	return (int)((__float_as_uint(x) >> 23) & 0xffu) - 127;
+}
+
+/* c += A B, A 16x16, B 16x8, FP16 pairs, FP32 C — PTX's m16n8k16 fragments:
+ * a[0] row g cols 2q, 2q+1; a[1] row g+8; a[2] row g cols 2q+8, 2q+9;
+ * a[3] row g+8 cols 2q+8, 2q+9; b0 rows 2q, 2q+1 col g; b1 rows 2q+8, 2q+9;
+ * c0, c1 row g cols 2q, 2q+1; c2, c3 row g+8 (the lower index in the low
+ * half).  The emulator gathers the fragments through a per-warp buffer. */
+static __device__ __forceinline__ void mma_h16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+#ifdef __CUDA_ARCH__
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
 		     "{%0,%1,%2,%3};\n"
 		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-		     : "r"(__float_as_uint(a[0])), "r"(__float_as_uint(a[1])), "r"(__float_as_uint(a[2])),
-		       "r"(__float_as_uint(a[3])), "r"(__float_as_uint(b[0])), "r"(__float_as_uint(b[1])));
+		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #else
-	/* the emulator: the warp's fragments through a per-warp exchange buffer */
-	static float xa[TQC_WARPS][32][4], xb[TQC_WARPS][32][2];
+	static uint32_t xa[TQC_WARPS][32][4], xb[TQC_WARPS][32][2];
 	const int lane = (int)(threadIdx.x & 31u), w = (int)(threadIdx.x >> 5), g = lane >> 2, q = lane & 3;
 	for (int e = 0; e < 4; e++)
 		xa[w][lane][e] = a[e];
-	xb[w][lane][0] = b[0];
-	xb[w][lane][1] = b[1];
+	xb[w][lane][0] = b0;
+	xb[w][lane][1] = b1;
 	__syncwarp();
-	for (int k = 0; k < 8; k++) {
-		const int src = k & 3, hi = k >> 2;
-		const float ag = xa[w][g * 4 + src][2 * hi], ag8 = xa[w][g * 4 + src][2 * hi + 1];
-		const float b0 = xb[w][2 * q * 4 + src][hi], b1 = xb[w][(2 * q + 1) * 4 + src][hi];
-		c[0] = fmaf(ag, b0, c[0]);
-		c[1] = fmaf(ag, b1, c[1]);
-		c[2] = fmaf(ag8, b0, c[2]);
-		c[3] = fmaf(ag8, b1, c[3]);
+	auto half = [](uint32_t v, int k) { return f16_to_f32(k & 1 ? v >> 16 : v & 0xffffu); };
+	for (int k = 0; k < 16; k++) {
+		const int qq = (k & 7) >> 1, hk = k >> 3;
+		const float a0 = half(xa[w][g * 4 + qq][2 * hk], k), a8 = half(xa[w][g * 4 + qq][2 * hk + 1], k);
+		const float bb0 = half(xb[w][(2 * q) * 4 + qq][hk], k), bb1 = half(xb[w][(2 * q + 1) * 4 + qq][hk], k);
+		c[0] = fmaf(a0, bb0, c[0]);
+		c[1] = fmaf(a0, bb1, c[1]);
+		c[2] = fmaf(a8, bb0, c[2]);
+		c[3] = fmaf(a8, bb1, c[3]);
 	}
 	__syncwarp();
 #endif
 }
 
-/* The indices (or q8's bytes) of coordinates c + e and c + e + D/2, e < 4,
- * of a block (c a multiple of 4 below D/2): every index plane of width w has
- * stride S = D w / 8, a multiple of 4, so the four coordinates c + e sit in
- * bytes e of one 32-bit word per plane, at bit w (c / S) of each byte, and
- * their partners c + e + D/2 in the same bytes w (D/2) / S bits higher
- * (tq4 nibbles; tq2 / tq3 2-bit fields 4 bits up, tq3's 1-bit fields 4 up;
- * q8: the bytes d/2 further on).  One or two word loads per four pairs. */
-template <int D, int KB>
-static __device__ __forceinline__ void quad_idx(const uint8_t *blk, int c, uint32_t (&il)[4], uint32_t (&ih)[4])
+/* The decode tables (shared memory, offset 0): row `code` at code * 256:
+ * K's pair for that code in 32 copies (lane l's at 4 l), then V's. */
+#define LUT_ROW 256u
+#define LUT_V 128u
+static_assert(TQC_MMA_LUT_BYTES == 256u * LUT_ROW && LUT_V == 32u * 4u, "decode tables");
+
+/* the table entry of code byte e of w: lane4 = lane * 4 (a byte) */
+template <uint32_t OFF>
+static __device__ __forceinline__ uint32_t lut(const uint8_t *tab, uint32_t w, int e, uint32_t lane4)
+{
+	return *reinterpret_cast<const uint32_t *>(tab + OFF + prmt(w, lane4, 0x5504u | (uint32_t)e << 4));
+}
+
+template <int N>
+static __device__ __forceinline__ void ld_words(const uint8_t *p, uint32_t (&w)[N])
+{
+#pragma unroll
+	for (int i = 0; i < N; i++)
+		w[i] = reinterpret_cast<const uint32_t *>(p)[i];
+}
+
+/* The pair codes of pairs p0 .. p0 + 4N - 1 of a tq block (pair p:
+ * coordinates p and p + D/2), one byte each, four to a word: bits 0-3 the
+ * index of p, bits 4-7 that of p + D/2 (tq4); tq3: bits 0-1 / 4-5 the low
+ * index bits, bits 2 / 6 the high bits, bits 3 / 7 other coordinates' (the
+ * tables ignore them); tq2: bits 0-1 / 4-5, the rest ignored.  A B-bit tq
+ * index has its low 2 (or 4) bits in the 2- (4-) bit plane of stride
+ * S2 = D/4 (D/2) and tq3's high bit in the 1-bit plane of stride S1 = D/8:
+ * p sits in byte p % S at bits w (p / S) of a plane of width w, and p + D/2
+ * 4 bits higher.  4N divides D/8 and p0 is a multiple of 4N, so the whole
+ * run shares its shifts. */
+template <int D, int B, int N>
+static __device__ __forceinline__ void pair_codes(const uint8_t *blk, uint32_t p0, uint32_t (&w)[N])
 {
 	const uint8_t *pl = blk + 4; /* the planes, after the 4-byte header */
-	if (KB == 8) {
-		const uint32_t x = *reinterpret_cast<const uint32_t *>(pl + c);
-		const uint32_t y = *reinterpret_cast<const uint32_t *>(pl + c + D / 2);
-#pragma unroll
-		for (int e = 0; e < 4; e++) {
-			il[e] = (x >> (8 * e)) & 0xffu;
-			ih[e] = (y >> (8 * e)) & 0xffu;
-		}
-	} else if (KB == 4) {
-		const uint32_t x = *reinterpret_cast<const uint32_t *>(pl + c);
-#pragma unroll
-		for (int e = 0; e < 4; e++) {
-			il[e] = (x >> (8 * e)) & 15u;
-			ih[e] = (x >> (8 * e + 4)) & 15u;
-		}
+	if (B == 4) {
+		ld_words<N>(pl + p0, w);
 	} else {
-		constexpr int S2 = D / 4, S1 = D / 8;
-		const uint32_t x = *reinterpret_cast<const uint32_t *>(pl + c % S2) >> (2 * (c / S2));
-		uint32_t y = 0;
-		if (KB == 3)
-			y = *reinterpret_cast<const uint32_t *>(pl + S2 + c % S1) >> (c / S1);
+		constexpr uint32_t S2 = D / 4, S1 = D / 8;
+		uint32_t x[N];
+		ld_words<N>(pl + p0 % S2, x);
+		const uint32_t s2 = 2u * (p0 / S2);
+		if (B == 2) {
 #pragma unroll
-		for (int e = 0; e < 4; e++) {
-			il[e] = (x >> (8 * e)) & 3u;
-			ih[e] = (x >> (8 * e + 4)) & 3u;
-			if (KB == 3) {
-				il[e] |= ((y >> (8 * e)) & 1u) << 2;
-				ih[e] |= ((y >> (8 * e + 4)) & 1u) << 2;
-			}
+			for (int i = 0; i < N; i++)
+				w[i] = x[i] >> s2;
+		} else {
+			uint32_t y[N];
+			ld_words<N>(pl + S2 + p0 % S1, y);
+			const uint32_t s1 = p0 / S1;
+#pragma unroll
+			for (int i = 0; i < N; i++)
+				w[i] = ((x[i] >> s2) & 0x33333333u) | (((y[i] >> s1) << 2) & 0xccccccccu);
 		}
 	}
 }
 
-/* a value from quad_idx: a codebook entry, or q8's int8 */
-template <int KB>
-static __device__ __forceinline__ float idx_val(uint32_t i, const float *cb)
+/* q8: int8 bytes e of x (low half) and y (high half) as an FP16 pair; x, y
+ * already XORed with 0x80808080 */
+static __device__ __forceinline__ uint32_t q8_pair(uint32_t x, uint32_t y, int e)
 {
-	return KB == 8 ? (float)(int32_t)(int8_t)(uint8_t)i : cb[i];
+	const uint32_t u = prmt(x, y, (uint32_t)e | (uint32_t)(4 + e) << 4);
+	return h2sub(prmt(u, 0x64646464u, 0x4140u), 0x64806480u); /* (1024 + x + 128) - 1152 */
 }
 
-/* S (tokens t0 + g, t0 + g + 8 x rows 2q, 2q + 1) = K Q^T over the tile's K
- * blocks, in split TF32 (x = hi + lo, both TF32; K Q^T = Kh Qh + Kh Ql +
- * Kl Qh, about FP32's accuracy: score errors grow with the logits, value
- * errors do not).  Chunk j = 4 jb + e of the mma's k dimension holds, for
- * lane quad q, coordinates 16 jb + 4 q + e and + D/2 (kcoord): lane q's four
- * chunks of a jb come from one word.  qf: Q^T's B fragments [D/8][32] x
- * (hi 0, hi 1, lo 0, lo 1); ckh, ckl: the K codebook's hi and lo parts. */
-__host__ __device__ constexpr int kcoord(int j, int q)
-{
-	return 16 * (j / 4) + 4 * q + j % 4;
-}
+/* The B fragments of Q^T for k-step j: hi and lo parts of rows g and pairs
+ * P = q D/8 + 2 j (b0) and P + 1 (b1), in registers (D <= 128) or shared
+ * memory (D = 256: [D/16][32] x 4 words). */
+struct alignas(16) u32x4 {
+	uint32_t x, y, z, w;
+};
 
+template <int D>
+struct qfrags {
+	static constexpr bool REG = D <= 128;
+	uint32_t r[REG ? D / 16 : 1][4];
+	const u32x4 *s;
+	__device__ __forceinline__ u32x4 get(int j, int lane) const
+	{
+		if constexpr (REG)
+			return u32x4{ r[j][0], r[j][1], r[j][2], r[j][3] };
+		else
+			return s[j * 32 + lane];
+	}
+};
+
+/* S (tokens 16 mt + g, + 8 x rows 2q, 2q + 1) = K Q^T for both halves of
+ * the tile: sc[2 mt + hi][k] (hi: token + 8).  Lane q's K registers hold
+ * pairs q D/8 + 2j (cols 2q, 2q + 1) and + 1 (cols 2q + 8, 2q + 9) of k-step
+ * j: code bytes 2j and 2j + 1 of its run of D/8 pairs. */
 template <int D, int KB>
-static __device__ __forceinline__ void mma_scores(const uint8_t *kt, uint32_t kb, int t0, const float *qf,
-						  const float *ckh, const float *ckl, int lane, float (&s)[4])
+static __device__ __forceinline__ void mma_scores(const uint8_t *kt, uint32_t kb, const uint8_t *tab,
+						  const qfrags<D> &qf, int lane, float (&sc)[4][2])
 {
 	const int g = lane >> 2, q = lane & 3;
-	const uint8_t *ba = kt + (uint32_t)(t0 + g) * kb, *bb = ba + 8u * kb;
-	/* two accumulators: shorter chains of dependent mmas */
-	float s2[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
-	s[0] = s[1] = s[2] = s[3] = 0.0f;
-#pragma unroll 1
-	for (int jb = 0; jb < D / 32; jb++) { /* 4 chunks of 8 k-positions each */
-		uint32_t ial[4], iah[4], ibl[4], ibh[4];
-		quad_idx<D, KB>(ba, 16 * jb + 4 * q, ial, iah);
-		quad_idx<D, KB>(bb, 16 * jb + 4 * q, ibl, ibh);
+	const uint32_t lane4 = (uint32_t)lane * 4u, p0 = (uint32_t)q * (D / 8);
+	float s[2][4], s2[2][4];
 #pragma unroll
-		for (int e = 0; e < 4; e++) {
-			const int j = 4 * jb + e;
-			float ah[4], al[4];
+	for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			s[mt][e] = s2[mt][e] = 0.0f;
+#pragma unroll
+	for (int jw = 0; jw < D / 32; jw++) { /* one code word: k-steps 2 jw, 2 jw + 1 */
+		uint32_t cw[4], cy[4];
+#pragma unroll
+		for (int u = 0; u < 4; u++) { /* tokens g + 8 u */
+			const uint8_t *blk = kt + (uint32_t)(g + 8 * u) * kb;
 			if (KB == 8) {
-				ah[0] = idx_val<8>(ial[e], nullptr);
-				ah[1] = idx_val<8>(ibl[e], nullptr);
-				ah[2] = idx_val<8>(iah[e], nullptr);
-				ah[3] = idx_val<8>(ibh[e], nullptr);
-				al[0] = al[1] = al[2] = al[3] = 0.0f;
-			} else { /* loads straight into the fragments' registers */
-				ah[0] = ckh[ial[e]], al[0] = ckl[ial[e]];
-				ah[1] = ckh[ibl[e]], al[1] = ckl[ibl[e]];
-				ah[2] = ckh[iah[e]], al[2] = ckl[iah[e]];
-				ah[3] = ckh[ibh[e]], al[3] = ckl[ibh[e]];
+				cw[u] = *reinterpret_cast<const uint32_t *>(blk + 4 + p0 + 4 * jw) ^ 0x80808080u;
+				cy[u] = *reinterpret_cast<const uint32_t *>(blk + 4 + D / 2 + p0 + 4 * jw) ^ 0x80808080u;
+			} else {
+				uint32_t w1[1];
+				pair_codes<D, KB, 1>(blk, p0 + 4u * (uint32_t)jw, w1);
+				cw[u] = w1[0];
 			}
-			const f4 f = *reinterpret_cast<const f4 *>(qf + (j * 32 + lane) * 4);
-			const float bh[2] = { f.x, f.y }, bl[2] = { f.z, f.w };
-			mma_tf32(s2, ah, bl);
-			if (KB != 8)
-				mma_tf32(s2, al, bh); /* q8's integers have no lo part */
-			mma_tf32(s, ah, bh);
+		}
+#pragma unroll
+		for (int jj = 0; jj < 2; jj++) {
+			const u32x4 b = qf.get(2 * jw + jj, lane);
+#pragma unroll
+			for (int mt = 0; mt < 2; mt++) {
+				uint32_t a[4];
+				if (KB == 8) {
+					a[0] = q8_pair(cw[2 * mt], cy[2 * mt], 2 * jj);
+					a[1] = q8_pair(cw[2 * mt + 1], cy[2 * mt + 1], 2 * jj);
+					a[2] = q8_pair(cw[2 * mt], cy[2 * mt], 2 * jj + 1);
+					a[3] = q8_pair(cw[2 * mt + 1], cy[2 * mt + 1], 2 * jj + 1);
+				} else {
+					a[0] = lut<0>(tab, cw[2 * mt], 2 * jj, lane4);
+					a[1] = lut<0>(tab, cw[2 * mt + 1], 2 * jj, lane4);
+					a[2] = lut<0>(tab, cw[2 * mt], 2 * jj + 1, lane4);
+					a[3] = lut<0>(tab, cw[2 * mt + 1], 2 * jj + 1, lane4);
+				}
+				mma_h16(s[mt], a, b.x, b.y);
+				mma_h16(s2[mt], a, b.z, b.w);
+			}
 		}
 	}
 #pragma unroll
-	for (int e = 0; e < 4; e++)
-		s[e] += s2[e];
+	for (int mt = 0; mt < 2; mt++) {
+		sc[2 * mt][0] = s[mt][0] + s2[mt][0];
+		sc[2 * mt][1] = s[mt][1] + s2[mt][1];
+		sc[2 * mt + 1][0] = s[mt][2] + s2[mt][2];
+		sc[2 * mt + 1][1] = s[mt][3] + s2[mt][3];
+	}
 }
 
-/* acc (coordinates vcoord(i, g) and + D/2 x rows 2q, 2q + 1) += V^T P^T over
- * the tile's 32 tokens; m-tile i = 4 ib + e holds, for lane group g,
- * coordinate 32 ib + 4 g + e: lane g's four m-tiles of an ib come from one
- * word.  pw: P [8 rows][TILE] (TF32). */
-__host__ __device__ constexpr int vcoord(int i, int g)
-{
-	return 32 * (i / 4) + 4 * g + i % 4;
-}
-
+/* acc[i] (coordinates p = g D/16 + i (row g) and p + D/2 (row g + 8) x rows
+ * 2q, 2q + 1) += V^T P^T over the tile's 32 tokens.  k-step ks takes tokens
+ * 16 ks + 2q, + 1 (cols 2q, 2q + 1) and + 8, + 9: their pair codes merged
+ * nibble by nibble into token-pair codes.  pw: P as FP16 [8 rows][TILE]. */
 template <int D, int VB>
-static __device__ __forceinline__ void mma_values(const uint8_t *vt, uint32_t vb, const float *pw, const float *cb,
-						  int lane, float (&acc)[D / 16][4])
+static __device__ __forceinline__ void mma_values(const uint8_t *vt, uint32_t vb, const uint8_t *tab,
+						  const uint16_t *pw, int lane, float (&acc)[D / 16][4])
 {
+	constexpr int NW = D / 64; /* code words per token: D/16 pairs */
 	const int g = lane >> 2, q = lane & 3;
-#pragma unroll 1 /* unrolled, the decodes of all 32 tokens would be hoisted into registers */
-	for (int k0 = 0; k0 < TQC_TILE; k0 += 8) {
-		const float b[2] = { pw[g * TQC_TILE + k0 + q], pw[g * TQC_TILE + k0 + q + 4] };
-		const uint8_t *b0 = vt + (uint32_t)(k0 + q) * vb, *b1 = b0 + 4u * vb;
+	const uint32_t lane4 = (uint32_t)lane * 4u, p0 = (uint32_t)g * (D / 16);
 #pragma unroll
-		for (int ib = 0; ib < D / 64; ib++) {
-			uint32_t l0[4], h0[4], l1[4], h1[4];
-			quad_idx<D, VB>(b0, 32 * ib + 4 * g, l0, h0);
-			quad_idx<D, VB>(b1, 32 * ib + 4 * g, l1, h1);
+	for (int ks = 0; ks < 2; ks++) {
+		const uint32_t *pr = reinterpret_cast<const uint32_t *>(pw + g * TQC_TILE + 16 * ks);
+		const uint32_t b0 = pr[q], b1 = pr[q + 4];
+		const int t0 = 16 * ks + 2 * q;
+		const uint8_t *bl[4] = { vt + (uint32_t)t0 * vb, vt + (uint32_t)(t0 + 1) * vb,
+					 vt + (uint32_t)(t0 + 8) * vb, vt + (uint32_t)(t0 + 9) * vb };
+		if (VB == 8) {
 #pragma unroll
-			for (int e = 0; e < 4; e++) {
-				const float a[4] = { idx_val<VB>(l0[e], cb), idx_val<VB>(h0[e], cb), idx_val<VB>(l1[e], cb),
-						     idx_val<VB>(h1[e], cb) };
-				mma_tf32(acc[4 * ib + e], a, b);
+			for (int kw = 0; kw < NW; kw++) {
+				uint32_t lo[4], hi[4];
+#pragma unroll
+				for (int u = 0; u < 4; u++) {
+					lo[u] = *reinterpret_cast<const uint32_t *>(bl[u] + 4 + p0 + 4 * kw) ^ 0x80808080u;
+					hi[u] = *reinterpret_cast<const uint32_t *>(bl[u] + 4 + D / 2 + p0 + 4 * kw) ^
+						0x80808080u;
+				}
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					const uint32_t a[4] = { q8_pair(lo[0], lo[1], e), q8_pair(hi[0], hi[1], e),
+								q8_pair(lo[2], lo[3], e), q8_pair(hi[2], hi[3], e) };
+					mma_h16(acc[4 * kw + e], a, b0, b1);
+				}
+			}
+		} else {
+			uint32_t x[4][NW];
+#pragma unroll
+			for (int u = 0; u < 4; u++)
+				pair_codes<D, VB, NW>(bl[u], p0, x[u]);
+#pragma unroll
+			for (int kw = 0; kw < NW; kw++) {
+				/* token-pair codes: low nibble the first token's index */
+				const uint32_t l01 = (x[0][kw] & 0x0f0f0f0fu) | ((x[1][kw] << 4) & 0xf0f0f0f0u);
+				const uint32_t h01 = ((x[0][kw] >> 4) & 0x0f0f0f0fu) | (x[1][kw] & 0xf0f0f0f0u);
+				const uint32_t l23 = (x[2][kw] & 0x0f0f0f0fu) | ((x[3][kw] << 4) & 0xf0f0f0f0u);
+				const uint32_t h23 = ((x[2][kw] >> 4) & 0x0f0f0f0fu) | (x[3][kw] & 0xf0f0f0f0u);
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					const uint32_t a[4] = { lut<LUT_V>(tab, l01, e, lane4), lut<LUT_V>(tab, h01, e, lane4),
+								lut<LUT_V>(tab, l23, e, lane4), lut<LUT_V>(tab, h23, e, lane4) };
+					mma_h16(acc[4 * kw + e], a, b0, b1);
+				}
 			}
 		}
 	}
@@ -830,13 +979,21 @@ static __device__ __forceinline__ float group_sum(float v)
 	return v + __shfl_xor_sync(FULL, v, 16);
 }
 
+/* one codec's table column: entry `code` = (cb[lo nibble], cb[hi nibble]) * scale
+ * as FP16, the nibbles masked to the codec's index bits */
+static __device__ __forceinline__ uint32_t lut_entry(const struct tqc_codec_desc &cd, int code)
+{
+	const int m = (1 << cd.bits) - 1;
+	return f32_to_f16(cd.centroid[code & m] * cd.h16_scale) |
+	       f32_to_f16(cd.centroid[(code >> 4) & m] * cd.h16_scale) << 16;
+}
+
 template <int D>
-__global__ void __launch_bounds__(TQC_WARPS * 32, 3) attn_mma(const __grid_constant__ struct tqc_attn_args a)
+__global__ void __launch_bounds__(TQC_WARPS * 32, 2) attn_mma(const __grid_constant__ struct tqc_attn_args a)
 {
 	constexpr int R = TQC_TILE_ROWS; /* the mma's N */
-	static_assert(R == 8, "rows are the N of m16n8k8");
+	static_assert(R == 8, "rows are the N of m16n8k16");
 	TILED_SMEM(smem);
-	__shared__ float s_ckh[TQC_CB_MAX], s_ckl[TQC_CB_MAX], s_cv[TQC_CB_MAX];
 	__shared__ float s_m[TQC_WARPS][R], s_l[TQC_WARPS][R];
 
 	const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
@@ -848,33 +1005,72 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 3) attn_mma(const __grid_const
 	const struct tq_page_geom geo = a.geom;
 	const uint32_t kb = geo.k_block_bytes, vb = geo.v_block_bytes, P = geo.page_tokens;
 	const uint32_t stage_bytes = TQC_TILE * (kb + vb);
-	float *qf = reinterpret_cast<float *>(smem);          /* [D/8][32][4]   */
-	float *pw = qf + 16 * D + warp * R * TQC_TILE;         /* this warp's [R][TILE] */
-	uint8_t *stages = smem + (size_t)(16 * D + TQC_WARPS * R * TQC_TILE) * 4u; /* all warps' */
-	uint8_t *stage0 = stages + (size_t)warp * 2u * stage_bytes;               /* this warp's 2 */
+	const uint8_t *tab = smem;                                               /* the tables */
+	uint8_t *qfs = smem + TQC_MMA_LUT_BYTES;                                 /* D = 256: Q^T */
+	uint16_t *pw_all = reinterpret_cast<uint16_t *>(qfs + (D > 128 ? 32 * D : 0)); /* tqc_attn_mma_qf_bytes */
+	uint16_t *pw = pw_all + warp * R * TQC_TILE;                             /* this warp's [R][TILE] */
+	uint8_t *stages = reinterpret_cast<uint8_t *>(pw_all + TQC_WARPS * R * TQC_TILE); /* all warps' */
+	uint8_t *stage0 = stages + (size_t)warp * 2u * stage_bytes;                       /* this warp's 2 */
+	const int kbits = tiled_bits(a.kc), vbits = tiled_bits(a.vc);
 
-	if (threadIdx.x < TQC_CB_MAX) {
-		const float c = a.kc.centroid[threadIdx.x], ch = tf32r(c);
-		s_ckh[threadIdx.x] = ch;
-		s_ckl[threadIdx.x] = tf32r(c - ch);
-		s_cv[threadIdx.x] = tf32r(a.vc.centroid[threadIdx.x]);
+	/* the tables: the 512 entries into pw_all (free until the first tile),
+	 * then each warp copies its rows 32 times */
+	uint32_t *ent = reinterpret_cast<uint32_t *>(pw_all);
+	static_assert(TQC_WARPS * R * TQC_TILE * 2 >= 512 * 4, "table entries fit the weights' space");
+	for (int e = (int)threadIdx.x; e < 512; e += TQC_WARPS * 32) {
+		const struct tqc_codec_desc &cd = e < 256 ? a.kc : a.vc;
+		ent[e] = tiled_bits(cd) == 8 ? 0u : lut_entry(cd, e & 255);
 	}
-	/* the rows' qrot [R][D] in the stages (not in use yet), then Q^T's B
-	 * fragments: chunk j, lane (gg, qq): rows gg, coordinates kcoord(j, qq)
-	 * and + D/2, hi and lo */
+	/* the rows' qrot [R][D] in the stages (not in use yet; its barrier
+	 * also publishes the entries) */
 	float *sq = reinterpret_cast<float *>(stages);
 	cta_qrot<R>(a, h, r0, nrows, sq);
-	for (int e = (int)threadIdx.x; e < 4 * D; e += TQC_WARPS * 32) {
-		const int j = e / 32, L = e % 32, gg = L >> 2, qq = L & 3; /* gg < R: every row */
-		const float v0 = sq[gg * D + kcoord(j, qq)], v1 = sq[gg * D + kcoord(j, qq) + D / 2];
-		const float h0 = tf32r(v0), h1 = tf32r(v1);
-		qf[4 * e] = h0;
-		qf[4 * e + 1] = h1;
-		qf[4 * e + 2] = tf32r(v0 - h0);
-		qf[4 * e + 3] = tf32r(v1 - h1);
+	{
+		uint32_t *t32 = reinterpret_cast<uint32_t *>(smem);
+		for (int c = warp; c < 256; c += TQC_WARPS) {
+			t32[c * (LUT_ROW / 4) + lane] = ent[c];
+			t32[c * (LUT_ROW / 4) + LUT_V / 4 + lane] = ent[256 + c];
+		}
 	}
-	/* keys [0, lim) visible to each row (rows past nrows: none); this lane
-	 * holds rows 2q, 2q + 1 */
+	/* row g's scale rho = 2^k with max |q| rho in [256, 512); a row with a
+	 * non-finite q is NaN */
+	float mx = 0.0f;
+	bool bad = false;
+	for (int c = q; c < D; c += 4) {
+		const float v = sq[g * D + c];
+		bad |= !isfinite(v);
+		mx = fmaxf(mx, fabsf(v));
+	}
+	mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 1));
+	mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 2));
+	bad = __shfl_xor_sync(FULL, (int)bad, 1) | bad;
+	bad = __shfl_xor_sync(FULL, (int)bad, 2) | bad;
+	const float rho = bad || !(mx > 0.0f) ? 1.0f : pow2i(iclamp(8 - ilog2f(fmaxf(mx, 0x1p-126f)), -126, 126));
+	/* Q^T's fragments for lane (g, q): row g, pairs q D/8 + 2j (+ 1) */
+	qfrags<D> qf;
+#pragma unroll
+	for (int j = 0; j < D / 16; j++) {
+		const int pa = q * (D / 8) + 2 * j;
+		const float v[4] = { sq[g * D + pa] * rho, sq[g * D + pa + D / 2] * rho, sq[g * D + pa + 1] * rho,
+				     sq[g * D + pa + 1 + D / 2] * rho };
+		const uint32_t h0 = h2pack(v[0], v[1]), h1 = h2pack(v[2], v[3]);
+		const uint32_t l0 = h2pack(v[0] - f16_to_f32(h0 & 0xffffu), v[1] - f16_to_f32(h0 >> 16));
+		const uint32_t l1 = h2pack(v[2] - f16_to_f32(h1 & 0xffffu), v[3] - f16_to_f32(h1 >> 16));
+		if constexpr (qfrags<D>::REG) {
+			qf.r[j][0] = h0, qf.r[j][1] = h1, qf.r[j][2] = l0, qf.r[j][3] = l1;
+		} else if (warp == 0) {
+			reinterpret_cast<u32x4 *>(qfs)[j * 32 + lane] = u32x4{ h0, h1, l0, l1 };
+		}
+	}
+	qf.s = reinterpret_cast<const u32x4 *>(qfs);
+	/* this lane's rows 2q, 2q + 1: 1 / (K table scale * rho), NaN for a bad row */
+	float kinv[2];
+	for (int k = 0; k < 2; k++) {
+		const float rr = __shfl_sync(FULL, rho, (2 * q + k) * 4);
+		const int br = __shfl_sync(FULL, (int)bad, (2 * q + k) * 4);
+		kinv[k] = br ? QNAN : 1.0f / (a.kc.h16_scale * rr);
+	}
+	/* keys [0, lim) visible to each row (rows past nrows: none) */
 	uint32_t lim[2] = { 0, 0 }, tmax = 0;
 	for (int r = 0; r < nrows; r++) {
 		const uint32_t lr = a.causal ? (uint32_t)a.q_pos[(r0 + r) / a.group] + 1u : a.kv_len;
@@ -884,16 +1080,17 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 3) attn_mma(const __grid_const
 		else if (r == 2 * q + 1)
 			lim[1] = lr;
 	}
-	__syncthreads(); /* the codebooks, qf; sq is free (stages) */
+	__syncthreads(); /* the tables, Q^T in shared memory; sq and pw_all are free */
 
-	const int kbits = tiled_bits(a.kc), vbits = tiled_bits(a.vc);
 	const uint64_t kh = tq_page_k_off(&geo, h, 0), vh = tq_page_v_off(&geo, h, 0);
 	const uint32_t tb = (uint32_t)split * a.split_len;
 	uint32_t te = a.kv_len - tb < a.split_len ? a.kv_len : tb + a.split_len;
 	te = te < tmax ? te : tmax;
 	const uint32_t n_tile = te > tb ? (te - tb + TQC_TILE - 1) / TQC_TILE : 0;
 
+	/* the online softmax; acc holds sum p * vscale * 2^-E */
 	float m[2] = { NEG_INF, NEG_INF }, l[2] = { 0.0f, 0.0f }, acc[D / 16][4];
+	int E = -126;
 #pragma unroll
 	for (int i = 0; i < D / 16; i++)
 		acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
@@ -928,36 +1125,35 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 3) attn_mma(const __grid_const
 
 		const uint8_t *kt = stage0 + (size_t)st * stage_bytes, *vt = kt + TQC_TILE * kb;
 		const uint32_t t0 = tb + i * TQC_TILE;
-		/* scores of tokens g, g + 8, g + 16, g + 24 (sc[2 mt + hi]) for
-		 * rows 2q, 2q + 1 */
+		/* scores of tokens g + 8u (sc[u]) for rows 2q, 2q + 1 */
 		float sc[4][2];
-#pragma unroll
-		for (int mt = 0; mt < 2; mt++) {
-			float s[4];
-			switch (kbits) {
-			case 2: mma_scores<D, 2>(kt, kb, 16 * mt, qf, s_ckh, s_ckl, lane, s); break;
-			case 3: mma_scores<D, 3>(kt, kb, 16 * mt, qf, s_ckh, s_ckl, lane, s); break;
-			case 4: mma_scores<D, 4>(kt, kb, 16 * mt, qf, s_ckh, s_ckl, lane, s); break;
-			default: mma_scores<D, 8>(kt, kb, 16 * mt, qf, s_ckh, s_ckl, lane, s); break;
-			}
-			sc[2 * mt][0] = s[0];
-			sc[2 * mt][1] = s[1];
-			sc[2 * mt + 1][0] = s[2];
-			sc[2 * mt + 1][1] = s[3];
+		switch (kbits) {
+		case 2: mma_scores<D, 2>(kt, kb, tab, qf, lane, sc); break;
+		case 3: mma_scores<D, 3>(kt, kb, tab, qf, lane, sc); break;
+		case 4: mma_scores<D, 4>(kt, kb, tab, qf, lane, sc); break;
+		default: mma_scores<D, 8>(kt, kb, tab, qf, lane, sc); break;
 		}
-		float ks[4], vs[4];
+		float vs[4], vmax = 0.0f;
 		bool vis[4][2];
 #pragma unroll
 		for (int u = 0; u < 4; u++) {
 			const int tt = g + 8 * u;
-			ks[u] = __uint_as_float(*reinterpret_cast<const uint32_t *>(kt + (uint32_t)tt * kb));
+			const float ks = __uint_as_float(*reinterpret_cast<const uint32_t *>(kt + (uint32_t)tt * kb));
 			vs[u] = __uint_as_float(*reinterpret_cast<const uint32_t *>(vt + (uint32_t)tt * vb));
+			vmax = fmaxf(vmax, fabsf(vs[u]));
 #pragma unroll
 			for (int k = 0; k < 2; k++) {
 				vis[u][k] = t0 + (uint32_t)tt < te && t0 + (uint32_t)tt < lim[k];
-				sc[u][k] *= ks[u];
+				sc[u][k] *= ks * kinv[k];
 			}
 		}
+		/* the weights' scale: 2^-E with every p * |vscale| 2^-E < 2^15
+		 * (the same in every lane: all lanes see the tile's 32 tokens) */
+		vmax = group_max(vmax);
+		const int En = vmax > 0.0f && isfinite(vmax) ? iclamp(ilog2f(vmax) - 14, E, 113) : E;
+		const float eshift = pow2i(E - En), vsc = pow2i(-En);
+		E = En;
+		float fac[2];
 #pragma unroll
 		for (int k = 0; k < 2; k++) {
 			float mx = NEG_INF;
@@ -979,44 +1175,52 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 3) attn_mma(const __grid_const
 				const bool ok = vis[u][k] && isfinite(sc[u][k]);
 				const float p = ok ? exp2f(sc[u][k] - mn) : 0.0f;
 				ps += p;
-				pw[(2 * q + k) * TQC_TILE + g + 8 * u] = vis[u][k] ? tf32r(p * vs[u]) : 0.0f;
+				pw[(2 * q + k) * TQC_TILE + g + 8 * u] = h1pack(ok ? p * vs[u] * vsc : 0.0f);
 			}
 			/* a visible score that is not finite makes the row NaN (the
 			 * sum first: every lane takes part in the shuffles) */
 			ps = group_sum(ps);
 			l[k] = badl ? QNAN : l[k] * alpha + ps;
 			m[k] = mn;
+			fac[k] = alpha * eshift;
+		}
+		if (__any_sync(FULL, fac[0] != 1.0f || fac[1] != 1.0f)) {
 #pragma unroll
 			for (int ii = 0; ii < D / 16; ii++) {
-				acc[ii][k] *= alpha;
-				acc[ii][k + 2] *= alpha;
+				acc[ii][0] *= fac[0];
+				acc[ii][2] *= fac[0];
+				acc[ii][1] *= fac[1];
+				acc[ii][3] *= fac[1];
 			}
 		}
 		__syncwarp(); /* pw */
 		switch (vbits) {
-		case 2: mma_values<D, 2>(vt, vb, pw, s_cv, lane, acc); break;
-		case 3: mma_values<D, 3>(vt, vb, pw, s_cv, lane, acc); break;
-		case 4: mma_values<D, 4>(vt, vb, pw, s_cv, lane, acc); break;
-		default: mma_values<D, 8>(vt, vb, pw, s_cv, lane, acc); break;
+		case 2: mma_values<D, 2>(vt, vb, tab, pw, lane, acc); break;
+		case 3: mma_values<D, 3>(vt, vb, tab, pw, lane, acc); break;
+		case 4: mma_values<D, 4>(vt, vb, tab, pw, lane, acc); break;
+		default: mma_values<D, 8>(vt, vb, tab, pw, lane, acc); break;
 		}
 		__syncwarp(); /* the stage and pw are free again */
 		st ^= 1;
 	}
 	cp_async_wait<0>();
 
-	/* this warp's (m, l, acc): acc into its own first stage, [R][D] */
+	/* this warp's (m, l, acc): acc into its own first stage, [R][D], in the
+	 * V frame (2^E / the V table's scale) */
 	float *wacc = reinterpret_cast<float *>(stage0);
 	if (g == 0) {
 		s_m[warp][2 * q] = m[0], s_m[warp][2 * q + 1] = m[1];
 		s_l[warp][2 * q] = l[0], s_l[warp][2 * q + 1] = l[1];
 	}
 	__syncwarp();
+	const float vfin = pow2i(E) / a.vc.h16_scale;
 #pragma unroll
 	for (int k = 0; k < 2; k++)
 #pragma unroll
 		for (int ii = 0; ii < D / 16; ii++) {
-			wacc[(2 * q + k) * D + vcoord(ii, g)] = acc[ii][k];
-			wacc[(2 * q + k) * D + vcoord(ii, g) + D / 2] = acc[ii][k + 2];
+			const int p = g * (D / 16) + ii;
+			wacc[(2 * q + k) * D + p] = acc[ii][k] * vfin;
+			wacc[(2 * q + k) * D + p + D / 2] = acc[ii][k + 2] * vfin;
 		}
 	__syncthreads();
 	cta_partials<R>(a, s_m, s_l, reinterpret_cast<const float *>(stages), (int)(2u * stage_bytes / 4u), D, r0,
@@ -1035,12 +1239,13 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 3) attn_mma(const __grid_const
 	if (!s_last)
 		return;
 	__threadfence();
-	float *s_w = reinterpret_cast<float *>(stages); /* the stages are free now */
-	float *s_y = s_w + TQC_SPLITS_MAX, *s_red = s_y + TQ_DIM_MAX;
-	for (int r = 0; r < nrows; r++) {
+	/* a warp per row, its scratch in the tables' space (free now) */
+	static_assert(TQC_WARPS * (TQC_SPLITS_MAX + TQ_DIM_MAX) * 4 <= TQC_MMA_LUT_BYTES, "finish scratch");
+	float *s_w = reinterpret_cast<float *>(smem) + warp * (TQC_SPLITS_MAX + TQ_DIM_MAX);
+	for (int r = warp; r < nrows; r += TQC_WARPS) {
 		const int rr = r0 + r, qi = rr / a.group, gi = rr % a.group;
-		finish_row<true>(a, (size_t)qi * a.n_q_heads + (size_t)h * a.group + gi, s_w, s_y, s_red);
-		__syncthreads(); /* warp 0's rotation done before the scratch is reused */
+		finish_row<true>(a, (size_t)qi * a.n_q_heads + (size_t)h * a.group + gi, s_w, s_w + TQC_SPLITS_MAX,
+				 nullptr);
 	}
 	if (threadIdx.x == 0)
 		a.counters[ci] = 0u;

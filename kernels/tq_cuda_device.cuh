@@ -44,6 +44,33 @@ static __device__ __forceinline__ float f16_to_f32(uint32_t h)
 	return __uint_as_float(bits);
 }
 
+/* tq_f32_to_f16: round to nearest even; overflow -> inf, NaN -> quiet NaN. */
+static __device__ __forceinline__ uint32_t f32_to_f16(float f)
+{
+	uint32_t x = __float_as_uint(f), sign = (x >> 16) & 0x8000u, exp = (x >> 23) & 0xffu,
+		 man = x & 0x7fffffu;
+
+	if (exp == 0xff)
+		return sign | 0x7c00u | (man ? 0x200u : 0u);
+	int e = (int)exp - 127 + 15;
+	if (e >= 0x1f)
+		return sign | 0x7c00u;
+	if (e <= 0) {
+		if (e < -10)
+			return sign;
+		uint32_t m = man | 0x800000u;
+		int shift = 14 - e;   /* 14 .. 24 */
+		uint32_t half = m >> shift, rem = m & ((1u << shift) - 1u), mid = 1u << (shift - 1);
+		if (rem > mid || (rem == mid && (half & 1u)))
+			half++;
+		return sign | half;
+	}
+	uint32_t half = sign | ((uint32_t)e << 10) | (man >> 13), rem = man & 0x1fffu;
+	if (rem > 0x1000u || (rem == 0x1000u && (half & 1u)))
+		half++; /* may carry into the exponent, up to inf: as the reference */
+	return half;
+}
+
 /* +1 or -1: the Hadamard sign of coordinate c. */
 static __device__ __forceinline__ float sign_of(const struct tqc_codec_desc &cd, int c)
 {

@@ -31,42 +31,18 @@ static __device__ __forceinline__ bool finite_bits(uint32_t u)
 	return (u & 0x7f800000u) != 0x7f800000u;
 }
 
-/* tq_f32_to_f16: round to nearest even; overflow -> inf, NaN -> quiet NaN. */
-static __device__ __forceinline__ uint32_t f32_to_f16(float f)
-{
-	uint32_t x = __float_as_uint(f), sign = (x >> 16) & 0x8000u, exp = (x >> 23) & 0xffu,
-		 man = x & 0x7fffffu;
-
-	if (exp == 0xff)
-		return sign | 0x7c00u | (man ? 0x200u : 0u);
-	int e = (int)exp - 127 + 15;
-	if (e >= 0x1f)
-		return sign | 0x7c00u;
-	if (e <= 0) {
-		if (e < -10)
-			return sign;
-		uint32_t m = man | 0x800000u;
-		int shift = 14 - e;   /* 14 .. 24 */
-		uint32_t half = m >> shift, rem = m & ((1u << shift) - 1u), mid = 1u << (shift - 1);
-		if (rem > mid || (rem == mid && (half & 1u)))
-			half++;
-		return sign | half;
-	}
-	uint32_t half = sign | ((uint32_t)e << 10) | (man >> 13), rem = man & 0x1fffu;
-	if (rem > 0x1000u || (rem == 0x1000u && (half & 1u)))
-		half++; /* may carry into the exponent, up to inf: as the reference */
-	return half;
-}
-
-/* Element c of a row of `dtype` as fp32 bits (byte loads: any alignment). */
-static __device__ __forceinline__ uint32_t load_elem_bits(const uint8_t *row, int dtype, int c)
+/* Element c of a row of `dtype` as fp32 bits: one load where the row is
+ * aligned to the element (the usual case), else byte loads. */
+static __device__ __forceinline__ uint32_t load_elem_bits(const uint8_t *row, int dtype, int c, bool aligned)
 {
 	if (dtype == DT_F32) {
 		const uint8_t *p = row + 4 * (size_t)c;
+		if (aligned)
+			return *reinterpret_cast<const uint32_t *>(p);
 		return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 	}
 	const uint8_t *p = row + 2 * (size_t)c;
-	uint32_t h = (uint32_t)p[0] | (uint32_t)p[1] << 8;
+	const uint32_t h = aligned ? (uint32_t)*reinterpret_cast<const uint16_t *>(p) : (uint32_t)p[0] | (uint32_t)p[1] << 8;
 	if (dtype == DT_F16)
 		return __float_as_uint(f16_to_f32(h));
 	return h << 16; /* bf16 */
@@ -342,13 +318,27 @@ static __device__ uint32_t enc_vector(const struct tqc_enc_args &a, uint32_t vec
 	const size_t esz = a.dtype == DT_F32 ? 4 : 2;
 	const uint8_t *row = (side ? a.v : a.k) + ((size_t)t * n_kv + head) * (size_t)d * esz;
 
-	/* tq_row_to_f32: convert, and find the first NaN/Inf */
+	/* tq_row_to_f32: convert, and find the first NaN/Inf.  The row is
+	 * often in host memory (a client's registered arena): every load of
+	 * the lane is issued before the first is used (one round trip over
+	 * the bus, not one per element — the stores to x could alias row as
+	 * far as the compiler knows) */
+	const bool aligned = ((uintptr_t)row & (esz - 1)) == 0;
+	uint32_t eb[TQ_DIM_MAX / 32];
+#pragma unroll
+	for (int j = 0; j < TQ_DIM_MAX / 32; j++) {
+		const int i = lane + 32 * j;
+		eb[j] = i < d ? load_elem_bits(row, a.dtype, i, aligned) : 0u;
+	}
 	unsigned bad = 0xffffffffu;
-	for (int i = lane; i < d; i += 32) {
-		const uint32_t b = load_elem_bits(row, a.dtype, i);
-		x[i] = __uint_as_float(b);
-		if (!finite_bits(b) && bad == 0xffffffffu)
-			bad = (unsigned)i;
+#pragma unroll
+	for (int j = 0; j < TQ_DIM_MAX / 32; j++) {
+		const int i = lane + 32 * j;
+		if (i < d) {
+			x[i] = __uint_as_float(eb[j]);
+			if (!finite_bits(eb[j]) && bad == 0xffffffffu)
+				bad = (unsigned)i;
+		}
 	}
 	bad = __reduce_min_sync(FULL, bad);
 	__syncwarp();

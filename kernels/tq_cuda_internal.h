@@ -43,6 +43,9 @@ struct tqc_codec_desc {
 				     /* = sign[i] is -1.0f                           */
 	float centroid[TQC_CB_MAX];  /* tq*: [2^bits] ascending                        */
 	float bound[TQC_CB_MAX];     /* tq*: [2^bits - 1] (the last entry unused)      */
+	float h16_scale;             /* tq*: the scale at which centroid[] comes closest */
+				     /* to FP16 numbers (attn_mma's tables); q8 1    */
+	int32_t pad1;
 	const float *mat;            /* dense: R, [dim][dim] row-major, device memory  */
 	const float *mat_t;          /* dense: R^T, [dim][dim] row-major, device memory */
 };
@@ -138,12 +141,20 @@ static inline int tqc_attn_tiled_ok(const struct tqc_codec_desc *kc, const struc
 	       kc->rot_kind != 2 /* dense: attn_prep rotates the queries */;
 }
 
-/* Its shared memory (dynamic): Q^T's fragments [d/8][32][4], [8][TILE]
- * weights per warp, then each warp's two stages of its tile's K and V
- * blocks (the warps' partial sums reuse their own stages at the end). */
+/* Its shared memory (dynamic): the decode tables (256 codes x 32 copies x
+ * K and V pairs), Q^T's fragments when they do not stay in registers
+ * (d 256: [d/16][32] x 16 bytes), FP16 weights [8][TILE] per warp, then each
+ * warp's two stages of its tile's K and V blocks (the warps' partial sums
+ * reuse their own stages at the end). */
+#define TQC_MMA_LUT_BYTES 65536u
+static inline size_t tqc_attn_mma_qf_bytes(int dim)
+{
+	return dim > 128 ? (size_t)dim * 32u : 0u;
+}
+
 static inline size_t tqc_attn_mma_smem(int dim, uint32_t k_block_bytes, uint32_t v_block_bytes)
 {
-	return (size_t)dim * 64u + (size_t)TQC_WARPS * TQC_TILE_ROWS * TQC_TILE * 4u +
+	return TQC_MMA_LUT_BYTES + tqc_attn_mma_qf_bytes(dim) + (size_t)TQC_WARPS * TQC_TILE_ROWS * TQC_TILE * 2u +
 	       (size_t)TQC_WARPS * 2u * TQC_TILE * ((size_t)k_block_bytes + v_block_bytes);
 }
 
@@ -178,13 +189,17 @@ struct tqc_attn_args {
 int tqc_launch_attend(const struct tqc_attn_args *a, void *stream);
 
 /* The layout both compilers must agree on. */
-static_assert(sizeof(struct tqc_codec_desc) == 232, "tqc_codec_desc layout");
-static_assert(offsetof(struct tqc_codec_desc, mat) == 216, "tqc_codec_desc layout");
-static_assert(sizeof(struct tqc_enc_args) == 2 * 232 + 8 + 64 + 16 + 16 + 40, "tqc_enc_args layout");
-static_assert(offsetof(struct tqc_enc_args, k) == 2 * 232 + 8 + 64 + 16 + 16, "tqc_enc_args layout");
-static_assert(offsetof(struct tqc_attn_args, q_pos) == 2 * 232 + 8 + 16 + 14 * 4, "tqc_attn_args layout");
-static_assert(sizeof(struct tqc_attn_args) == 2 * 232 + 8 + 16 + 14 * 4 + 7 * 8, "tqc_attn_args layout");
+static_assert(sizeof(struct tqc_codec_desc) == 240, "tqc_codec_desc layout");
+static_assert(offsetof(struct tqc_codec_desc, mat) == 224, "tqc_codec_desc layout");
+static_assert(sizeof(struct tqc_enc_args) == 2 * 240 + 8 + 64 + 16 + 16 + 40, "tqc_enc_args layout");
+static_assert(offsetof(struct tqc_enc_args, k) == 2 * 240 + 8 + 64 + 16 + 16, "tqc_enc_args layout");
+static_assert(offsetof(struct tqc_attn_args, q_pos) == 2 * 240 + 8 + 16 + 14 * 4, "tqc_attn_args layout");
+static_assert(sizeof(struct tqc_attn_args) == 2 * 240 + 8 + 16 + 14 * 4 + 7 * 8, "tqc_attn_args layout");
 static_assert(TQ_DIM_MAX % 32 == 0, "sign mask words");
+
+/* The FP16 table scale of a tq codebook of 2^bits entries (host; cached per
+ * (dim, bits)): see tqc_codec_desc.h16_scale. */
+float tqc_h16_scale(const float *centroid, int dim, int bits);
 
 #ifdef __cplusplus
 }
