@@ -399,7 +399,8 @@ struct tqc_ctx {
 	int device;
 	int sms;
 	int smem_optin;          /* shared memory a kernel may ask for, bytes      */
-	int smem_sm;             /* shared memory per SM, bytes                    */
+	int occ, occ_dim;        /* mma_ctas_per_sm: its answer for (occ_dim,      */
+	size_t occ_smem;         /* occ_smem)                                      */
 	int attn_general;        /* TQ_CUDA_ATTN=general: never attn_mma            */
 	int ctas_per_sm;         /* TQ_CUDA_CTAS_PER_SM, else 0: ATT_CTAS_PER_SM    */
 				 /* (attn_mma: as many as its shared memory lets run) */
@@ -444,7 +445,6 @@ int tqc_ctx_new(tqc_ctx **out, int device, tq_error *err)
 	if (x->sms < 1)
 		x->sms = 1;
 	x->smem_optin = attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-	x->smem_sm = attr(cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
 	x->last_attn = "";
 	/* knobs for tests and tuning (tq_cuda.h) */
 	const char *ev = getenv("TQ_CUDA_ATTN");
@@ -969,6 +969,17 @@ cuda_err:
 
 /* ---- attention -------------------------------------------------------------------- */
 
+/* tqc_attn_mma_ctas_per_sm, remembered for the last (dim, smem) asked. */
+static int mma_ctas_per_sm(tqc_ctx *x, int dim, size_t smem)
+{
+	if (x->occ_dim != dim || x->occ_smem != smem) {
+		x->occ = tqc_attn_mma_ctas_per_sm(dim, smem);
+		x->occ_dim = dim;
+		x->occ_smem = smem;
+	}
+	return x->occ;
+}
+
 /* The kernel and context split of one attention pass. */
 struct att_plan {
 	int tiled, rows_blk;     /* tqc_attn_args.tiled, .rows_blk                  */
@@ -982,7 +993,7 @@ struct att_plan {
  * so that the grid has a few CTAs per SM, no split is shorter than
  * ATT_SPLIT_MIN tokens (tiled: a multiple of the tile) and the partials stay
  * within ATT_PART_FLOATS (one split always fits). */
-static void att_plan_make(const tqc_ctx *x, const struct tqa_shape *sh, const struct tqc_attn_args *args,
+static void att_plan_make(tqc_ctx *x, const struct tqa_shape *sh, const struct tqc_attn_args *args,
 			  size_t nq, struct att_plan *pl)
 {
 	const size_t rows_ph = nq * (size_t)sh->group;
@@ -996,12 +1007,13 @@ static void att_plan_make(const tqc_ctx *x, const struct tqa_shape *sh, const st
 	const size_t n_rb = (rows_ph + (size_t)R - 1) / (size_t)R;
 	const size_t rows = (size_t)sh->n_kv * n_rb * (size_t)R; /* partial rows per split */
 	/* CTAs per SM the splits aim at: attn_mma's shared memory (its decode
-	 * tables) lets only a few run at once, and a second wave would redo
-	 * their set-up; the driver reserves 1 KiB per CTA */
+	 * tables) and registers let only a few run at once, and a second wave
+	 * would redo their set-up */
 	size_t per_sm = x->ctas_per_sm > 0 ? (size_t)x->ctas_per_sm : ATT_CTAS_PER_SM;
-	if (pl->tiled && x->ctas_per_sm <= 0 && x->smem_sm > 0) {
-		const size_t fit = (size_t)x->smem_sm / (tqc_attn_mma_smem(sh->dim, kb, vb) + 1024u);
-		per_sm = fit < 1 ? 1 : fit < per_sm ? fit : per_sm;
+	if (pl->tiled && x->ctas_per_sm <= 0) {
+		const int fit = mma_ctas_per_sm(x, sh->dim, tqc_attn_mma_smem(sh->dim, kb, vb));
+		if (fit > 0 && (size_t)fit < per_sm)
+			per_sm = (size_t)fit;
 	}
 	const size_t want = (per_sm * (size_t)x->sms + (size_t)sh->n_kv * n_rb - 1) / ((size_t)sh->n_kv * n_rb);
 	const size_t by_len = sh->kv_len / ATT_SPLIT_MIN, by_mem = ATT_PART_FLOATS / (rows * (size_t)(sh->dim + 2));

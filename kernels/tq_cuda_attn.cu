@@ -635,10 +635,10 @@ static __device__ __forceinline__ int tiled_bits(const struct tqc_codec_desc &c)
  * byte in every codec (tq4 nibbles; tq2 / tq3 2-bit fields 4 bits apart and
  * 1-bit fields 4 bits apart; see pair_codes) — and a V register pairs two
  * tokens' values of one coordinate (two such nibbles side by side).  That
- * byte indexes a 256-entry table of FP16 pairs in shared memory, kept in 32
- * copies (one per lane, 4 bytes apart: every lookup hits its own bank), K's
- * and V's side by side; one PRMT builds the address (code << 8 | lane << 2)
- * from the code byte.  q8 needs no table: int8 -> FP16 by the exponent trick
+ * byte indexes a 256-entry table of FP16 pairs in shared memory, kept in
+ * TQC_MMA_LUT_COPIES copies (a lane reads its own, 4 bytes apart: few or no
+ * bank conflicts), K's and V's side by side; a PRMT builds the address
+ * (the code above the lane's offset byte) from the code byte.  q8 needs no table: int8 -> FP16 by the exponent trick
  * (0x6400 | (x ^ 0x80)) - 1152.
  *
  * Precision.  FP16 keeps 11 significant bits.  The values (V) tolerate that
@@ -694,6 +694,23 @@ static __device__ __forceinline__ uint16_t h1pack(float x)
 #endif
 }
 
+/* the low / high half of an FP16 pair as a float */
+static __device__ __forceinline__ float h2lo(uint32_t h)
+{
+#ifdef __CUDA_ARCH__
+	float f;
+	asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"((uint16_t)(h & 0xffffu)));
+	return f;
+#else
+	return f16_to_f32(h & 0xffffu);
+#endif
+}
+
+static __device__ __forceinline__ float h2hi(uint32_t h)
+{
+	return h2lo(h >> 16);
+}
+
 /* a - b on FP16 pairs */
 static __device__ __forceinline__ uint32_t h2sub(uint32_t a, uint32_t b)
 {
@@ -704,6 +721,19 @@ static __device__ __forceinline__ uint32_t h2sub(uint32_t a, uint32_t b)
 #else
 	return f32_to_f16(f16_to_f32(a & 0xffffu) - f16_to_f32(b & 0xffffu)) |
 	       f32_to_f16(f16_to_f32(a >> 16) - f16_to_f32(b >> 16)) << 16;
+#endif
+}
+
+/* 2^x for x <= 0 (softmax weights): the hardware's approximation, results
+ * below 2^-126 flushed to 0 (exp2f adds a subnormal path) */
+static __device__ __forceinline__ float ex2(float x)
+{
+#ifdef __CUDA_ARCH__
+	float r;
+	asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+	return r;
+#else
+	return exp2f(x);
 #endif
 }
 
@@ -758,17 +788,30 @@ static __device__ __forceinline__ void mma_h16(float (&c)[4], const uint32_t (&a
 #endif
 }
 
-/* The decode tables (shared memory, offset 0): row `code` at code * 256:
- * K's pair for that code in 32 copies (lane l's at 4 l), then V's. */
-#define LUT_ROW 256u
-#define LUT_V 128u
-static_assert(TQC_MMA_LUT_BYTES == 256u * LUT_ROW && LUT_V == 32u * 4u, "decode tables");
+/* The decode tables (shared memory, offset 0): row `code` at code * LUT_ROW:
+ * K's pair for that code in C = TQC_MMA_LUT_COPIES copies (lane l's at
+ * 4 (l mod C)), then V's.  C = 32: every lookup of a warp in its own bank;
+ * C = 16: half the space (more CTAs per SM), lanes l and l + 16 share a
+ * bank. */
+#define LUT_C TQC_MMA_LUT_COPIES
+#define LUT_ROW (8u * LUT_C)
+#define LUT_V (4u * LUT_C)
+static_assert(TQC_MMA_LUT_BYTES == 256u * LUT_ROW && (LUT_C == 16u || LUT_C == 32u), "decode tables");
 
-/* the table entry of code byte e of w: lane4 = lane * 4 (a byte) */
-template <uint32_t OFF>
-static __device__ __forceinline__ uint32_t lut(const uint8_t *tab, uint32_t w, int e, uint32_t lane4)
+/* this lane's offset byte for lut(): its copy times 4 (C = 32) or 8 (C = 16:
+ * the address is halved after the PRMT) */
+static __device__ __forceinline__ uint32_t lut_lane(int lane)
 {
-	return *reinterpret_cast<const uint32_t *>(tab + OFF + prmt(w, lane4, 0x5504u | (uint32_t)e << 4));
+	return LUT_C == 32u ? (uint32_t)lane * 4u : ((uint32_t)lane & 15u) * 8u;
+}
+
+/* the table entry of code byte e of w: one PRMT puts the code above the
+ * lane's offset byte */
+template <uint32_t OFF>
+static __device__ __forceinline__ uint32_t lut(const uint8_t *tab, uint32_t w, int e, uint32_t loff)
+{
+	const uint32_t a = prmt(w, loff, 0x5504u | (uint32_t)e << 4);
+	return *reinterpret_cast<const uint32_t *>(tab + OFF + (LUT_C == 32u ? a : a >> 1));
 }
 
 template <int N>
@@ -853,7 +896,7 @@ static __device__ __forceinline__ void mma_scores(const uint8_t *kt, uint32_t kb
 						  const qfrags<D> &qf, int lane, float (&sc)[4][2])
 {
 	const int g = lane >> 2, q = lane & 3;
-	const uint32_t lane4 = (uint32_t)lane * 4u, p0 = (uint32_t)q * (D / 8);
+	const uint32_t lane4 = lut_lane(lane), p0 = (uint32_t)q * (D / 8);
 	float s[2][4], s2[2][4];
 #pragma unroll
 	for (int mt = 0; mt < 2; mt++)
@@ -916,7 +959,7 @@ static __device__ __forceinline__ void mma_values(const uint8_t *vt, uint32_t vb
 {
 	constexpr int NW = D / 64; /* code words per token: D/16 pairs */
 	const int g = lane >> 2, q = lane & 3;
-	const uint32_t lane4 = (uint32_t)lane * 4u, p0 = (uint32_t)g * (D / 16);
+	const uint32_t lane4 = lut_lane(lane), p0 = (uint32_t)g * (D / 16);
 #pragma unroll
 	for (int ks = 0; ks < 2; ks++) {
 		const uint32_t *pr = reinterpret_cast<const uint32_t *>(pw + g * TQC_TILE + 16 * ks);
@@ -984,8 +1027,7 @@ static __device__ __forceinline__ float group_sum(float v)
 static __device__ __forceinline__ uint32_t lut_entry(const struct tqc_codec_desc &cd, int code)
 {
 	const int m = (1 << cd.bits) - 1;
-	return f32_to_f16(cd.centroid[code & m] * cd.h16_scale) |
-	       f32_to_f16(cd.centroid[(code >> 4) & m] * cd.h16_scale) << 16;
+	return h2pack(cd.centroid[code & m] * cd.h16_scale, cd.centroid[(code >> 4) & m] * cd.h16_scale);
 }
 
 template <int D>
@@ -1014,7 +1056,7 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 2) attn_mma(const __grid_const
 	const int kbits = tiled_bits(a.kc), vbits = tiled_bits(a.vc);
 
 	/* the tables: the 512 entries into pw_all (free until the first tile),
-	 * then each warp copies its rows 32 times */
+	 * then each warp copies its rows LUT_C times */
 	uint32_t *ent = reinterpret_cast<uint32_t *>(pw_all);
 	static_assert(TQC_WARPS * R * TQC_TILE * 2 >= 512 * 4, "table entries fit the weights' space");
 	for (int e = (int)threadIdx.x; e < 512; e += TQC_WARPS * 32) {
@@ -1025,11 +1067,13 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 2) attn_mma(const __grid_const
 	 * also publishes the entries) */
 	float *sq = reinterpret_cast<float *>(stages);
 	cta_qrot<R>(a, h, r0, nrows, sq);
-	{
-		uint32_t *t32 = reinterpret_cast<uint32_t *>(smem);
-		for (int c = warp; c < 256; c += TQC_WARPS) {
-			t32[c * (LUT_ROW / 4) + lane] = ent[c];
-			t32[c * (LUT_ROW / 4) + LUT_V / 4 + lane] = ent[256 + c];
+	{ /* 16 bytes (4 copies) a store: K's copies of a row, then V's */
+		u32x4 *t = reinterpret_cast<u32x4 *>(smem);
+		constexpr int per_row = LUT_ROW / 16;
+		for (int k = (int)threadIdx.x; k < 256 * per_row; k += TQC_WARPS * 32) {
+			const int c = k / per_row, half = (k % per_row) / (per_row / 2);
+			const uint32_t v = ent[c + 256 * half];
+			t[k] = u32x4{ v, v, v, v };
 		}
 	}
 	/* row g's scale rho = 2^k with max |q| rho in [256, 512); a row with a
@@ -1054,8 +1098,8 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 2) attn_mma(const __grid_const
 		const float v[4] = { sq[g * D + pa] * rho, sq[g * D + pa + D / 2] * rho, sq[g * D + pa + 1] * rho,
 				     sq[g * D + pa + 1 + D / 2] * rho };
 		const uint32_t h0 = h2pack(v[0], v[1]), h1 = h2pack(v[2], v[3]);
-		const uint32_t l0 = h2pack(v[0] - f16_to_f32(h0 & 0xffffu), v[1] - f16_to_f32(h0 >> 16));
-		const uint32_t l1 = h2pack(v[2] - f16_to_f32(h1 & 0xffffu), v[3] - f16_to_f32(h1 >> 16));
+		const uint32_t l0 = h2pack(v[0] - h2lo(h0), v[1] - h2hi(h0));
+		const uint32_t l1 = h2pack(v[2] - h2lo(h1), v[3] - h2hi(h1));
 		if constexpr (qfrags<D>::REG) {
 			qf.r[j][0] = h0, qf.r[j][1] = h1, qf.r[j][2] = l0, qf.r[j][3] = l1;
 		} else if (warp == 0) {
@@ -1095,31 +1139,35 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 2) attn_mma(const __grid_const
 	for (int i = 0; i < D / 16; i++)
 		acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
 
-	auto fetch = [&](uint32_t i, const uint8_t *pg, int st) {
-		const uint32_t slot = (tb + i * TQC_TILE) % P;
-		uint8_t *dst = stage0 + (size_t)st * stage_bytes;
-		const uint8_t *ks = pg + kh + (uint64_t)slot * kb, *vs = pg + vh + (uint64_t)slot * vb;
-		for (uint32_t j = (uint32_t)lane; j < 2u * kb; j += 32)
-			cp_async16(dst + 16u * j, ks + 16u * j);
-		dst += TQC_TILE * kb;
-		for (uint32_t j = (uint32_t)lane; j < 2u * vb; j += 32)
-			cp_async16(dst + 16u * j, vs + 16u * j);
+	/* the next tile to fetch (f_i): its page (f_pi, its base loaded a tile
+	 * ahead) and slot, advanced by TQC_WARPS tiles a step (no division per
+	 * tile); one cp.async group per step, empty past the split */
+	uint32_t f_i = (uint32_t)warp;
+	uint32_t f_pi = (tb + f_i * TQC_TILE) / P, f_slot = (tb + f_i * TQC_TILE) % P;
+	const uint8_t *f_pg = f_i < n_tile ? a.pages[f_pi] : nullptr;
+	auto fetch = [&](int st) {
+		if (f_i < n_tile) {
+			uint8_t *dst = stage0 + (size_t)st * stage_bytes;
+			const uint8_t *ks = f_pg + kh + (uint64_t)f_slot * kb, *vs = f_pg + vh + (uint64_t)f_slot * vb;
+			for (uint32_t j = (uint32_t)lane; j < 2u * kb; j += 32)
+				cp_async16(dst + 16u * j, ks + 16u * j);
+			dst += TQC_TILE * kb;
+			for (uint32_t j = (uint32_t)lane; j < 2u * vb; j += 32)
+				cp_async16(dst + 16u * j, vs + 16u * j);
+		}
+		cp_async_commit();
+		f_i += TQC_WARPS;
+		for (f_slot += TQC_WARPS * TQC_TILE; f_slot >= P; f_slot -= P)
+			f_pi++;
+		if (f_i < n_tile)
+			f_pg = a.pages[f_pi];
 	};
-	auto page_of = [&](uint32_t i) { return a.pages[(tb + i * TQC_TILE) / P]; };
 
 	uint32_t i = (uint32_t)warp;
 	int st = 0;
-	if (i < n_tile)
-		fetch(i, page_of(i), 0);
-	cp_async_commit();
-	const uint8_t *pg_next = i + TQC_WARPS < n_tile ? page_of(i + TQC_WARPS) : nullptr;
+	fetch(0);
 	for (; i < n_tile; i += TQC_WARPS) {
-		const uint32_t in = i + TQC_WARPS;
-		if (in < n_tile)
-			fetch(in, pg_next, st ^ 1);
-		cp_async_commit();
-		if (in + TQC_WARPS < n_tile)
-			pg_next = page_of(in + TQC_WARPS);
+		fetch(st ^ 1); /* tile i + TQC_WARPS */
 		cp_async_wait<1>();
 		__syncwarp();
 
@@ -1165,15 +1213,14 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 2) attn_mma(const __grid_const
 				badl |= vis[u][k] && !fin;
 			}
 			const float mn = fmaxf(m[k], group_max(mx));
-			badl |= __shfl_xor_sync(FULL, badl, 4);
-			badl |= __shfl_xor_sync(FULL, badl, 8);
-			badl |= __shfl_xor_sync(FULL, badl, 16);
-			const float alpha = mn == NEG_INF ? 1.0f : exp2f(m[k] - mn);
+			/* any lane of the row pair (lanes q, q + 4, ...) */
+			badl = (__ballot_sync(FULL, badl) >> q) & 0x11111111u;
+			const float alpha = mn == NEG_INF ? 1.0f : ex2(m[k] - mn);
 			float ps = 0.0f;
 #pragma unroll
 			for (int u = 0; u < 4; u++) {
 				const bool ok = vis[u][k] && isfinite(sc[u][k]);
-				const float p = ok ? exp2f(sc[u][k] - mn) : 0.0f;
+				const float p = ok ? ex2(sc[u][k] - mn) : 0.0f;
 				ps += p;
 				pw[(2 * q + k) * TQC_TILE + g + 8 * u] = h1pack(ok ? p * vs[u] * vsc : 0.0f);
 			}
@@ -1309,6 +1356,24 @@ static cudaError_t launch_mma(const struct tqc_attn_args *a, cudaStream_t st)
 		return e;
 	attn_mma<D><<<grid, TQC_WARPS * 32, smem, st>>>(*a);
 	return cudaSuccess;
+}
+
+extern "C" int tqc_attn_mma_ctas_per_sm(int dim, size_t smem)
+{
+	int n = 0;
+	cudaError_t e = cudaErrorInvalidValue;
+
+	switch (dim) {
+	case 64: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_mma<64>, TQC_WARPS * 32, smem); break;
+	case 128: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_mma<128>, TQC_WARPS * 32, smem); break;
+	case 256: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_mma<256>, TQC_WARPS * 32, smem); break;
+	default: break;
+	}
+	if (e != cudaSuccess) {
+		(void)cudaGetLastError();
+		return 0;
+	}
+	return n;
 }
 
 extern "C" int tqc_launch_attend(const struct tqc_attn_args *a, void *stream)

@@ -157,26 +157,28 @@ static __device__ uint32_t enc_tq(const struct tqc_codec_desc *cd, float *x, flo
 		return 0;
 	}
 	const float norm = __fsqrt_rn(ss);
-	warp_rotate_scaled(cd, x, __fdiv_rn(1.0f, norm), u, lane);
-	/* idx = tq_cb_index: the number of bounds strictly below u (the
-	 * reference's binary search over the sorted bounds counts the same);
+	/* the bounds and centroids into this warp's shared row (constant
+	 * indices: no dynamic indexing of the parameter block) */
+	float *sb = reinterpret_cast<float *>(ib + TQ_DIM_MAX), *sc = sb + TQC_CB_MAX;
+	if (lane == 0) {
+#pragma unroll
+		for (int b = 0; b < TQC_CB_MAX; b++) {
+			sb[b] = cd->bound[b];
+			sc[b] = cd->centroid[b];
+		}
+	}
+	warp_rotate_scaled(cd, x, __fdiv_rn(1.0f, norm), u, lane); /* ends with a __syncwarp */
+	/* idx = tq_cb_index: the number of bounds strictly below u, by binary
+	 * search over the 2^bits - 1 sorted bounds (as the reference);
 	 * cv = centroid[idx] goes to x, no longer needed */
-	const int nb = (1 << cd->bits) - 1;
 	for (int i = lane; i < d; i += 32) {
 		const float v = u[i];
 		int idx = 0;
-#pragma unroll
-		for (int b = 0; b < TQC_CB_MAX - 1; b++)
-			idx += b < nb && v > cd->bound[b];
-		/* centroid[idx] with constant indices (no dynamic indexing of
-		 * the parameter block) */
-		float cv = cd->centroid[0];
-#pragma unroll
-		for (int b = 1; b < TQC_CB_MAX; b++)
-			if (idx == b)
-				cv = cd->centroid[b];
+		for (int step = 1 << (cd->bits - 1); step; step >>= 1)
+			if (v > sb[idx + step - 1])
+				idx += step;
 		ib[i] = (uint8_t)idx;
-		x[i] = cv;
+		x[i] = sc[idx];
 	}
 	__syncwarp();
 	const float scale = __fdiv_rn(norm, __fsqrt_rn(warp_sumsq16(x, d, lane)));
@@ -370,7 +372,8 @@ __global__ void __launch_bounds__(TQC_WARPS * 32) enc_kernel(const __grid_consta
 {
 	__shared__ float s_x[TQC_WARPS][TQ_DIM_MAX];
 	__shared__ float s_u[TQC_WARPS][TQ_DIM_MAX];
-	__shared__ uint8_t s_ib[TQC_WARPS][TQ_DIM_MAX];
+	/* per warp: the indices, then the codebook's bounds and centroids */
+	alignas(4) __shared__ uint8_t s_ib[TQC_WARPS][TQ_DIM_MAX + 2 * TQC_CB_MAX * 4];
 	__shared__ bool s_last;
 
 	const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);

@@ -141,12 +141,15 @@ static inline int tqc_attn_tiled_ok(const struct tqc_codec_desc *kc, const struc
 	       kc->rot_kind != 2 /* dense: attn_prep rotates the queries */;
 }
 
-/* Its shared memory (dynamic): the decode tables (256 codes x 32 copies x
- * K and V pairs), Q^T's fragments when they do not stay in registers
+/* Its shared memory (dynamic): the decode tables (256 codes x
+ * TQC_MMA_LUT_COPIES copies x K and V pairs), Q^T's fragments when they do not stay in registers
  * (d 256: [d/16][32] x 16 bytes), FP16 weights [8][TILE] per warp, then each
  * warp's two stages of its tile's K and V blocks (the warps' partial sums
  * reuse their own stages at the end). */
-#define TQC_MMA_LUT_BYTES 65536u
+#ifndef TQC_MMA_LUT_COPIES
+#define TQC_MMA_LUT_COPIES 32u /* copies of each table: 32, or 16 (half the space; lanes l and l + 16 share a bank) */
+#endif
+#define TQC_MMA_LUT_BYTES (256u * 8u * TQC_MMA_LUT_COPIES)
 static inline size_t tqc_attn_mma_qf_bytes(int dim)
 {
 	return dim > 128 ? (size_t)dim * 32u : 0u;
@@ -187,6 +190,10 @@ struct tqc_attn_args {
 };
 
 int tqc_launch_attend(const struct tqc_attn_args *a, void *stream);
+/* CTAs of attn_mma<dim> with `smem` bytes of dynamic shared memory that run
+ * at once on one SM of the current device (registers and shared memory);
+ * 0 if the runtime cannot tell. */
+int tqc_attn_mma_ctas_per_sm(int dim, size_t smem);
 
 /* The layout both compilers must agree on. */
 static_assert(sizeof(struct tqc_codec_desc) == 240, "tqc_codec_desc layout");

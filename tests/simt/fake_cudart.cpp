@@ -94,7 +94,6 @@ cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int d)
 	case cudaDevAttrHostRegisterSupported: *v = 1; break;
 	case cudaDevAttrManagedMemory: *v = 1; break;
 	case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = 227 << 10; break;
-	case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *v = 228 << 10; break;
 	default: *v = 0; break;
 	}
 	return cudaSuccess;
