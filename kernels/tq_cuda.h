@@ -66,6 +66,7 @@ struct tqc_device_info {
 	double peak_gbps;            /* peak memory bandwidth, GB/s (clock x bus x 2)   */
 	int driver_version;          /* e.g. 13000                                      */
 	int runtime_version;
+	int smem_block_optin;        /* shared memory one kernel may ask for, bytes     */
 };
 
 /* Devices the driver sees: >= 0, or -ENODEV / -ENOSYS with why (no driver,

@@ -1052,7 +1052,9 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 2) attn_mma(const __grid_const
 	uint16_t *pw_all = reinterpret_cast<uint16_t *>(qfs + (D > 128 ? 32 * D : 0)); /* tqc_attn_mma_qf_bytes */
 	uint16_t *pw = pw_all + warp * R * TQC_TILE;                             /* this warp's [R][TILE] */
 	uint8_t *stages = reinterpret_cast<uint8_t *>(pw_all + TQC_WARPS * R * TQC_TILE); /* all warps' */
-	uint8_t *stage0 = stages + (size_t)warp * 2u * stage_bytes;                       /* this warp's 2 */
+	constexpr int NST = TQC_MMA_STAGES;
+	static_assert(NST >= 2 && NST <= 4, "stages");
+	uint8_t *stage0 = stages + (size_t)warp * NST * stage_bytes;                      /* this warp's */
 	const int kbits = tiled_bits(a.kc), vbits = tiled_bits(a.vc);
 
 	/* the tables: the 512 entries into pw_all (free until the first tile),
@@ -1165,10 +1167,11 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 2) attn_mma(const __grid_const
 
 	uint32_t i = (uint32_t)warp;
 	int st = 0;
-	fetch(0);
+	for (int s = 0; s < NST - 1; s++)
+		fetch(s);
 	for (; i < n_tile; i += TQC_WARPS) {
-		fetch(st ^ 1); /* tile i + TQC_WARPS */
-		cp_async_wait<1>();
+		fetch(st == 0 ? NST - 1 : st - 1); /* tile i + (NST - 1) TQC_WARPS */
+		cp_async_wait<NST - 1>();
 		__syncwarp();
 
 		const uint8_t *kt = stage0 + (size_t)st * stage_bytes, *vt = kt + TQC_TILE * kb;
@@ -1248,7 +1251,7 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 2) attn_mma(const __grid_const
 		default: mma_values<D, 8>(vt, vb, tab, pw, lane, acc); break;
 		}
 		__syncwarp(); /* the stage and pw are free again */
-		st ^= 1;
+		st = st == NST - 1 ? 0 : st + 1;
 	}
 	cp_async_wait<0>();
 
@@ -1270,7 +1273,7 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 2) attn_mma(const __grid_const
 			wacc[(2 * q + k) * D + p + D / 2] = acc[ii][k + 2] * vfin;
 		}
 	__syncthreads();
-	cta_partials<R>(a, s_m, s_l, reinterpret_cast<const float *>(stages), (int)(2u * stage_bytes / 4u), D, r0,
+	cta_partials<R>(a, s_m, s_l, reinterpret_cast<const float *>(stages), (int)(NST * stage_bytes / 4u), D, r0,
 			nrows, split, h);
 
 	/* the fused finish: the CTA that completes a (row block, KV head) last
@@ -1315,12 +1318,10 @@ static bool attend_args_ok(const struct tqc_attn_args *a)
 	const int want = !a->tiled ? tqc_attn_rows(vpl)
 				   : tqc_attn_tiled_ok(&a->kc, &a->vc, a->geom.page_tokens) ? TQC_TILE_ROWS : 0;
 
-	/* attn_mma's stages also hold its warps' partial sums and the fused
-	 * finish's scratch */
-	const size_t stages = (size_t)TQC_WARPS * 2u * TQC_TILE * (a->geom.k_block_bytes + a->geom.v_block_bytes);
-	const bool scratch_fits = stages >= (size_t)(TQC_SPLITS_MAX + TQ_DIM_MAX + TQC_WARPS) * 4u &&
-				  2u * TQC_TILE * (a->geom.k_block_bytes + a->geom.v_block_bytes) >=
-					  (size_t)TQC_TILE_ROWS * (size_t)a->kc.dim * 4u;
+	/* attn_mma's stages also hold its warps' partial sums (the fused
+	 * finish's scratch is in the tables' space: static_assert there) */
+	const bool scratch_fits = (size_t)TQC_MMA_STAGES * TQC_TILE * (a->geom.k_block_bytes + a->geom.v_block_bytes) >=
+				  (size_t)TQC_TILE_ROWS * (size_t)a->kc.dim * 4u;
 
 	return a->rows_blk == want && want > 0 && (a->tiled || a->rows_blk == rows_for(vpl)) &&
 	       (!a->tiled || (a->split_len % TQC_TILE == 0 && a->counters && scratch_fits)) &&

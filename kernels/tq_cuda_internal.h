@@ -144,7 +144,7 @@ static inline int tqc_attn_tiled_ok(const struct tqc_codec_desc *kc, const struc
 /* Its shared memory (dynamic): the decode tables (256 codes x
  * TQC_MMA_LUT_COPIES copies x K and V pairs), Q^T's fragments when they do not stay in registers
  * (d 256: [d/16][32] x 16 bytes), FP16 weights [8][TILE] per warp, then each
- * warp's two stages of its tile's K and V blocks (the warps' partial sums
+ * warp's TQC_MMA_STAGES stages of its tiles' K and V blocks (the warps' partial sums
  * reuse their own stages at the end). */
 #ifndef TQC_MMA_LUT_COPIES
 #define TQC_MMA_LUT_COPIES 32u /* copies of each table: 32, or 16 (half the space; lanes l and l + 16 share a bank) */
@@ -155,10 +155,13 @@ static inline size_t tqc_attn_mma_qf_bytes(int dim)
 	return dim > 128 ? (size_t)dim * 32u : 0u;
 }
 
+#ifndef TQC_MMA_STAGES
+#define TQC_MMA_STAGES 2u /* tiles per warp in shared memory: 1 computed on, the rest in flight */
+#endif
 static inline size_t tqc_attn_mma_smem(int dim, uint32_t k_block_bytes, uint32_t v_block_bytes)
 {
 	return TQC_MMA_LUT_BYTES + tqc_attn_mma_qf_bytes(dim) + (size_t)TQC_WARPS * TQC_TILE_ROWS * TQC_TILE * 2u +
-	       (size_t)TQC_WARPS * 2u * TQC_TILE * ((size_t)k_block_bytes + v_block_bytes);
+	       (size_t)TQC_WARPS * TQC_MMA_STAGES * TQC_TILE * ((size_t)k_block_bytes + v_block_bytes);
 }
 
 struct tqc_attn_args {

@@ -26,6 +26,7 @@
 #include "tietest.h"
 #include "tq_attn.h"
 #include "tq_cuda.h"
+#include "tq_cuda_internal.h"
 #include "tq_internal.h"
 
 #define TOL 1e-3   /* max |gpu - oracle| per output row, relative to the row's norm */
@@ -759,8 +760,10 @@ static double row_err(const float *a, const float *b, size_t rows, int dim)
 }
 
 /* Which attention kernel tqc_attend must pick for the layer (tq_cuda.h):
- * the tiled one for its shapes unless TQ_CUDA_ATTN=general. */
+ * the tiled one for its shapes, where its shared memory fits the device
+ * (an A100 takes less than an H100), unless TQ_CUDA_ATTN=general. */
 static int general_only;
+static int smem_optin; /* the device's, bytes */
 
 static int tiled_expected(const struct layer *L)
 {
@@ -769,7 +772,8 @@ static int tiled_expected(const struct layer *L)
 	const int tv = v == TQ_CODEC_TQ2 || v == TQ_CODEC_TQ3 || v == TQ_CODEC_TQ4 || v == TQ_CODEC_Q8;
 
 	return !general_only && tk && tv && (L->dim == 64 || L->dim == 128 || L->dim == 256) &&
-	       L->g.page_tokens % 32 == 0;
+	       L->g.page_tokens % 32 == 0 &&
+	       tqc_attn_mma_smem(L->dim, L->g.k_block_bytes, L->g.v_block_bytes) <= (size_t)smem_optin;
 }
 
 /* The oracle on the host pages, the GPU on the device pages (output in
@@ -1279,6 +1283,12 @@ int main(void)
 	if (n <= 0)
 		t_skip(why);
 	dev = e ? atoi(e) : 0;
+	struct tqc_device_info di;
+	if (tqc_device_query(dev, &di, why, sizeof(why)) < 0) {
+		fprintf(stderr, "tqc_device_query(%d): %s\n", dev, why);
+		return 1;
+	}
+	smem_optin = di.smem_block_optin;
 	if (tqc_ctx_new(&ctx, dev, &err)) {
 		fprintf(stderr, "tqc_ctx_new(%d): %s\n", dev, err.msg);
 		return 1;
