@@ -40,6 +40,40 @@ static void piece(const struct grid *g, int k, double tau, double m[3])
 	       (2.0 * xk * s + fk) * t3 / 3.0 + s * t4 / 4.0;
 }
 
+/* The scale at which n entries come closest to FP16 numbers (the GPU's
+ * attention decodes through FP16 tables, kernels/tq_cuda_attn.cu): of 4096
+ * scales spread over the octave that puts the largest |entry| in [1, 2),
+ * the one with the smallest worst relative rounding error.  Every entry of
+ * a 4-bit codebook then lands within about 1e-4 of an FP16 number (5e-4 at
+ * worst without the search). */
+static float h16_search(const float *cb, int n)
+{
+	float mx = 0.0f, best = 1.0f;
+	double best_err = INFINITY;
+	int e;
+
+	for (int i = 0; i < n; i++)
+		mx = fmaxf(mx, fabsf(cb[i]));
+	if (!(mx > 0.0f) || !isfinite(mx))
+		return 1.0f;
+	(void)frexpf(mx, &e); /* mx in [2^(e-1), 2^e) */
+	const float base = ldexpf(1.0f, 1 - e);
+	for (int k = 0; k < 4096; k++) {
+		const float s = base * (1.0f + (float)k / 4096.0f);
+		double err = 0.0;
+		for (int i = 0; i < n && err < best_err; i++) {
+			const float v = cb[i] * s;
+			if (v != 0.0f)
+				err = fmax(err, fabs((double)tq_f16_to_f32(tq_f32_to_f16(v)) - v) / fabs((double)v));
+		}
+		if (err < best_err) {
+			best_err = err;
+			best = s;
+		}
+	}
+	return best;
+}
+
 /* Cumulative moments from lo up to t. */
 static void cumulative(const struct grid *g, double t, double m[3])
 {
@@ -200,6 +234,7 @@ int tq_codebook_solve(tq_codebook *cb, int dim, int bits, tq_error *err)
 	}
 	for (int i = 0; i + 1 < n; i++)
 		cb->bound[i] = (float)((c[i] + c[i + 1]) / 2.0);
+	cb->h16_scale = n <= 16 ? h16_search(cb->centroid, n) : 1.0f;
 	free(g);
 	return 0;
 }

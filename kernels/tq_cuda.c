@@ -644,55 +644,6 @@ static int rot_get(tqc_ctx *x, const tq_codec *c, const float **mat, const float
 	return 0;
 }
 
-/* The scale at which a codebook's entries come closest to FP16 numbers
- * (attn_mma decodes through FP16 tables, see tq_cuda_attn.cu): of 4096
- * scales spread over the octave that puts the largest |entry| in [1, 2), the
- * one with the smallest worst relative rounding error.  A codebook depends
- * on (dim, bits) alone, so the search runs once per pair. */
-static pthread_mutex_t h16_lock = PTHREAD_MUTEX_INITIALIZER;
-static float h16_cache[TQ_DIM_MAX + 1][TQC_CB_MAX + 1];
-
-static float h16_search(const float *cb, int n)
-{
-	float mx = 0.0f, best = 1.0f;
-	double best_err = INFINITY;
-	int e;
-
-	for (int i = 0; i < n; i++)
-		mx = fmaxf(mx, fabsf(cb[i]));
-	if (!(mx > 0.0f) || !isfinite(mx))
-		return 1.0f;
-	(void)frexpf(mx, &e); /* mx in [2^(e-1), 2^e) */
-	const float base = ldexpf(1.0f, 1 - e);
-	for (int k = 0; k < 4096; k++) {
-		const float s = base * (1.0f + (float)k / 4096.0f);
-		double err = 0.0;
-		for (int i = 0; i < n && err < best_err; i++) {
-			const float v = cb[i] * s;
-			if (v != 0.0f)
-				err = fmax(err, fabs((double)tq_f16_to_f32(tq_f32_to_f16(v)) - v) / fabs((double)v));
-		}
-		if (err < best_err) {
-			best_err = err;
-			best = s;
-		}
-	}
-	return best;
-}
-
-float tqc_h16_scale(const float *cb, int dim, int bits)
-{
-	float s;
-
-	if (dim < 0 || dim > TQ_DIM_MAX || bits < 1 || (1 << bits) > TQC_CB_MAX)
-		return 1.0f;
-	pthread_mutex_lock(&h16_lock);
-	if ((s = h16_cache[dim][bits]) == 0.0f)
-		s = h16_cache[dim][bits] = h16_search(cb, 1 << bits);
-	pthread_mutex_unlock(&h16_lock);
-	return s;
-}
-
 /* The kernels' view of a codec. */
 static int desc_make(const tq_codec *c, const float *mat, const float *mat_t, struct tqc_codec_desc *d,
 		     tq_error *err)
@@ -725,7 +676,7 @@ static int desc_make(const tq_codec *c, const float *mat, const float *mat_t, st
 			d->centroid[i] = c->cb.centroid[i];
 		for (int i = 0; i < c->cb.levels - 1; i++)
 			d->bound[i] = c->cb.bound[i];
-		d->h16_scale = tqc_h16_scale(d->centroid, c->dim, c->bits);
+		d->h16_scale = c->cb.h16_scale;
 	} else {
 		d->h16_scale = 1.0f;
 	}

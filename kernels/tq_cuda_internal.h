@@ -43,8 +43,8 @@ struct tqc_codec_desc {
 				     /* = sign[i] is -1.0f                           */
 	float centroid[TQC_CB_MAX];  /* tq*: [2^bits] ascending                        */
 	float bound[TQC_CB_MAX];     /* tq*: [2^bits - 1] (the last entry unused)      */
-	float h16_scale;             /* tq*: the scale at which centroid[] comes closest */
-				     /* to FP16 numbers (attn_mma's tables); q8 1    */
+	float h16_scale;             /* tq*: tq_codebook.h16_scale (attn_mma's FP16     */
+				     /* tables); others 1                            */
 	int32_t pad1;
 	const float *mat;            /* dense: R, [dim][dim] row-major, device memory  */
 	const float *mat_t;          /* dense: R^T, [dim][dim] row-major, device memory */
@@ -206,10 +206,6 @@ static_assert(offsetof(struct tqc_enc_args, k) == 2 * 240 + 8 + 64 + 16 + 16, "t
 static_assert(offsetof(struct tqc_attn_args, q_pos) == 2 * 240 + 8 + 16 + 14 * 4, "tqc_attn_args layout");
 static_assert(sizeof(struct tqc_attn_args) == 2 * 240 + 8 + 16 + 14 * 4 + 7 * 8, "tqc_attn_args layout");
 static_assert(TQ_DIM_MAX % 32 == 0, "sign mask words");
-
-/* The FP16 table scale of a tq codebook of 2^bits entries (host; cached per
- * (dim, bits)): see tqc_codec_desc.h16_scale. */
-float tqc_h16_scale(const float *centroid, int dim, int bits);
 
 #ifdef __cplusplus
 }

@@ -480,9 +480,52 @@ static void test_detmath(void)
 			T_FAIL("exp(%g): %.17g vs libm %.17g", x, tq_det_exp(x), exp(x));
 }
 
+/* Worst relative error of cb's entries times s rounded to FP16. */
+static double h16_err(const tq_codebook *cb, float s)
+{
+	double w = 0.0;
+	for (int i = 0; i < cb->levels; i++) {
+		const float v = cb->centroid[i] * s;
+		w = fmax(w, fabs((double)tq_f16_to_f32(tq_f32_to_f16(v)) - v) / fabs((double)v));
+	}
+	return w;
+}
+
+/* The FP16 table scale (tq_codebook.h16_scale: the GPU's decode tables):
+ * every entry of a 2- to 4-bit codebook, times it, within 2.5e-4 of an FP16
+ * number, and never further than with the power of two that puts the
+ * largest entry in [1, 2); more levels: 1. */
+static void test_h16_scale(void)
+{
+	static const int dims[] = { 8, 64, 96, 128, 256, 512 };
+	double worst = 0.0, worst_p2 = 0.0;
+
+	for (size_t di = 0; di < sizeof(dims) / sizeof(dims[0]); di++)
+		for (int bits = 1; bits <= 8; bits++) {
+			const tq_codebook *cb;
+			T_ASSERT(tq_cache_get(cache, dims[di], bits, &cb, NULL) == 0);
+			if (cb->levels > 16) {
+				T_EQ(cb->h16_scale, 1.0f);
+				continue;
+			}
+			T_ASSERT(cb->h16_scale > 0.0f && isfinite(cb->h16_scale));
+			int e;
+			(void)frexpf(cb->centroid[cb->levels - 1], &e); /* the largest: symmetric, ascending */
+			const double er = h16_err(cb, cb->h16_scale), e2 = h16_err(cb, ldexpf(1.0f, 1 - e));
+			if (!(er <= e2 && er <= 2.5e-4))
+				T_FAIL("d %d bits %d: scale %.9g error %.3g (power of two: %.3g)", dims[di], bits,
+				       (double)cb->h16_scale, er, e2);
+			worst = fmax(worst, er);
+			worst_p2 = fmax(worst_p2, e2);
+		}
+	fprintf(stderr, "    worst relative FP16 rounding of a scaled entry %.2e (power-of-two scale %.2e)\n", worst,
+		worst_p2);
+}
+
 int main(void)
 {
 	cache = tq_cache_new();
+	T_RUN(test_h16_scale);
 	T_RUN(test_block_sizes);
 	T_RUN(test_detmath);
 	T_RUN(test_f16_conversion);
