@@ -120,7 +120,8 @@ double tqc_ctx_last_us(const tqc_ctx *x);
  * "" before any.  The environment, read by tqc_ctx_new, can steer it for
  * tests and tuning: TQ_CUDA_ATTN=general never runs the tiled kernel;
  * TQ_CUDA_CTAS_PER_SM=N (1..64) sets the CTAs per SM the context split aims
- * at (default 4). */
+ * at (default: 4 for the general kernel; for the tiled one, as many as run
+ * at once by the runtime's occupancy query, at most 4). */
 const char *tqc_ctx_last_attn(const tqc_ctx *x);
 
 /* Quantize-append n tokens of one layer: token i goes to slot pos + i, that
