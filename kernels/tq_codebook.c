@@ -43,9 +43,8 @@ static void piece(const struct grid *g, int k, double tau, double m[3])
 /* The scale at which n entries come closest to FP16 numbers (the GPU's
  * attention decodes through FP16 tables, kernels/tq_cuda_attn.cu): of 4096
  * scales spread over the octave that puts the largest |entry| in [1, 2),
- * the one with the smallest worst relative rounding error.  Every entry of
- * a 4-bit codebook then lands within about 1e-4 of an FP16 number (5e-4 at
- * worst without the search). */
+ * the one with the smallest worst relative rounding error: 1.3e-4 at worst
+ * over the 1-4-bit codebooks, 4.4e-4 with a power of two (test_codec). */
 static float h16_search(const float *cb, int n)
 {
 	float mx = 0.0f, best = 1.0f;

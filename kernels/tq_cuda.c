@@ -404,7 +404,7 @@ struct tqc_ctx {
 	size_t occ_smem;         /* occ_smem)                                      */
 	int attn_general;        /* TQ_CUDA_ATTN=general: never attn_mma            */
 	int ctas_per_sm;         /* TQ_CUDA_CTAS_PER_SM, else 0: ATT_CTAS_PER_SM    */
-				 /* (attn_mma: as many as its shared memory lets run) */
+				 /* (attn_mma: at most as many as run at once)     */
 	const char *last_attn;   /* tqc_ctx_last_attn                              */
 	cudaStream_t stream;
 	cudaEvent_t ev0, ev1;

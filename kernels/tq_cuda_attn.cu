@@ -636,9 +636,9 @@ static __device__ __forceinline__ int tiled_bits(const struct tqc_codec_desc &c)
  * 1-bit fields 4 bits apart; see pair_codes) — and a V register pairs two
  * tokens' values of one coordinate (two such nibbles side by side).  That
  * byte indexes a 256-entry table of FP16 pairs in shared memory, kept in
- * TQC_MMA_LUT_COPIES copies (a lane reads its own, 4 bytes apart: few or no
- * bank conflicts), K's and V's side by side; a PRMT builds the address
- * (the code above the lane's offset byte) from the code byte.  q8 needs no table: int8 -> FP16 by the exponent trick
+ * 32 copies (one per lane, 4 bytes apart: every lookup of a warp hits its
+ * own bank), K's and V's side by side; one PRMT builds the address
+ * (code << 8 | lane << 2) from the code byte.  q8 needs no table: int8 -> FP16 by the exponent trick
  * (0x6400 | (x ^ 0x80)) - 1152.
  *
  * Precision.  FP16 keeps 11 significant bits.  The values (V) tolerate that
@@ -788,30 +788,18 @@ static __device__ __forceinline__ void mma_h16(float (&c)[4], const uint32_t (&a
 #endif
 }
 
-/* The decode tables (shared memory, offset 0): row `code` at code * LUT_ROW:
- * K's pair for that code in C = TQC_MMA_LUT_COPIES copies (lane l's at
- * 4 (l mod C)), then V's.  C = 32: every lookup of a warp in its own bank;
- * C = 16: half the space (more CTAs per SM), lanes l and l + 16 share a
- * bank. */
-#define LUT_C TQC_MMA_LUT_COPIES
-#define LUT_ROW (8u * LUT_C)
-#define LUT_V (4u * LUT_C)
-static_assert(TQC_MMA_LUT_BYTES == 256u * LUT_ROW && (LUT_C == 16u || LUT_C == 32u), "decode tables");
-
-/* this lane's offset byte for lut(): its copy times 4 (C = 32) or 8 (C = 16:
- * the address is halved after the PRMT) */
-static __device__ __forceinline__ uint32_t lut_lane(int lane)
-{
-	return LUT_C == 32u ? (uint32_t)lane * 4u : ((uint32_t)lane & 15u) * 8u;
-}
+/* The decode tables (shared memory, offset 0): row `code` at code * 256:
+ * K's pair for that code in 32 copies (lane l's at 4 l), then V's. */
+#define LUT_ROW 256u
+#define LUT_V 128u
+static_assert(TQC_MMA_LUT_BYTES == 256u * LUT_ROW, "decode tables");
 
 /* the table entry of code byte e of w: one PRMT puts the code above the
- * lane's offset byte */
+ * lane's offset byte, lane4 = lane * 4 */
 template <uint32_t OFF>
-static __device__ __forceinline__ uint32_t lut(const uint8_t *tab, uint32_t w, int e, uint32_t loff)
+static __device__ __forceinline__ uint32_t lut(const uint8_t *tab, uint32_t w, int e, uint32_t lane4)
 {
-	const uint32_t a = prmt(w, loff, 0x5504u | (uint32_t)e << 4);
-	return *reinterpret_cast<const uint32_t *>(tab + OFF + (LUT_C == 32u ? a : a >> 1));
+	return *reinterpret_cast<const uint32_t *>(tab + OFF + prmt(w, lane4, 0x5504u | (uint32_t)e << 4));
 }
 
 template <int N>
@@ -896,7 +884,7 @@ static __device__ __forceinline__ void mma_scores(const uint8_t *kt, uint32_t kb
 						  const qfrags<D> &qf, int lane, float (&sc)[4][2])
 {
 	const int g = lane >> 2, q = lane & 3;
-	const uint32_t lane4 = lut_lane(lane), p0 = (uint32_t)q * (D / 8);
+	const uint32_t lane4 = (uint32_t)lane * 4u, p0 = (uint32_t)q * (D / 8);
 	float s[2][4], s2[2][4];
 #pragma unroll
 	for (int mt = 0; mt < 2; mt++)
@@ -959,7 +947,7 @@ static __device__ __forceinline__ void mma_values(const uint8_t *vt, uint32_t vb
 {
 	constexpr int NW = D / 64; /* code words per token: D/16 pairs */
 	const int g = lane >> 2, q = lane & 3;
-	const uint32_t lane4 = lut_lane(lane), p0 = (uint32_t)g * (D / 16);
+	const uint32_t lane4 = (uint32_t)lane * 4u, p0 = (uint32_t)g * (D / 16);
 #pragma unroll
 	for (int ks = 0; ks < 2; ks++) {
 		const uint32_t *pr = reinterpret_cast<const uint32_t *>(pw + g * TQC_TILE + 16 * ks);
@@ -1049,16 +1037,16 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 2) attn_mma(const __grid_const
 	const uint32_t stage_bytes = TQC_TILE * (kb + vb);
 	const uint8_t *tab = smem;                                               /* the tables */
 	uint8_t *qfs = smem + TQC_MMA_LUT_BYTES;                                 /* D = 256: Q^T */
-	uint16_t *pw_all = reinterpret_cast<uint16_t *>(qfs + (D > 128 ? 32 * D : 0)); /* tqc_attn_mma_qf_bytes */
+	uint16_t *pw_all = reinterpret_cast<uint16_t *>(qfs + TQC_MMA_QF_BYTES(D));
 	uint16_t *pw = pw_all + warp * R * TQC_TILE;                             /* this warp's [R][TILE] */
 	uint8_t *stages = reinterpret_cast<uint8_t *>(pw_all + TQC_WARPS * R * TQC_TILE); /* all warps' */
 	constexpr int NST = TQC_MMA_STAGES;
-	static_assert(NST >= 2 && NST <= 4, "stages");
+	static_assert(NST >= 2, "stages: one computed on, the rest in flight");
 	uint8_t *stage0 = stages + (size_t)warp * NST * stage_bytes;                      /* this warp's */
 	const int kbits = tiled_bits(a.kc), vbits = tiled_bits(a.vc);
 
 	/* the tables: the 512 entries into pw_all (free until the first tile),
-	 * then each warp copies its rows LUT_C times */
+	 * then each warp copies its rows 32 times */
 	uint32_t *ent = reinterpret_cast<uint32_t *>(pw_all);
 	static_assert(TQC_WARPS * R * TQC_TILE * 2 >= 512 * 4, "table entries fit the weights' space");
 	for (int e = (int)threadIdx.x; e < 512; e += TQC_WARPS * 32) {

@@ -141,26 +141,18 @@ static inline int tqc_attn_tiled_ok(const struct tqc_codec_desc *kc, const struc
 	       kc->rot_kind != 2 /* dense: attn_prep rotates the queries */;
 }
 
-/* Its shared memory (dynamic): the decode tables (256 codes x
- * TQC_MMA_LUT_COPIES copies x K and V pairs), Q^T's fragments when they do not stay in registers
- * (d 256: [d/16][32] x 16 bytes), FP16 weights [8][TILE] per warp, then each
- * warp's TQC_MMA_STAGES stages of its tiles' K and V blocks (the warps' partial sums
- * reuse their own stages at the end). */
-#ifndef TQC_MMA_LUT_COPIES
-#define TQC_MMA_LUT_COPIES 32u /* copies of each table: 32, or 16 (half the space; lanes l and l + 16 share a bank) */
-#endif
-#define TQC_MMA_LUT_BYTES (256u * 8u * TQC_MMA_LUT_COPIES)
-static inline size_t tqc_attn_mma_qf_bytes(int dim)
-{
-	return dim > 128 ? (size_t)dim * 32u : 0u;
-}
-
-#ifndef TQC_MMA_STAGES
-#define TQC_MMA_STAGES 2u /* tiles per warp in shared memory: 1 computed on, the rest in flight */
-#endif
+/* Its shared memory (dynamic): the decode tables (256 codes x 32 lane
+ * copies x K and V pairs), Q^T's fragments where they do not stay in
+ * registers (d 256: [d/16][32] x 16 bytes), FP16 weights [8][TILE] per warp,
+ * then each warp's TQC_MMA_STAGES stages of its tiles' K and V blocks (the
+ * warps' partial sums reuse their own stages at the end).  16 table copies
+ * and 3 stages were measured slower (BENCHMARKS 2b). */
+#define TQC_MMA_LUT_BYTES 65536u
+#define TQC_MMA_QF_BYTES(dim) ((dim) > 128 ? (dim) * 32 : 0)
+#define TQC_MMA_STAGES 2u /* tiles per warp in shared memory: 1 computed on, 1 in flight */
 static inline size_t tqc_attn_mma_smem(int dim, uint32_t k_block_bytes, uint32_t v_block_bytes)
 {
-	return TQC_MMA_LUT_BYTES + tqc_attn_mma_qf_bytes(dim) + (size_t)TQC_WARPS * TQC_TILE_ROWS * TQC_TILE * 2u +
+	return TQC_MMA_LUT_BYTES + (size_t)TQC_MMA_QF_BYTES(dim) + (size_t)TQC_WARPS * TQC_TILE_ROWS * TQC_TILE * 2u +
 	       (size_t)TQC_WARPS * TQC_MMA_STAGES * TQC_TILE * ((size_t)k_block_bytes + v_block_bytes);
 }
 
