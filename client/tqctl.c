@@ -1427,8 +1427,9 @@ static const struct cmd cmds[] = {
 	  "daemon.session_idle_ttl (default 1h).  --persistent: the session is kept on\n"
 	  "disk and survives a restart of the daemon; it is never idle-expired.\n"
 	  "--kv-transform MODE: the K/V transforms attention undoes exactly (default:\n"
-	  "the daemon's daemon.kv_transform): none, default (k-center+v-eq+k-eq-qk+k-unshrink), or parts\n"
-	  "joined by '+': k-center, k-sink, v-center, v-eq, k-eq-qk, k-eq-k, k-unshrink.", true, cmd_open },
+	  "the daemon's daemon.kv_transform): none, default\n"
+	  "(k-center+v-eq+k-eq-qk+k-unshrink+k-order), or parts joined by '+':\n"
+	  "k-center, k-sink, v-center, v-eq, k-eq-qk, k-eq-k, k-unshrink, k-order.", true, cmd_open },
 	{ "top", "[--interval SECONDS] [-n COUNT]", "a live view of the pool, tenants and busiest sessions",
 	  "Calls GetStats, ListTenants and ListSessions every --interval SECONDS\n"
 	  "(default 1; decimals such as 0.5 are fine) and shows:\n"

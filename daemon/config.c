@@ -95,7 +95,7 @@ static const struct opt opts[] = {
 	  "threads per attention call (each data worker owns a pool of this many)", NULL },
 	{ "daemon", "kv_transform", OPT_XFORM, G(kv_transform), 0, 0, "default", NULL, true,
 	  "K/V transforms of new sessions that ask for none (attention undoes them exactly): none, "
-	  "default (k-center+v-eq+k-eq-qk+k-unshrink), or parts joined by '+': k-center, k-sink, v-center, v-eq, k-eq-qk, k-eq-k, k-unshrink", NULL },
+	  "default (k-center+v-eq+k-eq-qk+k-unshrink+k-order), or parts joined by '+': k-center, k-sink, v-center, v-eq, k-eq-qk, k-eq-k, k-unshrink, k-order", NULL },
 	{ "pool", "pool_bytes", OPT_SIZE, G(pool_bytes), 4 * MiB, PiB, "1GiB", NULL, false,
 	  "host memory for compressed KV pages; tenant budgets must fit in it", NULL },
 	{ "pool", "spill_dir", OPT_PATH, G(spill_dir), 0, 0, CONFIG_DEFAULT_SPILL_DIR, NULL, false,

@@ -331,7 +331,7 @@ static const char *xf_name(uint32_t mode)
 	return mode <= TQ_XF_MASK ? xf_names[mode] : "?";
 }
 
-#define XF_MODES_HELP "none, default, or parts joined by '+': k-center, k-sink, v-center, v-eq, k-eq-qk, k-eq-k, k-unshrink; " \
+#define XF_MODES_HELP "none, default, or parts joined by '+': k-center, k-sink, v-center, v-eq, k-eq-qk, k-eq-k, k-unshrink, k-order; " \
 		      "at most one k-eq-* and one of k-center, k-sink"
 
 /* The message's strings point into `si` (and static tables). */
@@ -635,6 +635,15 @@ static void h_open_session(struct rpc_server *srv, const struct peer *peer,
 			  "one token of %u KV heads (%s/%s, head_dim %u) does not fit a pool page of %u bytes "
 			  "(pool.page_bytes)", g.n_kv_heads, tq_codec_name(g.k_codec), tq_codec_name(g.v_codec),
 			  g.head_dim, pool_page_bytes(pool));
+		return;
+	}
+	if (pool && pool_has_kernels(pool) &&
+	    (tq_codec_id_parts(g.k_codec) != 1 || tq_codec_id_parts(g.v_codec) != 1)) {
+		rep_error(rep, GRPC_STATUS_FAILED_PRECONDITION,
+			  "codec %s has no GPU kernels yet and this pool is %s (pool.backend = cuda); "
+			  "use tq3/tq4 there, or a host pool", tq_codec_name(tq_codec_id_parts(g.k_codec) != 1 ? g.k_codec
+											    : g.v_codec),
+			  pool_desc(pool));
 		return;
 	}
 	why[0] = '\0';

@@ -185,6 +185,25 @@ const float *tqa_decode_scalar(const tq_codec *c, const uint8_t *src, int n,
 			scale[t] = 1.0f;
 		}
 		return tile;
+	case TQ_CODEC_TQ3O:
+	case TQ_CODEC_TQ4O: { /* each half's scale folded into its values */
+		const int h = c->half;
+		for (int t = 0; t < n; t++, src += bb) {
+			uint16_t sa, sb;
+			float *o = tile + (size_t)t * dim;
+			memcpy(&sa, src, 2);
+			memcpy(&sb, src + 2, 2);
+			const float fa = tq_bf16_to_f32(sa), fb = tq_bf16_to_f32(sb);
+			tqa_unpack_u8(src + TQ_TQO_HEADER_BYTES, h, c->cb.bits, idx);
+			for (int j = 0; j < h; j++)
+				o[j] = fa * c->cb.centroid[idx[j]];
+			tqa_unpack_u8(src + TQ_TQO_HEADER_BYTES + TQ_PLANES_BYTES(h, c->cb.bits), h, c->cb_b.bits, idx);
+			for (int j = 0; j < h; j++)
+				o[h + j] = fb * c->cb_b.centroid[idx[j]];
+			scale[t] = 1.0f;
+		}
+		return tile;
+	}
 	default: /* tq2 / tq3 / tq4 */
 		for (int t = 0; t < n; t++, src += bb) {
 			memcpy(&scale[t], src, 4);

@@ -30,6 +30,39 @@ static inline __m512i srl(__m512i v, int n)
 	return _mm512_srl_epi32(v, _mm_cvtsi32_si128(n));
 }
 
+/* o[j] = s * cb[idx[j]], j < h (a multiple of 8): one permute per 16
+ * (two tables for 32 entries), the same product as the portable decoder */
+static void tqo_half_avx512(const tq_codebook *cb, float s, const uint8_t *idx, int h, float *o)
+{
+	const __m512 t0 = _mm512_loadu_ps(cb->centroid), t1 = _mm512_loadu_ps(cb->centroid + 16);
+	const __m512 sv = _mm512_set1_ps(s);
+
+	for (int k = 0; k < h; k += 16) {
+		const __mmask16 m = h - k >= 16 ? 0xffff : (__mmask16)((1u << (h - k)) - 1u);
+		__m512i v = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, idx + k));
+		__m512 r = cb->levels > 16 ? _mm512_permutex2var_ps(t0, v, t1) : _mm512_permutexvar_ps(v, t0);
+		_mm512_mask_storeu_ps(o + k, m, _mm512_mul_ps(r, sv));
+	}
+}
+
+static void decode_tqo_avx512(const tq_codec *c, const uint8_t *src, int n, float *tile, float *scale)
+{
+	const int h = c->half;
+	uint8_t idx[TQ_DIM_MAX / 2];
+
+	for (int t = 0; t < n; t++, src += c->block_bytes) {
+		uint16_t sa, sb;
+		float *o = tile + (size_t)t * c->dim;
+		memcpy(&sa, src, 2);
+		memcpy(&sb, src + 2, 2);
+		tqa_unpack_u8(src + TQ_TQO_HEADER_BYTES, h, c->cb.bits, idx);
+		tqo_half_avx512(&c->cb, tq_bf16_to_f32(sa), idx, h, o);
+		tqa_unpack_u8(src + TQ_TQO_HEADER_BYTES + TQ_PLANES_BYTES(h, c->cb.bits), h, c->cb_b.bits, idx);
+		tqo_half_avx512(&c->cb_b, tq_bf16_to_f32(sb), idx, h, o + h);
+		scale[t] = 1.0f;
+	}
+}
+
 static const float *decode_avx512(const tq_codec *c, const uint8_t *src, int n,
 				  float *tile, float *scale)
 {
@@ -156,6 +189,10 @@ static const float *decode_avx512(const tq_codec *c, const uint8_t *src, int n,
 				_mm512_storeu_ps(o + k, _mm512_cvtph_ps(_mm256_loadu_si256(
 					(const __m256i *)(const void *)(src + 2 * k))));
 		}
+		return tile;
+	case TQ_CODEC_TQ3O:
+	case TQ_CODEC_TQ4O:
+		decode_tqo_avx512(c, src, n, tile, scale);
 		return tile;
 	default:
 		break;

@@ -23,6 +23,8 @@ static const struct {
 	[TQ_CODEC_TQ3] = { "tq3", 3, 1 },
 	[TQ_CODEC_TQ4] = { "tq4", 4, 1 },
 	[TQ_CODEC_F32] = { "f32", 32, 0 },
+	[TQ_CODEC_TQ3O] = { "tq3o", 3, 1 },
+	[TQ_CODEC_TQ4O] = { "tq4o", 4, 1 },
 };
 
 static int codec_valid(int id)
@@ -53,6 +55,11 @@ int tq_codec_rotated(enum tq_codec_id id)
 	return codec_valid((int)id) ? traits[id].rotated : 0;
 }
 
+int tq_codec_id_parts(enum tq_codec_id id)
+{
+	return id == TQ_CODEC_TQ3O || id == TQ_CODEC_TQ4O ? 2 : 1;
+}
+
 int tq_dim_check(int dim, tq_error *err)
 {
 	if (dim < TQ_DIM_MIN || dim > TQ_DIM_MAX || dim % TQ_DIM_ALIGN)
@@ -77,6 +84,12 @@ long tq_block_bytes(enum tq_codec_id id, int dim, tq_error *err)
 	case TQ_CODEC_TQ2:
 	case TQ_CODEC_TQ3:
 	case TQ_CODEC_TQ4: return TQ_TQ_BLOCK_BYTES(dim, traits[id].bits);
+	case TQ_CODEC_TQ3O:
+	case TQ_CODEC_TQ4O:
+		if (dim % TQ_TQO_DIM_ALIGN)
+			return tq_fail(err, "codec %s needs a head dim that is a multiple of %d (got %d)",
+				       traits[id].name, TQ_TQO_DIM_ALIGN, dim);
+		return TQ_TQO_BLOCK_BYTES(dim, traits[id].bits);
 	default: break;
 	}
 	return tq_fail(err, "unknown codec id %d", (int)id);
@@ -188,6 +201,19 @@ static const struct tq_codec_ops *ops_for(enum tq_isa isa)
 	}
 }
 
+static int codebook_get(tq_cache *cache, int dim, int bits, tq_codebook *out, tq_error *err)
+{
+	const tq_codebook *cb;
+	int r;
+
+	if (!cache)
+		return tq_codebook_solve(out, dim, bits, err);
+	if ((r = tq_cache_get(cache, dim, bits, &cb, err)) < 0)
+		return r;
+	*out = *cb;
+	return 0;
+}
+
 int tq_codec_new(tq_codec **out, tq_cache *cache, const struct tq_codec_params *p, tq_error *err)
 {
 	tq_codec *c;
@@ -210,20 +236,26 @@ int tq_codec_new(tq_codec **out, tq_cache *cache, const struct tq_codec_params *
 	c->bits = traits[p->id].bits;
 	c->block_bytes = (uint32_t)bb;
 	c->seed = p->seed;
-	c->ops = ops_for(isa);
+	/* tq3o / tq4o have no SIMD encoder or decoder yet: the reference serves
+	 * them on every CPU (tq_codec_isa() says so); attention decodes their
+	 * tiles itself (tq_attn.c) */
+	c->ops = tq_codec_id_parts(p->id) == 2 ? &tq_codec_ops_scalar : ops_for(isa);
 	c->rot.dim = p->dim;
 	c->rot.kind = TQ_ROT_NONE;
-	if (traits[p->id].rotated && (r = tq_rotation_init(&c->rot, p->dim, p->seed, err)) < 0)
-		goto fail;
-	if (p->id == TQ_CODEC_TQ2 || p->id == TQ_CODEC_TQ3 || p->id == TQ_CODEC_TQ4) {
-		const tq_codebook *cb;
-		if (cache) {
-			if ((r = tq_cache_get(cache, p->dim, c->bits, &cb, err)) < 0)
-				goto fail;
-			c->cb = *cb;
-		} else if ((r = tq_codebook_solve(&c->cb, p->dim, c->bits, err)) < 0) {
+	c->rot_b.kind = TQ_ROT_NONE;
+	if (tq_codec_id_parts(p->id) == 2) {
+		c->half = p->dim / 2;
+		if ((r = tq_rotation_init(&c->rot, c->half, p->seed, err)) < 0 ||
+		    (r = tq_rotation_init(&c->rot_b, c->half, p->seed ^ TQ_TQO_SEED_XOR, err)) < 0 ||
+		    (r = codebook_get(cache, c->half, c->bits + 1, &c->cb, err)) < 0 ||
+		    (r = codebook_get(cache, c->half, c->bits - 1, &c->cb_b, err)) < 0)
 			goto fail;
-		}
+	} else {
+		if (traits[p->id].rotated && (r = tq_rotation_init(&c->rot, p->dim, p->seed, err)) < 0)
+			goto fail;
+		if ((p->id == TQ_CODEC_TQ2 || p->id == TQ_CODEC_TQ3 || p->id == TQ_CODEC_TQ4) &&
+		    (r = codebook_get(cache, p->dim, c->bits, &c->cb, err)) < 0)
+			goto fail;
 	}
 	if (c->ops->prepare && !(c->isa_ctx = c->ops->prepare(c)))
 		goto nomem;
@@ -243,6 +275,7 @@ void tq_codec_free(tq_codec *c)
 	if (!c)
 		return;
 	tq_rotation_destroy(&c->rot);
+	tq_rotation_destroy(&c->rot_b);
 	free(c->isa_ctx);
 	free(c);
 }
@@ -253,16 +286,31 @@ size_t tq_codec_block_bytes(const tq_codec *c) { return c->block_bytes; }
 uint64_t tq_codec_seed(const tq_codec *c) { return c->seed; }
 enum tq_isa tq_codec_isa(const tq_codec *c) { return c->ops->isa; }
 
-double tq_codec_shrink(const tq_codec *c)
+static double cb_shrink(const tq_codebook *cb)
 {
-	double D;
+	/* distortion is per coordinate of a unit vector: cb->dim of them */
+	double D = cb->distortion * cb->dim;
 
-	if (!tq_codec_rotated(c->id) || c->cb.bits < 1)
-		return 1.0;
-	/* cb.distortion is per coordinate of a unit vector: dim of them */
-	D = c->cb.distortion * c->dim;
 	return D > 0 && D < 1 ? sqrt(1.0 - D) : 1.0;
 }
+
+double tq_codec_shrink(const tq_codec *c)
+{
+	if (!tq_codec_rotated(c->id) || c->cb.bits < 1)
+		return 1.0;
+	if (c->half) /* the halves' mean */
+		return 0.5 * (cb_shrink(&c->cb) + cb_shrink(&c->cb_b));
+	return cb_shrink(&c->cb);
+}
+
+double tq_codec_shrink_at(const tq_codec *c, int j)
+{
+	if (c->half)
+		return cb_shrink(j < c->half ? &c->cb : &c->cb_b);
+	return tq_codec_shrink(c);
+}
+
+int tq_codec_parts(const tq_codec *c) { return c->half ? 2 : 1; }
 
 int tq_encode(const tq_codec *c, const void *src, enum tq_dtype dtype, size_t n, void *dst,
 	      tq_error *err)
@@ -289,11 +337,15 @@ int tq_decode_ref(const tq_codec *c, const void *src, size_t n, float *dst)
 void tq_rotate(const tq_codec *c, const float *x, float *y)
 {
 	tq_rotation_apply_ref(&c->rot, x, y);
+	if (c->half)
+		tq_rotation_apply_ref(&c->rot_b, x + c->half, y + c->half);
 }
 
 void tq_unrotate(const tq_codec *c, const float *y, float *x)
 {
 	tq_rotation_inverse_ref(&c->rot, y, x);
+	if (c->half)
+		tq_rotation_inverse_ref(&c->rot_b, y + c->half, x + c->half);
 }
 
 /* ---- element conversions ----------------------------------------------------- */

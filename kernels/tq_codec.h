@@ -50,9 +50,13 @@ const char *tq_codec_name(enum tq_codec_id id);          /* "tq4"; "?" if unknow
 int tq_codec_from_name(const char *name);                /* id, or -EINVAL        */
 int tq_codec_bits(enum tq_codec_id id);                  /* index bits (tq*), 8 (q8), 4 (q4a), 16, 32 */
 int tq_codec_rotated(enum tq_codec_id id);               /* 1 if blocks live in a rotated frame */
+/* 2 for the outlier codecs (tq3o, tq4o: two halves of dim/2, each its own
+ * TurboQuant vector; tq_layout.h), 1 for the others. */
+int tq_codec_id_parts(enum tq_codec_id id);
 /* Bytes of one block; -EINVAL when the codec or dim is unsupported. */
 long tq_block_bytes(enum tq_codec_id id, int dim, tq_error *err);
-/* 0 if dim is a supported head dim (multiple of 8 in [8, 512]), else -EINVAL. */
+/* 0 if dim is a supported head dim (multiple of 8 in [8, 512]; of 16 for
+ * tq3o / tq4o, checked by tq_block_bytes), else -EINVAL. */
 int tq_dim_check(int dim, tq_error *err);
 
 const char *tq_dtype_name(enum tq_dtype t);
@@ -94,6 +98,7 @@ void tq_cache_free(tq_cache *cache);
 int tq_cache_get(tq_cache *cache, int dim, int bits, const tq_codebook **out, tq_error *err);
 
 /* ---- codecs ---------------------------------------------------------------- */
+#define TQ_TQO_SEED_XOR 0x5851f42d4c957f2dull
 typedef struct tq_codec tq_codec;
 
 struct tq_codec_params {
@@ -120,6 +125,12 @@ enum tq_isa tq_codec_isa(const tq_codec *c);
  * codecs that keep values as given (q8, q4a, f16, f32).  tq_xform.h's
  * TQ_XF_UNSHRINK divides it back out. */
 double tq_codec_shrink(const tq_codec *c);
+/* The same factor for coordinate j of the codec's input: the two halves of
+ * tq3o / tq4o have their own (tq4o at d = 64: 0.9989 for the 5-bit half,
+ * 0.983 for the 3-bit one); tq_codec_shrink() elsewhere. */
+double tq_codec_shrink_at(const tq_codec *c, int j);
+/* tq_codec_id_parts of the codec's id. */
+int tq_codec_parts(const tq_codec *c);
 
 /* Encode n vectors.  src: [n][dim] of `dtype`; dst: [n][block_bytes].
  * A vector with a NaN or Inf (or, for f16, a value beyond fp16 range) fails
@@ -138,7 +149,9 @@ int tq_encode_ref(const tq_codec *c, const void *src, enum tq_dtype dtype, size_
 int tq_decode_ref(const tq_codec *c, const void *src, size_t n, float *dst);
 
 /* The codec's rotation: y = R x and x = R^T y, [dim] floats, out of place.
- * Identity for unrotated codecs (q4a, f16, f32). */
+ * Identity for unrotated codecs (q4a, f16, f32).  tq3o / tq4o: block
+ * diagonal, the first half's rotation (of dim/2, the codec's seed) on
+ * x[0, dim/2) and the second half's (seed ^ TQ_TQO_SEED_XOR) on the rest. */
 void tq_rotate(const tq_codec *c, const float *x, float *y);
 void tq_unrotate(const tq_codec *c, const float *y, float *x);
 

@@ -109,6 +109,67 @@ static void decode_tq(const tq_codec *c, const uint8_t *blk, float *x)
 	unrotate_scaled(&c->rot, v, get_f32(blk), x);
 }
 
+/* One half of a tq*o vector: what encode_tq does for a whole one, with
+ * the half's rotation and codebook and a bf16 scale (tq_layout.h). */
+static int encode_half(const struct tq_rotation *rot, const tq_codebook *cb, int h, const float *x,
+		       uint16_t *scale, uint8_t *planes)
+{
+	float u[TQ_DIM_MAX], cv[TQ_DIM_MAX];
+	uint8_t idx[TQ_DIM_MAX];
+	float ss = tq_sumsq16(x, h);
+
+	if (!isfinite(ss))
+		return -ERANGE;
+	if (ss == 0.0f) {
+		*scale = 0;
+		memset(planes, 0, TQ_PLANES_BYTES(h, cb->bits));
+		return 0;
+	}
+	float norm = sqrtf(ss);
+	rotate_scaled(rot, x, 1.0f / norm, u);
+	for (int i = 0; i < h; i++) {
+		idx[i] = (uint8_t)tq_cb_index(cb, u[i]);
+		cv[i] = cb->centroid[idx[i]];
+	}
+	*scale = tq_f32_to_bf16(norm / sqrtf(tq_sumsq16(cv, h)));
+	if ((*scale & 0x7f80u) == 0x7f80u) /* rounded up to inf */
+		return -ERANGE;
+	tq_pack_planes(idx, h, cb->bits, planes);
+	return 0;
+}
+
+static int encode_tqo(const tq_codec *c, const float *x, uint8_t *blk)
+{
+	const int h = c->half;
+	uint16_t sa, sb;
+	int r;
+
+	if ((r = encode_half(&c->rot, &c->cb, h, x, &sa, blk + TQ_TQO_HEADER_BYTES)) < 0 ||
+	    (r = encode_half(&c->rot_b, &c->cb_b, h, x + h, &sb,
+			     blk + TQ_TQO_HEADER_BYTES + TQ_PLANES_BYTES(h, c->cb.bits))) < 0)
+		return r;
+	put_u16(blk, sa);
+	put_u16(blk + 2, sb);
+	return 0;
+}
+
+static void decode_tqo(const tq_codec *c, const uint8_t *blk, float *x)
+{
+	const int h = c->half;
+	const uint8_t *pl = blk + TQ_TQO_HEADER_BYTES;
+	uint8_t idx[TQ_DIM_MAX];
+	float v[TQ_DIM_MAX];
+
+	tq_unpack_planes(pl, h, c->cb.bits, idx);
+	for (int i = 0; i < h; i++)
+		v[i] = c->cb.centroid[idx[i]];
+	unrotate_scaled(&c->rot, v, tq_bf16_to_f32(get_u16(blk)), x);
+	tq_unpack_planes(pl + TQ_PLANES_BYTES(h, c->cb.bits), h, c->cb_b.bits, idx);
+	for (int i = 0; i < h; i++)
+		v[i] = c->cb_b.centroid[idx[i]];
+	unrotate_scaled(&c->rot_b, v, tq_bf16_to_f32(get_u16(blk + 2)), x + h);
+}
+
 static int encode_q8(const tq_codec *c, const float *x, uint8_t *blk)
 {
 	int d = c->dim;
@@ -222,6 +283,8 @@ int tq_encode_ref_row(const tq_codec *c, const void *row, enum tq_dtype dtype, s
 	case TQ_CODEC_TQ2:
 	case TQ_CODEC_TQ3:
 	case TQ_CODEC_TQ4: r = encode_tq(c, x, blk); break;
+	case TQ_CODEC_TQ3O:
+	case TQ_CODEC_TQ4O: r = encode_tqo(c, x, blk); break;
 	case TQ_CODEC_Q8: r = encode_q8(c, x, blk); break;
 	case TQ_CODEC_Q4A: r = encode_q4a(c, x, blk); break;
 	case TQ_CODEC_F16: r = encode_f16(c, x, blk); break;
@@ -262,6 +325,8 @@ static int ref_decode(const tq_codec *c, const void *src, size_t n, float *dst)
 		case TQ_CODEC_TQ2:
 		case TQ_CODEC_TQ3:
 		case TQ_CODEC_TQ4: decode_tq(c, blk, x); break;
+		case TQ_CODEC_TQ3O:
+		case TQ_CODEC_TQ4O: decode_tqo(c, blk, x); break;
 		case TQ_CODEC_Q8: decode_q8(c, blk, x); break;
 		case TQ_CODEC_Q4A: decode_q4a(c, blk, x); break;
 		case TQ_CODEC_F16: decode_f16(c, blk, x); break;

@@ -653,6 +653,9 @@ static int desc_make(const tq_codec *c, const float *mat, const float *mat_t, st
 		return tq_fail(err, "GPU: unknown codec id %d", (int)c->id);
 	if (tq_dim_check(c->dim, err) < 0)
 		return -EINVAL;
+	if (tq_codec_parts(c) != 1)
+		return tq_fail(err, "GPU: codec %s has no GPU kernels yet (use it on a host pool)",
+			       tq_codec_name(c->id));
 	d->id = (int32_t)c->id;
 	d->dim = c->dim;
 	d->bits = c->bits;

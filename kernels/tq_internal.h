@@ -109,8 +109,12 @@ struct tq_codec {
 	int bits;                /* index bits for tq*, 8 for q8, 4 for q4a     */
 	uint32_t block_bytes;
 	uint64_t seed;
-	struct tq_rotation rot;  /* kind NONE for q4a / f16 / f32               */
-	tq_codebook cb;          /* tq* only                                    */
+	struct tq_rotation rot;  /* kind NONE for q4a / f16 / f32; tq*o: the    */
+				 /* first half's (dim/2)                        */
+	tq_codebook cb;          /* tq* only; tq*o: the first half's (bits + 1) */
+	int half;                /* tq*o: dim/2; 0 for every other codec        */
+	struct tq_rotation rot_b; /* tq*o: the second half's rotation           */
+	tq_codebook cb_b;        /* tq*o: the second half's codebook (bits - 1) */
 	const struct tq_codec_ops *ops;
 	void *isa_ctx;           /* ops->prepare's tables, read-only afterwards */
 };

@@ -33,6 +33,8 @@ enum tq_codec_id {
 	TQ_CODEC_TQ3 = 4, /* TurboQuant 3-bit                                  */
 	TQ_CODEC_TQ4 = 5, /* TurboQuant 4-bit                                  */
 	TQ_CODEC_F32 = 6, /* uncompressed fp32: the exact reference cache      */
+	TQ_CODEC_TQ3O = 7, /* TurboQuant 3-bit, outlier half at 4 bits, rest 2 */
+	TQ_CODEC_TQ4O = 8, /* TurboQuant 4-bit, outlier half at 5 bits, rest 3 */
 	TQ_CODEC__COUNT
 };
 
@@ -62,6 +64,28 @@ enum tq_codec_id {
  * decision boundaries strictly below coordinate j of R x / ||x||. */
 #define TQ_TQ_HEADER_BYTES 4u
 #define TQ_TQ_BLOCK_BYTES(dim, bits) (TQ_TQ_HEADER_BYTES + TQ_PLANES_BYTES(dim, bits))
+
+/* ---- tq3o / tq4o: outlier channels at more bits ----------------------------
+ * The vector is two TurboQuant vectors of dim/2: its first half (the
+ * channels a transform put first — tq_xform.h's K order puts the keys'
+ * loudest channels there) at B + 1 bits and its second half at B - 1
+ * (B = 3 for tq3o, 4 for tq4o), each with its own rotation (seeds
+ * tq_codec.h says), its own codebook (the unit-sphere marginal for dim/2)
+ * and its own norm correction:
+ *   offset 0: bf16 scale of the first half  = ||x_a|| / ||c_a[idx_a]||
+ *   offset 2: bf16 scale of the second half = ||x_b|| / ||c_b[idx_b]||
+ *             (rounded to nearest even: fp32's range, so the vectors tq3 /
+ *             tq4 take are taken; a relative error of at most 2^-9 on the
+ *             norm, against a direction error of 5-10 % from the indices)
+ *   offset 4: the first half's index planes,  TQ_PLANES_BYTES(dim/2, B+1)
+ *   then:     the second half's index planes, TQ_PLANES_BYTES(dim/2, B-1)
+ * Exactly the bytes of tqB (dim a multiple of 16, so each half's planes
+ * fill whole bytes).  The paper's outlier configurations (2.5 and 3.5 bits)
+ * split channels the same way, with other proportions. */
+#define TQ_TQO_HEADER_BYTES 4u
+#define TQ_TQO_BLOCK_BYTES(dim, bits) \
+	(TQ_TQO_HEADER_BYTES + TQ_PLANES_BYTES((dim) / 2u, (bits) + 1u) + TQ_PLANES_BYTES((dim) / 2u, (bits) - 1u))
+#define TQ_TQO_DIM_ALIGN 16
 
 /* ---- q8 -----------------------------------------------------------------------
  *   offset 0: float32 scale = max_j |y_j| / 127, y = R x
@@ -97,6 +121,8 @@ static_assert(TQ_F32_BLOCK_BYTES(128) == 512, "f32 block at d=128");
 static_assert(TQ_TQ_BLOCK_BYTES(TQ_DIM_MIN, 1) == 5, "1-bit plane at the smallest dim is one byte");
 static_assert(TQ_TQ_BLOCK_BYTES(TQ_DIM_MAX, 8) == 516, "8-bit planes at the largest dim");
 static_assert(TQ_DIM_MIN % TQ_DIM_ALIGN == 0 && TQ_DIM_MAX % TQ_DIM_ALIGN == 0, "dim bounds");
-static_assert(TQ_CODEC__COUNT == 7, "codec ids are append-only");
+static_assert(TQ_TQO_BLOCK_BYTES(128, 4) == TQ_TQ_BLOCK_BYTES(128, 4), "tq4o: the bytes of tq4");
+static_assert(TQ_TQO_BLOCK_BYTES(64, 3) == TQ_TQ_BLOCK_BYTES(64, 3), "tq3o: the bytes of tq3");
+static_assert(TQ_CODEC__COUNT == 9, "codec ids are append-only");
 
 #endif /* TQ_LAYOUT_H */

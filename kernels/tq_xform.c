@@ -16,6 +16,10 @@ struct tq_xf {
 	uint32_t calibrated, calib_tokens;
 	float k_rms, v_rms;       /* for the summary */
 	float k_gain;             /* K unshrink: 1 / tq_codec_shrink(K codec) */
+	uint32_t k_half;          /* the K codec's first half (tq*o), else 0 */
+	float k_gain_b;           /* K unshrink past k_half: the second half's */
+	uint32_t *k_perm;         /* K order: [n_kv][dim], position j holds channel k_perm[j] */
+	float *row;               /* [dim] scratch (K order's permutation)      */
 	float *k_mean;            /* [n_kv][dim] */
 	float *k_scale;           /* [n_kv][dim] */
 	float *v_mean;            /* [n_kv][dim] */
@@ -33,6 +37,7 @@ static const struct {
 	{ TQ_XF_K_EQ_QK, "k-eq-qk" },
 	{ TQ_XF_K_EQ_K, "k-eq-k" },
 	{ TQ_XF_K_UNSHRINK, "k-unshrink" },
+	{ TQ_XF_K_ORDER, "k-order" },
 };
 
 int tq_xf_mode_check(uint32_t mode, tq_error *err)
@@ -133,7 +138,10 @@ int tq_xf_new(tq_xf **out, uint32_t mode, uint32_t n_kv_heads, uint32_t n_q_head
 		return -EINVAL;
 	}
 	n = (size_t)n_kv_heads * dim;
-	if (!(xf = calloc(1, sizeof(*xf))) || !(xf->k_mean = calloc(4 * n, sizeof(float)))) {
+	if (!(xf = calloc(1, sizeof(*xf))) || !(xf->k_mean = calloc(4 * n + dim, sizeof(float))) ||
+	    !(xf->k_perm = calloc(n, sizeof(uint32_t)))) {
+		if (xf)
+			free(xf->k_mean);
 		free(xf);
 		if (err)
 			snprintf(err->msg, sizeof(err->msg), "kv transform: out of memory");
@@ -142,6 +150,7 @@ int tq_xf_new(tq_xf **out, uint32_t mode, uint32_t n_kv_heads, uint32_t n_q_head
 	xf->k_scale = xf->k_mean + n;
 	xf->v_mean = xf->k_mean + 2 * n;
 	xf->v_scale = xf->k_mean + 3 * n;
+	xf->row = xf->k_mean + 4 * n;
 	xf->mode = mode;
 	xf->n_kv = n_kv_heads;
 	xf->n_q = n_q_heads;
@@ -157,12 +166,16 @@ void tq_xf_free(tq_xf *xf)
 	if (!xf)
 		return;
 	free(xf->k_mean);
+	free(xf->k_perm);
 	free(xf);
 }
 
 void tq_xf_set_k_codec(tq_xf *xf, const tq_codec *k_codec)
 {
-	xf->k_gain = k_codec ? (float)(1.0 / tq_codec_shrink(k_codec)) : 1.0f;
+	xf->k_gain = k_codec ? (float)(1.0 / tq_codec_shrink_at(k_codec, 0)) : 1.0f;
+	xf->k_half = k_codec && tq_codec_parts(k_codec) == 2 && (uint32_t)tq_codec_dim(k_codec) == xf->dim
+		     ? xf->dim / 2 : 0;
+	xf->k_gain_b = xf->k_half ? (float)(1.0 / tq_codec_shrink_at(k_codec, (int)xf->dim - 1)) : xf->k_gain;
 }
 
 uint32_t tq_xf_mode(const tq_xf *xf) { return xf->mode; }
@@ -176,8 +189,10 @@ void tq_xf_reset(tq_xf *xf)
 
 	memset(xf->k_mean, 0, n * sizeof(float));
 	memset(xf->v_mean, 0, n * sizeof(float));
-	for (size_t i = 0; i < n; i++)
+	for (size_t i = 0; i < n; i++) {
 		xf->k_scale[i] = xf->v_scale[i] = 1.0f;
+		xf->k_perm[i] = (uint32_t)(i % xf->dim);
+	}
 	xf->applied = 0;
 	xf->calibrated = 0;
 	xf->calib_tokens = 0;
@@ -230,6 +245,25 @@ static void scales_normalize(float *s, uint32_t d, double lsum, uint32_t nl)
 	}
 }
 
+/* perm[0..d) = the channels by importance, descending (ties: the lower
+ * channel first, so the order is deterministic); insertion sort: d <= 512,
+ * once per calibration. */
+static void order_channels(const double *imp, uint32_t d, uint32_t *perm)
+{
+	for (uint32_t j = 0; j < d; j++) {
+		uint32_t c = j, i = j;
+		double v = isfinite(imp[c]) ? imp[c] : 0;
+		while (i > 0) {
+			double u = isfinite(imp[perm[i - 1]]) ? imp[perm[i - 1]] : 0;
+			if (u >= v)
+				break;
+			perm[i] = perm[i - 1];
+			i--;
+		}
+		perm[i] = c;
+	}
+}
+
 int tq_xf_calibrate(tq_xf *xf, const void *k, const void *v, const void *q, uint32_t n, uint32_t n_q,
 		    enum tq_dtype dtype)
 {
@@ -271,9 +305,11 @@ int tq_xf_calibrate(tq_xf *xf, const void *k, const void *v, const void *q, uint
 		memset(xf->v_mean, 0, w * sizeof(float));
 
 	uint32_t eq = xf->mode & (TQ_XF_K_EQ_QK | TQ_XF_K_EQ_K);
-	if (eq == TQ_XF_K_EQ_QK && (!q || !n_q))
+	const int order = (xf->mode & TQ_XF_K_ORDER) && xf->k_half;
+	const int have_q = q && n_q;
+	if (eq == TQ_XF_K_EQ_QK && !have_q)
 		eq = 0;                  /* no queries: nothing to balance against */
-	if (eq) {
+	if (eq || order) {
 		double *kss = acc, *qss = acc + w;
 		memset(acc, 0, 2 * w * sizeof(double));
 		/* second moments of the (centered) keys, and of the group's queries */
@@ -282,7 +318,7 @@ int tq_xf_calibrate(tq_xf *xf, const void *k, const void *v, const void *q, uint
 				double a = (double)load1(k, dtype, (size_t)t * w + i) - xf->k_mean[i];
 				kss[i] += a * a;
 			}
-		if (eq == TQ_XF_K_EQ_QK)
+		if (eq == TQ_XF_K_EQ_QK || (order && have_q))
 			for (uint32_t t = 0; t < n_q; t++)
 				for (uint32_t h = 0; h < xf->n_q; h++)
 					for (uint32_t c = 0; c < d; c++) {
@@ -305,9 +341,22 @@ int tq_xf_calibrate(tq_xf *xf, const void *k, const void *v, const void *q, uint
 					nl++;
 				}
 			}
-			scales_normalize(s, d, lsum, nl);
+			if (eq)
+				scales_normalize(s, d, lsum, nl);
+			else
+				for (uint32_t c = 0; c < d; c++)
+					s[c] = 1.0f;
 		}
 		xf->applied |= eq;
+		if (order) {
+			/* importance E[k'_c²] E[q'_c²] = E[(k_c - μ_c)²] E[q_c²]: the
+			 * equalization's s_c cancels */
+			for (size_t i = 0; i < w; i++)
+				kss[i] = have_q ? kss[i] * qss[i] : kss[i];
+			for (uint32_t h = 0; h < xf->n_kv; h++)
+				order_channels(kss + (size_t)h * d, d, xf->k_perm + (size_t)h * d);
+			xf->applied |= TQ_XF_K_ORDER;
+		}
 	}
 	if (xf->mode & TQ_XF_V_EQ) {
 		double *vss = acc;
@@ -337,12 +386,20 @@ int tq_xf_calibrate(tq_xf *xf, const void *k, const void *v, const void *q, uint
 	return 0;
 }
 
+/* x[j] = x[perm[j]] in place, through the transform's scratch row. */
+static void permute_row(const tq_xf *xf, float *x, const uint32_t *perm)
+{
+	memcpy(xf->row, x, sizeof(float) * xf->dim);
+	for (uint32_t j = 0; j < xf->dim; j++)
+		x[j] = xf->row[perm[j]];
+}
+
 void tq_xf_keys(const tq_xf *xf, const void *k, enum tq_dtype dtype, uint32_t n, float *out)
 {
 	const size_t w = (size_t)xf->n_kv * xf->dim;
 	const uint32_t a = tq_xf_applied(xf);
 
-	for (uint32_t t = 0; t < n; t++)
+	for (uint32_t t = 0; t < n; t++) {
 		for (size_t i = 0; i < w; i++) {
 			float x = load1(k, dtype, (size_t)t * w + i);
 			if (a & (TQ_XF_K_CENTER | TQ_XF_K_SINK))
@@ -351,6 +408,11 @@ void tq_xf_keys(const tq_xf *xf, const void *k, enum tq_dtype dtype, uint32_t n,
 				x /= xf->k_scale[i];
 			out[(size_t)t * w + i] = x;
 		}
+		if (a & TQ_XF_K_ORDER)
+			for (uint32_t h = 0; h < xf->n_kv; h++)
+				permute_row(xf, out + (size_t)t * w + (size_t)h * xf->dim,
+					    xf->k_perm + (size_t)h * xf->dim);
+	}
 }
 
 void tq_xf_values(const tq_xf *xf, const void *v, enum tq_dtype dtype, uint32_t n, float *out)
@@ -373,8 +435,12 @@ void tq_xf_queries(const tq_xf *xf, const void *q, enum tq_dtype dtype, uint32_t
 {
 	const uint32_t d = xf->dim, G = xf->n_q / xf->n_kv;
 	const size_t w = (size_t)xf->n_q * d;
-	const int scaled = (tq_xf_applied(xf) & (TQ_XF_K_EQ_QK | TQ_XF_K_EQ_K)) != 0;
-	const float g = tq_xf_applied(xf) & TQ_XF_K_UNSHRINK ? xf->k_gain : 1.0f;
+	const uint32_t a = tq_xf_applied(xf);
+	const int scaled = (a & (TQ_XF_K_EQ_QK | TQ_XF_K_EQ_K)) != 0;
+	const int unshrink = (a & TQ_XF_K_UNSHRINK) != 0;
+	/* K unshrink's factor at codec position j: each half of a tq*o its own */
+	const uint32_t half = xf->k_half ? xf->k_half : d;
+	const float ga = unshrink ? xf->k_gain : 1.0f, gb = unshrink ? xf->k_gain_b : 1.0f;
 
 	for (uint32_t t = 0; t < n_q; t++)
 		for (uint32_t h = 0; h < xf->n_q; h++) {
@@ -382,8 +448,12 @@ void tq_xf_queries(const tq_xf *xf, const void *q, enum tq_dtype dtype, uint32_t
 			size_t o = (size_t)t * w + (size_t)h * d;
 			for (uint32_t c = 0; c < d; c++) {
 				float x = load1(q, dtype, o + c);
-				out[o + c] = (scaled ? x * s[c] : x) * g;
+				out[o + c] = scaled ? x * s[c] : x;
 			}
+			if (a & TQ_XF_K_ORDER)
+				permute_row(xf, out + o, xf->k_perm + (size_t)(h / G) * d);
+			for (uint32_t j = 0; j < d; j++)
+				out[o + j] *= j < half ? ga : gb;
 		}
 }
 
@@ -408,8 +478,8 @@ void tq_xf_output(const tq_xf *xf, float *out, uint32_t n_q)
 
 int tq_xf_touches_queries(const tq_xf *xf)
 {
-	return (tq_xf_applied(xf) & (TQ_XF_K_EQ_QK | TQ_XF_K_EQ_K)) != 0 ||
-	       ((tq_xf_applied(xf) & TQ_XF_K_UNSHRINK) && xf->k_gain != 1.0f);
+	return (tq_xf_applied(xf) & (TQ_XF_K_EQ_QK | TQ_XF_K_EQ_K | TQ_XF_K_ORDER)) != 0 ||
+	       ((tq_xf_applied(xf) & TQ_XF_K_UNSHRINK) && (xf->k_gain != 1.0f || xf->k_gain_b != 1.0f));
 }
 
 int tq_xf_touches_output(const tq_xf *xf)
@@ -421,7 +491,8 @@ int tq_xf_touches_output(const tq_xf *xf)
  * header (XF_HDR bytes, little-endian u32): magic, version, applied,
  * calib_tokens, n_kv, dim, k_rms (f32 bits), v_rms (f32 bits); then
  * k_mean (the K centre) if K_CENTER or K_SINK, k_scale if a K equalization,
- * v_mean if V_CENTER, v_scale if V_EQ, each [n_kv][dim] f32.  An uncalibrated transform has no bytes (0). */
+ * v_mean if V_CENTER, v_scale if V_EQ, each [n_kv][dim] f32; then k_perm if
+ * K_ORDER, [n_kv][dim] u32 (each head's a permutation of 0..dim-1).  An uncalibrated transform has no bytes (0). */
 
 static void put32(uint8_t *p, uint32_t x)
 {
@@ -462,11 +533,16 @@ static uint32_t parts(uint32_t applied)
 	       !!(applied & TQ_XF_V_CENTER) + !!(applied & TQ_XF_V_EQ);
 }
 
+static size_t blob_len(uint32_t applied, size_t w)
+{
+	return XF_HDR + ((size_t)parts(applied) + !!(applied & TQ_XF_K_ORDER)) * w * 4;
+}
+
 size_t tq_xf_blob_bytes(const tq_xf *xf)
 {
 	if (!xf->calibrated)
 		return 0;
-	return XF_HDR + (size_t)parts(xf->applied) * xf->n_kv * xf->dim * 4;
+	return blob_len(xf->applied, (size_t)xf->n_kv * xf->dim);
 }
 
 void tq_xf_blob_write(const tq_xf *xf, uint8_t *buf)
@@ -492,6 +568,9 @@ void tq_xf_blob_write(const tq_xf *xf, uint8_t *buf)
 		for (size_t i = 0; i < w; i++, p += 4)
 			put32(p, f2u(arr[a][i]));
 	}
+	if (xf->applied & TQ_XF_K_ORDER)
+		for (size_t i = 0; i < w; i++, p += 4)
+			put32(p, xf->k_perm[i]);
 }
 
 #define BAD(...) do { snprintf(err->msg, sizeof(err->msg), __VA_ARGS__); return -EBADMSG; } while (0)
@@ -520,8 +599,8 @@ int tq_xf_blob_read(tq_xf *xf, const uint8_t *buf, size_t len, tq_error *err)
 	v_rms = u2f(get32(buf + 28));
 	if (!isfinite(k_rms) || !isfinite(v_rms) || k_rms < 0 || v_rms < 0)
 		BAD("kv transform: bad rms");
-	if (len != XF_HDR + (size_t)parts(applied) * w * 4)
-		BAD("kv transform: %zu bytes, its parts need %zu", len, XF_HDR + (size_t)parts(applied) * w * 4);
+	if (len != blob_len(applied, w))
+		BAD("kv transform: %zu bytes, its parts need %zu", len, blob_len(applied, w));
 	/* check everything before changing anything */
 	p = buf + XF_HDR;
 	for (int a = 0; a < XF_PARTS; a++) {
@@ -535,6 +614,24 @@ int tq_xf_blob_read(tq_xf *xf, const uint8_t *buf, size_t len, tq_error *err)
 				BAD("kv transform: channel scale %g out of range", (double)x);
 		}
 	}
+	if (applied & TQ_XF_K_ORDER) {
+		/* each head's order must be a permutation of its channels */
+		uint8_t *seen = calloc(xf->dim, 1);
+		if (!seen)
+			BAD("kv transform: out of memory");
+		for (uint32_t h = 0; h < xf->n_kv; h++) {
+			memset(seen, 0, xf->dim);
+			for (uint32_t j = 0; j < xf->dim; j++) {
+				uint32_t c = get32(p + ((size_t)h * xf->dim + j) * 4);
+				if (c >= xf->dim || seen[c]) {
+					free(seen);
+					BAD("kv transform: head %u's channel order is not a permutation", h);
+				}
+				seen[c] = 1;
+			}
+		}
+		free(seen);
+	}
 	tq_xf_reset(xf);
 	p = buf + XF_HDR;
 	for (int a = 0; a < XF_PARTS; a++) {
@@ -543,6 +640,9 @@ int tq_xf_blob_read(tq_xf *xf, const uint8_t *buf, size_t len, tq_error *err)
 		for (size_t i = 0; i < w; i++, p += 4)
 			arr[a][i] = u2f(get32(p));
 	}
+	if (applied & TQ_XF_K_ORDER)
+		for (size_t i = 0; i < w; i++, p += 4)
+			xf->k_perm[i] = get32(p);
 	xf->applied = applied;
 	xf->calib_tokens = get32(buf + 12);
 	xf->k_rms = k_rms;

@@ -25,10 +25,20 @@
  *                   the weight in late layers — becomes 0 and encodes
  *                   exactly; the other keys keep their offset from it
  *
+ *   K order         k'' = P k',  q'' = P q'  (a permutation of the
+ *                   channels, the same for keys and queries: q''·k'' =
+ *                   q'·k'), most important first, importance E[k'_c²] ·
+ *                   E[q'_c²] (E[k'_c²] alone without queries; after
+ *                   centering, the same with or without equalization).
+ *                   Applied only with a K codec that gives its first half
+ *                   more bits (tq3o, tq4o: tq_layout.h) — the paper's
+ *                   outlier channels; with the others it would change nothing.
+ *
  * and one correction that needs no statistics, K unshrink: a norm-corrected
  * TurboQuant key shrinks every logit by about sqrt(1 − D) on average
  * (tq_codec_shrink: tq4 0.9954, tq3 0.983) — softer attention than the
- * exact one; queries × 1/shrink undo it (no effect for q8, f16, f32).
+ * exact one; queries × 1/shrink undo it (no effect for q8, f16, f32; each
+ * half of tq3o / tq4o by its own factor, tq_codec_shrink_at).
  *
  * Why K centering pays: real keys carry a large shared offset (RoPE'd
  * channels with a bias); the codec spends its bits on the vector's norm,
@@ -68,10 +78,11 @@ enum {
 	TQ_XF_K_UNSHRINK = 1u << 4, /* queries × 1/tq_codec_shrink(K codec)   */
 	TQ_XF_K_SINK   = 1u << 5,  /* keys minus the first token's key         */
 	TQ_XF_V_EQ     = 1u << 6,  /* values / channel scales, output × them  */
+	TQ_XF_K_ORDER  = 1u << 7,  /* keys' loudest channels first (tq*o)     */
 };
-#define TQ_XF_MASK    0x7fu
+#define TQ_XF_MASK    0xffu
 /* The default for new sessions (measured: BENCHMARKS.md 4a). */
-#define TQ_XF_DEFAULT (TQ_XF_K_CENTER | TQ_XF_V_EQ | TQ_XF_K_EQ_QK | TQ_XF_K_UNSHRINK)
+#define TQ_XF_DEFAULT (TQ_XF_K_CENTER | TQ_XF_V_EQ | TQ_XF_K_EQ_QK | TQ_XF_K_UNSHRINK | TQ_XF_K_ORDER)
 #define TQ_XF_MIN_TOKENS 8u
 /* A calibration reads at most this many tokens (and queries): the first. */
 #define TQ_XF_CALIB_MAX  512u
@@ -95,8 +106,8 @@ int tq_xf_mode_parse(const char *s, uint32_t *mode);
 int tq_xf_new(tq_xf **out, uint32_t mode, uint32_t n_kv_heads, uint32_t n_q_heads, uint32_t dim,
 	      const tq_codec *k_codec, tq_error *err);
 void tq_xf_free(tq_xf *xf);
-/* The K codec, when it comes after tq_xf_new (NULL then): only K unshrink's
- * factor depends on it. */
+/* The K codec, when it comes after tq_xf_new (NULL then): K unshrink's
+ * factors and whether K order applies (at calibration) depend on it. */
 void tq_xf_set_k_codec(tq_xf *xf, const tq_codec *k_codec);
 uint32_t tq_xf_mode(const tq_xf *xf);
 /* Back to uncalibrated (the layer was emptied). */

@@ -114,7 +114,7 @@ struct tqkv_session_params {
 	uint32_t n_kv_heads;
 	uint32_t n_q_heads;       /* a multiple of n_kv_heads                                */
 	uint32_t head_dim;        /* a multiple of 8 in [8, 512]                             */
-	const char *k_codec;      /* NULL: "q8"  (tq2, tq3, tq4, q8, q4a, f16, f32)          */
+	const char *k_codec;      /* NULL: "q8"  (tq2, tq3, tq4, q8, q4a, f16, f32, tq3o, tq4o) */
 	const char *v_codec;      /* NULL: "tq4"                                             */
 	uint64_t max_tokens;      /* per layer                                               */
 	int has_seed;             /* 0: the daemon draws the rotation seed                    */

@@ -77,6 +77,7 @@ static void usage(FILE *f)
 		"                       " DEFAULT_RUN_DIR ", where `make run` starts tqkvd)\n"
 		"  --tenant NAME        tenant of the session (default: default)\n"
 		"  --k CODEC --v CODEC  key / value codecs: f32 f16 q8 q4a tq2 tq3 tq4\n"
+		"                       tq3o tq4o (keys: outlier channels at one bit more)\n"
 		"                       (default q8 / tq4)\n"
 		"  --kv CODEC           both; with --local, --kv f32 is the exact fp32\n"
 		"                       reference cache (no codec, plain attention)\n"
@@ -86,9 +87,10 @@ static void usage(FILE *f)
 		"  --rotation-seed S    the session's rotation seed (default fixed)\n"
 		"  --kv-transform MODE  K/V transforms that attention undoes, frozen by each\n"
 		"                       layer's first chunk (its keys and queries): default\n"
-		"                       (k-center+v-eq+k-eq-qk+k-unshrink), none, or parts joined\n"
-		"                       by '+': k-center, k-sink, v-center, v-eq, k-eq-qk,\n"
-		"                       k-eq-k, k-unshrink; the same with --local and tqkvd\n"
+		"                       (k-center+v-eq+k-eq-qk+k-unshrink+k-order), none, or\n"
+		"                       parts joined by '+': k-center, k-sink, v-center, v-eq,\n"
+		"                       k-eq-qk, k-eq-k, k-unshrink, k-order (tq3o/tq4o keys);\n"
+		"                       the same with --local and tqkvd\n"
 		"                       (measured: BENCHMARKS.md 4a)\n"
 		"  --sparse-v X         with --local: skip values while at most X of each\n"
 		"                       head's attention weight is left out (the kernels'\n"
@@ -171,7 +173,7 @@ static int parse_codec(const char *opt, const char *s, int *out)
 	int id = tq_codec_from_name(s);
 
 	if (id < 0) {
-		fprintf(stderr, PROG ": %s: unknown codec '%s' (f32 f16 q8 q4a tq2 tq3 tq4)\n", opt, s);
+		fprintf(stderr, PROG ": %s: unknown codec '%s' (f32 f16 q8 q4a tq2 tq3 tq4 tq3o tq4o)\n", opt, s);
 		return -EINVAL;
 	}
 	*out = id;

@@ -194,7 +194,7 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: tqbench codec [--dim D] [--codec C] [--n N] [--reps R] [--isa I] [--json]\n"
 		   "  --dim D     head dim (default 128)\n"
-		   "  --codec C   f16|q8|q4a|tq2|tq3|tq4|f32 (default: all)\n"
+		   "  --codec C   f16|q8|q4a|tq2|tq3|tq4|f32|tq3o|tq4o (default: all)\n"
 		   "  --n N       vectors per measurement (default 262144; at least 256k to stream)\n"
 		   "  --reps R    repetitions, best kept (default 5)\n"
 		   "  --isa I     auto|scalar|avx2|avx512|neon (default auto)\n"

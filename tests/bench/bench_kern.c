@@ -105,7 +105,7 @@ static const struct tqa_ops *kern_ops(enum tq_isa isa)
 static int bench_kern_main(int argc, char **argv)
 {
 	static const enum tq_codec_id ids[] = { TQ_CODEC_TQ4, TQ_CODEC_TQ3, TQ_CODEC_TQ2, TQ_CODEC_Q8,
-						TQ_CODEC_F16 };
+						TQ_CODEC_F16, TQ_CODEC_TQ4O, TQ_CODEC_TQ3O };
 	enum { NC = sizeof(ids) / sizeof(ids[0]) };
 	enum tq_isa isa = tq_isa_best();
 	int json = 0, reps = 25;
@@ -176,7 +176,7 @@ static int bench_kern_main(int argc, char **argv)
 			tq_codec_free(c);
 		}
 	}
-	const int f16 = NC - 1;
+	const int f16 = 4; /* ids[4] */
 	const double base = sc[f16] + sm[f16] + ac[f16];
 	if (!json)
 		printf("kern d %d  chunk %d  4 rows  isa %s  ns per token and KV head (in L1)\n"
@@ -197,6 +197,8 @@ static int bench_kern_main(int argc, char **argv)
 		const double p43 = sc[0] + sm[0] + ac[1], p84 = sc[3] + sm[3] + ac[0];
 		printf("  K tq4 / V tq3: %.2f ns, %.3f x f16;  K q8 / V tq4: %.2f ns, %.3f x f16\n", p43,
 		       p43 / base, p84, p84 / base);
+		const double po3 = sc[5] + sm[5] + ac[1];
+		printf("  K tq4o / V tq3: %.2f ns, %.3f x f16\n", po3, po3 / base);
 	}
 	free(x);
 	tq_cache_free(cache);

@@ -20,7 +20,7 @@ for isa in scalar avx2 avx512 neon; do
 	fi
 	[ "$rc" -eq 0 ] || fail "kern --isa $isa: exit $rc: $out"
 	head -1 <<<"$out" | grep -q "isa $isa " || fail "kern --isa $isa: the first line does not name the ISA: $out"
-	for c in tq4 tq3 tq2 q8 f16; do
+	for c in tq4 tq3 tq2 q8 f16 tq4o tq3o; do
 		grep -Eq "^  $c +[0-9.]+ +[0-9.]+ +[0-9.]+ +as K and V: [0-9.]+ ns, [0-9.]+ x f16$" <<<"$out" ||
 			fail "kern --isa $isa: no row for $c: $out"
 	done
@@ -34,7 +34,7 @@ out=$("$TQBENCH" kern --json --reps 1) || fail "kern --json exited $?"
 python3 - "$out" <<'EOF' || fail "kern --json: $out"
 import json, sys
 rows = [json.loads(l) for l in sys.argv[1].splitlines()]
-assert [r["codec"] for r in rows] == ["tq4", "tq3", "tq2", "q8", "f16"], rows
+assert [r["codec"] for r in rows] == ["tq4", "tq3", "tq2", "q8", "f16", "tq4o", "tq3o"], rows
 for r in rows:
     assert r["suite"] == "kern" and r["dim"] == 128 and r["isa"], r
     assert r["scores_ns"] > 0 and r["softmax_ns"] > 0 and r["accum_ns"] > 0 and r["f16_total_ns"] > 0, r

@@ -60,8 +60,8 @@ expect 0 sessions --json;        [ "$(json 'len(d["sessions"])')" = 2 ] || fail 
 expect 0 sessions --tenant locked --json; [ "$(json 'len(d["sessions"])')" = 0 ] || fail "sessions --tenant"
 expect 0 session "$ID";          has '^name: *chat'; has '^state: *open'; has '^codecs (K/V): *q8 / tq4'
 # the K/V transforms: daemon.kv_transform (default) unless the open names one
-has '^kv transform: *k-center+v-eq+k-eq-qk+k-unshrink$'; has '^layer transforms: - (no data yet'
-[ "$(json_of session "$ID" 'd["kv_transform"], len(d.get("layer_transforms", []))')" = "k-center+v-eq+k-eq-qk+k-unshrink 0" ] \
+has '^kv transform: *k-center+v-eq+k-eq-qk+k-unshrink+k-order$'; has '^layer transforms: - (no data yet'
+[ "$(json_of session "$ID" 'd["kv_transform"], len(d.get("layer_transforms", []))')" = "k-center+v-eq+k-eq-qk+k-unshrink+k-order 0" ] \
 	|| fail "session --json: kv_transform"
 expect 0 open --layers 1 --kv-heads 1 --q-heads 1 --head-dim 64 --max-tokens 8 --kv-transform none
 has '^kv transform: *none$'; ID3=$(awk '/^id:/ {print $2}' <<<"$OUT")
@@ -71,7 +71,7 @@ expect 0 close "$ID3"; expect 0 close "$ID4"
 expect 1 open --layers 1 --kv-heads 1 --q-heads 1 --head-dim 64 --max-tokens 8 --kv-transform k-eq-k+k-eq-qk
 has "INVALID_ARGUMENT: unknown kv_transform 'k-eq-k+k-eq-qk' (known: none, default, .*k-center"
 expect 0 open --help;            has -- '--kv-transform MODE'
-expect 0 config;                 has '^daemon.kv_transform  *k-center+v-eq+k-eq-qk+k-unshrink  *default  *yes$'
+expect 0 config;                 has '^daemon.kv_transform  *k-center+v-eq+k-eq-qk+k-unshrink+k-order  *default  *yes$'
 ! grep -q '^evict reason' <<<"$OUT" || fail "an open session has an evict reason: $OUT"
 expect 0 session "$ID" --json;   [ "$(json 'd["state"]')" = SESSION_STATE_OPEN ] || fail "session --json"
 expect 0 evict "$ID";            has "session $ID evicted"

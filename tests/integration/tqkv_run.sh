@@ -164,7 +164,7 @@ daemon_checks() {
 			fail "daemon ppl $1/$2: $(cat "$tmp/err")"
 		elif [ ! -s "$tmp/daemon.f32" ]; then
 			fail "no logits from the daemon run"
-		elif ! grep -q "\"kv_transform\":\"$([ "$3" = default ] && echo k-center+v-eq+k-eq-qk+k-unshrink || echo "$3")\"" "$tmp/dj"; then
+		elif ! grep -q "\"kv_transform\":\"$([ "$3" = default ] && echo k-center+v-eq+k-eq-qk+k-unshrink+k-order || echo "$3")\"" "$tmp/dj"; then
 			fail "$1/$2 $3: the daemon run reports another transform: $(cat "$tmp/dj")"
 		elif cmp -s "$tmp/local.f32" "$tmp/daemon.f32"; then
 			echo "ok   $1/$2 $3: daemon and --local logits identical ($(stat -c %s "$tmp/daemon.f32") bytes); $(cat "$tmp/dj")"
@@ -181,7 +181,7 @@ daemon_checks() {
 	dtext=$(printf '%s\n' "$dout" | sed '/^---$/,$d')
 	if [ "$dtext" != "$text1" ]; then
 		fail "daemon and --local greedy texts differ: '$dtext' vs '$text1'"
-	elif ! printf '%s\n' "$dout" | grep -q "KV cache (tqkvd q8/tq4, session [0-9]*), transform k-center+v-eq+k-eq-qk+k-unshrink: "; then
+	elif ! printf '%s\n' "$dout" | grep -q "KV cache (tqkvd q8/tq4, session [0-9]*), transform k-center+v-eq+k-eq-qk+k-unshrink+k-order: "; then
 		fail "no daemon KV figures: $dout"
 	else
 		echo "ok   daemon generate, same text as --local: $(printf '%s\n' "$dout" | tail -n 1)"

@@ -413,6 +413,9 @@ static void test_codec_accuracy(void)
 		[TQ_CODEC_F16] = 1e-6, [TQ_CODEC_Q8] = 1e-4, [TQ_CODEC_Q4A] = 0.02,
 		[TQ_CODEC_TQ2] = 0.13, [TQ_CODEC_TQ3] = 0.04, [TQ_CODEC_TQ4] = 0.011,
 		[TQ_CODEC_F32] = 0,
+		/* isotropic vectors: no outlier channels, so the mean of the two
+		 * halves' distortions, above tq3 / tq4's */
+		[TQ_CODEC_TQ3O] = 0.07, [TQ_CODEC_TQ4O] = 0.02,
 	};
 	struct tq_rng rng;
 	tq_rng_seed(&rng, t_seed());
@@ -522,6 +525,90 @@ static void test_h16_scale(void)
 		worst_p2);
 }
 
+/* tq3o / tq4o: each half is exactly the TurboQuant vector of dim/2 that its
+ * rotation seed and width name — the first half at B + 1 bits with the
+ * codec's seed, the second at B - 1 with seed ^ TQ_TQO_SEED_XOR — so its
+ * index planes are byte-identical to that codec's (tq4 for tq3o's first
+ * half, tq3 for tq4o's second) and its decoded values agree up to the bf16
+ * scale (a relative 2^-9).  Also: the sizes, the dims refused, the block
+ * diagonal rotation, each half's shrink, and a huge half that still fits. */
+static void test_outlier_codecs(void)
+{
+	enum { D = 128, H = D / 2, N = 40 };
+	struct tq_rng rng;
+	tq_error err;
+	tq_rng_seed(&rng, t_seed());
+
+	T_EQ(tq_block_bytes(TQ_CODEC_TQ4O, 128, NULL), 68);
+	T_EQ(tq_block_bytes(TQ_CODEC_TQ3O, 64, NULL), 28);
+	T_EQ(tq_block_bytes(TQ_CODEC_TQ4O, 64, NULL), tq_block_bytes(TQ_CODEC_TQ4, 64, NULL));
+	T_EQ(tq_block_bytes(TQ_CODEC_TQ4O, 72, &err), -EINVAL); /* a multiple of 8, not of 16 */
+	T_ASSERT(strstr(err.msg, "multiple of 16"));
+	T_EQ(tq_codec_from_name("tq4o"), TQ_CODEC_TQ4O);
+	T_EQ(tq_codec_from_name("tq3o"), TQ_CODEC_TQ3O);
+	T_EQ(tq_codec_id_parts(TQ_CODEC_TQ3O), 2);
+	T_EQ(tq_codec_id_parts(TQ_CODEC_TQ4), 1);
+
+	/* which half matches which plain codec: tq3o's first (4 bits) is tq4
+	 * at dim/2 with the seed; tq4o's second (3 bits) is tq3 at dim/2 with
+	 * the second seed */
+	const struct {
+		enum tq_codec_id o, plain;
+		int second;
+	} cases[] = { { TQ_CODEC_TQ3O, TQ_CODEC_TQ4, 0 }, { TQ_CODEC_TQ4O, TQ_CODEC_TQ3, 1 },
+		      { TQ_CODEC_TQ3O, TQ_CODEC_TQ2, 1 } };
+	for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+		const uint64_t seed = 0x1234 + k;
+		struct tq_codec_params po = { cases[k].o, D, seed, TQ_ISA_AUTO };
+		struct tq_codec_params pp = { cases[k].plain, H, cases[k].second ? seed ^ TQ_TQO_SEED_XOR : seed,
+					      TQ_ISA_SCALAR };
+		tq_codec *co, *cp;
+		static float x[N][D], half[N][H], back[N][D], backp[N][H], y[D], z[D];
+		static uint8_t blk[N * 68], blkp[N * 68];
+		T_ASSERT(tq_codec_new(&co, cache, &po, NULL) == 0);
+		T_ASSERT(tq_codec_new(&cp, cache, &pp, NULL) == 0);
+		T_EQ(tq_codec_parts(co), 2);
+		const size_t ob = tq_codec_block_bytes(co), pb = tq_codec_block_bytes(cp);
+		const int bits_a = tq_codec_bits(cases[k].o) + 1;
+		const size_t off = 4 + (cases[k].second ? (size_t)H * bits_a / 8 : 0);
+		for (int t = 0; t < N; t++)
+			for (int j = 0; j < D; j++) /* loud first half, as K order makes it */
+				x[t][j] = (float)tq_rng_gauss(&rng) * (j < H ? 4.0f : 1.0f) * (t == 3 ? 1e15f : 1.0f);
+		for (int t = 0; t < N; t++)
+			memcpy(half[t], x[t] + (cases[k].second ? H : 0), sizeof(half[t]));
+		T_EQ(tq_encode(co, x, TQ_DTYPE_F32, N, blk, NULL), 0);
+		T_EQ(tq_encode(cp, half, TQ_DTYPE_F32, N, blkp, NULL), 0);
+		T_EQ(tq_decode(co, blk, N, &back[0][0]), 0);
+		T_EQ(tq_decode(cp, blkp, N, &backp[0][0]), 0);
+		for (int t = 0; t < N; t++) {
+			if (memcmp(blk + t * ob + off, blkp + t * pb + 4, pb - 4))
+				T_FAIL("%s vector %d: the half's planes differ from %s's", tq_codec_name(cases[k].o), t,
+				       tq_codec_name(cases[k].plain));
+			const float *bo = back[t] + (cases[k].second ? H : 0);
+			double nrm = 0, dif = 0;
+			for (int j = 0; j < H; j++) {
+				nrm += (double)backp[t][j] * backp[t][j];
+				dif += ((double)bo[j] - backp[t][j]) * ((double)bo[j] - backp[t][j]);
+			}
+			if (!(dif <= nrm * 0x1.0p-16))
+				T_FAIL("%s vector %d: the half decodes %g (relative) off %s's", tq_codec_name(cases[k].o),
+				       t, sqrt(dif / nrm), tq_codec_name(cases[k].plain));
+		}
+		/* the rotation is block diagonal: each half by its own */
+		tq_rotate(co, x[0], y);
+		tq_rotate(cp, x[0] + (cases[k].second ? H : 0), z);
+		for (int j = 0; j < H; j++)
+			T_ASSERT(y[(cases[k].second ? H : 0) + j] == z[j]);
+		tq_unrotate(co, y, z);
+		for (int j = 0; j < D; j++)
+			T_NEAR(z[j], x[0][j], 1e-5 * (fabs(x[0][j]) + 4));
+		/* each half's shrink is its codebook's */
+		T_NEAR(tq_codec_shrink_at(co, cases[k].second ? D - 1 : 0), tq_codec_shrink(cp), 1e-12);
+		tq_codec_free(co);
+		tq_codec_free(cp);
+	}
+}
+
 int main(void)
 {
 	cache = tq_cache_new();
@@ -541,6 +628,7 @@ int main(void)
 	T_RUN(test_mse_paper_d128);
 	T_RUN(test_mse_codebook_theory);
 	T_RUN(test_codec_mse_norm_corrected);
+	T_RUN(test_outlier_codecs);
 	tq_cache_free(cache);
 	return t_done();
 }

@@ -212,8 +212,11 @@ static void test_encode_decode(void)
 			for (int di = 0; di < NDIMS; di++) {
 				int d = dims[di];
 				tq_codec *ref, *c;
+				if (tq_block_bytes((enum tq_codec_id)id, d, NULL) < 0)
+					continue; /* tq*o: dims of 16s */
 				T_ASSERT(new_pair((enum tq_codec_id)id, d, isas[ii], &ref, &c) == 0);
-				T_EQ(tq_codec_isa(c), isas[ii]);
+				/* tq*o: the reference serves every ISA */
+				T_EQ(tq_codec_isa(c), tq_codec_id_parts((enum tq_codec_id)id) == 2 ? TQ_ISA_SCALAR : isas[ii]);
 				size_t bb = tq_codec_block_bytes(c);
 				uint8_t *src = malloc(4u * TQ_DIM_MAX * NV), *blk = malloc(bb * NV);
 				for (int t = 0; t < 3; t++) {
@@ -262,6 +265,8 @@ static void test_bound_ties(void)
 			for (int di = 0; di < NDIMS; di++) {
 				int d = dims[di], found = 0;
 				tq_codec *ref, *c;
+				if (tq_block_bytes((enum tq_codec_id)id, d, NULL) < 0)
+					continue; /* tq*o: dims of 16s */
 				T_ASSERT(new_pair((enum tq_codec_id)id, d, isas[ii], &ref, &c) == 0);
 				float *src = malloc(sizeof(float) * TQ_DIM_MAX * 4);
 				for (int v = 0; v < 4; v++) {
@@ -297,6 +302,8 @@ static void test_bad_inputs(void)
 			for (int di = 0; di < NDIMS; di += 2) {
 				int d = dims[di];
 				tq_codec *ref, *c;
+				if (tq_block_bytes((enum tq_codec_id)id, d, NULL) < 0)
+					continue; /* tq*o: dims of 16s */
 				T_ASSERT(new_pair((enum tq_codec_id)id, d, isas[ii], &ref, &c) == 0);
 				uint8_t *src = malloc(4u * TQ_DIM_MAX * 8);
 				int ok = 1;
@@ -350,6 +357,8 @@ static void test_decode_any_bytes(void)
 			for (int di = 0; di < NDIMS; di++) {
 				int d = dims[di];
 				tq_codec *ref, *c;
+				if (tq_block_bytes((enum tq_codec_id)id, d, NULL) < 0)
+					continue; /* tq*o: dims of 16s */
 				T_ASSERT(new_pair((enum tq_codec_id)id, d, isas[ii], &ref, &c) == 0);
 				size_t bb = tq_codec_block_bytes(c);
 				uint8_t *blk = malloc(bb * NV);

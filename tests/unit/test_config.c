@@ -195,7 +195,7 @@ static int kv_transform_value(void *ctx, const char *key, const char *value, con
 static void test_kv_transform(void)
 {
 	static const struct { const char *s; uint32_t mode; const char *shown; } ok[] = {
-		{ "default", TQ_XF_DEFAULT, "k-center+v-eq+k-eq-qk+k-unshrink" },
+		{ "default", TQ_XF_DEFAULT, "k-center+v-eq+k-eq-qk+k-unshrink+k-order" },
 		{ "k-unshrink", TQ_XF_K_UNSHRINK, "k-unshrink" },
 		{ "none", 0, "none" },
 		{ "k-center", TQ_XF_K_CENTER, "k-center" },
@@ -208,7 +208,7 @@ static void test_kv_transform(void)
 	T_EQ(config_load(c, NULL, err, sizeof(err)), 0);
 	T_EQ(c->kv_transform, TQ_XF_DEFAULT);
 	T_EQ(config_visit(c, kv_transform_value, got), 1);
-	T_ASSERT(strcmp(got, "k-center+v-eq+k-eq-qk+k-unshrink|default|1") == 0);
+	T_ASSERT(strcmp(got, "k-center+v-eq+k-eq-qk+k-unshrink+k-order|default|1") == 0);
 	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
 		snprintf(text, sizeof(text), "[daemon]\nkv_transform = %s\n", ok[i].s);
 		T_EQ(config_load_string(c, "t.conf", text, err, sizeof(err)), 0);

@@ -559,7 +559,9 @@ static void test_kv_transform(void)
 	struct tq_xf_summary sum[XL];
 
 	for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
-		const struct session_geom g = { XL, XKV, XQ, XD, TQ_CODEC_TQ4, TQ_CODEC_TQ3, 256, modes[m] };
+		/* the default mode over tq4o keys: K order applies too */
+		const enum tq_codec_id kid = m == 0 ? TQ_CODEC_TQ4O : TQ_CODEC_TQ4;
+		const struct session_geom g = { XL, XKV, XQ, XD, kid, TQ_CODEC_TQ3, 256, modes[m] };
 		struct fix f;
 		struct dataop_ws ws = { 0 };
 		struct dataop_res r;
@@ -573,7 +575,7 @@ static void test_kv_transform(void)
 		T_EQ(dataop_xf_summary(f.ks, s, sum, XL), -ENOENT);
 		memset(x, 0, sizeof(x));
 		for (uint32_t l = 0; l < XL; l++) {
-			struct tq_codec_params kp = { TQ_CODEC_TQ4, XD, tqkv_seed_derive(session_seed(s), l, 0), TQ_ISA_AUTO };
+			struct tq_codec_params kp = { kid, XD, tqkv_seed_derive(session_seed(s), l, 0), TQ_ISA_AUTO };
 			struct tq_codec_params vp = { TQ_CODEC_TQ3, XD, tqkv_seed_derive(session_seed(s), l, 1), TQ_ISA_AUTO };
 			T_EQ(tq_codec_new(&x[l].kc, NULL, &kp, &te), 0);
 			T_EQ(tq_codec_new(&x[l].vc, NULL, &vp, &te), 0);

@@ -567,7 +567,7 @@ static void test_kv_transform(void)
 	uint64_t id_none = s->id;
 	protobuf_c_message_free_unpacked(&s->base, NULL);
 	T_EQ(open_session_xf(cl, "default", "", 64, 64, "default", &s, &st), 0);
-	T_ASSERT(strcmp(s->kv_transform, "k-center+v-eq+k-eq-qk+k-unshrink") == 0); /* TQ_XF_DEFAULT */
+	T_ASSERT(strcmp(s->kv_transform, "k-center+v-eq+k-eq-qk+k-unshrink+k-order") == 0); /* TQ_XF_DEFAULT */
 	uint64_t id = s->id;
 	protobuf_c_message_free_unpacked(&s->base, NULL);
 	/* a reload changes what new sessions get, not the open ones */
@@ -658,7 +658,7 @@ static void test_kv_transform(void)
 	T_EQ(ctl_call(cl, "EvictSession", &ref.base, &rep, 5000, &st), 0);
 	protobuf_c_message_free_unpacked(rep, NULL);
 	get_session(id, &s);
-	T_ASSERT(strcmp(s->kv_transform, "k-center+v-eq+k-eq-qk+k-unshrink") == 0);
+	T_ASSERT(strcmp(s->kv_transform, "k-center+v-eq+k-eq-qk+k-unshrink+k-order") == 0);
 	T_EQ(s->n_layer_transforms, 0);
 	protobuf_c_message_free_unpacked(&s->base, NULL);
 	(void)id_none;

@@ -166,7 +166,8 @@ static void test_exact_in_attention(void)
 		tq_xf *xf;
 		T_EQ(tq_xf_new(&xf, modes[m], NKV, NQH, D, NULL, NULL), 0);
 		T_EQ(tq_xf_calibrate(xf, K, V, Q, 64, NQ, TQ_DTYPE_F32), 0);
-		T_EQ(tq_xf_applied(xf), modes[m]);
+		/* K order needs a K codec with an outlier half (test_k_order) */
+		T_EQ(tq_xf_applied(xf), modes[m] & ~(uint32_t)TQ_XF_K_ORDER);
 		T_EQ(attend(TQ_CODEC_F32, TQ_CODEC_F32, xf, K, V, Q, N, NQ, got), 0);
 		double e = rel_err(got, ref, (size_t)NQ * NQH * D);
 		tq_xf_free(xf);
@@ -297,7 +298,7 @@ static void test_mode_names(void)
 	T_ASSERT(strcmp(tq_xf_mode_str(m, buf, sizeof(buf)), "k-sink+k-eq-qk+k-unshrink") == 0);
 	T_EQ(tq_xf_mode_parse("default+v-eq", &m), 0);
 	T_EQ(m, TQ_XF_DEFAULT | TQ_XF_V_EQ);
-	T_ASSERT(strcmp(tq_xf_mode_str(m, buf, sizeof(buf)), "k-center+v-eq+k-eq-qk+k-unshrink") == 0);
+	T_ASSERT(strcmp(tq_xf_mode_str(m, buf, sizeof(buf)), "k-center+v-eq+k-eq-qk+k-unshrink+k-order") == 0);
 	T_EQ(tq_xf_mode_parse("k-centre", &m), -EINVAL);
 	T_EQ(tq_xf_mode_parse("a-very-long-word-that-is-not-a-mode-at-all", &m), -EINVAL);
 }
@@ -449,6 +450,115 @@ static void test_sink(void)
 	tq_xf_free(x2);
 }
 
+/* K order: with a tq4o K codec the keys' and queries' channels are put in
+ * the same order (scores unchanged), the loud ones first where the codec
+ * has 5 bits; the output through tq4o keys is then closer to exact than
+ * without the order and than through tq4 keys at the same bytes.  Not
+ * applied with a codec without an outlier half.  The order is stored and
+ * checked (a repeated channel is refused). */
+static void test_k_order(void)
+{
+	static float ref[NQ * NQH * D], o_ord[NQ * NQH * D], o_none[NQ * NQH * D], o_tq4[NQ * NQH * D];
+	static float a[16 * NKV * D], b[16 * NKV * D], qa[2 * NQH * D], qb[2 * NQH * D];
+	const uint32_t base = TQ_XF_K_CENTER | TQ_XF_K_EQ_QK | TQ_XF_K_UNSHRINK;
+	struct tq_codec_params pk = { .id = TQ_CODEC_TQ4O, .dim = D, .seed = 11 };
+	struct tq_codec_params p4 = { .id = TQ_CODEC_TQ4, .dim = D, .seed = 11 };
+	tq_codec *k4o, *k4;
+	tq_xf *xo, *xn, *x4, *x2;
+	tq_error err;
+
+	rs = t_seed() ^ 0x0d;
+	make_inputs(K, V, Q, N, NQ);
+	/* 4 channels loud in keys and queries alike: real keys' outliers */
+	for (uint32_t t = 0; t < N; t++)
+		for (uint32_t i = 0; i < NKV * D; i++)
+			if (i % D % 16 == 6)
+				K[(size_t)t * NKV * D + i] *= 6.0f;
+	for (uint32_t i = 0; i < NQ * NQH * D; i++)
+		Q[i] *= i % D % 16 == 6 ? 12.0f : 3.0f;
+	T_ASSERT(tq_codec_new(&k4o, NULL, &pk, &err) == 0 && tq_codec_new(&k4, NULL, &p4, &err) == 0);
+	T_EQ(tq_xf_new(&xo, base | TQ_XF_K_ORDER, NKV, NQH, D, k4o, NULL), 0);
+	T_EQ(tq_xf_new(&xn, base, NKV, NQH, D, k4o, NULL), 0);
+	T_EQ(tq_xf_new(&x4, base | TQ_XF_K_ORDER, NKV, NQH, D, k4, NULL), 0);
+	T_EQ(tq_xf_calibrate(xo, K, V, Q, 64, NQ, TQ_DTYPE_F32), 0);
+	T_EQ(tq_xf_calibrate(xn, K, V, Q, 64, NQ, TQ_DTYPE_F32), 0);
+	T_EQ(tq_xf_calibrate(x4, K, V, Q, 64, NQ, TQ_DTYPE_F32), 0);
+	T_EQ(tq_xf_applied(xo), base | TQ_XF_K_ORDER);
+	T_EQ(tq_xf_applied(x4), base);                 /* tq4: nothing to order for */
+	T_EQ(tq_xf_touches_queries(xo), 1);
+
+	/* exact: the scores are q·(k - μ) over the per-half shrink factors,
+	 * whatever the order */
+	tq_xf_keys(xo, K, TQ_DTYPE_F32, 16, a);
+	tq_xf_queries(xo, Q, TQ_DTYPE_F32, 2, qa);
+	tq_xf_keys(xn, K, TQ_DTYPE_F32, 16, b);
+	tq_xf_queries(xn, Q, TQ_DTYPE_F32, 2, qb);
+	int loud_first = 0;
+	for (uint32_t h = 0; h < NQH; h++)
+		for (uint32_t t = 0; t < 16; t++) {
+			const uint32_t g = h / (NQH / NKV);
+			double so = 0, sn = 0, mag = 0;
+			for (uint32_t j = 0; j < D; j++) {
+				/* undo the per-half gain: compare the plain products */
+				double ga = 1.0 / tq_codec_shrink_at(k4o, (int)j);
+				so += qa[h * D + j] / ga * a[(t * NKV + g) * D + j];
+				sn += qb[h * D + j] / ga * b[(t * NKV + g) * D + j];
+				mag += fabs(qb[h * D + j] * b[(t * NKV + g) * D + j]);
+			}
+			if (!(fabs(so - sn) <= 1e-5 * mag))
+				T_FAIL("head %u token %u: score %g with the order, %g without", h, t, so, sn);
+		}
+	/* the loud channels come first: find where each channel of the
+	 * unordered row went (the values of a row are distinct) */
+	for (uint32_t g = 0; g < NKV; g++)
+		for (uint32_t c = 6; c < D; c += 16) {
+			uint32_t j = 0;
+			while (j < D && a[(5 * NKV + g) * D + j] != b[(5 * NKV + g) * D + c])
+				j++;
+			loud_first += j < D / 2;
+		}
+	T_EQ(loud_first, NKV * D / 16);
+
+	/* through the codec: closer to exact */
+	T_EQ(attend(TQ_CODEC_F32, TQ_CODEC_F32, NULL, K, V, Q, N, NQ, ref), 0);
+	T_EQ(attend(TQ_CODEC_TQ4O, TQ_CODEC_F32, xo, K, V, Q, N, NQ, o_ord), 0);
+	T_EQ(attend(TQ_CODEC_TQ4O, TQ_CODEC_F32, xn, K, V, Q, N, NQ, o_none), 0);
+	T_EQ(attend(TQ_CODEC_TQ4, TQ_CODEC_F32, x4, K, V, Q, N, NQ, o_tq4), 0);
+	double eo = rel_err(o_ord, ref, (size_t)NQ * NQH * D), en = rel_err(o_none, ref, (size_t)NQ * NQH * D),
+	       e4 = rel_err(o_tq4, ref, (size_t)NQ * NQH * D);
+	fprintf(stderr, "  tq4o keys: output error %.4f with k-order, %.4f without; tq4 keys %.4f\n", eo, en, e4);
+	T_ASSERT(eo < 0.7 * en && eo < 0.9 * e4);
+
+	/* stored and read back; a repeated channel refused */
+	size_t n = tq_xf_blob_bytes(xo);
+	uint8_t *buf = malloc(n);
+	T_ASSERT(buf && n == 32 + 3 * NKV * D * 4);     /* K centre, K scales, the order */
+	tq_xf_blob_write(xo, buf);
+	T_EQ(tq_xf_new(&x2, base | TQ_XF_K_ORDER, NKV, NQH, D, k4o, NULL), 0);
+	T_EQ(tq_xf_blob_read(x2, buf, n, &err), 0);
+	T_EQ(tq_xf_applied(x2), base | TQ_XF_K_ORDER);
+	tq_xf_keys(x2, K, TQ_DTYPE_F32, 16, b);
+	T_ASSERT(memcmp(a, b, sizeof(a)) == 0);
+	tq_xf_queries(x2, Q, TQ_DTYPE_F32, 2, qb);
+	T_ASSERT(memcmp(qa, qb, sizeof(qa)) == 0);
+	memcpy(buf + n - 4, buf + n - 8, 4);             /* head 1's last two channels the same */
+	T_EQ(tq_xf_blob_read(x2, buf, n, &err), -EBADMSG);
+	T_ASSERT(strstr(err.msg, "not a permutation"));
+	tq_xf_blob_write(xo, buf);
+	memcpy(buf + n - 4, &(uint32_t){ D }, 4);        /* a channel out of range */
+	T_EQ(tq_xf_blob_read(x2, buf, n, &err), -EBADMSG);
+	T_EQ(tq_xf_blob_read(xn, buf, n, &err), -EBADMSG); /* k-order not in xn's mode */
+	tq_xf_keys(x2, K, TQ_DTYPE_F32, 16, b);           /* x2 kept the good state */
+	T_ASSERT(memcmp(a, b, sizeof(a)) == 0);
+	free(buf);
+	tq_xf_free(xo);
+	tq_xf_free(xn);
+	tq_xf_free(x4);
+	tq_xf_free(x2);
+	tq_codec_free(k4o);
+	tq_codec_free(k4);
+}
+
 int main(void)
 {
 	T_RUN(test_mode_names);
@@ -459,5 +569,6 @@ int main(void)
 	T_RUN(test_blob);
 	T_RUN(test_unshrink);
 	T_RUN(test_sink);
+	T_RUN(test_k_order);
 	return t_done();
 }
