@@ -70,11 +70,97 @@ static void tqo_half_avx2(const tq_codebook *cb, float s, const uint8_t *idx, in
 	}
 }
 
+/* The planes of a half of h values (h a power of two, 32 <= h <= 256) into
+ * index vectors acc[h/8], as the AVX-512 file does with 16 lanes: S >= 8:
+ * 8-byte runs of a segment, one shift; S = 4: the plane repeated to 8
+ * bytes, lane j of group g shifted by w*((8g + j)/4). */
+static inline __attribute__((always_inline)) void tqo_plane(__m256i *acc, const uint8_t *pl, int h, int w,
+							   int off)
+{
+	const int S = h * w / 8;
+	const __m256i m = _mm256_set1_epi32((1 << w) - 1);
+
+	if (S >= 8) {
+		_Pragma("GCC unroll 16")
+		for (int seg = 0; seg < 8 / w; seg++)
+			_Pragma("GCC unroll 16")
+			for (int b = 0; b < S; b += 8) {
+				__m256i v = _mm256_and_si256(srl(zext8(pl + b), w * seg), m);
+				acc[(seg * S + b) / 8] = _mm256_or_si256(acc[(seg * S + b) / 8], _mm256_slli_epi32(v, off));
+			}
+		return;
+	}
+	uint32_t u4;
+	memcpy(&u4, pl, 4);
+	const __m256i r = _mm256_cvtepu8_epi32(_mm_set1_epi32((int)u4));
+	__m256i sh = _mm256_mullo_epi32(_mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0), _mm256_set1_epi32(w));
+	const __m256i step = _mm256_set1_epi32(2 * w);
+	_Pragma("GCC unroll 32")
+	for (int g = 0; g < h / 8; g++, sh = _mm256_add_epi32(sh, step))
+		acc[g] = _mm256_or_si256(acc[g], _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(r, sh), m), off));
+}
+
+static inline __attribute__((always_inline)) void tqo_half_h(const tq_codebook *cb, float s, const uint8_t *pl,
+							    int h, float *o)
+{
+	__m256i acc[TQ_DIM_MAX / 2 / 8];
+	const __m256 t0 = _mm256_loadu_ps(cb->centroid), t1 = _mm256_loadu_ps(cb->centroid + 8);
+	const __m256 t2 = _mm256_loadu_ps(cb->centroid + 16), t3 = _mm256_loadu_ps(cb->centroid + 24);
+	const __m256 sv = _mm256_set1_ps(s);
+
+	_Pragma("GCC unroll 32")
+	for (int g = 0; g < h / 8; g++)
+		acc[g] = _mm256_setzero_si256();
+	switch (cb->bits) { /* planes: widest first, lowest bits (tq_layout.h) */
+	case 5: tqo_plane(acc, pl, h, 4, 0); tqo_plane(acc, pl + h / 2, h, 1, 4); break;
+	case 4: tqo_plane(acc, pl, h, 4, 0); break;
+	case 3: tqo_plane(acc, pl, h, 2, 0); tqo_plane(acc, pl + h / 4, h, 1, 2); break;
+	case 2: tqo_plane(acc, pl, h, 2, 0); break;
+	default: tqo_plane(acc, pl, h, 1, 0); break;
+	}
+	_Pragma("GCC unroll 32")
+	for (int g = 0; g < h / 8; g++) {
+		const __m256i v = acc[g];
+		__m256 r;
+		if (cb->levels <= 8)
+			r = _mm256_permutevar8x32_ps(t0, v);
+		else if (cb->levels <= 16)
+			r = lookup16(t0, t1, v);
+		else
+			r = _mm256_blendv_ps(lookup16(t0, t1, v), lookup16(t2, t3, v),
+					     _mm256_castsi256_ps(_mm256_slli_epi32(v, 27)));
+		_mm256_storeu_ps(o + 8 * g, _mm256_mul_ps(r, sv));
+	}
+}
+
+static void tqo_half_direct(const tq_codebook *cb, float s, const uint8_t *pl, int h, float *o)
+{
+	switch (h) {
+	case 32: tqo_half_h(cb, s, pl, 32, o); break;
+	case 64: tqo_half_h(cb, s, pl, 64, o); break;
+	case 128: tqo_half_h(cb, s, pl, 128, o); break;
+	default: tqo_half_h(cb, s, pl, 256, o); break;
+	}
+}
+
 static void decode_tqo_avx2(const tq_codec *c, const uint8_t *src, int n, float *tile, float *scale)
 {
 	const int h = c->half;
 	uint8_t idx[TQ_DIM_MAX / 2];
 
+	if (h >= 32 && h <= TQ_DIM_MAX / 2 && !(h & (h - 1)) && c->cb.bits <= 5) {
+		for (int t = 0; t < n; t++, src += c->block_bytes) {
+			uint16_t sa, sb;
+			float *o = tile + (size_t)t * c->dim;
+			memcpy(&sa, src, 2);
+			memcpy(&sb, src + 2, 2);
+			tqo_half_direct(&c->cb, tq_bf16_to_f32(sa), src + TQ_TQO_HEADER_BYTES, h, o);
+			tqo_half_direct(&c->cb_b, tq_bf16_to_f32(sb),
+					src + TQ_TQO_HEADER_BYTES + TQ_PLANES_BYTES(h, c->cb.bits), h, o + h);
+			scale[t] = 1.0f;
+		}
+		return;
+	}
 	for (int t = 0; t < n; t++, src += c->block_bytes) {
 		uint16_t sa, sb;
 		float *o = tile + (size_t)t * c->dim;

@@ -45,11 +45,100 @@ static void tqo_half_avx512(const tq_codebook *cb, float s, const uint8_t *idx, 
 	}
 }
 
+/* The planes of a half of h values (h a power of two, 32 <= h <= 256) into
+ * index vectors acc[h/16] (tq_layout.h): a plane of width w has stride
+ * S = h*w/8, a power of two, and byte b of it holds value b + s*S at bits
+ * s*w.  S >= 16: each 16-byte run of a segment is 16 consecutive values,
+ * one shift for all.  S = 4 or 8: the plane repeated to 16 bytes puts byte
+ * (16g + j) mod S in lane j of group g, shifted lane by lane by
+ * w*((16g + j)/S).  w is a constant at every call (inlined). */
+static inline __attribute__((always_inline)) void tqo_plane(__m512i *acc, const uint8_t *pl, int h, int w,
+							   int off)
+{
+	const int S = h * w / 8;
+	const __m512i m = _mm512_set1_epi32((1 << w) - 1);
+
+	if (S >= 16) {
+		_Pragma("GCC unroll 16")
+		for (int seg = 0; seg < 8 / w; seg++)
+			_Pragma("GCC unroll 16")
+			for (int b = 0; b < S; b += 16) {
+				__m512i v = _mm512_and_si512(srl(zext16(pl + b), w * seg), m);
+				acc[(seg * S + b) / 16] = _mm512_or_si512(acc[(seg * S + b) / 16], _mm512_slli_epi32(v, off));
+			}
+		return;
+	}
+	uint64_t u = 0;
+	if (S == 8) {
+		memcpy(&u, pl, 8);
+	} else {
+		uint32_t u4;
+		memcpy(&u4, pl, 4);
+		u = (uint64_t)u4 * 0x100000001ull;
+	}
+	const __m512i r = _mm512_cvtepu8_epi32(_mm_set1_epi64x((long long)u));
+	const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+	__m512i sh = _mm512_mullo_epi32(_mm512_srli_epi32(iota, S == 8 ? 3 : 2), _mm512_set1_epi32(w));
+	const __m512i step = _mm512_set1_epi32(w * 16 / S);
+	_Pragma("GCC unroll 16")
+	for (int g = 0; g < h / 16; g++, sh = _mm512_add_epi32(sh, step))
+		acc[g] = _mm512_or_si512(acc[g], _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(r, sh), m), off));
+}
+
+/* o[j] = s * cb[idx_j] for a half whose h is a power of two in [32, 256]
+ * (a constant where tqo_half_direct calls it) */
+static inline __attribute__((always_inline)) void tqo_half_h(const tq_codebook *cb, float s, const uint8_t *pl,
+							    int h, float *o)
+{
+	__m512i acc[TQ_DIM_MAX / 2 / 16];
+	const __m512 t0 = _mm512_loadu_ps(cb->centroid), t1 = _mm512_loadu_ps(cb->centroid + 16);
+	const __m512 sv = _mm512_set1_ps(s);
+
+	_Pragma("GCC unroll 16")
+	for (int g = 0; g < h / 16; g++)
+		acc[g] = _mm512_setzero_si512();
+	switch (cb->bits) { /* planes: widest first, lowest bits (tq_layout.h) */
+	case 5: tqo_plane(acc, pl, h, 4, 0); tqo_plane(acc, pl + h / 2, h, 1, 4); break;
+	case 4: tqo_plane(acc, pl, h, 4, 0); break;
+	case 3: tqo_plane(acc, pl, h, 2, 0); tqo_plane(acc, pl + h / 4, h, 1, 2); break;
+	case 2: tqo_plane(acc, pl, h, 2, 0); break;
+	default: tqo_plane(acc, pl, h, 1, 0); break;
+	}
+	_Pragma("GCC unroll 16")
+	for (int g = 0; g < h / 16; g++) {
+		__m512 r = cb->levels > 16 ? _mm512_permutex2var_ps(t0, acc[g], t1) : _mm512_permutexvar_ps(acc[g], t0);
+		_mm512_storeu_ps(o + 16 * g, _mm512_mul_ps(r, sv));
+	}
+}
+
+static void tqo_half_direct(const tq_codebook *cb, float s, const uint8_t *pl, int h, float *o)
+{
+	switch (h) {
+	case 32: tqo_half_h(cb, s, pl, 32, o); break;
+	case 64: tqo_half_h(cb, s, pl, 64, o); break;
+	case 128: tqo_half_h(cb, s, pl, 128, o); break;
+	default: tqo_half_h(cb, s, pl, 256, o); break;
+	}
+}
+
 static void decode_tqo_avx512(const tq_codec *c, const uint8_t *src, int n, float *tile, float *scale)
 {
 	const int h = c->half;
 	uint8_t idx[TQ_DIM_MAX / 2];
 
+	if (h >= 32 && h <= TQ_DIM_MAX / 2 && !(h & (h - 1)) && c->cb.bits <= 5) {
+		for (int t = 0; t < n; t++, src += c->block_bytes) {
+			uint16_t sa, sb;
+			float *o = tile + (size_t)t * c->dim;
+			memcpy(&sa, src, 2);
+			memcpy(&sb, src + 2, 2);
+			tqo_half_direct(&c->cb, tq_bf16_to_f32(sa), src + TQ_TQO_HEADER_BYTES, h, o);
+			tqo_half_direct(&c->cb_b, tq_bf16_to_f32(sb),
+					src + TQ_TQO_HEADER_BYTES + TQ_PLANES_BYTES(h, c->cb.bits), h, o + h);
+			scale[t] = 1.0f;
+		}
+		return;
+	}
 	for (int t = 0; t < n; t++, src += c->block_bytes) {
 		uint16_t sa, sb;
 		float *o = tile + (size_t)t * c->dim;

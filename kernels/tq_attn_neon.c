@@ -31,14 +31,14 @@ struct cbtab {
 	uint8x16_t p[4];
 };
 
-static void cbtab_init(struct cbtab *tb, const tq_codec *c)
+static void cbtab_of(struct cbtab *tb, const tq_codebook *cb)
 {
 	uint8_t b[4][16];
-	int L = c->cb.levels;
+	int L = cb->levels;
 
 	for (int i = 0; i < 16; i++) {
 		uint32_t u;
-		memcpy(&u, &c->cb.centroid[L ? i % L : 0], 4);
+		memcpy(&u, &cb->centroid[L ? i % L : 0], 4);
 		_Pragma("GCC unroll 16")
 		for (int k = 0; k < 4; k++)
 			b[k][i] = (uint8_t)(u >> (8 * k));
@@ -46,6 +46,53 @@ static void cbtab_init(struct cbtab *tb, const tq_codec *c)
 	_Pragma("GCC unroll 16")
 	for (int k = 0; k < 4; k++)
 		tb->p[k] = vld1q_u8(b[k]);
+}
+
+static void cbtab_init(struct cbtab *tb, const tq_codec *c)
+{
+	cbtab_of(tb, &c->cb);
+}
+
+/* The same for codebooks of up to 32 entries (tq4o's 5-bit half): two
+ * registers per byte plane, looked up by vqtbl2q. */
+struct cbtab32 {
+	uint8x16x2_t p[4];
+};
+
+static void cbtab32_of(struct cbtab32 *tb, const tq_codebook *cb)
+{
+	uint8_t b[4][32];
+	int L = cb->levels;
+
+	for (int i = 0; i < 32; i++) {
+		uint32_t u;
+		memcpy(&u, &cb->centroid[L ? i % L : 0], 4);
+		for (int k = 0; k < 4; k++)
+			b[k][i] = (uint8_t)(u >> (8 * k));
+	}
+	for (int k = 0; k < 4; k++) {
+		tb->p[k].val[0] = vld1q_u8(b[k]);
+		tb->p[k].val[1] = vld1q_u8(b[k] + 16);
+	}
+}
+
+/* bytes b0..b3 of 16 floats to the floats, o[0..3] */
+AI void bytes_to_f32(uint8x16_t b0, uint8x16_t b1, uint8x16_t b2, uint8x16_t b3, float32x4_t o[4])
+{
+	uint16x8_t l0 = vreinterpretq_u16_u8(vzip1q_u8(b0, b1)), h0 = vreinterpretq_u16_u8(vzip1q_u8(b2, b3));
+	uint16x8_t l1 = vreinterpretq_u16_u8(vzip2q_u8(b0, b1)), h1 = vreinterpretq_u16_u8(vzip2q_u8(b2, b3));
+
+	o[0] = vreinterpretq_f32_u16(vzip1q_u16(l0, h0));
+	o[1] = vreinterpretq_f32_u16(vzip2q_u16(l0, h0));
+	o[2] = vreinterpretq_f32_u16(vzip1q_u16(l1, h1));
+	o[3] = vreinterpretq_f32_u16(vzip2q_u16(l1, h1));
+}
+
+/* 16 indices (< 32) to 16 centroids in o[0..3]. */
+AI void lookup32(const struct cbtab32 *tb, uint8x16_t idx, float32x4_t o[4])
+{
+	bytes_to_f32(vqtbl2q_u8(tb->p[0], idx), vqtbl2q_u8(tb->p[1], idx), vqtbl2q_u8(tb->p[2], idx),
+		     vqtbl2q_u8(tb->p[3], idx), o);
 }
 
 /* 16 indices (< 16) to 16 centroids in o[0..3]. */
@@ -173,6 +220,50 @@ AI void decode_tile(const enum tq_codec_id id, const tq_codec *c, const uint8_t 
 	}
 }
 
+/* o[j] = s * cb[idx_j] for one tq*o half (h a multiple of 16): the
+ * indices unpacked eight at a time in 64-bit words, then byte-plane table
+ * lookups — the same product as the portable decoder. */
+static void tqo_half_neon(const tq_codebook *cb, float s, const uint8_t *pl, int h, float *o)
+{
+	uint8_t idx[TQ_DIM_MAX / 2];
+	float32x4_t v[4];
+
+	tqa_unpack_u8(pl, h, cb->bits, idx);
+	if (cb->levels > 16) {
+		struct cbtab32 tb;
+		cbtab32_of(&tb, cb);
+		for (int k = 0; k < h; k += 16) {
+			lookup32(&tb, vld1q_u8(idx + k), v);
+			for (int i = 0; i < 4; i++)
+				vst1q_f32(o + k + 4 * i, vmulq_n_f32(v[i], s));
+		}
+	} else {
+		struct cbtab tb;
+		cbtab_of(&tb, cb);
+		for (int k = 0; k < h; k += 16) {
+			lookup16(&tb, vld1q_u8(idx + k), v);
+			for (int i = 0; i < 4; i++)
+				vst1q_f32(o + k + 4 * i, vmulq_n_f32(v[i], s));
+		}
+	}
+}
+
+static void decode_tqo_neon(const tq_codec *c, const uint8_t *src, int n, float *tile, float *scale)
+{
+	const int h = c->half;
+
+	for (int t = 0; t < n; t++, src += c->block_bytes) {
+		uint16_t sa, sb;
+		float *o = tile + (size_t)t * c->dim;
+		memcpy(&sa, src, 2);
+		memcpy(&sb, src + 2, 2);
+		tqo_half_neon(&c->cb, tq_bf16_to_f32(sa), src + TQ_TQO_HEADER_BYTES, h, o);
+		tqo_half_neon(&c->cb_b, tq_bf16_to_f32(sb), src + TQ_TQO_HEADER_BYTES + TQ_PLANES_BYTES(h, c->cb.bits),
+			      h, o + h);
+		scale[t] = 1.0f;
+	}
+}
+
 static const float *decode_neon(const tq_codec *c, const uint8_t *src, int n,
 				float *tile, float *scale)
 {
@@ -208,6 +299,12 @@ static const float *decode_neon(const tq_codec *c, const uint8_t *src, int n,
 		if (d % 16)
 			break;
 		decode_tile(TQ_CODEC_F16, c, src, n, tile, scale);
+		return tile;
+	case TQ_CODEC_TQ3O:
+	case TQ_CODEC_TQ4O:
+		if (d % 32)
+			break;
+		decode_tqo_neon(c, src, n, tile, scale);
 		return tile;
 	default:
 		break;
