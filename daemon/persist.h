@@ -51,13 +51,14 @@
  * of one layer: larger appends are journaled in several records). */
 #define PERSIST_REC_MAX    ((uint32_t)32 << 20)
 /* A layer's transform statistics are at most this many bytes (a 32-byte
- * header and three [n_kv_heads][head_dim] float arrays: tq_xform.c);
- * UINT64_MAX where that does not fit (geometries read from a file are
- * untrusted until checked). */
+ * header and five [n_kv_heads][head_dim] arrays of 4-byte entries: the K
+ * centre, K scales, V mean, V scales and the K order of tq_xform.c;
+ * test_persist checks the fullest mode against it); UINT64_MAX where that
+ * does not fit (geometries read from a file are untrusted until checked). */
 static inline uint64_t persist_xf_max(uint32_t n_kv_heads, uint32_t head_dim)
 {
 	uint64_t w = (uint64_t)n_kv_heads * head_dim;
-	return w > (UINT64_MAX - 32) / 12 ? UINT64_MAX : 32 + 12 * w;
+	return w > (UINT64_MAX - 32) / 20 ? UINT64_MAX : 32 + 20 * w;
 }
 
 struct persist_page {

@@ -94,6 +94,22 @@ if [ -S "$tmp/run/data.sock" ]; then
 		fail "chat via tqkvd differs from --local: $(head -c 300 "$tmp/chat_d")"
 	fi
 	expect "$tmp/chat_d" "KV cache (tqkvd q8/tq4" "chat via tqkvd reports its session"
+	# outlier-channel keys (head_dim 64): K order applies, and tqkvd gives
+	# the bits of the in-process kernels
+	if [ -r "$X" ]; then
+		PO=(ppl --model "$M" "$X" --k tq4o --v tq3 --ctx 128 --windows 1 --json)
+		if ! "$RUN" "${PO[@]}" --local --logits-out "$tmp/o_local.f32" >"$tmp/o_lj" 2>"$tmp/err"; then
+			fail "ppl tq4o/tq3 --local: $(tail -n 3 "$tmp/err")"
+		elif ! "$RUN" "${PO[@]}" --run-dir "$tmp/run" --logits-out "$tmp/o_d.f32" >"$tmp/o_dj" 2>"$tmp/err"; then
+			fail "ppl tq4o/tq3 via tqkvd: $(tail -n 3 "$tmp/err")"
+		elif ! grep -q '"kv_transform":"k-center+v-eq+k-eq-qk+k-unshrink+k-order"' "$tmp/o_dj"; then
+			fail "ppl tq4o/tq3 via tqkvd: another transform: $(cat "$tmp/o_dj")"
+		elif ! cmp -s "$tmp/o_local.f32" "$tmp/o_d.f32"; then
+			fail "ppl tq4o/tq3: tqkvd and --local logits differ: $(cat "$tmp/o_lj") vs $(cat "$tmp/o_dj")"
+		else
+			echo "ok   ppl tq4o/tq3 (k-order): tqkvd and --local logits identical; $(cut -c1-60 "$tmp/o_dj")"
+		fi
+	fi
 else
 	cat "$tmp/tqkvd.log"; fail "tqkvd did not start"
 fi

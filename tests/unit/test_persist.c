@@ -220,7 +220,29 @@ static void test_manifest_xf_bounds(void)
 	uint8_t *big = calloc(1, max + 4);
 
 	T_ASSERT(big);
-	T_EQ(max, 32 + 3 * 2 * 64 * 4);
+	T_EQ(max, 32 + 5 * 2 * 64 * 4);
+	/* the fullest transform (every stored part, K order over tq4o keys)
+	 * fits the bound */
+	{
+		struct tq_codec_params kp = { TQ_CODEC_TQ4O, 64, 1, TQ_ISA_AUTO };
+		tq_codec *kc;
+		tq_xf *xf;
+		static float k[32 * 2 * 64], v[32 * 2 * 64], q[32 * 4 * 64];
+		for (size_t i = 0; i < sizeof(k) / sizeof(k[0]); i++) {
+			k[i] = (float)((i * 7919) % 61) - 30.0f;
+			v[i] = (float)((i * 104729) % 37) - 18.0f;
+		}
+		for (size_t i = 0; i < sizeof(q) / sizeof(q[0]); i++)
+			q[i] = (float)((i * 31) % 17) - 8.0f;
+		T_EQ(tq_codec_new(&kc, NULL, &kp, NULL), 0);
+		T_EQ(tq_xf_new(&xf, TQ_XF_K_CENTER | TQ_XF_V_CENTER | TQ_XF_K_EQ_QK | TQ_XF_V_EQ | TQ_XF_K_ORDER |
+				       TQ_XF_K_UNSHRINK, 2, 4, 64, kc, NULL), 0);
+		T_EQ(tq_xf_calibrate(xf, k, v, q, 32, 32, TQ_DTYPE_F32), 0);
+		T_EQ(tq_xf_applied(xf), TQ_XF_MASK & ~(uint32_t)(TQ_XF_K_SINK | TQ_XF_K_EQ_K));
+		T_EQ(tq_xf_blob_bytes(xf), max);
+		tq_xf_free(xf);
+		tq_codec_free(kc);
+	}
 	sample_manifest(&m, L, pg);
 	/* the largest allowed decodes */
 	L[1].xf = big;
@@ -264,7 +286,7 @@ static void test_manifest_xf_bounds(void)
 	free(b);
 	/* a huge geometry cannot make the bound wrap */
 	T_ASSERT(persist_xf_max(UINT32_MAX, UINT32_MAX) == UINT64_MAX);
-	T_ASSERT(persist_xf_max(1024, 1024) == 32 + 12ull * 1024 * 1024);
+	T_ASSERT(persist_xf_max(1024, 1024) == 32 + 20ull * 1024 * 1024);
 	free(big);
 }
 
@@ -461,8 +483,8 @@ static float val_of(uint32_t tok, uint32_t layer, uint32_t h, uint32_t d, int kv
 #define XCONF "[pool]\npool_bytes = 16M\n[tenant t]\nlimit = 16M\nallow_uids = *\n"
 #define MUST(x) do { if (!(x)) { fprintf(stderr, "%s:%d: %s failed\n", __FILE__, __LINE__, #x); exit(1); } } while (0)
 static const struct session_geom XG = { .n_layers = 2, .n_kv_heads = 2, .n_q_heads = 4, .head_dim = 64,
-					.k_codec = TQ_CODEC_TQ4, .v_codec = TQ_CODEC_TQ3, .max_tokens = 4096,
-					.kv_xform = TQ_XF_DEFAULT };
+					.k_codec = TQ_CODEC_TQ4O, .v_codec = TQ_CODEC_TQ3, .max_tokens = 4096,
+					.kv_xform = TQ_XF_DEFAULT }; /* tq4o: K order stored too */
 
 static void xpersist_up(struct kvfix *f)
 {
@@ -519,7 +541,7 @@ static void xfill(struct kvfix *f, struct session *s, uint32_t l, uint32_t n, ui
 
 struct xsnap {
 	uint32_t n_tokens[2], xb[2];
-	uint8_t blob[2][2048];
+	uint8_t blob[2][4096];
 	float out[2][4 * QH * DIM];
 };
 
@@ -574,7 +596,7 @@ static void test_xform_restart(void)
 	struct session *s;
 	struct dataop_res r;
 	static struct xsnap a, b, c;
-	uint8_t first1[2048];
+	uint8_t first1[4096];
 	uint32_t first1_bytes;
 	char why[512], cmd[128];
 
