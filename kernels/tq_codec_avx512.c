@@ -1008,6 +1008,106 @@ static int dec_f16_m(const struct ctx *e, const uint8_t *blk, float *x, int nt)
 
 /* ---- batch drivers ------------------------------------------------------------------- */
 
+/* ---- tq3o / tq4o (two TurboQuant halves; tq_layout.h) -------------------------------- */
+
+/* One plane of width w holding index bits [off, off + w) of idx[n]
+ * (off + w <= 8: byte-wise 16-bit shifts then never carry across bytes). */
+static void pack_plane(const uint8_t *idx, int n, int w, int off, uint8_t *out)
+{
+	const int S = n * w / 8;
+	const __m512i mw = _mm512_set1_epi8((char)((1 << w) - 1));
+
+	for (int j = 0; j < S; j += 64) {
+		const __mmask64 m = bmask(S - j);
+		__m512i o = _mm512_setzero_si512();
+		for (int k = 0; k < 8 / w; k++) {
+			__m512i t = _mm512_maskz_loadu_epi8(m, idx + k * S + j);
+			t = _mm512_and_si512(_mm512_srl_epi16(t, _mm_cvtsi32_si128(off)), mw);
+			o = _mm512_or_si512(o, _mm512_sll_epi16(t, _mm_cvtsi32_si128(k * w)));
+		}
+		_mm512_mask_storeu_epi8(out + j, m, o);
+	}
+}
+
+/* One half of h values (a power of two >= 16, Hadamard rotation): the
+ * reference's encode_half in the contract's order — sums of squares in 16
+ * lanes, the butterflies, the factor, then each index by the same binary
+ * search over the bounds (permutes of a 32-entry table, exact compares).
+ * Writes the bf16 scale to sc and the planes; 1 when the reference must
+ * take the vector (its norm overflows, or the scale rounds to inf). */
+AI int enc_tqo_half(const struct tq_rotation *r, const tq_codebook *cb, const float *x, int h, uint8_t *sc,
+		    uint8_t *planes)
+{
+	float u[TQ_DIM_MAX / 2] __attribute__((aligned(64)));
+	uint8_t idx[TQ_DIM_MAX / 2];
+	__m512 acc = _mm512_setzero_ps();
+
+	for (int k = 0; k < h; k += 16) {
+		__m512 v = _mm512_loadu_ps(x + k);
+		acc = _mm512_add_ps(acc, _mm512_mul_ps(v, v));
+	}
+	float ss = hsum16(acc);
+	if (!(ss <= FLT_MAX))
+		return 1;
+	if (ss == 0.0f) {
+		memset(sc, 0, 2);
+		memset(planes, 0, TQ_PLANES_BYTES(h, cb->bits));
+		return 0;
+	}
+	const float norm = sqrt_f(ss), inv = 1.0f / norm;
+	const __m512 f = _mm512_set1_ps(inv * r->inv_sqrt_dim);
+	for (int k = 0; k < h; k += 16)
+		_mm512_store_ps(u + k, _mm512_mul_ps(_mm512_loadu_ps(x + k), _mm512_loadu_ps(r->sign + k)));
+	fwht_mem(u, h);
+	const __m512 b0 = _mm512_loadu_ps(cb->bound), b1 = _mm512_loadu_ps(cb->bound + 16);
+	const __m512 c0 = _mm512_loadu_ps(cb->centroid), c1 = _mm512_loadu_ps(cb->centroid + 16);
+	__m512 a2 = _mm512_setzero_ps();
+	for (int k = 0; k < h; k += 16) {
+		const __m512 uv = _mm512_mul_ps(_mm512_load_ps(u + k), f);
+		__m512i lo = _mm512_setzero_si512();
+		for (int step = cb->levels >> 1; step > 0; step >>= 1) {
+			const __m512 b = _mm512_permutex2var_ps(b0, _mm512_add_epi32(lo, _mm512_set1_epi32(step - 1)), b1);
+			lo = _mm512_mask_add_epi32(lo, _mm512_cmp_ps_mask(uv, b, _CMP_GT_OQ), lo, _mm512_set1_epi32(step));
+		}
+		const __m512 cv = _mm512_permutex2var_ps(c0, lo, c1);
+		a2 = _mm512_add_ps(a2, _mm512_mul_ps(cv, cv));
+		_mm_storeu_si128((__m128i *)(void *)(idx + k), _mm512_cvtepi32_epi8(lo));
+	}
+	const uint16_t s16 = tq_f32_to_bf16(norm / sqrt_f(hsum16(a2)));
+	if ((s16 & 0x7f80u) == 0x7f80u)
+		return 1;
+	memcpy(sc, &s16, 2);
+	for (int w = 8, off = 0; w >= 1; w >>= 1) {
+		if (!(cb->bits & w))
+			continue;
+		pack_plane(idx, h, w, off, planes);
+		planes += h * w / 8;
+		off += w;
+	}
+	return 0;
+}
+
+/* 1: the reference takes the vector (non-finite input, overflow, or halves
+ * this path does not rotate: not a power of two of at least 16) */
+static int enc_tqo_m(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t *blk)
+{
+	const tq_codec *c = e->c;
+	const int h = c->half;
+	float x[TQ_DIM_MAX] __attribute__((aligned(64)));
+	uint8_t b[TQ_TQO_BLOCK_BYTES(TQ_DIM_MAX, 7)];
+	int bad;
+
+	if (c->rot.kind != TQ_ROT_HADAMARD || c->rot_b.kind != TQ_ROT_HADAMARD || h < 16 ||
+	    tq_row_to_f32(row, dt, c->dim, x, &bad) < 0)
+		return 1;
+	if (enc_tqo_half(&c->rot, &c->cb, x, h, b, b + TQ_TQO_HEADER_BYTES) ||
+	    enc_tqo_half(&c->rot_b, &c->cb_b, x + h, h, b + 2,
+			 b + TQ_TQO_HEADER_BYTES + TQ_PLANES_BYTES(h, c->cb.bits)))
+		return 1;
+	memcpy(blk, b, c->block_bytes); /* only a whole block: a vector that fails writes nothing */
+	return 0;
+}
+
 typedef int (*enc_fn)(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t *blk);
 typedef int (*dec_fn)(const struct ctx *e, const uint8_t *blk, float *x, int nt);
 
@@ -1147,6 +1247,8 @@ static int avx512_encode(const tq_codec *c, const void *src, enum tq_dtype dt, s
 
 	if (!tq_dtype_size(dt))
 		return tq_fail(err, "unknown input element type %d", (int)dt);
+	if (c->half)
+		return enc_loop(e, enc_tqo_m, src, dt, n, dst, err);
 	if (is_tq(c) && !e->grid)
 		reg = 0; /* the register path quantizes on the grid only */
 	if (is_tq(c) && reg && c->dim == 128) {
@@ -1193,6 +1295,8 @@ static int avx512_decode(const tq_codec *c, const void *src, size_t n, float *ds
 	int reg = c->rot.kind == TQ_ROT_HADAMARD && c->dim <= 256;
 	int nt = (size_t)n * c->dim * 4 >= NT_MIN_BYTES && !((uintptr_t)dst & 63) && !(c->dim & 15);
 
+	if (c->half) /* tq3o / tq4o: no decoder of this path's own yet */
+		return tq_decode_ref(c, src, n, dst);
 	if (is_tq(c) && reg && c->dim == 128) {
 		switch (c->bits) {
 		case 2: dec_loop(e, dec_tq2_128, src, n, dst, nt); break;
