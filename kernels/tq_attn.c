@@ -144,6 +144,17 @@ static void unpack_idx(const uint8_t *pl, int dim, int bits, uint8_t *idx)
 	}
 }
 
+/* One tq*o half, portably: the indices unpacked eight at a time, then
+ * looked up one by one. */
+static void tqo_half_scalar(const tq_codebook *cb, float s, const uint8_t *pl, int h, float *o)
+{
+	uint8_t idx[TQ_DIM_MAX / 2];
+
+	tqa_unpack_u8(pl, h, cb->bits, idx);
+	for (int j = 0; j < h; j++)
+		o[j] = s * cb->centroid[idx[j]];
+}
+
 const float *tqa_decode_scalar(const tq_codec *c, const uint8_t *src, int n,
 			       float *tile, float *scale)
 {
@@ -186,24 +197,9 @@ const float *tqa_decode_scalar(const tq_codec *c, const uint8_t *src, int n,
 		}
 		return tile;
 	case TQ_CODEC_TQ3O:
-	case TQ_CODEC_TQ4O: { /* each half's scale folded into its values */
-		const int h = c->half;
-		for (int t = 0; t < n; t++, src += bb) {
-			uint16_t sa, sb;
-			float *o = tile + (size_t)t * dim;
-			memcpy(&sa, src, 2);
-			memcpy(&sb, src + 2, 2);
-			const float fa = tq_bf16_to_f32(sa), fb = tq_bf16_to_f32(sb);
-			tqa_unpack_u8(src + TQ_TQO_HEADER_BYTES, h, c->cb.bits, idx);
-			for (int j = 0; j < h; j++)
-				o[j] = fa * c->cb.centroid[idx[j]];
-			tqa_unpack_u8(src + TQ_TQO_HEADER_BYTES + TQ_PLANES_BYTES(h, c->cb.bits), h, c->cb_b.bits, idx);
-			for (int j = 0; j < h; j++)
-				o[h + j] = fb * c->cb_b.centroid[idx[j]];
-			scale[t] = 1.0f;
-		}
+	case TQ_CODEC_TQ4O: /* each half's scale folded into its values */
+		tqa_decode_tqo(c, src, n, tile, scale, tqo_half_scalar);
 		return tile;
-	}
 	default: /* tq2 / tq3 / tq4 */
 		for (int t = 0; t < n; t++, src += bb) {
 			memcpy(&scale[t], src, 4);

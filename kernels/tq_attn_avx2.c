@@ -50,7 +50,7 @@ static int decode_cent_avx2(const tq_codec *c, const uint8_t *src, int n, float 
 /* o[j] = s * cb[idx[j]], j < h (a multiple of 8): 8-entry tables by one
  * vpermps, 16 by two and a blend on bit 3, 32 by four and another on bit 4
  * — the same product as the portable decoder */
-static void tqo_half_avx2(const tq_codebook *cb, float s, const uint8_t *idx, int h, float *o)
+static void tqo_lookup_avx2(const tq_codebook *cb, float s, const uint8_t *idx, int h, float *o)
 {
 	const __m256 t0 = _mm256_loadu_ps(cb->centroid), t1 = _mm256_loadu_ps(cb->centroid + 8);
 	const __m256 t2 = _mm256_loadu_ps(cb->centroid + 16), t3 = _mm256_loadu_ps(cb->centroid + 24);
@@ -143,35 +143,18 @@ static void tqo_half_direct(const tq_codebook *cb, float s, const uint8_t *pl, i
 	}
 }
 
-static void decode_tqo_avx2(const tq_codec *c, const uint8_t *src, int n, float *tile, float *scale)
+/* One tq*o half: straight from the planes where h is a power of two in
+ * [32, 256] and the width at most 5; else unpacked by words first. */
+static void tqo_half_avx2(const tq_codebook *cb, float s, const uint8_t *pl, int h, float *o)
 {
-	const int h = c->half;
 	uint8_t idx[TQ_DIM_MAX / 2];
 
-	if (h >= 32 && h <= TQ_DIM_MAX / 2 && !(h & (h - 1)) && c->cb.bits <= 5) {
-		for (int t = 0; t < n; t++, src += c->block_bytes) {
-			uint16_t sa, sb;
-			float *o = tile + (size_t)t * c->dim;
-			memcpy(&sa, src, 2);
-			memcpy(&sb, src + 2, 2);
-			tqo_half_direct(&c->cb, tq_bf16_to_f32(sa), src + TQ_TQO_HEADER_BYTES, h, o);
-			tqo_half_direct(&c->cb_b, tq_bf16_to_f32(sb),
-					src + TQ_TQO_HEADER_BYTES + TQ_PLANES_BYTES(h, c->cb.bits), h, o + h);
-			scale[t] = 1.0f;
-		}
+	if (h >= 32 && h <= TQ_DIM_MAX / 2 && !(h & (h - 1)) && cb->bits <= 5) {
+		tqo_half_direct(cb, s, pl, h, o);
 		return;
 	}
-	for (int t = 0; t < n; t++, src += c->block_bytes) {
-		uint16_t sa, sb;
-		float *o = tile + (size_t)t * c->dim;
-		memcpy(&sa, src, 2);
-		memcpy(&sb, src + 2, 2);
-		tqa_unpack_u8(src + TQ_TQO_HEADER_BYTES, h, c->cb.bits, idx);
-		tqo_half_avx2(&c->cb, tq_bf16_to_f32(sa), idx, h, o);
-		tqa_unpack_u8(src + TQ_TQO_HEADER_BYTES + TQ_PLANES_BYTES(h, c->cb.bits), h, c->cb_b.bits, idx);
-		tqo_half_avx2(&c->cb_b, tq_bf16_to_f32(sb), idx, h, o + h);
-		scale[t] = 1.0f;
-	}
+	tqa_unpack_u8(pl, h, cb->bits, idx);
+	tqo_lookup_avx2(cb, s, idx, h, o);
 }
 
 static const float *decode_avx2(const tq_codec *c, const uint8_t *src, int n,
@@ -280,7 +263,7 @@ static const float *decode_avx2(const tq_codec *c, const uint8_t *src, int n,
 		return tile;
 	case TQ_CODEC_TQ3O:
 	case TQ_CODEC_TQ4O:
-		decode_tqo_avx2(c, src, n, tile, scale);
+		tqa_decode_tqo(c, src, n, tile, scale, tqo_half_avx2);
 		return tile;
 	default:
 		break;

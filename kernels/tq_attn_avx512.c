@@ -32,7 +32,7 @@ static inline __m512i srl(__m512i v, int n)
 
 /* o[j] = s * cb[idx[j]], j < h (a multiple of 8): one permute per 16
  * (two tables for 32 entries), the same product as the portable decoder */
-static void tqo_half_avx512(const tq_codebook *cb, float s, const uint8_t *idx, int h, float *o)
+static void tqo_lookup_avx512(const tq_codebook *cb, float s, const uint8_t *idx, int h, float *o)
 {
 	const __m512 t0 = _mm512_loadu_ps(cb->centroid), t1 = _mm512_loadu_ps(cb->centroid + 16);
 	const __m512 sv = _mm512_set1_ps(s);
@@ -121,35 +121,18 @@ static void tqo_half_direct(const tq_codebook *cb, float s, const uint8_t *pl, i
 	}
 }
 
-static void decode_tqo_avx512(const tq_codec *c, const uint8_t *src, int n, float *tile, float *scale)
+/* One tq*o half: straight from the planes where h is a power of two in
+ * [32, 256] and the width at most 5; else unpacked by words first. */
+static void tqo_half_avx512(const tq_codebook *cb, float s, const uint8_t *pl, int h, float *o)
 {
-	const int h = c->half;
 	uint8_t idx[TQ_DIM_MAX / 2];
 
-	if (h >= 32 && h <= TQ_DIM_MAX / 2 && !(h & (h - 1)) && c->cb.bits <= 5) {
-		for (int t = 0; t < n; t++, src += c->block_bytes) {
-			uint16_t sa, sb;
-			float *o = tile + (size_t)t * c->dim;
-			memcpy(&sa, src, 2);
-			memcpy(&sb, src + 2, 2);
-			tqo_half_direct(&c->cb, tq_bf16_to_f32(sa), src + TQ_TQO_HEADER_BYTES, h, o);
-			tqo_half_direct(&c->cb_b, tq_bf16_to_f32(sb),
-					src + TQ_TQO_HEADER_BYTES + TQ_PLANES_BYTES(h, c->cb.bits), h, o + h);
-			scale[t] = 1.0f;
-		}
+	if (h >= 32 && h <= TQ_DIM_MAX / 2 && !(h & (h - 1)) && cb->bits <= 5) {
+		tqo_half_direct(cb, s, pl, h, o);
 		return;
 	}
-	for (int t = 0; t < n; t++, src += c->block_bytes) {
-		uint16_t sa, sb;
-		float *o = tile + (size_t)t * c->dim;
-		memcpy(&sa, src, 2);
-		memcpy(&sb, src + 2, 2);
-		tqa_unpack_u8(src + TQ_TQO_HEADER_BYTES, h, c->cb.bits, idx);
-		tqo_half_avx512(&c->cb, tq_bf16_to_f32(sa), idx, h, o);
-		tqa_unpack_u8(src + TQ_TQO_HEADER_BYTES + TQ_PLANES_BYTES(h, c->cb.bits), h, c->cb_b.bits, idx);
-		tqo_half_avx512(&c->cb_b, tq_bf16_to_f32(sb), idx, h, o + h);
-		scale[t] = 1.0f;
-	}
+	tqa_unpack_u8(pl, h, cb->bits, idx);
+	tqo_lookup_avx512(cb, s, idx, h, o);
 }
 
 static const float *decode_avx512(const tq_codec *c, const uint8_t *src, int n,
@@ -281,7 +264,7 @@ static const float *decode_avx512(const tq_codec *c, const uint8_t *src, int n,
 		return tile;
 	case TQ_CODEC_TQ3O:
 	case TQ_CODEC_TQ4O:
-		decode_tqo_avx512(c, src, n, tile, scale);
+		tqa_decode_tqo(c, src, n, tile, scale, tqo_half_avx512);
 		return tile;
 	default:
 		break;

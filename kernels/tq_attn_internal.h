@@ -125,6 +125,28 @@ static inline void tqa_unpack_u8(const uint8_t *pl, int n, int bits, uint8_t *id
 	}
 }
 
+/* The tq*o tile decoders' token loop (tq_layout.h): each block's two
+ * halves through half(codebook, bf16 scale as float, the half's planes, h,
+ * out), which writes out[j] = scale * centroid[idx_j]; the tile's scale is
+ * 1.  Every path's half function gives the portable one's products. */
+typedef void (*tqa_tqo_half_fn)(const tq_codebook *cb, float s, const uint8_t *pl, int h, float *o);
+static inline void tqa_decode_tqo(const tq_codec *c, const uint8_t *src, int n, float *tile, float *scale,
+				  tqa_tqo_half_fn half)
+{
+	const int h = c->half;
+
+	for (int t = 0; t < n; t++, src += c->block_bytes) {
+		uint16_t sa, sb;
+		float *o = tile + (size_t)t * c->dim;
+		memcpy(&sa, src, 2);
+		memcpy(&sb, src + 2, 2);
+		half(&c->cb, tq_bf16_to_f32(sa), src + TQ_TQO_HEADER_BYTES, h, o);
+		half(&c->cb_b, tq_bf16_to_f32(sb), src + TQ_TQO_HEADER_BYTES + TQ_PLANES_BYTES(h, c->cb.bits), h,
+		     o + h);
+		scale[t] = 1.0f;
+	}
+}
+
 /* Portable softmax step (also used by the AVX2 ops). */
 void tqa_softmax_scalar(float *s, int n, const int *vis, float *m, float *l, float *alpha);
 

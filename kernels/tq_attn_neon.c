@@ -248,22 +248,6 @@ static void tqo_half_neon(const tq_codebook *cb, float s, const uint8_t *pl, int
 	}
 }
 
-static void decode_tqo_neon(const tq_codec *c, const uint8_t *src, int n, float *tile, float *scale)
-{
-	const int h = c->half;
-
-	for (int t = 0; t < n; t++, src += c->block_bytes) {
-		uint16_t sa, sb;
-		float *o = tile + (size_t)t * c->dim;
-		memcpy(&sa, src, 2);
-		memcpy(&sb, src + 2, 2);
-		tqo_half_neon(&c->cb, tq_bf16_to_f32(sa), src + TQ_TQO_HEADER_BYTES, h, o);
-		tqo_half_neon(&c->cb_b, tq_bf16_to_f32(sb), src + TQ_TQO_HEADER_BYTES + TQ_PLANES_BYTES(h, c->cb.bits),
-			      h, o + h);
-		scale[t] = 1.0f;
-	}
-}
-
 static const float *decode_neon(const tq_codec *c, const uint8_t *src, int n,
 				float *tile, float *scale)
 {
@@ -304,7 +288,7 @@ static const float *decode_neon(const tq_codec *c, const uint8_t *src, int n,
 	case TQ_CODEC_TQ4O:
 		if (d % 32)
 			break;
-		decode_tqo_neon(c, src, n, tile, scale);
+		tqa_decode_tqo(c, src, n, tile, scale, tqo_half_neon);
 		return tile;
 	default:
 		break;
