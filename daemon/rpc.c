@@ -316,7 +316,7 @@ static void h_get_stats(struct rpc_server *srv, const struct peer *peer,
 }
 
 /* tq_xf_mode_str of every mode, built once: messages point into it. */
-static char xf_names[TQ_XF_MASK + 1][48];
+static char xf_names[TQ_XF_MASK + 1][TQ_XF_NAME_MAX];
 static pthread_once_t xf_names_once = PTHREAD_ONCE_INIT;
 
 static void xf_names_init(void)

@@ -94,7 +94,9 @@ typedef struct tq_xf tq_xf;
 /* A mode is valid when it has no unknown bits, at most one of the two
  * equalizations and at most one K centre: 0, or -EINVAL with err. */
 int tq_xf_mode_check(uint32_t mode, tq_error *err);
-/* "k-center+k-eq-qk", "none", ... into buf (always terminated). */
+/* "k-center+k-eq-qk", "none", ... into buf (always terminated); a buffer
+ * of TQ_XF_NAME_MAX bytes holds any mode's name whole (test_xform checks). */
+#define TQ_XF_NAME_MAX 96
 const char *tq_xf_mode_str(uint32_t mode, char *buf, size_t len);
 /* Parse a comma/plus separated list ("k-center,k-eq-qk", "none",
  * "default"): 0 and *mode, or -EINVAL. */

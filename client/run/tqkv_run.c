@@ -55,7 +55,7 @@ struct opts {
 	uint64_t seed, rotation_seed;
 	int have_seed;
 	uint32_t kv_xform;        /* --kv-transform: TQ_XF_* (kernels/tq_xform.h)    */
-	char kv_xform_name[48];   /* ... as tq_xf_mode_str writes it                  */
+	char kv_xform_name[TQ_XF_NAME_MAX]; /* ... as tq_xf_mode_str writes it         */
 };
 
 static void usage(FILE *f)

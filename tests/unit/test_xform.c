@@ -299,6 +299,18 @@ static void test_mode_names(void)
 	T_EQ(tq_xf_mode_parse("default+v-eq", &m), 0);
 	T_EQ(m, TQ_XF_DEFAULT | TQ_XF_V_EQ);
 	T_ASSERT(strcmp(tq_xf_mode_str(m, buf, sizeof(buf)), "k-center+v-eq+k-eq-qk+k-unshrink+k-order") == 0);
+	/* every valid mode's name fits TQ_XF_NAME_MAX whole and parses back
+	 * (the longest, k-center+v-center+v-eq+k-eq-qk+k-unshrink+k-order, is 49) */
+	for (uint32_t v = 0; v <= TQ_XF_MASK; v++) {
+		char nb[TQ_XF_NAME_MAX + 8];
+		uint32_t back;
+		if (tq_xf_mode_check(v, NULL) < 0)
+			continue;
+		tq_xf_mode_str(v, nb, sizeof(nb));
+		T_ASSERT(strlen(nb) < TQ_XF_NAME_MAX - 1);
+		T_EQ(tq_xf_mode_parse(nb, &back), 0);
+		T_EQ(back, v);
+	}
 	T_EQ(tq_xf_mode_parse("k-centre", &m), -EINVAL);
 	T_EQ(tq_xf_mode_parse("a-very-long-word-that-is-not-a-mode-at-all", &m), -EINVAL);
 }
