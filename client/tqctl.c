@@ -1422,9 +1422,11 @@ static const struct cmd cmds[] = {
 	  "                 [--kv-transform MODE]",
 	  "admit a session owned by you (OpenSession)",
 	  "For operators and tests; inference processes open sessions through libtqkv.\n"
-	  "Codecs default to q8 (K) and tq4 (V).  The session is not tied to any\n"
-	  "connection: it stays until closed or evicted, or idle past\n"
-	  "daemon.session_idle_ttl (default 1h).  --persistent: the session is kept on\n"
+	  "Codecs: f16 f32 q8 q4a tq2 tq3 tq4, and tq3o tq4o (keys with outlier\n"
+	  "channels at one bit more, host pools only); default q8 (K) and tq4 (V).\n"
+	  "The session is not tied to any connection: it stays until closed or\n"
+	  "evicted, or idle past daemon.session_idle_ttl (default 1h).\n"
+	  "--persistent: the session is kept on\n"
 	  "disk and survives a restart of the daemon; it is never idle-expired.\n"
 	  "--kv-transform MODE: the K/V transforms attention undoes exactly (default:\n"
 	  "the daemon's daemon.kv_transform): none, default\n"
