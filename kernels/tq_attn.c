@@ -125,32 +125,13 @@ void tqa_q_row(const struct tq_attn_params *p, int dim, size_t row, float *dst)
 
 /* ---- portable ops ------------------------------------------------------------ */
 
-/* idx[dim] from the index planes of a `bits`-bit block (tq_layout.h): plane
- * of width w, stride S = dim*w/8: byte j holds value j + s*S at bits s*w. */
-static void unpack_idx(const uint8_t *pl, int dim, int bits, uint8_t *idx)
-{
-	int off = 0;
-
-	memset(idx, 0, (size_t)dim);
-	for (int w = 8; w >= 1; w >>= 1) {
-		if (!(bits & w))
-			continue;
-		const int stride = dim * w / 8, mask = (1 << w) - 1;
-		for (int sh = 0, base = 0; sh < 8; sh += w, base += stride)
-			for (int j = 0; j < stride; j++)
-				idx[base + j] |= (uint8_t)(((pl[j] >> sh) & mask) << off);
-		pl += stride;
-		off += w;
-	}
-}
-
-/* One tq*o half, portably: the indices unpacked eight at a time, then
- * looked up one by one. */
+/* One tq*o half, portably: the indices unpacked (by words), then looked
+ * up one by one. */
 static void tqo_half_scalar(const tq_codebook *cb, float s, const uint8_t *pl, int h, float *o)
 {
 	uint8_t idx[TQ_DIM_MAX / 2];
 
-	tqa_unpack_u8(pl, h, cb->bits, idx);
+	tq_unpack_planes(pl, h, cb->bits, idx);
 	for (int j = 0; j < h; j++)
 		o[j] = s * cb->centroid[idx[j]];
 }
@@ -190,7 +171,7 @@ const float *tqa_decode_scalar(const tq_codec *c, const uint8_t *src, int n,
 			memcpy(&hs, src, 2);
 			memcpy(&hm, src + 2, 2);
 			float s = tq_f16_to_f32(hs), mn = tq_f16_to_f32(hm);
-			unpack_idx(src + 4, dim, 4, idx);
+			tq_unpack_planes(src + 4, dim, 4, idx);
 			for (int j = 0; j < dim; j++)
 				tile[(size_t)t * dim + j] = mn + s * (float)idx[j];
 			scale[t] = 1.0f;
@@ -203,7 +184,7 @@ const float *tqa_decode_scalar(const tq_codec *c, const uint8_t *src, int n,
 	default: /* tq2 / tq3 / tq4 */
 		for (int t = 0; t < n; t++, src += bb) {
 			memcpy(&scale[t], src, 4);
-			unpack_idx(src + 4, dim, c->bits, idx);
+			tq_unpack_planes(src + 4, dim, c->bits, idx);
 			for (int j = 0; j < dim; j++)
 				tile[(size_t)t * dim + j] = c->cb.centroid[idx[j]];
 		}

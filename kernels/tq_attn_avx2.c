@@ -47,27 +47,41 @@ static int decode_cent_avx2(const tq_codec *c, const uint8_t *src, int n, float 
 	return 1;
 }
 
-/* o[j] = s * cb[idx[j]], j < h (a multiple of 8): 8-entry tables by one
- * vpermps, 16 by two and a blend on bit 3, 32 by four and another on bit 4
- * — the same product as the portable decoder */
+/* A codebook of up to 32 entries in four registers, and c[idx & 31] from
+ * it: 8 entries by one vpermps, 16 by two and a blend on bit 3, 32 by four
+ * and another blend on bit 4. */
+struct cb32 {
+	__m256 t[4];
+	int levels;
+};
+
+static inline __attribute__((always_inline)) void cb32_load(struct cb32 *c, const tq_codebook *cb)
+{
+	for (int i = 0; i < 4; i++)
+		c->t[i] = _mm256_loadu_ps(cb->centroid + 8 * i);
+	c->levels = cb->levels;
+}
+
+static inline __attribute__((always_inline)) __m256 cb32_get(const struct cb32 *c, __m256i v)
+{
+	if (c->levels <= 8)
+		return _mm256_permutevar8x32_ps(c->t[0], v);
+	if (c->levels <= 16)
+		return lookup16(c->t[0], c->t[1], v);
+	return _mm256_blendv_ps(lookup16(c->t[0], c->t[1], v), lookup16(c->t[2], c->t[3], v),
+				_mm256_castsi256_ps(_mm256_slli_epi32(v, 27)));
+}
+
+/* o[j] = s * cb[idx[j]], j < h (a multiple of 8) — the same product as the
+ * portable decoder */
 static void tqo_lookup_avx2(const tq_codebook *cb, float s, const uint8_t *idx, int h, float *o)
 {
-	const __m256 t0 = _mm256_loadu_ps(cb->centroid), t1 = _mm256_loadu_ps(cb->centroid + 8);
-	const __m256 t2 = _mm256_loadu_ps(cb->centroid + 16), t3 = _mm256_loadu_ps(cb->centroid + 24);
+	struct cb32 c;
 	const __m256 sv = _mm256_set1_ps(s);
 
-	for (int k = 0; k < h; k += 8) {
-		__m256i v = zext8(idx + k);
-		__m256 r;
-		if (cb->levels <= 8)
-			r = _mm256_permutevar8x32_ps(t0, v);
-		else if (cb->levels <= 16)
-			r = lookup16(t0, t1, v);
-		else
-			r = _mm256_blendv_ps(lookup16(t0, t1, v), lookup16(t2, t3, v),
-					     _mm256_castsi256_ps(_mm256_slli_epi32(v, 27)));
-		_mm256_storeu_ps(o + k, _mm256_mul_ps(r, sv));
-	}
+	cb32_load(&c, cb);
+	for (int k = 0; k < h; k += 8)
+		_mm256_storeu_ps(o + k, _mm256_mul_ps(cb32_get(&c, zext8(idx + k)), sv));
 }
 
 /* The planes of a half of h values (h a power of two, 32 <= h <= 256) into
@@ -104,9 +118,10 @@ static inline __attribute__((always_inline)) void tqo_half_h(const tq_codebook *
 							    int h, float *o)
 {
 	__m256i acc[TQ_DIM_MAX / 2 / 8];
-	const __m256 t0 = _mm256_loadu_ps(cb->centroid), t1 = _mm256_loadu_ps(cb->centroid + 8);
-	const __m256 t2 = _mm256_loadu_ps(cb->centroid + 16), t3 = _mm256_loadu_ps(cb->centroid + 24);
+	struct cb32 c;
 	const __m256 sv = _mm256_set1_ps(s);
+
+	cb32_load(&c, cb);
 
 	_Pragma("GCC unroll 32")
 	for (int g = 0; g < h / 8; g++)
@@ -119,18 +134,8 @@ static inline __attribute__((always_inline)) void tqo_half_h(const tq_codebook *
 	default: tqo_plane(acc, pl, h, 1, 0); break;
 	}
 	_Pragma("GCC unroll 32")
-	for (int g = 0; g < h / 8; g++) {
-		const __m256i v = acc[g];
-		__m256 r;
-		if (cb->levels <= 8)
-			r = _mm256_permutevar8x32_ps(t0, v);
-		else if (cb->levels <= 16)
-			r = lookup16(t0, t1, v);
-		else
-			r = _mm256_blendv_ps(lookup16(t0, t1, v), lookup16(t2, t3, v),
-					     _mm256_castsi256_ps(_mm256_slli_epi32(v, 27)));
-		_mm256_storeu_ps(o + 8 * g, _mm256_mul_ps(r, sv));
-	}
+	for (int g = 0; g < h / 8; g++)
+		_mm256_storeu_ps(o + 8 * g, _mm256_mul_ps(cb32_get(&c, acc[g]), sv));
 }
 
 static void tqo_half_direct(const tq_codebook *cb, float s, const uint8_t *pl, int h, float *o)
@@ -153,7 +158,7 @@ static void tqo_half_avx2(const tq_codebook *cb, float s, const uint8_t *pl, int
 		tqo_half_direct(cb, s, pl, h, o);
 		return;
 	}
-	tqa_unpack_u8(pl, h, cb->bits, idx);
+	tq_unpack_planes(pl, h, cb->bits, idx);
 	tqo_lookup_avx2(cb, s, idx, h, o);
 }
 

@@ -30,8 +30,15 @@ static inline __m512i srl(__m512i v, int n)
 	return _mm512_srl_epi32(v, _mm_cvtsi32_si128(n));
 }
 
-/* o[j] = s * cb[idx[j]], j < h (a multiple of 8): one permute per 16
- * (two tables for 32 entries), the same product as the portable decoder */
+/* c[v & 31] from a codebook of up to 32 entries in t0, t1: one permute
+ * (of two tables past 16 entries) */
+static inline __attribute__((always_inline)) __m512 cb32_get(__m512 t0, __m512 t1, int levels, __m512i v)
+{
+	return levels > 16 ? _mm512_permutex2var_ps(t0, v, t1) : _mm512_permutexvar_ps(v, t0);
+}
+
+/* o[j] = s * cb[idx[j]], j < h (a multiple of 8), the same product as the
+ * portable decoder */
 static void tqo_lookup_avx512(const tq_codebook *cb, float s, const uint8_t *idx, int h, float *o)
 {
 	const __m512 t0 = _mm512_loadu_ps(cb->centroid), t1 = _mm512_loadu_ps(cb->centroid + 16);
@@ -40,8 +47,7 @@ static void tqo_lookup_avx512(const tq_codebook *cb, float s, const uint8_t *idx
 	for (int k = 0; k < h; k += 16) {
 		const __mmask16 m = h - k >= 16 ? 0xffff : (__mmask16)((1u << (h - k)) - 1u);
 		__m512i v = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, idx + k));
-		__m512 r = cb->levels > 16 ? _mm512_permutex2var_ps(t0, v, t1) : _mm512_permutexvar_ps(v, t0);
-		_mm512_mask_storeu_ps(o + k, m, _mm512_mul_ps(r, sv));
+		_mm512_mask_storeu_ps(o + k, m, _mm512_mul_ps(cb32_get(t0, t1, cb->levels, v), sv));
 	}
 }
 
@@ -105,10 +111,8 @@ static inline __attribute__((always_inline)) void tqo_half_h(const tq_codebook *
 	default: tqo_plane(acc, pl, h, 1, 0); break;
 	}
 	_Pragma("GCC unroll 16")
-	for (int g = 0; g < h / 16; g++) {
-		__m512 r = cb->levels > 16 ? _mm512_permutex2var_ps(t0, acc[g], t1) : _mm512_permutexvar_ps(acc[g], t0);
-		_mm512_storeu_ps(o + 16 * g, _mm512_mul_ps(r, sv));
-	}
+	for (int g = 0; g < h / 16; g++)
+		_mm512_storeu_ps(o + 16 * g, _mm512_mul_ps(cb32_get(t0, t1, cb->levels, acc[g]), sv));
 }
 
 static void tqo_half_direct(const tq_codebook *cb, float s, const uint8_t *pl, int h, float *o)
@@ -131,7 +135,7 @@ static void tqo_half_avx512(const tq_codebook *cb, float s, const uint8_t *pl, i
 		tqo_half_direct(cb, s, pl, h, o);
 		return;
 	}
-	tqa_unpack_u8(pl, h, cb->bits, idx);
+	tq_unpack_planes(pl, h, cb->bits, idx);
 	tqo_lookup_avx512(cb, s, idx, h, o);
 }
 

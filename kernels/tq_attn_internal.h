@@ -92,39 +92,6 @@ static inline float tqa_cb_int_scale(const tq_codec *c, float lim)
 	return cm > 0.0f ? lim / cm : 1.0f;
 }
 
-/* The index planes of n values (n a multiple of 8) of a `bits`-bit half
- * (tq_layout.h) into idx[n] bytes, eight at a time in 64-bit words: per
- * plane of width w and stride S, byte j holds value j + s*S at bits s*w;
- * shifting a word by s*w and masking each byte's low w bits takes eight
- * values at once (bits crossing into a byte from its neighbour are masked
- * off: s*w + w <= 8).  The tq*o tile decoders' first step. */
-static inline void tqa_unpack_u8(const uint8_t *pl, int n, int bits, uint8_t *idx)
-{
-	int off = 0;
-
-	memset(idx, 0, (size_t)n);
-	for (int w = 8; w >= 1; w >>= 1) {
-		if (!(bits & w))
-			continue;
-		const int stride = n * w / 8;
-		const uint64_t m8 = (uint64_t)((1u << w) - 1u) * 0x0101010101010101ull;
-		for (int sh = 0, base = 0; sh < 8; sh += w, base += stride) {
-			int j = 0;
-			for (; j + 8 <= stride; j += 8) {
-				uint64_t x, o;
-				memcpy(&x, pl + j, 8);
-				memcpy(&o, idx + base + j, 8);
-				o |= ((x >> sh) & m8) << off;
-				memcpy(idx + base + j, &o, 8);
-			}
-			for (; j < stride; j++)
-				idx[base + j] |= (uint8_t)(((pl[j] >> sh) & ((1u << w) - 1u)) << off);
-		}
-		pl += stride;
-		off += w;
-	}
-}
-
 /* The tq*o tile decoders' token loop (tq_layout.h): each block's two
  * halves through half(codebook, bf16 scale as float, the half's planes, h,
  * out), which writes out[j] = scale * centroid[idx_j]; the tile's scale is

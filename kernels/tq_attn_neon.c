@@ -31,18 +31,25 @@ struct cbtab {
 	uint8x16_t p[4];
 };
 
-static void cbtab_of(struct cbtab *tb, const tq_codebook *cb)
+/* b[k][i] = byte k of centroid[i mod L], i < n (16 or 32) */
+static void cb_bytes(const tq_codebook *cb, int n, uint8_t b[4][32])
 {
-	uint8_t b[4][16];
 	int L = cb->levels;
 
-	for (int i = 0; i < 16; i++) {
+	for (int i = 0; i < n; i++) {
 		uint32_t u;
 		memcpy(&u, &cb->centroid[L ? i % L : 0], 4);
 		_Pragma("GCC unroll 16")
 		for (int k = 0; k < 4; k++)
 			b[k][i] = (uint8_t)(u >> (8 * k));
 	}
+}
+
+static void cbtab_of(struct cbtab *tb, const tq_codebook *cb)
+{
+	uint8_t b[4][32];
+
+	cb_bytes(cb, 16, b);
 	_Pragma("GCC unroll 16")
 	for (int k = 0; k < 4; k++)
 		tb->p[k] = vld1q_u8(b[k]);
@@ -62,14 +69,8 @@ struct cbtab32 {
 static void cbtab32_of(struct cbtab32 *tb, const tq_codebook *cb)
 {
 	uint8_t b[4][32];
-	int L = cb->levels;
 
-	for (int i = 0; i < 32; i++) {
-		uint32_t u;
-		memcpy(&u, &cb->centroid[L ? i % L : 0], 4);
-		for (int k = 0; k < 4; k++)
-			b[k][i] = (uint8_t)(u >> (8 * k));
-	}
+	cb_bytes(cb, 32, b);
 	for (int k = 0; k < 4; k++) {
 		tb->p[k].val[0] = vld1q_u8(b[k]);
 		tb->p[k].val[1] = vld1q_u8(b[k] + 16);
@@ -98,15 +99,8 @@ AI void lookup32(const struct cbtab32 *tb, uint8x16_t idx, float32x4_t o[4])
 /* 16 indices (< 16) to 16 centroids in o[0..3]. */
 AI void lookup16(const struct cbtab *tb, uint8x16_t idx, float32x4_t o[4])
 {
-	uint8x16_t b0 = vqtbl1q_u8(tb->p[0], idx), b1 = vqtbl1q_u8(tb->p[1], idx);
-	uint8x16_t b2 = vqtbl1q_u8(tb->p[2], idx), b3 = vqtbl1q_u8(tb->p[3], idx);
-	uint16x8_t l0 = vreinterpretq_u16_u8(vzip1q_u8(b0, b1)), h0 = vreinterpretq_u16_u8(vzip1q_u8(b2, b3));
-	uint16x8_t l1 = vreinterpretq_u16_u8(vzip2q_u8(b0, b1)), h1 = vreinterpretq_u16_u8(vzip2q_u8(b2, b3));
-
-	o[0] = vreinterpretq_f32_u16(vzip1q_u16(l0, h0));
-	o[1] = vreinterpretq_f32_u16(vzip2q_u16(l0, h0));
-	o[2] = vreinterpretq_f32_u16(vzip1q_u16(l1, h1));
-	o[3] = vreinterpretq_f32_u16(vzip2q_u16(l1, h1));
+	bytes_to_f32(vqtbl1q_u8(tb->p[0], idx), vqtbl1q_u8(tb->p[1], idx), vqtbl1q_u8(tb->p[2], idx),
+		     vqtbl1q_u8(tb->p[3], idx), o);
 }
 
 AI uint8x16_t shr8(uint8x16_t v, int n)
@@ -228,7 +222,7 @@ static void tqo_half_neon(const tq_codebook *cb, float s, const uint8_t *pl, int
 	uint8_t idx[TQ_DIM_MAX / 2];
 	float32x4_t v[4];
 
-	tqa_unpack_u8(pl, h, cb->bits, idx);
+	tq_unpack_planes(pl, h, cb->bits, idx);
 	if (cb->levels > 16) {
 		struct cbtab32 tb;
 		cbtab32_of(&tb, cb);

@@ -352,6 +352,25 @@ static void dense_mv(const float *M, const float *x, int d, float *y, int to_buf
 
 /* ---- index planes ------------------------------------------------------------------- */
 
+/* One plane of width w holding index bits [off, off + w) of idx[n]
+ * (off + w <= 8: byte-wise 16-bit shifts then never carry across bytes). */
+static void pack_plane(const uint8_t *idx, int n, int w, int off, uint8_t *out)
+{
+	const int S = n * w / 8;
+	const __m512i mw = _mm512_set1_epi8((char)((1 << w) - 1));
+
+	for (int j = 0; j < S; j += 64) {
+		const __mmask64 m = bmask(S - j);
+		__m512i o = _mm512_setzero_si512();
+		for (int k = 0; k < 8 / w; k++) {
+			__m512i t = _mm512_maskz_loadu_epi8(m, idx + k * S + j);
+			t = _mm512_and_si512(_mm512_srl_epi16(t, _mm_cvtsi32_si128(off)), mw);
+			o = _mm512_or_si512(o, _mm512_sll_epi16(t, _mm_cvtsi32_si128(k * w)));
+		}
+		_mm512_mask_storeu_epi8(out + j, m, o);
+	}
+}
+
 /* From a byte array idx[d] (the generic layout code of tq_layout.h). */
 static void pack_w4(const uint8_t *idx, int S, uint8_t *out)
 {
@@ -396,9 +415,19 @@ static void pack_w1(const uint8_t *idx, int S, uint8_t *out)
 	}
 }
 
+/* idx[d] into the planes of a `bits`-bit index: the widths tq2..tq4 use by
+ * the kernels above, any other (tq4o's 5-bit half) plane by plane. */
 static void pack_gen(const uint8_t *idx, int d, int bits, uint8_t *out)
 {
-	if (bits == 4) {
+	if (bits < 2 || bits > 4) {
+		for (int w = 8, off = 0; w >= 1; w >>= 1) {
+			if (!(bits & w))
+				continue;
+			pack_plane(idx, d, w, off, out);
+			out += d * w / 8;
+			off += w;
+		}
+	} else if (bits == 4) {
 		pack_w4(idx, d / 2, out);
 	} else {
 		pack_w2(idx, d / 4, out);
@@ -1010,27 +1039,8 @@ static int dec_f16_m(const struct ctx *e, const uint8_t *blk, float *x, int nt)
 
 /* ---- tq3o / tq4o (two TurboQuant halves; tq_layout.h) -------------------------------- */
 
-/* One plane of width w holding index bits [off, off + w) of idx[n]
- * (off + w <= 8: byte-wise 16-bit shifts then never carry across bytes). */
-static void pack_plane(const uint8_t *idx, int n, int w, int off, uint8_t *out)
-{
-	const int S = n * w / 8;
-	const __m512i mw = _mm512_set1_epi8((char)((1 << w) - 1));
-
-	for (int j = 0; j < S; j += 64) {
-		const __mmask64 m = bmask(S - j);
-		__m512i o = _mm512_setzero_si512();
-		for (int k = 0; k < 8 / w; k++) {
-			__m512i t = _mm512_maskz_loadu_epi8(m, idx + k * S + j);
-			t = _mm512_and_si512(_mm512_srl_epi16(t, _mm_cvtsi32_si128(off)), mw);
-			o = _mm512_or_si512(o, _mm512_sll_epi16(t, _mm_cvtsi32_si128(k * w)));
-		}
-		_mm512_mask_storeu_epi8(out + j, m, o);
-	}
-}
-
 /* One half of h values (a power of two >= 16, Hadamard rotation): the
- * reference's encode_half in the contract's order — sums of squares in 16
+ * reference's quantize() in the contract's order — sums of squares in 16
  * lanes, the butterflies, the factor, then each index by the same binary
  * search over the bounds (permutes of a 32-entry table, exact compares).
  * Writes the bf16 scale to sc and the planes; 1 when the reference must
@@ -1077,13 +1087,7 @@ AI int enc_tqo_half(const struct tq_rotation *r, const tq_codebook *cb, const fl
 	if ((s16 & 0x7f80u) == 0x7f80u)
 		return 1;
 	memcpy(sc, &s16, 2);
-	for (int w = 8, off = 0; w >= 1; w >>= 1) {
-		if (!(cb->bits & w))
-			continue;
-		pack_plane(idx, h, w, off, planes);
-		planes += h * w / 8;
-		off += w;
-	}
+	pack_gen(idx, h, cb->bits, planes);
 	return 0;
 }
 

@@ -73,9 +73,13 @@ static void unrotate_scaled(const struct tq_rotation *r, float *v, float fac, fl
 	}
 }
 
-static int encode_tq(const tq_codec *c, const float *x, uint8_t *blk)
+/* One TurboQuant vector of d values (a tq block, or a half of a tq*o one)
+ * with rotation r and codebook cb: its planes, and *scale = ||x|| /
+ * ||c[idx]|| (the norm correction); a zero vector gives zero planes and a
+ * scale of 0.  -ERANGE when the norm overflows. */
+static int quantize(const struct tq_rotation *r, const tq_codebook *cb, int d, const float *x, float *scale,
+		    uint8_t *planes)
 {
-	int d = c->dim;
 	float u[TQ_DIM_MAX], cv[TQ_DIM_MAX];
 	uint8_t idx[TQ_DIM_MAX];
 	float ss = tq_sumsq16(x, d);
@@ -83,91 +87,77 @@ static int encode_tq(const tq_codec *c, const float *x, uint8_t *blk)
 	if (!isfinite(ss))
 		return -ERANGE;
 	if (ss == 0.0f) {
-		memset(blk, 0, c->block_bytes);
+		*scale = 0.0f;
+		memset(planes, 0, TQ_PLANES_BYTES(d, cb->bits));
 		return 0;
 	}
 	float norm = sqrtf(ss);
-	rotate_scaled(&c->rot, x, 1.0f / norm, u);
+	rotate_scaled(r, x, 1.0f / norm, u);
 	for (int i = 0; i < d; i++) {
-		idx[i] = (uint8_t)tq_cb_index(&c->cb, u[i]);
-		cv[i] = c->cb.centroid[idx[i]];
+		idx[i] = (uint8_t)tq_cb_index(cb, u[i]);
+		cv[i] = cb->centroid[idx[i]];
 	}
-	put_f32(blk, norm / sqrtf(tq_sumsq16(cv, d)));
-	tq_pack_planes(idx, d, c->bits, blk + TQ_TQ_HEADER_BYTES);
+	*scale = norm / sqrtf(tq_sumsq16(cv, d));
+	tq_pack_planes(idx, d, cb->bits, planes);
 	return 0;
+}
+
+/* x = R^T (scale * c[idx]) for the d values of planes. */
+static void dequantize(const struct tq_rotation *r, const tq_codebook *cb, int d, const uint8_t *planes,
+		       float scale, float *x)
+{
+	uint8_t idx[TQ_DIM_MAX];
+	float v[TQ_DIM_MAX];
+
+	tq_unpack_planes(planes, d, cb->bits, idx);
+	for (int i = 0; i < d; i++)
+		v[i] = cb->centroid[idx[i]];
+	unrotate_scaled(r, v, scale, x);
+}
+
+static int encode_tq(const tq_codec *c, const float *x, uint8_t *blk)
+{
+	float scale;
+	int r = quantize(&c->rot, &c->cb, c->dim, x, &scale, blk + TQ_TQ_HEADER_BYTES);
+
+	if (r == 0)
+		put_f32(blk, scale);
+	return r;
 }
 
 static void decode_tq(const tq_codec *c, const uint8_t *blk, float *x)
 {
-	int d = c->dim;
-	uint8_t idx[TQ_DIM_MAX];
-	float v[TQ_DIM_MAX];
-
-	tq_unpack_planes(blk + TQ_TQ_HEADER_BYTES, d, c->bits, idx);
-	for (int i = 0; i < d; i++)
-		v[i] = c->cb.centroid[idx[i]];
-	unrotate_scaled(&c->rot, v, get_f32(blk), x);
+	dequantize(&c->rot, &c->cb, c->dim, blk + TQ_TQ_HEADER_BYTES, get_f32(blk), x);
 }
 
-/* One half of a tq*o vector: what encode_tq does for a whole one, with
- * the half's rotation and codebook and a bf16 scale (tq_layout.h). */
-static int encode_half(const struct tq_rotation *rot, const tq_codebook *cb, int h, const float *x,
-		       uint16_t *scale, uint8_t *planes)
-{
-	float u[TQ_DIM_MAX], cv[TQ_DIM_MAX];
-	uint8_t idx[TQ_DIM_MAX];
-	float ss = tq_sumsq16(x, h);
-
-	if (!isfinite(ss))
-		return -ERANGE;
-	if (ss == 0.0f) {
-		*scale = 0;
-		memset(planes, 0, TQ_PLANES_BYTES(h, cb->bits));
-		return 0;
-	}
-	float norm = sqrtf(ss);
-	rotate_scaled(rot, x, 1.0f / norm, u);
-	for (int i = 0; i < h; i++) {
-		idx[i] = (uint8_t)tq_cb_index(cb, u[i]);
-		cv[i] = cb->centroid[idx[i]];
-	}
-	*scale = tq_f32_to_bf16(norm / sqrtf(tq_sumsq16(cv, h)));
-	if ((*scale & 0x7f80u) == 0x7f80u) /* rounded up to inf */
-		return -ERANGE;
-	tq_pack_planes(idx, h, cb->bits, planes);
-	return 0;
-}
-
+/* tq*o: the two halves (tq_layout.h), each scale rounded to bf16; one that
+ * rounds up to inf fails the vector (-ERANGE). */
 static int encode_tqo(const tq_codec *c, const float *x, uint8_t *blk)
 {
 	const int h = c->half;
-	uint16_t sa, sb;
+	uint8_t *pa = blk + TQ_TQO_HEADER_BYTES, *pb = pa + TQ_PLANES_BYTES(h, c->cb.bits);
+	float sa, sb;
 	int r;
 
-	if ((r = encode_half(&c->rot, &c->cb, h, x, &sa, blk + TQ_TQO_HEADER_BYTES)) < 0 ||
-	    (r = encode_half(&c->rot_b, &c->cb_b, h, x + h, &sb,
-			     blk + TQ_TQO_HEADER_BYTES + TQ_PLANES_BYTES(h, c->cb.bits))) < 0)
+	if ((r = quantize(&c->rot, &c->cb, h, x, &sa, pa)) < 0 ||
+	    (r = quantize(&c->rot_b, &c->cb_b, h, x + h, &sb, pb)) < 0)
 		return r;
-	put_u16(blk, sa);
-	put_u16(blk + 2, sb);
+	const uint16_t ha = tq_f32_to_bf16(sa), hb = tq_f32_to_bf16(sb);
+	if ((ha & 0x7f80u) == 0x7f80u || (hb & 0x7f80u) == 0x7f80u)
+		return -ERANGE;
+	put_u16(blk, ha);
+	put_u16(blk + 2, hb);
 	return 0;
 }
 
 static void decode_tqo(const tq_codec *c, const uint8_t *blk, float *x)
 {
 	const int h = c->half;
-	const uint8_t *pl = blk + TQ_TQO_HEADER_BYTES;
-	uint8_t idx[TQ_DIM_MAX];
-	float v[TQ_DIM_MAX];
+	const uint8_t *pa = blk + TQ_TQO_HEADER_BYTES;
 
-	tq_unpack_planes(pl, h, c->cb.bits, idx);
-	for (int i = 0; i < h; i++)
-		v[i] = c->cb.centroid[idx[i]];
-	unrotate_scaled(&c->rot, v, tq_bf16_to_f32(get_u16(blk)), x);
-	tq_unpack_planes(pl + TQ_PLANES_BYTES(h, c->cb.bits), h, c->cb_b.bits, idx);
-	for (int i = 0; i < h; i++)
-		v[i] = c->cb_b.centroid[idx[i]];
-	unrotate_scaled(&c->rot_b, v, tq_bf16_to_f32(get_u16(blk + 2)), x + h);
+	dequantize(&c->rot, &c->cb, h, pa, tq_bf16_to_f32(get_u16(blk)), x);
+	dequantize(&c->rot_b, &c->cb_b, h, pa + TQ_PLANES_BYTES(h, c->cb.bits), tq_bf16_to_f32(get_u16(blk + 2)),
+		   x + h);
 }
 
 static int encode_q8(const tq_codec *c, const float *x, uint8_t *blk)

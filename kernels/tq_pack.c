@@ -35,19 +35,34 @@ void tq_pack_planes(const uint8_t *idx, int dim, int bits, uint8_t *out)
 	}
 }
 
+/* Eight values at a time in 64-bit words: a plane byte j holds value
+ * j + s*stride at bits [s*w, s*w + w); shifting a word by s*w and masking
+ * each byte's low w bits takes eight of them (bits shifted in from the next
+ * byte are masked off, s*w + w <= 8); the shift into place stays inside
+ * the byte (shift + w <= 8).  The attention's tile decoders use it too. */
 void tq_unpack_planes(const uint8_t *in, int dim, int bits, uint8_t *idx)
 {
 	int w[3], np = plane_widths(bits, w), shift = 0;
 
-	for (int i = 0; i < dim; i++)
-		idx[i] = 0;
+	memset(idx, 0, (size_t)dim);
 	for (int p = 0; p < np; p++) {
-		int k = 8 / w[p], stride = dim / k;
-		unsigned mask = (1u << w[p]) - 1u;
+		const int k = 8 / w[p], stride = dim / k;
+		const unsigned mask = (1u << w[p]) - 1u;
+		const uint64_t m8 = (uint64_t)mask * 0x0101010101010101ull;
 
-		for (int j = 0; j < stride; j++)
-			for (int s = 0; s < k; s++)
-				idx[j + s * stride] |= (uint8_t)(((in[j] >> (s * w[p])) & mask) << shift);
+		for (int s = 0; s < k; s++) {
+			uint8_t *o = idx + s * stride;
+			int j = 0;
+			for (; j + 8 <= stride; j += 8) {
+				uint64_t x, y;
+				memcpy(&x, in + j, 8);
+				memcpy(&y, o + j, 8);
+				y |= ((x >> (s * w[p])) & m8) << shift;
+				memcpy(o + j, &y, 8);
+			}
+			for (; j < stride; j++)
+				o[j] |= (uint8_t)(((in[j] >> (s * w[p])) & mask) << shift);
+		}
 		in += stride;
 		shift += w[p];
 	}

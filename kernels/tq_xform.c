@@ -325,7 +325,7 @@ int tq_xf_calibrate(tq_xf *xf, const void *k, const void *v, const void *q, uint
 						double a = load1(q, dtype, ((size_t)t * xf->n_q + h) * d + c);
 						qss[(size_t)(h / G) * d + c] += a * a;
 					}
-		for (uint32_t h = 0; h < xf->n_kv; h++) {
+		for (uint32_t h = 0; eq && h < xf->n_kv; h++) {
 			float *s = xf->k_scale + (size_t)h * d;
 			double lsum = 0;
 			uint32_t nl = 0;
@@ -341,11 +341,7 @@ int tq_xf_calibrate(tq_xf *xf, const void *k, const void *v, const void *q, uint
 					nl++;
 				}
 			}
-			if (eq)
-				scales_normalize(s, d, lsum, nl);
-			else
-				for (uint32_t c = 0; c < d; c++)
-					s[c] = 1.0f;
+			scales_normalize(s, d, lsum, nl);
 		}
 		xf->applied |= eq;
 		if (order) {
@@ -440,7 +436,7 @@ void tq_xf_queries(const tq_xf *xf, const void *q, enum tq_dtype dtype, uint32_t
 	const int unshrink = (a & TQ_XF_K_UNSHRINK) != 0;
 	/* K unshrink's factor at codec position j: each half of a tq*o its own */
 	const uint32_t half = xf->k_half ? xf->k_half : d;
-	const float ga = unshrink ? xf->k_gain : 1.0f, gb = unshrink ? xf->k_gain_b : 1.0f;
+	const float ga = xf->k_gain, gb = xf->k_gain_b;
 
 	for (uint32_t t = 0; t < n_q; t++)
 		for (uint32_t h = 0; h < xf->n_q; h++) {
@@ -452,8 +448,9 @@ void tq_xf_queries(const tq_xf *xf, const void *q, enum tq_dtype dtype, uint32_t
 			}
 			if (a & TQ_XF_K_ORDER)
 				permute_row(xf, out + o, xf->k_perm + (size_t)(h / G) * d);
-			for (uint32_t j = 0; j < d; j++)
-				out[o + j] *= j < half ? ga : gb;
+			if (unshrink) /* by codec position: after the order */
+				for (uint32_t j = 0; j < d; j++)
+					out[o + j] *= j < half ? ga : gb;
 		}
 }
 

@@ -695,6 +695,14 @@ static void test_encode_args(void)
 	L.dpages[0] = keep;
 	T_EQ(tqc_append(NULL, &a, &bad, &err), -EINVAL);
 	T_EQ(tqc_append(ctx, &a, &bad, &err), 0);
+	/* a codec without GPU kernels (tq3o / tq4o) is refused, with the reason */
+	struct layer L3;
+	T_ASSERT(layer_new(&L3, TQ_CODEC_TQ4O, TQ_CODEC_TQ3, 64, 1, 4, 2, t_seed(), MEM_DEVICE) == 0);
+	struct tqc_append a3 = { .k_codec = L3.kc, .v_codec = L3.vc, .kv = &L3.dt, .pos = 0, .n = 2, .k = k,
+				 .v = v, .dtype = TQ_DTYPE_F32 };
+	T_EQ(tqc_append(ctx, &a3, &bad, &err), -EINVAL);
+	T_ASSERT(strstr(err.msg, "tq4o") && strstr(err.msg, "no GPU kernels"));
+	layer_free(&L3);
 	layer_free(&L);
 	layer_free(&L2);
 }
