@@ -1423,7 +1423,7 @@ static const struct cmd cmds[] = {
 	  "admit a session owned by you (OpenSession)",
 	  "For operators and tests; inference processes open sessions through libtqkv.\n"
 	  "Codecs: f16 f32 q8 q4a tq2 tq3 tq4, and tq3o tq4o (keys with outlier\n"
-	  "channels at one bit more, host pools only); default q8 (K) and tq4 (V).\n"
+	  "channels at one bit more); default q8 (K) and tq4 (V).\n"
 	  "The session is not tied to any connection: it stays until closed or\n"
 	  "evicted, or idle past daemon.session_idle_ttl (default 1h).\n"
 	  "--persistent: the session is kept on\n"

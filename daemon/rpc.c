@@ -637,15 +637,6 @@ static void h_open_session(struct rpc_server *srv, const struct peer *peer,
 			  g.head_dim, pool_page_bytes(pool));
 		return;
 	}
-	if (pool && pool_has_kernels(pool) &&
-	    (tq_codec_id_parts(g.k_codec) != 1 || tq_codec_id_parts(g.v_codec) != 1)) {
-		rep_error(rep, GRPC_STATUS_FAILED_PRECONDITION,
-			  "codec %s has no GPU kernels yet and this pool is %s (pool.backend = cuda); "
-			  "use tq3/tq4 there, or a host pool", tq_codec_name(tq_codec_id_parts(g.k_codec) != 1 ? g.k_codec
-											    : g.v_codec),
-			  pool_desc(pool));
-		return;
-	}
 	why[0] = '\0';
 	r = session_open(srv->sessions, t, q->name, peer->cred.uid, &g, seed,
 			 q->persistent ? SESSION_PERSISTENT : 0, now_realtime_ms(), &si, why, sizeof(why));

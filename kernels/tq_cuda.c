@@ -30,7 +30,7 @@
 
 #define REGION_ALIGN   ((size_t)2 << 20)   /* tqc_region_alloc: 2 MiB             */
 #define SCRATCH_ALIGN  256u                /* every scratch / staging sub-buffer  */
-#define ROT_CACHE      4                   /* dense rotations kept per context    */
+#define ROT_CACHE      8                   /* dense rotations kept per context    */
 #define LOG2E          1.4426950408889634
 
 /* append: tokens per launch (a launch's vectors fit the status word's 32-bit
@@ -591,27 +591,28 @@ static size_t carve(size_t *top, size_t bytes)
 }
 
 /* Device copies of a dense rotation (R and R^T), cached per (dim, seed): the
- * rotation of a codec depends on nothing else (tq_rotation_init).  NULLs for
- * codecs without one.  Only while the stream is idle (eviction frees). */
-static int rot_get(tqc_ctx *x, const tq_codec *c, const float **mat, const float **mat_t, tq_error *err)
+ * rotation depends on nothing else (tq_rotation_init).  NULLs for a
+ * rotation that is not dense.  Only while the stream is idle (eviction
+ * frees); a call takes at most 4 (K and V, two halves each), and never
+ * evicts one it took (stamped last). */
+static int rot_get(tqc_ctx *x, const struct tq_rotation *r, const float **mat, const float **mat_t, tq_error *err)
 {
-	const int d = c->dim;
+	const int d = r->dim;
 	const size_t bytes = sizeof(float) * (size_t)d * (size_t)d;
 	struct rot_ent *v = &x->rot[0];
 	cudaError_t e;
 
 	*mat = *mat_t = NULL;
-	if (c->rot.kind != TQ_ROT_DENSE)
+	if (r->kind != TQ_ROT_DENSE)
 		return 0;
 	for (int i = 0; i < ROT_CACHE; i++)
-		if (x->rot[i].dim == d && x->rot[i].seed == c->seed) {
+		if (x->rot[i].dim == d && x->rot[i].seed == r->seed) {
 			x->rot[i].used = ++x->tick;
 			*mat = x->rot[i].mat;
 			*mat_t = x->rot[i].mat_t;
 			return 0;
 		}
-	/* the least recently used entry (never one this call already took: it
-	 * was stamped last) */
+	/* the least recently used entry */
 	for (int i = 1; i < ROT_CACHE; i++)
 		if (x->rot[i].used < v->used)
 			v = &x->rot[i];
@@ -628,8 +629,8 @@ static int rot_get(tqc_ctx *x, const tq_codec *c, const float **mat, const float
 		return err_fail(err, "dense rotation: cudaMalloc", e);
 	}
 	/* pageable sources: the copies have taken the data when they return */
-	if ((e = cudaMemcpyAsync(v->mat, c->rot.mat, bytes, cudaMemcpyHostToDevice, x->stream)) != cudaSuccess ||
-	    (e = cudaMemcpyAsync(v->mat_t, c->rot.mat_t, bytes, cudaMemcpyHostToDevice, x->stream)) != cudaSuccess) {
+	if ((e = cudaMemcpyAsync(v->mat, r->mat, bytes, cudaMemcpyHostToDevice, x->stream)) != cudaSuccess ||
+	    (e = cudaMemcpyAsync(v->mat_t, r->mat_t, bytes, cudaMemcpyHostToDevice, x->stream)) != cudaSuccess) {
 		(void)cudaStreamSynchronize(x->stream);
 		(void)cudaFree(v->mat);
 		(void)cudaFree(v->mat_t);
@@ -637,51 +638,79 @@ static int rot_get(tqc_ctx *x, const tq_codec *c, const float **mat, const float
 		return err_fail(err, "dense rotation: cudaMemcpyAsync", e);
 	}
 	v->dim = d;
-	v->seed = c->seed;
+	v->seed = r->seed;
 	v->used = ++x->tick;
 	*mat = v->mat;
 	*mat_t = v->mat_t;
 	return 0;
 }
 
-/* The kernels' view of a codec. */
-static int desc_make(const tq_codec *c, const float *mat, const float *mat_t, struct tqc_codec_desc *d,
-		     tq_error *err)
+/* A codebook of `levels` into the descriptor's arrays of capacity `cap`. */
+static int desc_codebook(const tq_codebook *cb, int cap, float *centroid, float *bound, tq_error *err)
 {
+	if (cb->bits < 1 || cb->levels != 1 << cb->bits || cb->levels > cap)
+		return tq_fail(err, "GPU: codebook of %d bits not supported", cb->bits);
+	for (int i = 0; i < cb->levels; i++)
+		centroid[i] = cb->centroid[i];
+	for (int i = 0; i < cb->levels - 1; i++)
+		bound[i] = cb->bound[i];
+	return 0;
+}
+
+/* Hadamard signs of a rotation of r->dim into bits [at, at + dim) of the mask. */
+static void desc_signs(const struct tq_rotation *r, int at, uint32_t *mask)
+{
+	for (int i = 0; i < r->dim; i++)
+		if (r->sign[i] < 0.0f)
+			mask[(at + i) / 32] |= 1u << ((at + i) % 32);
+}
+
+/* The kernels' view of a codec, with its dense rotations on the device. */
+static int desc_make(tqc_ctx *x, const tq_codec *c, struct tqc_codec_desc *d, tq_error *err)
+{
+	const int parts = tq_codec_parts(c);
+	int rc;
+
 	memset(d, 0, sizeof(*d));
 	if ((int)c->id < 0 || c->id >= TQ_CODEC__COUNT)
 		return tq_fail(err, "GPU: unknown codec id %d", (int)c->id);
 	if (tq_dim_check(c->dim, err) < 0)
 		return -EINVAL;
-	if (tq_codec_parts(c) != 1)
-		return tq_fail(err, "GPU: codec %s has no GPU kernels yet (use it on a host pool)",
-			       tq_codec_name(c->id));
+	if ((rc = rot_get(x, &c->rot, &d->mat, &d->mat_t, err)) < 0)
+		return rc;
+	if (parts == 2 && (rc = rot_get(x, &c->rot_b, &d->mat_b, &d->mat_t_b, err)) < 0)
+		return rc;
 	d->id = (int32_t)c->id;
 	d->dim = c->dim;
-	d->bits = c->bits;
+	d->bits = parts == 2 ? c->cb.bits : c->bits;
 	d->block_bytes = c->block_bytes;
 	d->rot_kind = (int32_t)c->rot.kind;
+	d->h16_scale = 1.0f;
+	if (parts == 2) {
+		/* two halves of one rotation kind and scale (tq_rotation_init
+		 * picks both from the dim) */
+		if (c->half * 2 != c->dim || c->rot.dim != c->half || c->rot_b.dim != c->half ||
+		    c->rot_b.kind != c->rot.kind ||
+		    (c->rot.kind == TQ_ROT_HADAMARD && c->rot_b.inv_sqrt_dim != c->rot.inv_sqrt_dim))
+			return tq_fail(err, "GPU: codec %s of dim %d: halves the kernels do not take",
+				       tq_codec_name(c->id), c->dim);
+		d->half = c->half;
+		d->bits_b = c->cb_b.bits;
+		if ((rc = desc_codebook(&c->cb, TQC_CB_MAX, d->centroid, d->bound, err)) < 0 ||
+		    (rc = desc_codebook(&c->cb_b, TQC_CB_B_MAX, d->centroid_b, d->bound_b, err)) < 0)
+			return rc;
+	} else if (c->id == TQ_CODEC_TQ2 || c->id == TQ_CODEC_TQ3 || c->id == TQ_CODEC_TQ4) {
+		if ((rc = desc_codebook(&c->cb, 16, d->centroid, d->bound, err)) < 0)
+			return rc;
+		d->h16_scale = c->cb.h16_scale;
+	}
 	if (c->rot.kind == TQ_ROT_HADAMARD) {
 		d->inv_sqrt_dim = c->rot.inv_sqrt_dim;
-		for (int i = 0; i < c->dim; i++)
-			if (c->rot.sign[i] < 0.0f)
-				d->sign_mask[i / 32] |= 1u << (i % 32);
-	} else if (c->rot.kind == TQ_ROT_DENSE) {
-		if (!mat || !mat_t)
-			return tq_fail(err, "GPU: dense rotation of dim %d not on the device", c->dim);
-		d->mat = mat;
-		d->mat_t = mat_t;
-	}
-	if (c->id == TQ_CODEC_TQ2 || c->id == TQ_CODEC_TQ3 || c->id == TQ_CODEC_TQ4) {
-		if (c->bits < 1 || (1 << c->bits) > TQC_CB_MAX || c->cb.levels != 1 << c->bits)
-			return tq_fail(err, "GPU: codebook of %d bits not supported", c->bits);
-		for (int i = 0; i < c->cb.levels; i++)
-			d->centroid[i] = c->cb.centroid[i];
-		for (int i = 0; i < c->cb.levels - 1; i++)
-			d->bound[i] = c->cb.bound[i];
-		d->h16_scale = c->cb.h16_scale;
-	} else {
-		d->h16_scale = 1.0f;
+		desc_signs(&c->rot, 0, d->sign_mask);
+		if (parts == 2)
+			desc_signs(&c->rot_b, c->half, d->sign_mask);
+	} else if (c->rot.kind == TQ_ROT_DENSE && (!d->mat || !d->mat_t || (parts == 2 && (!d->mat_b || !d->mat_t_b)))) {
+		return tq_fail(err, "GPU: dense rotation of dim %d not on the device", c->rot.dim);
 	}
 	return 0;
 }
@@ -794,7 +823,6 @@ static int call_failed(tqc_ctx *x, const char *who, const char *what, cudaError_
 int tqc_append(tqc_ctx *x, const struct tqc_append *a, uint32_t *bad, tq_error *err)
 {
 	struct tqc_enc_args args;
-	const float *km = NULL, *kmt = NULL, *vm = NULL, *vmt = NULL;
 	const char *what = "";
 	cudaError_t e;
 	int rc;
@@ -834,10 +862,8 @@ int tqc_append(tqc_ctx *x, const struct tqc_append *a, uint32_t *bad, tq_error *
 		return rc;
 	if ((rc = set_ctx_device(x->device, err)) < 0)
 		return rc;
-	if ((rc = rot_get(x, kc, &km, &kmt, err)) < 0 || (rc = rot_get(x, vc, &vm, &vmt, err)) < 0)
-		return rc;
 	memset(&args, 0, sizeof(args));
-	if ((rc = desc_make(kc, km, kmt, &args.kc, err)) < 0 || (rc = desc_make(vc, vm, vmt, &args.vc, err)) < 0)
+	if ((rc = desc_make(x, kc, &args.kc, err)) < 0 || (rc = desc_make(x, vc, &args.vc, err)) < 0)
 		return rc;
 
 	/* inputs in place, or staged per launch */
@@ -1023,7 +1049,6 @@ int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 	struct tqa_shape sh;
 	struct tqc_attn_args args;
 	struct att_plan pl;
-	const float *km = NULL, *kmt = NULL, *vm = NULL, *vmt = NULL;
 	const char *what = "";
 	cudaError_t e;
 	int rc;
@@ -1051,11 +1076,8 @@ int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 		return rc;
 	if ((rc = set_ctx_device(x->device, err)) < 0)
 		return rc;
-	if ((rc = rot_get(x, p->k_codec, &km, &kmt, err)) < 0 || (rc = rot_get(x, p->v_codec, &vm, &vmt, err)) < 0)
-		return rc;
 	memset(&args, 0, sizeof(args));
-	if ((rc = desc_make(p->k_codec, km, kmt, &args.kc, err)) < 0 ||
-	    (rc = desc_make(p->v_codec, vm, vmt, &args.vc, err)) < 0)
+	if ((rc = desc_make(x, p->k_codec, &args.kc, err)) < 0 || (rc = desc_make(x, p->v_codec, &args.vc, err)) < 0)
 		return rc;
 
 	/* passes of at most qp query tokens bound every buffer; the partials

@@ -28,7 +28,10 @@
  *                back to the original frame (R_v^T), out.
  *
  * Scores: tq: blockscale * sum q_rot[c] centroid[idx[c]]; q8: scale * sum
- * q_rot[c] int8[c]; q4a: sum q[c] (min + s q4[c]); f16 / f32: plain.  Values
+ * q_rot[c] int8[c]; q4a: sum q[c] (min + s q4[c]); f16 / f32: plain; tq3o /
+ * tq4o: each half's bf16 scale times its own codebook's centroids, the
+ * rotation block-diagonal (each half of q, and of the output, rotated by its
+ * own half's Hadamard or dense transform) — on attn_main only.  Values
  * likewise with their own codec.
  *
  * Non-finite logits: a visible score that is +-Inf or NaN makes the row NaN,
@@ -151,14 +154,58 @@ static __device__ __forceinline__ int plane_index(const uint8_t *b, uint32_t pos
 	return idx;
 }
 
+/* How attn_main reads one codec's blocks: its id, bits, plane offsets and
+ * centroids (shared memory); for tq*o, the second half's besides (its
+ * planes at b_off, from the block's start; coordinates c >= half). */
+struct dview {
+	int id, d, bits;
+	planes pl;
+	const float *cent;
+	int half, bits_b;
+	uint32_t b_off;
+	planes pl_b;
+	const float *cent_b;
+};
+
+static __device__ __forceinline__ dview dview_of(const struct tqc_codec_desc &cd, const float *cent)
+{
+	dview v;
+
+	v.id = cd.id;
+	v.d = cd.dim;
+	v.bits = cd.bits;
+	v.cent = cent;
+	v.cent_b = cent + TQC_CB_MAX;
+	v.half = cd.half;
+	v.bits_b = cd.bits_b;
+	if (cd.half) {
+		v.pl = plane_offsets(cd.half, cd.bits);
+		v.pl_b = plane_offsets(cd.half, cd.bits_b);
+		v.b_off = TQ_PLANES_BYTES(cd.half, cd.bits);
+	} else {
+		v.pl = plane_offsets(cd.dim, cd.bits);
+		v.pl_b = v.pl;
+		v.b_off = 0;
+	}
+	return v;
+}
+
+static __device__ __forceinline__ float bf16_to_f32(uint32_t h)
+{
+	return __uint_as_float(h << 16);
+}
+
 /* This lane's coordinates of one block, in the codec's frame, unscaled:
  * v[j] for c = lane + 32 j (0 past d).  Returns the block's scale (tq: the
- * norm correction; q8: max/127; others 1). */
+ * norm correction; q8: max/127; others 1 — tq*o's two scales are applied
+ * here, per half). */
 template <int VPL>
-static __device__ __forceinline__ float decode(int id, int d, int bits, const uint8_t *b, int lane,
-					const uint32_t (&pos)[VPL], planes pl, const float *cent, float (&v)[VPL])
+static __device__ __forceinline__ float decode(const dview &dv, const uint8_t *b, int lane,
+					       const uint32_t (&pos)[VPL], float (&v)[VPL])
 {
-	switch (id) {
+	const int d = dv.d;
+
+	switch (dv.id) {
 	case TQ_CODEC_F32: {
 		const float *f = reinterpret_cast<const float *>(b);
 #pragma unroll
@@ -189,7 +236,25 @@ static __device__ __forceinline__ float decode(int id, int d, int bits, const ui
 #pragma unroll
 		for (int j = 0; j < VPL; j++) {
 			const int c = lane + 32 * j;
-			v[j] = c < d ? mn + s * (float)plane_index(b, pos[j], 4, pl) : 0.0f;
+			v[j] = c < d ? mn + s * (float)plane_index(b, pos[j], 4, dv.pl) : 0.0f;
+		}
+		return 1.0f;
+	}
+	case TQ_CODEC_TQ3O:
+	case TQ_CODEC_TQ4O: {
+		/* the halves' positions are not pos[] (that is for the whole
+		 * dim): computed here, on the general kernel's rarer path */
+		const int h = dv.half;
+		const float sa = bf16_to_f32(ld_u16(b)), sb = bf16_to_f32(ld_u16(b + 2));
+#pragma unroll
+		for (int j = 0; j < VPL; j++) {
+			const int c = lane + 32 * j;
+			if (c >= d)
+				v[j] = 0.0f;
+			else if (c < h)
+				v[j] = sa * dv.cent[plane_index(b, plane_pos(c, h), dv.bits, dv.pl)];
+			else
+				v[j] = sb * dv.cent_b[plane_index(b + dv.b_off, plane_pos(c - h, h), dv.bits_b, dv.pl_b)];
 		}
 		return 1.0f;
 	}
@@ -197,7 +262,7 @@ static __device__ __forceinline__ float decode(int id, int d, int bits, const ui
 #pragma unroll
 		for (int j = 0; j < VPL; j++) {
 			const int c = lane + 32 * j;
-			v[j] = c < d ? cent[plane_index(b, pos[j], bits, pl)] : 0.0f;
+			v[j] = c < d ? dv.cent[plane_index(b, pos[j], dv.bits, dv.pl)] : 0.0f;
 		}
 		return ld_f32(b);
 	}
@@ -213,10 +278,12 @@ static __device__ __forceinline__ void qrot_row(const struct tqc_attn_args &a, c
 	const int d = kc.dim;
 
 	if (kc.rot_kind == ROT_HADAMARD) {
+		const int n = kc.half ? kc.half : d; /* tq*o: each half its own */
 		for (int c = lane; c < d; c += 32)
 			x[c] = q[c] * sign_of(kc, c);
 		__syncwarp();
-		warp_fwht(x, d, lane);
+		for (int o = 0; o < d; o += n)
+			warp_fwht(x + o, n, lane);
 		for (int c = lane; c < d; c += 32)
 			x[c] = (x[c] * kc.inv_sqrt_dim) * a.scale2;
 	} else {
@@ -269,11 +336,14 @@ __global__ void __launch_bounds__(TQC_WARPS * 32) attn_prep(const __grid_constan
 		for (int c = lane; c < d; c += 32)
 			x[c] = q[c];
 		__syncwarp();
-		const float *mt = kc.mat_t; /* R[i][j] = mat_t[j][i] */
+		/* R[i][j] = mat_t[j][i]; tq*o: block-diagonal, each half n x n */
+		const int n = kc.half ? kc.half : d;
 		for (int i = lane; i < d; i += 32) {
+			const int base = i < n ? 0 : n;
+			const float *mt = base ? kc.mat_t_b : kc.mat_t;
 			float acc = 0.0f;
-			for (int j = 0; j < d; j++)
-				acc = fmaf(mt[(size_t)j * d + i], x[j], acc);
+			for (int j = 0; j < n; j++)
+				acc = fmaf(mt[(size_t)j * n + (i - base)], x[base + j], acc);
 			o[i] = acc * a.scale2;
 		}
 	}
@@ -320,7 +390,8 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 4) attn_main(const __grid_cons
 	static_assert(R * VPL <= 32 && R >= 1, "q and acc stay in registers");
 	__shared__ float s_acc[TQC_WARPS][R][32 * VPL];
 	__shared__ float s_m[TQC_WARPS][R], s_l[TQC_WARPS][R];
-	__shared__ float s_ck[TQC_CB_MAX], s_cv[TQC_CB_MAX];
+	/* the codebooks: [TQC_CB_MAX], then tq*o's second half's [TQC_CB_B_MAX] */
+	__shared__ float s_ck[TQC_CB_MAX + TQC_CB_B_MAX], s_cv[TQC_CB_MAX + TQC_CB_B_MAX];
 
 	const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
 	const int split = (int)blockIdx.y;
@@ -333,6 +404,9 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 4) attn_main(const __grid_cons
 	if (threadIdx.x < TQC_CB_MAX) {
 		s_ck[threadIdx.x] = a.kc.centroid[threadIdx.x];
 		s_cv[threadIdx.x] = a.vc.centroid[threadIdx.x];
+	} else if (threadIdx.x < TQC_CB_MAX + TQC_CB_B_MAX) {
+		s_ck[threadIdx.x] = a.kc.centroid_b[threadIdx.x - TQC_CB_MAX];
+		s_cv[threadIdx.x] = a.vc.centroid_b[threadIdx.x - TQC_CB_MAX];
 	}
 
 	/* the rows: q in registers, keys [0, lim) visible */
@@ -363,8 +437,7 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 4) attn_main(const __grid_cons
 		const int c = lane + 32 * j;
 		pos[j] = c < d ? plane_pos(c, d) : 0u;
 	}
-	const int kid = a.kc.id, vid = a.vc.id, kbits = a.kc.bits, vbits = a.vc.bits;
-	const planes kp = plane_offsets(d, kbits), vp = plane_offsets(d, vbits);
+	const dview kdv = dview_of(a.kc, s_ck), vdv = dview_of(a.vc, s_cv);
 	__syncthreads(); /* s_ck, s_cv */
 
 	float m[R], l[R], acc[R][VPL];
@@ -387,8 +460,7 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 4) attn_main(const __grid_cons
 		const uint8_t *pg = a.pages[page];
 
 		float kv[VPL];
-		const float ks = decode<VPL>(kid, d, kbits, pg + kh + (uint64_t)slot * g.k_block_bytes, lane, pos,
-					     kp, s_ck, kv);
+		const float ks = decode<VPL>(kdv, pg + kh + (uint64_t)slot * g.k_block_bytes, lane, pos, kv);
 		float p[R], alpha[R];
 #pragma unroll
 		for (int r = 0; r < R; r++) {
@@ -409,8 +481,7 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 4) attn_main(const __grid_cons
 			}
 		}
 		float vv[VPL];
-		const float vs = decode<VPL>(vid, d, vbits, pg + vh + (uint64_t)slot * g.v_block_bytes, lane, pos,
-					     vp, s_cv, vv);
+		const float vs = decode<VPL>(vdv, pg + vh + (uint64_t)slot * g.v_block_bytes, lane, pos, vv);
 #pragma unroll
 		for (int r = 0; r < R; r++) {
 			if (r < nrows && t < lim[r]) {
@@ -545,22 +616,26 @@ static __device__ void finish_row(const struct tqc_attn_args &a, size_t row, flo
 		__syncwarp();
 	else
 		__syncthreads();
+	const int n = vc.half ? vc.half : d; /* tq*o: each half rotated back by its own */
 	if (vc.rot_kind == ROT_HADAMARD) {
 		/* R^T y = D H (y / sqrt(d)): one warp's transform */
 		if (warp == 0) {
 			for (int c = lane; c < d; c += 32)
 				s_y[c] *= vc.inv_sqrt_dim;
 			__syncwarp();
-			warp_fwht(s_y, d, lane);
+			for (int b = 0; b < d; b += n)
+				warp_fwht(s_y + b, n, lane);
 			for (int c = lane; c < d; c += 32)
 				o[c] = s_y[c] * sign_of(vc, c);
 		}
 	} else if (vc.rot_kind == ROT_DENSE) {
-		const float *mat = vc.mat; /* (R^T y)_j = sum_i R[i][j] y_i */
+		/* (R^T y)_j = sum_i R[i][j] y_i */
 		for (int j = tid; j < d; j += nthr) {
+			const int base = j < n ? 0 : n;
+			const float *mat = base ? vc.mat_b : vc.mat;
 			float acc = 0.0f;
-			for (int k = 0; k < d; k++)
-				acc = fmaf(mat[(size_t)k * d + j], s_y[k], acc);
+			for (int k = 0; k < n; k++)
+				acc = fmaf(mat[(size_t)k * n + (j - base)], s_y[base + k], acc);
 			o[j] = acc;
 		}
 	} else {

@@ -19,7 +19,9 @@ static_assert(TQ_F16_BLOCK_BYTES(TQ_DIM_ALIGN) % 4 == 0 && TQ_F32_BLOCK_BYTES(TQ
 	      "f16 / f32 blocks keep 4-byte alignment");
 static_assert(TQ_DIM_MAX == 512 && TQ_DIM_MIN == 8 && TQ_DIM_ALIGN == 8, "head dims");
 static_assert(TQ_CODEC_F16 == 0 && TQ_CODEC_Q8 == 1 && TQ_CODEC_Q4A == 2 && TQ_CODEC_TQ2 == 3 &&
-	      TQ_CODEC_TQ3 == 4 && TQ_CODEC_TQ4 == 5 && TQ_CODEC_F32 == 6, "codec ids");
+	      TQ_CODEC_TQ3 == 4 && TQ_CODEC_TQ4 == 5 && TQ_CODEC_F32 == 6 && TQ_CODEC_TQ3O == 7 &&
+	      TQ_CODEC_TQ4O == 8, "codec ids");
+static_assert(TQ_TQO_HEADER_BYTES == 4, "tq*o: two bf16 scales");
 
 #define FULL 0xffffffffu
 /* enum tq_rot_kind and enum tq_dtype (tq_internal.h, tq_codec.h: C headers

@@ -81,19 +81,31 @@ static __device__ float warp_sumsq16(const float *x, int d, int lane)
 	return __shfl_sync(FULL, l, 0);
 }
 
+/* One rotation's view: the whole codec's, or one half of a tq*o codec's
+ * (its dim, the first of its sign bits, its R^T). */
+struct rot_view {
+	int dim, sign_at;
+	const float *mat_t;
+};
+
+static __device__ __forceinline__ rot_view rot_whole(const struct tqc_codec_desc *cd)
+{
+	return rot_view{ cd->dim, 0, cd->mat_t };
+}
+
 /* rotate_scaled(r, x, inv_norm, u) of tq_codec_ref.c:
  *   Hadamard: u = fwht(x * sign) * (inv_norm * inv_sqrt_dim)
  *   dense:    u_i = (sum_j in order of R[i][j] * x[j]) * inv_norm
  * x must be visible to the warp (after __syncwarp); u is, on return. */
-static __device__ void warp_rotate_scaled(const struct tqc_codec_desc *cd, const float *x, float inv_norm,
-				   float *u, int lane)
+static __device__ void warp_rotate_scaled(const struct tqc_codec_desc *cd, rot_view r, const float *x,
+					  float inv_norm, float *u, int lane)
 {
-	const int d = cd->dim;
+	const int d = r.dim;
 
 	if (cd->rot_kind == ROT_HADAMARD) {
 		const float fac = __fmul_rn(inv_norm, cd->inv_sqrt_dim);
 		for (int i = lane; i < d; i += 32) {
-			u[i] = __fmul_rn(x[i], sign_of(*cd, i));
+			u[i] = __fmul_rn(x[i], sign_of(*cd, r.sign_at + i));
 		}
 		__syncwarp();
 		warp_fwht(u, d, lane);
@@ -101,7 +113,7 @@ static __device__ void warp_rotate_scaled(const struct tqc_codec_desc *cd, const
 			u[i] = __fmul_rn(u[i], fac);
 	} else {
 		/* R[i][j] = mat_t[j * d + i]: lanes read consecutive floats */
-		const float *mt = cd->mat_t;
+		const float *mt = r.mat_t;
 		for (int i = lane; i < d; i += 32) {
 			float acc = 0.0f;
 			for (int j = 0; j < d; j++)
@@ -143,48 +155,107 @@ static __device__ void warp_zero_block(uint8_t *blk, uint32_t bytes, int lane)
 
 /* ---- the codecs: 0, or TQC_ST_RANGE (nothing written) ------------------------ */
 
-/* encode_tq: x (visible) is clobbered. */
-static __device__ uint32_t enc_tq(const struct tqc_codec_desc *cd, float *x, float *u, uint8_t *ib,
-			   uint8_t *blk, int lane)
+/* quantize() of tq_codec_ref.c without the packing: one TurboQuant vector
+ * — a tq block, or half B (0 or 1) of a tq*o one — of the `d` values at x,
+ * with `bits`: its indices into ib[0, d), and *scale = ||x|| / ||c[idx]||
+ * (0 for a zero vector, whose indices are 0).  x (visible) is clobbered;
+ * tab is the warp's scratch for the codebook's bounds and centroids.
+ * 0, or TQC_ST_RANGE. */
+template <int B>
+static __device__ uint32_t quantize(const struct tqc_codec_desc *cd, rot_view r, int bits, float *x, float *u,
+				    uint8_t *ib, float *tab, float *scale, int lane)
 {
-	const int d = cd->dim;
+	const int d = r.dim;
 	const float ss = warp_sumsq16(x, d, lane);
 
 	if (!finite_bits(__float_as_uint(ss)))
 		return TQC_ST_RANGE;
 	if (ss == 0.0f) {
-		warp_zero_block(blk, cd->block_bytes, lane);
+		for (int i = lane; i < d; i += 32)
+			ib[i] = 0;
+		__syncwarp();
+		*scale = 0.0f;
 		return 0;
 	}
 	const float norm = __fsqrt_rn(ss);
-	/* the bounds and centroids into this warp's shared row (constant
-	 * indices: no dynamic indexing of the parameter block) */
-	float *sb = reinterpret_cast<float *>(ib + TQ_DIM_MAX), *sc = sb + TQC_CB_MAX;
+	/* the bounds and centroids into shared memory (constant indices: no
+	 * dynamic indexing of the parameter block) */
+	float *sb = tab, *sc = tab + TQC_CB_MAX;
+	__syncwarp(); /* the other half is done with tab */
 	if (lane == 0) {
 #pragma unroll
-		for (int b = 0; b < TQC_CB_MAX; b++) {
-			sb[b] = cd->bound[b];
-			sc[b] = cd->centroid[b];
+		for (int b = 0; b < (B ? TQC_CB_B_MAX : TQC_CB_MAX); b++) {
+			sb[b] = B ? cd->bound_b[b] : cd->bound[b];
+			sc[b] = B ? cd->centroid_b[b] : cd->centroid[b];
 		}
 	}
-	warp_rotate_scaled(cd, x, __fdiv_rn(1.0f, norm), u, lane); /* ends with a __syncwarp */
+	warp_rotate_scaled(cd, r, x, __fdiv_rn(1.0f, norm), u, lane); /* ends with a __syncwarp */
 	/* idx = tq_cb_index: the number of bounds strictly below u, by binary
 	 * search over the 2^bits - 1 sorted bounds (as the reference);
 	 * cv = centroid[idx] goes to x, no longer needed */
 	for (int i = lane; i < d; i += 32) {
 		const float v = u[i];
 		int idx = 0;
-		for (int step = 1 << (cd->bits - 1); step; step >>= 1)
+		for (int step = 1 << (bits - 1); step; step >>= 1)
 			if (v > sb[idx + step - 1])
 				idx += step;
 		ib[i] = (uint8_t)idx;
 		x[i] = sc[idx];
 	}
 	__syncwarp();
-	const float scale = __fdiv_rn(norm, __fsqrt_rn(warp_sumsq16(x, d, lane)));
+	*scale = __fdiv_rn(norm, __fsqrt_rn(warp_sumsq16(x, d, lane)));
+	return 0;
+}
+
+/* encode_tq */
+static __device__ uint32_t enc_tq(const struct tqc_codec_desc *cd, float *x, float *u, uint8_t *ib, float *tab,
+				  uint8_t *blk, int lane)
+{
+	float scale;
+	const uint32_t st = quantize<0>(cd, rot_whole(cd), cd->bits, x, u, ib, tab, &scale, lane);
+
+	if (st)
+		return st;
 	if (lane == 0)
 		store_u32(blk, __float_as_uint(scale));
-	warp_pack_planes(ib, d, cd->bits, blk + TQ_TQ_HEADER_BYTES, lane);
+	warp_pack_planes(ib, cd->dim, cd->bits, blk + TQ_TQ_HEADER_BYTES, lane);
+	return 0;
+}
+
+/* tq_f32_to_bf16 (round to nearest even; NaN -> quiet NaN). */
+static __device__ __forceinline__ uint32_t f32_to_bf16(float f)
+{
+	uint32_t x = __float_as_uint(f);
+
+	if ((x & 0x7fffffffu) > 0x7f800000u)
+		return (x >> 16) | 0x40u;
+	x += 0x7fffu + ((x >> 16) & 1u);
+	return x >> 16;
+}
+
+/* encode_tqo: the two halves (the second's indices after the first's in ib),
+ * each scale rounded to bf16; one that rounds up to inf fails the vector.
+ * The block is written only once both halves succeeded. */
+static __device__ uint32_t enc_tqo(const struct tqc_codec_desc *cd, float *x, float *u, uint8_t *ib, float *tab,
+				   uint8_t *blk, int lane)
+{
+	const int h = cd->half;
+	float sa, sb;
+	uint32_t st;
+
+	if ((st = quantize<0>(cd, rot_view{ h, 0, cd->mat_t }, cd->bits, x, u, ib, tab, &sa, lane)) ||
+	    (st = quantize<1>(cd, rot_view{ h, h, cd->mat_t_b }, cd->bits_b, x + h, u, ib + h, tab, &sb, lane)))
+		return st;
+	const uint32_t ha = f32_to_bf16(sa), hb = f32_to_bf16(sb);
+	if ((ha & 0x7f80u) == 0x7f80u || (hb & 0x7f80u) == 0x7f80u)
+		return TQC_ST_RANGE;
+	if (lane == 0) {
+		store_u16(blk, ha);
+		store_u16(blk + 2, hb);
+	}
+	uint8_t *pa = blk + TQ_TQO_HEADER_BYTES;
+	warp_pack_planes(ib, h, cd->bits, pa, lane);
+	warp_pack_planes(ib + h, h, cd->bits_b, pa + TQ_PLANES_BYTES(h, cd->bits), lane);
 	return 0;
 }
 
@@ -196,7 +267,7 @@ static __device__ uint32_t enc_q8(const struct tqc_codec_desc *cd, const float *
 	bool bad = false;
 	unsigned amax_bits = 0;
 
-	warp_rotate_scaled(cd, x, 1.0f, u, lane);
+	warp_rotate_scaled(cd, rot_whole(cd), x, 1.0f, u, lane);
 	for (int i = lane; i < d; i += 32) {
 		const uint32_t b = __float_as_uint(u[i]);
 		if (!finite_bits(b))
@@ -311,7 +382,7 @@ static __device__ uint32_t enc_f32(const struct tqc_codec_desc *cd, const float 
 
 /* One vector: its status (0, or TQC_ST_* | element). */
 static __device__ uint32_t enc_vector(const struct tqc_enc_args &a, uint32_t vec, float *x, float *u, uint8_t *ib,
-				      int lane)
+				      float *tab, int lane)
 {
 	const uint32_t n_kv = a.geom.n_kv_heads;
 	const uint32_t t = vec / (2u * n_kv), side = vec / n_kv % 2u, head = vec % n_kv;
@@ -356,11 +427,13 @@ static __device__ uint32_t enc_vector(const struct tqc_enc_args &a, uint32_t vec
 	switch (cd->id) {
 	case TQ_CODEC_TQ2:
 	case TQ_CODEC_TQ3:
-	case TQ_CODEC_TQ4: return enc_tq(cd, x, u, ib, blk, lane);
+	case TQ_CODEC_TQ4: return enc_tq(cd, x, u, ib, tab, blk, lane);
+	case TQ_CODEC_TQ3O:
+	case TQ_CODEC_TQ4O: return enc_tqo(cd, x, u, ib, tab, blk, lane);
 	case TQ_CODEC_Q8: return enc_q8(cd, x, u, blk, lane);
 	case TQ_CODEC_Q4A: return enc_q4a(cd, x, ib, blk, lane);
 	case TQ_CODEC_F16: return enc_f16(cd, x, blk, lane);
-	default: return enc_f32(cd, x, blk, lane); /* the host admits only the 7 ids */
+	default: return enc_f32(cd, x, blk, lane); /* the host admits only the 9 ids */
 	}
 }
 
@@ -372,15 +445,15 @@ __global__ void __launch_bounds__(TQC_WARPS * 32) enc_kernel(const __grid_consta
 {
 	__shared__ float s_x[TQC_WARPS][TQ_DIM_MAX];
 	__shared__ float s_u[TQC_WARPS][TQ_DIM_MAX];
-	/* per warp: the indices, then the codebook's bounds and centroids */
-	alignas(4) __shared__ uint8_t s_ib[TQC_WARPS][TQ_DIM_MAX + 2 * TQC_CB_MAX * 4];
+	__shared__ uint8_t s_ib[TQC_WARPS][TQ_DIM_MAX];     /* indices */
+	__shared__ float s_tab[TQC_WARPS][2 * TQC_CB_MAX]; /* a codebook's bounds, centroids */
 	__shared__ bool s_last;
 
 	const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
 	const uint32_t vec = blockIdx.x * TQC_WARPS + (uint32_t)warp;
 
 	if (vec < a.n_tok * 2u * a.geom.n_kv_heads) { /* the whole warp */
-		const uint32_t st = enc_vector(a, vec, s_x[warp], s_u[warp], s_ib[warp], lane);
+		const uint32_t st = enc_vector(a, vec, s_x[warp], s_u[warp], s_ib[warp], s_tab[warp], lane);
 		if (st && lane == 0)
 			atomicMin(a.status, (unsigned long long)vec << 32 | st);
 	}

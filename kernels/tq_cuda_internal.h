@@ -27,27 +27,45 @@ extern "C" {
 #endif
 
 #define TQC_WARPS   4     /* warps per CTA of every kernel (128 threads)        */
-#define TQC_CB_MAX  16    /* codebook levels the kernels take: tq2 .. tq4        */
+#define TQC_CB_MAX  32    /* codebook levels the kernels take: tq2 .. tq4, and  */
+			  /* the first half of tq3o / tq4o (4 or 5 bits)       */
+#define TQC_CB_B_MAX 8    /* the second half of tq3o / tq4o (2 or 3 bits)      */
 #define TQC_SPLITS_MAX 1024 /* context splits of one attention pass (attn_finish) */
 
 /* One codec, by value.  Built by the host from struct tq_codec
- * (tq_internal.h); the kernels never see a host pointer. */
+ * (tq_internal.h); the kernels never see a host pointer.
+ *
+ * tq3o / tq4o (half != 0): two TurboQuant vectors of dim/2 (tq_layout.h),
+ * the first with `bits`, centroid, bound, sign bits [0, half), mat / mat_t;
+ * the second with bits_b, centroid_b, bound_b, sign bits [half, dim),
+ * mat_b / mat_t_b.  Both halves have the same rotation kind and
+ * inv_sqrt_dim (1/sqrt(half)); the rotation of the whole vector is their
+ * block-diagonal sum. */
 struct tqc_codec_desc {
 	int32_t id;                  /* enum tq_codec_id                              */
 	int32_t dim;
-	int32_t bits;                /* index bits: tq* 2..4, q4a 4 (q8 8, f16 16, f32 32) */
+	int32_t bits;                /* index bits: tq* 2..4, q4a 4 (q8 8, f16 16, f32 32); */
+				     /* tq*o: the first half's (4 or 5)              */
 	uint32_t block_bytes;
 	int32_t rot_kind;            /* enum tq_rot_kind: 0 none, 1 Hadamard, 2 dense  */
 	float inv_sqrt_dim;          /* Hadamard: 1/sqrt(dim) as the codec has it      */
+				     /* (tq*o: 1/sqrt(half))                         */
 	uint32_t sign_mask[TQ_DIM_MAX / 32]; /* Hadamard: bit i%32 of word i/32 set    */
 				     /* = sign[i] is -1.0f                           */
 	float centroid[TQC_CB_MAX];  /* tq*: [2^bits] ascending                        */
 	float bound[TQC_CB_MAX];     /* tq*: [2^bits - 1] (the last entry unused)      */
 	float h16_scale;             /* tq*: tq_codebook.h16_scale (attn_mma's FP16     */
 				     /* tables); others 1                            */
+	int32_t half;                /* tq*o: dim / 2; 0 for every other codec          */
+	int32_t bits_b;              /* tq*o: the second half's index bits (2 or 3)    */
 	int32_t pad1;
+	float centroid_b[TQC_CB_B_MAX]; /* tq*o: the second half's [2^bits_b]          */
+	float bound_b[TQC_CB_B_MAX];    /* tq*o: [2^bits_b - 1]                        */
 	const float *mat;            /* dense: R, [dim][dim] row-major, device memory  */
 	const float *mat_t;          /* dense: R^T, [dim][dim] row-major, device memory */
+				     /* (tq*o: the first half's, [half][half])      */
+	const float *mat_b;          /* tq*o, dense: the second half's R, R^T          */
+	const float *mat_t_b;
 };
 
 /* ---- quantize-append (tq_cuda_encode.cu) -------------------------------------
@@ -191,12 +209,13 @@ int tqc_launch_attend(const struct tqc_attn_args *a, void *stream);
 int tqc_attn_mma_ctas_per_sm(int dim, size_t smem);
 
 /* The layout both compilers must agree on. */
-static_assert(sizeof(struct tqc_codec_desc) == 240, "tqc_codec_desc layout");
-static_assert(offsetof(struct tqc_codec_desc, mat) == 224, "tqc_codec_desc layout");
-static_assert(sizeof(struct tqc_enc_args) == 2 * 240 + 8 + 64 + 16 + 16 + 40, "tqc_enc_args layout");
-static_assert(offsetof(struct tqc_enc_args, k) == 2 * 240 + 8 + 64 + 16 + 16, "tqc_enc_args layout");
-static_assert(offsetof(struct tqc_attn_args, q_pos) == 2 * 240 + 8 + 16 + 14 * 4, "tqc_attn_args layout");
-static_assert(sizeof(struct tqc_attn_args) == 2 * 240 + 8 + 16 + 14 * 4 + 7 * 8, "tqc_attn_args layout");
+#define TQC_DESC_BYTES 456
+static_assert(sizeof(struct tqc_codec_desc) == TQC_DESC_BYTES, "tqc_codec_desc layout");
+static_assert(offsetof(struct tqc_codec_desc, mat) == 424, "tqc_codec_desc layout");
+static_assert(sizeof(struct tqc_enc_args) == 2 * TQC_DESC_BYTES + 8 + 64 + 16 + 16 + 40, "tqc_enc_args layout");
+static_assert(offsetof(struct tqc_enc_args, k) == 2 * TQC_DESC_BYTES + 8 + 64 + 16 + 16, "tqc_enc_args layout");
+static_assert(offsetof(struct tqc_attn_args, q_pos) == 2 * TQC_DESC_BYTES + 8 + 16 + 14 * 4, "tqc_attn_args layout");
+static_assert(sizeof(struct tqc_attn_args) == 2 * TQC_DESC_BYTES + 8 + 16 + 14 * 4 + 7 * 8, "tqc_attn_args layout");
 static_assert(TQ_DIM_MAX % 32 == 0, "sign mask words");
 
 #ifdef __cplusplus

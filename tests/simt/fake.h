@@ -6,4 +6,8 @@
 void fake_enqueue(void *stream, std::function<void()> fn);
 /* [p, p + n) lies in memory a kernel may touch (device, pinned, registered, managed) */
 bool fake_dev_ok(const void *p, size_t n);
+/* A codec descriptor's dense rotations (the whole codec's, or each tq*o
+ * half's) are in device memory; true when it has none. */
+struct tqc_codec_desc;
+bool fake_desc_rot_ok(const struct tqc_codec_desc *d);
 void fake_fail(const char *what);

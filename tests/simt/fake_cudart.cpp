@@ -18,6 +18,7 @@
 #include <map>
 
 #include "fake.h"
+#include "tq_cuda_internal.h"
 
 enum kind { K_DEV, K_PINNED, K_REG, K_MANAGED };
 struct alloc { size_t size; kind k; void *map; size_t maplen; };
@@ -59,6 +60,15 @@ bool fake_dev_ok(const void *p, size_t n)
 	uintptr_t b;
 	const alloc *a = find(p, &b);
 	return a && (uintptr_t)p + n <= b + a->size;
+}
+
+bool fake_desc_rot_ok(const struct tqc_codec_desc *d)
+{
+	if (d->rot_kind != 2)
+		return true;
+	const size_t n = (size_t)(d->half ? d->half : d->dim), bytes = 4 * n * n;
+	return fake_dev_ok(d->mat, bytes) && fake_dev_ok(d->mat_t, bytes) &&
+	       (!d->half || (fake_dev_ok(d->mat_b, bytes) && fake_dev_ok(d->mat_t_b, bytes)));
 }
 
 static bool is_host(const void *p) /* pageable or pinned or registered */
