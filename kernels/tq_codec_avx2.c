@@ -112,7 +112,30 @@ struct ctx {
 	__m256 ctab[2];          /* centroid[k mod L], k = 0..15                     */
 	int cent;                /* tq_cent_ok: decode through ctb                   */
 	struct tq_cent_tab ctb;  /* the centroids' byte planes (tq_avx2.h)           */
+	struct tqo_half {        /* tq3o / tq4o: each half's codebook                */
+		__m256 bt[5][2]; /* step j (s = L/2 >> j): bound[lo + s - 1] by lo / 2s, */
+				 /* 2^j entries (16 in two vectors)                   */
+		__m256 ct[4];    /* centroid[k], k < L (32 in four vectors)           */
+	} ho[2];
 };
+
+static void tqo_half_init(struct tqo_half *t, const tq_codebook *cb)
+{
+	const int L = cb->levels;
+	float b[16], c[32] = { 0 };
+
+	memset(t, 0, sizeof(*t));
+	for (int j = 0, s = L / 2; s >= 1; s >>= 1, j++) {
+		memset(b, 0, sizeof(b));
+		for (int lo = 0, i = 0; lo < L; lo += 2 * s, i++)
+			b[i] = cb->bound[lo + s - 1];
+		t->bt[j][0] = _mm256_loadu_ps(b);
+		t->bt[j][1] = _mm256_loadu_ps(b + 8);
+	}
+	memcpy(c, cb->centroid, sizeof(float) * (size_t)L);
+	for (int k = 0; k < 4; k++)
+		t->ct[k] = _mm256_loadu_ps(c + 8 * k);
+}
 
 static void ctx_init(struct ctx *e, const tq_codec *c)
 {
@@ -153,6 +176,10 @@ static void ctx_init(struct ctx *e, const tq_codec *c)
 				t[i] = t[i + 4] = cb->bound[i * q + q / 2 - 1];
 			e->t4 = _mm256_loadu_ps(t);
 		}
+	}
+	if (c->half) {
+		tqo_half_init(&e->ho[0], &c->cb);
+		tqo_half_init(&e->ho[1], &c->cb_b);
 	}
 }
 
@@ -195,6 +222,32 @@ AI __m256 lut16(const __m256 *t, __m256i q)
 {
 	__m256 a = _mm256_permutevar8x32_ps(t[0], q), b = _mm256_permutevar8x32_ps(t[1], q);
 	return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(_mm256_slli_epi32(q, 28)));
+}
+
+/* The binary search over any codebook of L (4 .. 32, a constant) levels:
+ * step j's candidate bound looked up by lo / 2s in t->bt[j] (the
+ * comparisons of tq_cb_index, so the same index). */
+AI __m256i quant_gen(const struct tqo_half *t, __m256 u, const int L)
+{
+	__m256i lo = _mm256_setzero_si256();
+
+	for (int j = 0, s = L / 2, sh = __builtin_ctz((unsigned)L); s >= 1; s >>= 1, j++, sh--) {
+		const __m256i i = _mm256_srli_epi32(lo, sh);
+		const __m256 b = (1 << j) <= 8 ? _mm256_permutevar8x32_ps(t->bt[j][0], i) : lut16(t->bt[j], i);
+		lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(u, b, _CMP_GT_OQ)),
+							  _mm256_set1_epi32(s)));
+	}
+	return lo;
+}
+
+/* centroid[q] of a codebook of L (4 .. 32, a constant) levels */
+AI __m256 lut_gen(const struct tqo_half *t, __m256i q, const int L)
+{
+	if (L <= 8)
+		return _mm256_permutevar8x32_ps(t->ct[0], q);
+	if (L == 16)
+		return lut16(t->ct, q);
+	return _mm256_blendv_ps(lut16(t->ct, q), lut16(t->ct + 2, q), _mm256_castsi256_ps(_mm256_slli_epi32(q, 27)));
 }
 
 /* ---- FWHT ------------------------------------------------------------------------ */
@@ -487,6 +540,78 @@ static int enc_tq(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_
 	}
 }
 
+/* One half of a tq3o / tq4o block (tq_codec_ref.c's quantize, L levels, a
+ * Hadamard rotation r of h >= 8 values): the bf16 scale to sc, the planes.
+ * 1 when the reference must take the vector (its norm overflows, or the
+ * scale rounds to inf). */
+AI int enc_tqo_half(const struct tq_rotation *r, const struct tqo_half *t, int bits, const float *x, int h,
+		    uint8_t *sc, uint8_t *planes, const int L)
+{
+	float u[TQ_DIM_MAX / 2] __attribute__((aligned(32)));
+	uint8_t idx[TQ_DIM_MAX / 2 + 8];
+	__m256 acc[2] = { _mm256_setzero_ps(), _mm256_setzero_ps() };
+	const int nc = h / 8;
+
+	for (int k = 0; k < nc; k++) {
+		const __m256 v = _mm256_loadu_ps(x + 8 * k);
+		acc[k & 1] = _mm256_add_ps(acc[k & 1], _mm256_mul_ps(v, v));
+		_mm256_store_ps(u + 8 * k, fwht8(_mm256_mul_ps(v, _mm256_loadu_ps(r->sign + 8 * k))));
+	}
+	const float ss = hsum16(acc[0], acc[1]);
+	if (!(ss <= FLT_MAX))
+		return 1;
+	if (ss == 0.0f) {
+		memset(sc, 0, 2);
+		memset(planes, 0, TQ_PLANES_BYTES(h, bits));
+		return 0;
+	}
+	const float norm = sqrt_f(ss), inv = 1.0f / norm;
+	const __m256 f = _mm256_set1_ps(inv * r->inv_sqrt_dim);
+	fwht_stages(u, h);
+	acc[0] = acc[1] = _mm256_setzero_ps();
+	for (int k = 0; k < nc; k++) {
+		const __m256i q = quant_gen(t, _mm256_mul_ps(_mm256_load_ps(u + 8 * k), f), L);
+		const __m256 cv = lut_gen(t, q, L);
+		acc[k & 1] = _mm256_add_ps(acc[k & 1], _mm256_mul_ps(cv, cv));
+		st_idx8(idx + 8 * k, q);
+	}
+	const uint16_t s16 = tq_f32_to_bf16(norm / sqrt_f(hsum16(acc[0], acc[1])));
+	if ((s16 & 0x7f80u) == 0x7f80u)
+		return 1;
+	memcpy(sc, &s16, 2);
+	tq_pack_planes(idx, h, bits, planes);
+	return 0;
+}
+
+/* tq3o / tq4o (LA, LB: the halves' levels); 1: the reference takes the
+ * vector (non-finite input, overflow, or halves this path does not rotate:
+ * not a power of two) */
+AI int enc_tqo_L(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t *blk, const int LA, const int LB)
+{
+	const tq_codec *c = e->c;
+	const int h = c->half;
+	float x[TQ_DIM_MAX] __attribute__((aligned(32)));
+	uint8_t b[TQ_TQO_BLOCK_BYTES(TQ_DIM_MAX, 7)];
+	int bad;
+
+	if (c->rot.kind != TQ_ROT_HADAMARD || c->rot_b.kind != TQ_ROT_HADAMARD || h < 8 ||
+	    tq_row_to_f32(row, dt, c->dim, x, &bad) < 0)
+		return 1;
+	if (enc_tqo_half(&c->rot, &e->ho[0], c->cb.bits, x, h, b, b + TQ_TQO_HEADER_BYTES, LA) ||
+	    enc_tqo_half(&c->rot_b, &e->ho[1], c->cb_b.bits, x + h, h, b + 2,
+			 b + TQ_TQO_HEADER_BYTES + TQ_PLANES_BYTES(h, c->cb.bits), LB))
+		return 1;
+	memcpy(blk, b, e->bb); /* only a whole block: a vector that fails writes nothing */
+	return 0;
+}
+
+static int enc_tqo(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t *blk)
+{
+	if (e->c->cb.levels == 32)
+		return enc_tqo_L(e, row, dt, blk, 32, 8); /* tq4o */
+	return enc_tqo_L(e, row, dt, blk, 16, 4);         /* tq3o */
+}
+
 static int dec_tq(const struct ctx *e, const uint8_t *blk, float *x, int nt)
 {
 	const struct tq_rotation *r = &e->c->rot;
@@ -727,6 +852,8 @@ static int avx2_encode(const tq_codec *c, const void *src, enum tq_dtype dt, siz
 	case TQ_CODEC_Q4A: fn = enc_q4a; break;
 	case TQ_CODEC_F16: fn = enc_f16; break;
 	case TQ_CODEC_F32: fn = enc_f32; break;
+	case TQ_CODEC_TQ3O:
+	case TQ_CODEC_TQ4O: fn = enc_tqo; break;
 	default: return tq_fail(err, "unknown codec id %d", (int)c->id);
 	}
 	ctx_init(&e, c);
@@ -756,6 +883,8 @@ static int avx2_decode(const tq_codec *c, const void *src, size_t n, float *dst)
 	case TQ_CODEC_Q4A: fn = dec_q4a; break;
 	case TQ_CODEC_F16: fn = dec_f16; break;
 	case TQ_CODEC_F32: memcpy(dst, src, n * c->block_bytes); return 0;
+	case TQ_CODEC_TQ3O:
+	case TQ_CODEC_TQ4O: return tq_decode_ref(c, src, n, dst); /* no decoder of this path's own */
 	default: return -EINVAL;
 	}
 	ctx_init(&e, c);

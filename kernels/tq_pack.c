@@ -16,15 +16,31 @@ static int plane_widths(int bits, int w[3])
 	return n;
 }
 
+/* Eight plane bytes at a time in 64-bit words: shifting a word of eight
+ * indices right by `shift` and masking each byte's low w bits takes their
+ * bits [shift, shift + w) (shift + w <= 8: nothing from the next byte
+ * survives the mask), and the shift into place, s*w, stays inside the byte
+ * (s*w + w <= 8). */
 void tq_pack_planes(const uint8_t *idx, int dim, int bits, uint8_t *out)
 {
 	int w[3], np = plane_widths(bits, w), shift = 0;
 
 	for (int p = 0; p < np; p++) {
-		int k = 8 / w[p], stride = dim / k;
-		unsigned mask = (1u << w[p]) - 1u;
+		const int k = 8 / w[p], stride = dim / k;
+		const unsigned mask = (1u << w[p]) - 1u;
+		const uint64_t m8 = (uint64_t)mask * 0x0101010101010101ull;
+		int j = 0;
 
-		for (int j = 0; j < stride; j++) {
+		for (; j + 8 <= stride; j += 8) {
+			uint64_t word = 0;
+			for (int s = 0; s < k; s++) {
+				uint64_t x;
+				memcpy(&x, idx + j + s * stride, 8);
+				word |= ((x >> shift) & m8) << (s * w[p]);
+			}
+			memcpy(out + j, &word, 8);
+		}
+		for (; j < stride; j++) {
 			unsigned byte = 0;
 			for (int s = 0; s < k; s++)
 				byte |= ((unsigned)(idx[j + s * stride] >> shift) & mask) << (s * w[p]);
@@ -35,7 +51,7 @@ void tq_pack_planes(const uint8_t *idx, int dim, int bits, uint8_t *out)
 	}
 }
 
-/* Eight values at a time in 64-bit words: a plane byte j holds value
+/* Unpacking likewise: a plane byte j holds value
  * j + s*stride at bits [s*w, s*w + w); shifting a word by s*w and masking
  * each byte's low w bits takes eight of them (bits shifted in from the next
  * byte are masked off, s*w + w <= 8); the shift into place stays inside

@@ -251,9 +251,11 @@ static int bench_codec_main(int argc, char **argv)
 	cache = tq_cache_new();
 	/* tq first: the codecs the targets are about */
 	static const enum tq_codec_id order[] = { TQ_CODEC_TQ4, TQ_CODEC_TQ3, TQ_CODEC_TQ2, TQ_CODEC_Q8,
-						  TQ_CODEC_Q4A, TQ_CODEC_F16, TQ_CODEC_F32 };
+						  TQ_CODEC_Q4A, TQ_CODEC_F16, TQ_CODEC_F32, TQ_CODEC_TQ4O,
+						  TQ_CODEC_TQ3O };
+	_Static_assert(sizeof(order) / sizeof(order[0]) == TQ_CODEC__COUNT, "every codec once");
 	int first = 1;
-	for (int k = 0; k < TQ_CODEC__COUNT; k++) {
+	for (size_t k = 0; k < sizeof(order) / sizeof(order[0]); k++) {
 		struct result res;
 		if (o.codec >= 0 && (int)order[k] != o.codec)
 			continue;
