@@ -236,10 +236,9 @@ int tq_codec_new(tq_codec **out, tq_cache *cache, const struct tq_codec_params *
 	c->bits = traits[p->id].bits;
 	c->block_bytes = (uint32_t)bb;
 	c->seed = p->seed;
-	/* tq3o / tq4o: AVX-512 and AVX2 encoders (their decoders are the
-	 * reference's); on NEON the reference serves them (tq_codec_isa() says
-	 * so); attention decodes their tiles itself (tq_attn*.c) */
-	c->ops = tq_codec_id_parts(p->id) == 2 && isa == TQ_ISA_NEON ? &tq_codec_ops_scalar : ops_for(isa);
+	/* tq3o / tq4o: every SIMD path has an encoder (its decoder is the
+	 * reference's); attention decodes their tiles itself (tq_attn*.c) */
+	c->ops = ops_for(isa);
 	c->rot.dim = p->dim;
 	c->rot.kind = TQ_ROT_NONE;
 	c->rot_b.kind = TQ_ROT_NONE;

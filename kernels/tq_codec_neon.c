@@ -313,7 +313,27 @@ struct ctx {
 	float isd;
 	float32x4_t bnd[15];      /* bound[i] broadcast, i < levels - 1                 */
 	float ct[16];             /* centroid[k mod L], k = 0..15                        */
+	struct tqo_half {         /* tq3o / tq4o: each half's codebook                   */
+		struct ftab bt[5]; /* step j (s = L/2 >> j): bound[lo + s - 1] by lo / 2s */
+		struct ftab ct[2]; /* centroid[k], k < L (32 in two tables)              */
+	} ho[2];
 };
+
+static void tqo_half_init(struct tqo_half *t, const tq_codebook *cb)
+{
+	const int L = cb->levels;
+	float b[16], c[32] = { 0 };
+
+	for (int j = 0, s = L / 2; s >= 1; s >>= 1, j++) {
+		memset(b, 0, sizeof(b));
+		for (int lo = 0, i = 0; lo < L; lo += 2 * s, i++)
+			b[i] = cb->bound[lo + s - 1];
+		ftab_init(&t->bt[j], b);
+	}
+	memcpy(c, cb->centroid, sizeof(float) * (size_t)L);
+	ftab_init(&t->ct[0], c);
+	ftab_init(&t->ct[1], c + 16);
+}
 
 static void ctx_init(struct ctx *e, const tq_codec *c)
 {
@@ -333,6 +353,10 @@ static void ctx_init(struct ctx *e, const tq_codec *c)
 			e->bnd[i] = vdupq_n_f32(cb->bound[i]);
 		for (int k = 0; k < 16; k++)
 			e->ct[k] = cb->centroid[k % L];
+	}
+	if (c->half) {
+		tqo_half_init(&e->ho[0], &c->cb);
+		tqo_half_init(&e->ho[1], &c->cb_b);
 	}
 }
 
@@ -425,6 +449,108 @@ static int enc_tq(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_
 	case 8: return enc_tq_L(e, row, dt, blk, 8);
 	default: return enc_tq_L(e, row, dt, blk, 16);
 	}
+}
+
+/* The binary search over any codebook of L (4 .. 32, a constant) levels:
+ * step j's candidate bound (2^j of them) looked up by lo / 2s with tbl —
+ * the comparisons of tq_cb_index, so the same index. */
+AI uint32x4_t quant_gen(const struct tqo_half *t, float32x4_t u, const int L)
+{
+	uint32x4_t lo = vdupq_n_u32(0);
+
+	_Pragma("GCC unroll 8")
+	for (int j = 0, s = L / 2, sh = __builtin_ctz((unsigned)L); s >= 1; s >>= 1, j++, sh--) {
+		const uint32x4_t i = vshlq_u32(lo, vdupq_n_s32(-sh));
+		const float32x4_t b = lut(&t->bt[j], i, (1 << j) <= 4 ? 4 : 1 << j);
+		lo = vorrq_u32(lo, vandq_u32(vcgtq_f32(u, b), vdupq_n_u32((uint32_t)s)));
+	}
+	return lo;
+}
+
+/* centroid[q] of a codebook of L (4 .. 32, a constant) levels */
+AI float32x4_t lut_gen(const struct tqo_half *t, uint32x4_t q, const int L)
+{
+	if (L <= 16)
+		return lut(&t->ct[0], q, L);
+	const uint32x4_t q4 = vandq_u32(q, vdupq_n_u32(15));
+	return vbslq_f32(vcgeq_u32(q, vdupq_n_u32(16)), lut(&t->ct[1], q4, 16), lut(&t->ct[0], q4, 16));
+}
+
+/* One half of a tq3o / tq4o block (tq_codec_ref.c's quantize, L levels, a
+ * Hadamard rotation r of h >= 8 values): the bf16 scale to sc, the planes.
+ * 1 when the reference must take the vector (its norm overflows, or the
+ * scale rounds to inf). */
+AI int enc_tqo_half(const struct tq_rotation *r, const struct tqo_half *t, int bits, const float *x, int h,
+		    uint8_t *sc, uint8_t *planes, const int L)
+{
+	float u[TQ_DIM_MAX / 2] __attribute__((aligned(16)));
+	uint8_t idx[TQ_DIM_MAX / 2 + 8];
+	float32x4_t acc[4];
+	const int nc = h / 4;
+
+	for (int i = 0; i < 4; i++)
+		acc[i] = vdupq_n_f32(0.0f);
+	for (int k = 0; k < nc; k++) {
+		const float32x4_t v = vld1q_f32(x + 4 * k);
+		acc[k & 3] = vaddq_f32(acc[k & 3], vmulq_f32(v, v));
+		vst1q_f32(u + 4 * k, vmulq_f32(v, vld1q_f32(r->sign + 4 * k)));
+	}
+	const float ss = hsum16(acc);
+	if (!(ss <= FLT_MAX))
+		return 1;
+	if (ss == 0.0f) {
+		memset(sc, 0, 2);
+		memset(planes, 0, TQ_PLANES_BYTES(h, bits));
+		return 0;
+	}
+	const float norm = sqrtf(ss), inv = 1.0f / norm;
+	const float32x4_t f = vdupq_n_f32(inv * r->inv_sqrt_dim);
+	fwht_mem(u, h);
+	for (int i = 0; i < 4; i++)
+		acc[i] = vdupq_n_f32(0.0f);
+	for (int k = 0; k < nc; k += 2) {
+		const uint32x4_t q0 = quant_gen(t, vmulq_f32(vld1q_f32(u + 4 * k), f), L);
+		const uint32x4_t q1 = quant_gen(t, vmulq_f32(vld1q_f32(u + 4 * k + 4), f), L);
+		const float32x4_t c0 = lut_gen(t, q0, L), c1 = lut_gen(t, q1, L);
+		acc[k & 3] = vaddq_f32(acc[k & 3], vmulq_f32(c0, c0));
+		acc[(k + 1) & 3] = vaddq_f32(acc[(k + 1) & 3], vmulq_f32(c1, c1));
+		st_idx8(idx + 4 * k, q0, q1);
+	}
+	const uint16_t s16 = tq_f32_to_bf16(norm / sqrtf(hsum16(acc)));
+	if ((s16 & 0x7f80u) == 0x7f80u)
+		return 1;
+	memcpy(sc, &s16, 2);
+	tq_pack_planes(idx, h, bits, planes);
+	return 0;
+}
+
+/* tq3o / tq4o (LA, LB: the halves' levels); 1: the reference takes the
+ * vector (non-finite input, overflow, or halves that are not a power of
+ * two: a dense rotation) */
+AI int enc_tqo_L(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t *blk, const int LA, const int LB)
+{
+	const tq_codec *c = e->c;
+	const int h = c->half;
+	float x[TQ_DIM_MAX] __attribute__((aligned(16)));
+	uint8_t b[TQ_TQO_BLOCK_BYTES(TQ_DIM_MAX, 7)];
+	int bad;
+
+	if (c->rot.kind != TQ_ROT_HADAMARD || c->rot_b.kind != TQ_ROT_HADAMARD || h < 8 ||
+	    tq_row_to_f32(row, dt, c->dim, x, &bad) < 0)
+		return 1;
+	if (enc_tqo_half(&c->rot, &e->ho[0], c->cb.bits, x, h, b, b + TQ_TQO_HEADER_BYTES, LA) ||
+	    enc_tqo_half(&c->rot_b, &e->ho[1], c->cb_b.bits, x + h, h, b + 2,
+			 b + TQ_TQO_HEADER_BYTES + TQ_PLANES_BYTES(h, c->cb.bits), LB))
+		return 1;
+	memcpy(blk, b, e->bb); /* only a whole block: a vector that fails writes nothing */
+	return 0;
+}
+
+static int enc_tqo(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t *blk)
+{
+	if (e->c->cb.levels == 32)
+		return enc_tqo_L(e, row, dt, blk, 32, 8); /* tq4o */
+	return enc_tqo_L(e, row, dt, blk, 16, 4);         /* tq3o */
 }
 
 AI int dec_tq_L(const struct ctx *e, const uint8_t *blk, float *x, const int L)
@@ -678,6 +804,8 @@ static int neon_encode(const tq_codec *c, const void *src, enum tq_dtype dt, siz
 	case TQ_CODEC_Q4A: fn = enc_q4a; break;
 	case TQ_CODEC_F16: fn = enc_f16; break;
 	case TQ_CODEC_F32: fn = enc_f32; break;
+	case TQ_CODEC_TQ3O:
+	case TQ_CODEC_TQ4O: fn = enc_tqo; break;
 	default: return tq_fail(err, "unknown codec id %d", (int)c->id);
 	}
 	ctx_init(&e, c);
@@ -705,6 +833,8 @@ static int neon_decode(const tq_codec *c, const void *src, size_t n, float *dst)
 	case TQ_CODEC_Q4A: fn = dec_q4a; break;
 	case TQ_CODEC_F16: fn = dec_f16; break;
 	case TQ_CODEC_F32: memcpy(dst, src, n * c->block_bytes); return 0;
+	case TQ_CODEC_TQ3O:
+	case TQ_CODEC_TQ4O: return tq_decode_ref(c, src, n, dst); /* no decoder of this path's own */
 	default: return -EINVAL;
 	}
 	ctx_init(&e, c);
