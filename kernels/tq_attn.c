@@ -272,6 +272,7 @@ const struct tqa_ops tqa_ops_scalar = {
 #if !defined(__x86_64__)
 const struct tqa_ops *tqa_ops_avx2(void) { return NULL; }
 const struct tqa_ops *tqa_ops_avx512(void) { return NULL; }
+const struct tqa_ops *tqa_ops_avx512_vnni(int vnni) { (void)vnni; return NULL; }
 #endif
 
 /* ---- plan and workspace ------------------------------------------------------ */

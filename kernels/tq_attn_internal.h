@@ -72,6 +72,9 @@ extern const struct tqa_ops tqa_ops_scalar;
 /* NULL when this build has no such path. */
 const struct tqa_ops *tqa_ops_avx2(void);
 const struct tqa_ops *tqa_ops_avx512(void);
+/* The AVX-512 ops with (vnni 1: NULL where the CPU lacks it) or without
+ * AVX512-VNNI's key scoring, whichever tqa_ops_avx512 picks (tests). */
+const struct tqa_ops *tqa_ops_avx512_vnni(int vnni);
 const struct tqa_ops *tqa_ops_neon(void);
 
 /* The portable decoder (any codec, any dim): used by the scalar ops and as

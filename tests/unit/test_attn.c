@@ -830,6 +830,54 @@ static void test_key_scoring_error(void)
 	free(qp);
 }
 
+/* AVX512-VNNI's key scoring against the AVX-512 one without it, bit for
+ * bit (the same integer sums), where the CPU has both: tq2/tq3/tq4/q8 keys,
+ * queries with spikes and zeros, padded last groups. */
+static void test_key_scoring_vnni(void)
+{
+	enum { D = 128, NT = 70 };
+	static const enum tq_codec_id kids[] = { TQ_CODEC_TQ2, TQ_CODEC_TQ3, TQ_CODEC_TQ4, TQ_CODEC_Q8 };
+	const struct tqa_ops *plain = tqa_ops_avx512_vnni(0), *vnni = tqa_ops_avx512_vnni(1);
+
+	if (!plain || !vnni || !tq_attn_isa_supported(TQ_ISA_AVX512)) {
+		fprintf(stderr, "    no AVX512-VNNI on this CPU: nothing to compare\n");
+		return;
+	}
+	T_ASSERT(tqa_ops_avx512() == vnni);
+	float *k = malloc(NT * D * sizeof(float)), *v = malloc(NT * D * sizeof(float));
+	float q[TQA_ROWS * D], s0[TQA_CHUNK * TQA_ROWS], s1[TQA_CHUNK * TQA_ROWS];
+	uint8_t *blk = malloc(NT * 132 + 64), *qp = aligned_alloc(64, TQA_QPREP_BYTES);
+	T_ASSERT(k && v && blk && qp);
+	for (size_t ci = 0; ci < sizeof(kids) / sizeof(kids[0]); ci++) {
+		struct tq_codec_params cp = { .id = kids[ci], .dim = D, .seed = t_seed() + ci };
+		tq_codec *c;
+		tq_error err;
+		T_ASSERT(tq_codec_new(&c, cache, &cp, &err) == 0);
+		rng_state = t_seed() ^ (0x71 + ci);
+		fill_kv(k, v, NT, D);
+		T_ASSERT(tq_encode(c, k, TQ_DTYPE_F32, NT, blk, &err) == 0);
+		const size_t bb = tq_codec_block_bytes(c);
+		for (int trial = 0; trial < 6; trial++) {
+			for (int j = 0; j < TQA_ROWS * D; j++)
+				q[j] = trial == 5 && j < D ? 0.0f : gauss() * (j % 37 == trial ? 30.0f : 1.0f);
+			plain->qprep_d128[kids[ci]](c, q, qp);
+			for (int t0 = 0; t0 < NT; t0 += TQA_CHUNK) {
+				const int n = NT - t0 < TQA_CHUNK ? NT - t0 : TQA_CHUNK;
+				memset(s0, 0, sizeof(s0));
+				memset(s1, 0, sizeof(s1));
+				plain->scores_d128[kids[ci]](c, blk + (size_t)t0 * bb, n, (const float *)(const void *)qp, s0);
+				vnni->scores_d128[kids[ci]](c, blk + (size_t)t0 * bb, n, (const float *)(const void *)qp, s1);
+				T_ASSERT(memcmp(s0, s1, sizeof(s0)) == 0);
+			}
+		}
+		tq_codec_free(c);
+	}
+	free(k);
+	free(v);
+	free(blk);
+	free(qp);
+}
+
 /* Every ISA's tile decoder against the portable one, bit for bit (they
  * return the codebook's own floats), at every dim class, from blocks that
  * end exactly where their allocation ends into a tile of exactly n rows:
@@ -972,6 +1020,7 @@ int main(void)
 	T_RUN(test_sparse_v);
 	T_RUN(test_plan_n_q);
 	T_RUN(test_key_scoring_error);
+	T_RUN(test_key_scoring_vnni);
 	T_RUN(test_tile_decoders);
 	T_RUN(test_overflow);
 	tq_threads_free(pool3);
