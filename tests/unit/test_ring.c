@@ -57,6 +57,7 @@ static const struct sgeom G[] = {
 	{ 2, 2, 4, 128, TQ_CODEC_Q8, TQ_CODEC_TQ4 },
 	{ 1, 1, 2, 64, TQ_CODEC_TQ3, TQ_CODEC_TQ2 },
 	{ 2, 4, 8, 96, TQ_CODEC_TQ4, TQ_CODEC_TQ4 },   /* dense rotation (96 not a power of two) */
+	{ 2, 2, 4, 128, TQ_CODEC_TQ4O, TQ_CODEC_TQ3 }, /* outlier halves, k-order in the transform */
 };
 #define NG (sizeof(G) / sizeof(G[0]))
 
