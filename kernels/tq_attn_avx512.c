@@ -643,7 +643,9 @@ static void accum_##C(const tq_codec *c, const uint8_t *src, int n, float *acc, 
 #define CLIM_TQ 23170.0f
 #define QLIM_Q8 32767.0f
 
-static_assert(QP_CB + 64 <= TQA_QPREP_BYTES, "qprep layout fits");
+#define QP_CB2 1152 /* tq*o: the second half's table */
+#define QP_CSC 1216 /* tq*o: 1 / each half's codebook scale */
+static_assert(QP_CB2 + 64 <= QP_CSC && QP_CSC + 8 <= TQA_QPREP_BYTES, "qprep layout fits");
 
 static void qprep_rows(const float *q, float qlim, float csc, uint8_t *qp)
 {
@@ -682,6 +684,26 @@ static void qprep_q8(const tq_codec *c, const float *q, void *qp)
 {
 	(void)c;
 	qprep_rows(q, QLIM_Q8, 1.0f, qp);
+}
+
+/* tq3o / tq4o (d = 128: two halves of 64): each half's codebook on its own
+ * integer scale (its largest centroid at CLIM_TQ), each table replicated
+ * to 32 entries; the rows' factors leave the codebook scale out (1), and
+ * the scorer divides each half's sum by its scale (QP_CSC). */
+static void qprep_tqo(const tq_codec *c, const float *q, void *qpv)
+{
+	uint8_t *qp = qpv;
+	const float ca = tqa_cb_int_scale_cb(&c->cb, CLIM_TQ), cb = tqa_cb_int_scale_cb(&c->cb_b, CLIM_TQ);
+	int16_t *ta = (int16_t *)(void *)(qp + QP_CB), *tb = (int16_t *)(void *)(qp + QP_CB2);
+	float *inv = (float *)(void *)(qp + QP_CSC);
+
+	for (int i = 0; i < 32; i++) {
+		ta[i] = (int16_t)lrintf(c->cb.centroid[i & (c->cb.levels - 1)] * ca);
+		tb[i] = (int16_t)lrintf(c->cb_b.centroid[i & (c->cb_b.levels - 1)] * cb);
+	}
+	inv[0] = 1.0f / ca;
+	inv[1] = 1.0f / cb;
+	qprep_rows(q, QLIM_TQ, 1.0f, qp);
 }
 
 /* IXW_<codec>(blk, g): the 32 indices of dims [32g, 32g + 32) of one block
@@ -776,6 +798,117 @@ DEF_ISCORES(tq2, iscores_tq2, )
 DEF_ISCORES(tq4, iscores_vnni_tq4, VNNI)
 DEF_ISCORES(tq3, iscores_vnni_tq3, VNNI)
 DEF_ISCORES(tq2, iscores_vnni_tq2, VNNI)
+#undef PAIR
+
+/* tq4o / tq3o at d = 128 (tq_layout.h): a 4-byte header of two bf16
+ * scales, then the first half's planes (64 dims at B + 1 bits), then the
+ * second's (64 at B - 1).  The indices of each half's two 32-dim groups as
+ * 16-bit lanes (only the low 5 bits defined: vpermw reads no more; the
+ * tables are replicated to 32 entries):
+ *   tq4o first half: low 4 bits in the 32-byte nibble plane (dims j and
+ *     j + 32 in byte j), bit 4 in the 8-byte bit plane (dim c: byte c % 8,
+ *     bit c / 8) moved to bit 4 by a per-lane shift;
+ *   tq4o second half: low 2 bits in the 16-byte crumb plane (dim c: byte
+ *     c % 16, bits 2 (c / 16)), bit 2 in its own 8-byte bit plane;
+ *   tq3o first half: the nibble plane alone; second half: the crumb plane
+ *   alone. */
+static inline __m512i ld_u64x4(const uint8_t *p) /* 8 bytes, 4 times, as 32 x u16 */
+{
+	uint64_t v;
+	memcpy(&v, p, 8);
+	return _mm512_cvtepu8_epi16(_mm256_set1_epi64x((long long)v));
+}
+
+static inline __m512i ld_u128x2(const uint8_t *p) /* 16 bytes, twice, as 32 x u16 */
+{
+	return _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)p)));
+}
+
+/* lane j of 32: a, b, c or d by j / 8 (e, f by j / 16) */
+#define SH8(a, b, c, d) _mm512_set_epi64(0x000##d##000##d##000##d##000##d##LL, 0x000##d##000##d##000##d##000##d##LL, \
+	0x000##c##000##c##000##c##000##c##LL, 0x000##c##000##c##000##c##000##c##LL,                         \
+	0x000##b##000##b##000##b##000##b##LL, 0x000##b##000##b##000##b##000##b##LL,                         \
+	0x000##a##000##a##000##a##000##a##LL, 0x000##a##000##a##000##a##000##a##LL)
+#define SH16(e, f) SH8(e, e, f, f)
+
+#define TQO_TOKEN(O, b, i)                                                                      \
+	do {                                                                                    \
+		const __m512i wa_ = _mm512_cvtepu8_epi16(_mm256_loadu_si256(                   \
+			(const __m256i *)(const void *)((b) + 4)));                             \
+		__m512i ia0_ = wa_, ia1_ = _mm512_srli_epi16(wa_, 4), ib0_, ib1_;               \
+		if (O == 4) {                                                                   \
+			const __m512i ha_ = ld_u64x4((b) + 36), wb_ = ld_u128x2((b) + 44);      \
+			const __m512i hb_ = ld_u64x4((b) + 60);                                 \
+			ia0_ = _mm512_ternarylogic_epi32(m15, ia0_, _mm512_sllv_epi16(ha_, sha0), 0xCA); \
+			ia1_ = _mm512_ternarylogic_epi32(m15, ia1_, _mm512_srlv_epi16(ha_, sh8), 0xCA);  \
+			ib0_ = _mm512_ternarylogic_epi32(m3, _mm512_srlv_epi16(wb_, shw0),       \
+				_mm512_slli_epi16(_mm512_srlv_epi16(hb_, sh8), 2), 0xCA);       \
+			ib1_ = _mm512_ternarylogic_epi32(m3, _mm512_srlv_epi16(wb_, shw1),       \
+				_mm512_slli_epi16(_mm512_srlv_epi16(hb_, sh8b), 2), 0xCA);      \
+		} else {                                                                        \
+			const __m512i wb_ = ld_u128x2((b) + 36);                                \
+			ib0_ = _mm512_srlv_epi16(wb_, shw0);                                    \
+			ib1_ = _mm512_srlv_epi16(wb_, shw1);                                    \
+		}                                                                               \
+		const __m512i k0_ = _mm512_permutexvar_epi16(ia0_, cba), k1_ = _mm512_permutexvar_epi16(ia1_, cba); \
+		const __m512i k2_ = _mm512_permutexvar_epi16(ib0_, cbb), k3_ = _mm512_permutexvar_epi16(ib1_, cbb); \
+		uint16_t h_[2];                                                                 \
+		memcpy(h_, (b), 4);                                                             \
+		const __m512 sa_ = _mm512_set1_ps(bf16f(h_[0]) * inv_[0]);                      \
+		const __m512 sb_ = _mm512_set1_ps(bf16f(h_[1]) * inv_[1]);                      \
+		_Pragma("GCC unroll 4")                                                         \
+		for (int r = 0; r < 4; r++) {                                                   \
+			const __m512i s01 = PAIR(k0_, qrow16(qi, r * D), k1_, qrow16(qi, r * D + 32)); \
+			const __m512i s23 = PAIR(k2_, qrow16(qi, r * D + 64), k3_, qrow16(qi, r * D + 96)); \
+			a[(i) * 4 + r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s01), sa_,          \
+							 _mm512_mul_ps(_mm512_cvtepi32_ps(s23), sb_)); \
+		}                                                                               \
+	} while (0)
+
+static inline float bf16f(uint16_t h)
+{
+	const uint32_t u = (uint32_t)h << 16;
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+/* 4 tokens x 4 rows, the halves' scales folded in before the sum */
+#define DEF_ISCORES_TQO(O, NAME, ATTR)                                                          \
+ATTR static void NAME(const tq_codec *c, const uint8_t *src, int n, const float *qf, float *s)  \
+{                                                                                               \
+	const uint8_t *qp = (const uint8_t *)(const void *)qf;                                  \
+	const int16_t *qi = (const int16_t *)(const void *)qp;                                  \
+	const __m512i cba = _mm512_loadu_si512((const void *)(qp + QP_CB));                    \
+	const __m512i cbb = _mm512_loadu_si512((const void *)(qp + QP_CB2));                   \
+	const __m512i m15 = _mm512_set1_epi16(15), m3 = _mm512_set1_epi16(3);                   \
+	const __m512i sha0 = SH8(4, 3, 2, 1), sh8 = SH8(0, 1, 2, 3), sh8b = SH8(4, 5, 6, 7);   \
+	const __m512i shw0 = SH16(0, 2), shw1 = SH16(4, 6);                                     \
+	const float *inv_ = (const float *)(const void *)(qp + QP_CSC);                        \
+	const __m512 fac = _mm512_broadcast_f32x4(_mm_loadu_ps((const float *)(const void *)(qp + QP_FAC))); \
+	const size_t bb = c->block_bytes;                                                       \
+	(void)m15; (void)m3; (void)sha0; (void)sh8; (void)sh8b;                                 \
+	for (int t = 0; t < n; t += 4) {                                                        \
+		const uint8_t *b0 = src + (size_t)t * bb;                                       \
+		const uint8_t *b1 = t + 1 < n ? b0 + bb : b0, *b2 = t + 2 < n ? b0 + 2 * bb : b0; \
+		const uint8_t *b3 = t + 3 < n ? b0 + 3 * bb : b0;                               \
+		const int left = n - t < 4 ? n - t : 4;                                         \
+		__m512 a[16];                                                                   \
+		TQO_TOKEN(O, b0, 0);                                                            \
+		TQO_TOKEN(O, b1, 1);                                                            \
+		TQO_TOKEN(O, b2, 2);                                                            \
+		TQO_TOKEN(O, b3, 3);                                                            \
+		_mm512_mask_storeu_ps(s + t * TQA_ROWS, (__mmask16)((1u << (4 * left)) - 1u),   \
+				      _mm512_mul_ps(reduce16(a), fac));                         \
+	}                                                                                       \
+}
+#define PAIR MADD2
+DEF_ISCORES_TQO(4, iscores_tq4o, )
+DEF_ISCORES_TQO(3, iscores_tq3o, )
+#undef PAIR
+#define PAIR MADD2_VNNI
+DEF_ISCORES_TQO(4, iscores_vnni_tq4o, VNNI)
+DEF_ISCORES_TQO(3, iscores_vnni_tq3o, VNNI)
 #undef PAIR
 
 #define QTOKEN(b, i)                                                                            \
@@ -896,10 +1029,11 @@ DEF_ACCUM(f32)
 		.scores_d128 = {                                                                \
 			[TQ_CODEC_TQ4] = ISC##tq4, [TQ_CODEC_TQ3] = ISC##tq3, [TQ_CODEC_TQ2] = ISC##tq2, \
 			[TQ_CODEC_Q8] = ISC##q8, [TQ_CODEC_F16] = scores_f16, [TQ_CODEC_F32] = scores_f32, \
+			[TQ_CODEC_TQ4O] = ISC##tq4o, [TQ_CODEC_TQ3O] = ISC##tq3o,              \
 		},                                                                              \
 		.qprep_d128 = {                                                                 \
 			[TQ_CODEC_TQ4] = qprep_cb, [TQ_CODEC_TQ3] = qprep_cb, [TQ_CODEC_TQ2] = qprep_cb, \
-			[TQ_CODEC_Q8] = qprep_q8,                                               \
+			[TQ_CODEC_Q8] = qprep_q8, [TQ_CODEC_TQ4O] = qprep_tqo, [TQ_CODEC_TQ3O] = qprep_tqo, \
 		},                                                                              \
 		.accum_d128 = {                                                                 \
 			[TQ_CODEC_TQ4] = accum_tq4, [TQ_CODEC_TQ3] = accum_tq3, [TQ_CODEC_TQ2] = accum_tq2, \

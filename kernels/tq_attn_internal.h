@@ -95,6 +95,19 @@ static inline float tqa_cb_int_scale(const tq_codec *c, float lim)
 	return cm > 0.0f ? lim / cm : 1.0f;
 }
 
+/* The same for one codebook (a tq*o half's). */
+static inline float tqa_cb_int_scale_cb(const tq_codebook *cb, float lim)
+{
+	float cm = 0.0f;
+
+	for (int i = 0; i < cb->levels; i++) {
+		const float a = cb->centroid[i] < 0.0f ? -cb->centroid[i] : cb->centroid[i];
+		if (a > cm)
+			cm = a;
+	}
+	return cm > 0.0f ? lim / cm : 1.0f;
+}
+
 /* The tq*o tile decoders' token loop (tq_layout.h): each block's two
  * halves through half(codebook, bf16 scale as float, the half's planes, h,
  * out), which writes out[j] = scale * centroid[idx_j]; the tile's scale is

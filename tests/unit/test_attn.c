@@ -755,7 +755,8 @@ static const struct tqa_ops *isa_ops(enum tq_isa isa)
 static void test_key_scoring_error(void)
 {
 	enum { D = 128, NT = 96 };
-	static const enum tq_codec_id kids[] = { TQ_CODEC_TQ2, TQ_CODEC_TQ3, TQ_CODEC_TQ4, TQ_CODEC_Q8 };
+	static const enum tq_codec_id kids[] = { TQ_CODEC_TQ2, TQ_CODEC_TQ3, TQ_CODEC_TQ4, TQ_CODEC_Q8,
+						 TQ_CODEC_TQ4O, TQ_CODEC_TQ3O };
 	float *k = malloc(NT * D * sizeof(float)), *v = malloc(NT * D * sizeof(float));
 	float q[TQA_ROWS * D], tile[TQA_CHUNK * D], scale[TQA_CHUNK], s[TQA_CHUNK * TQA_ROWS];
 	uint8_t *blk = malloc(NT * 132 + 64), *qp = aligned_alloc(64, TQA_QPREP_BYTES);
@@ -836,7 +837,8 @@ static void test_key_scoring_error(void)
 static void test_key_scoring_vnni(void)
 {
 	enum { D = 128, NT = 70 };
-	static const enum tq_codec_id kids[] = { TQ_CODEC_TQ2, TQ_CODEC_TQ3, TQ_CODEC_TQ4, TQ_CODEC_Q8 };
+	static const enum tq_codec_id kids[] = { TQ_CODEC_TQ2, TQ_CODEC_TQ3, TQ_CODEC_TQ4, TQ_CODEC_Q8,
+						 TQ_CODEC_TQ4O, TQ_CODEC_TQ3O };
 	const struct tqa_ops *plain = tqa_ops_avx512_vnni(0), *vnni = tqa_ops_avx512_vnni(1);
 
 	if (!plain || !vnni || !tq_attn_isa_supported(TQ_ISA_AVX512)) {
