@@ -818,6 +818,158 @@ DEF_ISCORES(tq4)
 DEF_ISCORES(tq3)
 DEF_ISCORES(tq2)
 
+/* tq4o / tq3o at d = 128 (tq_layout.h): two bf16 scales, the first half's
+ * planes (64 dims at B + 1 bits), the second's (64 at B - 1).  Each half's
+ * codebook on its own int16 scale (its largest centroid at CLIM_TQ), as
+ * lo / hi byte tables of 16 entries; tq4o's 32-entry first half is two
+ * such tables, each index looked up in both (vpshufb zeroes the lanes
+ * whose index byte has bit 7 set: ix + 0x70 saturated for entries 0-15,
+ * ix - 16 for 16-31) and the results or'ed.  The halves' scales (divided
+ * by their codebook scales) weigh each group's float sum.
+ * qp: as above, then A0L A0H A1L A1H BL BH [32 bytes each] | float inv[2] */
+#define QP_TQO 1104
+#define QP_TQO_INV (QP_TQO + 6 * 32)
+static_assert(QP_CH + 32 <= QP_TQO && QP_TQO_INV + 8 <= TQA_QPREP_BYTES, "qprep layout fits");
+
+static void qprep_tqo(const tq_codec *c, const float *q, void *qpv)
+{
+	uint8_t *qp = qpv;
+	const float ca = tqa_cb_int_scale_cb(&c->cb, CLIM_TQ), cb = tqa_cb_int_scale_cb(&c->cb_b, CLIM_TQ);
+	float *inv = (float *)(void *)(qp + QP_TQO_INV);
+
+	for (int i = 0; i < 32; i++) {
+		const int a = i < c->cb.levels ? (int)lrintf(c->cb.centroid[i] * ca) : 0;
+		const int b = i < c->cb_b.levels ? (int)lrintf(c->cb_b.centroid[i] * cb) : 0;
+		const uint16_t ua = (uint16_t)(int16_t)a, ub = (uint16_t)(int16_t)b;
+		uint8_t *ta = qp + QP_TQO + (i < 16 ? 0 : 64); /* A0L A0H, or A1L A1H */
+		ta[i & 15] = ta[16 + (i & 15)] = (uint8_t)ua;
+		ta[32 + (i & 15)] = ta[48 + (i & 15)] = (uint8_t)(ua >> 8);
+		if (i < 16) {
+			qp[QP_TQO + 128 + i] = qp[QP_TQO + 128 + 16 + i] = (uint8_t)ub;
+			qp[QP_TQO + 160 + i] = qp[QP_TQO + 160 + 16 + i] = (uint8_t)(ub >> 8);
+		}
+	}
+	inv[0] = 1.0f / ca;
+	inv[1] = 1.0f / cb;
+	qprep_rows(q, 1, QLIM_TQ, 1.0f, qp);
+}
+
+/* 32 indices (bytes < 32) -> int16 centroids of a 32-entry table */
+#define CENT32(ix, ka, kb)                                                                  \
+	do {                                                                                \
+		const __m256i i0_ = _mm256_adds_epu8(ix, c70), i1_ = _mm256_sub_epi8(ix, c16);   \
+		const __m256i l_ = _mm256_or_si256(_mm256_shuffle_epi8(a0l, i0_), _mm256_shuffle_epi8(a1l, i1_)); \
+		const __m256i h_ = _mm256_or_si256(_mm256_shuffle_epi8(a0h, i0_), _mm256_shuffle_epi8(a1h, i1_)); \
+		ka = _mm256_unpacklo_epi8(l_, h_);                                          \
+		kb = _mm256_unpackhi_epi8(l_, h_);                                          \
+	} while (0)
+#define CENT16(ix, ka, kb, tl, th)                                                          \
+	do {                                                                                \
+		const __m256i l_ = _mm256_shuffle_epi8(tl, ix), h_ = _mm256_shuffle_epi8(th, ix); \
+		ka = _mm256_unpacklo_epi8(l_, h_);                                          \
+		kb = _mm256_unpackhi_epi8(l_, h_);                                          \
+	} while (0)
+
+/* f[ao + r] = fma(float(ka · q_r[A] + kb · q_r[B]), sv, f[ao + r]) */
+#define MADD4S(ka, kb, off, sv)                                                             \
+	_Pragma("GCC unroll 4")                                                             \
+	for (int r = 0; r < 4; r++)                                                         \
+		f[r + ao] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(                \
+			_mm256_madd_epi16(ka, qrow(qi, r * D + (off))),                         \
+			_mm256_madd_epi16(kb, qrow(qi, r * D + (off) + 16)))), sv, f[r + ao])
+
+static inline float bf16f(uint16_t h)
+{
+	const uint32_t u = (uint32_t)h << 16;
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+/* one token's four groups into f[ao .. ao + 3] */
+#define TQO_TOKEN(O, b)                                                                     \
+	do {                                                                                \
+		uint16_t h_[2];                                                             \
+		memcpy(h_, (b), 4);                                                         \
+		const __m256 sa_ = _mm256_set1_ps(bf16f(h_[0]) * inv[0]);                   \
+		const __m256 sb_ = _mm256_set1_ps(bf16f(h_[1]) * inv[1]);                   \
+		const __m256i x_ = _mm256_loadu_si256((const __m256i *)(const void *)((b) + 4)); \
+		__m256i ka, kb, i0, i1, i2, i3;                                             \
+		i0 = _mm256_and_si256(x_, m15);                                             \
+		i1 = _mm256_and_si256(_mm256_srli_epi16(x_, 4), m15);                       \
+		const __m256i w_ = _mm256_broadcastsi128_si256(_mm_loadu_si128(             \
+			(const __m128i *)(const void *)((b) + (O == 4 ? 44 : 36))));       \
+		i2 = _mm256_and_si256(_mm256_srlv_epi64(w_, sw0), m3);                      \
+		i3 = _mm256_and_si256(_mm256_srlv_epi64(w_, sw1), m3);                      \
+		if (O == 4) {                                                               \
+			uint64_t ya_, yb_;                                                  \
+			memcpy(&ya_, (b) + 36, 8);                                          \
+			memcpy(&yb_, (b) + 60, 8);                                          \
+			const __m256i y1_ = _mm256_set1_epi64x((long long)ya_);             \
+			const __m256i y2_ = _mm256_set1_epi64x((long long)yb_);             \
+			i0 = _mm256_or_si256(i0, _mm256_slli_epi16(_mm256_and_si256(_mm256_srlv_epi64(y1_, sh0), m1), 4)); \
+			i1 = _mm256_or_si256(i1, _mm256_slli_epi16(_mm256_and_si256(_mm256_srlv_epi64(y1_, sh1), m1), 4)); \
+			i2 = _mm256_or_si256(i2, _mm256_slli_epi16(_mm256_and_si256(_mm256_srlv_epi64(y2_, sh0), m1), 2)); \
+			i3 = _mm256_or_si256(i3, _mm256_slli_epi16(_mm256_and_si256(_mm256_srlv_epi64(y2_, sh1), m1), 2)); \
+			CENT32(i0, ka, kb);                                                 \
+			MADD4S(ka, kb, 0, sa_);                                             \
+			CENT32(i1, ka, kb);                                                 \
+			MADD4S(ka, kb, 32, sa_);                                            \
+		} else {                                                                    \
+			CENT16(i0, ka, kb, a0l, a0h);                                       \
+			MADD4S(ka, kb, 0, sa_);                                             \
+			CENT16(i1, ka, kb, a0l, a0h);                                       \
+			MADD4S(ka, kb, 32, sa_);                                            \
+		}                                                                           \
+		CENT16(i2, ka, kb, bl, bh);                                                 \
+		MADD4S(ka, kb, 64, sb_);                                                    \
+		CENT16(i3, ka, kb, bl, bh);                                                 \
+		MADD4S(ka, kb, 96, sb_);                                                    \
+	} while (0)
+
+#define DEF_ISCORES_TQO(O)                                                                    \
+static void iscores_tq##O##o(const tq_codec *c, const uint8_t *src, int n, const float *qf, float *s) \
+{                                                                                             \
+	const uint8_t *qp = (const uint8_t *)(const void *)qf;                                \
+	const int16_t *qi = (const int16_t *)(const void *)qp;                                \
+	const uint8_t *tb = qp + QP_TQO;                                                      \
+	const __m256i a0l = _mm256_loadu_si256((const __m256i *)(const void *)tb);           \
+	const __m256i a0h = _mm256_loadu_si256((const __m256i *)(const void *)(tb + 32));    \
+	const __m256i a1l = _mm256_loadu_si256((const __m256i *)(const void *)(tb + 64));    \
+	const __m256i a1h = _mm256_loadu_si256((const __m256i *)(const void *)(tb + 96));    \
+	const __m256i bl = _mm256_loadu_si256((const __m256i *)(const void *)(tb + 128));    \
+	const __m256i bh = _mm256_loadu_si256((const __m256i *)(const void *)(tb + 160));    \
+	const float *inv = (const float *)(const void *)(qp + QP_TQO_INV);                    \
+	const __m256i m15 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), m1 = _mm256_set1_epi8(1); \
+	const __m256i c70 = _mm256_set1_epi8(0x70), c16 = _mm256_set1_epi8(16);               \
+	/* qword k of a group: bytes 8k .. 8k+7; the crumb plane's lanes by 16 */             \
+	const __m256i sh0 = _mm256_set_epi64x(3, 2, 1, 0), sh1 = _mm256_set_epi64x(7, 6, 5, 4); \
+	const __m256i sw0 = _mm256_set_epi64x(2, 2, 0, 0), sw1 = _mm256_set_epi64x(6, 6, 4, 4); \
+	const __m128 fac = _mm_loadu_ps((const float *)(const void *)(qp + QP_FAC));          \
+	const __m256 fac2 = _mm256_set_m128(fac, fac);                                        \
+	const size_t bb = c->block_bytes;                                                     \
+	(void)a1l; (void)a1h; (void)m1; (void)c70; (void)c16; (void)sh0; (void)sh1;           \
+	for (int t = 0; t < n; t += 2) {                                                      \
+		const int two = t + 1 < n;                                                    \
+		const uint8_t *b0 = src + (size_t)t * bb, *b1 = two ? b0 + bb : b0;           \
+		__m256 f[8];                                                                  \
+		_Pragma("GCC unroll 8")                                                       \
+		for (int i = 0; i < 8; i++)                                                   \
+			f[i] = _mm256_setzero_ps();                                           \
+		int ao = 0;                                                                   \
+		TQO_TOKEN(O, b0);                                                             \
+		ao = 4;                                                                       \
+		TQO_TOKEN(O, b1);                                                             \
+		__m256 z = _mm256_mul_ps(reduce8(f), fac2);                                   \
+		if (two)                                                                      \
+			_mm256_storeu_ps(s + t * TQA_ROWS, z);                                \
+		else                                                                          \
+			_mm_storeu_ps(s + t * TQA_ROWS, _mm256_castps256_ps128(z));           \
+	}                                                                                     \
+}
+DEF_ISCORES_TQO(4)
+DEF_ISCORES_TQO(3)
+
 static void iscores_q8(const tq_codec *c, const uint8_t *src, int n, const float *qf, float *s)
 {
 	const uint8_t *qp = (const uint8_t *)(const void *)qf;
@@ -876,10 +1028,11 @@ static const struct tqa_ops ops = {
 	.scores_d128 = {
 		[TQ_CODEC_TQ4] = iscores_tq4, [TQ_CODEC_TQ3] = iscores_tq3, [TQ_CODEC_TQ2] = iscores_tq2,
 		[TQ_CODEC_Q8] = iscores_q8, [TQ_CODEC_F16] = scores_f16, [TQ_CODEC_F32] = scores_f32,
+		[TQ_CODEC_TQ4O] = iscores_tq4o, [TQ_CODEC_TQ3O] = iscores_tq3o,
 	},
 	.qprep_d128 = {
 		[TQ_CODEC_TQ4] = qprep_cb, [TQ_CODEC_TQ3] = qprep_cb, [TQ_CODEC_TQ2] = qprep_cb,
-		[TQ_CODEC_Q8] = qprep_q8,
+		[TQ_CODEC_Q8] = qprep_q8, [TQ_CODEC_TQ4O] = qprep_tqo, [TQ_CODEC_TQ3O] = qprep_tqo,
 	},
 	.accum_d128 = {
 		[TQ_CODEC_TQ4] = accum_tq4, [TQ_CODEC_TQ3] = accum_tq3, [TQ_CODEC_TQ2] = accum_tq2,
