@@ -289,6 +289,7 @@ struct plan {
 	size_t thr_bytes;     /* per-thread scratch                          */
 	size_t off_qbuf, off_ktile, off_vtile, off_kscale, off_vscale, off_p, off_alpha, off_tmp;
 	size_t off_qprep;     /* qprep_d128's rows                          */
+	size_t off_kprep;     /* ktile_d128's prepared keys                 */
 	size_t off_acc, off_ml; /* partials, after the per-thread areas      */
 	size_t total;
 };
@@ -346,6 +347,7 @@ static void plan_make(const struct tq_attn_params *p, const struct tqa_shape *sh
 	pl->off_alpha = o;  o += al64((size_t)pl->rt_rows * 4);
 	pl->off_tmp = o;    o += al64((size_t)2 * d * 4);
 	pl->off_qprep = o;  o += al64((size_t)TQA_QPREP_BYTES * (pl->rt_rows / TQA_ROWS));
+	pl->off_kprep = o;  o += al64((size_t)TQA_KTILE_BYTES);
 	pl->thr_bytes = o;
 	o = al64(o * (size_t)pl->n_threads);
 	size_t rows_all = (size_t)pl->n_split * sh->n_kv * pl->rows_pad;
@@ -447,6 +449,7 @@ static void task_compute(void *arg, int task, int thread)
 	float *abuf = (float *)(void *)(tw + pl->off_alpha);    /* [blocks][ROWS]          */
 	float *tmp = (float *)(void *)(tw + pl->off_tmp);       /* [2][d]                  */
 	uint8_t *qprep = tw + pl->off_qprep;                     /* [blocks][QPREP_BYTES]   */
+	uint8_t *kprep_t = tw + pl->off_kprep;                   /* [KTILE_BYTES]           */
 
 	const int s = task % pl->n_split;
 	const int rt = task / pl->n_split % pl->n_rt;
@@ -527,6 +530,10 @@ static void task_compute(void *arg, int task, int thread)
 		const float *kt = NULL;
 		if (!kprep && !(direct && ops->scores_d128[kid]))
 			kt = ops->decode(p->k_codec, kb, n, ktile, kscale);
+		/* several row blocks: the keys taken apart once (same bits) */
+		const int ktiled = kprep && nblk > 1 && ops->ktile_d128[kid] && ops->scores_ktile_d128[kid];
+		if (ktiled)
+			ops->ktile_d128[kid](p->k_codec, kb, n, qprep, kprep_t);
 		int active[RT_MAX / TQA_ROWS];
 		int any = 0;
 		for (int b = 0; b < nblk; b++) {
@@ -542,6 +549,10 @@ static void task_compute(void *arg, int task, int thread)
 			}
 			if (kt)
 				ops->scores(qbuf + (size_t)b * TQA_ROWS * d, kt, kscale, n, d, sb);
+			else if (ktiled)
+				ops->scores_ktile_d128[kid](p->k_codec, kprep_t, n,
+							    (const float *)(const void *)(qprep + (size_t)b * TQA_QPREP_BYTES),
+							    sb);
 			else
 				ops->scores_d128[kid](p->k_codec, kb, n,
 						      kprep ? (const float *)(const void *)(qprep + (size_t)b * TQA_QPREP_BYTES)

@@ -739,66 +739,51 @@ static inline __m512i qrow16(const int16_t *qi, int off)
  * saturation), so the same bits, one instruction fewer. */
 #define MADD2(a0, b0, a1, b1) _mm512_add_epi32(_mm512_madd_epi16(a0, b0), _mm512_madd_epi16(a1, b1))
 #define MADD2_VNNI(a0, b0, a1, b1) _mm512_dpwssd_epi32(_mm512_madd_epi16(a0, b0), a1, b1)
-
-/* a[i * 4 + r] = float(dot of token i's block with row r), int16 products */
-#define ITOKEN(C, b, i)                                                                         \
-	do {                                                                                    \
-		IXL_##C(b);                                                                     \
-		__m512i k_[4];                                                                  \
-		_Pragma("GCC unroll 4")                                                         \
-		for (int g = 0; g < 4; g++)                                                     \
-			k_[g] = _mm512_permutexvar_epi16(IXW_##C(b, g), cb);                    \
-		_Pragma("GCC unroll 4")                                                         \
-		for (int r = 0; r < 4; r++) {                                                   \
-			const __m512i s01 = PAIR(k_[0], qrow16(qi, r * D), k_[1], qrow16(qi, r * D + 32)); \
-			const __m512i s23 = PAIR(k_[2], qrow16(qi, r * D + 64), k_[3], qrow16(qi, r * D + 96)); \
-			a[(i) * 4 + r] = _mm512_add_ps(_mm512_cvtepi32_ps(s01), _mm512_cvtepi32_ps(s23)); \
-		}                                                                               \
-	} while (0)
-
-/* 4 tokens x 4 rows, the last group padded with its own first token (a
- * token's score must not depend on how many share its call: plan_n_q) */
-#define DEF_ISCORES(C, NAME, ATTR)                                                              \
-ATTR static void NAME(const tq_codec *c, const uint8_t *src, int n, const float *qf, float *s)  \
-{                                                                                               \
-	const uint8_t *qp = (const uint8_t *)(const void *)qf;                                  \
-	const int16_t *qi = (const int16_t *)(const void *)qp;                                  \
-	const __m512i cb = _mm512_loadu_si512((const void *)(qp + QP_CB));                     \
-	const __m512i m3 = _mm512_set1_epi16(3);                                                \
-	const __m512i hsh = _mm512_set_epi64(0x0001000100010001LL, 0x0001000100010001LL,       \
-					     0x0001000100010001LL, 0x0001000100010001LL, 0, 0, 0, 0); \
-	const __m512i bidx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);  \
-	const __m512 fac = _mm512_broadcast_f32x4(_mm_loadu_ps((const float *)(const void *)(qp + QP_FAC))); \
-	const size_t bb = c->block_bytes;                                                       \
-	(void)m3; (void)hsh;                                                                    \
-	for (int t = 0; t < n; t += 4) {                                                        \
-		const uint8_t *b0 = src + (size_t)t * bb;                                       \
-		const uint8_t *b1 = t + 1 < n ? b0 + bb : b0, *b2 = t + 2 < n ? b0 + 2 * bb : b0; \
-		const uint8_t *b3 = t + 3 < n ? b0 + 3 * bb : b0;                               \
-		const int left = n - t < 4 ? n - t : 4;                                         \
-		__m512 a[16];                                                                   \
-		ITOKEN(C, b0, 0);                                                               \
-		ITOKEN(C, b1, 1);                                                               \
-		ITOKEN(C, b2, 2);                                                               \
-		ITOKEN(C, b3, 3);                                                               \
-		__m512 z = _mm512_mul_ps(reduce16(a), fac);                                     \
-		__m128 sc4 = _mm_setr_ps(hdr_scale(b0), hdr_scale(b1), hdr_scale(b2), hdr_scale(b3)); \
-		__m512 sc = _mm512_permutexvar_ps(bidx, _mm512_castps128_ps512(sc4));           \
-		_mm512_mask_storeu_ps(s + t * TQA_ROWS, (__mmask16)((1u << (4 * left)) - 1u),   \
-				      _mm512_mul_ps(z, sc));                                    \
-	}                                                                                       \
-}
 #define VNNI __attribute__((target("avx512vnni")))
-#define PAIR MADD2
-DEF_ISCORES(tq4, iscores_tq4, )
-DEF_ISCORES(tq3, iscores_tq3, )
-DEF_ISCORES(tq2, iscores_tq2, )
-#undef PAIR
-#define PAIR MADD2_VNNI
-DEF_ISCORES(tq4, iscores_vnni_tq4, VNNI)
-DEF_ISCORES(tq3, iscores_vnni_tq3, VNNI)
-DEF_ISCORES(tq2, iscores_vnni_tq2, VNNI)
-#undef PAIR
+
+/* Integer key scoring in two steps, so that a chunk's keys can be prepared
+ * once and scored by many row blocks (prefill) with the same bits as the
+ * direct scorers (decode):
+ *   load  one block -> k[4]: its int16 centroids (or q8 codes) of dims
+ *         [32g, 32g + 32), and its scales (KL_*);
+ *   dot   k[4] x the 4 int16 rows -> a[i * 4 + r] (KD_*), the same code
+ *         for a block loaded from its bytes or from the prepared tile.
+ * Three kinds of dot: TQ (tq2/3/4: two 64-dim int32 sums, in float, then
+ * the block's scale after the reduction), Q8 (one int32 sum over the row),
+ * TQO (tq*o: each half's sum times its scale before the reduction). */
+enum { KIND_TQ, KIND_Q8, KIND_TQO };
+
+#define KL_tq(C, b, k)                                                                          \
+	IXL_##C(b);                                                                             \
+	_Pragma("GCC unroll 4")                                                                 \
+	for (int g = 0; g < 4; g++)                                                             \
+		k[g] = _mm512_permutexvar_epi16(IXW_##C(b, g), cb)
+#define KL_tq4(b, k) KL_tq(tq4, b, k)
+#define KL_tq3(b, k) KL_tq(tq3, b, k)
+#define KL_tq2(b, k) KL_tq(tq2, b, k)
+#define KL_q8(b, k)                                                                             \
+	_Pragma("GCC unroll 4")                                                                 \
+	for (int g = 0; g < 4; g++)                                                             \
+		k[g] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)((b) + 4 + 32 * g)))
+
+#define KD_TQ(k, i)                                                                             \
+	_Pragma("GCC unroll 4")                                                                 \
+	for (int r = 0; r < 4; r++)                                                             \
+		a[(i) * 4 + r] = _mm512_add_ps(                                                 \
+			_mm512_cvtepi32_ps(PAIR(k[0], qrow16(qi, r * D), k[1], qrow16(qi, r * D + 32))), \
+			_mm512_cvtepi32_ps(PAIR(k[2], qrow16(qi, r * D + 64), k[3], qrow16(qi, r * D + 96))))
+#define KD_Q8(k, i)                                                                             \
+	_Pragma("GCC unroll 4")                                                                 \
+	for (int r = 0; r < 4; r++)                                                             \
+		a[(i) * 4 + r] = _mm512_cvtepi32_ps(_mm512_add_epi32(                           \
+			PAIR(k[0], qrow16(qi, r * D), k[1], qrow16(qi, r * D + 32)),            \
+			PAIR(k[2], qrow16(qi, r * D + 64), k[3], qrow16(qi, r * D + 96))))
+#define KD_TQO(k, sa, sb, i)                                                                    \
+	_Pragma("GCC unroll 4")                                                                 \
+	for (int r = 0; r < 4; r++)                                                             \
+		a[(i) * 4 + r] = _mm512_fmadd_ps(                                               \
+			_mm512_cvtepi32_ps(PAIR(k[0], qrow16(qi, r * D), k[1], qrow16(qi, r * D + 32))), sa, \
+			_mm512_mul_ps(_mm512_cvtepi32_ps(PAIR(k[2], qrow16(qi, r * D + 64), k[3], qrow16(qi, r * D + 96))), sb))
 
 /* tq4o / tq3o at d = 128 (tq_layout.h): a 4-byte header of two bf16
  * scales, then the first half's planes (64 dims at B + 1 bits), then the
@@ -811,7 +796,8 @@ DEF_ISCORES(tq2, iscores_vnni_tq2, VNNI)
  *   tq4o second half: low 2 bits in the 16-byte crumb plane (dim c: byte
  *     c % 16, bits 2 (c / 16)), bit 2 in its own 8-byte bit plane;
  *   tq3o first half: the nibble plane alone; second half: the crumb plane
- *   alone. */
+ *   alone.
+ * The halves' scales leave as sa, sb: bf16 over the half's codebook scale. */
 static inline __m512i ld_u64x4(const uint8_t *p) /* 8 bytes, 4 times, as 32 x u16 */
 {
 	uint64_t v;
@@ -824,14 +810,31 @@ static inline __m512i ld_u128x2(const uint8_t *p) /* 16 bytes, twice, as 32 x u1
 	return _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)p)));
 }
 
+static inline float bf16f(uint16_t h)
+{
+	const uint32_t u = (uint32_t)h << 16;
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
 /* lane j of 32: a, b, c or d by j / 8 (e, f by j / 16) */
 #define SH8(a, b, c, d) _mm512_set_epi64(0x000##d##000##d##000##d##000##d##LL, 0x000##d##000##d##000##d##000##d##LL, \
 	0x000##c##000##c##000##c##000##c##LL, 0x000##c##000##c##000##c##000##c##LL,                         \
 	0x000##b##000##b##000##b##000##b##LL, 0x000##b##000##b##000##b##000##b##LL,                         \
 	0x000##a##000##a##000##a##000##a##LL, 0x000##a##000##a##000##a##000##a##LL)
 #define SH16(e, f) SH8(e, e, f, f)
+/* the constants KL_tqo uses */
+#define TQO_CONSTS                                                                              \
+	const __m512i cba = _mm512_loadu_si512((const void *)(qp + QP_CB));                    \
+	const __m512i cbb = _mm512_loadu_si512((const void *)(qp + QP_CB2));                   \
+	const __m512i m15 = _mm512_set1_epi16(15); /* m3: SCORER_HEAD's */                      \
+	const __m512i sha0 = SH8(4, 3, 2, 1), sh8 = SH8(0, 1, 2, 3), sh8b = SH8(4, 5, 6, 7);   \
+	const __m512i shw0 = SH16(0, 2), shw1 = SH16(4, 6);                                     \
+	const float *inv_ = (const float *)(const void *)(qp + QP_CSC);                        \
+	(void)m15; (void)sha0; (void)sh8; (void)sh8b
 
-#define TQO_TOKEN(O, b, i)                                                                      \
+#define KL_tqo(O, b, k, sa, sb)                                                                 \
 	do {                                                                                    \
 		const __m512i wa_ = _mm512_cvtepu8_epi16(_mm256_loadu_si256(                   \
 			(const __m256i *)(const void *)((b) + 4)));                             \
@@ -850,88 +853,81 @@ static inline __m512i ld_u128x2(const uint8_t *p) /* 16 bytes, twice, as 32 x u1
 			ib0_ = _mm512_srlv_epi16(wb_, shw0);                                    \
 			ib1_ = _mm512_srlv_epi16(wb_, shw1);                                    \
 		}                                                                               \
-		const __m512i k0_ = _mm512_permutexvar_epi16(ia0_, cba), k1_ = _mm512_permutexvar_epi16(ia1_, cba); \
-		const __m512i k2_ = _mm512_permutexvar_epi16(ib0_, cbb), k3_ = _mm512_permutexvar_epi16(ib1_, cbb); \
+		k[0] = _mm512_permutexvar_epi16(ia0_, cba);                                     \
+		k[1] = _mm512_permutexvar_epi16(ia1_, cba);                                     \
+		k[2] = _mm512_permutexvar_epi16(ib0_, cbb);                                     \
+		k[3] = _mm512_permutexvar_epi16(ib1_, cbb);                                     \
 		uint16_t h_[2];                                                                 \
 		memcpy(h_, (b), 4);                                                             \
-		const __m512 sa_ = _mm512_set1_ps(bf16f(h_[0]) * inv_[0]);                      \
-		const __m512 sb_ = _mm512_set1_ps(bf16f(h_[1]) * inv_[1]);                      \
-		_Pragma("GCC unroll 4")                                                         \
-		for (int r = 0; r < 4; r++) {                                                   \
-			const __m512i s01 = PAIR(k0_, qrow16(qi, r * D), k1_, qrow16(qi, r * D + 32)); \
-			const __m512i s23 = PAIR(k2_, qrow16(qi, r * D + 64), k3_, qrow16(qi, r * D + 96)); \
-			a[(i) * 4 + r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s01), sa_,          \
-							 _mm512_mul_ps(_mm512_cvtepi32_ps(s23), sb_)); \
-		}                                                                               \
+		sa = bf16f(h_[0]) * inv_[0];                                                    \
+		sb = bf16f(h_[1]) * inv_[1];                                                    \
 	} while (0)
+#define KL_tq4o(b, k, sa, sb) KL_tqo(4, b, k, sa, sb)
+#define KL_tq3o(b, k, sa, sb) KL_tqo(3, b, k, sa, sb)
 
-static inline float bf16f(uint16_t h)
-{
-	const uint32_t u = (uint32_t)h << 16;
-	float f;
-	memcpy(&f, &u, 4);
-	return f;
-}
+/* The prepared tile of a chunk (TQA_KTILE_BYTES): per token its k[4]
+ * (256 bytes), then per token two floats (tq*o: sa, sb; others: the
+ * block's scale twice). */
+#define KT_K(kt, t) ((__m512i *)(void *)((uint8_t *)(kt) + (size_t)(t) * 256))
+#define KT_S(kt) ((float *)(void *)((uint8_t *)(kt) + TQA_CHUNK * 256))
+static_assert(TQA_CHUNK * (256 + 8) <= TQA_KTILE_BYTES, "prepared key tile fits");
 
-/* 4 tokens x 4 rows, the halves' scales folded in before the sum */
-#define DEF_ISCORES_TQO(O, NAME, ATTR)                                                          \
-ATTR static void NAME(const tq_codec *c, const uint8_t *src, int n, const float *qf, float *s)  \
-{                                                                                               \
-	const uint8_t *qp = (const uint8_t *)(const void *)qf;                                  \
-	const int16_t *qi = (const int16_t *)(const void *)qp;                                  \
-	const __m512i cba = _mm512_loadu_si512((const void *)(qp + QP_CB));                    \
-	const __m512i cbb = _mm512_loadu_si512((const void *)(qp + QP_CB2));                   \
-	const __m512i m15 = _mm512_set1_epi16(15), m3 = _mm512_set1_epi16(3);                   \
-	const __m512i sha0 = SH8(4, 3, 2, 1), sh8 = SH8(0, 1, 2, 3), sh8b = SH8(4, 5, 6, 7);   \
-	const __m512i shw0 = SH16(0, 2), shw1 = SH16(4, 6);                                     \
-	const float *inv_ = (const float *)(const void *)(qp + QP_CSC);                        \
-	const __m512 fac = _mm512_broadcast_f32x4(_mm_loadu_ps((const float *)(const void *)(qp + QP_FAC))); \
-	const size_t bb = c->block_bytes;                                                       \
-	(void)m15; (void)m3; (void)sha0; (void)sh8; (void)sh8b;                                 \
-	for (int t = 0; t < n; t += 4) {                                                        \
-		const uint8_t *b0 = src + (size_t)t * bb;                                       \
-		const uint8_t *b1 = t + 1 < n ? b0 + bb : b0, *b2 = t + 2 < n ? b0 + 2 * bb : b0; \
-		const uint8_t *b3 = t + 3 < n ? b0 + 3 * bb : b0;                               \
-		const int left = n - t < 4 ? n - t : 4;                                         \
-		__m512 a[16];                                                                   \
-		TQO_TOKEN(O, b0, 0);                                                            \
-		TQO_TOKEN(O, b1, 1);                                                            \
-		TQO_TOKEN(O, b2, 2);                                                            \
-		TQO_TOKEN(O, b3, 3);                                                            \
-		_mm512_mask_storeu_ps(s + t * TQA_ROWS, (__mmask16)((1u << (4 * left)) - 1u),   \
-				      _mm512_mul_ps(reduce16(a), fac));                         \
-	}                                                                                       \
-}
-#define PAIR MADD2
-DEF_ISCORES_TQO(4, iscores_tq4o, )
-DEF_ISCORES_TQO(3, iscores_tq3o, )
-#undef PAIR
-#define PAIR MADD2_VNNI
-DEF_ISCORES_TQO(4, iscores_vnni_tq4o, VNNI)
-DEF_ISCORES_TQO(3, iscores_vnni_tq3o, VNNI)
-#undef PAIR
-
-#define QTOKEN(b, i)                                                                            \
+/* The direct scorers: 4 tokens x 4 rows, the last group padded with its
+ * own first token (a token's score must not depend on how many share its
+ * call: plan_n_q).  FROM selects where k[] comes from: B (the block's
+ * bytes) or T (the prepared tile). */
+#define TOKEN_B(C, K, bp, t, i)                                                                 \
 	do {                                                                                    \
 		__m512i k_[4];                                                                  \
-		_Pragma("GCC unroll 4")                                                         \
-		for (int g = 0; g < 4; g++)                                                     \
-			k_[g] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(                        \
-				(const __m256i *)(const void *)((b) + 4 + 32 * g)));            \
-		_Pragma("GCC unroll 4")                                                         \
-		for (int r = 0; r < 4; r++)                                                     \
-			a[(i) * 4 + r] = _mm512_cvtepi32_ps(_mm512_add_epi32(                   \
-				PAIR(k_[0], qrow16(qi, r * D), k_[1], qrow16(qi, r * D + 32)),  \
-				PAIR(k_[2], qrow16(qi, r * D + 64), k_[3], qrow16(qi, r * D + 96)))); \
+		float sa_ = 1.0f, sb_ = 1.0f;                                                   \
+		LOAD_##K(C, bp, k_, sa_, sb_);                                                  \
+		DOT_##K(k_, sa_, sb_, i);                                                       \
+		sc_[i] = sa_;                                                                   \
+		(void)sb_;                                                                      \
+	} while (0)
+#define TOKEN_T(C, K, bp, t, i)                                                                 \
+	do {                                                                                    \
+		const __m512i *k_ = KT_K(kt, t);                                                \
+		const float sa_ = KT_S(kt)[2 * (t)], sb_ = KT_S(kt)[2 * (t) + 1];               \
+		DOT_##K(k_, sa_, sb_, i);                                                       \
+		sc_[i] = sa_;                                                                   \
+		(void)sb_;                                                                      \
+	} while (0)
+#define LOAD_KIND_TQ(C, b, k, sa, sb) KL_##C(b, k); sa = sb = hdr_scale(b)
+#define LOAD_KIND_Q8(C, b, k, sa, sb) KL_q8(b, k); sa = sb = hdr_scale(b)
+#define LOAD_KIND_TQO(C, b, k, sa, sb) KL_##C(b, k, sa, sb)
+#define DOT_KIND_TQ(k, sa, sb, i) KD_TQ(k, i)
+#define DOT_KIND_Q8(k, sa, sb, i) KD_Q8(k, i)
+#define DOT_KIND_TQO(k, sa, sb, i) KD_TQO(k, _mm512_set1_ps(sa), _mm512_set1_ps(sb), i)
+
+/* the 16 sums -> s: times the rows' factors, and (not tq*o) the tokens' scales */
+#define FINISH(K)                                                                               \
+	do {                                                                                    \
+		__m512 z_ = _mm512_mul_ps(reduce16(a), fac);                                    \
+		if (K != KIND_TQO) {                                                            \
+			const __m128 sc4_ = _mm_loadu_ps(sc_);                                  \
+			z_ = _mm512_mul_ps(z_, _mm512_permutexvar_ps(bidx, _mm512_castps128_ps512(sc4_))); \
+		}                                                                               \
+		_mm512_mask_storeu_ps(s + t * TQA_ROWS, (__mmask16)((1u << (4 * left)) - 1u), z_); \
 	} while (0)
 
-#define DEF_ISCORES_Q8(NAME, ATTR)                                                              \
-ATTR static void NAME(const tq_codec *c, const uint8_t *src, int n, const float *qf, float *s)  \
-{                                                                                               \
+#define SCORER_HEAD                                                                             \
 	const uint8_t *qp = (const uint8_t *)(const void *)qf;                                  \
 	const int16_t *qi = (const int16_t *)(const void *)qp;                                  \
+	const __m512i cb = _mm512_loadu_si512((const void *)(qp + QP_CB));                     \
+	const __m512i m3 = _mm512_set1_epi16(3);                                                \
+	const __m512i hsh = _mm512_set_epi64(0x0001000100010001LL, 0x0001000100010001LL,       \
+					     0x0001000100010001LL, 0x0001000100010001LL, 0, 0, 0, 0); \
 	const __m512i bidx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);  \
 	const __m512 fac = _mm512_broadcast_f32x4(_mm_loadu_ps((const float *)(const void *)(qp + QP_FAC))); \
+	(void)cb; (void)m3; (void)hsh
+
+/* scores_d128 of codec C (dot kind K) */
+#define DEF_ISCORES(C, K, NAME, ATTR)                                                           \
+ATTR static void NAME(const tq_codec *c, const uint8_t *src, int n, const float *qf, float *s)  \
+{                                                                                               \
+	SCORER_HEAD;                                                                            \
+	TQO_CONSTS_##K;                                                                         \
 	const size_t bb = c->block_bytes;                                                       \
 	for (int t = 0; t < n; t += 4) {                                                        \
 		const uint8_t *b0 = src + (size_t)t * bb;                                       \
@@ -939,23 +935,87 @@ ATTR static void NAME(const tq_codec *c, const uint8_t *src, int n, const float 
 		const uint8_t *b3 = t + 3 < n ? b0 + 3 * bb : b0;                               \
 		const int left = n - t < 4 ? n - t : 4;                                         \
 		__m512 a[16];                                                                   \
-		QTOKEN(b0, 0);                                                                  \
-		QTOKEN(b1, 1);                                                                  \
-		QTOKEN(b2, 2);                                                                  \
-		QTOKEN(b3, 3);                                                                  \
-		__m512 z = _mm512_mul_ps(reduce16(a), fac);                                     \
-		__m128 sc4 = _mm_setr_ps(hdr_scale(b0), hdr_scale(b1), hdr_scale(b2), hdr_scale(b3)); \
-		__m512 sc = _mm512_permutexvar_ps(bidx, _mm512_castps128_ps512(sc4));           \
-		_mm512_mask_storeu_ps(s + t * TQA_ROWS, (__mmask16)((1u << (4 * left)) - 1u),   \
-				      _mm512_mul_ps(z, sc));                                    \
+		float sc_[4];                                                                   \
+		TOKEN_B(C, K, b0, t, 0);                                                        \
+		TOKEN_B(C, K, b1, t, 1);                                                        \
+		TOKEN_B(C, K, b2, t, 2);                                                        \
+		TOKEN_B(C, K, b3, t, 3);                                                        \
+		FINISH(K);                                                                      \
 	}                                                                                       \
 }
+#define TQO_CONSTS_KIND_TQ ((void)0)
+#define TQO_CONSTS_KIND_Q8 ((void)0)
+#define TQO_CONSTS_KIND_TQO TQO_CONSTS
+
+/* the same scores from the chunk's prepared tile (scores_ktile_d128) */
+#define DEF_TSCORES(K, NAME, ATTR)                                                              \
+ATTR static void NAME(const tq_codec *c, const void *kt, int n, const float *qf, float *s)     \
+{                                                                                               \
+	SCORER_HEAD;                                                                            \
+	(void)c;                                                                                \
+	for (int t = 0; t < n; t += 4) {                                                        \
+		const int t1 = t + 1 < n ? t + 1 : t, t2 = t + 2 < n ? t + 2 : t;               \
+		const int t3 = t + 3 < n ? t + 3 : t;                                           \
+		const int left = n - t < 4 ? n - t : 4;                                         \
+		__m512 a[16];                                                                   \
+		float sc_[4];                                                                   \
+		TOKEN_T(C, K, b0, t, 0);                                                        \
+		TOKEN_T(C, K, b1, t1, 1);                                                       \
+		TOKEN_T(C, K, b2, t2, 2);                                                       \
+		TOKEN_T(C, K, b3, t3, 3);                                                       \
+		FINISH(K);                                                                      \
+	}                                                                                       \
+}
+
+/* ktile_d128 of codec C: each block's k[4] and scales into the tile */
+#define DEF_KTILE(C, K)                                                                         \
+static void ktile_##C(const tq_codec *c, const uint8_t *src, int n, const void *qv, void *kt)   \
+{                                                                                               \
+	const float *qf = (const float *)qv;                                                    \
+	SCORER_HEAD;                                                                            \
+	TQO_CONSTS_##K;                                                                         \
+	(void)qi; (void)bidx; (void)fac;                                                        \
+	for (int t = 0; t < n; t++) {                                                           \
+		const uint8_t *b = src + (size_t)t * c->block_bytes;                            \
+		__m512i k_[4];                                                                  \
+		float sa_ = 1.0f, sb_ = 1.0f;                                                   \
+		LOAD_##K(C, b, k_, sa_, sb_);                                                   \
+		_Pragma("GCC unroll 4")                                                         \
+		for (int g = 0; g < 4; g++)                                                     \
+			_mm512_store_si512((void *)(KT_K(kt, t) + g), k_[g]);                   \
+		KT_S(kt)[2 * t] = sa_;                                                          \
+		KT_S(kt)[2 * t + 1] = sb_;                                                      \
+	}                                                                                       \
+}
+
 #define PAIR MADD2
-DEF_ISCORES_Q8(iscores_q8, )
+DEF_ISCORES(tq4, KIND_TQ, iscores_tq4, )
+DEF_ISCORES(tq3, KIND_TQ, iscores_tq3, )
+DEF_ISCORES(tq2, KIND_TQ, iscores_tq2, )
+DEF_ISCORES(q8, KIND_Q8, iscores_q8, )
+DEF_ISCORES(tq4o, KIND_TQO, iscores_tq4o, )
+DEF_ISCORES(tq3o, KIND_TQO, iscores_tq3o, )
+DEF_TSCORES(KIND_TQ, tscores_tq, )
+DEF_TSCORES(KIND_Q8, tscores_q8, )
+DEF_TSCORES(KIND_TQO, tscores_tqo, )
 #undef PAIR
 #define PAIR MADD2_VNNI
-DEF_ISCORES_Q8(iscores_vnni_q8, VNNI)
+DEF_ISCORES(tq4, KIND_TQ, iscores_vnni_tq4, VNNI)
+DEF_ISCORES(tq3, KIND_TQ, iscores_vnni_tq3, VNNI)
+DEF_ISCORES(tq2, KIND_TQ, iscores_vnni_tq2, VNNI)
+DEF_ISCORES(q8, KIND_Q8, iscores_vnni_q8, VNNI)
+DEF_ISCORES(tq4o, KIND_TQO, iscores_vnni_tq4o, VNNI)
+DEF_ISCORES(tq3o, KIND_TQO, iscores_vnni_tq3o, VNNI)
+DEF_TSCORES(KIND_TQ, tscores_vnni_tq, VNNI)
+DEF_TSCORES(KIND_Q8, tscores_vnni_q8, VNNI)
+DEF_TSCORES(KIND_TQO, tscores_vnni_tqo, VNNI)
 #undef PAIR
+DEF_KTILE(tq4, KIND_TQ)
+DEF_KTILE(tq3, KIND_TQ)
+DEF_KTILE(tq2, KIND_TQ)
+DEF_KTILE(q8, KIND_Q8)
+DEF_KTILE(tq4o, KIND_TQO)
+DEF_KTILE(tq3o, KIND_TQO)
 
 DEF_SCORES(f16)
 DEF_SCORES(f32)
@@ -1019,7 +1079,7 @@ DEF_ACCUM(f16)
 DEF_ACCUM(f32)
 #undef D
 
-#define OPS(ISC)                                                                                \
+#define OPS(ISC, TSC)                                                                              \
 	{                                                                                       \
 		.isa = TQ_ISA_AVX512,                                                           \
 		.decode = decode_avx512,                                                        \
@@ -1031,6 +1091,14 @@ DEF_ACCUM(f32)
 			[TQ_CODEC_Q8] = ISC##q8, [TQ_CODEC_F16] = scores_f16, [TQ_CODEC_F32] = scores_f32, \
 			[TQ_CODEC_TQ4O] = ISC##tq4o, [TQ_CODEC_TQ3O] = ISC##tq3o,              \
 		},                                                                              \
+		.ktile_d128 = {                                                                 \
+			[TQ_CODEC_TQ4] = ktile_tq4, [TQ_CODEC_TQ3] = ktile_tq3, [TQ_CODEC_TQ2] = ktile_tq2, \
+			[TQ_CODEC_Q8] = ktile_q8, [TQ_CODEC_TQ4O] = ktile_tq4o, [TQ_CODEC_TQ3O] = ktile_tq3o, \
+		},                                                                              \
+		.scores_ktile_d128 = {                                                          \
+			[TQ_CODEC_TQ4] = TSC##tq, [TQ_CODEC_TQ3] = TSC##tq, [TQ_CODEC_TQ2] = TSC##tq, \
+			[TQ_CODEC_Q8] = TSC##q8, [TQ_CODEC_TQ4O] = TSC##tqo, [TQ_CODEC_TQ3O] = TSC##tqo, \
+		},                                                                              \
 		.qprep_d128 = {                                                                 \
 			[TQ_CODEC_TQ4] = qprep_cb, [TQ_CODEC_TQ3] = qprep_cb, [TQ_CODEC_TQ2] = qprep_cb, \
 			[TQ_CODEC_Q8] = qprep_q8, [TQ_CODEC_TQ4O] = qprep_tqo, [TQ_CODEC_TQ3O] = qprep_tqo, \
@@ -1041,7 +1109,7 @@ DEF_ACCUM(f32)
 		},                                                                              \
 	}
 
-static const struct tqa_ops ops = OPS(iscores_), ops_vnni = OPS(iscores_vnni_);
+static const struct tqa_ops ops = OPS(iscores_, tscores_), ops_vnni = OPS(iscores_vnni_, tscores_vnni_);
 
 /* With AVX512-VNNI (Ice Lake, Zen 4 and later) the integer key scoring
  * saves one instruction per pair of products: 13 % faster key scores in

@@ -22,6 +22,7 @@
 #define TQA_CHUNK 32   /* tokens per tile                               */
 #define TQA_ROWS  4    /* query rows per register block                 */
 #define TQA_QPREP_BYTES 2048 /* qprep_d128's output, at most              */
+#define TQA_KTILE_BYTES (TQA_CHUNK * 264) /* ktile_d128's output, at most */
 
 struct tqa_ops {
 	enum tq_isa isa;
@@ -64,6 +65,16 @@ struct tqa_ops {
 	 * qp in place of q.  Where a codec has one, its scores_d128 is not
 	 * the float dot product: the oracle tolerance still holds (test_attn). */
 	void (*qprep_d128[TQ_CODEC__COUNT])(const tq_codec *c, const float *q, void *qp);
+	/* Optional, per codec with qprep_d128: a chunk's n key blocks at src
+	 * prepared once (e.g. their integer centroids, with qp's tables) into
+	 * kt (TQA_KTILE_BYTES, 64-byte aligned), and scores_d128's scores
+	 * computed from kt — the same bits — for every row block of a call
+	 * with several (prefill), which would otherwise each take the blocks
+	 * apart again. */
+	void (*ktile_d128[TQ_CODEC__COUNT])(const tq_codec *c, const uint8_t *src, int n, const void *qp,
+					    void *kt);
+	void (*scores_ktile_d128[TQ_CODEC__COUNT])(const tq_codec *c, const void *kt, int n, const float *qp,
+						   float *s);
 	void (*accum_d128[TQ_CODEC__COUNT])(const tq_codec *c, const uint8_t *src, int n,
 					    float *acc, const float *alpha, const float *w);
 };

@@ -683,8 +683,18 @@ static void test_threads(void)
  * the whole (plan_n_q = its n_q), give the whole call's bits on every ISA,
  * with the pool splitting the keys (1100 tokens: a pass of a few queries
  * alone would be split in 2, the whole call's 5 row tiles x 2 KV heads are
- * not).  Out of range: -EINVAL. */
+ * not) — also where the keys are scored from a prepared tile for calls of
+ * several row blocks and from their bytes for a lone one (ktile_d128: q8,
+ * tq4, tq3, tq4o keys).  Out of range: -EINVAL. */
+static void plan_n_q_for(enum tq_codec_id kid);
 static void test_plan_n_q(void)
+{
+	static const enum tq_codec_id kids[] = { TQ_CODEC_Q8, TQ_CODEC_TQ4, TQ_CODEC_TQ3, TQ_CODEC_TQ4O };
+	for (size_t ki = 0; ki < sizeof(kids) / sizeof(kids[0]); ki++)
+		plan_n_q_for(kids[ki]);
+}
+
+static void plan_n_q_for(enum tq_codec_id kid)
 {
 	enum { NQ = 130, G = 4, D = 128 };
 	struct kv c;
@@ -694,7 +704,7 @@ static void test_plan_n_q(void)
 
 	for (int i = 0; i < NQ; i++)
 		pos[i] = 1099 - 7 * i;
-	T_ASSERT(kv_build(&c, TQ_CODEC_Q8, TQ_CODEC_TQ4, D, 2, 256, 1100, t_seed()) == 0);
+	T_ASSERT(kv_build(&c, kid, TQ_CODEC_TQ4, D, 2, 256, 1100, t_seed()) == 0);
 	qset_make(&s, NQ, 2 * G, D, pos);
 	const size_t row = (size_t)2 * G * D;
 	float *whole = malloc(NQ * row * sizeof(float)), *part = malloc(NQ * row * sizeof(float));
@@ -719,8 +729,8 @@ static void test_plan_n_q(void)
 		}
 		for (int q = 0; q < NQ; q++)
 			if (memcmp(whole + q * row, part + q * row, row * sizeof(float)))
-				T_FAIL("%s: query %d differs between the whole call and its pass",
-				       tq_isa_name(isas[i]), q);
+				T_FAIL("%s, K %s: query %d differs between the whole call and its pass",
+				       tq_isa_name(isas[i]), tq_codec_name(kid), q);
 		p.n_q = 2;
 		p.plan_n_q = 1;
 		T_EQ(tq_attend(&p, &err), -EINVAL);
