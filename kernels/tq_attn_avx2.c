@@ -765,58 +765,13 @@ static inline __m256i qrow(const int16_t *qi, int off)
 	return _mm256_load_si256((const __m256i *)(const void *)(qi + off));
 }
 
-/* f[ao + r] += float(ka · q_r[A] + kb · q_r[B]) for the 4 rows */
-#define MADD4(ka, kb, off)                                                                  \
-	_Pragma("GCC unroll 4")                                                             \
-	for (int r = 0; r < 4; r++)                                                         \
-		f[r + ao] = _mm256_add_ps(f[r + ao], _mm256_cvtepi32_ps(_mm256_add_epi32(       \
-			_mm256_madd_epi16(ka, qrow(qi, r * D + (off))),                         \
-			_mm256_madd_epi16(kb, qrow(qi, r * D + (off) + 16)))))
-
-/* scores: 2 tokens x 4 rows of int32 partial sums, then the float reduction */
-#define DEF_ISCORES(C)                                                                        \
-static void iscores_##C(const tq_codec *c, const uint8_t *src, int n, const float *qf, float *s) \
-{                                                                                             \
-	const uint8_t *qp = (const uint8_t *)(const void *)qf;                                \
-	const int16_t *qi = (const int16_t *)(const void *)qp;                                \
-	const __m256i cl = _mm256_loadu_si256((const __m256i *)(const void *)(qp + QP_CL));  \
-	const __m256i ch = _mm256_loadu_si256((const __m256i *)(const void *)(qp + QP_CH));  \
-	const __m256i m15 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), m1 = _mm256_set1_epi8(1); \
-	const __m128 fac = _mm_loadu_ps((const float *)(const void *)(qp + QP_FAC));          \
-	const __m256 fac2 = _mm256_set_m128(fac, fac);                                        \
-	const size_t bb = c->block_bytes;                                                     \
-	(void)m15; (void)m3; (void)m1;                                                        \
-	for (int t = 0; t < n; t += 2) {                                                      \
-		const int two = t + 1 < n;                                                    \
-		const uint8_t *b0 = src + (size_t)t * bb, *b1 = two ? b0 + bb : b0;           \
-		XL_##C(0, b0);                                                                \
-		XL_##C(1, b1);                                                                \
-		__m256 f[8];                                                                  \
-		_Pragma("GCC unroll 8")                                                       \
-		for (int i = 0; i < 8; i++)                                                   \
-			f[i] = _mm256_setzero_ps();                                           \
-		_Pragma("GCC unroll 4")                                                       \
-		for (int g = 0; g < 4; g++) {                                                 \
-			__m256i ka, kb;                                                       \
-			int ao = 0;                                                           \
-			CENT(IX_##C(0, g), ka, kb);                                           \
-			MADD4(ka, kb, 32 * g);                                                \
-			ao = 4;                                                               \
-			CENT(IX_##C(1, g), ka, kb);                                           \
-			MADD4(ka, kb, 32 * g);                                                \
-		}                                                                             \
-		__m256 z = _mm256_mul_ps(reduce8(f), fac2);                                   \
-		__m256 sc = _mm256_set_m128(_mm_set1_ps(hdr_scale(b1)), _mm_set1_ps(hdr_scale(b0))); \
-		z = _mm256_mul_ps(z, sc);                                                     \
-		if (two)                                                                      \
-			_mm256_storeu_ps(s + t * TQA_ROWS, z);                                \
-		else                                                                          \
-			_mm_storeu_ps(s + t * TQA_ROWS, _mm256_castps256_ps128(z));           \
-	}                                                                                     \
+static inline float bf16f(uint16_t h)
+{
+	const uint32_t u = (uint32_t)h << 16;
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
 }
-DEF_ISCORES(tq4)
-DEF_ISCORES(tq3)
-DEF_ISCORES(tq2)
 
 /* tq4o / tq3o at d = 128 (tq_layout.h): two bf16 scales, the first half's
  * planes (64 dims at B + 1 bits), the second's (64 at B - 1).  Each half's
@@ -870,31 +825,42 @@ static void qprep_tqo(const tq_codec *c, const float *q, void *qpv)
 		kb = _mm256_unpackhi_epi8(l_, h_);                                          \
 	} while (0)
 
-/* f[ao + r] = fma(float(ka · q_r[A] + kb · q_r[B]), sv, f[ao + r]) */
-#define MADD4S(ka, kb, off, sv)                                                             \
-	_Pragma("GCC unroll 4")                                                             \
-	for (int r = 0; r < 4; r++)                                                         \
-		f[r + ao] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(                \
-			_mm256_madd_epi16(ka, qrow(qi, r * D + (off))),                         \
-			_mm256_madd_epi16(kb, qrow(qi, r * D + (off) + 16)))), sv, f[r + ao])
+/* Integer key scoring in two steps (as the AVX-512 path: a chunk's keys
+ * can be prepared once for many row blocks, with the direct scorers'
+ * bits):
+ *   load  one block -> k[8]: per 32-dim group g its centroids ka, kb (the
+ *         A / B dims above) as k[2g], k[2g + 1] — q8: its codes of dims
+ *         [16j, 16j + 16) as k[j] — and its scales sa, sb (tq*o: each
+ *         half's bf16 scale over its codebook scale; others: the block's);
+ *   dot   k[8] x the 4 rows into f[ao .. ao + 3]. */
+enum { KIND_TQ, KIND_Q8, KIND_TQO };
 
-static inline float bf16f(uint16_t h)
-{
-	const uint32_t u = (uint32_t)h << 16;
-	float f;
-	memcpy(&f, &u, 4);
-	return f;
-}
-
-/* one token's four groups into f[ao .. ao + 3] */
-#define TQO_TOKEN(O, b)                                                                     \
+#define LOAD_KIND_TQ(C, b, k, sa, sb)                                                       \
 	do {                                                                                \
-		uint16_t h_[2];                                                             \
-		memcpy(h_, (b), 4);                                                         \
-		const __m256 sa_ = _mm256_set1_ps(bf16f(h_[0]) * inv[0]);                   \
-		const __m256 sb_ = _mm256_set1_ps(bf16f(h_[1]) * inv[1]);                   \
+		XL_##C(0, b);                                                               \
+		_Pragma("GCC unroll 4")                                                     \
+		for (int g = 0; g < 4; g++)                                                 \
+			CENT(IX_##C(0, g), k[2 * g], k[2 * g + 1]);                         \
+		sa = sb = hdr_scale(b);                                                     \
+	} while (0)
+#define LOAD_KIND_Q8(C, b, k, sa, sb)                                                       \
+	do {                                                                                \
+		_Pragma("GCC unroll 8")                                                     \
+		for (int j = 0; j < 8; j++)                                                 \
+			k[j] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)((b) + 4 + 16 * j))); \
+		sa = sb = hdr_scale(b);                                                     \
+	} while (0)
+#define LOAD_KIND_TQO(C, b, k, sa, sb) LOAD_TQO_##C(b, k, sa, sb)
+#define LOAD_TQO_tq4o(b, k, sa, sb) LOAD_TQO(4, b, k, sa, sb)
+#define LOAD_TQO_tq3o(b, k, sa, sb) LOAD_TQO(3, b, k, sa, sb)
+#define LOAD_TQO(O, b, k, sa, sb)                                                           \
+	do {                                                                                \
+		uint16_t hd_[2];                                                            \
+		memcpy(hd_, (b), 4);                                                        \
+		sa = bf16f(hd_[0]) * inv[0];                                                \
+		sb = bf16f(hd_[1]) * inv[1];                                                \
 		const __m256i x_ = _mm256_loadu_si256((const __m256i *)(const void *)((b) + 4)); \
-		__m256i ka, kb, i0, i1, i2, i3;                                             \
+		__m256i i0, i1, i2, i3;                                                     \
 		i0 = _mm256_and_si256(x_, m15);                                             \
 		i1 = _mm256_and_si256(_mm256_srli_epi16(x_, 4), m15);                       \
 		const __m256i w_ = _mm256_broadcastsi128_si256(_mm_loadu_si128(             \
@@ -911,27 +877,77 @@ static inline float bf16f(uint16_t h)
 			i1 = _mm256_or_si256(i1, _mm256_slli_epi16(_mm256_and_si256(_mm256_srlv_epi64(y1_, sh1), m1), 4)); \
 			i2 = _mm256_or_si256(i2, _mm256_slli_epi16(_mm256_and_si256(_mm256_srlv_epi64(y2_, sh0), m1), 2)); \
 			i3 = _mm256_or_si256(i3, _mm256_slli_epi16(_mm256_and_si256(_mm256_srlv_epi64(y2_, sh1), m1), 2)); \
-			CENT32(i0, ka, kb);                                                 \
-			MADD4S(ka, kb, 0, sa_);                                             \
-			CENT32(i1, ka, kb);                                                 \
-			MADD4S(ka, kb, 32, sa_);                                            \
+			CENT32(i0, k[0], k[1]);                                             \
+			CENT32(i1, k[2], k[3]);                                             \
 		} else {                                                                    \
-			CENT16(i0, ka, kb, a0l, a0h);                                       \
-			MADD4S(ka, kb, 0, sa_);                                             \
-			CENT16(i1, ka, kb, a0l, a0h);                                       \
-			MADD4S(ka, kb, 32, sa_);                                            \
+			CENT16(i0, k[0], k[1], a0l, a0h);                                   \
+			CENT16(i1, k[2], k[3], a0l, a0h);                                   \
 		}                                                                           \
-		CENT16(i2, ka, kb, bl, bh);                                                 \
-		MADD4S(ka, kb, 64, sb_);                                                    \
-		CENT16(i3, ka, kb, bl, bh);                                                 \
-		MADD4S(ka, kb, 96, sb_);                                                    \
+		CENT16(i2, k[4], k[5], bl, bh);                                             \
+		CENT16(i3, k[6], k[7], bl, bh);                                             \
 	} while (0)
 
-#define DEF_ISCORES_TQO(O)                                                                    \
-static void iscores_tq##O##o(const tq_codec *c, const uint8_t *src, int n, const float *qf, float *s) \
-{                                                                                             \
+/* f[ao + r] += float(ka · q_r[A] + kb · q_r[B]) (times sv: MADD4S) for the 4 rows */
+#define MADD4(ka, kb, off)                                                                  \
+	_Pragma("GCC unroll 4")                                                             \
+	for (int r = 0; r < 4; r++)                                                         \
+		f[r + ao] = _mm256_add_ps(f[r + ao], _mm256_cvtepi32_ps(_mm256_add_epi32(       \
+			_mm256_madd_epi16(ka, qrow(qi, r * D + (off))),                         \
+			_mm256_madd_epi16(kb, qrow(qi, r * D + (off) + 16)))))
+#define MADD4S(ka, kb, off, sv)                                                             \
+	_Pragma("GCC unroll 4")                                                             \
+	for (int r = 0; r < 4; r++)                                                         \
+		f[r + ao] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(                \
+			_mm256_madd_epi16(ka, qrow(qi, r * D + (off))),                         \
+			_mm256_madd_epi16(kb, qrow(qi, r * D + (off) + 16)))), sv, f[r + ao])
+
+#define DOT_KIND_TQ(k, sa, sb)                                                              \
+	_Pragma("GCC unroll 4")                                                             \
+	for (int g = 0; g < 4; g++) {                                                       \
+		MADD4(k[2 * g], k[2 * g + 1], 32 * g);                                      \
+	}
+/* q8: a lane sums 16 products of at most 32767 · 127: int32 holds them */
+#define DOT_KIND_Q8(k, sa, sb)                                                              \
+	do {                                                                                \
+		__m256i a_[4];                                                              \
+		_Pragma("GCC unroll 4")                                                     \
+		for (int r = 0; r < 4; r++)                                                 \
+			a_[r] = _mm256_setzero_si256();                                     \
+		_Pragma("GCC unroll 8")                                                     \
+		for (int j = 0; j < 8; j++)                                                 \
+			_Pragma("GCC unroll 4")                                             \
+			for (int r = 0; r < 4; r++)                                         \
+				a_[r] = _mm256_add_epi32(a_[r], _mm256_madd_epi16(k[j], qrow(qi, r * D + 16 * j))); \
+		_Pragma("GCC unroll 4")                                                     \
+		for (int r = 0; r < 4; r++)                                                 \
+			f[ao + r] = _mm256_cvtepi32_ps(a_[r]);                              \
+	} while (0)
+#define DOT_KIND_TQO(k, sa, sb)                                                             \
+	do {                                                                                \
+		const __m256 sav_ = _mm256_set1_ps(sa), sbv_ = _mm256_set1_ps(sb);         \
+		MADD4S(k[0], k[1], 0, sav_);                                                \
+		MADD4S(k[2], k[3], 32, sav_);                                               \
+		MADD4S(k[4], k[5], 64, sbv_);                                               \
+		MADD4S(k[6], k[7], 96, sbv_);                                               \
+	} while (0)
+
+/* The prepared tile (TQA_KTILE_BYTES): per token its k[8] (256 bytes),
+ * then per token sa, sb. */
+#define KT_K(kt, t) ((const __m256i *)(const void *)((const uint8_t *)(kt) + (size_t)(t) * 256))
+#define KT_S(kt) ((float *)(void *)((uint8_t *)(kt) + TQA_CHUNK * 256))
+static_assert(TQA_CHUNK * (256 + 8) <= TQA_KTILE_BYTES, "prepared key tile fits");
+
+#define SCORER_HEAD                                                                           \
 	const uint8_t *qp = (const uint8_t *)(const void *)qf;                                \
 	const int16_t *qi = (const int16_t *)(const void *)qp;                                \
+	const __m256i cl = _mm256_loadu_si256((const __m256i *)(const void *)(qp + QP_CL));  \
+	const __m256i ch = _mm256_loadu_si256((const __m256i *)(const void *)(qp + QP_CH));  \
+	const __m256i m15 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), m1 = _mm256_set1_epi8(1); \
+	const __m128 fac = _mm_loadu_ps((const float *)(const void *)(qp + QP_FAC));          \
+	const __m256 fac2 = _mm256_set_m128(fac, fac);                                        \
+	(void)cl; (void)ch; (void)m15; (void)m3; (void)m1; (void)fac2
+/* what LOAD_TQO reads besides */
+#define TQO_HEAD                                                                              \
 	const uint8_t *tb = qp + QP_TQO;                                                      \
 	const __m256i a0l = _mm256_loadu_si256((const __m256i *)(const void *)tb);           \
 	const __m256i a0h = _mm256_loadu_si256((const __m256i *)(const void *)(tb + 32));    \
@@ -940,15 +956,34 @@ static void iscores_tq##O##o(const tq_codec *c, const uint8_t *src, int n, const
 	const __m256i bl = _mm256_loadu_si256((const __m256i *)(const void *)(tb + 128));    \
 	const __m256i bh = _mm256_loadu_si256((const __m256i *)(const void *)(tb + 160));    \
 	const float *inv = (const float *)(const void *)(qp + QP_TQO_INV);                    \
-	const __m256i m15 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), m1 = _mm256_set1_epi8(1); \
 	const __m256i c70 = _mm256_set1_epi8(0x70), c16 = _mm256_set1_epi8(16);               \
 	/* qword k of a group: bytes 8k .. 8k+7; the crumb plane's lanes by 16 */             \
 	const __m256i sh0 = _mm256_set_epi64x(3, 2, 1, 0), sh1 = _mm256_set_epi64x(7, 6, 5, 4); \
 	const __m256i sw0 = _mm256_set_epi64x(2, 2, 0, 0), sw1 = _mm256_set_epi64x(6, 6, 4, 4); \
-	const __m128 fac = _mm_loadu_ps((const float *)(const void *)(qp + QP_FAC));          \
-	const __m256 fac2 = _mm256_set_m128(fac, fac);                                        \
+	(void)a1l; (void)a1h; (void)c70; (void)c16; (void)sh0; (void)sh1
+#define HEAD_KIND_TQ ((void)0)
+#define HEAD_KIND_Q8 ((void)0)
+#define HEAD_KIND_TQO TQO_HEAD
+
+/* 2 tokens x 4 rows -> s: times the rows' factors and (not tq*o) the tokens' scales */
+#define FINISH(K, s0, s1)                                                                     \
+	do {                                                                                  \
+		__m256 z = _mm256_mul_ps(reduce8(f), fac2);                                   \
+		if (K != KIND_TQO)                                                            \
+			z = _mm256_mul_ps(z, _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0))); \
+		if (two)                                                                      \
+			_mm256_storeu_ps(s + t * TQA_ROWS, z);                                \
+		else                                                                          \
+			_mm_storeu_ps(s + t * TQA_ROWS, _mm256_castps256_ps128(z));           \
+	} while (0)
+
+/* scores_d128 of codec C (dot kind K): 2 tokens at a time */
+#define DEF_ISCORES(C, K)                                                                     \
+static void iscores_##C(const tq_codec *c, const uint8_t *src, int n, const float *qf, float *s) \
+{                                                                                             \
+	SCORER_HEAD;                                                                          \
+	HEAD_##K;                                                                             \
 	const size_t bb = c->block_bytes;                                                     \
-	(void)a1l; (void)a1h; (void)m1; (void)c70; (void)c16; (void)sh0; (void)sh1;           \
 	for (int t = 0; t < n; t += 2) {                                                      \
 		const int two = t + 1 < n;                                                    \
 		const uint8_t *b0 = src + (size_t)t * bb, *b1 = two ? b0 + bb : b0;           \
@@ -956,32 +991,78 @@ static void iscores_tq##O##o(const tq_codec *c, const uint8_t *src, int n, const
 		_Pragma("GCC unroll 8")                                                       \
 		for (int i = 0; i < 8; i++)                                                   \
 			f[i] = _mm256_setzero_ps();                                           \
+		__m256i k0[8], k1[8];                                                         \
+		float sa0, sb0, sa1, sb1;                                                     \
+		LOAD_##K(C, b0, k0, sa0, sb0);                                                \
+		LOAD_##K(C, b1, k1, sa1, sb1);                                                \
 		int ao = 0;                                                                   \
-		TQO_TOKEN(O, b0);                                                             \
+		DOT_##K(k0, sa0, sb0);                                                        \
 		ao = 4;                                                                       \
-		TQO_TOKEN(O, b1);                                                             \
-		__m256 z = _mm256_mul_ps(reduce8(f), fac2);                                   \
-		if (two)                                                                      \
-			_mm256_storeu_ps(s + t * TQA_ROWS, z);                                \
-		else                                                                          \
-			_mm_storeu_ps(s + t * TQA_ROWS, _mm256_castps256_ps128(z));           \
+		DOT_##K(k1, sa1, sb1);                                                        \
+		(void)ao; (void)sb0; (void)sb1;                                               \
+		FINISH(K, sa0, sa1);                                                          \
 	}                                                                                     \
 }
-DEF_ISCORES_TQO(4)
-DEF_ISCORES_TQO(3)
 
+/* the same from the chunk's prepared tile (scores_ktile_d128) */
+#define DEF_TSCORES(K, NAME)                                                                  \
+static void NAME(const tq_codec *c, const void *kt, int n, const float *qf, float *s)        \
+{                                                                                             \
+	SCORER_HEAD;                                                                          \
+	(void)c;                                                                              \
+	for (int t = 0; t < n; t += 2) {                                                      \
+		const int two = t + 1 < n, u = two ? t + 1 : t;                              \
+		__m256 f[8];                                                                  \
+		_Pragma("GCC unroll 8")                                                       \
+		for (int i = 0; i < 8; i++)                                                   \
+			f[i] = _mm256_setzero_ps();                                           \
+		const __m256i *k0 = KT_K(kt, t), *k1 = KT_K(kt, u);                           \
+		const float sa0 = KT_S(kt)[2 * t], sb0 = KT_S(kt)[2 * t + 1];                 \
+		const float sa1 = KT_S(kt)[2 * u], sb1 = KT_S(kt)[2 * u + 1];                 \
+		int ao = 0;                                                                   \
+		DOT_##K(k0, sa0, sb0);                                                        \
+		ao = 4;                                                                       \
+		DOT_##K(k1, sa1, sb1);                                                        \
+		(void)ao; (void)sb0; (void)sb1;                                               \
+		FINISH(K, sa0, sa1);                                                          \
+	}                                                                                     \
+}
+
+/* ktile_d128 of codec C */
+#define DEF_KTILE(C, K)                                                                       \
+static void ktile_##C(const tq_codec *c, const uint8_t *src, int n, const void *qv, void *kt) \
+{                                                                                             \
+	const float *qf = (const float *)qv;                                                  \
+	SCORER_HEAD;                                                                          \
+	HEAD_##K;                                                                             \
+	(void)qi;                                                                             \
+	for (int t = 0; t < n; t++) {                                                         \
+		const uint8_t *b = src + (size_t)t * c->block_bytes;                          \
+		__m256i k_[8];                                                                \
+		float sa_, sb_;                                                               \
+		LOAD_##K(C, b, k_, sa_, sb_);                                                 \
+		_Pragma("GCC unroll 8")                                                       \
+		for (int j = 0; j < 8; j++)                                                   \
+			_mm256_store_si256((__m256i *)(void *)((uint8_t *)kt + (size_t)t * 256 + 32 * j), k_[j]); \
+		KT_S(kt)[2 * t] = sa_;                                                        \
+		KT_S(kt)[2 * t + 1] = sb_;                                                    \
+	}                                                                                     \
+}
+
+DEF_ISCORES(tq4, KIND_TQ)
+DEF_ISCORES(tq3, KIND_TQ)
+DEF_ISCORES(tq2, KIND_TQ)
+/* q8 direct: the two tokens' codes interleaved step by step (16 of the 8
+ * codes' registers at once spill with AVX2's 16): integer sums, so the
+ * same bits as DOT_KIND_Q8's order */
 static void iscores_q8(const tq_codec *c, const uint8_t *src, int n, const float *qf, float *s)
 {
-	const uint8_t *qp = (const uint8_t *)(const void *)qf;
-	const int16_t *qi = (const int16_t *)(const void *)qp;
-	const __m128 fac = _mm_loadu_ps((const float *)(const void *)(qp + QP_FAC));
-	const __m256 fac2 = _mm256_set_m128(fac, fac);
+	SCORER_HEAD;
 	const size_t bb = c->block_bytes;
 
 	for (int t = 0; t < n; t += 2) {
 		const int two = t + 1 < n;
 		const uint8_t *b0 = src + (size_t)t * bb, *b1 = two ? b0 + bb : b0;
-		/* a lane sums 16 products of at most 32767 · 127: int32 holds them */
 		__m256i a[8];
 		_Pragma("GCC unroll 8")
 		for (int i = 0; i < 8; i++)
@@ -1001,15 +1082,20 @@ static void iscores_q8(const tq_codec *c, const uint8_t *src, int n, const float
 		_Pragma("GCC unroll 8")
 		for (int i = 0; i < 8; i++)
 			f[i] = _mm256_cvtepi32_ps(a[i]);
-		__m256 z = _mm256_mul_ps(reduce8(f), fac2);
-		__m256 sc = _mm256_set_m128(_mm_set1_ps(hdr_scale(b1)), _mm_set1_ps(hdr_scale(b0)));
-		z = _mm256_mul_ps(z, sc);
-		if (two)
-			_mm256_storeu_ps(s + t * TQA_ROWS, z);
-		else
-			_mm_storeu_ps(s + t * TQA_ROWS, _mm256_castps256_ps128(z));
+		FINISH(KIND_Q8, hdr_scale(b0), hdr_scale(b1));
 	}
 }
+DEF_ISCORES(tq4o, KIND_TQO)
+DEF_ISCORES(tq3o, KIND_TQO)
+DEF_TSCORES(KIND_TQ, tscores_tq)
+DEF_TSCORES(KIND_Q8, tscores_q8)
+DEF_TSCORES(KIND_TQO, tscores_tqo)
+DEF_KTILE(tq4, KIND_TQ)
+DEF_KTILE(tq3, KIND_TQ)
+DEF_KTILE(tq2, KIND_TQ)
+DEF_KTILE(q8, KIND_Q8)
+DEF_KTILE(tq4o, KIND_TQO)
+DEF_KTILE(tq3o, KIND_TQO)
 
 DEF_SCORES(f16)
 DEF_SCORES(f32)
@@ -1033,6 +1119,14 @@ static const struct tqa_ops ops = {
 	.qprep_d128 = {
 		[TQ_CODEC_TQ4] = qprep_cb, [TQ_CODEC_TQ3] = qprep_cb, [TQ_CODEC_TQ2] = qprep_cb,
 		[TQ_CODEC_Q8] = qprep_q8, [TQ_CODEC_TQ4O] = qprep_tqo, [TQ_CODEC_TQ3O] = qprep_tqo,
+	},
+	.ktile_d128 = {
+		[TQ_CODEC_TQ4] = ktile_tq4, [TQ_CODEC_TQ3] = ktile_tq3, [TQ_CODEC_TQ2] = ktile_tq2,
+		[TQ_CODEC_Q8] = ktile_q8, [TQ_CODEC_TQ4O] = ktile_tq4o, [TQ_CODEC_TQ3O] = ktile_tq3o,
+	},
+	.scores_ktile_d128 = {
+		[TQ_CODEC_TQ4] = tscores_tq, [TQ_CODEC_TQ3] = tscores_tq, [TQ_CODEC_TQ2] = tscores_tq,
+		[TQ_CODEC_Q8] = tscores_q8, [TQ_CODEC_TQ4O] = tscores_tqo, [TQ_CODEC_TQ3O] = tscores_tqo,
 	},
 	.accum_d128 = {
 		[TQ_CODEC_TQ4] = accum_tq4, [TQ_CODEC_TQ3] = accum_tq3, [TQ_CODEC_TQ2] = accum_tq2,
