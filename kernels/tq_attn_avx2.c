@@ -719,17 +719,25 @@ static void qprep_rows(const float *q, int perm, float qlim, float csc, uint8_t 
 	}
 }
 
+/* Entries from..from+15 of a codebook of `levels` (0 past them) times csc
+ * as int16, split into a low-byte and a high-byte vpshufb table (32 bytes
+ * each: the 16 entries in both 128-bit lanes). */
+static void byte_tables(const tq_codebook *cb, int from, float csc, uint8_t *lo, uint8_t *hi)
+{
+	for (int i = 0; i < 16; i++) {
+		const int v = from + i < cb->levels ? (int)lrintf(cb->centroid[from + i] * csc) : 0;
+		const uint16_t u = (uint16_t)(int16_t)v;
+		lo[i] = lo[16 + i] = (uint8_t)u;
+		hi[i] = hi[16 + i] = (uint8_t)(u >> 8);
+	}
+}
+
 static void qprep_cb(const tq_codec *c, const float *q, void *qpv)
 {
 	uint8_t *qp = qpv;
-	const int nc = 1 << c->bits;
-	const float csc = tqa_cb_int_scale(c, CLIM_TQ);
-	for (int i = 0; i < 16; i++) {
-		int v = i < nc ? (int)lrintf(c->cb.centroid[i] * csc) : 0;
-		uint16_t u = (uint16_t)(int16_t)v;
-		qp[QP_CL + i] = qp[QP_CL + 16 + i] = (uint8_t)u;
-		qp[QP_CH + i] = qp[QP_CH + 16 + i] = (uint8_t)(u >> 8);
-	}
+	const float csc = tqa_cb_int_scale(&c->cb, CLIM_TQ);
+
+	byte_tables(&c->cb, 0, csc, qp + QP_CL, qp + QP_CH);
 	qprep_rows(q, 1, QLIM_TQ, csc, qp);
 }
 
@@ -765,14 +773,6 @@ static inline __m256i qrow(const int16_t *qi, int off)
 	return _mm256_load_si256((const __m256i *)(const void *)(qi + off));
 }
 
-static inline float bf16f(uint16_t h)
-{
-	const uint32_t u = (uint32_t)h << 16;
-	float f;
-	memcpy(&f, &u, 4);
-	return f;
-}
-
 /* tq4o / tq3o at d = 128 (tq_layout.h): two bf16 scales, the first half's
  * planes (64 dims at B + 1 bits), the second's (64 at B - 1).  Each half's
  * codebook on its own int16 scale (its largest centroid at CLIM_TQ), as
@@ -789,21 +789,12 @@ static_assert(QP_CH + 32 <= QP_TQO && QP_TQO_INV + 8 <= TQA_QPREP_BYTES, "qprep 
 static void qprep_tqo(const tq_codec *c, const float *q, void *qpv)
 {
 	uint8_t *qp = qpv;
-	const float ca = tqa_cb_int_scale_cb(&c->cb, CLIM_TQ), cb = tqa_cb_int_scale_cb(&c->cb_b, CLIM_TQ);
+	const float ca = tqa_cb_int_scale(&c->cb, CLIM_TQ), cb = tqa_cb_int_scale(&c->cb_b, CLIM_TQ);
 	float *inv = (float *)(void *)(qp + QP_TQO_INV);
 
-	for (int i = 0; i < 32; i++) {
-		const int a = i < c->cb.levels ? (int)lrintf(c->cb.centroid[i] * ca) : 0;
-		const int b = i < c->cb_b.levels ? (int)lrintf(c->cb_b.centroid[i] * cb) : 0;
-		const uint16_t ua = (uint16_t)(int16_t)a, ub = (uint16_t)(int16_t)b;
-		uint8_t *ta = qp + QP_TQO + (i < 16 ? 0 : 64); /* A0L A0H, or A1L A1H */
-		ta[i & 15] = ta[16 + (i & 15)] = (uint8_t)ua;
-		ta[32 + (i & 15)] = ta[48 + (i & 15)] = (uint8_t)(ua >> 8);
-		if (i < 16) {
-			qp[QP_TQO + 128 + i] = qp[QP_TQO + 128 + 16 + i] = (uint8_t)ub;
-			qp[QP_TQO + 160 + i] = qp[QP_TQO + 160 + 16 + i] = (uint8_t)(ub >> 8);
-		}
-	}
+	byte_tables(&c->cb, 0, ca, qp + QP_TQO, qp + QP_TQO + 32);        /* A0L A0H */
+	byte_tables(&c->cb, 16, ca, qp + QP_TQO + 64, qp + QP_TQO + 96);  /* A1L A1H */
+	byte_tables(&c->cb_b, 0, cb, qp + QP_TQO + 128, qp + QP_TQO + 160); /* BL BH */
 	inv[0] = 1.0f / ca;
 	inv[1] = 1.0f / cb;
 	qprep_rows(q, 1, QLIM_TQ, 1.0f, qp);
@@ -857,8 +848,8 @@ enum { KIND_TQ, KIND_Q8, KIND_TQO };
 	do {                                                                                \
 		uint16_t hd_[2];                                                            \
 		memcpy(hd_, (b), 4);                                                        \
-		sa = bf16f(hd_[0]) * inv[0];                                                \
-		sb = bf16f(hd_[1]) * inv[1];                                                \
+		sa = tq_bf16_to_f32(hd_[0]) * inv[0];                                                \
+		sb = tq_bf16_to_f32(hd_[1]) * inv[1];                                                \
 		const __m256i x_ = _mm256_loadu_si256((const __m256i *)(const void *)((b) + 4)); \
 		__m256i i0, i1, i2, i3;                                                     \
 		i0 = _mm256_and_si256(x_, m15);                                             \

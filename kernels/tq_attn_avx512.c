@@ -673,7 +673,7 @@ static void qprep_cb(const tq_codec *c, const float *q, void *qpv)
 {
 	uint8_t *qp = qpv;
 	const int nc = 1 << c->bits;
-	const float csc = tqa_cb_int_scale(c, CLIM_TQ);
+	const float csc = tqa_cb_int_scale(&c->cb, CLIM_TQ);
 	int16_t *cb = (int16_t *)(void *)(qp + QP_CB);
 	for (int i = 0; i < 32; i++)
 		cb[i] = (int16_t)lrintf(c->cb.centroid[i & (nc - 1)] * csc);
@@ -693,7 +693,7 @@ static void qprep_q8(const tq_codec *c, const float *q, void *qp)
 static void qprep_tqo(const tq_codec *c, const float *q, void *qpv)
 {
 	uint8_t *qp = qpv;
-	const float ca = tqa_cb_int_scale_cb(&c->cb, CLIM_TQ), cb = tqa_cb_int_scale_cb(&c->cb_b, CLIM_TQ);
+	const float ca = tqa_cb_int_scale(&c->cb, CLIM_TQ), cb = tqa_cb_int_scale(&c->cb_b, CLIM_TQ);
 	int16_t *ta = (int16_t *)(void *)(qp + QP_CB), *tb = (int16_t *)(void *)(qp + QP_CB2);
 	float *inv = (float *)(void *)(qp + QP_CSC);
 
@@ -810,14 +810,6 @@ static inline __m512i ld_u128x2(const uint8_t *p) /* 16 bytes, twice, as 32 x u1
 	return _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)p)));
 }
 
-static inline float bf16f(uint16_t h)
-{
-	const uint32_t u = (uint32_t)h << 16;
-	float f;
-	memcpy(&f, &u, 4);
-	return f;
-}
-
 /* lane j of 32: a, b, c or d by j / 8 (e, f by j / 16) */
 #define SH8(a, b, c, d) _mm512_set_epi64(0x000##d##000##d##000##d##000##d##LL, 0x000##d##000##d##000##d##000##d##LL, \
 	0x000##c##000##c##000##c##000##c##LL, 0x000##c##000##c##000##c##000##c##LL,                         \
@@ -859,8 +851,8 @@ static inline float bf16f(uint16_t h)
 		k[3] = _mm512_permutexvar_epi16(ib1_, cbb);                                     \
 		uint16_t h_[2];                                                                 \
 		memcpy(h_, (b), 4);                                                             \
-		sa = bf16f(h_[0]) * inv_[0];                                                    \
-		sb = bf16f(h_[1]) * inv_[1];                                                    \
+		sa = tq_bf16_to_f32(h_[0]) * inv_[0];                                                    \
+		sb = tq_bf16_to_f32(h_[1]) * inv_[1];                                                    \
 	} while (0)
 #define KL_tq4o(b, k, sa, sb) KL_tqo(4, b, k, sa, sb)
 #define KL_tq3o(b, k, sa, sb) KL_tqo(3, b, k, sa, sb)
@@ -872,11 +864,11 @@ static inline float bf16f(uint16_t h)
 #define KT_S(kt) ((float *)(void *)((uint8_t *)(kt) + TQA_CHUNK * 256))
 static_assert(TQA_CHUNK * (256 + 8) <= TQA_KTILE_BYTES, "prepared key tile fits");
 
-/* The direct scorers: 4 tokens x 4 rows, the last group padded with its
- * own first token (a token's score must not depend on how many share its
- * call: plan_n_q).  FROM selects where k[] comes from: B (the block's
- * bytes) or T (the prepared tile). */
-#define TOKEN_B(C, K, bp, t, i)                                                                 \
+/* The scorers: 4 tokens x 4 rows, the last group padded with its own
+ * first token (a token's score must not depend on how many share its call:
+ * plan_n_q).  Token i's k[] and scales from its block's bytes (TOKEN_B) or
+ * from token t of the prepared tile (TOKEN_T). */
+#define TOKEN_B(C, K, bp, i)                                                                    \
 	do {                                                                                    \
 		__m512i k_[4];                                                                  \
 		float sa_ = 1.0f, sb_ = 1.0f;                                                   \
@@ -885,7 +877,7 @@ static_assert(TQA_CHUNK * (256 + 8) <= TQA_KTILE_BYTES, "prepared key tile fits"
 		sc_[i] = sa_;                                                                   \
 		(void)sb_;                                                                      \
 	} while (0)
-#define TOKEN_T(C, K, bp, t, i)                                                                 \
+#define TOKEN_T(K, t, i)                                                                        \
 	do {                                                                                    \
 		const __m512i *k_ = KT_K(kt, t);                                                \
 		const float sa_ = KT_S(kt)[2 * (t)], sb_ = KT_S(kt)[2 * (t) + 1];               \
@@ -893,8 +885,8 @@ static_assert(TQA_CHUNK * (256 + 8) <= TQA_KTILE_BYTES, "prepared key tile fits"
 		sc_[i] = sa_;                                                                   \
 		(void)sb_;                                                                      \
 	} while (0)
-#define LOAD_KIND_TQ(C, b, k, sa, sb) KL_##C(b, k); sa = sb = hdr_scale(b)
-#define LOAD_KIND_Q8(C, b, k, sa, sb) KL_q8(b, k); sa = sb = hdr_scale(b)
+#define LOAD_KIND_TQ(C, b, k, sa, sb) do { KL_##C(b, k); sa = sb = hdr_scale(b); } while (0)
+#define LOAD_KIND_Q8(C, b, k, sa, sb) do { KL_q8(b, k); sa = sb = hdr_scale(b); } while (0)
 #define LOAD_KIND_TQO(C, b, k, sa, sb) KL_##C(b, k, sa, sb)
 #define DOT_KIND_TQ(k, sa, sb, i) KD_TQ(k, i)
 #define DOT_KIND_Q8(k, sa, sb, i) KD_Q8(k, i)
@@ -936,10 +928,10 @@ ATTR static void NAME(const tq_codec *c, const uint8_t *src, int n, const float 
 		const int left = n - t < 4 ? n - t : 4;                                         \
 		__m512 a[16];                                                                   \
 		float sc_[4];                                                                   \
-		TOKEN_B(C, K, b0, t, 0);                                                        \
-		TOKEN_B(C, K, b1, t, 1);                                                        \
-		TOKEN_B(C, K, b2, t, 2);                                                        \
-		TOKEN_B(C, K, b3, t, 3);                                                        \
+		TOKEN_B(C, K, b0, 0);                                                           \
+		TOKEN_B(C, K, b1, 1);                                                           \
+		TOKEN_B(C, K, b2, 2);                                                           \
+		TOKEN_B(C, K, b3, 3);                                                           \
 		FINISH(K);                                                                      \
 	}                                                                                       \
 }
@@ -959,10 +951,10 @@ ATTR static void NAME(const tq_codec *c, const void *kt, int n, const float *qf,
 		const int left = n - t < 4 ? n - t : 4;                                         \
 		__m512 a[16];                                                                   \
 		float sc_[4];                                                                   \
-		TOKEN_T(C, K, b0, t, 0);                                                        \
-		TOKEN_T(C, K, b1, t1, 1);                                                       \
-		TOKEN_T(C, K, b2, t2, 2);                                                       \
-		TOKEN_T(C, K, b3, t3, 3);                                                       \
+		TOKEN_T(K, t, 0);                                                               \
+		TOKEN_T(K, t1, 1);                                                              \
+		TOKEN_T(K, t2, 2);                                                              \
+		TOKEN_T(K, t3, 3);                                                              \
 		FINISH(K);                                                                      \
 	}                                                                                       \
 }

@@ -92,22 +92,10 @@ const struct tqa_ops *tqa_ops_neon(void);
  * the fallback of the SIMD decoders for dims they do not specialize. */
 const float *tqa_decode_scalar(const tq_codec *c, const uint8_t *src, int n,
 			       float *tile, float *scale);
-/* The factor that maps a centroid codec's codebook to integers of at most
- * lim in magnitude (the integer key scoring's qprep_d128: AVX2, AVX-512). */
-static inline float tqa_cb_int_scale(const tq_codec *c, float lim)
-{
-	float cm = 0.0f;
-
-	for (int i = 0; i < (1 << c->bits); i++) {
-		const float a = c->cb.centroid[i] < 0.0f ? -c->cb.centroid[i] : c->cb.centroid[i];
-		if (a > cm)
-			cm = a;
-	}
-	return cm > 0.0f ? lim / cm : 1.0f;
-}
-
-/* The same for one codebook (a tq*o half's). */
-static inline float tqa_cb_int_scale_cb(const tq_codebook *cb, float lim)
+/* The factor that maps a codebook (a centroid codec's, or a tq*o half's)
+ * to integers of at most lim in magnitude (the integer key scoring's
+ * qprep_d128: AVX2, AVX-512). */
+static inline float tqa_cb_int_scale(const tq_codebook *cb, float lim)
 {
 	float cm = 0.0f;
 

@@ -398,15 +398,6 @@ uint16_t tq_f32_to_f16(float f)
 	return (uint16_t)half;
 }
 
-float tq_bf16_to_f32(uint16_t h)
-{
-	uint32_t bits = (uint32_t)h << 16;
-	float f;
-
-	memcpy(&f, &bits, 4);
-	return f;
-}
-
 uint16_t tq_f32_to_bf16(float f)
 {
 	uint32_t x;

@@ -18,6 +18,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "tq_layout.h"
 
@@ -158,7 +159,13 @@ void tq_unrotate(const tq_codec *c, const float *y, float *x);
 /* ---- element conversions (exact where the format allows) ------------------- */
 float tq_f16_to_f32(uint16_t h);
 uint16_t tq_f32_to_f16(float f);      /* round to nearest even; overflow -> inf */
-float tq_bf16_to_f32(uint16_t h);
+static inline float tq_bf16_to_f32(uint16_t h) /* exact; inline: the key scorers call it per token */
+{
+	const uint32_t u = (uint32_t)h << 16;
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
 uint16_t tq_f32_to_bf16(float f);     /* round to nearest even */
 
 #ifdef __cplusplus
