@@ -426,6 +426,48 @@ static size_t out_row(const struct job *jb, int h, int r)
 	return ((size_t)qi * jb->p->n_q_heads + (size_t)h * jb->sh.group + g) * jb->sh.dim;
 }
 
+/* Software prefetch.  The hardware streamers fetch a head's blocks
+ * well within a 4 KiB page but stall at each page edge and across the
+ * jump from one pool page to the next, and a decode call with GQA does
+ * too little work per byte to hide that: on a Xeon with AVX-512, 32k
+ * K tq4 / V tq3 took 4.8 ms without, 3.0 ms with (fp16: 9.1 -> 7.3 ms;
+ * BENCHMARKS.md).  The chunk PF_AHEAD chunks ahead is fetched (into L2)
+ * in three pieces spread over the chunk's work — its first K half
+ * before the scores, the second with the first V half before the
+ * values, the rest after them — as one burst of every line filled the
+ * core's miss buffers and stalled the scoring behind it (3.5 ms). */
+enum { PF_AHEAD = 3 };
+
+struct pf_chunk {
+	const uint8_t *k, *v;
+	size_t kn, vn;   /* bytes */
+};
+
+/* Lines [from, to) bytes of p into L2 (p may be NULL when from == to). */
+static void prefetch_lines(const uint8_t *p, size_t from, size_t to)
+{
+	for (size_t o = from; o < to; o += 64)
+		__builtin_prefetch(p + o, 0, 2);
+}
+
+/* The chunk starting at token tn of head h, or an empty one at or past t1. */
+static struct pf_chunk pf_chunk_at(const struct tq_page_table *kv, uint32_t h, uint32_t tn,
+				   uint32_t t1)
+{
+	struct pf_chunk c = { NULL, NULL, 0, 0 };
+	if (tn >= t1)
+		return c;
+	const struct tq_page_geom *g = &kv->geom;
+	uint32_t slot = tn % g->page_tokens;
+	uint32_t n = g->page_tokens - slot < TQA_CHUNK ? g->page_tokens - slot : TQA_CHUNK;
+	const uint8_t *pg = kv->pages[tn / g->page_tokens];
+	c.k = pg + tq_page_k_off(g, h, slot);
+	c.v = pg + tq_page_v_off(g, h, slot);
+	c.kn = (size_t)n * g->k_block_bytes;
+	c.vn = (size_t)n * g->v_block_bytes;
+	return c;
+}
+
 static void task_compute(void *arg, int task, int thread)
 {
 	/* a private copy: the job lives on the caller's stack, next to lines
@@ -527,6 +569,9 @@ static void task_compute(void *arg, int task, int thread)
 		const uint8_t *kb = pg + tq_page_k_off(geom, (uint32_t)h, slot);
 		const uint8_t *vb = pg + tq_page_v_off(geom, (uint32_t)h, slot);
 
+		const struct pf_chunk pf = pf_chunk_at(kv, (uint32_t)h, t + (uint32_t)n +
+						       (PF_AHEAD - 1) * TQA_CHUNK, t1);
+		prefetch_lines(pf.k, 0, pf.kn / 2);
 		const float *kt = NULL;
 		if (!kprep && !(direct && ops->scores_d128[kid]))
 			kt = ops->decode(p->k_codec, kb, n, ktile, kscale);
@@ -600,19 +645,21 @@ static void task_compute(void *arg, int task, int thread)
 							srow[b * TQA_ROWS + i] += cm[b * TQA_ROWS + i];
 			}
 		}
+		prefetch_lines(pf.k, pf.kn / 2, pf.kn);
+		prefetch_lines(pf.v, 0, pf.vn / 2);
 		/* nv = 0 (a skipped chunk) still applies alpha */
 		if (direct && ops->accum_d128[vid]) {
 			ops->accum_d128[vid](p->v_codec, vb, nv, acc0, abuf, pbuf);
-			t += (uint32_t)n;
-			continue;
+		} else {
+			vt = nv ? ops->decode(p->v_codec, vb, n, vtile, vscale) : vtile;
+			for (int b = 0; b < nblk; b++) {
+				if (!active[b])
+					continue;
+				ops->accum(acc0 + (size_t)b * TQA_ROWS * d, abuf + b * TQA_ROWS,
+					   pbuf + (size_t)b * TQA_CHUNK * TQA_ROWS, vscale, vt, nv, d);
+			}
 		}
-		vt = nv ? ops->decode(p->v_codec, vb, n, vtile, vscale) : vtile;
-		for (int b = 0; b < nblk; b++) {
-			if (!active[b])
-				continue;
-			ops->accum(acc0 + (size_t)b * TQA_ROWS * d, abuf + b * TQA_ROWS,
-				   pbuf + (size_t)b * TQA_CHUNK * TQA_ROWS, vscale, vt, nv, d);
-		}
+		prefetch_lines(pf.v, pf.vn / 2, pf.vn);
 		t += (uint32_t)n;
 	}
 
