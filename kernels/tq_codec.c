@@ -236,8 +236,9 @@ int tq_codec_new(tq_codec **out, tq_cache *cache, const struct tq_codec_params *
 	c->bits = traits[p->id].bits;
 	c->block_bytes = (uint32_t)bb;
 	c->seed = p->seed;
-	/* tq3o / tq4o: every SIMD path has an encoder (its decoder is the
-	 * reference's); attention decodes their tiles itself (tq_attn*.c) */
+	/* tq3o / tq4o: every SIMD path has an encoder and a decoder (power-
+	 * of-two halves; the reference takes the rest); attention decodes
+	 * their tiles itself (tq_attn*.c) */
 	c->ops = ops_for(isa);
 	c->rot.dim = p->dim;
 	c->rot.kind = TQ_ROT_NONE;

@@ -552,6 +552,7 @@ AI int enc_tqo_half(const struct tq_rotation *r, const struct tqo_half *t, int b
 	__m256 acc[2] = { _mm256_setzero_ps(), _mm256_setzero_ps() };
 	const int nc = h / 8;
 
+	_Pragma("GCC unroll 16")
 	for (int k = 0; k < nc; k++) {
 		const __m256 v = _mm256_loadu_ps(x + 8 * k);
 		acc[k & 1] = _mm256_add_ps(acc[k & 1], _mm256_mul_ps(v, v));
@@ -569,6 +570,7 @@ AI int enc_tqo_half(const struct tq_rotation *r, const struct tqo_half *t, int b
 	const __m256 f = _mm256_set1_ps(inv * r->inv_sqrt_dim);
 	fwht_stages(u, h);
 	acc[0] = acc[1] = _mm256_setzero_ps();
+	_Pragma("GCC unroll 16")
 	for (int k = 0; k < nc; k++) {
 		const __m256i q = quant_gen(t, _mm256_mul_ps(_mm256_load_ps(u + 8 * k), f), L);
 		const __m256 cv = lut_gen(t, q, L);
@@ -586,10 +588,10 @@ AI int enc_tqo_half(const struct tq_rotation *r, const struct tqo_half *t, int b
 /* tq3o / tq4o (LA, LB: the halves' levels); 1: the reference takes the
  * vector (non-finite input, overflow, or halves this path does not rotate:
  * not a power of two) */
-AI int enc_tqo_L(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t *blk, const int LA, const int LB)
+AI int enc_tqo_L(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t *blk, const int h,
+		 const int LA, const int LB)
 {
 	const tq_codec *c = e->c;
-	const int h = c->half;
 	float x[TQ_DIM_MAX] __attribute__((aligned(32)));
 	uint8_t b[TQ_TQO_BLOCK_BYTES(TQ_DIM_MAX, 7)];
 	int bad;
@@ -607,9 +609,102 @@ AI int enc_tqo_L(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t
 
 static int enc_tqo(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t *blk)
 {
-	if (e->c->cb.levels == 32)
-		return enc_tqo_L(e, row, dt, blk, 32, 8); /* tq4o */
-	return enc_tqo_L(e, row, dt, blk, 16, 4);         /* tq3o */
+	const int o4 = e->c->cb.levels == 32, h = e->c->half;
+	/* d = 128 specialized (the hot shape) */
+	if (h == 64)
+		return o4 ? enc_tqo_L(e, row, dt, blk, 64, 32, 8) : enc_tqo_L(e, row, dt, blk, 64, 16, 4);
+	return o4 ? enc_tqo_L(e, row, dt, blk, h, 32, 8) : enc_tqo_L(e, row, dt, blk, h, 16, 4);
+}
+
+/* Indices [j0, j0 + 8) of a half of h values (h a power of two) from its
+ * planes (tq_layout.h): plane p (width w, stride S = h w / 8 bytes) holds
+ * index j's bits in byte j mod S at bit w (j / S).  Planes of fewer than 8
+ * bytes are copied out (nothing past them is read) and spread by a byte
+ * shuffle. */
+AI __m256i unpack8(const uint8_t *planes, const int h, const int bits, int j0)
+{
+	const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+	__m256i q = _mm256_setzero_si256();
+
+	_Pragma("GCC unroll 3")
+	for (int w = 4, sh = 0; w >= 1; w >>= 1) {
+		if (!(bits & w))
+			continue;
+		const int S = h * w / 8, lgw = __builtin_ctz((unsigned)w);
+		__m128i b;
+		__m256i cnt;
+		if (S >= 8) {
+			b = _mm_loadl_epi64((const __m128i *)(const void *)(planes + (j0 & (S - 1))));
+			cnt = _mm256_set1_epi32(w * (j0 / S));
+		} else {
+			uint64_t u = 0;
+			memcpy(&u, planes, (size_t)S);
+			b = _mm_shuffle_epi8(_mm_cvtsi64_si128((long long)u),
+					     _mm_and_si128(_mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 0, 0, 0, 0, 0, 0, 0, 0),
+							   _mm_set1_epi8((char)(S - 1))));
+			cnt = _mm256_sll_epi32(_mm256_srl_epi32(_mm256_add_epi32(iota, _mm256_set1_epi32(j0)),
+								_mm_cvtsi32_si128(__builtin_ctz((unsigned)S))),
+					       _mm_cvtsi32_si128(lgw));
+		}
+		const __m256i v = _mm256_and_si256(_mm256_srlv_epi32(_mm256_cvtepu8_epi32(b), cnt),
+						   _mm256_set1_epi32((1 << w) - 1));
+		q = _mm256_or_si256(q, _mm256_sll_epi32(v, _mm_cvtsi32_si128(sh)));
+		planes += S;
+		sh += w;
+	}
+	return q;
+}
+
+/* One half of a tq3o / tq4o block (h a power of two >= 8, L levels): x =
+ * R^T (scale * c[idx]) in the reference's order — each centroid times
+ * scale / sqrt(h), the butterflies, the signs. */
+AI void dec_tqo_half(const struct tq_rotation *r, const struct tqo_half *t, const uint8_t *planes, float scale,
+		     const int h, const int bits, float *x, int nt, const int L)
+{
+	float v[TQ_DIM_MAX / 2] __attribute__((aligned(32)));
+	const __m256 f = _mm256_set1_ps(scale * r->inv_sqrt_dim);
+
+	_Pragma("GCC unroll 16")
+	for (int k = 0; k < h; k += 8)
+		_mm256_store_ps(v + k, fwht8(_mm256_mul_ps(lut_gen(t, unpack8(planes, h, bits, k), L), f)));
+	fwht_stages(v, h);
+	_Pragma("GCC unroll 16")
+	for (int k = 0; k < h; k += 8)
+		st8(x + k, _mm256_mul_ps(_mm256_load_ps(v + k), _mm256_loadu_ps(r->sign + k)), nt);
+}
+
+AI void dec_tqo_halves(const struct ctx *e, const uint8_t *pa, float sa, float sb, const int h, float *x,
+		       int nt, const int LA, const int LB)
+{
+	const tq_codec *c = e->c;
+	const int ba = __builtin_ctz((unsigned)LA), bb = __builtin_ctz((unsigned)LB);
+
+	dec_tqo_half(&c->rot, &e->ho[0], pa, sa, h, ba, x, nt, LA);
+	dec_tqo_half(&c->rot_b, &e->ho[1], pa + TQ_PLANES_BYTES(h, ba), sb, h, bb, x + h, nt, LB);
+}
+
+/* tq3o / tq4o; 1: the reference takes the vector (a non-finite scale, or
+ * halves this path does not rotate) */
+static int dec_tqo(const struct ctx *e, const uint8_t *blk, float *x, int nt)
+{
+	const tq_codec *c = e->c;
+	const int h = c->half;
+	uint16_t ha, hb;
+
+	memcpy(&ha, blk, 2);
+	memcpy(&hb, blk + 2, 2);
+	if (c->rot.kind != TQ_ROT_HADAMARD || c->rot_b.kind != TQ_ROT_HADAMARD || h < 8 ||
+	    (ha & 0x7f80u) == 0x7f80u || (hb & 0x7f80u) == 0x7f80u)
+		return 1;
+	const uint8_t *pa = blk + TQ_TQO_HEADER_BYTES;
+	const float sa = tq_bf16_to_f32(ha), sb = tq_bf16_to_f32(hb);
+	const int o4 = c->cb.levels == 32;
+	/* d = 128 specialized (the hot shape) */
+	if (h == 64)
+		o4 ? dec_tqo_halves(e, pa, sa, sb, 64, x, nt, 32, 8) : dec_tqo_halves(e, pa, sa, sb, 64, x, nt, 16, 4);
+	else
+		o4 ? dec_tqo_halves(e, pa, sa, sb, h, x, nt, 32, 8) : dec_tqo_halves(e, pa, sa, sb, h, x, nt, 16, 4);
+	return 0;
 }
 
 static int dec_tq(const struct ctx *e, const uint8_t *blk, float *x, int nt)
@@ -884,7 +979,7 @@ static int avx2_decode(const tq_codec *c, const void *src, size_t n, float *dst)
 	case TQ_CODEC_F16: fn = dec_f16; break;
 	case TQ_CODEC_F32: memcpy(dst, src, n * c->block_bytes); return 0;
 	case TQ_CODEC_TQ3O:
-	case TQ_CODEC_TQ4O: return tq_decode_ref(c, src, n, dst); /* no decoder of this path's own */
+	case TQ_CODEC_TQ4O: fn = dec_tqo; break;
 	default: return -EINVAL;
 	}
 	ctx_init(&e, c);

@@ -1112,6 +1112,94 @@ static int enc_tqo_m(const struct ctx *e, const void *row, enum tq_dtype dt, uin
 	return 0;
 }
 
+/* Indices [j0, j0 + 16) of a half of h values (h a power of two) from its
+ * planes (tq_layout.h): plane p (width w, stride S = h w / 8 bytes) holds
+ * index j's bits in byte j mod S at bit w (j / S).  Planes of fewer than
+ * 16 bytes are loaded masked (nothing past them is read) and spread by a
+ * byte shuffle. */
+AI __m512i unpack16(const uint8_t *planes, const int h, const int bits, int j0)
+{
+	const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+	__m512i q = _mm512_setzero_si512();
+
+	_Pragma("GCC unroll 3")
+	for (int w = 4, sh = 0; w >= 1; w >>= 1) {
+		if (!(bits & w))
+			continue;
+		const int S = h * w / 8, lgw = __builtin_ctz((unsigned)w);
+		__m128i b;
+		__m512i cnt;
+		if (S >= 16) {
+			b = _mm_loadu_si128((const __m128i *)(const void *)(planes + (j0 & (S - 1))));
+			cnt = _mm512_set1_epi32(w * (j0 / S));
+		} else {
+			const __m128i sel = _mm_and_si128(_mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+							  _mm_set1_epi8((char)(S - 1)));
+			b = _mm_shuffle_epi8(_mm_maskz_loadu_epi8((__mmask16)((1u << S) - 1u), planes), sel);
+			cnt = _mm512_sll_epi32(_mm512_srl_epi32(_mm512_add_epi32(iota, _mm512_set1_epi32(j0)),
+								_mm_cvtsi32_si128(__builtin_ctz((unsigned)S))),
+					       _mm_cvtsi32_si128(lgw));
+		}
+		const __m512i v = _mm512_and_si512(_mm512_srlv_epi32(_mm512_cvtepu8_epi32(b), cnt),
+						   _mm512_set1_epi32((1 << w) - 1));
+		q = _mm512_or_si512(q, _mm512_sll_epi32(v, _mm_cvtsi32_si128(sh)));
+		planes += S;
+		sh += w;
+	}
+	return q;
+}
+
+/* One half of h values (a power of two >= 16): x = R^T (scale * c[idx]) in
+ * the reference's order — each centroid times scale / sqrt(h), the
+ * butterflies, the signs. */
+AI void dec_tqo_half(const struct tq_rotation *r, const tq_codebook *cb, const uint8_t *planes, float scale,
+		     const int h, const int bits, float *x, int nt)
+{
+	float v[TQ_DIM_MAX / 2] __attribute__((aligned(64)));
+	const __m512 f = _mm512_set1_ps(scale * r->inv_sqrt_dim);
+	const __m512 c0 = _mm512_loadu_ps(cb->centroid), c1 = _mm512_loadu_ps(cb->centroid + 16);
+
+	_Pragma("GCC unroll 16")
+	for (int k = 0; k < h; k += 16)
+		_mm512_store_ps(v + k, _mm512_mul_ps(_mm512_permutex2var_ps(c0, unpack16(planes, h, bits, k), c1), f));
+	fwht_mem(v, h);
+	_Pragma("GCC unroll 16")
+	for (int k = 0; k < h; k += 16)
+		st_chunk(x + k, _mm512_mul_ps(_mm512_load_ps(v + k), _mm512_loadu_ps(r->sign + k)), 0xFFFF, nt);
+}
+
+AI void dec_tqo_halves(const tq_codec *c, const uint8_t *pa, float sa, float sb, const int h, const int ba,
+		       const int bb, float *x, int nt)
+{
+	dec_tqo_half(&c->rot, &c->cb, pa, sa, h, ba, x, nt);
+	dec_tqo_half(&c->rot_b, &c->cb_b, pa + TQ_PLANES_BYTES(h, ba), sb, h, bb, x + h, nt);
+}
+
+/* 1: the reference takes the vector (a non-finite scale, or halves this
+ * path does not rotate) */
+static int dec_tqo_m(const struct ctx *e, const uint8_t *blk, float *x, int nt)
+{
+	const tq_codec *c = e->c;
+	const int h = c->half;
+	uint16_t ha, hb;
+
+	memcpy(&ha, blk, 2);
+	memcpy(&hb, blk + 2, 2);
+	if (c->rot.kind != TQ_ROT_HADAMARD || c->rot_b.kind != TQ_ROT_HADAMARD || h < 16 ||
+	    (ha & 0x7f80u) == 0x7f80u || (hb & 0x7f80u) == 0x7f80u)
+		return 1;
+	const uint8_t *pa = blk + TQ_TQO_HEADER_BYTES;
+	const float sa = tq_bf16_to_f32(ha), sb = tq_bf16_to_f32(hb);
+	/* d = 128 specialized (the hot shape): tq4o, tq3o */
+	if (h == 64 && c->cb.bits == 5)
+		dec_tqo_halves(c, pa, sa, sb, 64, 5, 3, x, nt);
+	else if (h == 64 && c->cb.bits == 4)
+		dec_tqo_halves(c, pa, sa, sb, 64, 4, 2, x, nt);
+	else
+		dec_tqo_halves(c, pa, sa, sb, h, c->cb.bits, c->cb_b.bits, x, nt);
+	return 0;
+}
+
 typedef int (*enc_fn)(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t *blk);
 typedef int (*dec_fn)(const struct ctx *e, const uint8_t *blk, float *x, int nt);
 
@@ -1299,8 +1387,10 @@ static int avx512_decode(const tq_codec *c, const void *src, size_t n, float *ds
 	int reg = c->rot.kind == TQ_ROT_HADAMARD && c->dim <= 256;
 	int nt = (size_t)n * c->dim * 4 >= NT_MIN_BYTES && !((uintptr_t)dst & 63) && !(c->dim & 15);
 
-	if (c->half) /* tq3o / tq4o: no decoder of this path's own yet */
-		return tq_decode_ref(c, src, n, dst);
+	if (c->half) {
+		dec_loop(e, dec_tqo_m, src, n, dst, nt);
+		goto done;
+	}
 	if (is_tq(c) && reg && c->dim == 128) {
 		switch (c->bits) {
 		case 2: dec_loop(e, dec_tq2_128, src, n, dst, nt); break;

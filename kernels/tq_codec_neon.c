@@ -595,6 +595,130 @@ static int dec_tq(const struct ctx *e, const uint8_t *blk, float *x)
 	}
 }
 
+/* Indices [j0, j0 + 16) of a half of h values (h a power of two) from its
+ * planes (tq_layout.h): plane p (width w, stride S = h w / 8 bytes) holds
+ * index j's bits in byte j mod S at bit w (j / S).  Planes of fewer than
+ * 16 bytes are copied out (nothing past them is read) and spread by tbl. */
+AI uint8x16_t unpack16(const uint8_t *planes, const int h, const int bits, int j0)
+{
+	static const uint8_t iota[16] = { 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15 };
+	uint8x16_t q = vdupq_n_u8(0);
+
+	_Pragma("GCC unroll 3")
+	for (int w = 4, sh = 0; w >= 1; w >>= 1) {
+		if (!(bits & w))
+			continue;
+		const int S = h * w / 8, lgS = __builtin_ctz((unsigned)S), lgw = __builtin_ctz((unsigned)w);
+		uint8x16_t b;
+		int8x16_t cnt; /* negative: right shifts */
+		if (S >= 16) {
+			b = vld1q_u8(planes + (j0 & (S - 1)));
+			cnt = vdupq_n_s8((int8_t)-(w * (j0 / S)));
+		} else {
+			uint8_t tmp[16] = { 0 };
+			memcpy(tmp, planes, (size_t)S);
+			const uint8x16_t io = vld1q_u8(iota);
+			b = vqtbl1q_u8(vld1q_u8(tmp), vandq_u8(io, vdupq_n_u8((uint8_t)(S - 1))));
+			/* j0 + i < 256: h <= TQ_DIM_MAX / 2 */
+			const uint8x16_t sl = vshlq_u8(vshlq_u8(vaddq_u8(io, vdupq_n_u8((uint8_t)j0)),
+								vdupq_n_s8((int8_t)-lgS)),
+						       vdupq_n_s8((int8_t)lgw));
+			cnt = vnegq_s8(vreinterpretq_s8_u8(sl));
+		}
+		const uint8x16_t v = vandq_u8(vshlq_u8(b, cnt), vdupq_n_u8((uint8_t)((1 << w) - 1)));
+		q = vorrq_u8(q, vshlq_u8(v, vdupq_n_s8((int8_t)sh)));
+		planes += S;
+		sh += w;
+	}
+	return q;
+}
+
+/* 16 index bytes (each < L, L up to 32) to 4 vectors of t[idx]: lo holds
+ * entries 0..15, hi 16..31; a tbl index past a table gives zero bytes, so
+ * the two lookups' bytes or'ed are the entry's (an add would turn -0 into
+ * +0). */
+AI void lut32b(const struct ftab *lo, const struct ftab *hi, uint8x16_t idx, float32x4_t out[4], const int L)
+{
+	if (L <= 16) {
+		lut16b(lo, idx, out, L);
+		return;
+	}
+	static const uint8_t rep[4][16] = {
+		{ 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3 },
+		{ 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7 },
+		{ 8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 11 },
+		{ 12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15 },
+	};
+	const uint8x16_t inc = vreinterpretq_u8_u32(vdupq_n_u32(0x03020100u));
+	const uint8x16_t i4 = vshlq_n_u8(idx, 2); /* < 128 */
+
+	_Pragma("GCC unroll 4")
+	for (int k = 0; k < 4; k++) {
+		const uint8x16_t bi = vaddq_u8(vqtbl1q_u8(i4, vld1q_u8(rep[k])), inc);
+		out[k] = vreinterpretq_f32_u8(vorrq_u8(vqtbl4q_u8(lo->t, bi),
+						       vqtbl4q_u8(hi->t, vsubq_u8(bi, vdupq_n_u8(64)))));
+	}
+}
+
+/* One half of a tq3o / tq4o block (h a power of two >= 16, L levels): x =
+ * R^T (scale * c[idx]) in the reference's order — each centroid times
+ * scale / sqrt(h), the butterflies, the signs. */
+AI void dec_tqo_half(const struct tq_rotation *r, const tq_codebook *cb, const uint8_t *planes, float scale,
+		     const int h, float *x, const int L)
+{
+	float v[TQ_DIM_MAX / 2] __attribute__((aligned(16)));
+	float t[32] = { 0 };
+	struct ftab ft[2];
+	const int bits = __builtin_ctz((unsigned)L);
+	const float fs = scale * r->inv_sqrt_dim;
+
+	for (int k = 0; k < L; k++)
+		t[k] = cb->centroid[k] * fs;
+	ftab_init(&ft[0], t);
+	ftab_init(&ft[1], t + 16);
+	_Pragma("GCC unroll 16")
+	for (int k = 0; k < h; k += 16) {
+		float32x4_t o[4];
+		lut32b(&ft[0], &ft[1], unpack16(planes, h, bits, k), o, L);
+		for (int i = 0; i < 4; i++)
+			vst1q_f32(v + k + 4 * i, o[i]);
+	}
+	fwht_mem(v, h);
+	for (int k = 0; k < h; k += 4)
+		vst1q_f32(x + k, vmulq_f32(vld1q_f32(v + k), vld1q_f32(r->sign + k)));
+}
+
+AI void dec_tqo_halves(const tq_codec *c, const uint8_t *pa, float sa, float sb, const int h, float *x,
+		       const int LA, const int LB)
+{
+	dec_tqo_half(&c->rot, &c->cb, pa, sa, h, x, LA);
+	dec_tqo_half(&c->rot_b, &c->cb_b, pa + TQ_PLANES_BYTES(h, __builtin_ctz((unsigned)LA)), sb, h, x + h, LB);
+}
+
+/* tq3o / tq4o; 1: the reference takes the vector (a non-finite scale, or
+ * halves this path does not rotate) */
+static int dec_tqo(const struct ctx *e, const uint8_t *blk, float *x)
+{
+	const tq_codec *c = e->c;
+	const int h = c->half;
+	uint16_t ha, hb;
+
+	memcpy(&ha, blk, 2);
+	memcpy(&hb, blk + 2, 2);
+	if (c->rot.kind != TQ_ROT_HADAMARD || c->rot_b.kind != TQ_ROT_HADAMARD || h < 16 ||
+	    (ha & 0x7f80u) == 0x7f80u || (hb & 0x7f80u) == 0x7f80u)
+		return 1;
+	const uint8_t *pa = blk + TQ_TQO_HEADER_BYTES;
+	const float sa = tq_bf16_to_f32(ha), sb = tq_bf16_to_f32(hb);
+	const int o4 = c->cb.levels == 32;
+	/* d = 128 specialized (the hot shape) */
+	if (h == 64)
+		o4 ? dec_tqo_halves(c, pa, sa, sb, 64, x, 32, 8) : dec_tqo_halves(c, pa, sa, sb, 64, x, 16, 4);
+	else
+		o4 ? dec_tqo_halves(c, pa, sa, sb, h, x, 32, 8) : dec_tqo_halves(c, pa, sa, sb, h, x, 16, 4);
+	return 0;
+}
+
 static int enc_q8(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t *blk)
 {
 	const struct tq_rotation *r = &e->c->rot;
@@ -834,7 +958,7 @@ static int neon_decode(const tq_codec *c, const void *src, size_t n, float *dst)
 	case TQ_CODEC_F16: fn = dec_f16; break;
 	case TQ_CODEC_F32: memcpy(dst, src, n * c->block_bytes); return 0;
 	case TQ_CODEC_TQ3O:
-	case TQ_CODEC_TQ4O: return tq_decode_ref(c, src, n, dst); /* no decoder of this path's own */
+	case TQ_CODEC_TQ4O: fn = dec_tqo; break;
 	default: return -EINVAL;
 	}
 	ctx_init(&e, c);
