@@ -1045,13 +1045,14 @@ static int dec_f16_m(const struct ctx *e, const uint8_t *blk, float *x, int nt)
  * search over the bounds (permutes of a 32-entry table, exact compares).
  * Writes the bf16 scale to sc and the planes; 1 when the reference must
  * take the vector (its norm overflows, or the scale rounds to inf). */
-AI int enc_tqo_half(const struct tq_rotation *r, const tq_codebook *cb, const float *x, int h, uint8_t *sc,
-		    uint8_t *planes)
+AI int enc_tqo_half(const struct tq_rotation *r, const tq_codebook *cb, const float *x, const int h, uint8_t *sc,
+		    uint8_t *planes, const int L)
 {
 	float u[TQ_DIM_MAX / 2] __attribute__((aligned(64)));
 	uint8_t idx[TQ_DIM_MAX / 2];
 	__m512 acc = _mm512_setzero_ps();
 
+	_Pragma("GCC unroll 16")
 	for (int k = 0; k < h; k += 16) {
 		__m512 v = _mm512_loadu_ps(x + k);
 		acc = _mm512_add_ps(acc, _mm512_mul_ps(v, v));
@@ -1066,16 +1067,19 @@ AI int enc_tqo_half(const struct tq_rotation *r, const tq_codebook *cb, const fl
 	}
 	const float norm = sqrt_f(ss), inv = 1.0f / norm;
 	const __m512 f = _mm512_set1_ps(inv * r->inv_sqrt_dim);
+	_Pragma("GCC unroll 16")
 	for (int k = 0; k < h; k += 16)
 		_mm512_store_ps(u + k, _mm512_mul_ps(_mm512_loadu_ps(x + k), _mm512_loadu_ps(r->sign + k)));
 	fwht_mem(u, h);
 	const __m512 b0 = _mm512_loadu_ps(cb->bound), b1 = _mm512_loadu_ps(cb->bound + 16);
 	const __m512 c0 = _mm512_loadu_ps(cb->centroid), c1 = _mm512_loadu_ps(cb->centroid + 16);
 	__m512 a2 = _mm512_setzero_ps();
+	_Pragma("GCC unroll 16")
 	for (int k = 0; k < h; k += 16) {
 		const __m512 uv = _mm512_mul_ps(_mm512_load_ps(u + k), f);
 		__m512i lo = _mm512_setzero_si512();
-		for (int step = cb->levels >> 1; step > 0; step >>= 1) {
+		_Pragma("GCC unroll 8")
+		for (int step = L >> 1; step > 0; step >>= 1) {
 			const __m512 b = _mm512_permutex2var_ps(b0, _mm512_add_epi32(lo, _mm512_set1_epi32(step - 1)), b1);
 			lo = _mm512_mask_add_epi32(lo, _mm512_cmp_ps_mask(uv, b, _CMP_GT_OQ), lo, _mm512_set1_epi32(step));
 		}
@@ -1091,25 +1095,39 @@ AI int enc_tqo_half(const struct tq_rotation *r, const tq_codebook *cb, const fl
 	return 0;
 }
 
+/* Both halves (LA, LB: their levels) into a local block, copied out only
+ * when both succeed. */
+AI int enc_tqo_hl(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t *blk, const int h,
+		  const int LA, const int LB)
+{
+	const tq_codec *c = e->c;
+	float x[TQ_DIM_MAX] __attribute__((aligned(64)));
+	uint8_t b[TQ_TQO_BLOCK_BYTES(TQ_DIM_MAX, 7)];
+
+	/* a NaN / Inf shows in a half's sum of squares: the reference then
+	 * takes the vector and says which element */
+	conv_row(e, row, dt, x);
+	if (enc_tqo_half(&c->rot, &c->cb, x, h, b, b + TQ_TQO_HEADER_BYTES, LA) ||
+	    enc_tqo_half(&c->rot_b, &c->cb_b, x + h, h, b + 2,
+			 b + TQ_TQO_HEADER_BYTES + TQ_PLANES_BYTES(h, __builtin_ctz((unsigned)LA)), LB))
+		return 1;
+	memcpy(blk, b, e->bb); /* only a whole block: a vector that fails writes nothing */
+	return 0;
+}
+
 /* 1: the reference takes the vector (non-finite input, overflow, or halves
  * this path does not rotate: not a power of two of at least 16) */
 static int enc_tqo_m(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t *blk)
 {
 	const tq_codec *c = e->c;
-	const int h = c->half;
-	float x[TQ_DIM_MAX] __attribute__((aligned(64)));
-	uint8_t b[TQ_TQO_BLOCK_BYTES(TQ_DIM_MAX, 7)];
-	int bad;
+	const int h = c->half, o4 = c->cb.levels == 32;
 
-	if (c->rot.kind != TQ_ROT_HADAMARD || c->rot_b.kind != TQ_ROT_HADAMARD || h < 16 ||
-	    tq_row_to_f32(row, dt, c->dim, x, &bad) < 0)
+	if (c->rot.kind != TQ_ROT_HADAMARD || c->rot_b.kind != TQ_ROT_HADAMARD || h < 16)
 		return 1;
-	if (enc_tqo_half(&c->rot, &c->cb, x, h, b, b + TQ_TQO_HEADER_BYTES) ||
-	    enc_tqo_half(&c->rot_b, &c->cb_b, x + h, h, b + 2,
-			 b + TQ_TQO_HEADER_BYTES + TQ_PLANES_BYTES(h, c->cb.bits)))
-		return 1;
-	memcpy(blk, b, c->block_bytes); /* only a whole block: a vector that fails writes nothing */
-	return 0;
+	/* d = 128 specialized (the hot shape) */
+	if (h == 64)
+		return o4 ? enc_tqo_hl(e, row, dt, blk, 64, 32, 8) : enc_tqo_hl(e, row, dt, blk, 64, 16, 4);
+	return o4 ? enc_tqo_hl(e, row, dt, blk, h, 32, 8) : enc_tqo_hl(e, row, dt, blk, h, 16, 4);
 }
 
 /* Indices [j0, j0 + 16) of a half of h values (h a power of two) from its

@@ -533,11 +533,12 @@ AI int enc_tqo_L(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t
 	const int h = c->half;
 	float x[TQ_DIM_MAX] __attribute__((aligned(16)));
 	uint8_t b[TQ_TQO_BLOCK_BYTES(TQ_DIM_MAX, 7)];
-	int bad;
 
-	if (c->rot.kind != TQ_ROT_HADAMARD || c->rot_b.kind != TQ_ROT_HADAMARD || h < 8 ||
-	    tq_row_to_f32(row, dt, c->dim, x, &bad) < 0)
+	if (c->rot.kind != TQ_ROT_HADAMARD || c->rot_b.kind != TQ_ROT_HADAMARD || h < 8)
 		return 1;
+	/* a NaN / Inf shows in a half's sum of squares: the reference then
+	 * takes the vector and says which element */
+	conv_row(e, row, dt, x);
 	if (enc_tqo_half(&c->rot, &e->ho[0], c->cb.bits, x, h, b, b + TQ_TQO_HEADER_BYTES, LA) ||
 	    enc_tqo_half(&c->rot_b, &e->ho[1], c->cb_b.bits, x + h, h, b + 2,
 			 b + TQ_TQO_HEADER_BYTES + TQ_PLANES_BYTES(h, c->cb.bits), LB))
