@@ -87,6 +87,9 @@ const struct tqa_ops *tqa_ops_avx512(void);
  * AVX512-VNNI's key scoring, whichever tqa_ops_avx512 picks (tests). */
 const struct tqa_ops *tqa_ops_avx512_vnni(int vnni);
 const struct tqa_ops *tqa_ops_neon(void);
+/* The NEON ops with (dot 1: NULL where the CPU lacks DotProd) or without
+ * its integer q8 key scoring, whichever tqa_ops_neon picks (tests). */
+const struct tqa_ops *tqa_ops_neon_dot(int dot);
 
 /* The portable decoder (any codec, any dim): used by the scalar ops and as
  * the fallback of the SIMD decoders for dims they do not specialize. */

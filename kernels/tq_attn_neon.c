@@ -20,6 +20,7 @@
 #include <arm_neon.h>
 #include <math.h>
 #include <string.h>
+#include <sys/auxv.h>
 
 #define AI static inline __attribute__((always_inline))
 
@@ -548,31 +549,146 @@ DEF_D128(f32, TQ_CODEC_F32)
 #undef DEF_D128
 #undef D
 
-static const struct tqa_ops ops = {
-	.isa = TQ_ISA_NEON,
-	.decode = decode_neon,
-	.scores = scores_neon,
-	.softmax = softmax_neon,
-	.accum = accum_neon,
-	.scores_d128 = {
-		[TQ_CODEC_TQ4] = scores_tq4, [TQ_CODEC_TQ3] = scores_tq3, [TQ_CODEC_TQ2] = scores_tq2,
-		[TQ_CODEC_Q8] = scores_q8, [TQ_CODEC_F16] = scores_f16, [TQ_CODEC_F32] = scores_f32,
-	},
-	.accum_d128 = {
-		[TQ_CODEC_TQ4] = accum_tq4, [TQ_CODEC_TQ3] = accum_tq3, [TQ_CODEC_TQ2] = accum_tq2,
-		[TQ_CODEC_Q8] = accum_q8, [TQ_CODEC_F16] = accum_f16, [TQ_CODEC_F32] = accum_f32,
-	},
-};
+/* ---- q8 keys by dot-product instructions (ARMv8.2 DotProd) ----------------------
+ * q8 keys are int8 codes, so with the query rows in integers q·k needs no
+ * float decode of the keys at all: SDOT multiplies 16 int8 pairs into four
+ * int32 lanes per instruction (4 dims each), four times a float FMA's
+ * lanes.  A query row becomes int16 q_j = rint(q_j · Q / max|q|) (15 bits,
+ * as the x86 paths' q8 rows), split q = 256 h + l with h, l int8 (h =
+ * (q + 128) >> 8, l in [-128, 127]; Q = 32639 keeps h <= 127), and
+ * q·k = 256 (h·k) + l·k: two SDOTs per 16 dims, so per token and row block
+ * 64 SDOTs where the float path takes 128 FMAs plus the 128 codes' int8 ->
+ * float conversions.  Exact integers: a lane sums 32 products of at most
+ * 128 · 127, so 256 |h·k| + |l·k| < 2^28 per lane and 2^30 over the four;
+ * the float epilogue is (float) sum · fac_r · scale_t, which
+ * test_key_scoring_dot reproduces bit for bit from q in plain C.
+ *
+ * qp: int8 h[4][128] | int8 l[4][128] | float fac[4] (max|q_r| / Q) */
+#define D128 128
+#define QD_L 512
+#define QD_FAC 1024
+#define QLIM_DOT 32639.0f
+static_assert(QD_FAC + 16 <= TQA_QPREP_BYTES, "qprep layout fits");
 
+static void qprep_q8_dot(const tq_codec *c, const float *q, void *qpv)
+{
+	int8_t *qh = qpv, *ql = qh + QD_L;
+	float *fac = (float *)(void *)(qh + QD_FAC);
+
+	(void)c;
+	for (int r = 0; r < TQA_ROWS; r++) {
+		const float *qr = q + r * D128;
+		float32x4_t mx = vdupq_n_f32(0.0f);
+		for (int j = 0; j < D128; j += 4)
+			mx = vmaxq_f32(mx, vabsq_f32(vld1q_f32(qr + j))); /* NaN propagates */
+		const float m = vmaxvq_f32(mx);
+		/* max 0: every product is 0.  max inf or NaN: the factor is
+		 * too, and the row's scores come out NaN (the softmax's
+		 * contract), as on x86. */
+		const float sq = m > 0.0f && m <= 3.4e38f ? QLIM_DOT / m : 0.0f;
+		fac[r] = m / QLIM_DOT;
+		for (int j = 0; j < D128; j += 8) {
+			const int32x4_t a = vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(qr + j), sq));
+			const int32x4_t b = vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(qr + j + 4), sq));
+			const int16x8_t v = vcombine_s16(vmovn_s32(a), vmovn_s32(b));
+			const int16x8_t h = vshrq_n_s16(vaddq_s16(v, vdupq_n_s16(128)), 8);
+			const int16x8_t l = vsubq_s16(v, vshlq_n_s16(h, 8));
+			vst1_s8(qh + r * D128 + j, vmovn_s16(h));
+			vst1_s8(ql + r * D128 + j, vmovn_s16(l));
+		}
+	}
+}
+
+#define DOTPROD __attribute__((target("arch=armv8.2-a+dotprod")))
+
+/* s[t][r] = scale_t · fac_r · (q_r · code_t): per token, h·k over the row,
+ * times 256, then l·k onto it, 4 accumulators (one per row).  Two tokens
+ * per step took 8 (or 16) and GCC 12 spilled a third of them. */
+DOTPROD static void scores_q8_dot(const tq_codec *c, const uint8_t *src, int n, const float *qpf, float *s)
+{
+	const int8_t *qh = (const int8_t *)(const void *)qpf, *ql = qh + QD_L;
+	const float32x4_t f4 = vld1q_f32((const float *)(const void *)(qh + QD_FAC));
+	const size_t bb = c->block_bytes;
+
+	for (int t = 0; t < n; t++) {
+		const uint8_t *b = src + (size_t)t * bb;
+		const int8_t *kp = (const int8_t *)(const void *)(b + TQ_Q8_HEADER_BYTES);
+		int32x4_t a[4];
+		_Pragma("GCC unroll 4")
+		for (int r = 0; r < 4; r++)
+			a[r] = vdupq_n_s32(0);
+		_Pragma("GCC unroll 2")
+		for (int part = 0; part < 2; part++) {
+			const int8_t *qx = part ? ql : qh;
+			if (part) {
+				_Pragma("GCC unroll 4")
+				for (int r = 0; r < 4; r++)
+					a[r] = vshlq_n_s32(a[r], 8);
+			}
+			_Pragma("GCC unroll 8")
+			for (int j = 0; j < D128; j += 16) {
+				const int8x16_t k = vld1q_s8(kp + j);
+				_Pragma("GCC unroll 4")
+				for (int r = 0; r < 4; r++)
+					a[r] = vdotq_s32(a[r], vld1q_s8(qx + r * D128 + j), k);
+			}
+		}
+		const int32x4_t z = vpaddq_s32(vpaddq_s32(a[0], a[1]), vpaddq_s32(a[2], a[3]));
+		vst1q_f32(s + t * TQA_ROWS, vmulq_n_f32(vmulq_f32(vcvtq_f32_s32(z), f4), hdr_scale(TQ_CODEC_Q8, b)));
+	}
+}
+
+#define OPS(QPREP_Q8, SCORES_Q8)                                                                \
+	{                                                                                       \
+		.isa = TQ_ISA_NEON,                                                             \
+		.decode = decode_neon,                                                          \
+		.scores = scores_neon,                                                          \
+		.softmax = softmax_neon,                                                        \
+		.accum = accum_neon,                                                            \
+		.scores_d128 = {                                                                \
+			[TQ_CODEC_TQ4] = scores_tq4, [TQ_CODEC_TQ3] = scores_tq3, [TQ_CODEC_TQ2] = scores_tq2, \
+			[TQ_CODEC_Q8] = SCORES_Q8, [TQ_CODEC_F16] = scores_f16, [TQ_CODEC_F32] = scores_f32, \
+		},                                                                              \
+		.qprep_d128 = { [TQ_CODEC_Q8] = QPREP_Q8 },                                     \
+		.accum_d128 = {                                                                 \
+			[TQ_CODEC_TQ4] = accum_tq4, [TQ_CODEC_TQ3] = accum_tq3, [TQ_CODEC_TQ2] = accum_tq2, \
+			[TQ_CODEC_Q8] = accum_q8, [TQ_CODEC_F16] = accum_f16, [TQ_CODEC_F32] = accum_f32, \
+		},                                                                              \
+	}
+
+static const struct tqa_ops ops = OPS(NULL, scores_q8), ops_dot = OPS(qprep_q8_dot, scores_q8_dot);
+
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+
+static int cpu_has_dotprod(void)
+{
+	return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+}
+
+/* With DotProd (Cortex-A75 / Neoverse N1 and later: every DGX Spark core)
+ * q8 keys are scored in integers. */
 const struct tqa_ops *tqa_ops_neon(void)
 {
-	return &ops;
+	return cpu_has_dotprod() ? &ops_dot : &ops;
+}
+
+const struct tqa_ops *tqa_ops_neon_dot(int dot)
+{
+	return dot ? (cpu_has_dotprod() ? &ops_dot : NULL) : &ops;
 }
 
 #else /* not aarch64 */
 
 const struct tqa_ops *tqa_ops_neon(void)
 {
+	return NULL;
+}
+
+const struct tqa_ops *tqa_ops_neon_dot(int dot)
+{
+	(void)dot;
 	return NULL;
 }
 

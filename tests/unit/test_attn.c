@@ -890,6 +890,79 @@ static void test_key_scoring_vnni(void)
 	free(qp);
 }
 
+/* NEON with DotProd scores q8 keys in integers: bit for bit the same as
+ * this plain-C twin of its method (rows to int16 at 32639 / max|q|, exact
+ * integer dot products, then (float) sum · fac · scale), and NaN rows for a
+ * query row holding a NaN.  Runs under qemu on x86 CI machines. */
+static void test_key_scoring_dot(void)
+{
+	enum { D = 128, NT = 70 };
+	const struct tqa_ops *dot = tqa_ops_neon_dot(1);
+
+	if (!dot) {
+		fprintf(stderr, "    no NEON DotProd on this CPU or build: nothing to compare\n");
+		return;
+	}
+	T_ASSERT(tqa_ops_neon() == dot);
+	T_ASSERT(dot->qprep_d128[TQ_CODEC_Q8] && dot->scores_d128[TQ_CODEC_Q8]);
+	float *k = malloc(NT * D * sizeof(float)), *v = malloc(NT * D * sizeof(float));
+	float q[TQA_ROWS * D], s[TQA_CHUNK * TQA_ROWS];
+	uint8_t *blk = malloc(NT * 132 + 64), *qp = aligned_alloc(64, TQA_QPREP_BYTES);
+	struct tq_codec_params cp = { .id = TQ_CODEC_Q8, .dim = D, .seed = t_seed() };
+	tq_codec *c;
+	tq_error err;
+
+	T_ASSERT(k && v && blk && qp);
+	T_ASSERT(tq_codec_new(&c, cache, &cp, &err) == 0);
+	rng_state = t_seed() ^ 0x3d;
+	fill_kv(k, v, NT, D);
+	T_ASSERT(tq_encode(c, k, TQ_DTYPE_F32, NT, blk, &err) == 0);
+	const size_t bb = tq_codec_block_bytes(c);
+	for (int trial = 0; trial < 7; trial++) {
+		/* 5: a zero row; 6: a NaN in row 2 */
+		for (int j = 0; j < TQA_ROWS * D; j++)
+			q[j] = trial == 5 && j < D ? 0.0f : gauss() * (j % 37 == trial ? 30.0f : 1.0f);
+		if (trial == 6)
+			q[2 * D + 17] = NAN;
+		dot->qprep_d128[TQ_CODEC_Q8](c, q, qp);
+		for (int t0 = 0; t0 < NT; t0 += TQA_CHUNK) {
+			const int n = NT - t0 < TQA_CHUNK ? NT - t0 : TQA_CHUNK;
+			dot->scores_d128[TQ_CODEC_Q8](c, blk + (size_t)t0 * bb, n, (const float *)(const void *)qp, s);
+			for (int r = 0; r < TQA_ROWS; r++) {
+				const float *qr = q + r * D;
+				float m = 0.0f;
+				int nan = 0;
+				for (int j = 0; j < D; j++) {
+					nan |= isnan(qr[j]);
+					m = fabsf(qr[j]) > m ? fabsf(qr[j]) : m;
+				}
+				const float sq = m > 0.0f && m <= 3.4e38f ? 32639.0f / m : 0.0f, fac = m / 32639.0f;
+				for (int t = 0; t < n; t++) {
+					const uint8_t *b = blk + (size_t)(t0 + t) * bb;
+					const float got = s[t * TQA_ROWS + r];
+					if (nan) {
+						T_ASSERT(isnan(got));
+						continue;
+					}
+					float sc;
+					memcpy(&sc, b, 4);
+					int32_t sum = 0;
+					for (int j = 0; j < D; j++)
+						sum += (int32_t)lrintf(qr[j] * sq) * (int8_t)b[TQ_Q8_HEADER_BYTES + j];
+					const float want = ((float)sum * fac) * sc;
+					if (memcmp(&got, &want, 4) != 0)
+						T_FAIL("trial %d token %d row %d: %a, twin %a", trial, t0 + t, r, got, want);
+				}
+			}
+		}
+	}
+	tq_codec_free(c);
+	free(k);
+	free(v);
+	free(blk);
+	free(qp);
+}
+
 /* Every ISA's tile decoder against the portable one, bit for bit (they
  * return the codebook's own floats), at every dim class, from blocks that
  * end exactly where their allocation ends into a tile of exactly n rows:
@@ -1033,6 +1106,7 @@ int main(void)
 	T_RUN(test_plan_n_q);
 	T_RUN(test_key_scoring_error);
 	T_RUN(test_key_scoring_vnni);
+	T_RUN(test_key_scoring_dot);
 	T_RUN(test_tile_decoders);
 	T_RUN(test_overflow);
 	tq_threads_free(pool3);
