@@ -273,6 +273,7 @@ const struct tqa_ops tqa_ops_scalar = {
 const struct tqa_ops *tqa_ops_avx2(void) { return NULL; }
 const struct tqa_ops *tqa_ops_avx512(void) { return NULL; }
 const struct tqa_ops *tqa_ops_avx512_vnni(int vnni) { (void)vnni; return NULL; }
+const struct tqa_ops *tqa_ops_avx2_vnni(int vnni) { (void)vnni; return NULL; }
 #endif
 
 /* ---- plan and workspace ------------------------------------------------------ */

@@ -878,19 +878,29 @@ enum { KIND_TQ, KIND_Q8, KIND_TQO };
 		CENT16(i3, k[6], k[7], bl, bh);                                             \
 	} while (0)
 
+/* The int32 sums of int16 products: acc + a·b by pairs (ACC), and two
+ * pairs' (PAIR) — vpmaddwd then vpaddd, or with AVX-VNNI (Alder Lake,
+ * Sierra Forest, Zen 5 and later; picked at run time) vpdpwssd: the same
+ * integer sums (no overflow, no saturation: see Range above), so the same
+ * bits, one instruction fewer per pair.  The scorers below are built once
+ * with each (PAIR / ACC defined before their instances). */
+#define ACC_PLAIN(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
+#define PAIR_PLAIN(a0, b0, a1, b1) _mm256_add_epi32(_mm256_madd_epi16(a0, b0), _mm256_madd_epi16(a1, b1))
+#define ACC_VNNI(acc, a, b) _mm256_dpwssd_avx_epi32(acc, a, b)
+#define PAIR_VNNI(a0, b0, a1, b1) _mm256_dpwssd_avx_epi32(_mm256_madd_epi16(a0, b0), a1, b1)
+#define VNNI __attribute__((target("avxvnni")))
+
 /* f[ao + r] += float(ka · q_r[A] + kb · q_r[B]) (times sv: MADD4S) for the 4 rows */
 #define MADD4(ka, kb, off)                                                                  \
 	_Pragma("GCC unroll 4")                                                             \
 	for (int r = 0; r < 4; r++)                                                         \
-		f[r + ao] = _mm256_add_ps(f[r + ao], _mm256_cvtepi32_ps(_mm256_add_epi32(       \
-			_mm256_madd_epi16(ka, qrow(qi, r * D + (off))),                         \
-			_mm256_madd_epi16(kb, qrow(qi, r * D + (off) + 16)))))
+		f[r + ao] = _mm256_add_ps(f[r + ao], _mm256_cvtepi32_ps(PAIR(                   \
+			ka, qrow(qi, r * D + (off)), kb, qrow(qi, r * D + (off) + 16))))
 #define MADD4S(ka, kb, off, sv)                                                             \
 	_Pragma("GCC unroll 4")                                                             \
 	for (int r = 0; r < 4; r++)                                                         \
-		f[r + ao] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(                \
-			_mm256_madd_epi16(ka, qrow(qi, r * D + (off))),                         \
-			_mm256_madd_epi16(kb, qrow(qi, r * D + (off) + 16)))), sv, f[r + ao])
+		f[r + ao] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(PAIR(                            \
+			ka, qrow(qi, r * D + (off)), kb, qrow(qi, r * D + (off) + 16))), sv, f[r + ao])
 
 #define DOT_KIND_TQ(k, sa, sb)                                                              \
 	_Pragma("GCC unroll 4")                                                             \
@@ -908,7 +918,7 @@ enum { KIND_TQ, KIND_Q8, KIND_TQO };
 		for (int j = 0; j < 8; j++)                                                 \
 			_Pragma("GCC unroll 4")                                             \
 			for (int r = 0; r < 4; r++)                                         \
-				a_[r] = _mm256_add_epi32(a_[r], _mm256_madd_epi16(k[j], qrow(qi, r * D + 16 * j))); \
+				a_[r] = ACC(a_[r], k[j], qrow(qi, r * D + 16 * j));              \
 		_Pragma("GCC unroll 4")                                                     \
 		for (int r = 0; r < 4; r++)                                                 \
 			f[ao + r] = _mm256_cvtepi32_ps(a_[r]);                              \
@@ -969,8 +979,8 @@ static_assert(TQA_CHUNK * (256 + 8) <= TQA_KTILE_BYTES, "prepared key tile fits"
 	} while (0)
 
 /* scores_d128 of codec C (dot kind K): 2 tokens at a time */
-#define DEF_ISCORES(C, K)                                                                     \
-static void iscores_##C(const tq_codec *c, const uint8_t *src, int n, const float *qf, float *s) \
+#define DEF_ISCORES(C, K, NAME, ATTR)                                                         \
+ATTR static void NAME(const tq_codec *c, const uint8_t *src, int n, const float *qf, float *s) \
 {                                                                                             \
 	SCORER_HEAD;                                                                          \
 	HEAD_##K;                                                                             \
@@ -996,8 +1006,8 @@ static void iscores_##C(const tq_codec *c, const uint8_t *src, int n, const floa
 }
 
 /* the same from the chunk's prepared tile (scores_ktile_d128) */
-#define DEF_TSCORES(K, NAME)                                                                  \
-static void NAME(const tq_codec *c, const void *kt, int n, const float *qf, float *s)        \
+#define DEF_TSCORES(K, NAME, ATTR)                                                            \
+ATTR static void NAME(const tq_codec *c, const void *kt, int n, const float *qf, float *s)   \
 {                                                                                             \
 	SCORER_HEAD;                                                                          \
 	(void)c;                                                                              \
@@ -1040,47 +1050,66 @@ static void ktile_##C(const tq_codec *c, const uint8_t *src, int n, const void *
 	}                                                                                     \
 }
 
-DEF_ISCORES(tq4, KIND_TQ)
-DEF_ISCORES(tq3, KIND_TQ)
-DEF_ISCORES(tq2, KIND_TQ)
 /* q8 direct: the two tokens' codes interleaved step by step (16 of the 8
  * codes' registers at once spill with AVX2's 16): integer sums, so the
  * same bits as DOT_KIND_Q8's order */
-static void iscores_q8(const tq_codec *c, const uint8_t *src, int n, const float *qf, float *s)
-{
-	SCORER_HEAD;
-	const size_t bb = c->block_bytes;
-
-	for (int t = 0; t < n; t += 2) {
-		const int two = t + 1 < n;
-		const uint8_t *b0 = src + (size_t)t * bb, *b1 = two ? b0 + bb : b0;
-		__m256i a[8];
-		_Pragma("GCC unroll 8")
-		for (int i = 0; i < 8; i++)
-			a[i] = _mm256_setzero_si256();
-		_Pragma("GCC unroll 8")
-		for (int k = 0; k < D / 16; k++) {
-			const __m256i k0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(b0 + 4 + 16 * k)));
-			const __m256i k1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(b1 + 4 + 16 * k)));
-			_Pragma("GCC unroll 4")
-			for (int r = 0; r < 4; r++) {
-				const __m256i qv = qrow(qi, r * D + 16 * k);
-				a[r] = _mm256_add_epi32(a[r], _mm256_madd_epi16(k0, qv));
-				a[4 + r] = _mm256_add_epi32(a[4 + r], _mm256_madd_epi16(k1, qv));
-			}
-		}
-		__m256 f[8];
-		_Pragma("GCC unroll 8")
-		for (int i = 0; i < 8; i++)
-			f[i] = _mm256_cvtepi32_ps(a[i]);
-		FINISH(KIND_Q8, hdr_scale(b0), hdr_scale(b1));
-	}
+#define DEF_ISCORES_Q8(NAME, ATTR)                                                            \
+ATTR static void NAME(const tq_codec *c, const uint8_t *src, int n, const float *qf, float *s) \
+{                                                                                             \
+	SCORER_HEAD;                                                                          \
+	const size_t bb = c->block_bytes;                                                     \
+	for (int t = 0; t < n; t += 2) {                                                      \
+		const int two = t + 1 < n;                                                    \
+		const uint8_t *b0 = src + (size_t)t * bb, *b1 = two ? b0 + bb : b0;           \
+		__m256i a[8];                                                                 \
+		_Pragma("GCC unroll 8")                                                       \
+		for (int i = 0; i < 8; i++)                                                   \
+			a[i] = _mm256_setzero_si256();                                        \
+		_Pragma("GCC unroll 8")                                                       \
+		for (int k = 0; k < D / 16; k++) {                                            \
+			const __m256i k0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(b0 + 4 + 16 * k))); \
+			const __m256i k1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(b1 + 4 + 16 * k))); \
+			_Pragma("GCC unroll 4")                                               \
+			for (int r = 0; r < 4; r++) {                                         \
+				const __m256i qv = qrow(qi, r * D + 16 * k);                  \
+				a[r] = ACC(a[r], k0, qv);                                     \
+				a[4 + r] = ACC(a[4 + r], k1, qv);                             \
+			}                                                                     \
+		}                                                                             \
+		__m256 f[8];                                                                  \
+		_Pragma("GCC unroll 8")                                                       \
+		for (int i = 0; i < 8; i++)                                                   \
+			f[i] = _mm256_cvtepi32_ps(a[i]);                                      \
+		FINISH(KIND_Q8, hdr_scale(b0), hdr_scale(b1));                                \
+	}                                                                                     \
 }
-DEF_ISCORES(tq4o, KIND_TQO)
-DEF_ISCORES(tq3o, KIND_TQO)
-DEF_TSCORES(KIND_TQ, tscores_tq)
-DEF_TSCORES(KIND_Q8, tscores_q8)
-DEF_TSCORES(KIND_TQO, tscores_tqo)
+
+#define PAIR PAIR_PLAIN
+#define ACC ACC_PLAIN
+DEF_ISCORES(tq4, KIND_TQ, iscores_tq4, )
+DEF_ISCORES(tq3, KIND_TQ, iscores_tq3, )
+DEF_ISCORES(tq2, KIND_TQ, iscores_tq2, )
+DEF_ISCORES_Q8(iscores_q8, )
+DEF_ISCORES(tq4o, KIND_TQO, iscores_tq4o, )
+DEF_ISCORES(tq3o, KIND_TQO, iscores_tq3o, )
+DEF_TSCORES(KIND_TQ, tscores_tq, )
+DEF_TSCORES(KIND_Q8, tscores_q8, )
+DEF_TSCORES(KIND_TQO, tscores_tqo, )
+#undef PAIR
+#undef ACC
+#define PAIR PAIR_VNNI
+#define ACC ACC_VNNI
+DEF_ISCORES(tq4, KIND_TQ, iscores_vnni_tq4, VNNI)
+DEF_ISCORES(tq3, KIND_TQ, iscores_vnni_tq3, VNNI)
+DEF_ISCORES(tq2, KIND_TQ, iscores_vnni_tq2, VNNI)
+DEF_ISCORES_Q8(iscores_vnni_q8, VNNI)
+DEF_ISCORES(tq4o, KIND_TQO, iscores_vnni_tq4o, VNNI)
+DEF_ISCORES(tq3o, KIND_TQO, iscores_vnni_tq3o, VNNI)
+DEF_TSCORES(KIND_TQ, tscores_vnni_tq, VNNI)
+DEF_TSCORES(KIND_Q8, tscores_vnni_q8, VNNI)
+DEF_TSCORES(KIND_TQO, tscores_vnni_tqo, VNNI)
+#undef PAIR
+#undef ACC
 DEF_KTILE(tq4, KIND_TQ)
 DEF_KTILE(tq3, KIND_TQ)
 DEF_KTILE(tq2, KIND_TQ)
@@ -1096,38 +1125,47 @@ DEF_ACCUM(f16)
 DEF_ACCUM(f32)
 #undef D
 
-static const struct tqa_ops ops = {
-	.isa = TQ_ISA_AVX2,
-	.decode = decode_avx2,
-	.scores = scores_avx2,
-	.softmax = softmax_avx2,
-	.accum = accum_avx2,
-	.scores_d128 = {
-		[TQ_CODEC_TQ4] = iscores_tq4, [TQ_CODEC_TQ3] = iscores_tq3, [TQ_CODEC_TQ2] = iscores_tq2,
-		[TQ_CODEC_Q8] = iscores_q8, [TQ_CODEC_F16] = scores_f16, [TQ_CODEC_F32] = scores_f32,
-		[TQ_CODEC_TQ4O] = iscores_tq4o, [TQ_CODEC_TQ3O] = iscores_tq3o,
-	},
-	.qprep_d128 = {
-		[TQ_CODEC_TQ4] = qprep_cb, [TQ_CODEC_TQ3] = qprep_cb, [TQ_CODEC_TQ2] = qprep_cb,
-		[TQ_CODEC_Q8] = qprep_q8, [TQ_CODEC_TQ4O] = qprep_tqo, [TQ_CODEC_TQ3O] = qprep_tqo,
-	},
-	.ktile_d128 = {
-		[TQ_CODEC_TQ4] = ktile_tq4, [TQ_CODEC_TQ3] = ktile_tq3, [TQ_CODEC_TQ2] = ktile_tq2,
-		[TQ_CODEC_Q8] = ktile_q8, [TQ_CODEC_TQ4O] = ktile_tq4o, [TQ_CODEC_TQ3O] = ktile_tq3o,
-	},
-	.scores_ktile_d128 = {
-		[TQ_CODEC_TQ4] = tscores_tq, [TQ_CODEC_TQ3] = tscores_tq, [TQ_CODEC_TQ2] = tscores_tq,
-		[TQ_CODEC_Q8] = tscores_q8, [TQ_CODEC_TQ4O] = tscores_tqo, [TQ_CODEC_TQ3O] = tscores_tqo,
-	},
-	.accum_d128 = {
-		[TQ_CODEC_TQ4] = accum_tq4, [TQ_CODEC_TQ3] = accum_tq3, [TQ_CODEC_TQ2] = accum_tq2,
-		[TQ_CODEC_Q8] = accum_q8, [TQ_CODEC_F16] = accum_f16, [TQ_CODEC_F32] = accum_f32,
-	},
-};
+#define OPS(ISC, TSC)                                                                         \
+	{                                                                                       \
+		.isa = TQ_ISA_AVX2,                                                             \
+		.decode = decode_avx2,                                                          \
+		.scores = scores_avx2,                                                          \
+		.softmax = softmax_avx2,                                                        \
+		.accum = accum_avx2,                                                            \
+		.scores_d128 = {                                                                \
+			[TQ_CODEC_TQ4] = ISC##tq4, [TQ_CODEC_TQ3] = ISC##tq3, [TQ_CODEC_TQ2] = ISC##tq2, \
+			[TQ_CODEC_Q8] = ISC##q8, [TQ_CODEC_F16] = scores_f16, [TQ_CODEC_F32] = scores_f32, \
+			[TQ_CODEC_TQ4O] = ISC##tq4o, [TQ_CODEC_TQ3O] = ISC##tq3o,              \
+		},                                                                              \
+		.qprep_d128 = {                                                                 \
+			[TQ_CODEC_TQ4] = qprep_cb, [TQ_CODEC_TQ3] = qprep_cb, [TQ_CODEC_TQ2] = qprep_cb, \
+			[TQ_CODEC_Q8] = qprep_q8, [TQ_CODEC_TQ4O] = qprep_tqo, [TQ_CODEC_TQ3O] = qprep_tqo, \
+		},                                                                              \
+		.ktile_d128 = {                                                                 \
+			[TQ_CODEC_TQ4] = ktile_tq4, [TQ_CODEC_TQ3] = ktile_tq3, [TQ_CODEC_TQ2] = ktile_tq2, \
+			[TQ_CODEC_Q8] = ktile_q8, [TQ_CODEC_TQ4O] = ktile_tq4o, [TQ_CODEC_TQ3O] = ktile_tq3o, \
+		},                                                                              \
+		.scores_ktile_d128 = {                                                          \
+			[TQ_CODEC_TQ4] = TSC##tq, [TQ_CODEC_TQ3] = TSC##tq, [TQ_CODEC_TQ2] = TSC##tq, \
+			[TQ_CODEC_Q8] = TSC##q8, [TQ_CODEC_TQ4O] = TSC##tqo, [TQ_CODEC_TQ3O] = TSC##tqo, \
+		},                                                                              \
+		.accum_d128 = {                                                                 \
+			[TQ_CODEC_TQ4] = accum_tq4, [TQ_CODEC_TQ3] = accum_tq3, [TQ_CODEC_TQ2] = accum_tq2, \
+			[TQ_CODEC_Q8] = accum_q8, [TQ_CODEC_F16] = accum_f16, [TQ_CODEC_F32] = accum_f32, \
+		},                                                                              \
+	}
 
+static const struct tqa_ops ops = OPS(iscores_, tscores_), ops_vnni = OPS(iscores_vnni_, tscores_vnni_);
 
+/* With AVX-VNNI the integer key scoring saves one instruction per pair of
+ * products (BENCHMARKS.md 2), the same bits. */
 const struct tqa_ops *tqa_ops_avx2(void)
 {
-	return &ops;
+	return __builtin_cpu_supports("avxvnni") ? &ops_vnni : &ops;
+}
+
+const struct tqa_ops *tqa_ops_avx2_vnni(int vnni)
+{
+	return vnni ? (__builtin_cpu_supports("avxvnni") ? &ops_vnni : NULL) : &ops;
 }
 #endif /* __x86_64__ */

@@ -82,6 +82,9 @@ struct tqa_ops {
 extern const struct tqa_ops tqa_ops_scalar;
 /* NULL when this build has no such path. */
 const struct tqa_ops *tqa_ops_avx2(void);
+/* The AVX2 ops with (vnni 1: NULL where the CPU lacks AVX-VNNI) or without
+ * its VEX vpdpwssd key scoring, whichever tqa_ops_avx2 picks (tests). */
+const struct tqa_ops *tqa_ops_avx2_vnni(int vnni);
 const struct tqa_ops *tqa_ops_avx512(void);
 /* The AVX-512 ops with (vnni 1: NULL where the CPU lacks it) or without
  * AVX512-VNNI's key scoring, whichever tqa_ops_avx512 picks (tests). */

@@ -841,27 +841,30 @@ static void test_key_scoring_error(void)
 	free(qp);
 }
 
-/* AVX512-VNNI's key scoring against the AVX-512 one without it, bit for
- * bit (the same integer sums), where the CPU has both: tq2/tq3/tq4/q8 keys,
- * queries with spikes and zeros, padded last groups. */
-static void test_key_scoring_vnni(void)
+/* One ISA's plain and VNNI ops (the ISA's getter picks the latter where
+ * the CPU has it): the same scores, bit for bit (the same integer sums),
+ * direct and from the prepared tile — every integer-scored key codec,
+ * queries with spikes and zeros, a short last chunk. */
+static void vnni_compare(const char *what, const struct tqa_ops *plain, const struct tqa_ops *vnni,
+			 const struct tqa_ops *picked)
 {
 	enum { D = 128, NT = 70 };
 	static const enum tq_codec_id kids[] = { TQ_CODEC_TQ2, TQ_CODEC_TQ3, TQ_CODEC_TQ4, TQ_CODEC_Q8,
 						 TQ_CODEC_TQ4O, TQ_CODEC_TQ3O };
-	const struct tqa_ops *plain = tqa_ops_avx512_vnni(0), *vnni = tqa_ops_avx512_vnni(1);
 
-	if (!plain || !vnni || !tq_attn_isa_supported(TQ_ISA_AVX512)) {
-		fprintf(stderr, "    no AVX512-VNNI on this CPU: nothing to compare\n");
+	if (!plain || !vnni) {
+		fprintf(stderr, "    no %s on this CPU: nothing to compare\n", what);
 		return;
 	}
-	T_ASSERT(tqa_ops_avx512() == vnni);
+	T_ASSERT(picked == vnni);
 	float *k = malloc(NT * D * sizeof(float)), *v = malloc(NT * D * sizeof(float));
 	float q[TQA_ROWS * D], s0[TQA_CHUNK * TQA_ROWS], s1[TQA_CHUNK * TQA_ROWS];
 	uint8_t *blk = malloc(NT * 132 + 64), *qp = aligned_alloc(64, TQA_QPREP_BYTES);
-	T_ASSERT(k && v && blk && qp);
+	uint8_t *kt = aligned_alloc(64, TQA_KTILE_BYTES);
+	T_ASSERT(k && v && blk && qp && kt);
 	for (size_t ci = 0; ci < sizeof(kids) / sizeof(kids[0]); ci++) {
-		struct tq_codec_params cp = { .id = kids[ci], .dim = D, .seed = t_seed() + ci };
+		const enum tq_codec_id id = kids[ci];
+		struct tq_codec_params cp = { .id = id, .dim = D, .seed = t_seed() + ci };
 		tq_codec *c;
 		tq_error err;
 		T_ASSERT(tq_codec_new(&c, cache, &cp, &err) == 0);
@@ -872,14 +875,22 @@ static void test_key_scoring_vnni(void)
 		for (int trial = 0; trial < 6; trial++) {
 			for (int j = 0; j < TQA_ROWS * D; j++)
 				q[j] = trial == 5 && j < D ? 0.0f : gauss() * (j % 37 == trial ? 30.0f : 1.0f);
-			plain->qprep_d128[kids[ci]](c, q, qp);
+			plain->qprep_d128[id](c, q, qp);
 			for (int t0 = 0; t0 < NT; t0 += TQA_CHUNK) {
 				const int n = NT - t0 < TQA_CHUNK ? NT - t0 : TQA_CHUNK;
+				const float *qf = (const float *)(const void *)qp;
 				memset(s0, 0, sizeof(s0));
 				memset(s1, 0, sizeof(s1));
-				plain->scores_d128[kids[ci]](c, blk + (size_t)t0 * bb, n, (const float *)(const void *)qp, s0);
-				vnni->scores_d128[kids[ci]](c, blk + (size_t)t0 * bb, n, (const float *)(const void *)qp, s1);
+				plain->scores_d128[id](c, blk + (size_t)t0 * bb, n, qf, s0);
+				vnni->scores_d128[id](c, blk + (size_t)t0 * bb, n, qf, s1);
 				T_ASSERT(memcmp(s0, s1, sizeof(s0)) == 0);
+				/* the prepared-key tile's scorers too (prefill) */
+				if (plain->ktile_d128[id] && vnni->scores_ktile_d128[id]) {
+					memset(s1, 0, sizeof(s1));
+					plain->ktile_d128[id](c, blk + (size_t)t0 * bb, n, qp, kt);
+					vnni->scores_ktile_d128[id](c, kt, n, qf, s1);
+					T_ASSERT(memcmp(s0, s1, sizeof(s0)) == 0);
+				}
 			}
 		}
 		tq_codec_free(c);
@@ -888,6 +899,16 @@ static void test_key_scoring_vnni(void)
 	free(v);
 	free(blk);
 	free(qp);
+	free(kt);
+}
+
+/* AVX512-VNNI against AVX-512 without it; AVX-VNNI against AVX2 without it */
+static void test_key_scoring_vnni(void)
+{
+	vnni_compare("AVX512-VNNI", tq_attn_isa_supported(TQ_ISA_AVX512) ? tqa_ops_avx512_vnni(0) : NULL,
+		     tqa_ops_avx512_vnni(1), tqa_ops_avx512());
+	vnni_compare("AVX-VNNI", tq_attn_isa_supported(TQ_ISA_AVX2) ? tqa_ops_avx2_vnni(0) : NULL,
+		     tqa_ops_avx2_vnni(1), tqa_ops_avx2());
 }
 
 /* NEON with DotProd scores q8 keys in integers: bit for bit the same as
