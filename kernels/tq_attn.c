@@ -742,6 +742,16 @@ static const struct tqa_ops *ops_for(enum tq_isa isa)
 	}
 }
 
+const char *tq_attn_isa_label(enum tq_isa isa)
+{
+	switch (isa) {
+	case TQ_ISA_AVX512: return tqa_ops_avx512_vnni(1) ? "avx512+vnni" : "avx512";
+	case TQ_ISA_AVX2: return tqa_ops_avx2_vnni(1) ? "avx2+avxvnni" : "avx2";
+	case TQ_ISA_NEON: return tqa_ops_neon_dot(1) ? "neon+dotprod" : "neon";
+	default: return tq_isa_name(isa);
+	}
+}
+
 int tq_attn_isa_supported(enum tq_isa isa)
 {
 	return isa == TQ_ISA_AUTO || ops_for(isa) != NULL;

@@ -97,6 +97,10 @@ long tq_attn_workspace_bytes(const struct tq_attn_params *p, tq_error *err);
 /* 1 if tq_attend can run `isa` pinned on this CPU (AUTO: always).  The
  * attention paths need only the CPU features, not the codec's SIMD paths. */
 int tq_attn_isa_supported(enum tq_isa isa);
+/* The ISA's name with the optional extensions its attention uses on this
+ * CPU ("avx512+vnni", "avx2+avxvnni", "neon+dotprod"; else the name): what
+ * benchmarks print, as these change the key scoring's speed. */
+const char *tq_attn_isa_label(enum tq_isa isa);
 
 /* The oracle (slow, allocates; ignores isa, threads, plan_n_q, workspace,
  * sparse_v). */

@@ -390,7 +390,7 @@ static int run_perf(const struct opts *o)
 		       (double)T * NKV * 512 / (f16 * 1e-3) / 1e9, fused / f16, dq / fused);
 	} else {
 		printf("attn %s ctx %u  K %s V %s  threads %d  isa %s%s\n", mode, T, tq_codec_name(o->k),
-		       tq_codec_name(o->v), o->threads, tq_isa_name(isa), o->sparse > 0 ? "  sparse-V on" : "");
+		       tq_codec_name(o->v), o->threads, tq_attn_isa_label(isa), o->sparse > 0 ? "  sparse-V on" : "");
 		printf("  fused                 %9.3f ms\n", fused);
 		if (o->prefill)
 			printf("  fp16 KV (f16 x f16)   %9.3f ms\n", f16);

@@ -180,7 +180,7 @@ static int bench_kern_main(int argc, char **argv)
 	const double base = sc[f16] + sm[f16] + ac[f16];
 	if (!json)
 		printf("kern d %d  chunk %d  4 rows  isa %s  ns per token and KV head (in L1)\n"
-		       "  %-5s %8s %8s %8s   %s\n", KD, TQA_CHUNK, tq_isa_name(isa), "codec", "scores",
+		       "  %-5s %8s %8s %8s   %s\n", KD, TQA_CHUNK, tq_attn_isa_label(isa), "codec", "scores",
 		       "softmax", "accum", "K scores + softmax + V accum, / f16");
 	for (int ci = 0; ci < NC; ci++) {
 		if (json)

@@ -19,7 +19,7 @@ for isa in scalar avx2 avx512 neon; do
 		continue
 	fi
 	[ "$rc" -eq 0 ] || fail "kern --isa $isa: exit $rc: $out"
-	head -1 <<<"$out" | grep -q "isa $isa " || fail "kern --isa $isa: the first line does not name the ISA: $out"
+	head -1 <<<"$out" | grep -Eq "isa $isa(\+[a-z]+)? " || fail "kern --isa $isa: the first line does not name the ISA: $out"
 	for c in tq4 tq3 tq2 q8 f16 tq4o tq3o; do
 		grep -Eq "^  $c +[0-9.]+ +[0-9.]+ +[0-9.]+ +as K and V: [0-9.]+ ns, [0-9.]+ x f16$" <<<"$out" ||
 			fail "kern --isa $isa: no row for $c: $out"
