@@ -690,15 +690,11 @@ static int dec_tqo(const struct ctx *e, const uint8_t *blk, float *x, int nt)
 {
 	const tq_codec *c = e->c;
 	const int h = c->half;
-	uint16_t ha, hb;
-
-	memcpy(&ha, blk, 2);
-	memcpy(&hb, blk + 2, 2);
-	if (c->rot.kind != TQ_ROT_HADAMARD || c->rot_b.kind != TQ_ROT_HADAMARD || h < 8 ||
-	    (ha & 0x7f80u) == 0x7f80u || (hb & 0x7f80u) == 0x7f80u)
-		return 1;
 	const uint8_t *pa = blk + TQ_TQO_HEADER_BYTES;
-	const float sa = tq_bf16_to_f32(ha), sb = tq_bf16_to_f32(hb);
+	float sa, sb;
+
+	if (!tq_tqo_dec_scales(c, blk, 8, &sa, &sb))
+		return 1;
 	const int o4 = c->cb.levels == 32;
 	/* d = 128 specialized (the hot shape) */
 	if (h == 64)

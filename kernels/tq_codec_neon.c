@@ -110,15 +110,18 @@ AI float32x4_t lut(const struct ftab *ft, uint32x4_t q, const int L)
 	return vreinterpretq_f32_u8(r);
 }
 
+/* rep[k]: byte 4k + i / 4 of a vector in lane i — the index of the float
+ * that lane's byte belongs to, for floats 4k .. 4k + 3 */
+static const uint8_t rep[4][16] = {
+	{ 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3 },
+	{ 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7 },
+	{ 8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 11 },
+	{ 12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15 },
+};
+
 /* 16 index bytes (each < 16) to 4 vectors of t[idx] (L entries). */
 AI void lut16b(const struct ftab *ft, uint8x16_t idx, float32x4_t out[4], const int L)
 {
-	static const uint8_t rep[4][16] = {
-		{ 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3 },
-		{ 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7 },
-		{ 8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 11 },
-		{ 12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15 },
-	};
 	const uint8x16_t inc = vreinterpretq_u8_u32(vdupq_n_u32(0x03020100u));
 	uint8x16_t i4 = vshlq_n_u8(idx, 2);
 
@@ -644,12 +647,6 @@ AI void lut32b(const struct ftab *lo, const struct ftab *hi, uint8x16_t idx, flo
 		lut16b(lo, idx, out, L);
 		return;
 	}
-	static const uint8_t rep[4][16] = {
-		{ 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3 },
-		{ 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7 },
-		{ 8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 11 },
-		{ 12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15 },
-	};
 	const uint8x16_t inc = vreinterpretq_u8_u32(vdupq_n_u32(0x03020100u));
 	const uint8x16_t i4 = vshlq_n_u8(idx, 2); /* < 128 */
 
@@ -702,15 +699,11 @@ static int dec_tqo(const struct ctx *e, const uint8_t *blk, float *x)
 {
 	const tq_codec *c = e->c;
 	const int h = c->half;
-	uint16_t ha, hb;
-
-	memcpy(&ha, blk, 2);
-	memcpy(&hb, blk + 2, 2);
-	if (c->rot.kind != TQ_ROT_HADAMARD || c->rot_b.kind != TQ_ROT_HADAMARD || h < 16 ||
-	    (ha & 0x7f80u) == 0x7f80u || (hb & 0x7f80u) == 0x7f80u)
-		return 1;
 	const uint8_t *pa = blk + TQ_TQO_HEADER_BYTES;
-	const float sa = tq_bf16_to_f32(ha), sb = tq_bf16_to_f32(hb);
+	float sa, sb;
+
+	if (!tq_tqo_dec_scales(c, blk, 16, &sa, &sb))
+		return 1;
 	const int o4 = c->cb.levels == 32;
 	/* d = 128 specialized (the hot shape) */
 	if (h == 64)

@@ -120,6 +120,24 @@ struct tq_codec {
 };
 
 extern const struct tq_codec_ops tq_codec_ops_scalar;
+
+/* A tq3o / tq4o block's two bf16 scales as floats, or 0 when a SIMD
+ * decoder must hand the block to the reference: a half that is not a
+ * power of two of at least min_h values (a dense rotation), or a scale
+ * that is Inf or NaN (the reference's arithmetic then decides the bits). */
+static inline int tq_tqo_dec_scales(const tq_codec *c, const uint8_t *blk, int min_h, float *sa, float *sb)
+{
+	uint16_t ha, hb;
+
+	memcpy(&ha, blk, 2);
+	memcpy(&hb, blk + 2, 2);
+	if (c->rot.kind != TQ_ROT_HADAMARD || c->rot_b.kind != TQ_ROT_HADAMARD || c->half < min_h ||
+	    (ha & 0x7f80u) == 0x7f80u || (hb & 0x7f80u) == 0x7f80u)
+		return 0;
+	*sa = tq_bf16_to_f32(ha);
+	*sb = tq_bf16_to_f32(hb);
+	return 1;
+}
 /* The reference encoder for one row, reported as vector v of a batch (the
  * SIMD paths hand it the vectors they do not take: non-finite values,
  * overflow, subnormal extremes).  Writes out only on success. */
