@@ -431,12 +431,12 @@ static size_t out_row(const struct job *jb, int h, int r)
  * well within a 4 KiB page but stall at each page edge and across the
  * jump from one pool page to the next, and a decode call with GQA does
  * too little work per byte to hide that: on a Xeon with AVX-512, 32k
- * K tq4 / V tq3 took 4.8 ms without, 3.0 ms with (fp16: 9.1 -> 7.3 ms;
+ * K tq4 / V tq3 took 4.8 ms without, 3.0 ms with (fp16: 9.1 -> 7.4 ms;
  * BENCHMARKS.md).  The chunk PF_AHEAD chunks ahead is fetched (into L2)
  * in three pieces spread over the chunk's work — its first K half
  * before the scores, the second with the first V half before the
  * values, the rest after them — as one burst of every line filled the
- * core's miss buffers and stalled the scoring behind it (3.5 ms). */
+ * core's miss buffers and stalled the scoring behind it (3.6 ms). */
 enum { PF_AHEAD = 3 };
 
 struct pf_chunk {
