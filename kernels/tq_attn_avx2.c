@@ -328,7 +328,11 @@ static inline __m256 exp2_avx2(__m256 x)
 	__m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-125.0f), _CMP_NGE_UQ);
 	x = _mm256_max_ps(x, _mm256_set1_ps(-125.0f));
 	x = _mm256_min_ps(x, _mm256_set1_ps(127.0f));
-	__m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	/* round to nearest even by adding 1.5 * 2^23 (|x| < 2^22): the sum's
+	 * low mantissa bits are the integer, so no vroundps / vcvtps2dq */
+	const __m256 magic = _mm256_set1_ps(12582912.0f);
+	const __m256 t = _mm256_add_ps(x, magic);
+	__m256 n = _mm256_sub_ps(t, magic);
 	__m256 f = _mm256_sub_ps(x, n);
 	__m256 p = _mm256_set1_ps(1.525273380405984e-05f);
 	p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.5403530393381606e-04f));
@@ -338,7 +342,7 @@ static inline __m256 exp2_avx2(__m256 x)
 	p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402265069591007e-01f));
 	p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931471805599453e-01f));
 	p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-	__m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+	__m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(127)), 23);
 	return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
