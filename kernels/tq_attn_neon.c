@@ -218,31 +218,30 @@ AI void decode_tile(const enum tq_codec_id id, const tq_codec *c, const uint8_t 
 }
 
 /* o[j] = s * cb[idx_j] for one tq*o half of h values, B-bit indices: the
- * indices unpacked in registers (tq_neon_unpack16; halves that are a
- * power of two — the rest by 64-bit words), then byte-plane table
- * lookups — the same product as the portable decoder. */
-AI void tqo_half_b(const tq_codebook *cb, float s, const uint8_t *pl, const int h, float *o, const int B)
+ * indices from idx (unpacked already), or with idx NULL unpacked from the
+ * planes in registers (tq_neon_unpack16: halves that are a power of two),
+ * then byte-plane table lookups — the same product as the portable
+ * decoder. */
+AI void tqo_half_b(const tq_codebook *cb, float s, const uint8_t *pl, const uint8_t *idx, const int h,
+		   float *o, const int B)
 {
+	struct cbtab32 tb32;
+	struct cbtab tb16;
 	float32x4_t v[4];
 
-	if (B == 5) {
-		struct cbtab32 tb;
-		cbtab32_of(&tb, cb);
-		_Pragma("GCC unroll 16")
-		for (int k = 0; k < h; k += 16) {
-			lookup32(&tb, tq_neon_unpack16(pl, h, B, k), v);
-			for (int i = 0; i < 4; i++)
-				vst1q_f32(o + k + 4 * i, vmulq_n_f32(v[i], s));
-		}
-	} else {
-		struct cbtab tb;
-		cbtab_of(&tb, cb);
-		_Pragma("GCC unroll 16")
-		for (int k = 0; k < h; k += 16) {
-			lookup16(&tb, tq_neon_unpack16(pl, h, B, k), v);
-			for (int i = 0; i < 4; i++)
-				vst1q_f32(o + k + 4 * i, vmulq_n_f32(v[i], s));
-		}
+	if (B == 5)
+		cbtab32_of(&tb32, cb);
+	else
+		cbtab_of(&tb16, cb);
+	_Pragma("GCC unroll 16")
+	for (int k = 0; k < h; k += 16) {
+		const uint8x16_t ix = idx ? vld1q_u8(idx + k) : tq_neon_unpack16(pl, h, B, k);
+		if (B == 5)
+			lookup32(&tb32, ix, v);
+		else
+			lookup16(&tb16, ix, v);
+		for (int i = 0; i < 4; i++)
+			vst1q_f32(o + k + 4 * i, vmulq_n_f32(v[i], s));
 	}
 }
 
@@ -250,40 +249,26 @@ static void tqo_half_neon(const tq_codebook *cb, float s, const uint8_t *pl, int
 {
 	if (h & (h - 1)) { /* not a power of two: the portable unpacking */
 		uint8_t idx[TQ_DIM_MAX / 2];
-		float32x4_t v[4];
 		tq_unpack_planes(pl, h, cb->bits, idx);
-		if (cb->levels > 16) {
-			struct cbtab32 tb;
-			cbtab32_of(&tb, cb);
-			for (int k = 0; k < h; k += 16) {
-				lookup32(&tb, vld1q_u8(idx + k), v);
-				for (int i = 0; i < 4; i++)
-					vst1q_f32(o + k + 4 * i, vmulq_n_f32(v[i], s));
-			}
-		} else {
-			struct cbtab tb;
-			cbtab_of(&tb, cb);
-			for (int k = 0; k < h; k += 16) {
-				lookup16(&tb, vld1q_u8(idx + k), v);
-				for (int i = 0; i < 4; i++)
-					vst1q_f32(o + k + 4 * i, vmulq_n_f32(v[i], s));
-			}
-		}
+		if (cb->levels > 16)
+			tqo_half_b(cb, s, pl, idx, h, o, 5);
+		else
+			tqo_half_b(cb, s, pl, idx, h, o, 4);
 		return;
 	}
 	/* d = 128 (halves of 64) specialized */
 	switch (h == 64 ? cb->bits : 0) {
-	case 5: tqo_half_b(cb, s, pl, 64, o, 5); return;
-	case 4: tqo_half_b(cb, s, pl, 64, o, 4); return;
-	case 3: tqo_half_b(cb, s, pl, 64, o, 3); return;
-	case 2: tqo_half_b(cb, s, pl, 64, o, 2); return;
+	case 5: tqo_half_b(cb, s, pl, NULL, 64, o, 5); return;
+	case 4: tqo_half_b(cb, s, pl, NULL, 64, o, 4); return;
+	case 3: tqo_half_b(cb, s, pl, NULL, 64, o, 3); return;
+	case 2: tqo_half_b(cb, s, pl, NULL, 64, o, 2); return;
 	default: break;
 	}
 	switch (cb->bits) {
-	case 5: tqo_half_b(cb, s, pl, h, o, 5); return;
-	case 4: tqo_half_b(cb, s, pl, h, o, 4); return;
-	case 3: tqo_half_b(cb, s, pl, h, o, 3); return;
-	default: tqo_half_b(cb, s, pl, h, o, 2); return;
+	case 5: tqo_half_b(cb, s, pl, NULL, h, o, 5); return;
+	case 4: tqo_half_b(cb, s, pl, NULL, h, o, 4); return;
+	case 3: tqo_half_b(cb, s, pl, NULL, h, o, 3); return;
+	default: tqo_half_b(cb, s, pl, NULL, h, o, 2); return;
 	}
 }
 
