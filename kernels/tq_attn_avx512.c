@@ -15,6 +15,8 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 #include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tq_attn_internal.h"
@@ -632,16 +634,22 @@ static void accum_##C(const tq_codec *c, const uint8_t *src, int n, float *acc, 
  * float decode of the keys.  The centroids come from one vpermw per 32
  * indices over the codebook replicated to 32 entries, so vpermw's 5 index
  * bits need no masking above the codec's own bits (as vpermps's 4 in the
- * float path).  The query rows stay in natural order: vpermw does not move
+ * float path).  The query rows stay in natural order (tq4: in the order
+ * its word-wise index extraction gives, tq4_qdim): vpermw does not move
  * dims between lanes.
  *
- * Range: tq*: a lane sums 2 products per vpmaddwd and two vpmaddwd before
- * its conversion to float, at most 4 · 23170² < 2^31 (the AVX2 path's bound
- * and accuracy: tests/unit/test_attn.c measures both).  q8: codes are exact
- * (|code| <= 127) and a lane sums 8 products of at most 32767 · 127, so a
- * token's whole row stays in int32 until the reduction.
+ * Range: a lane sums a token's 8 products (4 vpmaddwd / vpdpwssd in a
+ * row) and is converted once.  q8: codes are exact (|code| <= 127), 8
+ * products of at most 32767 · 127.  tq*: 8 products of at most 23170² could
+ * leave int32 (the AVX2 path converts after 4), so qprep_rows bounds each
+ * lane's sum of |q_j| · max|c| by 2^31 and scales a row down below Q where
+ * it would not fit: a rotated query is near Gaussian and its lanes' sums
+ * stay around a third of the bound, so rows keep their 15 bits (the
+ * accuracy of the AVX2 path: tests/unit/test_attn.c measures it); only a
+ * row with its large entries crowded into one lane's dims loses some.
+ * tq*o keep one int32 per half (4 products: no bound needed).
  *
- * qp: int16 q[4][128] | float fac[4] (max|q_r| / (Q · C)) | int16 cb[32] */
+ * qp: int16 q[4][128] | float fac[4] (1 / (q scale · C)) | int16 cb[32] */
 #define QP_FAC 1024
 #define QP_CB  1088
 #define QLIM_TQ 23170.0f
@@ -652,7 +660,32 @@ static void accum_##C(const tq_codec *c, const uint8_t *src, int n, float *acc, 
 #define QP_CSC 1216 /* tq*o: 1 / each half's codebook scale */
 static_assert(QP_CB2 + 64 <= QP_CSC && QP_CSC + 8 <= TQA_QPREP_BYTES, "qprep layout fits");
 
-static void qprep_rows(const float *q, float qlim, float csc, uint8_t *qp)
+/* tq4's scorer takes each block's nibble plane as 16-bit words (IXW_tq4):
+ * the row dims it pairs with k[0..3] are, in this order, the even dims of
+ * [0, 64), the odd ones, the even dims of [64, 128), the odd ones. */
+static inline int tq4_qdim(int j)
+{
+	return (j & 64) | 2 * (j & 31) | ((j >> 5) & 1);
+}
+
+/* The largest |sum| one int32 lane of DOT4 can reach for the int16 row o
+ * against int16 keys of magnitude at most cmax: lane i takes the words
+ * 32g + 2i and 32g + 2i + 1 of the row, g = 0..3. */
+static int64_t lane_bound(const int16_t *o, int cmax)
+{
+	int64_t worst = 0;
+
+	for (int i = 0; i < 16; i++) {
+		int64_t sum = 0;
+		for (int g = 0; g < 4; g++)
+			sum += abs(o[32 * g + 2 * i]) + abs(o[32 * g + 2 * i + 1]);
+		if (sum > worst)
+			worst = sum;
+	}
+	return worst * cmax;
+}
+
+static void qprep_rows(const float *q, float qlim, float csc, int cmax, int tq4, uint8_t *qp)
 {
 	float *fac = (float *)(void *)(qp + QP_FAC);
 
@@ -665,12 +698,23 @@ static void qprep_rows(const float *q, float qlim, float csc, uint8_t *qp)
 		/* max 0: every product is 0.  max inf: the factor is inf, the
 		 * scores inf or NaN, and the row comes out NaN as the softmax
 		 * contract says (as in the AVX2 path). */
-		const __m512 sq = _mm512_set1_ps(m > 0.0f && m <= 3.4e38f ? qlim / m : 0.0f);
-		fac[r] = m / (qlim * csc);
-		int16_t *o = (int16_t *)(void *)qp + r * D;
-		for (int j = 0; j < D; j += 16)
-			_mm256_store_si256((__m256i *)(void *)(o + j), _mm512_cvtsepi32_epi16(
-				_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(qr + j), sq))));
+		float sq = m > 0.0f && m <= 3.4e38f ? qlim / m : 0.0f;
+		int16_t *o = (int16_t *)(void *)qp + r * D, nat[D] __attribute__((aligned(32)));
+		for (;;) {
+			const __m512 sv = _mm512_set1_ps(sq);
+			for (int j = 0; j < D; j += 16)
+				_mm256_store_si256((__m256i *)(void *)(nat + j), _mm512_cvtsepi32_epi16(
+					_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(qr + j), sv))));
+			for (int j = 0; j < D; j++)
+				o[j] = nat[tq4 ? tq4_qdim(j) : j];
+			/* a row whose large entries crowd into one lane's 8 dims:
+			 * scaled down until no lane can leave int32 */
+			const int64_t b = lane_bound(o, cmax);
+			if (b <= INT32_MAX)
+				break;
+			sq *= (float)((double)INT32_MAX / (double)b) * 0.999f;
+		}
+		fac[r] = sq > 0.0f ? 1.0f / (sq * csc) : m / (qlim * csc);
 	}
 }
 
@@ -682,13 +726,13 @@ static void qprep_cb(const tq_codec *c, const float *q, void *qpv)
 	int16_t *cb = (int16_t *)(void *)(qp + QP_CB);
 	for (int i = 0; i < 32; i++)
 		cb[i] = (int16_t)lrintf(c->cb.centroid[i & (nc - 1)] * csc);
-	qprep_rows(q, QLIM_TQ, csc, qp);
+	qprep_rows(q, QLIM_TQ, csc, (int)CLIM_TQ, c->id == TQ_CODEC_TQ4, qp);
 }
 
 static void qprep_q8(const tq_codec *c, const float *q, void *qp)
 {
 	(void)c;
-	qprep_rows(q, QLIM_Q8, 1.0f, qp);
+	qprep_rows(q, QLIM_Q8, 1.0f, 127, 0, qp);
 }
 
 /* tq3o / tq4o (d = 128: two halves of 64): each half's codebook on its own
@@ -708,19 +752,19 @@ static void qprep_tqo(const tq_codec *c, const float *q, void *qpv)
 	}
 	inv[0] = 1.0f / ca;
 	inv[1] = 1.0f / cb;
-	qprep_rows(q, QLIM_TQ, 1.0f, qp);
+	qprep_rows(q, QLIM_TQ, 1.0f, (int)CLIM_TQ, 0, qp);
 }
 
 /* IXW_<codec>(blk, g): the 32 indices of dims [32g, 32g + 32) of one block
  * as 16-bit lanes; only their low 5 bits are defined (vpermw reads no more).
  * IXL_<codec>(blk): what a block's groups share, loaded once. */
-#define IXL_tq4(b) const __m512i w0_##b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(             \
-			(const __m256i *)(const void *)(b + 4))),                              \
-		     w1_##b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(                         \
-			(const __m256i *)(const void *)(b + 36)))
-/* byte j of the 64: dim j in its low nibble, dim j + 64 in its high one */
-#define IXW_tq4(b, g) ((g) == 0 ? w0_##b : (g) == 1 ? w1_##b                                   \
-		       : _mm512_srli_epi16((g) == 2 ? w0_##b : w1_##b, 4))
+/* tq4: byte j of the 64 holds dim j in its low nibble, dim j + 64 in its
+ * high one, so 16-bit word m holds dims 2m, 2m + 64, 2m + 1, 2m + 65 at
+ * bits 0, 4, 8, 12: the plane's words shifted by 0, 8, 4 and 12 index the
+ * dims tq4_qdim lists (bit 4 is the next nibble's: the table is
+ * replicated), with no widening */
+#define IXL_tq4(b) const __m512i w0_##b = _mm512_loadu_si512((const void *)(b + 4))
+#define IXW_tq4(b, g) ((g) == 0 ? w0_##b : _mm512_srli_epi16(w0_##b, (g) == 1 ? 8 : (g) == 2 ? 4 : 12))
 /* tq3: low bits of dim 32g + j in byte j of the 2-bit plane at shift 2g;
  * high bit in byte j % 16 of the 1-bit plane at shift 2g + (j >= 16) */
 #define IXL_tq3(b) const __m512i w0_##b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(             \
@@ -744,6 +788,11 @@ static inline __m512i qrow16(const int16_t *qi, int off)
  * saturation), so the same bits, one instruction fewer. */
 #define MADD2(a0, b0, a1, b1) _mm512_add_epi32(_mm512_madd_epi16(a0, b0), _mm512_madd_epi16(a1, b1))
 #define MADD2_VNNI(a0, b0, a1, b1) _mm512_dpwssd_epi32(_mm512_madd_epi16(a0, b0), a1, b1)
+/* The same for four pairs: a token's whole row in one int32 per lane (8
+ * products of at most 16383^2 < 2^31 / 8), converted once. */
+#define MADD4(a0, b0, a1, b1, a2, b2, a3, b3) _mm512_add_epi32(MADD2(a0, b0, a1, b1), MADD2(a2, b2, a3, b3))
+#define MADD4_VNNI(a0, b0, a1, b1, a2, b2, a3, b3)                                             \
+	_mm512_dpwssd_epi32(_mm512_dpwssd_epi32(MADD2_VNNI(a0, b0, a1, b1), a2, b2), a3, b3)
 #define VNNI __attribute__((target("avx512vnni")))
 
 /* Integer key scoring in two steps, so that a chunk's keys can be prepared
@@ -774,15 +823,9 @@ enum { KIND_TQ, KIND_Q8, KIND_TQO };
 #define KD_TQ(k, i)                                                                             \
 	_Pragma("GCC unroll 4")                                                                 \
 	for (int r = 0; r < 4; r++)                                                             \
-		a[(i) * 4 + r] = _mm512_add_ps(                                                 \
-			_mm512_cvtepi32_ps(PAIR(k[0], qrow16(qi, r * D), k[1], qrow16(qi, r * D + 32))), \
-			_mm512_cvtepi32_ps(PAIR(k[2], qrow16(qi, r * D + 64), k[3], qrow16(qi, r * D + 96))))
-#define KD_Q8(k, i)                                                                             \
-	_Pragma("GCC unroll 4")                                                                 \
-	for (int r = 0; r < 4; r++)                                                             \
-		a[(i) * 4 + r] = _mm512_cvtepi32_ps(_mm512_add_epi32(                           \
-			PAIR(k[0], qrow16(qi, r * D), k[1], qrow16(qi, r * D + 32)),            \
-			PAIR(k[2], qrow16(qi, r * D + 64), k[3], qrow16(qi, r * D + 96))))
+		a[(i) * 4 + r] = _mm512_cvtepi32_ps(DOT4(k[0], qrow16(qi, r * D), k[1], qrow16(qi, r * D + 32), \
+							 k[2], qrow16(qi, r * D + 64), k[3], qrow16(qi, r * D + 96)))
+#define KD_Q8 KD_TQ
 #define KD_TQO(k, sa, sb, i)                                                                    \
 	_Pragma("GCC unroll 4")                                                                 \
 	for (int r = 0; r < 4; r++)                                                             \
@@ -986,6 +1029,7 @@ static void ktile_##C(const tq_codec *c, const uint8_t *src, int n, const void *
 }
 
 #define PAIR MADD2
+#define DOT4 MADD4
 DEF_ISCORES(tq4, KIND_TQ, iscores_tq4, )
 DEF_ISCORES(tq3, KIND_TQ, iscores_tq3, )
 DEF_ISCORES(tq2, KIND_TQ, iscores_tq2, )
@@ -996,7 +1040,9 @@ DEF_TSCORES(KIND_TQ, tscores_tq, )
 DEF_TSCORES(KIND_Q8, tscores_q8, )
 DEF_TSCORES(KIND_TQO, tscores_tqo, )
 #undef PAIR
+#undef DOT4
 #define PAIR MADD2_VNNI
+#define DOT4 MADD4_VNNI
 DEF_ISCORES(tq4, KIND_TQ, iscores_vnni_tq4, VNNI)
 DEF_ISCORES(tq3, KIND_TQ, iscores_vnni_tq3, VNNI)
 DEF_ISCORES(tq2, KIND_TQ, iscores_vnni_tq2, VNNI)
@@ -1007,6 +1053,7 @@ DEF_TSCORES(KIND_TQ, tscores_vnni_tq, VNNI)
 DEF_TSCORES(KIND_Q8, tscores_vnni_q8, VNNI)
 DEF_TSCORES(KIND_TQO, tscores_vnni_tqo, VNNI)
 #undef PAIR
+#undef DOT4
 DEF_KTILE(tq4, KIND_TQ)
 DEF_KTILE(tq3, KIND_TQ)
 DEF_KTILE(tq2, KIND_TQ)

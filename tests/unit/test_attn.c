@@ -750,7 +750,10 @@ static void plan_n_q_for(enum tq_codec_id kid)
  * decoded keys, in double: the logit error it adds, relative to |q| |k|.
  * Rotated queries are near Gaussian, so the error is what rounding q and c
  * to 15 bits gives: measured rms 3-5e-6, worst 2-5e-5 over seeds (AVX2);
- * the bounds checked are about 4x those.  TQ_TEST_VERBOSE prints the figures. */
+ * the bounds checked are about 4x those.  A flat row against a key of top
+ * centroids checks that no integer sum leaves its range (AVX-512 sums a
+ * token's 8 products per lane before converting: qprep_rows scales such
+ * rows down).  TQ_TEST_VERBOSE prints the figures. */
 static const struct tqa_ops *isa_ops(enum tq_isa isa)
 {
 	if (!tq_attn_isa_supported(isa))
@@ -787,6 +790,12 @@ static void test_key_scoring_error(void)
 			rng_state = t_seed() ^ (0x51 + ci);
 			fill_kv(k, v, NT, D);
 			T_ASSERT(tq_encode(c, k, TQ_DTYPE_F32, NT, blk, &err) == 0);
+			/* one key of every index at its largest (the top centroid in
+			 * every dim; q8: code 127 or -1 by byte), against the flat
+			 * row below: each lane's 8 products at their largest, past
+			 * int32 for a path that sums them unchecked */
+			const size_t bb = (size_t)tq_codec_block_bytes(c);
+			memset(blk + (NT - 1) * bb + 4, 0xFF, bb - 4);
 			double worst = 0.0, sum2 = 0.0;
 			int cnt = 0;
 			for (int trial = 0; trial < 8; trial++) {
@@ -796,6 +805,8 @@ static void test_key_scoring_error(void)
 					/* rotated, scale2-scaled rows: Gaussian, one with a spike */
 					for (int j = 0; j < D; j++) {
 						q[r * D + j] = gauss() * 0.2f * (r == 3 && j == trial ? 8.0f : 1.0f);
+						if (r == 2 && trial >= 6) /* flat: every |q_j| the largest */
+							q[r * D + j] = trial == 6 ? 0.2f : -0.2f;
 						qn[r] += (double)q[r * D + j] * q[r * D + j];
 					}
 					qn[r] = sqrt(qn[r]);
