@@ -399,8 +399,21 @@ static inline float *ml_at(const struct job *jb, int s, int h, int r)
  * inputs can: q·k beyond 3.4e38; the softmax ops leave l NaN after any
  * score that is not finite), and the row is NaN — never a plausible wrong
  * number; callers that check outputs (tqkvd) report it. */
-static void finish_row(const struct job *jb, int r, const float *acc, float m, float l,
-		       float *tmp, float *out)
+/* The order accum_d128 leaves a row block's acc in, for the rows of a
+ * (KV head, row tile) of nrows rows: NULL where it is dim order (the tile
+ * path, or a codec whose accum_d128 keeps it).  The same for every split
+ * of the tile, so task_merge adds like positions. */
+static const uint8_t *acc_perm(const struct job *jb, int nrows)
+{
+	const enum tq_codec_id vid = tq_codec_id(jb->p->v_codec);
+
+	if (nrows > TQA_ROWS || jb->sh.dim != 128 || !jb->ops->accum_d128[vid])
+		return NULL;
+	return jb->ops->accum_d128_perm[vid];
+}
+
+static void finish_row(const struct job *jb, int r, const float *acc, const uint8_t *perm, float m,
+		       float l, float *tmp, float *out)
 {
 	const struct tq_attn_params *p = jb->p;
 	int d = jb->sh.dim;
@@ -416,8 +429,12 @@ static void finish_row(const struct job *jb, int r, const float *acc, float m, f
 		return;
 	}
 	float inv = 1.0f / l;
-	for (int j = 0; j < d; j++)
-		tmp[j] = acc[j] * inv;
+	if (perm)
+		for (int j = 0; j < d; j++)
+			tmp[perm[j]] = acc[j] * inv;
+	else
+		for (int j = 0; j < d; j++)
+			tmp[j] = acc[j] * inv;
 	tq_unrotate(jb->p->v_codec, tmp, out);
 }
 
@@ -666,7 +683,7 @@ static void task_compute(void *arg, int task, int thread)
 
 	if (pl->n_split == 1) {
 		for (int i = 0; i < nrows; i++)
-			finish_row(jb, r0 + i, acc0 + (size_t)i * d, mrow[i], lrow[i], tmp,
+			finish_row(jb, r0 + i, acc0 + (size_t)i * d, acc_perm(jb, nrows), mrow[i], lrow[i], tmp,
 				   p->out + out_row(jb, h, r0 + i));
 		return;
 	}
@@ -708,7 +725,7 @@ static void task_merge(void *arg, int task, int thread)
 					sum[j] += a[j] * f;
 			}
 		}
-		finish_row(jb, r0 + i, sum, M, L, tmp, jb->p->out + out_row(jb, h, r0 + i));
+		finish_row(jb, r0 + i, sum, acc_perm(jb, nrows), M, L, tmp, jb->p->out + out_row(jb, h, r0 + i));
 	}
 }
 

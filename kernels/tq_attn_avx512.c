@@ -500,8 +500,12 @@ static void accum_avx512(float *acc, const float *alpha, const float *wp, const 
  * LD_<codec>(blk, k): dims [16k, 16k + 16) of one block, unscaled, k a
  * constant 0..7 after unrolling; SC_<codec>(blk): the block's scale. */
 #define D 128
-#define LD_tq4(b, k) _mm512_permutexvar_ps((k) < 4 ? zext16((b) + 4 + 16 * (k))                   \
-	: _mm512_srli_epi32(zext16((b) + 4 + 16 * ((k) - 4)), 4), cb)
+/* tq4 (acc in acc_order: below): the 64 index bytes as 16 dwords, dword m
+ * holding dims 4m + b (b = 0..3) in the low nibbles of its bytes and dims
+ * 64 + 4m + b in the high ones; vpermps reads 4 bits, so a shift by 8b
+ * (+ 4 for the high half) is the whole decode: no widening */
+#define LD_tq4(b, k) _mm512_permutexvar_ps(_mm512_srli_epi32(                                       \
+	_mm512_loadu_si512((const void *)((b) + 4)), 8 * ((k) & 3) + 4 * ((k) >> 2)), cb)
 #define LD_tq2(b, k) _mm512_permutexvar_ps(                                                          \
 	_mm512_srli_epi32(zext16((b) + 4 + 16 * ((k) & 1)), 2 * ((k) >> 1)), cb)
 #define LD_q8(b, k) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(                                         \
@@ -1065,12 +1069,49 @@ DEF_SCORES(f16)
 DEF_SCORES(f32)
 DEF_ACCUM(tq4)
 
-/* tq3 values: the chunk's index bytes first (32 dims per step by in-lane
- * byte shifts and masks, as the AVX2 path), then the passes look them up
- * with one vpmovzxbd and one vpermps per 16 dims, where a slice decoder
- * took two vpmovzxbd, two shifts, a vpternlogd and the vpermps per 16 dims
- * in both passes (13 % slower in `tqbench kern`).  Same products in the
- * same order: the same bits. */
+/* The order accum_tq4 and accum_tq3 keep acc in: position 64h + 16b + m
+ * holds dim 64h + 4m + b, the order their dword-wise decoders give. */
+#define AO(p) (((p) & 64) | (((p) & 15) << 2) | (((p) >> 4) & 3))
+#define AO4(p) AO(p), AO((p) + 1), AO((p) + 2), AO((p) + 3)
+#define AO16(p) AO4(p), AO4((p) + 4), AO4((p) + 8), AO4((p) + 12)
+static const uint8_t acc_order[128] = {
+	AO16(0), AO16(16), AO16(32), AO16(48), AO16(64), AO16(80), AO16(96), AO16(112),
+};
+#undef AO16
+#undef AO4
+#undef AO
+
+/* A d = 128 tq3 block's 128 index bytes into o (64-byte aligned), in dim
+ * order, only their low 3 bits defined (vpermps over the codebook
+ * replicated to 16 reads 4): dim 32g + j has its low bits in byte j of the
+ * 2-bit plane at shift 2g, its high bit in byte j % 16 of the 1-bit plane
+ * at bit 2g + (j >= 16) (tq_layout.h).  Both planes broadcast by the loads
+ * themselves; each 64 dims one per-half shift of the low bits, one
+ * rotation of the high bits (by 64-bit lanes: a bit moves within its
+ * byte) and a merge. */
+static inline void tq3_ix128_z(const uint8_t *blk, uint8_t *o)
+{
+	const __m512i x = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)(blk + 4)));
+	const __m512i y = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)(blk + 36)));
+	const __m512i m3 = _mm512_set1_epi8(3);
+	/* bit s of each byte of the 1-bit plane -> bit 2, s = 128-bit lane
+	 * (+ 4 for dims 64..127): a rotation right by s - 2 */
+	const __m512i ha = _mm512_set_epi64(1, 1, 0, 0, 63, 63, 62, 62), hb = _mm512_set_epi64(5, 5, 4, 4, 3, 3, 2, 2);
+	/* the 2-bit plane's shift per 256-bit half: 2g */
+	const __m512i la = _mm512_set_epi64(0x0002000200020002LL, 0x0002000200020002LL, 0x0002000200020002LL,
+					    0x0002000200020002LL, 0, 0, 0, 0);
+	const __m512i lb = _mm512_add_epi16(la, _mm512_set1_epi16(4));
+
+	_mm512_store_si512((void *)o, _mm512_ternarylogic_epi32(m3, _mm512_srlv_epi16(x, la),
+								 _mm512_rorv_epi64(y, ha), 0xCA));
+	_mm512_store_si512((void *)(o + 64), _mm512_ternarylogic_epi32(m3, _mm512_srlv_epi16(x, lb),
+									_mm512_rorv_epi64(y, hb), 0xCA));
+}
+
+/* tq3 values: the chunk's index bytes first (tq3_ix128_z), then the passes look them up
+ * as tq4's nibbles (LD_tq4): 16 dwords of 4 index bytes, one shift and one
+ * vpermps per 16 dims, acc in acc_order (a vpmovzxbd per 16 dims, in dim
+ * order, was 5-10 % slower in `tqbench kern`). */
 static void accum_tq3(const tq_codec *c, const uint8_t *src, int n, float *acc,
 		      const float *alpha, const float *p)
 {
@@ -1083,7 +1124,7 @@ static void accum_tq3(const tq_codec *c, const uint8_t *src, int n, float *acc,
 		const uint8_t *b = src + (size_t)t * bb;
 		__m128 sc = _mm_set1_ps(hdr_scale(b));
 		_mm_store_ps(w + 4 * t, _mm_mul_ps(_mm_loadu_ps(p + 4 * t), sc));
-		tq3_ix128(b, ix + (size_t)t * D);
+		tq3_ix128_z(b, ix + (size_t)t * D);
 	}
 	_Pragma("GCC unroll 2")
 	for (int h = 0; h < 2; h++) {
@@ -1097,10 +1138,11 @@ static void accum_tq3(const tq_codec *c, const uint8_t *src, int n, float *acc,
 		}
 		const uint8_t *ip = ix + 64 * h;
 		for (int t = 0; t < n; t++, ip += D) {
-			const __m512 v0 = _mm512_permutexvar_ps(zext16(ip), cb);
-			const __m512 v1 = _mm512_permutexvar_ps(zext16(ip + 16), cb);
-			const __m512 v2 = _mm512_permutexvar_ps(zext16(ip + 32), cb);
-			const __m512 v3 = _mm512_permutexvar_ps(zext16(ip + 48), cb);
+			const __m512i x = _mm512_load_si512((const void *)ip);
+			const __m512 v0 = _mm512_permutexvar_ps(x, cb);
+			const __m512 v1 = _mm512_permutexvar_ps(_mm512_srli_epi32(x, 8), cb);
+			const __m512 v2 = _mm512_permutexvar_ps(_mm512_srli_epi32(x, 16), cb);
+			const __m512 v3 = _mm512_permutexvar_ps(_mm512_srli_epi32(x, 24), cb);
 			_Pragma("GCC unroll 4")
 			for (int r = 0; r < 4; r++) {
 				const __m512 wr = _mm512_set1_ps(w[4 * t + r]);
@@ -1151,6 +1193,7 @@ DEF_ACCUM(f32)
 			[TQ_CODEC_TQ4] = accum_tq4, [TQ_CODEC_TQ3] = accum_tq3, [TQ_CODEC_TQ2] = accum_tq2, \
 			[TQ_CODEC_Q8] = accum_q8, [TQ_CODEC_F16] = accum_f16, [TQ_CODEC_F32] = accum_f32, \
 		},                                                                              \
+		.accum_d128_perm = { [TQ_CODEC_TQ4] = acc_order, [TQ_CODEC_TQ3] = acc_order },   \
 	}
 
 static const struct tqa_ops ops = OPS(iscores_, tscores_), ops_vnni = OPS(iscores_vnni_, tscores_vnni_);

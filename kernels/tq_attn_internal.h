@@ -77,6 +77,11 @@ struct tqa_ops {
 						   float *s);
 	void (*accum_d128[TQ_CODEC__COUNT])(const tq_codec *c, const uint8_t *src, int n,
 					    float *acc, const float *alpha, const float *w);
+	/* Where a codec's accum_d128 keeps acc in an order of its own (the one
+	 * its decoder gives for free): position i of each acc row holds dim
+	 * accum_d128_perm[c][i].  NULL: dim order.  The driver reorders a row
+	 * once, when it finishes it (tqa_finish_perm). */
+	const uint8_t *accum_d128_perm[TQ_CODEC__COUNT];
 };
 
 extern const struct tqa_ops tqa_ops_scalar;

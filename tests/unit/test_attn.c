@@ -312,9 +312,15 @@ static void test_split_k(void)
 	p.causal = 0;
 	double e2 = compare(p, "split-K full");
 	qset_free(&s);
+	/* one query (decode: the register-direct kernels, whose accumulators
+	 * may keep their own dim order through the merge) */
+	qset_make(&s, 1, 8, 128, pos);
+	double e3 = compare(params_for(&c, &s, NULL, 1), "split-K decode");
+	qset_free(&s);
 	kv_free(&c);
 	T_ASSERT(e >= 0 && e <= TOL);
 	T_ASSERT(e2 >= 0 && e2 <= TOL);
+	T_ASSERT(e3 >= 0 && e3 <= TOL);
 }
 
 /* Query dtypes: f16/bf16 queries go through the same conversion in both. */
