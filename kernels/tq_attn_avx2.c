@@ -9,6 +9,8 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 #include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tq_attn_internal.h"
@@ -662,9 +664,15 @@ static void accum_tq4(const tq_codec *c, const uint8_t *src, int n, float *acc,
  * max|c|), split into a low-byte and a high-byte table, so one vpshufb pair
  * and one byte interleave turn 32 packed indices into 32 int16 centroids.
  *
- * Range: a lane of one 32-dim group sums 4 products (two vpmaddwd), at most
- * 4 · 23170² < 2^31, and groups are summed in float.  q8 codes are exact
- * (|code| <= 127), so its rows get the full 32767.
+ * Range: tq*: a lane of one 64-dim half sums 8 products (four vpmaddwd, or
+ * a vpmaddwd and three vpdpwssd), converted once, and the halves are summed
+ * in float.  8 · 23170² could leave int32, so qprep_rows bounds each lane's
+ * sum of |q_j| · max|c| by 2^31 (lane_bound) and scales a row down below Q
+ * where it would not fit: a rotated query is near Gaussian and its lanes
+ * stay well inside, so rows keep their 15 bits; only a row with its large
+ * entries crowded into one lane's dims loses some (test_attn's flat row
+ * against a key of top centroids).  tq*o keep one int32 per 32-dim group.
+ * q8 codes are exact (|code| <= 127), so its rows get the full 32767.
  *
  * Accuracy: rounding q and c to 15 bits perturbs a logit by about 1e-5 of
  * |q| |k| (measured: tests/bench/attn --quality prints it), far below the
@@ -685,8 +693,28 @@ static void accum_tq4(const tq_codec *c, const uint8_t *src, int n, float *acc,
 
 static_assert(QP_CH + 32 <= TQA_QPREP_BYTES, "qprep layout fits");
 
-/* rows q [4][128] -> int16 [4][128]; perm: the centroid codecs' order */
-static void qprep_rows(const float *q, int perm, float qlim, float csc, uint8_t *qp)
+/* The largest |sum| one int32 lane of DOT_KIND_TQ's two chains can reach
+ * for the int16 row o against centroids of magnitude at most cmax: lane i
+ * of chain c takes the words 32g + {0, 16} + 2i + {0, 1}, g = 2c, 2c + 1. */
+static int64_t lane_bound(const int16_t *o, int cmax)
+{
+	int64_t worst = 0;
+
+	for (int ch = 0; ch < 2; ch++)
+		for (int i = 0; i < 8; i++) {
+			int64_t sum = 0;
+			for (int g = 2 * ch; g < 2 * ch + 2; g++)
+				for (int k = 0; k < 32; k += 16)
+					sum += abs(o[32 * g + k + 2 * i]) + abs(o[32 * g + k + 2 * i + 1]);
+			if (sum > worst)
+				worst = sum;
+		}
+	return worst * cmax;
+}
+
+/* rows q [4][128] -> int16 [4][128]; perm: the centroid codecs' order;
+ * cmax > 0: DOT_KIND_TQ's rows, scaled down where a lane could leave int32 */
+static void qprep_rows(const float *q, int perm, float qlim, float csc, int cmax, uint8_t *qp)
 {
 	float *fac = (float *)(void *)(qp + QP_FAC);
 
@@ -703,9 +731,10 @@ static void qprep_rows(const float *q, int perm, float qlim, float csc, uint8_t 
 		/* max 0: every product is 0.  max inf (a scaled row beyond float
 		 * range): the factor is inf, the scores inf or NaN, and the row
 		 * comes out NaN as the softmax contract says. */
-		const __m256 sq = _mm256_set1_ps(m > 0.0f && m <= 3.4e38f ? qlim / m : 0.0f);
-		fac[r] = m / (qlim * csc);
+		float sqs = m > 0.0f && m <= 3.4e38f ? qlim / m : 0.0f;
 		int16_t *o = (int16_t *)(void *)qp + r * D;
+again:;
+		const __m256 sq = _mm256_set1_ps(sqs);
 		for (int j = 0; j < D; j += 32) {
 			__m256i v[4];
 			for (int i = 0; i < 4; i++)
@@ -722,6 +751,14 @@ static void qprep_rows(const float *q, int perm, float qlim, float csc, uint8_t 
 			_mm256_storeu_si256((__m256i *)(void *)(o + j), n0);
 			_mm256_storeu_si256((__m256i *)(void *)(o + j + 16), n1);
 		}
+		if (cmax > 0 && sqs > 0.0f) {
+			const int64_t b = lane_bound(o, cmax);
+			if (b > INT32_MAX) {
+				sqs *= (float)((double)INT32_MAX / (double)b) * 0.999f;
+				goto again;
+			}
+		}
+		fac[r] = sqs > 0.0f ? 1.0f / (sqs * csc) : m / (qlim * csc);
 	}
 }
 
@@ -744,13 +781,13 @@ static void qprep_cb(const tq_codec *c, const float *q, void *qpv)
 	const float csc = tqa_cb_int_scale(&c->cb, CLIM_TQ);
 
 	byte_tables(&c->cb, 0, csc, qp + QP_CL, qp + QP_CH);
-	qprep_rows(q, 1, QLIM_TQ, csc, qp);
+	qprep_rows(q, 1, QLIM_TQ, csc, (int)CLIM_TQ, qp);
 }
 
 static void qprep_q8(const tq_codec *c, const float *q, void *qp)
 {
 	(void)c;
-	qprep_rows(q, 0, QLIM_Q8, 1.0f, qp);
+	qprep_rows(q, 0, QLIM_Q8, 1.0f, 0, qp);
 }
 
 /* 32 indices (bytes < 16) -> int16 centroids, A/B halves as above */
@@ -803,7 +840,7 @@ static void qprep_tqo(const tq_codec *c, const float *q, void *qpv)
 	byte_tables(&c->cb_b, 0, cb, qp + QP_TQO + 128, qp + QP_TQO + 160); /* BL BH */
 	inv[0] = 1.0f / ca;
 	inv[1] = 1.0f / cb;
-	qprep_rows(q, 1, QLIM_TQ, 1.0f, qp);
+	qprep_rows(q, 1, QLIM_TQ, 1.0f, 0, qp);
 }
 
 /* 32 indices (bytes < 32) -> int16 centroids of a 32-entry table */
@@ -908,11 +945,21 @@ enum { KIND_TQ, KIND_Q8, KIND_TQO };
 		f[r + ao] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(PAIR(                            \
 			ka, qrow(qi, r * D + (off)), kb, qrow(qi, r * D + (off) + 16))), sv, f[r + ao])
 
+/* tq*: each half of the row (8 products per lane, bounded by qprep_rows)
+ * summed in int32 and converted once */
+#define DOT4_PLAIN(a0, b0, a1, b1, a2, b2, a3, b3)                                          \
+	_mm256_add_epi32(PAIR_PLAIN(a0, b0, a1, b1), PAIR_PLAIN(a2, b2, a3, b3))
+#define DOT4_VNNI(a0, b0, a1, b1, a2, b2, a3, b3)                                           \
+	_mm256_dpwssd_avx_epi32(_mm256_dpwssd_avx_epi32(PAIR_VNNI(a0, b0, a1, b1), a2, b2), a3, b3)
+#define DOT_HALF(k, r, h)                                                                   \
+	_mm256_cvtepi32_ps(DOT4(k[4 * (h)], qrow(qi, (r) * D + 64 * (h)), k[4 * (h) + 1],         \
+				qrow(qi, (r) * D + 64 * (h) + 16), k[4 * (h) + 2],                   \
+				qrow(qi, (r) * D + 64 * (h) + 32), k[4 * (h) + 3],                   \
+				qrow(qi, (r) * D + 64 * (h) + 48)))
 #define DOT_KIND_TQ(k, sa, sb)                                                              \
 	_Pragma("GCC unroll 4")                                                             \
-	for (int g = 0; g < 4; g++) {                                                       \
-		MADD4(k[2 * g], k[2 * g + 1], 32 * g);                                      \
-	}
+	for (int r = 0; r < 4; r++)                                                         \
+		f[r + ao] = _mm256_add_ps(DOT_HALF(k, r, 0), DOT_HALF(k, r, 1))
 /* q8: a lane sums 16 products of at most 32767 · 127: int32 holds them */
 #define DOT_KIND_Q8(k, sa, sb)                                                              \
 	do {                                                                                \
@@ -1092,6 +1139,7 @@ ATTR static void NAME(const tq_codec *c, const uint8_t *src, int n, const float 
 
 #define PAIR PAIR_PLAIN
 #define ACC ACC_PLAIN
+#define DOT4 DOT4_PLAIN
 DEF_ISCORES(tq4, KIND_TQ, iscores_tq4, )
 DEF_ISCORES(tq3, KIND_TQ, iscores_tq3, )
 DEF_ISCORES(tq2, KIND_TQ, iscores_tq2, )
@@ -1103,6 +1151,8 @@ DEF_TSCORES(KIND_Q8, tscores_q8, )
 DEF_TSCORES(KIND_TQO, tscores_tqo, )
 #undef PAIR
 #undef ACC
+#undef DOT4
+#define DOT4 DOT4_VNNI
 #define PAIR PAIR_VNNI
 #define ACC ACC_VNNI
 DEF_ISCORES(tq4, KIND_TQ, iscores_vnni_tq4, VNNI)
@@ -1116,6 +1166,7 @@ DEF_TSCORES(KIND_Q8, tscores_vnni_q8, VNNI)
 DEF_TSCORES(KIND_TQO, tscores_vnni_tqo, VNNI)
 #undef PAIR
 #undef ACC
+#undef DOT4
 DEF_KTILE(tq4, KIND_TQ)
 DEF_KTILE(tq3, KIND_TQ)
 DEF_KTILE(tq2, KIND_TQ)
