@@ -555,17 +555,35 @@ static void accum_##C(const tq_codec *c, const uint8_t *src, int n, float *acc, 
 }
 
 /* The passes of the tq3 / tq4 value kernels over the chunk's index bytes
- * ix [n][128]: 4 rows x 16 dims in registers per pass, one vpermps per 8
- * dims; fold (tq4): the index byte's bit 7 is the sign (accum_tq4). */
+ * ix [n][128] (with IX_PAD bytes before and after): 4 rows x 16 dims in
+ * registers per pass.  The 8 dims 32B + 4m + b (m = 0..7) of one vector
+ * come from one unaligned load at ix + 32B + b: dword m's low byte is dim
+ * 32B + 4m + b's index, and vpermps reads its low 3 bits only — no
+ * widening (a vpmovzxbd per 8 dims took port 5 beside the vpermps, which
+ * the FMAs' ports left no room for).  So acc is kept in acc_order2: the
+ * pass over [32B, 32B + 32) holds b = 0, 1, then b = 2, 3.  fold (tq4):
+ * the index byte's bit 7 is the value's sign (accum_tq4), moved to the
+ * float's by a second load 3 bytes earlier (its top byte is the same). */
+#define IX_PAD 4
 static inline __attribute__((always_inline)) __m256 ix_value(__m256 cb, const uint8_t *ip, const int fold)
 {
+	const __m256 v = _mm256_permutevar8x32_ps(cb, _mm256_loadu_si256((const __m256i *)(const void *)ip));
 	if (!fold)
-		return _mm256_permutevar8x32_ps(cb, zext8(ip));
-	/* sign-extended: a lane is negative exactly where the value is */
-	const __m256i i = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)ip));
-	return _mm256_xor_ps(_mm256_permutevar8x32_ps(cb, i),
-			     _mm256_and_ps(_mm256_castsi256_ps(i), _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u))));
+		return v;
+	const __m256 sg = _mm256_loadu_ps((const float *)(const void *)(ip - 3));
+	return _mm256_xor_ps(v, _mm256_and_ps(sg, _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u))));
 }
+
+/* position p of an acc row holds dim acc_order2[p] (tqa_ops.accum_d128_perm) */
+#define AO(p) (((p) & ~31) | (((p) & 7) << 2) | (((p) >> 3) & 3))
+#define AO4(p) AO(p), AO((p) + 1), AO((p) + 2), AO((p) + 3)
+#define AO16(p) AO4(p), AO4((p) + 4), AO4((p) + 8), AO4((p) + 12)
+static const uint8_t acc_order2[128] = {
+	AO16(0), AO16(16), AO16(32), AO16(48), AO16(64), AO16(80), AO16(96), AO16(112),
+};
+#undef AO16
+#undef AO4
+#undef AO
 
 static inline __attribute__((always_inline)) void ix_passes(const uint8_t *ix, int n, const float *w, float *acc,
 							    const float *alpha, __m256 cb, const int fold)
@@ -579,9 +597,9 @@ static inline __attribute__((always_inline)) void ix_passes(const uint8_t *ix, i
 			a[2 * r] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * D + 16 * h), al);
 			a[2 * r + 1] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * D + 16 * h + 8), al);
 		}
-		const uint8_t *ip = ix + 16 * h;
+		const uint8_t *ip = ix + 32 * (h >> 1) + 2 * (h & 1);
 		for (int t = 0; t < n; t++, ip += D) {
-			const __m256 v0 = ix_value(cb, ip, fold), v1 = ix_value(cb, ip + 8, fold);
+			const __m256 v0 = ix_value(cb, ip, fold), v1 = ix_value(cb, ip + 1, fold);
 			_Pragma("GCC unroll 4")
 			for (int r = 0; r < 4; r++) {
 				const __m256 wr = _mm256_broadcast_ss(w + 4 * t + r);
@@ -599,17 +617,22 @@ static inline __attribute__((always_inline)) void ix_passes(const uint8_t *ix, i
 
 /* tq3 values: the index bytes of the chunk first, by in-lane byte shifts and
  * masks (32 dims per step, as the tile decoder does), then the passes look
- * them up with one vpmovzxbd and one vpermps per 8 dims: the slice decoder
- * took two vpmovzxbd, four shifts and masks and the vpermps per 8 dims, in
- * every pass. */
+ * them up with one load and one vpermps per 8 dims (ix_value): the slice
+ * decoder took two vpmovzxbd, four shifts and masks and the vpermps per 8
+ * dims, in every pass.  (Passes of 12 accumulators, 24 dims, spilled: 18 %
+ * slower in `tqbench kern`.) */
 static void accum_tq3(const tq_codec *c, const uint8_t *src, int n, float *acc,
 		      const float *alpha, const float *p)
 {
 	const __m256 cb = _mm256_loadu_ps(c->cb.centroid);
 	const size_t bb = c->block_bytes;
 	float w[TQA_CHUNK * TQA_ROWS] __attribute__((aligned(32)));
-	uint8_t ix[TQA_CHUNK * D] __attribute__((aligned(32)));
+	uint8_t ixb[TQA_CHUNK * D + 2 * 32] __attribute__((aligned(32)));
+	uint8_t *ix = ixb + 32;
 
+	static_assert(IX_PAD <= 32, "ix padding");
+	memset(ixb, 0, 32);
+	memset(ix + (size_t)n * D, 0, 32);
 	for (int t = 0; t < n; t++) {
 		const uint8_t *b = src + (size_t)t * bb;
 		__m128 sc = _mm_set1_ps(hdr_scale(b));
@@ -639,8 +662,11 @@ static void accum_tq4(const tq_codec *c, const uint8_t *src, int n, float *acc,
 	const __m256i m15 = _mm256_set1_epi8(15), m8 = _mm256_set1_epi8(8), mf7 = _mm256_set1_epi8((char)0xf7);
 	const size_t bb = c->block_bytes;
 	float w[TQA_CHUNK * TQA_ROWS] __attribute__((aligned(32)));
-	uint8_t ix[TQA_CHUNK * D] __attribute__((aligned(32)));
+	uint8_t ixb[TQA_CHUNK * D + 2 * 32] __attribute__((aligned(32)));
+	uint8_t *ix = ixb + 32;
 
+	memset(ixb, 0, 32);
+	memset(ix + (size_t)n * D, 0, 32);
 	for (int t = 0; t < n; t++) {
 		const uint8_t *b = src + (size_t)t * bb;
 		__m128 sc = _mm_set1_ps(hdr_scale(b));
@@ -1210,6 +1236,7 @@ DEF_ACCUM(f32)
 			[TQ_CODEC_TQ4] = accum_tq4, [TQ_CODEC_TQ3] = accum_tq3, [TQ_CODEC_TQ2] = accum_tq2, \
 			[TQ_CODEC_Q8] = accum_q8, [TQ_CODEC_F16] = accum_f16, [TQ_CODEC_F32] = accum_f32, \
 		},                                                                              \
+		.accum_d128_perm = { [TQ_CODEC_TQ4] = acc_order2, [TQ_CODEC_TQ3] = acc_order2 }, \
 	}
 
 static const struct tqa_ops ops = OPS(iscores_, tscores_), ops_vnni = OPS(iscores_vnni_, tscores_vnni_);
