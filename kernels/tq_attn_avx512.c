@@ -1108,18 +1108,21 @@ static inline void tq3_ix128_z(const uint8_t *blk, uint8_t *o)
 									_mm512_rorv_epi64(y, hb), 0xCA));
 }
 
-/* tq3 values: the chunk's index bytes first (tq3_ix128_z), then the passes look them up
- * as tq4's nibbles (LD_tq4): 16 dwords of 4 index bytes, one shift and one
- * vpermps per 16 dims, acc in acc_order (a vpmovzxbd per 16 dims, in dim
- * order, was 5-10 % slower in `tqbench kern`). */
+/* tq3 values: the chunk's index bytes first (tq3_ix128_z), then the passes
+ * look them up 16 dims per unaligned load at byte b of each 64: dword m's
+ * low byte is dim 4m + b's index, and vpermps reads its low 4 bits — one
+ * load and one vpermps per 16 dims, acc in acc_order (a vpmovzxbd per 16
+ * dims, in dim order, was 5-10 % slower in `tqbench kern`; shifts of one
+ * load in place of the loads, 1-2 %). */
 static void accum_tq3(const tq_codec *c, const uint8_t *src, int n, float *acc,
 		      const float *alpha, const float *p)
 {
 	CB_tq3;
 	const size_t bb = c->block_bytes;
 	float w[TQA_CHUNK * TQA_ROWS] __attribute__((aligned(64)));
-	uint8_t ix[TQA_CHUNK * D] __attribute__((aligned(64)));
+	uint8_t ix[TQA_CHUNK * D + 64] __attribute__((aligned(64)));
 
+	memset(ix + (size_t)n * D, 0, 64); /* the last loads' 3 bytes past the tokens */
 	for (int t = 0; t < n; t++) {
 		const uint8_t *b = src + (size_t)t * bb;
 		__m128 sc = _mm_set1_ps(hdr_scale(b));
@@ -1138,11 +1141,10 @@ static void accum_tq3(const tq_codec *c, const uint8_t *src, int n, float *acc,
 		}
 		const uint8_t *ip = ix + 64 * h;
 		for (int t = 0; t < n; t++, ip += D) {
-			const __m512i x = _mm512_load_si512((const void *)ip);
-			const __m512 v0 = _mm512_permutexvar_ps(x, cb);
-			const __m512 v1 = _mm512_permutexvar_ps(_mm512_srli_epi32(x, 8), cb);
-			const __m512 v2 = _mm512_permutexvar_ps(_mm512_srli_epi32(x, 16), cb);
-			const __m512 v3 = _mm512_permutexvar_ps(_mm512_srli_epi32(x, 24), cb);
+			const __m512 v0 = _mm512_permutexvar_ps(_mm512_loadu_si512((const void *)ip), cb);
+			const __m512 v1 = _mm512_permutexvar_ps(_mm512_loadu_si512((const void *)(ip + 1)), cb);
+			const __m512 v2 = _mm512_permutexvar_ps(_mm512_loadu_si512((const void *)(ip + 2)), cb);
+			const __m512 v3 = _mm512_permutexvar_ps(_mm512_loadu_si512((const void *)(ip + 3)), cb);
 			_Pragma("GCC unroll 4")
 			for (int r = 0; r < 4; r++) {
 				const __m512 wr = _mm512_set1_ps(w[4 * t + r]);
