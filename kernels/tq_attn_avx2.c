@@ -576,13 +576,7 @@ static inline __attribute__((always_inline)) __m256 ix_value(__m256 cb, const ui
 
 /* position p of an acc row holds dim acc_order2[p] (tqa_ops.accum_d128_perm) */
 #define AO(p) (((p) & ~31) | (((p) & 7) << 2) | (((p) >> 3) & 3))
-#define AO4(p) AO(p), AO((p) + 1), AO((p) + 2), AO((p) + 3)
-#define AO16(p) AO4(p), AO4((p) + 4), AO4((p) + 8), AO4((p) + 12)
-static const uint8_t acc_order2[128] = {
-	AO16(0), AO16(16), AO16(32), AO16(48), AO16(64), AO16(80), AO16(96), AO16(112),
-};
-#undef AO16
-#undef AO4
+static const uint8_t acc_order2[128] = TQA_ORDER128(AO);
 #undef AO
 
 static inline __attribute__((always_inline)) void ix_passes(const uint8_t *ix, int n, const float *w, float *acc,

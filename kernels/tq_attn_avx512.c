@@ -1072,13 +1072,7 @@ DEF_ACCUM(tq4)
 /* The order accum_tq4 and accum_tq3 keep acc in: position 64h + 16b + m
  * holds dim 64h + 4m + b, the order their dword-wise decoders give. */
 #define AO(p) (((p) & 64) | (((p) & 15) << 2) | (((p) >> 4) & 3))
-#define AO4(p) AO(p), AO((p) + 1), AO((p) + 2), AO((p) + 3)
-#define AO16(p) AO4(p), AO4((p) + 4), AO4((p) + 8), AO4((p) + 12)
-static const uint8_t acc_order[128] = {
-	AO16(0), AO16(16), AO16(32), AO16(48), AO16(64), AO16(80), AO16(96), AO16(112),
-};
-#undef AO16
-#undef AO4
+static const uint8_t acc_order[128] = TQA_ORDER128(AO);
 #undef AO
 
 /* A d = 128 tq3 block's 128 index bytes into o (64-byte aligned), in dim

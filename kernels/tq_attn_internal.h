@@ -84,6 +84,14 @@ struct tqa_ops {
 	const uint8_t *accum_d128_perm[TQ_CODEC__COUNT];
 };
 
+/* A uint8_t[128] initializer whose entry p is F(p): the accumulator orders
+ * of accum_d128_perm, each given by its formula. */
+#define TQA_P4_(F, p) F(p), F((p) + 1), F((p) + 2), F((p) + 3)
+#define TQA_P16_(F, p) TQA_P4_(F, p), TQA_P4_(F, (p) + 4), TQA_P4_(F, (p) + 8), TQA_P4_(F, (p) + 12)
+#define TQA_ORDER128(F)                                                                  \
+	{ TQA_P16_(F, 0), TQA_P16_(F, 16), TQA_P16_(F, 32), TQA_P16_(F, 48),             \
+	  TQA_P16_(F, 64), TQA_P16_(F, 80), TQA_P16_(F, 96), TQA_P16_(F, 112) }
+
 extern const struct tqa_ops tqa_ops_scalar;
 /* NULL when this build has no such path. */
 const struct tqa_ops *tqa_ops_avx2(void);

@@ -1009,6 +1009,33 @@ static void test_key_scoring_dot(void)
  * ran 12 x slower, fp16 included.)  Scores spread over 0 .. -240 in base 2,
  * rows starting (m = -inf) and continuing, chunks cut short; the weights and
  * the running sums stay within 1e-6 of the scalar step's. */
+/* Every ISA's value-accumulator orders (accum_d128_perm) are permutations
+ * of the 128 dims, and only where the codec has an accum_d128. */
+static void test_accum_orders(void)
+{
+	int seen_any = 0;
+
+	for (size_t ii = 0; ii < sizeof(isas) / sizeof(isas[0]); ii++) {
+		const struct tqa_ops *o = isa_ops(isas[ii]);
+		for (int id = 0; o && id < TQ_CODEC__COUNT; id++) {
+			const uint8_t *perm = o->accum_d128_perm[id];
+			if (!perm)
+				continue;
+			T_ASSERT(o->accum_d128[id] != NULL);
+			int hit[128] = { 0 };
+			for (int p = 0; p < 128; p++) {
+				T_ASSERT(perm[p] < 128);
+				hit[perm[p] & 127]++;
+			}
+			for (int j = 0; j < 128; j++)
+				T_EQ(hit[j], 1);
+			seen_any = 1;
+		}
+	}
+	if (getenv("TQ_TEST_VERBOSE"))
+		fprintf(stderr, "  accumulator orders checked: %s\n", seen_any ? "yes" : "none on this CPU");
+}
+
 static void test_softmax_no_subnormal(void)
 {
 	float s0[TQA_CHUNK * TQA_ROWS], s1[TQA_CHUNK * TQA_ROWS];
@@ -1194,6 +1221,7 @@ int main(void)
 	T_RUN(test_tile_decoders);
 	T_RUN(test_overflow);
 	T_RUN(test_softmax_no_subnormal);
+	T_RUN(test_accum_orders);
 	tq_threads_free(pool3);
 	tq_cache_free(cache);
 	return t_done();
