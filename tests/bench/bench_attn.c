@@ -28,6 +28,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -77,7 +78,13 @@ static int cache_new(struct cache *c, tq_cache *cbs, enum tq_codec_id kid, enum 
 	c->t.n_tokens = len;
 	c->t.n_pages = tq_page_count(&c->t.geom, len);
 	c->page_bytes = tq_page_bytes(&c->t.geom);
-	c->mem = aligned_alloc(64, c->page_bytes * (c->t.n_pages ? c->t.n_pages : 1));
+	/* as tqkvd's host pool (backend_host.c): transparent huge pages where
+	 * the kernel gives them, so the pages cost the TLB what they cost the
+	 * daemon */
+	const size_t huge = 2u << 20, bytes = c->page_bytes * (c->t.n_pages ? c->t.n_pages : 1);
+	c->mem = aligned_alloc(huge, (bytes + huge - 1) / huge * huge);
+	if (c->mem)
+		(void)madvise(c->mem, (bytes + huge - 1) / huge * huge, MADV_HUGEPAGE);
 	c->pages = calloc(c->t.n_pages + 1, sizeof(*c->pages));
 	if (!c->mem || !c->pages)
 		return -ENOMEM;
