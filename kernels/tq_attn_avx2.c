@@ -750,8 +750,10 @@ static void qprep_rows(const float *q, int perm, float qlim, float csc, int cmax
 		float m = _mm_cvtss_f32(m4);
 		/* max 0: every product is 0.  max inf (a scaled row beyond float
 		 * range): the factor is inf, the scores inf or NaN, and the row
-		 * comes out NaN as the softmax contract says. */
-		float sqs = m > 0.0f && m <= 3.4e38f ? qlim / m : 0.0f;
+		 * comes out NaN as the softmax contract says.  A row so small
+		 * that Q / max overflows (max < 7e-35: its logits are 0 to float
+		 * precision) takes 2^100, finite, so the bound below ends. */
+		float sqs = m > 0.0f && m <= 3.4e38f ? fminf(qlim / m, 0x1p100f) : 0.0f;
 		int16_t *o = (int16_t *)(void *)qp + r * D;
 again:;
 		const __m256 sq = _mm256_set1_ps(sqs);

@@ -701,8 +701,10 @@ static void qprep_rows(const float *q, float qlim, float csc, int cmax, int tq4,
 		const float m = _mm512_reduce_max_ps(mx);
 		/* max 0: every product is 0.  max inf: the factor is inf, the
 		 * scores inf or NaN, and the row comes out NaN as the softmax
-		 * contract says (as in the AVX2 path). */
-		float sq = m > 0.0f && m <= 3.4e38f ? qlim / m : 0.0f;
+		 * contract says (as in the AVX2 path).  A row so small that Q /
+		 * max overflows (max < 7e-35: its logits are 0 to float
+		 * precision) takes 2^100, finite, so the bound below ends. */
+		float sq = m > 0.0f && m <= 3.4e38f ? fminf(qlim / m, 0x1p100f) : 0.0f;
 		int16_t *o = (int16_t *)(void *)qp + r * D, nat[D] __attribute__((aligned(32)));
 		for (;;) {
 			const __m512 sv = _mm512_set1_ps(sq);

@@ -1009,6 +1009,33 @@ static void test_key_scoring_dot(void)
  * ran 12 x slower, fp16 included.)  Scores spread over 0 .. -240 in base 2,
  * rows starting (m = -inf) and continuing, chunks cut short; the weights and
  * the running sums stay within 1e-6 of the scalar step's. */
+/* Queries so small that the integer scorers' scale (Q / max|q|) leaves
+ * float range: every path must finish, with logits 0 to float precision
+ * (the oracle: the values' plain mean), decode and prefill alike. */
+static void test_tiny_queries(void)
+{
+	static const struct { enum tq_codec_id k, v; } pairs[] = {
+		{ TQ_CODEC_TQ4, TQ_CODEC_TQ3 }, { TQ_CODEC_Q8, TQ_CODEC_TQ4 }, { TQ_CODEC_TQ4O, TQ_CODEC_TQ3 },
+	};
+	int32_t pos[3] = { 299, 150, 20 };
+
+	for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) {
+		struct kv c;
+		T_ASSERT(kv_build(&c, pairs[i].k, pairs[i].v, 128, 2, 64, 300, t_seed() + i) == 0);
+		for (int nq = 1; nq <= 3; nq += 2)
+			for (int e = 0; e < 2; e++) {
+				struct qset s;
+				qset_make(&s, nq, 8, 128, pos);
+				for (size_t j = 0; j < (size_t)nq * 8 * 128; j++)
+					s.q[j] *= e ? 1e-30f : 1e-37f;
+				double err = compare(params_for(&c, &s, NULL, 1), "tiny queries");
+				T_ASSERT(err >= 0 && err <= TOL);
+				qset_free(&s);
+			}
+		kv_free(&c);
+	}
+}
+
 /* Every ISA's value-accumulator orders (accum_d128_perm) are permutations
  * of the 128 dims, and only where the codec has an accum_d128. */
 static void test_accum_orders(void)
@@ -1222,6 +1249,7 @@ int main(void)
 	T_RUN(test_overflow);
 	T_RUN(test_softmax_no_subnormal);
 	T_RUN(test_accum_orders);
+	T_RUN(test_tiny_queries);
 	tq_threads_free(pool3);
 	tq_cache_free(cache);
 	return t_done();
