@@ -758,7 +758,7 @@ static void qprep_tqo(const tq_codec *c, const float *q, void *qpv)
 	}
 	inv[0] = 1.0f / ca;
 	inv[1] = 1.0f / cb;
-	qprep_rows(q, QLIM_TQ, 1.0f, (int)CLIM_TQ, 0, qp);
+	qprep_rows(q, QLIM_TQ, 1.0f, 0, 0, qp); /* per-half sums of 4: no bound */
 }
 
 /* IXW_<codec>(blk, g): the 32 indices of dims [32g, 32g + 32) of one block
