@@ -555,7 +555,8 @@ static void accum_##C(const tq_codec *c, const uint8_t *src, int n, float *acc, 
 }
 
 /* The passes of the tq3 / tq4 value kernels over the chunk's index bytes
- * ix [n][128] (with IX_PAD bytes before and after): 4 rows x 16 dims in
+ * ix [n][128] (IX_PAD zero bytes before and after: the loads reach 3
+ * bytes past either end): 4 rows x 16 dims in
  * registers per pass.  The 8 dims 32B + 4m + b (m = 0..7) of one vector
  * come from one unaligned load at ix + 32B + b: dword m's low byte is dim
  * 32B + 4m + b's index, and vpermps reads its low 3 bits only — no
@@ -564,7 +565,7 @@ static void accum_##C(const tq_codec *c, const uint8_t *src, int n, float *acc, 
  * pass over [32B, 32B + 32) holds b = 0, 1, then b = 2, 3.  fold (tq4):
  * the index byte's bit 7 is the value's sign (accum_tq4), moved to the
  * float's by a second load 3 bytes earlier (its top byte is the same). */
-#define IX_PAD 4
+#define IX_PAD 32
 static inline __attribute__((always_inline)) __m256 ix_value(__m256 cb, const uint8_t *ip, const int fold)
 {
 	const __m256 v = _mm256_permutevar8x32_ps(cb, _mm256_loadu_si256((const __m256i *)(const void *)ip));
@@ -621,12 +622,11 @@ static void accum_tq3(const tq_codec *c, const uint8_t *src, int n, float *acc,
 	const __m256 cb = _mm256_loadu_ps(c->cb.centroid);
 	const size_t bb = c->block_bytes;
 	float w[TQA_CHUNK * TQA_ROWS] __attribute__((aligned(32)));
-	uint8_t ixb[TQA_CHUNK * D + 2 * 32] __attribute__((aligned(32)));
-	uint8_t *ix = ixb + 32;
+	uint8_t ixb[TQA_CHUNK * D + 2 * IX_PAD] __attribute__((aligned(32)));
+	uint8_t *ix = ixb + IX_PAD;
 
-	static_assert(IX_PAD <= 32, "ix padding");
-	memset(ixb, 0, 32);
-	memset(ix + (size_t)n * D, 0, 32);
+	memset(ixb, 0, IX_PAD);
+	memset(ix + (size_t)n * D, 0, IX_PAD);
 	for (int t = 0; t < n; t++) {
 		const uint8_t *b = src + (size_t)t * bb;
 		__m128 sc = _mm_set1_ps(hdr_scale(b));
@@ -656,11 +656,11 @@ static void accum_tq4(const tq_codec *c, const uint8_t *src, int n, float *acc,
 	const __m256i m15 = _mm256_set1_epi8(15), m8 = _mm256_set1_epi8(8), mf7 = _mm256_set1_epi8((char)0xf7);
 	const size_t bb = c->block_bytes;
 	float w[TQA_CHUNK * TQA_ROWS] __attribute__((aligned(32)));
-	uint8_t ixb[TQA_CHUNK * D + 2 * 32] __attribute__((aligned(32)));
-	uint8_t *ix = ixb + 32;
+	uint8_t ixb[TQA_CHUNK * D + 2 * IX_PAD] __attribute__((aligned(32)));
+	uint8_t *ix = ixb + IX_PAD;
 
-	memset(ixb, 0, 32);
-	memset(ix + (size_t)n * D, 0, 32);
+	memset(ixb, 0, IX_PAD);
+	memset(ix + (size_t)n * D, 0, IX_PAD);
 	for (int t = 0; t < n; t++) {
 		const uint8_t *b = src + (size_t)t * bb;
 		__m128 sc = _mm_set1_ps(hdr_scale(b));
