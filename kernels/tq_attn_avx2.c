@@ -614,8 +614,10 @@ static inline __attribute__((always_inline)) void ix_passes(const uint8_t *ix, i
  * masks (32 dims per step, as the tile decoder does), then the passes look
  * them up with one load and one vpermps per 8 dims (ix_value): the slice
  * decoder took two vpmovzxbd, four shifts and masks and the vpermps per 8
- * dims, in every pass.  (Passes of 12 accumulators, 24 dims, spilled: 18 %
- * slower in `tqbench kern`.) */
+ * dims, in every pass.  Passes of 12 accumulators (24 dims, the table a
+ * memory operand so that nothing spills) were no faster, 12.0-12.2 ns a
+ * token against 11.6-11.8 in `tqbench kern`: the loop is bound by the FMA
+ * ports (64 vfmadd231ps ymm a token, 32 cycles), not by their latency. */
 static void accum_tq3(const tq_codec *c, const uint8_t *src, int n, float *acc,
 		      const float *alpha, const float *p)
 {
