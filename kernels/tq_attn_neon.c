@@ -615,9 +615,12 @@ static void qprep_q8_dot(const tq_codec *c, const float *q, void *qpv)
 		const float m = vmaxvq_f32(mx);
 		/* max 0: every product is 0.  max inf or NaN: the factor is
 		 * too, and the row's scores come out NaN (the softmax's
-		 * contract), as on x86. */
-		const float sq = m > 0.0f && m <= 3.4e38f ? QLIM_DOT / m : 0.0f;
-		fac[r] = m / QLIM_DOT;
+		 * contract), as on x86.  A row so small that Q / max overflows
+		 * (its logits are 0 to float precision) takes 2^100, as on x86:
+		 * an infinite scale would narrow saturated codes. */
+		const int tiny = m > 0.0f && !(QLIM_DOT / m <= 0x1p100f);
+		const float sq = tiny ? 0x1p100f : m > 0.0f && m <= 3.4e38f ? QLIM_DOT / m : 0.0f;
+		fac[r] = tiny ? 0x1p-100f : m / QLIM_DOT;
 		for (int j = 0; j < D128; j += 8) {
 			const int32x4_t a = vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(qr + j), sq));
 			const int32x4_t b = vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(qr + j + 4), sq));
