@@ -97,8 +97,9 @@ static inline __attribute__((always_inline)) void tqo_plane(__m256i *acc, const 
 	const __m256i m = _mm256_set1_epi32((1 << w) - 1);
 
 	if (S >= 8) {
+		const int nseg = 8 / w; /* out of the loop's test: UBSan's division check there voided the unroll pragma */
 		_Pragma("GCC unroll 16")
-		for (int seg = 0; seg < 8 / w; seg++)
+		for (int seg = 0; seg < nseg; seg++)
 			_Pragma("GCC unroll 16")
 			for (int b = 0; b < S; b += 8) {
 				__m256i v = _mm256_and_si256(srl(zext8(pl + b), w * seg), m);

@@ -67,8 +67,9 @@ static inline __attribute__((always_inline)) void tqo_plane(__m512i *acc, const 
 	const __m512i m = _mm512_set1_epi32((1 << w) - 1);
 
 	if (S >= 16) {
+		const int nseg = 8 / w; /* out of the loop's test: UBSan's division check there voided the unroll pragma */
 		_Pragma("GCC unroll 16")
-		for (int seg = 0; seg < 8 / w; seg++)
+		for (int seg = 0; seg < nseg; seg++)
 			_Pragma("GCC unroll 16")
 			for (int b = 0; b < S; b += 16) {
 				__m512i v = _mm512_and_si512(srl(zext16(pl + b), w * seg), m);
