@@ -399,17 +399,20 @@ static inline float *ml_at(const struct job *jb, int s, int h, int r)
  * inputs can: q·k beyond 3.4e38; the softmax ops leave l NaN after any
  * score that is not finite), and the row is NaN — never a plausible wrong
  * number; callers that check outputs (tqkvd) report it. */
-/* The order accum_d128 leaves a row block's acc in, for the rows of a
- * (KV head, row tile) of nrows rows: NULL where it is dim order (the tile
- * path, or a codec whose accum_d128 keeps it).  The same for every split
- * of the tile, so task_merge adds like positions. */
+/* 1 where the values of a (KV head, row tile) of nrows rows go through the
+ * register-direct accum_d128 (one row block at d = 128), else the tile
+ * path: the same for every split of the tile. */
+static int direct_values(const struct job *jb, int nrows)
+{
+	return nrows <= TQA_ROWS && jb->sh.dim == 128 && jb->ops->accum_d128[tq_codec_id(jb->p->v_codec)];
+}
+
+/* The order such a tile's acc rows are in: NULL where it is dim order (the
+ * tile path, or a codec whose accum_d128 keeps it).  Every split of the
+ * tile has the same, so task_merge adds like positions. */
 static const uint8_t *acc_perm(const struct job *jb, int nrows)
 {
-	const enum tq_codec_id vid = tq_codec_id(jb->p->v_codec);
-
-	if (nrows > TQA_ROWS || jb->sh.dim != 128 || !jb->ops->accum_d128[vid])
-		return NULL;
-	return jb->ops->accum_d128_perm[vid];
+	return direct_values(jb, nrows) ? jb->ops->accum_d128_perm[tq_codec_id(jb->p->v_codec)] : NULL;
 }
 
 static void finish_row(const struct job *jb, int r, const float *acc, const uint8_t *perm, float m,
@@ -563,7 +566,7 @@ static void task_compute(void *arg, int task, int thread)
 	 * share its call: plan_n_q), else when there is one row block (the
 	 * register-direct float kernels give the tile path's bits) */
 	const enum tq_codec_id kid = tq_codec_id(p->k_codec), vid = tq_codec_id(p->v_codec);
-	const int direct = nblk == 1 && d == 128;
+	const int direct = nblk == 1 && d == 128, dvals = direct_values(jb, nrows);
 	const int kprep = d == 128 && ops->scores_d128[kid] && ops->qprep_d128[kid];
 	if (kprep)
 		for (int b = 0; b < nblk; b++)
@@ -666,7 +669,7 @@ static void task_compute(void *arg, int task, int thread)
 		prefetch_lines(pf.k, pf.kn / 2, pf.kn);
 		prefetch_lines(pf.v, 0, pf.vn / 2);
 		/* nv = 0 (a skipped chunk) still applies alpha */
-		if (direct && ops->accum_d128[vid]) {
+		if (dvals) {
 			ops->accum_d128[vid](p->v_codec, vb, nv, acc0, abuf, pbuf);
 		} else {
 			vt = nv ? ops->decode(p->v_codec, vb, n, vtile, vscale) : vtile;
@@ -682,8 +685,9 @@ static void task_compute(void *arg, int task, int thread)
 	}
 
 	if (pl->n_split == 1) {
+		const uint8_t *perm = acc_perm(jb, nrows);
 		for (int i = 0; i < nrows; i++)
-			finish_row(jb, r0 + i, acc0 + (size_t)i * d, acc_perm(jb, nrows), mrow[i], lrow[i], tmp,
+			finish_row(jb, r0 + i, acc0 + (size_t)i * d, perm, mrow[i], lrow[i], tmp,
 				   p->out + out_row(jb, h, r0 + i));
 		return;
 	}
@@ -704,6 +708,7 @@ static void task_merge(void *arg, int task, int thread)
 	const int nrows = (pl->rows_ph - r0) < pl->rt_rows ? pl->rows_ph - r0 : pl->rt_rows;
 	float *tmp = (float *)(void *)(jb->ws + (size_t)thread * pl->thr_bytes + pl->off_tmp);
 	float *sum = tmp + d;
+	const uint8_t *perm = acc_perm(jb, nrows);
 
 	for (int i = 0; i < nrows; i++) {
 		float M = -INFINITY;
@@ -725,7 +730,7 @@ static void task_merge(void *arg, int task, int thread)
 					sum[j] += a[j] * f;
 			}
 		}
-		finish_row(jb, r0 + i, sum, acc_perm(jb, nrows), M, L, tmp, jb->p->out + out_row(jb, h, r0 + i));
+		finish_row(jb, r0 + i, sum, perm, M, L, tmp, jb->p->out + out_row(jb, h, r0 + i));
 	}
 }
 

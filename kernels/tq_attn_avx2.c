@@ -958,12 +958,7 @@ enum { KIND_TQ, KIND_Q8, KIND_TQO };
 #define PAIR_VNNI(a0, b0, a1, b1) _mm256_dpwssd_avx_epi32(_mm256_madd_epi16(a0, b0), a1, b1)
 #define VNNI __attribute__((target("avxvnni")))
 
-/* f[ao + r] += float(ka · q_r[A] + kb · q_r[B]) (times sv: MADD4S) for the 4 rows */
-#define MADD4(ka, kb, off)                                                                  \
-	_Pragma("GCC unroll 4")                                                             \
-	for (int r = 0; r < 4; r++)                                                         \
-		f[r + ao] = _mm256_add_ps(f[r + ao], _mm256_cvtepi32_ps(PAIR(                   \
-			ka, qrow(qi, r * D + (off)), kb, qrow(qi, r * D + (off) + 16))))
+/* f[ao + r] += float(ka · q_r[A] + kb · q_r[B]) · sv for the 4 rows (tq*o) */
 #define MADD4S(ka, kb, off, sv)                                                             \
 	_Pragma("GCC unroll 4")                                                             \
 	for (int r = 0; r < 4; r++)                                                         \

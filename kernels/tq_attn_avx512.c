@@ -796,7 +796,7 @@ static inline __m512i qrow16(const int16_t *qi, int off)
 #define MADD2(a0, b0, a1, b1) _mm512_add_epi32(_mm512_madd_epi16(a0, b0), _mm512_madd_epi16(a1, b1))
 #define MADD2_VNNI(a0, b0, a1, b1) _mm512_dpwssd_epi32(_mm512_madd_epi16(a0, b0), a1, b1)
 /* The same for four pairs: a token's whole row in one int32 per lane (8
- * products of at most 16383^2 < 2^31 / 8), converted once. */
+ * products; qprep_rows keeps each lane's sum inside int32), converted once. */
 #define MADD4(a0, b0, a1, b1, a2, b2, a3, b3) _mm512_add_epi32(MADD2(a0, b0, a1, b1), MADD2(a2, b2, a3, b3))
 #define MADD4_VNNI(a0, b0, a1, b1, a2, b2, a3, b3)                                             \
 	_mm512_dpwssd_epi32(_mm512_dpwssd_epi32(MADD2_VNNI(a0, b0, a1, b1), a2, b2), a3, b3)

@@ -80,7 +80,7 @@ struct tqa_ops {
 	/* Where a codec's accum_d128 keeps acc in an order of its own (the one
 	 * its decoder gives for free): position i of each acc row holds dim
 	 * accum_d128_perm[c][i].  NULL: dim order.  The driver reorders a row
-	 * once, when it finishes it (tqa_finish_perm). */
+	 * once, when it finishes it (tq_attn.c: acc_perm, finish_row). */
 	const uint8_t *accum_d128_perm[TQ_CODEC__COUNT];
 };
 

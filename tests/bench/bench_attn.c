@@ -82,9 +82,10 @@ static int cache_new(struct cache *c, tq_cache *cbs, enum tq_codec_id kid, enum 
 	 * the kernel gives them, so the pages cost the TLB what they cost the
 	 * daemon */
 	const size_t huge = 2u << 20, bytes = c->page_bytes * (c->t.n_pages ? c->t.n_pages : 1);
-	c->mem = aligned_alloc(huge, (bytes + huge - 1) / huge * huge);
+	const size_t whole = (bytes + huge - 1) / huge * huge;
+	c->mem = aligned_alloc(huge, whole);
 	if (c->mem)
-		(void)madvise(c->mem, (bytes + huge - 1) / huge * huge, MADV_HUGEPAGE);
+		(void)madvise(c->mem, whole, MADV_HUGEPAGE);
 	c->pages = calloc(c->t.n_pages + 1, sizeof(*c->pages));
 	if (!c->mem || !c->pages)
 		return -ENOMEM;
