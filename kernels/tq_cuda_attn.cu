@@ -294,14 +294,15 @@ static __device__ __forceinline__ void qrot_row(const struct tqc_attn_args &a, c
 }
 
 /* The rows r0 .. r0 + R - 1 of KV head h as qrot into out [R][d] (rows past
- * nrows zero): warp w rotates rows w, w + TQC_WARPS, ...; then a barrier. */
-template <int R>
+ * nrows zero): warp w of the CTA's NW rotates rows w, w + NW, ...; then a
+ * barrier. */
+template <int R, int NW>
 static __device__ __forceinline__ void cta_qrot(const struct tqc_attn_args &a, uint32_t h, int r0, int nrows,
 						float *out)
 {
 	const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5), d = a.kc.dim;
 
-	for (int r = warp; r < R; r += TQC_WARPS) {
+	for (int r = warp; r < R; r += NW) {
 		float *x = out + r * d;
 		if (r < nrows) {
 			const int rr = r0 + r, qi = rr / a.group, gi = rr % a.group;
@@ -349,10 +350,10 @@ __global__ void __launch_bounds__(TQC_WARPS * 32) attn_prep(const __grid_constan
 	}
 }
 
-/* The CTA's partial (m, l, acc) per row: its warps' merged (log-sum-exp), written
- * to the partials of (KV head h, rows r0.., split).  Warp w's acc of row r is
- * at acc + w * warp_stride + r * row_stride; call after a barrier. */
-template <int R>
+/* The CTA's partial (m, l, acc) per row: its NW warps' merged (log-sum-exp),
+ * written to the partials of (KV head h, rows r0.., split).  Warp w's acc of
+ * row r is at acc + w * warp_stride + r * row_stride; call after a barrier. */
+template <int R, int NW>
 static __device__ __forceinline__ void cta_partials(const struct tqc_attn_args &a, const float (*s_m)[R],
 						    const float (*s_l)[R], const float *acc, int warp_stride,
 						    int row_stride, int r0, int nrows, int split, uint32_t h)
@@ -360,12 +361,12 @@ static __device__ __forceinline__ void cta_partials(const struct tqc_attn_args &
 	const int d = a.kc.dim;
 	const size_t pbase = (size_t)h * (size_t)a.rows_pad + (size_t)r0;
 
-	for (int e = (int)threadIdx.x; e < nrows * d; e += TQC_WARPS * 32) {
+	for (int e = (int)threadIdx.x; e < nrows * d; e += NW * 32) {
 		const int r = e / d, c = e % d;
 		float M = NEG_INF, L = 0.0f, A = 0.0f;
-		for (int w = 0; w < TQC_WARPS; w++)
+		for (int w = 0; w < NW; w++)
 			M = fmaxf(M, s_m[w][r]);
-		for (int w = 0; w < TQC_WARPS; w++) {
+		for (int w = 0; w < NW; w++) {
 			const float mw = s_m[w][r], lw = s_l[w][r];
 			if (mw == NEG_INF && !isnan(lw))
 				continue; /* saw nothing (a NaN sum must reach the row) */
@@ -505,7 +506,7 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 4) attn_main(const __grid_cons
 			s_acc[warp][r][lane + 32 * j] = acc[r][j];
 	}
 	__syncthreads();
-	cta_partials<R>(a, s_m, s_l, &s_acc[0][0][0], R * 32 * VPL, 32 * VPL, r0, nrows, split, h);
+	cta_partials<R, TQC_WARPS>(a, s_m, s_l, &s_acc[0][0][0], R * 32 * VPL, 32 * VPL, r0, nrows, split, h);
 }
 
 /* ---- finish: merge the splits, normalize, rotate back ------------------------------
@@ -842,7 +843,7 @@ static __device__ __forceinline__ void mma_h16(float (&c)[4], const uint32_t (&a
 		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
 		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #else
-	static uint32_t xa[TQC_WARPS][32][4], xb[TQC_WARPS][32][2];
+	static uint32_t xa[TQC_MMA_WARPS_MAX][32][4], xb[TQC_MMA_WARPS_MAX][32][2];
 	const int lane = (int)(threadIdx.x & 31u), w = (int)(threadIdx.x >> 5), g = lane >> 2, q = lane & 3;
 	for (int e = 0; e < 4; e++)
 		xa[w][lane][e] = a[e];
@@ -1094,12 +1095,13 @@ static __device__ __forceinline__ uint32_t lut_entry(const struct tqc_codec_desc
 }
 
 template <int D>
-__global__ void __launch_bounds__(TQC_WARPS * 32, 2) attn_mma(const __grid_constant__ struct tqc_attn_args a)
+__global__ void __launch_bounds__(TQC_MMA_WARPS(D) * 32, 2) attn_mma(const __grid_constant__ struct tqc_attn_args a)
 {
 	constexpr int R = TQC_TILE_ROWS; /* the mma's N */
+	constexpr int NW = TQC_MMA_WARPS(D);
 	static_assert(R == 8, "rows are the N of m16n8k16");
 	TILED_SMEM(smem);
-	__shared__ float s_m[TQC_WARPS][R], s_l[TQC_WARPS][R];
+	__shared__ float s_m[NW][R], s_l[NW][R];
 
 	const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
 	const int g = lane >> 2, q = lane & 3;
@@ -1114,28 +1116,69 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 2) attn_mma(const __grid_const
 	uint8_t *qfs = smem + TQC_MMA_LUT_BYTES;                                 /* D = 256: Q^T */
 	uint16_t *pw_all = reinterpret_cast<uint16_t *>(qfs + TQC_MMA_QF_BYTES(D));
 	uint16_t *pw = pw_all + warp * R * TQC_TILE;                             /* this warp's [R][TILE] */
-	uint8_t *stages = reinterpret_cast<uint8_t *>(pw_all + TQC_WARPS * R * TQC_TILE); /* all warps' */
+	uint8_t *stages = reinterpret_cast<uint8_t *>(pw_all + NW * R * TQC_TILE); /* all warps' */
 	constexpr int NST = TQC_MMA_STAGES;
 	static_assert(NST >= 2, "stages: one computed on, the rest in flight");
 	uint8_t *stage0 = stages + (size_t)warp * NST * stage_bytes;                      /* this warp's */
 	const int kbits = tiled_bits(a.kc), vbits = tiled_bits(a.vc);
 
+	/* First of all, the loads the set-up would otherwise wait on: each row's
+	 * causal limit (lane r: row r's) and this warp's first tile, whose
+	 * fetch then flies during the set-up.  The split's tiles (n_fetch)
+	 * ignore the rows' limits, not known yet: a tile past them (causal
+	 * prefill only) is fetched and not used. */
+	uint32_t my_lim = 0;
+	if (lane < nrows)
+		my_lim = a.causal ? (uint32_t)a.q_pos[(r0 + lane) / a.group] + 1u : a.kv_len;
+	const uint64_t kh = tq_page_k_off(&geo, h, 0), vh = tq_page_v_off(&geo, h, 0);
+	const uint32_t tb = (uint32_t)split * a.split_len;
+	const uint32_t te0 = a.kv_len - tb < a.split_len ? a.kv_len : tb + a.split_len;
+	const uint32_t n_fetch = te0 > tb ? (te0 - tb + TQC_TILE - 1) / TQC_TILE : 0;
+
+	/* the next tile to fetch (f_i): its page (f_pi, its base loaded a tile
+	 * ahead) and slot, advanced by NW tiles a step (no division per
+	 * tile); one cp.async group per step, empty past the tiles (n).  A
+	 * tile's K blocks and V blocks are one run of 16-byte chunks in the
+	 * stage. */
+	uint32_t f_i = (uint32_t)warp;
+	uint32_t f_pi = (tb + f_i * TQC_TILE) / P, f_slot = (tb + f_i * TQC_TILE) % P;
+	const uint8_t *f_pg = f_i < n_fetch ? a.pages[f_pi] : nullptr;
+	const uint32_t n_k16 = 2u * kb, n_16 = 2u * (kb + vb); /* chunks: TQC_TILE blocks = 2 x block bytes */
+	auto fetch = [&](int st, uint32_t n) {
+		if (f_i < n) {
+			uint8_t *dst = stage0 + (size_t)st * stage_bytes;
+			const uint8_t *ks = f_pg + kh + (uint64_t)f_slot * kb;
+			const uint8_t *vs = f_pg + vh + (uint64_t)f_slot * vb - 16u * n_k16; /* + 16 j, j >= n_k16 */
+			for (uint32_t j = (uint32_t)lane; j < n_16; j += 32)
+				cp_async16(dst + 16u * j, (j < n_k16 ? ks : vs) + 16u * j);
+		}
+		cp_async_commit();
+		f_i += NW;
+		for (f_slot += NW * TQC_TILE; f_slot >= P; f_slot -= P)
+			f_pi++;
+		if (f_i < n)
+			f_pg = a.pages[f_pi];
+	};
+	/* the rows' qrot [R][D] goes into the last warp's stages (it fits:
+	 * attend_args_ok), so the other warps' first tiles can fly */
+	float *sq = reinterpret_cast<float *>(stages + (size_t)(NW - 1) * NST * stage_bytes);
+	if (warp != NW - 1)
+		fetch(0, n_fetch);
+
 	/* the tables: the 512 entries into pw_all (free until the first tile),
 	 * then each warp copies its rows 32 times */
 	uint32_t *ent = reinterpret_cast<uint32_t *>(pw_all);
-	static_assert(TQC_WARPS * R * TQC_TILE * 2 >= 512 * 4, "table entries fit the weights' space");
-	for (int e = (int)threadIdx.x; e < 512; e += TQC_WARPS * 32) {
+	static_assert(NW * R * TQC_TILE * 2 >= 512 * 4, "table entries fit the weights' space");
+	for (int e = (int)threadIdx.x; e < 512; e += NW * 32) {
 		const struct tqc_codec_desc &cd = e < 256 ? a.kc : a.vc;
 		ent[e] = tiled_bits(cd) == 8 ? 0u : lut_entry(cd, e & 255);
 	}
-	/* the rows' qrot [R][D] in the stages (not in use yet; its barrier
-	 * also publishes the entries) */
-	float *sq = reinterpret_cast<float *>(stages);
-	cta_qrot<R>(a, h, r0, nrows, sq);
+	/* the rows' qrot (its barrier also publishes the entries) */
+	cta_qrot<R, NW>(a, h, r0, nrows, sq);
 	{ /* 16 bytes (4 copies) a store: K's copies of a row, then V's */
 		u32x4 *t = reinterpret_cast<u32x4 *>(smem);
 		constexpr int per_row = LUT_ROW / 16;
-		for (int k = (int)threadIdx.x; k < 256 * per_row; k += TQC_WARPS * 32) {
+		for (int k = (int)threadIdx.x; k < 256 * per_row; k += NW * 32) {
 			const int c = k / per_row, half = (k % per_row) / (per_row / 2);
 			const uint32_t v = ent[c + 256 * half];
 			t[k] = u32x4{ v, v, v, v };
@@ -1180,21 +1223,15 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 2) attn_mma(const __grid_const
 		kinv[k] = br ? QNAN : 1.0f / (a.kc.h16_scale * rr);
 	}
 	/* keys [0, lim) visible to each row (rows past nrows: none) */
-	uint32_t lim[2] = { 0, 0 }, tmax = 0;
-	for (int r = 0; r < nrows; r++) {
-		const uint32_t lr = a.causal ? (uint32_t)a.q_pos[(r0 + r) / a.group] + 1u : a.kv_len;
-		tmax = max(tmax, lr);
-		if (r == 2 * q)
-			lim[0] = lr;
-		else if (r == 2 * q + 1)
-			lim[1] = lr;
-	}
+	const uint32_t lim[2] = { __shfl_sync(FULL, my_lim, 2 * q), __shfl_sync(FULL, my_lim, 2 * q + 1) };
+	uint32_t tmax = my_lim; /* lanes 0 .. R - 1's largest, in every lane */
+	for (int o = 1; o < R; o <<= 1)
+		tmax = max(tmax, __shfl_xor_sync(FULL, tmax, o));
+	tmax = __shfl_sync(FULL, tmax, 0);
 	__syncthreads(); /* the tables, Q^T in shared memory; sq and pw_all are free */
-
-	const uint64_t kh = tq_page_k_off(&geo, h, 0), vh = tq_page_v_off(&geo, h, 0);
-	const uint32_t tb = (uint32_t)split * a.split_len;
-	uint32_t te = a.kv_len - tb < a.split_len ? a.kv_len : tb + a.split_len;
-	te = te < tmax ? te : tmax;
+	if (warp == NW - 1)
+		fetch(0, n_fetch);
+	const uint32_t te = te0 < tmax ? te0 : tmax;
 	const uint32_t n_tile = te > tb ? (te - tb + TQC_TILE - 1) / TQC_TILE : 0;
 
 	/* the online softmax; acc holds sum p * vscale * 2^-E */
@@ -1204,36 +1241,12 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 2) attn_mma(const __grid_const
 	for (int i = 0; i < D / 16; i++)
 		acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
 
-	/* the next tile to fetch (f_i): its page (f_pi, its base loaded a tile
-	 * ahead) and slot, advanced by TQC_WARPS tiles a step (no division per
-	 * tile); one cp.async group per step, empty past the split */
-	uint32_t f_i = (uint32_t)warp;
-	uint32_t f_pi = (tb + f_i * TQC_TILE) / P, f_slot = (tb + f_i * TQC_TILE) % P;
-	const uint8_t *f_pg = f_i < n_tile ? a.pages[f_pi] : nullptr;
-	auto fetch = [&](int st) {
-		if (f_i < n_tile) {
-			uint8_t *dst = stage0 + (size_t)st * stage_bytes;
-			const uint8_t *ks = f_pg + kh + (uint64_t)f_slot * kb, *vs = f_pg + vh + (uint64_t)f_slot * vb;
-			for (uint32_t j = (uint32_t)lane; j < 2u * kb; j += 32)
-				cp_async16(dst + 16u * j, ks + 16u * j);
-			dst += TQC_TILE * kb;
-			for (uint32_t j = (uint32_t)lane; j < 2u * vb; j += 32)
-				cp_async16(dst + 16u * j, vs + 16u * j);
-		}
-		cp_async_commit();
-		f_i += TQC_WARPS;
-		for (f_slot += TQC_WARPS * TQC_TILE; f_slot >= P; f_slot -= P)
-			f_pi++;
-		if (f_i < n_tile)
-			f_pg = a.pages[f_pi];
-	};
-
 	uint32_t i = (uint32_t)warp;
 	int st = 0;
-	for (int s = 0; s < NST - 1; s++)
-		fetch(s);
-	for (; i < n_tile; i += TQC_WARPS) {
-		fetch(st == 0 ? NST - 1 : st - 1); /* tile i + (NST - 1) TQC_WARPS */
+	for (int s = 1; s < NST - 1; s++) /* stage 0's is in flight */
+		fetch(s, n_tile);
+	for (; i < n_tile; i += NW) {
+		fetch(st == 0 ? NST - 1 : st - 1, n_tile); /* tile i + (NST - 1) NW */
 		cp_async_wait<NST - 1>();
 		__syncwarp();
 
@@ -1336,7 +1349,7 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 2) attn_mma(const __grid_const
 			wacc[(2 * q + k) * D + p + D / 2] = acc[ii][k + 2] * vfin;
 		}
 	__syncthreads();
-	cta_partials<R>(a, s_m, s_l, reinterpret_cast<const float *>(stages), (int)(NST * stage_bytes / 4u), D, r0,
+	cta_partials<R, NW>(a, s_m, s_l, reinterpret_cast<const float *>(stages), (int)(NST * stage_bytes / 4u), D, r0,
 			nrows, split, h);
 
 	/* the fused finish: the CTA that completes a (row block, KV head) last
@@ -1353,9 +1366,9 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 2) attn_mma(const __grid_const
 		return;
 	__threadfence();
 	/* a warp per row, its scratch in the tables' space (free now) */
-	static_assert(TQC_WARPS * (TQC_SPLITS_MAX + TQ_DIM_MAX) * 4 <= TQC_MMA_LUT_BYTES, "finish scratch");
+	static_assert(NW * (TQC_SPLITS_MAX + TQ_DIM_MAX) * 4 <= TQC_MMA_LUT_BYTES, "finish scratch");
 	float *s_w = reinterpret_cast<float *>(smem) + warp * (TQC_SPLITS_MAX + TQ_DIM_MAX);
-	for (int r = warp; r < nrows; r += TQC_WARPS) {
+	for (int r = warp; r < nrows; r += NW) {
 		const int rr = r0 + r, qi = rr / a.group, gi = rr % a.group;
 		finish_row<true>(a, (size_t)qi * a.n_q_heads + (size_t)h * a.group + gi, s_w, s_w + TQC_SPLITS_MAX,
 				 nullptr);
@@ -1418,7 +1431,7 @@ static cudaError_t launch_mma(const struct tqc_attn_args *a, cudaStream_t st)
 	    (e = cudaFuncSetAttribute(attn_mma<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) !=
 		    cudaSuccess)
 		return e;
-	attn_mma<D><<<grid, TQC_WARPS * 32, smem, st>>>(*a);
+	attn_mma<D><<<grid, TQC_MMA_WARPS(D) * 32, smem, st>>>(*a);
 	return cudaSuccess;
 }
 
@@ -1427,10 +1440,24 @@ extern "C" int tqc_attn_mma_ctas_per_sm(int dim, size_t smem)
 	int n = 0;
 	cudaError_t e = cudaErrorInvalidValue;
 
+	/* the query counts 0 blocks for a kernel whose dynamic shared memory
+	 * limit is below smem: raise it first, as the launch does */
+	if (smem > (48u << 10)) {
+		switch (dim) {
+		case 64: e = cudaFuncSetAttribute(attn_mma<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem); break;
+		case 128: e = cudaFuncSetAttribute(attn_mma<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem); break;
+		case 256: e = cudaFuncSetAttribute(attn_mma<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem); break;
+		default: break;
+		}
+		if (e != cudaSuccess) {
+			(void)cudaGetLastError();
+			return 0;
+		}
+	}
 	switch (dim) {
-	case 64: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_mma<64>, TQC_WARPS * 32, smem); break;
-	case 128: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_mma<128>, TQC_WARPS * 32, smem); break;
-	case 256: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_mma<256>, TQC_WARPS * 32, smem); break;
+	case 64: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_mma<64>, TQC_MMA_WARPS(64) * 32, smem); break;
+	case 128: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_mma<128>, TQC_MMA_WARPS(128) * 32, smem); break;
+	case 256: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_mma<256>, TQC_MMA_WARPS(256) * 32, smem); break;
 	default: break;
 	}
 	if (e != cudaSuccess) {

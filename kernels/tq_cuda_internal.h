@@ -168,10 +168,18 @@ static inline int tqc_attn_tiled_ok(const struct tqc_codec_desc *kc, const struc
 #define TQC_MMA_LUT_BYTES 65536u
 #define TQC_MMA_QF_BYTES(dim) ((dim) > 128 ? (dim) * 32 : 0)
 #define TQC_MMA_STAGES 2u /* tiles per warp in shared memory: 1 computed on, 1 in flight */
+/* Warps per attn_mma CTA.  The kernel is bound by its warps' latency, not by
+ * issue slots or bandwidth, so an SM wants as many warps as fit: two CTAs'
+ * tables and stages fit an SM's 228 KiB, and at d <= 128 (<= 168 registers)
+ * the register file holds 2 x 6 warps; d = 256 (222 registers) keeps 4. */
+#define TQC_MMA_WARPS(dim) ((dim) > 128 ? 4 : 6)
+#define TQC_MMA_WARPS_MAX 6
 static inline size_t tqc_attn_mma_smem(int dim, uint32_t k_block_bytes, uint32_t v_block_bytes)
 {
-	return TQC_MMA_LUT_BYTES + (size_t)TQC_MMA_QF_BYTES(dim) + (size_t)TQC_WARPS * TQC_TILE_ROWS * TQC_TILE * 2u +
-	       (size_t)TQC_WARPS * TQC_MMA_STAGES * TQC_TILE * ((size_t)k_block_bytes + v_block_bytes);
+	const size_t w = (size_t)TQC_MMA_WARPS(dim);
+
+	return TQC_MMA_LUT_BYTES + (size_t)TQC_MMA_QF_BYTES(dim) + w * TQC_TILE_ROWS * TQC_TILE * 2u +
+	       w * TQC_MMA_STAGES * TQC_TILE * ((size_t)k_block_bytes + v_block_bytes);
 }
 
 struct tqc_attn_args {
