@@ -547,6 +547,16 @@ static __device__ __forceinline__ float ld_part(const float *p)
 #endif
 }
 
+/* four of them, 16-byte aligned (through L2, as ld_part<true>) */
+static __device__ __forceinline__ float4 ld_part4(const float4 *p)
+{
+#ifdef __CUDA_ARCH__
+	return __ldcg(p);
+#else
+	return *p;
+#endif
+}
+
 /* Row `row` (query token i, head hq) finished by the whole CTA (attn_finish)
  * or by one warp (WARP: attn_mma's fused finish, its warps finishing rows
  * side by side, the partials of other CTAs read through L2): the splits'
@@ -599,6 +609,35 @@ static __device__ void finish_row(const struct tqc_attn_args &a, size_t row, flo
 		return;
 	}
 	const float inv = 1.0f / L;
+	if (WARP) {
+		/* one warp: a lane's 4 coordinates a 16-byte load, 16 splits'
+		 * loads in flight at once (a round trip to L2 per 16 splits, not
+		 * per split and coordinate group) */
+		constexpr int U = 16;
+		const float4 *pa = reinterpret_cast<const float4 *>(a.part_acc + base * (size_t)d);
+		for (int c4 = lane; c4 < d / 4; c4 += 32) {
+			float4 A = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+			for (int s = 0; s < ns; s += U) {
+				float4 v[U];
+#pragma unroll
+				for (int u = 0; u < U; u++)
+					v[u] = s + u < ns ? ld_part4(pa + (size_t)(s + u) * (size_t)(d / 4) + c4)
+							  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+				for (int u = 0; u < U; u++) {
+					const float w = s + u < ns ? s_w[s + u] : 0.0f;
+					A.x = fmaf(w, v[u].x, A.x);
+					A.y = fmaf(w, v[u].y, A.y);
+					A.z = fmaf(w, v[u].z, A.z);
+					A.w = fmaf(w, v[u].w, A.w);
+				}
+			}
+			s_y[4 * c4] = A.x * inv;
+			s_y[4 * c4 + 1] = A.y * inv;
+			s_y[4 * c4 + 2] = A.z * inv;
+			s_y[4 * c4 + 3] = A.w * inv;
+		}
+	} else
 	for (int c = tid; c < d; c += nthr) {
 		const float *pa = a.part_acc + base * (size_t)d + (size_t)c;
 		float A0 = 0.0f, A1 = 0.0f, A2 = 0.0f, A3 = 0.0f;
@@ -1233,8 +1272,10 @@ __global__ void __launch_bounds__(TQC_MMA_WARPS(D) * 32, 2) attn_mma(const __gri
 		fetch(0, n_fetch);
 	const uint32_t te = te0 < tmax ? te0 : tmax;
 	const uint32_t n_tile = te > tb ? (te - tb + TQC_TILE - 1) / TQC_TILE : 0;
+	const uint32_t lim_e[2] = { lim[0] < te ? lim[0] : te, lim[1] < te ? lim[1] : te }; /* keys [0, lim_e) seen */
 
-	/* the online softmax; acc holds sum p * vscale * 2^-E */
+	/* the online softmax; acc holds sum p * vscale * 2^-E, l the lane's
+	 * tokens' share of the row's sum */
 	float m[2] = { NEG_INF, NEG_INF }, l[2] = { 0.0f, 0.0f }, acc[D / 16][4];
 	int E = -126;
 #pragma unroll
@@ -1260,52 +1301,75 @@ __global__ void __launch_bounds__(TQC_MMA_WARPS(D) * 32, 2) attn_mma(const __gri
 		case 4: mma_scores<D, 4>(kt, kb, tab, qf, lane, sc); break;
 		default: mma_scores<D, 8>(kt, kb, tab, qf, lane, sc); break;
 		}
+		/* a token's blocks past what a row sees (past the split, or the
+		 * cache, or its causal limit) may be stale bytes: they count for
+		 * nothing, not even the weights' scale */
 		float vs[4], vmax = 0.0f;
 		bool vis[4][2];
+		uint32_t nonfin = 0;
 #pragma unroll
 		for (int u = 0; u < 4; u++) {
-			const int tt = g + 8 * u;
-			const float ks = __uint_as_float(*reinterpret_cast<const uint32_t *>(kt + (uint32_t)tt * kb));
-			vs[u] = __uint_as_float(*reinterpret_cast<const uint32_t *>(vt + (uint32_t)tt * vb));
-			vmax = fmaxf(vmax, fabsf(vs[u]));
+			const uint32_t tt = (uint32_t)(g + 8 * u), t = t0 + tt;
+			const float ks = __uint_as_float(*reinterpret_cast<const uint32_t *>(kt + tt * kb));
+			vs[u] = __uint_as_float(*reinterpret_cast<const uint32_t *>(vt + tt * vb));
 #pragma unroll
 			for (int k = 0; k < 2; k++) {
-				vis[u][k] = t0 + (uint32_t)tt < te && t0 + (uint32_t)tt < lim[k];
+				vis[u][k] = t < lim_e[k];
 				sc[u][k] *= ks * kinv[k];
+				nonfin |= vis[u][k] && !isfinite(sc[u][k]);
 			}
+			if (vis[u][0] || vis[u][1])
+				vmax = fmaxf(vmax, fabsf(vs[u]));
 		}
-		/* the weights' scale: 2^-E with every p * |vscale| 2^-E < 2^15
-		 * (the same in every lane: all lanes see the tile's 32 tokens) */
+		/* the weights' scale: 2^-E with every p * |vscale| 2^-E < 2^15,
+		 * over the tokens the lane's row pair sees (lanes q, q + 4, ...:
+		 * E is the row pair's, as are the weights and sums it scales) */
 		vmax = group_max(vmax);
 		const int En = vmax > 0.0f && isfinite(vmax) ? iclamp(ilog2f(vmax) - 14, E, 113) : E;
 		const float eshift = pow2i(E - En), vsc = pow2i(-En);
 		E = En;
+		float vsv[4];
+#pragma unroll
+		for (int u = 0; u < 4; u++)
+			vsv[u] = vs[u] * vsc;
+		/* a visible score that is not finite (a logit beyond float range)
+		 * makes its row NaN: rare, so looked for per row only when some
+		 * lane saw one */
+		const bool any_bad = __any_sync(FULL, nonfin != 0u);
 		float fac[2];
 #pragma unroll
 		for (int k = 0; k < 2; k++) {
-			float mx = NEG_INF;
+			bool ok[4];
 			uint32_t badl = 0;
 #pragma unroll
-			for (int u = 0; u < 4; u++) {
-				const bool fin = isfinite(sc[u][k]);
-				mx = fmaxf(mx, vis[u][k] && fin ? sc[u][k] : NEG_INF);
-				badl |= vis[u][k] && !fin;
+			for (int u = 0; u < 4; u++)
+				ok[u] = vis[u][k];
+			if (any_bad) {
+				uint32_t b = 0;
+#pragma unroll
+				for (int u = 0; u < 4; u++) {
+					b |= ok[u] && !isfinite(sc[u][k]);
+					ok[u] = ok[u] && isfinite(sc[u][k]);
+				}
+				/* any lane of the row pair (lanes q, q + 4, ...) */
+				badl = (__ballot_sync(FULL, b) >> q) & 0x11111111u;
 			}
+			float mx = NEG_INF;
+#pragma unroll
+			for (int u = 0; u < 4; u++)
+				mx = fmaxf(mx, ok[u] ? sc[u][k] : NEG_INF);
 			const float mn = fmaxf(m[k], group_max(mx));
-			/* any lane of the row pair (lanes q, q + 4, ...) */
-			badl = (__ballot_sync(FULL, badl) >> q) & 0x11111111u;
 			const float alpha = mn == NEG_INF ? 1.0f : ex2(m[k] - mn);
 			float ps = 0.0f;
 #pragma unroll
 			for (int u = 0; u < 4; u++) {
-				const bool ok = vis[u][k] && isfinite(sc[u][k]);
-				const float p = ok ? ex2(sc[u][k] - mn) : 0.0f;
+				const float p = ok[u] ? ex2(sc[u][k] - mn) : 0.0f;
 				ps += p;
-				pw[(2 * q + k) * TQC_TILE + g + 8 * u] = h1pack(ok ? p * vs[u] * vsc : 0.0f);
+				pw[(2 * q + k) * TQC_TILE + g + 8 * u] = h1pack(ok[u] ? p * vsv[u] : 0.0f);
 			}
-			/* a visible score that is not finite makes the row NaN (the
-			 * sum first: every lane takes part in the shuffles) */
-			ps = group_sum(ps);
+			/* a visible score that is not finite makes the row NaN; l is
+			 * this lane's share of the sum (alpha is the row's: the
+			 * shares add up at the end) */
 			l[k] = badl ? QNAN : l[k] * alpha + ps;
 			m[k] = mn;
 			fac[k] = alpha * eshift;
@@ -1334,6 +1398,8 @@ __global__ void __launch_bounds__(TQC_MMA_WARPS(D) * 32, 2) attn_mma(const __gri
 	/* this warp's (m, l, acc): acc into its own first stage, [R][D], in the
 	 * V frame (2^E / the V table's scale) */
 	float *wacc = reinterpret_cast<float *>(stage0);
+	l[0] = group_sum(l[0]);
+	l[1] = group_sum(l[1]);
 	if (g == 0) {
 		s_m[warp][2 * q] = m[0], s_m[warp][2 * q + 1] = m[1];
 		s_l[warp][2 * q] = l[0], s_l[warp][2 * q + 1] = l[1];

@@ -19,6 +19,8 @@
 #define __shared__ static
 
 struct simt_dim { unsigned x, y, z; };
+struct alignas(16) float4 { float x, y, z, w; };
+static inline float4 make_float4(float x, float y, float z, float w) { return float4{ x, y, z, w }; }
 struct simt_thread {
 	void *sp;
 	simt_dim tidx;
