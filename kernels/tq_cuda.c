@@ -400,12 +400,16 @@ struct tqc_ctx {
 	int device;
 	int sms;
 	int smem_optin;          /* shared memory a kernel may ask for, bytes      */
-	int occ, occ_dim;        /* mma_ctas_per_sm: its answer for (occ_dim,      */
-	size_t occ_smem;         /* occ_smem)                                      */
+	int mc_dim;              /* mma_config: its answer (mc_warps, mc_per_sm)   */
+	uint32_t mc_kb, mc_vb;   /* for (mc_dim, mc_kb, mc_vb); mc_dim 0: none     */
+	int mc_warps, mc_per_sm;
 	int attn_general;        /* TQ_CUDA_ATTN=general: never attn_mma            */
 	int ctas_per_sm;         /* TQ_CUDA_CTAS_PER_SM, else 0: ATT_CTAS_PER_SM    */
 				 /* (attn_mma: at most as many as run at once)     */
 	const char *last_attn;   /* tqc_ctx_last_attn                              */
+	int plan_warps, plan_per_sm, plan_splits; /* the last pass's, in words by */
+	uint32_t plan_len;       /* tqc_ctx_last_attn_plan into attn_plan           */
+	char attn_plan[96];
 	cudaStream_t stream;
 	cudaEvent_t ev0, ev1;
 	double last_us;
@@ -525,6 +529,22 @@ double tqc_ctx_last_us(const tqc_ctx *x)
 const char *tqc_ctx_last_attn(const tqc_ctx *x)
 {
 	return x ? x->last_attn : "";
+}
+
+const char *tqc_ctx_last_attn_plan(tqc_ctx *x)
+{
+	if (!x)
+		return "";
+	if (!x->plan_splits) /* no attention yet */
+		x->attn_plan[0] = '\0';
+	else if (x->plan_warps)
+		snprintf(x->attn_plan, sizeof(x->attn_plan), "mma: %d warps x %d CTA%s/SM, %d split%s of %u keys",
+			 x->plan_warps, x->plan_per_sm, x->plan_per_sm > 1 ? "s" : "", x->plan_splits,
+			 x->plan_splits > 1 ? "s" : "", x->plan_len);
+	else
+		snprintf(x->attn_plan, sizeof(x->attn_plan), "general: %d split%s of %u keys", x->plan_splits,
+			 x->plan_splits > 1 ? "s" : "", x->plan_len);
+	return x->attn_plan;
 }
 
 /* Scratch and staging of at least `dev` / `pin` bytes.  Only while the
@@ -950,20 +970,38 @@ cuda_err:
 
 /* ---- attention -------------------------------------------------------------------- */
 
-/* tqc_attn_mma_ctas_per_sm, remembered for the last (dim, smem) asked. */
-static int mma_ctas_per_sm(tqc_ctx *x, int dim, size_t smem)
+/* attn_mma's warps per CTA and CTAs per SM for blocks of kb / vb bytes
+ * (tq_cuda_internal.h: two CTAs of TQC_MMA_WARPS_PAIR warps where they fit
+ * an SM, else one of as many warps as fit a block's shared memory); warps
+ * 0: attn_mma does not fit.  Remembered for the last shape asked. */
+static void mma_config(tqc_ctx *x, int dim, uint32_t kb, uint32_t vb, size_t smem_max, int *warps, int *per_sm)
 {
-	if (x->occ_dim != dim || x->occ_smem != smem) {
-		x->occ = tqc_attn_mma_ctas_per_sm(dim, smem);
-		x->occ_dim = dim;
-		x->occ_smem = smem;
+	if (x->mc_dim != dim || x->mc_kb != kb || x->mc_vb != vb) {
+		int w = 0, n = 0;
+
+		if (tqc_attn_mma_warps(dim, kb, vb, smem_max) >= TQC_MMA_WARPS_PAIR &&
+		    TQC_MMA_WARPS_PAIR <= tqc_attn_mma_warps_max(dim)) {
+			n = tqc_attn_mma_ctas_per_sm(dim, tqc_attn_mma_smem(dim, kb, vb, TQC_MMA_WARPS_PAIR),
+						     TQC_MMA_WARPS_PAIR);
+			if (n >= 2)
+				w = TQC_MMA_WARPS_PAIR;
+		}
+		if (!w && (w = tqc_attn_mma_warps(dim, kb, vb, smem_max)) > 0)
+			n = tqc_attn_mma_ctas_per_sm(dim, tqc_attn_mma_smem(dim, kb, vb, w), w);
+		x->mc_dim = dim;
+		x->mc_kb = kb;
+		x->mc_vb = vb;
+		x->mc_warps = w;
+		x->mc_per_sm = n > 0 ? n : 1; /* the runtime cannot tell: one surely fits */
 	}
-	return x->occ;
+	*warps = x->mc_warps;
+	*per_sm = x->mc_per_sm;
 }
 
 /* The kernel and context split of one attention pass. */
 struct att_plan {
 	int tiled, rows_blk;     /* tqc_attn_args.tiled, .rows_blk                  */
+	int mma_warps;           /* tqc_attn_args.mma_warps (tiled)                 */
 	int rows_ph, n_rb, n_split;
 	uint32_t split_len;
 	size_t part_rows;        /* n_kv * rows_pad * n_split: partial rows written */
@@ -980,23 +1018,27 @@ static void att_plan_make(tqc_ctx *x, const struct tqa_shape *sh, const struct t
 	const size_t rows_ph = nq * (size_t)sh->group;
 	const size_t smem_max = (size_t)(x->smem_optin > 0 ? x->smem_optin : 48 << 10);
 	const uint32_t kb = args->geom.k_block_bytes, vb = args->geom.v_block_bytes;
+	int mma_per_sm = 0;
+	pl->mma_warps = 0;
 	pl->tiled = !x->attn_general && sh->kv_len <= UINT32_MAX - TQC_TILE &&
-		    tqc_attn_tiled_ok(&args->kc, &args->vc, args->geom.page_tokens) &&
-		    tqc_attn_mma_smem(sh->dim, kb, vb) <= smem_max;
+		    tqc_attn_tiled_ok(&args->kc, &args->vc, args->geom.page_tokens);
+	if (pl->tiled) {
+		mma_config(x, sh->dim, kb, vb, smem_max, &pl->mma_warps, &mma_per_sm);
+		pl->tiled = pl->mma_warps > 0;
+	}
 	const int R = pl->tiled ? TQC_TILE_ROWS : tqc_attn_rows(tqc_attn_vpl(sh->dim));
 	pl->rows_blk = R;
 	const size_t n_rb = (rows_ph + (size_t)R - 1) / (size_t)R;
 	const size_t rows = (size_t)sh->n_kv * n_rb * (size_t)R; /* partial rows per split */
 	/* CTAs per SM the splits aim at: attn_mma's shared memory (its decode
-	 * tables) and registers let only a few run at once, and a second wave
-	 * would redo their set-up */
+	 * tables) and registers let only a few run at once (one, of many
+	 * warps), and a second wave would redo their set-up: whole waves only */
 	size_t per_sm = x->ctas_per_sm > 0 ? (size_t)x->ctas_per_sm : ATT_CTAS_PER_SM;
-	if (pl->tiled && x->ctas_per_sm <= 0) {
-		const int fit = mma_ctas_per_sm(x, sh->dim, tqc_attn_mma_smem(sh->dim, kb, vb));
-		if (fit > 0 && (size_t)fit < per_sm)
-			per_sm = (size_t)fit;
-	}
-	const size_t want = (per_sm * (size_t)x->sms + (size_t)sh->n_kv * n_rb - 1) / ((size_t)sh->n_kv * n_rb);
+	if (pl->tiled && x->ctas_per_sm <= 0 && (size_t)mma_per_sm < per_sm)
+		per_sm = (size_t)mma_per_sm;
+	size_t want = per_sm * (size_t)x->sms / ((size_t)sh->n_kv * n_rb);
+	if (want < 1)
+		want = 1;
 	const size_t by_len = sh->kv_len / ATT_SPLIT_MIN, by_mem = ATT_PART_FLOATS / (rows * (size_t)(sh->dim + 2));
 	size_t ns = want;
 
@@ -1152,7 +1194,12 @@ int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 		att_plan_make(x, &sh, &args, nq, &pl);
 		args.n_q = (int32_t)nq;
 		args.tiled = pl.tiled;
+		args.mma_warps = pl.tiled ? pl.mma_warps : 0;
 		x->last_attn = pl.tiled ? "mma" : "general";
+		x->plan_warps = pl.tiled ? pl.mma_warps : 0;
+		x->plan_per_sm = pl.tiled ? x->mc_per_sm : 0;
+		x->plan_splits = pl.n_split;
+		x->plan_len = pl.split_len;
 		args.rows_blk = pl.rows_blk;
 		args.rows_ph = pl.rows_ph;
 		args.n_rb = pl.n_rb;

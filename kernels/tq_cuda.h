@@ -123,6 +123,11 @@ double tqc_ctx_last_us(const tqc_ctx *x);
  * at (default: 4 for the general kernel; for the tiled one, as many as run
  * at once by the runtime's occupancy query, at most 4). */
 const char *tqc_ctx_last_attn(const tqc_ctx *x);
+/* The same pass's launch in words, for benchmarks and logs: the kernel, its
+ * warps per CTA and CTAs per SM (mma), the context's splits and their
+ * length, e.g. "mma: 6 warps x 2 CTAs/SM, 33 splits of 4000 keys"; "" before
+ * any.  Valid until the next call on x (formatted here, not per call). */
+const char *tqc_ctx_last_attn_plan(tqc_ctx *x);
 
 /* Quantize-append n tokens of one layer: token i goes to slot pos + i, that
  * is page (pos + i) / page_tokens at slot (pos + i) % page_tokens, K blocks

@@ -294,15 +294,15 @@ static __device__ __forceinline__ void qrot_row(const struct tqc_attn_args &a, c
 }
 
 /* The rows r0 .. r0 + R - 1 of KV head h as qrot into out [R][d] (rows past
- * nrows zero): warp w of the CTA's NW rotates rows w, w + NW, ...; then a
+ * nrows zero): warp w of the CTA's nw rotates rows w, w + nw, ...; then a
  * barrier. */
-template <int R, int NW>
+template <int R>
 static __device__ __forceinline__ void cta_qrot(const struct tqc_attn_args &a, uint32_t h, int r0, int nrows,
-						float *out)
+						float *out, int nw)
 {
 	const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5), d = a.kc.dim;
 
-	for (int r = warp; r < R; r += NW) {
+	for (int r = warp; r < R; r += nw) {
 		float *x = out + r * d;
 		if (r < nrows) {
 			const int rr = r0 + r, qi = rr / a.group, gi = rr % a.group;
@@ -350,23 +350,23 @@ __global__ void __launch_bounds__(TQC_WARPS * 32) attn_prep(const __grid_constan
 	}
 }
 
-/* The CTA's partial (m, l, acc) per row: its NW warps' merged (log-sum-exp),
+/* The CTA's partial (m, l, acc) per row: its nw warps' merged (log-sum-exp),
  * written to the partials of (KV head h, rows r0.., split).  Warp w's acc of
  * row r is at acc + w * warp_stride + r * row_stride; call after a barrier. */
-template <int R, int NW>
+template <int R>
 static __device__ __forceinline__ void cta_partials(const struct tqc_attn_args &a, const float (*s_m)[R],
 						    const float (*s_l)[R], const float *acc, int warp_stride,
-						    int row_stride, int r0, int nrows, int split, uint32_t h)
+						    int row_stride, int r0, int nrows, int split, uint32_t h, int nw)
 {
 	const int d = a.kc.dim;
 	const size_t pbase = (size_t)h * (size_t)a.rows_pad + (size_t)r0;
 
-	for (int e = (int)threadIdx.x; e < nrows * d; e += NW * 32) {
+	for (int e = (int)threadIdx.x; e < nrows * d; e += nw * 32) {
 		const int r = e / d, c = e % d;
 		float M = NEG_INF, L = 0.0f, A = 0.0f;
-		for (int w = 0; w < NW; w++)
+		for (int w = 0; w < nw; w++)
 			M = fmaxf(M, s_m[w][r]);
-		for (int w = 0; w < NW; w++) {
+		for (int w = 0; w < nw; w++) {
 			const float mw = s_m[w][r], lw = s_l[w][r];
 			if (mw == NEG_INF && !isnan(lw))
 				continue; /* saw nothing (a NaN sum must reach the row) */
@@ -506,7 +506,7 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 4) attn_main(const __grid_cons
 			s_acc[warp][r][lane + 32 * j] = acc[r][j];
 	}
 	__syncthreads();
-	cta_partials<R, TQC_WARPS>(a, s_m, s_l, &s_acc[0][0][0], R * 32 * VPL, 32 * VPL, r0, nrows, split, h);
+	cta_partials<R>(a, s_m, s_l, &s_acc[0][0][0], R * 32 * VPL, 32 * VPL, r0, nrows, split, h, TQC_WARPS);
 }
 
 /* ---- finish: merge the splits, normalize, rotate back ------------------------------
@@ -1134,13 +1134,14 @@ static __device__ __forceinline__ uint32_t lut_entry(const struct tqc_codec_desc
 }
 
 template <int D>
-__global__ void __launch_bounds__(TQC_MMA_WARPS(D) * 32, 2) attn_mma(const __grid_constant__ struct tqc_attn_args a)
+__global__ void __launch_bounds__(32 * (D > 128 ? 8 : TQC_MMA_WARPS_MAX), 1) attn_mma(const __grid_constant__ struct tqc_attn_args a)
 {
 	constexpr int R = TQC_TILE_ROWS; /* the mma's N */
-	constexpr int NW = TQC_MMA_WARPS(D);
+	const int NW = a.mma_warps; /* TQC_MMA_WARPS_MIN .. tqc_attn_mma_warps_max(D): attend_args_ok */
 	static_assert(R == 8, "rows are the N of m16n8k16");
 	TILED_SMEM(smem);
-	__shared__ float s_m[NW][R], s_l[NW][R];
+	__shared__ float s_m[TQC_MMA_WARPS_MAX][R], s_l[TQC_MMA_WARPS_MAX][R];
+	static_assert(sizeof(s_m) + sizeof(s_l) + 64 <= TQC_MMA_STATIC_SMEM, "static shared memory");
 
 	const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
 	const int g = lane >> 2, q = lane & 3;
@@ -1207,13 +1208,13 @@ __global__ void __launch_bounds__(TQC_MMA_WARPS(D) * 32, 2) attn_mma(const __gri
 	/* the tables: the 512 entries into pw_all (free until the first tile),
 	 * then each warp copies its rows 32 times */
 	uint32_t *ent = reinterpret_cast<uint32_t *>(pw_all);
-	static_assert(NW * R * TQC_TILE * 2 >= 512 * 4, "table entries fit the weights' space");
+	static_assert(TQC_MMA_WARPS_MIN * R * TQC_TILE * 2 >= 512 * 4, "table entries fit the weights' space");
 	for (int e = (int)threadIdx.x; e < 512; e += NW * 32) {
 		const struct tqc_codec_desc &cd = e < 256 ? a.kc : a.vc;
 		ent[e] = tiled_bits(cd) == 8 ? 0u : lut_entry(cd, e & 255);
 	}
 	/* the rows' qrot (its barrier also publishes the entries) */
-	cta_qrot<R, NW>(a, h, r0, nrows, sq);
+	cta_qrot<R>(a, h, r0, nrows, sq, NW);
 	{ /* 16 bytes (4 copies) a store: K's copies of a row, then V's */
 		u32x4 *t = reinterpret_cast<u32x4 *>(smem);
 		constexpr int per_row = LUT_ROW / 16;
@@ -1415,8 +1416,8 @@ __global__ void __launch_bounds__(TQC_MMA_WARPS(D) * 32, 2) attn_mma(const __gri
 			wacc[(2 * q + k) * D + p + D / 2] = acc[ii][k + 2] * vfin;
 		}
 	__syncthreads();
-	cta_partials<R, NW>(a, s_m, s_l, reinterpret_cast<const float *>(stages), (int)(NST * stage_bytes / 4u), D, r0,
-			nrows, split, h);
+	cta_partials<R>(a, s_m, s_l, reinterpret_cast<const float *>(stages), (int)(NST * stage_bytes / 4u), D, r0,
+			nrows, split, h, NW);
 
 	/* the fused finish: the CTA that completes a (row block, KV head) last
 	 * merges its splits (attn_finish's work, without its launch) and
@@ -1432,7 +1433,7 @@ __global__ void __launch_bounds__(TQC_MMA_WARPS(D) * 32, 2) attn_mma(const __gri
 		return;
 	__threadfence();
 	/* a warp per row, its scratch in the tables' space (free now) */
-	static_assert(NW * (TQC_SPLITS_MAX + TQ_DIM_MAX) * 4 <= TQC_MMA_LUT_BYTES, "finish scratch");
+	static_assert(R * (TQC_SPLITS_MAX + TQ_DIM_MAX) * 4 <= TQC_MMA_LUT_BYTES, "finish scratch"); /* warps < R */
 	float *s_w = reinterpret_cast<float *>(smem) + warp * (TQC_SPLITS_MAX + TQ_DIM_MAX);
 	for (int r = warp; r < nrows; r += NW) {
 		const int rr = r0 + r, qi = rr / a.group, gi = rr % a.group;
@@ -1465,7 +1466,10 @@ static bool attend_args_ok(const struct tqc_attn_args *a)
 	const bool scratch_fits = (size_t)TQC_MMA_STAGES * TQC_TILE * (a->geom.k_block_bytes + a->geom.v_block_bytes) >=
 				  (size_t)TQC_TILE_ROWS * (size_t)a->kc.dim * 4u;
 
-	return a->rows_blk == want && want > 0 && (a->tiled || a->rows_blk == rows_for(vpl)) &&
+	const bool warps_ok = !a->tiled || (a->mma_warps >= TQC_MMA_WARPS_MIN &&
+					     a->mma_warps <= tqc_attn_mma_warps_max(a->kc.dim));
+
+	return a->rows_blk == want && want > 0 && (a->tiled || a->rows_blk == rows_for(vpl)) && warps_ok &&
 	       (!a->tiled || (a->split_len % TQC_TILE == 0 && a->counters && scratch_fits)) &&
 	       (a->tiled == 0 || a->tiled == 1) &&
 	       a->vc.dim == a->kc.dim && a->n_rb >= 1 &&
@@ -1489,7 +1493,7 @@ template <int D>
 static cudaError_t launch_mma(const struct tqc_attn_args *a, cudaStream_t st)
 {
 	const dim3 grid((unsigned)a->n_rb, (unsigned)a->n_split, (unsigned)a->n_kv);
-	const size_t smem = tqc_attn_mma_smem(D, a->geom.k_block_bytes, a->geom.v_block_bytes);
+	const size_t smem = tqc_attn_mma_smem(D, a->geom.k_block_bytes, a->geom.v_block_bytes, a->mma_warps);
 	cudaError_t e;
 
 	/* past 48 KiB a kernel must ask (the host checked the device's limit) */
@@ -1497,11 +1501,11 @@ static cudaError_t launch_mma(const struct tqc_attn_args *a, cudaStream_t st)
 	    (e = cudaFuncSetAttribute(attn_mma<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) !=
 		    cudaSuccess)
 		return e;
-	attn_mma<D><<<grid, TQC_MMA_WARPS(D) * 32, smem, st>>>(*a);
+	attn_mma<D><<<grid, a->mma_warps * 32, smem, st>>>(*a);
 	return cudaSuccess;
 }
 
-extern "C" int tqc_attn_mma_ctas_per_sm(int dim, size_t smem)
+extern "C" int tqc_attn_mma_ctas_per_sm(int dim, size_t smem, int warps)
 {
 	int n = 0;
 	cudaError_t e = cudaErrorInvalidValue;
@@ -1521,9 +1525,9 @@ extern "C" int tqc_attn_mma_ctas_per_sm(int dim, size_t smem)
 		}
 	}
 	switch (dim) {
-	case 64: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_mma<64>, TQC_MMA_WARPS(64) * 32, smem); break;
-	case 128: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_mma<128>, TQC_MMA_WARPS(128) * 32, smem); break;
-	case 256: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_mma<256>, TQC_MMA_WARPS(256) * 32, smem); break;
+	case 64: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_mma<64>, warps * 32, smem); break;
+	case 128: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_mma<128>, warps * 32, smem); break;
+	case 256: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_mma<256>, warps * 32, smem); break;
 	default: break;
 	}
 	if (e != cudaSuccess) {

@@ -166,20 +166,41 @@ static inline int tqc_attn_tiled_ok(const struct tqc_codec_desc *kc, const struc
  * warps' partial sums reuse their own stages at the end).  16 table copies
  * and 3 stages were measured slower (BENCHMARKS 2b). */
 #define TQC_MMA_LUT_BYTES 65536u
-#define TQC_MMA_QF_BYTES(dim) ((dim) > 128 ? (dim) * 32 : 0)
+#define TQC_MMA_QF_BYTES(dim) ((dim) > 128 ? (size_t)(dim) * 32u : (size_t)0)
 #define TQC_MMA_STAGES 2u /* tiles per warp in shared memory: 1 computed on, 1 in flight */
-/* Warps per attn_mma CTA.  The kernel is bound by its warps' latency, not by
- * issue slots or bandwidth, so an SM wants as many warps as fit: two CTAs'
- * tables and stages fit an SM's 228 KiB, and at d <= 128 (<= 168 registers)
- * the register file holds 2 x 6 warps; d = 256 (222 registers) keeps 4. */
-#define TQC_MMA_WARPS(dim) ((dim) > 128 ? 4 : 6)
-#define TQC_MMA_WARPS_MAX 6
-static inline size_t tqc_attn_mma_smem(int dim, uint32_t k_block_bytes, uint32_t v_block_bytes)
+#define TQC_MMA_STATIC_SMEM 1024u /* its static shared memory, at most */
+/* Warps per attn_mma CTA (tqc_attn_args.mma_warps, chosen by the host).
+ * An SM wants as many warps as fit, and two CTAs rather than one (one's
+ * set-up and finish overlap the other's tiles): TQC_MMA_WARPS_PAIR warps in
+ * each of two CTAs where their shared memory and registers fit (small
+ * blocks: tq2..4 keys), else one CTA of as many warps as its shared memory
+ * holds, up to what the registers allow (168 a thread at d <= 128: 12 warps;
+ * 232 at d = 256: 8); at least 4, or attn_main runs.  (One CTA of 16 warps
+ * at 128 registers was measured: slower for tq4 / tq3 than 2 x 6.) */
+#define TQC_MMA_WARPS_MIN 4
+#define TQC_MMA_WARPS_PAIR 6
+#define TQC_MMA_WARPS_MAX 12
+static inline int tqc_attn_mma_warps_max(int dim)
 {
-	const size_t w = (size_t)TQC_MMA_WARPS(dim);
+	return dim > 128 ? 8 : TQC_MMA_WARPS_MAX;
+}
 
-	return TQC_MMA_LUT_BYTES + (size_t)TQC_MMA_QF_BYTES(dim) + w * TQC_TILE_ROWS * TQC_TILE * 2u +
+static inline size_t tqc_attn_mma_smem(int dim, uint32_t k_block_bytes, uint32_t v_block_bytes, int warps)
+{
+	const size_t w = (size_t)warps;
+
+	return TQC_MMA_LUT_BYTES + TQC_MMA_QF_BYTES(dim) + w * TQC_TILE_ROWS * TQC_TILE * 2u +
 	       w * TQC_MMA_STAGES * TQC_TILE * ((size_t)k_block_bytes + v_block_bytes);
+}
+
+/* The most warps whose shared memory fits smem_max bytes a block, or 0
+ * where not even TQC_MMA_WARPS_MIN do. */
+static inline int tqc_attn_mma_warps(int dim, uint32_t k_block_bytes, uint32_t v_block_bytes, size_t smem_max)
+{
+	for (int w = tqc_attn_mma_warps_max(dim); w >= TQC_MMA_WARPS_MIN; w--)
+		if (tqc_attn_mma_smem(dim, k_block_bytes, v_block_bytes, w) + TQC_MMA_STATIC_SMEM <= smem_max)
+			return w;
+	return 0;
 }
 
 struct tqc_attn_args {
@@ -200,6 +221,7 @@ struct tqc_attn_args {
 	int32_t n_split;             /* splits of the context, >= 1                     */
 	uint32_t split_len;          /* tokens per split, >= 1 (tiled: a multiple of TQC_TILE) */
 	int32_t tiled;               /* 1: attn_mma, rows_blk = TQC_TILE_ROWS; 0: attn_main */
+	int32_t mma_warps;           /* tiled: warps per CTA (tqc_attn_mma_warps)        */
 	const int32_t *q_pos;        /* device: [n_q] (causal only, else unused)         */
 	const float *q;              /* device: [n_q][n_q_heads][dim] fp32               */
 	float *qrot;                 /* device: [n_q][n_q_heads][dim], prep's output     */
@@ -211,10 +233,10 @@ struct tqc_attn_args {
 };
 
 int tqc_launch_attend(const struct tqc_attn_args *a, void *stream);
-/* CTAs of attn_mma<dim> with `smem` bytes of dynamic shared memory that run
- * at once on one SM of the current device (registers and shared memory);
- * 0 if the runtime cannot tell. */
-int tqc_attn_mma_ctas_per_sm(int dim, size_t smem);
+/* CTAs of attn_mma<dim> with `warps` warps and `smem` bytes of dynamic shared
+ * memory that run at once on one SM of the current device (registers and
+ * shared memory); 0 if the runtime cannot tell. */
+int tqc_attn_mma_ctas_per_sm(int dim, size_t smem, int warps);
 
 /* The layout both compilers must agree on. */
 #define TQC_DESC_BYTES 456
@@ -222,8 +244,9 @@ static_assert(sizeof(struct tqc_codec_desc) == TQC_DESC_BYTES, "tqc_codec_desc l
 static_assert(offsetof(struct tqc_codec_desc, mat) == 424, "tqc_codec_desc layout");
 static_assert(sizeof(struct tqc_enc_args) == 2 * TQC_DESC_BYTES + 8 + 64 + 16 + 16 + 40, "tqc_enc_args layout");
 static_assert(offsetof(struct tqc_enc_args, k) == 2 * TQC_DESC_BYTES + 8 + 64 + 16 + 16, "tqc_enc_args layout");
-static_assert(offsetof(struct tqc_attn_args, q_pos) == 2 * TQC_DESC_BYTES + 8 + 16 + 14 * 4, "tqc_attn_args layout");
-static_assert(sizeof(struct tqc_attn_args) == 2 * TQC_DESC_BYTES + 8 + 16 + 14 * 4 + 7 * 8, "tqc_attn_args layout");
+/* 15 four-byte fields, padded to the pointers' alignment */
+static_assert(offsetof(struct tqc_attn_args, q_pos) == 2 * TQC_DESC_BYTES + 8 + 16 + 16 * 4, "tqc_attn_args layout");
+static_assert(sizeof(struct tqc_attn_args) == 2 * TQC_DESC_BYTES + 8 + 16 + 16 * 4 + 7 * 8, "tqc_attn_args layout");
 static_assert(TQ_DIM_MAX % 32 == 0, "sign mask words");
 
 #ifdef __cplusplus

@@ -744,6 +744,8 @@ static void run_ctx(struct bench *b, uint32_t T)
 			jnum("speedup", have_sdpa ? sc->ms / step : NAN, have_sdpa);
 			printf("}\n");
 		} else {
+			if (B == 1) /* the plan every session of this context ran */
+				printf("  kernel: %s\n", tqc_ctx_last_attn_plan(b->s[0].x));
 			printf("  batch %d: GPU %.4f ms/call (median of %d), wall %.4f ms/call, %.0f calls/s",
 			       B, gpu_ms, B * o->reps, wall_ms, calls_s);
 			if (B > 1)

@@ -793,6 +793,7 @@ static double row_err(const float *a, const float *b, size_t rows, int dim)
  * (an A100 takes less than an H100), unless TQ_CUDA_ATTN=general. */
 static int general_only;
 static int smem_optin; /* the device's, bytes */
+static int n_sms;      /* the device's multiprocessors */
 
 static int tiled_expected(const struct layer *L)
 {
@@ -802,7 +803,7 @@ static int tiled_expected(const struct layer *L)
 
 	return !general_only && tk && tv && (L->dim == 64 || L->dim == 128 || L->dim == 256) &&
 	       L->g.page_tokens % 32 == 0 &&
-	       tqc_attn_mma_smem(L->dim, L->g.k_block_bytes, L->g.v_block_bytes) <= (size_t)smem_optin;
+	       tqc_attn_mma_warps(L->dim, L->g.k_block_bytes, L->g.v_block_bytes, (size_t)smem_optin) > 0;
 }
 
 /* The oracle on the host pages, the GPU on the device pages (output in
@@ -1002,6 +1003,51 @@ static void test_attn_split_k(void)
 		T_ASSERT(e1 >= 0 && e1 <= TOL);
 		T_ASSERT(e2 >= 0 && e2 <= TOL);
 		T_ASSERT(e3 >= 0 && e3 <= TOL);
+	}
+}
+
+/* attn_mma's plan fills whole waves: its CTAs (splits x row blocks x KV
+ * heads) never outnumber what runs at once (the CTAs per SM it planned x the
+ * SMs), since a partial second wave would nearly double the call; and its
+ * warps are within the kernel's bounds.  16 query tokens of 32 heads over 8
+ * KV heads make 8 row blocks a head, so the split count is bound by the
+ * device, not the 1280-token context. */
+static void test_attn_waves(void)
+{
+	static const struct { enum tq_codec_id k, v; int dim; } cases[] = {
+		{ TQ_CODEC_TQ4, TQ_CODEC_TQ3, 128 }, { TQ_CODEC_Q8, TQ_CODEC_TQ4, 128 },
+		{ TQ_CODEC_Q8, TQ_CODEC_Q8, 64 },    { TQ_CODEC_TQ4, TQ_CODEC_TQ2, 256 },
+	};
+	const int n_q = 16, n_qh = 32, n_kv = 8, n_rb = n_q * (n_qh / n_kv) / 8;
+	const uint32_t len = 1280;
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct layer L;
+		char what[96];
+		int32_t pos[16];
+		snprintf(what, sizeof(what), "waves K %s V %s d %d", tq_codec_name(cases[i].k), tq_codec_name(cases[i].v),
+			 cases[i].dim);
+		if (!layer_build(&L, cases[i].k, cases[i].v, cases[i].dim, n_kv, 256, len, 0, t_seed() + i))
+			T_FAIL("%s: layer", what);
+		for (int j = 0; j < n_q; j++)
+			pos[j] = (int32_t)len - n_q + j;
+		float *q = make_q(n_q, n_qh, cases[i].dim);
+		const double e = compare(&L, n_q, n_qh, q, TQ_DTYPE_F32, pos, 1, 0.0f, MEM_HOST, what);
+		const int tiled = tiled_expected(&L);
+		free(q);
+		layer_free(&L);
+		T_ASSERT(e >= 0 && e <= TOL);
+		if (!tiled)
+			continue;
+		const char *plan = tqc_ctx_last_attn_plan(ctx), *sp = strstr(plan, ", ");
+		int warps = 0, per_sm = 0, splits = 0;
+		if (getenv("TQ_TEST_VERBOSE"))
+			fprintf(stderr, "    %s: %s\n", what, plan);
+		T_ASSERT(sscanf(plan, "mma: %d warps x %d CTA", &warps, &per_sm) == 2);
+		T_ASSERT(sp && sscanf(sp, ", %d split", &splits) == 1);
+		T_ASSERT(warps >= 4 && warps <= (cases[i].dim > 128 ? 8 : 12));
+		T_ASSERT(per_sm >= 1 && splits >= 1);
+		T_ASSERT((long)splits * n_rb * n_kv <= (long)per_sm * n_sms);
 	}
 }
 
@@ -1319,6 +1365,7 @@ int main(void)
 		return 1;
 	}
 	smem_optin = di.smem_block_optin;
+	n_sms = di.sms;
 	if (tqc_ctx_new(&ctx, dev, &err)) {
 		fprintf(stderr, "tqc_ctx_new(%d): %s\n", dev, err.msg);
 		return 1;
@@ -1337,6 +1384,7 @@ int main(void)
 	T_RUN(test_attn_contexts);
 	T_RUN(test_attn_prefill);
 	T_RUN(test_attn_split_k);
+	T_RUN(test_attn_waves);
 	T_RUN(test_attn_query_dtypes);
 	T_RUN(test_attn_overflow);
 	tqc_ctx_free(ctx);
