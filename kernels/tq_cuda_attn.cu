@@ -1133,14 +1133,19 @@ static __device__ __forceinline__ uint32_t lut_entry(const struct tqc_codec_desc
 	return h2pack(cd.centroid[code & m] * cd.h16_scale, cd.centroid[(code >> 4) & m] * cd.h16_scale);
 }
 
-template <int D>
-__global__ void __launch_bounds__(32 * (D > 128 ? 8 : TQC_MMA_WARPS_MAX), 1) attn_mma(const __grid_constant__ struct tqc_attn_args a)
+/* NWC: the warps per CTA as a constant, TQC_MMA_WARPS_PAIR for two CTAs an
+ * SM (as many registers as that allows), or 0: a.mma_warps, one CTA an SM
+ * (mma_kernel picks) */
+template <int D, int NWC>
+__global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_MAX), NWC ? 2 : 1)
+	attn_mma(const __grid_constant__ struct tqc_attn_args a)
 {
 	constexpr int R = TQC_TILE_ROWS; /* the mma's N */
-	const int NW = a.mma_warps; /* TQC_MMA_WARPS_MIN .. tqc_attn_mma_warps_max(D): attend_args_ok */
+	/* TQC_MMA_WARPS_MIN .. tqc_attn_mma_warps_max(D): attend_args_ok */
+	const int NW = NWC ? NWC : a.mma_warps;
 	static_assert(R == 8, "rows are the N of m16n8k16");
 	TILED_SMEM(smem);
-	__shared__ float s_m[TQC_MMA_WARPS_MAX][R], s_l[TQC_MMA_WARPS_MAX][R];
+	__shared__ float s_m[NWC ? NWC : TQC_MMA_WARPS_MAX][R], s_l[NWC ? NWC : TQC_MMA_WARPS_MAX][R];
 	static_assert(sizeof(s_m) + sizeof(s_l) + 64 <= TQC_MMA_STATIC_SMEM, "static shared memory");
 
 	const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
@@ -1477,6 +1482,22 @@ static bool attend_args_ok(const struct tqc_attn_args *a)
 	       a->rows_pad == a->n_rb * a->rows_blk && a->rows_ph <= a->rows_pad && rows > 0;
 }
 
+/* The attn_mma that runs `warps` warps a CTA at head dim `dim`: the
+ * two-CTA build for TQC_MMA_WARPS_PAIR (d <= 128), else the one-CTA one
+ * (mma_config in tq_cuda.c chose the count); NULL for another dim. */
+typedef void (*mma_kernel_fn)(const struct tqc_attn_args);
+static mma_kernel_fn mma_kernel(int dim, int warps)
+{
+	const bool pair = warps == TQC_MMA_WARPS_PAIR;
+
+	switch (dim) {
+	case 64: return pair ? attn_mma<64, TQC_MMA_WARPS_PAIR> : attn_mma<64, 0>;
+	case 128: return pair ? attn_mma<128, TQC_MMA_WARPS_PAIR> : attn_mma<128, 0>;
+	case 256: return attn_mma<256, 0>;
+	default: return nullptr;
+	}
+}
+
 /* The launcher (tests/simt/ runs the kernels above on the CPU with its own). */
 #ifndef TQC_SIMT
 /* ---- launcher ------------------------------------------------------------------------ */
@@ -1489,48 +1510,34 @@ static void launch_main(const struct tqc_attn_args *a, cudaStream_t st)
 	attn_main<VPL, rows_for(VPL)><<<grid, TQC_WARPS * 32, 0, st>>>(*a);
 }
 
-template <int D>
 static cudaError_t launch_mma(const struct tqc_attn_args *a, cudaStream_t st)
 {
 	const dim3 grid((unsigned)a->n_rb, (unsigned)a->n_split, (unsigned)a->n_kv);
-	const size_t smem = tqc_attn_mma_smem(D, a->geom.k_block_bytes, a->geom.v_block_bytes, a->mma_warps);
+	const size_t smem = tqc_attn_mma_smem(a->kc.dim, a->geom.k_block_bytes, a->geom.v_block_bytes, a->mma_warps);
+	const mma_kernel_fn k = mma_kernel(a->kc.dim, a->mma_warps);
 	cudaError_t e;
 
+	if (!k)
+		return cudaErrorInvalidValue;
 	/* past 48 KiB a kernel must ask (the host checked the device's limit) */
 	if (smem > (48u << 10) &&
-	    (e = cudaFuncSetAttribute(attn_mma<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) !=
-		    cudaSuccess)
+	    (e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) != cudaSuccess)
 		return e;
-	attn_mma<D><<<grid, a->mma_warps * 32, smem, st>>>(*a);
+	k<<<grid, a->mma_warps * 32, smem, st>>>(*a);
 	return cudaSuccess;
 }
 
 extern "C" int tqc_attn_mma_ctas_per_sm(int dim, size_t smem, int warps)
 {
+	const mma_kernel_fn k = mma_kernel(dim, warps);
 	int n = 0;
-	cudaError_t e = cudaErrorInvalidValue;
 
 	/* the query counts 0 blocks for a kernel whose dynamic shared memory
 	 * limit is below smem: raise it first, as the launch does */
-	if (smem > (48u << 10)) {
-		switch (dim) {
-		case 64: e = cudaFuncSetAttribute(attn_mma<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem); break;
-		case 128: e = cudaFuncSetAttribute(attn_mma<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem); break;
-		case 256: e = cudaFuncSetAttribute(attn_mma<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem); break;
-		default: break;
-		}
-		if (e != cudaSuccess) {
-			(void)cudaGetLastError();
-			return 0;
-		}
-	}
-	switch (dim) {
-	case 64: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_mma<64>, warps * 32, smem); break;
-	case 128: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_mma<128>, warps * 32, smem); break;
-	case 256: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_mma<256>, warps * 32, smem); break;
-	default: break;
-	}
-	if (e != cudaSuccess) {
+	if (!k ||
+	    (smem > (48u << 10) &&
+	     cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) ||
+	    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, warps * 32, smem) != cudaSuccess) {
 		(void)cudaGetLastError();
 		return 0;
 	}
@@ -1554,13 +1561,7 @@ extern "C" int tqc_launch_attend(const struct tqc_attn_args *a, void *stream)
 			return (int)e;
 	}
 	if (a->tiled) {
-		switch (a->kc.dim) {
-		case 64: e = launch_mma<64>(a, st); break;
-		case 128: e = launch_mma<128>(a, st); break;
-		case 256: e = launch_mma<256>(a, st); break;
-		default: e = cudaErrorInvalidValue; break;
-		}
-		if (e != cudaSuccess)
+		if ((e = launch_mma(a, st)) != cudaSuccess)
 			return (int)e;
 	} else {
 		switch (vpl) {
