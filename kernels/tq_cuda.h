@@ -121,7 +121,8 @@ double tqc_ctx_last_us(const tqc_ctx *x);
  * tests and tuning: TQ_CUDA_ATTN=general never runs the tiled kernel;
  * TQ_CUDA_CTAS_PER_SM=N (1..64) sets the CTAs per SM the context split aims
  * at (default: 4 for the general kernel; for the tiled one, as many as run
- * at once by the runtime's occupancy query, at most 4). */
+ * at once by the runtime's occupancy query, at most 4); the split fills
+ * whole waves (CTAs <= N x SMs). */
 const char *tqc_ctx_last_attn(const tqc_ctx *x);
 /* The same pass's launch in words, for benchmarks and logs: the kernel, its
  * warps per CTA and CTAs per SM (mma), the context's splits and their

@@ -729,12 +729,14 @@ static __device__ __forceinline__ int tiled_bits(const struct tqc_codec_desc &c)
 
 /* ---- tiled decode: attn_mma ------------------------------------------------------
  *
- * attn_mma<D> (tqc_attn_tiled_ok says where it applies) reads the cache the
- * way the memory system wants it read: each warp walks its split in tiles of
- * TQC_TILE (32) tokens, tiles w, w + 4, ... for warp w, and copies the next
- * tile's K and V blocks (two runs of 32 contiguous blocks in one page,
- * 16-byte aligned) into its own shared memory with cp.async while it
- * computes on the current one.  Both products run on the tensor cores as
+ * attn_mma<D, NWC> (tqc_attn_tiled_ok says where it applies) reads the cache
+ * the way the memory system wants it read: each of the CTA's NW warps
+ * (tq_cuda_internal.h: two CTAs of 6 an SM, or one of up to 12) walks its
+ * split in tiles of TQC_TILE (32) tokens, tiles w, w + NW, ... for warp w,
+ * and copies the next tile's K and V blocks (two runs of 32 contiguous
+ * blocks in one page, 16-byte aligned) into its own shared memory with
+ * cp.async while it computes on the current one; its first tile is asked
+ * for before the set-up (tables, rotated queries), so it flies meanwhile.  Both products run on the tensor cores as
  * mma.sync m16n8k16 with FP16 inputs and FP32 accumulation (sm_80+):
  *   scores  S (16 tokens x 8 rows) += K (16 tokens x 16) Q^T;
  *   values  O^T (16 coordinates x 8 rows) += V^T (16 x 16 tokens) P^T, P the
