@@ -199,6 +199,7 @@ int tqc_device_query(int device, struct tqc_device_info *out, char *why, size_t 
 	out->host_register = attr(cudaDevAttrHostRegisterSupported, device);
 	out->managed = attr(cudaDevAttrManagedMemory, device);
 	out->smem_block_optin = attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+	out->smem_sm = attr(cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
 	out->total_bytes = pr.totalGlobalMem;
 	if ((e = cudaMemGetInfo(&fr, &tot)) != cudaSuccess)
 		return cuda_fail(why, whylen, "cudaMemGetInfo", e);

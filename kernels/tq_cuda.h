@@ -67,6 +67,7 @@ struct tqc_device_info {
 	int driver_version;          /* e.g. 13000                                      */
 	int runtime_version;
 	int smem_block_optin;        /* shared memory one kernel may ask for, bytes     */
+	int smem_sm;                 /* shared memory of one multiprocessor, bytes      */
 };
 
 /* Devices the driver sees: >= 0, or -ENODEV / -ENOSYS with why (no driver,

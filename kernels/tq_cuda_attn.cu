@@ -1500,6 +1500,29 @@ static mma_kernel_fn mma_kernel(int dim, int warps)
 	}
 }
 
+/* Let kernel k ask for smem bytes of dynamic shared memory.  Past 48 KiB a
+ * kernel must: until it has, its launch fails and the occupancy query counts
+ * 0 CTAs (the runtime's rules; the emulator's fake runtime keeps them). */
+static cudaError_t mma_smem_allow(mma_kernel_fn k, size_t smem)
+{
+	return smem > (48u << 10)
+		       ? cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
+		       : cudaSuccess;
+}
+
+extern "C" int tqc_attn_mma_ctas_per_sm(int dim, size_t smem, int warps)
+{
+	const mma_kernel_fn k = mma_kernel(dim, warps);
+	int n = 0;
+
+	if (!k || mma_smem_allow(k, smem) != cudaSuccess ||
+	    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, (const void *)k, warps * 32, smem) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return 0;
+	}
+	return n;
+}
+
 /* The launcher (tests/simt/ runs the kernels above on the CPU with its own). */
 #ifndef TQC_SIMT
 /* ---- launcher ------------------------------------------------------------------------ */
@@ -1521,30 +1544,12 @@ static cudaError_t launch_mma(const struct tqc_attn_args *a, cudaStream_t st)
 
 	if (!k)
 		return cudaErrorInvalidValue;
-	/* past 48 KiB a kernel must ask (the host checked the device's limit) */
-	if (smem > (48u << 10) &&
-	    (e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) != cudaSuccess)
+	if ((e = mma_smem_allow(k, smem)) != cudaSuccess) /* the host checked the device's limit */
 		return e;
 	k<<<grid, a->mma_warps * 32, smem, st>>>(*a);
 	return cudaSuccess;
 }
 
-extern "C" int tqc_attn_mma_ctas_per_sm(int dim, size_t smem, int warps)
-{
-	const mma_kernel_fn k = mma_kernel(dim, warps);
-	int n = 0;
-
-	/* the query counts 0 blocks for a kernel whose dynamic shared memory
-	 * limit is below smem: raise it first, as the launch does */
-	if (!k ||
-	    (smem > (48u << 10) &&
-	     cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) ||
-	    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, warps * 32, smem) != cudaSuccess) {
-		(void)cudaGetLastError();
-		return 0;
-	}
-	return n;
-}
 
 extern "C" int tqc_launch_attend(const struct tqc_attn_args *a, void *stream)
 {

@@ -11,3 +11,9 @@ bool fake_dev_ok(const void *p, size_t n);
 struct tqc_codec_desc;
 bool fake_desc_rot_ok(const struct tqc_codec_desc *d);
 void fake_fail(const char *what);
+/* A kernel's dynamic shared memory limit (cudaFuncSetAttribute's
+ * MaxDynamicSharedMemorySize: 48 KiB until raised), and the registers a
+ * thread of it takes, which the occupancy query needs and the emulator
+ * cannot count (its launcher says, once per kernel). */
+int fake_func_smem(const void *func);
+void fake_func_regs(const void *func, int regs);

@@ -85,11 +85,49 @@ void fake_enqueue(void *s, std::function<void()> fn)
 	((stream *)s)->q.push_back(std::move(fn));
 }
 
+/* Kernels' attributes, as the runtime keeps them: the dynamic shared memory
+ * a launch may ask for (48 KiB until raised, at most the block opt-in) and,
+ * for the occupancy query, registers per thread (said by the launcher). */
+static std::map<const void *, int> func_smem_max, func_regs;
+int fake_func_smem(const void *f)
+{
+	auto it = func_smem_max.find(f);
+	return it == func_smem_max.end() ? 48 << 10 : it->second;
+}
+void fake_func_regs(const void *f, int regs) { func_regs[f] = regs; }
+
 extern "C" {
 cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
 cudaError_t cudaDriverGetVersion(int *v) { *v = 13000; return cudaSuccess; }
 cudaError_t cudaRuntimeGetVersion(int *v) { *v = 13000; return cudaSuccess; }
 cudaError_t cudaGetLastError(void) { cudaError_t e = last_err; last_err = cudaSuccess; return e; }
+
+cudaError_t cudaFuncSetAttribute(const void *f, enum cudaFuncAttribute a, int v)
+{
+	if (!f || a != cudaFuncAttributeMaxDynamicSharedMemorySize || v < 0 || v > (227 << 10))
+		return ret(cudaErrorInvalidValue);
+	func_smem_max[f] = v;
+	return cudaSuccess;
+}
+/* an H100's SM: 228 KiB of shared memory (1 KiB reserved per CTA; the
+ * kernel's static shared memory counted as TQC_MMA_STATIC_SMEM), 64 K
+ * registers, 2048 threads; 0 blocks past the kernel's dynamic limit */
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, const void *f, int block, size_t smem)
+{
+	auto r = func_regs.find(f);
+	if (!n || !f || block <= 0 || r == func_regs.end())
+		return ret(cudaErrorInvalidValue);
+	if (smem > (size_t)fake_func_smem(f)) {
+		*n = 0;
+		return cudaSuccess;
+	}
+	const int by_smem = (int)((228u << 10) / (smem + TQC_MMA_STATIC_SMEM + 1024u));
+	const int by_regs = 65536 / (r->second * block), by_threads = 2048 / block;
+	*n = by_smem < by_regs ? by_smem : by_regs;
+	if (by_threads < *n)
+		*n = by_threads;
+	return cudaSuccess;
+}
 const char *cudaGetErrorString(cudaError_t e) { static char b[64]; snprintf(b, sizeof b, "fake error %d", (int)e); return b; }
 const char *cudaGetErrorName(cudaError_t e) { return e == cudaErrorMemoryAllocation ? "cudaErrorMemoryAllocation" : "cudaErrorFake"; }
 cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : ret(cudaErrorInvalidDevice); }
@@ -104,6 +142,7 @@ cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int d)
 	case cudaDevAttrHostRegisterSupported: *v = 1; break;
 	case cudaDevAttrManagedMemory: *v = 1; break;
 	case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = 227 << 10; break;
+	case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *v = 228 << 10; break;
 	default: *v = 0; break;
 	}
 	return cudaSuccess;

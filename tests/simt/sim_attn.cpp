@@ -1,4 +1,5 @@
 /* The attention kernels' device code (kernels/tq_cuda_attn.cu) on the SIMT emulator. */
+#include <cuda_runtime_api.h> /* the launcher's runtime calls: fake_cudart.cpp */
 #include "simt.h"
 #include "fake.h"
 #define TQC_SIMT 1

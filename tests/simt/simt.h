@@ -10,6 +10,15 @@
 #include <cstring>
 #include <functional>
 
+/* (after the CUDA runtime's headers where a file includes them: its own
+ * definitions of these give way) */
+#undef __global__
+#undef __device__
+#undef __host__
+#undef __forceinline__
+#undef __launch_bounds__
+#undef __grid_constant__
+#undef __shared__
 #define __global__
 #define __device__
 #define __host__
@@ -19,8 +28,11 @@
 #define __shared__ static
 
 struct simt_dim { unsigned x, y, z; };
+#ifndef __VECTOR_TYPES_H__ /* the CUDA runtime's headers define it */
 struct alignas(16) float4 { float x, y, z, w; };
-static inline float4 make_float4(float x, float y, float z, float w) { return float4{ x, y, z, w }; }
+#endif
+static inline float4 simt_float4(float x, float y, float z, float w) { float4 v; v.x = x, v.y = y, v.z = z, v.w = w; return v; }
+#define make_float4 simt_float4
 struct simt_thread {
 	void *sp;
 	simt_dim tidx;

@@ -794,6 +794,7 @@ static double row_err(const float *a, const float *b, size_t rows, int dim)
 static int general_only;
 static int smem_optin; /* the device's, bytes */
 static int n_sms;      /* the device's multiprocessors */
+static int smem_sm;    /* the device's shared memory per multiprocessor, bytes */
 
 static int tiled_expected(const struct layer *L)
 {
@@ -1009,9 +1010,13 @@ static void test_attn_split_k(void)
 /* attn_mma's plan fills whole waves: its CTAs (splits x row blocks x KV
  * heads) never outnumber what runs at once (the CTAs per SM it planned x the
  * SMs), since a partial second wave would nearly double the call; and its
- * warps are within the kernel's bounds.  16 query tokens of 32 heads over 8
- * KV heads make 8 row blocks a head, so the split count is bound by the
- * device, not the 1280-token context. */
+ * warps are within the kernel's bounds.  Where two CTAs of
+ * TQC_MMA_WARPS_PAIR warps fit an SM's shared memory (tq4 / tq3 at d 128 on
+ * an H100), the plan has them: the runtime's occupancy query answers 0 for a
+ * kernel not yet allowed that much shared memory, which once left every
+ * long call with two waves.  16 query tokens of 32 heads over 8 KV heads
+ * make 8 row blocks a head, so the split count is bound by the device, not
+ * the 1280-token context. */
 static void test_attn_waves(void)
 {
 	static const struct { enum tq_codec_id k, v; int dim; } cases[] = {
@@ -1034,6 +1039,8 @@ static void test_attn_waves(void)
 		float *q = make_q(n_q, n_qh, cases[i].dim);
 		const double e = compare(&L, n_q, n_qh, q, TQ_DTYPE_F32, pos, 1, 0.0f, MEM_HOST, what);
 		const int tiled = tiled_expected(&L);
+		const size_t pair_smem =
+			tqc_attn_mma_smem(cases[i].dim, L.g.k_block_bytes, L.g.v_block_bytes, TQC_MMA_WARPS_PAIR);
 		free(q);
 		layer_free(&L);
 		T_ASSERT(e >= 0 && e <= TOL);
@@ -1048,6 +1055,9 @@ static void test_attn_waves(void)
 		T_ASSERT(warps >= 4 && warps <= (cases[i].dim > 128 ? 8 : 12));
 		T_ASSERT(per_sm >= 1 && splits >= 1);
 		T_ASSERT((long)splits * n_rb * n_kv <= (long)per_sm * n_sms);
+		if (cases[i].dim <= 128 && 2 * (pair_smem + TQC_MMA_STATIC_SMEM + 1024) <= (size_t)smem_sm &&
+		    pair_smem + TQC_MMA_STATIC_SMEM <= (size_t)smem_optin)
+			T_ASSERT(warps == TQC_MMA_WARPS_PAIR && per_sm == 2);
 	}
 }
 
@@ -1366,6 +1376,7 @@ int main(void)
 	}
 	smem_optin = di.smem_block_optin;
 	n_sms = di.sms;
+	smem_sm = di.smem_sm;
 	if (tqc_ctx_new(&ctx, dev, &err)) {
 		fprintf(stderr, "tqc_ctx_new(%d): %s\n", dev, err.msg);
 		return 1;
