@@ -736,8 +736,9 @@ static __device__ __forceinline__ int tiled_bits(const struct tqc_codec_desc &c)
  * and copies the next tile's K and V blocks (two runs of 32 contiguous
  * blocks in one page, 16-byte aligned) into its own shared memory with
  * cp.async while it computes on the current one; its first tile is asked
- * for before the set-up (tables, rotated queries), so it flies meanwhile.  Both products run on the tensor cores as
- * mma.sync m16n8k16 with FP16 inputs and FP32 accumulation (sm_80+):
+ * for before the set-up (tables, rotated queries), so it flies meanwhile.
+ * Both products run on the tensor cores as mma.sync m16n8k16 with FP16
+ * inputs and FP32 accumulation (sm_80+):
  *   scores  S (16 tokens x 8 rows) += K (16 tokens x 16) Q^T;
  *   values  O^T (16 coordinates x 8 rows) += V^T (16 x 16 tokens) P^T, P the
  *           softmax weights times each token's V block scale.
