@@ -980,8 +980,8 @@ static void mma_config(tqc_ctx *x, int dim, uint32_t kb, uint32_t vb, size_t sme
 	if (x->mc_dim != dim || x->mc_kb != kb || x->mc_vb != vb) {
 		int w = 0, n = 0;
 
-		if (tqc_attn_mma_warps(dim, kb, vb, smem_max) >= TQC_MMA_WARPS_PAIR &&
-		    TQC_MMA_WARPS_PAIR <= tqc_attn_mma_warps_max(dim)) {
+		/* the two-CTA build exists at d <= 128 (mma_kernel) */
+		if (dim <= 128 && tqc_attn_mma_warps(dim, kb, vb, smem_max) >= TQC_MMA_WARPS_PAIR) {
 			n = tqc_attn_mma_ctas_per_sm(dim, tqc_attn_mma_smem(dim, kb, vb, TQC_MMA_WARPS_PAIR),
 						     TQC_MMA_WARPS_PAIR);
 			if (n >= 2)

@@ -1051,8 +1051,6 @@ static void test_attn_waves(void)
 			continue;
 		const char *plan = tqc_ctx_last_attn_plan(ctx), *sp = strstr(plan, ", ");
 		int warps = 0, per_sm = 0, splits = 0;
-		if (getenv("TQ_TEST_VERBOSE"))
-			fprintf(stderr, "    %s: %s\n", what, plan);
 		T_ASSERT(sscanf(plan, "mma: %d warps x %d CTA", &warps, &per_sm) == 2);
 		T_ASSERT(sp && sscanf(sp, ", %d split", &splits) == 1);
 		T_ASSERT(warps >= 4 && warps <= (cases[i].dim > 128 ? 8 : 12));
