@@ -405,9 +405,11 @@ struct tqc_ctx {
 	uint32_t mc_kb, mc_vb;   /* for (mc_dim, mc_kb, mc_vb); mc_dim 0: none     */
 	int mc_warps, mc_per_sm;
 	int attn_general;        /* TQ_CUDA_ATTN=general: never attn_mma            */
+	int enc_general;         /* TQ_CUDA_ENC=general: never enc_reg              */
 	int ctas_per_sm;         /* TQ_CUDA_CTAS_PER_SM, else 0: ATT_CTAS_PER_SM    */
 				 /* (attn_mma: at most as many as run at once)     */
 	const char *last_attn;   /* tqc_ctx_last_attn                              */
+	const char *last_enc;    /* tqc_ctx_last_append                            */
 	int plan_warps, plan_per_sm, plan_splits; /* the last pass's, in words by */
 	uint32_t plan_len;       /* tqc_ctx_last_attn_plan into attn_plan           */
 	char attn_plan[96];
@@ -452,9 +454,12 @@ int tqc_ctx_new(tqc_ctx **out, int device, tq_error *err)
 		x->sms = 1;
 	x->smem_optin = attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
 	x->last_attn = "";
+	x->last_enc = "";
 	/* knobs for tests and tuning (tq_cuda.h) */
 	const char *ev = getenv("TQ_CUDA_ATTN");
 	x->attn_general = ev && !strcmp(ev, "general");
+	ev = getenv("TQ_CUDA_ENC");
+	x->enc_general = ev && !strcmp(ev, "general");
 	ev = getenv("TQ_CUDA_CTAS_PER_SM");
 	x->ctas_per_sm = ev && atoi(ev) >= 1 && atoi(ev) <= 64 ? atoi(ev) : 0;
 	if ((e = cudaStreamCreateWithFlags(&x->stream, cudaStreamNonBlocking)) != cudaSuccess) {
@@ -525,6 +530,11 @@ int tqc_ctx_device(const tqc_ctx *x)
 double tqc_ctx_last_us(const tqc_ctx *x)
 {
 	return x ? x->last_us : 0.0;
+}
+
+const char *tqc_ctx_last_append(const tqc_ctx *x)
+{
+	return x ? x->last_enc : "";
 }
 
 const char *tqc_ctx_last_attn(const tqc_ctx *x)
@@ -913,6 +923,7 @@ int tqc_append(tqc_ctx *x, const struct tqc_append *a, uint32_t *bad, tq_error *
 
 	args.geom = *g;
 	args.dtype = (int32_t)a->dtype;
+	args.general = x->enc_general;
 	args.status = (unsigned long long *)(void *)x->enc_state;
 	args.done = (uint32_t *)(void *)(x->enc_state + 8);
 	args.report = x->report_dev;
@@ -936,6 +947,7 @@ int tqc_append(tqc_ctx *x, const struct tqc_append *a, uint32_t *bad, tq_error *
 		args.slot0 = a->pos + t0 - p_first * pt;
 		args.n_tok = nt;
 		*(volatile unsigned long long *)x->report = ~0ull; /* the kernel's last CTA writes it */
+		x->last_enc = tqc_enc_reg_dim(&args) ? "reg" : "general";
 		CK("encode kernel launch", (cudaError_t)tqc_launch_encode(&args, x->stream));
 		CK("cudaEventRecord", cudaEventRecord(x->ev1, x->stream));
 		CK("encode kernel", cudaStreamSynchronize(x->stream));

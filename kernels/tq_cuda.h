@@ -114,6 +114,9 @@ int tqc_ctx_device(const tqc_ctx *x);
 /* GPU time of the last tqc_append / tqc_attend on this context, in
  * microseconds (CUDA events around its stream work); 0 before any. */
 double tqc_ctx_last_us(const tqc_ctx *x);
+/* The encoder the last tqc_append ran (its last launch): "reg" or "general"
+ * (tqc_append); "" before any. */
+const char *tqc_ctx_last_append(const tqc_ctx *x);
 /* The attention kernel the last tqc_attend ran (its last pass): "mma" (tiles
  * of 32 keys staged in shared memory, scores and values on the tensor cores:
  * head dims 64 / 128 / 256, K and V codecs tq2..tq4 / q8, pages of a
@@ -154,7 +157,12 @@ struct tqc_append {
  * names the token, the K or V side, the head and (NaN/Inf) the element.
  * On failure blocks of any token may have been written: slots at or past
  * the layer's committed length carry no meaning (tq_page.h), so the caller
- * keeps the layer as it was by not committing the tokens. */
+ * keeps the layer as it was by not committing the tokens.  The kernel: a
+ * register-resident one for head dims 64 / 128 / 256 with K and V codecs
+ * tq2..tq4 / q8 (Hadamard rotation) and inputs aligned to their element,
+ * else the general one (any shape); both write the same bytes.
+ * TQ_CUDA_ENC=general in the environment (read by tqc_ctx_new) always runs
+ * the general one, for tests and baselines. */
 int tqc_append(tqc_ctx *x, const struct tqc_append *a, uint32_t *bad, tq_error *err);
 
 /* Fused attention on the device: the contract, checks and errors of

@@ -17,10 +17,15 @@
  * the lower index, which is the first occurrence the reference's strict `<`
  * / `>` scan keeps — the sign of a zero min depends on it).
  *
- * One warp encodes one vector (one token, one KV head, K or V), staging it
- * in shared memory; 4 warps per CTA.  A vector whose input has a NaN/Inf or
- * that the codec cannot represent writes nothing and reports itself in the
- * status word (tq_cuda_internal.h).
+ * One warp encodes one vector (one token, one KV head, K or V); 4 warps per
+ * CTA.  Two kernels: enc_kernel, for every codec, rotation, head dim and
+ * input alignment, stages the vector in shared memory; enc_reg<D>, for the
+ * common shapes (tqc_enc_reg_dim: head dims 64 / 128 / 256, tq2..tq4 and q8
+ * with the Hadamard rotation, aligned rows), keeps it in registers and is
+ * about a third faster for a decode token (BENCHMARKS 2b).  Both write the
+ * same bytes; test_cuda checks each against the reference.  A vector whose
+ * input has a NaN/Inf or that the codec cannot represent writes nothing and
+ * reports itself in the status word (tq_cuda_internal.h).
  */
 #include "tq_cuda_device.cuh"
 
@@ -437,37 +442,310 @@ static __device__ uint32_t enc_vector(const struct tqc_enc_args &a, uint32_t vec
 	}
 }
 
-/* One warp per vector.  The first failing vector's status is the minimum
- * over the launch (atomicMin into *status); the CTA that finishes last moves
- * it to the host-mapped *report and resets *status and *done for the next
- * launch, so a launch needs no copies before or after it. */
+/* The end of a launch, by thread 0 of each CTA once s_st[] holds its `nw`
+ * warps' statuses (vec << 32 | code, ~0 for none): the first failing
+ * vector's is the minimum over the launch (atomicMin into *status); the CTA
+ * that finishes last moves it to the host-mapped *report and resets *status
+ * and *done for the next launch, so a launch needs no copies before or after
+ * it.  Fences only where a status was written and in the last CTA.  The host
+ * reads *report after the stream has synchronised, which makes the kernel's
+ * writes to mapped memory visible. */
+static __device__ void enc_finish(const struct tqc_enc_args &a, const unsigned long long *s_st, int nw)
+{
+	unsigned long long m = ~0ull;
+
+	for (int w = 0; w < nw; w++)
+		m = s_st[w] < m ? s_st[w] : m;
+	if (m != ~0ull) {
+		atomicMin(a.status, m);
+		__threadfence(); /* the status before this CTA's count */
+	}
+	if (atomicAdd(a.done, 1u) == gridDim.x - 1u) {
+		__threadfence(); /* every other CTA's status, before reading it */
+		*(volatile unsigned long long *)a.report = atomicExch(a.status, ~0ull);
+		*(volatile uint32_t *)a.done = 0u;
+	}
+}
+
+/* One warp per vector, any codec, rotation, head dim and input alignment. */
 __global__ void __launch_bounds__(TQC_WARPS * 32) enc_kernel(const __grid_constant__ struct tqc_enc_args a)
 {
 	__shared__ float s_x[TQC_WARPS][TQ_DIM_MAX];
 	__shared__ float s_u[TQC_WARPS][TQ_DIM_MAX];
 	__shared__ uint8_t s_ib[TQC_WARPS][TQ_DIM_MAX];     /* indices */
 	__shared__ float s_tab[TQC_WARPS][2 * TQC_CB_MAX]; /* a codebook's bounds, centroids */
-	__shared__ bool s_last;
+	__shared__ unsigned long long s_st[TQC_WARPS];
 
 	const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
 	const uint32_t vec = blockIdx.x * TQC_WARPS + (uint32_t)warp;
+	unsigned long long st = ~0ull;
 
 	if (vec < a.n_tok * 2u * a.geom.n_kv_heads) { /* the whole warp */
-		const uint32_t st = enc_vector(a, vec, s_x[warp], s_u[warp], s_ib[warp], s_tab[warp], lane);
-		if (st && lane == 0)
-			atomicMin(a.status, (unsigned long long)vec << 32 | st);
+		const uint32_t r = enc_vector(a, vec, s_x[warp], s_u[warp], s_ib[warp], s_tab[warp], lane);
+		if (r)
+			st = (unsigned long long)vec << 32 | r;
 	}
-	__threadfence(); /* this CTA's atomicMin before its count */
+	if (lane == 0)
+		s_st[warp] = st;
 	__syncthreads();
 	if (threadIdx.x == 0)
-		s_last = atomicAdd(a.done, 1u) == gridDim.x - 1u;
-	__syncthreads();
-	if (s_last && threadIdx.x == 0) {
-		__threadfence();
-		*(volatile unsigned long long *)a.report = atomicExch(a.status, ~0ull);
-		*(volatile uint32_t *)a.done = 0u;
-		__threadfence_system();
+		enc_finish(a, s_st, TQC_WARPS);
+}
+
+/* ---- the register path: d 64, 128, 256; Hadamard; tq2..4 and q8; aligned rows ---
+ *
+ * The same bytes as enc_kernel (and the reference) by the same operations,
+ * with the vector in registers instead of shared memory: lane l holds
+ * coordinates c = l + 32 e, e < E = D / 32.  Loads coalesce; the FWHT's
+ * strides below 32 are shuffles and the larger ones register pairs; the
+ * codebook sits one entry per lane (bound[l], centroid[l]), so the binary
+ * search and the centroid lookup are shuffles.  A decode token's launch is a
+ * handful of warps that each run one dependent chain: what it costs is the
+ * chain's latency and the instructions fetched (the kernel is small, and its
+ * instruction cache is cold at every launch), which this path cuts to a
+ * fraction of enc_kernel's. */
+
+/* Row elements c = lane + 32 e as floats (tq_row_to_f32); the first
+ * non-finite element's index, or ~0.  Every load is issued before the first
+ * is used: a row in host memory costs one round trip over the bus. */
+template <int D>
+static __device__ __forceinline__ uint32_t reg_load(const uint8_t *row, int dtype, float (&x)[D / 32], int lane)
+{
+	constexpr int E = D / 32;
+	uint32_t eb[E];
+
+	if (dtype == DT_F32) {
+		const uint32_t *p = reinterpret_cast<const uint32_t *>(row);
+#pragma unroll
+		for (int e = 0; e < E; e++)
+			eb[e] = p[lane + 32 * e];
+	} else {
+		const uint16_t *p = reinterpret_cast<const uint16_t *>(row);
+#pragma unroll
+		for (int e = 0; e < E; e++)
+			eb[e] = p[lane + 32 * e];
+#pragma unroll
+		for (int e = 0; e < E; e++)
+			eb[e] = dtype == DT_F16 ? __float_as_uint(f16_to_f32(eb[e])) : eb[e] << 16;
 	}
+	uint32_t bad = ~0u;
+#pragma unroll
+	for (int e = E - 1; e >= 0; e--) {
+		x[e] = __uint_as_float(eb[e]);
+		if (!finite_bits(eb[e]))
+			bad = (uint32_t)(lane + 32 * e); /* the lowest e wins */
+	}
+	return __reduce_min_sync(FULL, bad);
+}
+
+/* tq_sumsq16 (warp_sumsq16's order): lane i < 16 adds the squares of
+ * c = i, i + 16, i + 32, ... — its own (e) and lane i + 16's, alternately. */
+template <int E>
+static __device__ __forceinline__ float reg_sumsq16(const float (&x)[E], int lane)
+{
+	float l = 0.0f;
+
+#pragma unroll
+	for (int e = 0; e < E; e++) {
+		const float sq = __fmul_rn(x[e], x[e]);
+		const float hi = __shfl_down_sync(FULL, sq, 16);
+		l = __fadd_rn(__fadd_rn(l, sq), hi);
+	}
+#pragma unroll
+	for (int w = 8; w >= 1; w >>= 1) {
+		const float o = __shfl_down_sync(FULL, l, w);
+		if (lane < w)
+			l = __fadd_rn(l, o);
+	}
+	return __shfl_sync(FULL, l, 0);
+}
+
+/* x = fwht(x * sign) (warp_rotate_scaled's Hadamard, before its scaling):
+ * stage h pairs (c, c + h) for c with bit h clear into (a + b, a - b),
+ * h = 1, 2, 4, ... as warp_fwht — the same operands for every butterfly. */
+template <int D>
+static __device__ __forceinline__ void reg_hadamard(const struct tqc_codec_desc *cd, float (&x)[D / 32], int lane)
+{
+	constexpr int E = D / 32;
+
+#pragma unroll
+	for (int e = 0; e < E; e++)
+		x[e] = __fmul_rn(x[e], (cd->sign_mask[e] >> lane) & 1u ? -1.0f : 1.0f);
+#pragma unroll
+	for (int h = 1; h < 32; h <<= 1) {
+		const bool upper = lane & h;
+#pragma unroll
+		for (int e = 0; e < E; e++) {
+			const float o = __shfl_xor_sync(FULL, x[e], h);
+			x[e] = upper ? __fsub_rn(o, x[e]) : __fadd_rn(x[e], o);
+		}
+	}
+#pragma unroll
+	for (int h = 1; h < E; h <<= 1)
+#pragma unroll
+		for (int e = 0; e < E; e++)
+			if (!(e & h)) {
+				const float a = x[e], b = x[e + h];
+				x[e] = __fadd_rn(a, b);
+				x[e + h] = __fsub_rn(a, b);
+			}
+}
+
+/* One plane of width W (tq_pack_planes): S = D W / 8 bytes, byte j holding
+ * the W bits at `shift` of indices j + s S, s < 8 / W, at bits s W.  Byte j
+ * = 32 r + lane is this lane's; index j + s S is coordinate 32 r + s S + lane
+ * — in this lane (S a multiple of 32) or, for S < 32 (then r = 0 and only
+ * lanes < S store), in lane lane + (s S mod 32): either way at the same e
+ * for every lane, known at compile time. */
+template <int D, int W>
+static __device__ __forceinline__ void reg_plane(const uint32_t (&idx)[D / 32], int shift, uint8_t *out, int lane)
+{
+	constexpr int K = 8 / W, S = D * W / 8, R = (S + 31) / 32;
+
+#pragma unroll
+	for (int r = 0; r < R; r++) {
+		uint32_t byte = 0;
+#pragma unroll
+		for (int s = 0; s < K; s++) {
+			const int base = 32 * r + s * S, e = base >> 5, off = base & 31;
+			uint32_t v = idx[e];
+			if (off)
+				v = __shfl_sync(FULL, v, (lane + off) & 31);
+			byte |= ((v >> shift) & ((1u << W) - 1u)) << (s * W);
+		}
+		if (32 * r + lane < S)
+			out[32 * r + lane] = (uint8_t)byte;
+	}
+}
+
+/* encode_tq: 0, or TQC_ST_RANGE (nothing written). */
+template <int D>
+static __device__ uint32_t reg_tq(const struct tqc_codec_desc *cd, float (&x)[D / 32], uint8_t *blk, int lane)
+{
+	constexpr int E = D / 32;
+	const int bits = cd->bits;
+	const float ss = reg_sumsq16(x, lane);
+	uint32_t idx[E];
+	float scale = 0.0f;
+
+	/* the rotation needs the norm only for its scaling: its shuffles run
+	 * beside the norm's (one chain of latencies, not two) */
+	reg_hadamard<D>(cd, x, lane);
+	if (!finite_bits(__float_as_uint(ss)))
+		return TQC_ST_RANGE;
+#pragma unroll
+	for (int e = 0; e < E; e++)
+		idx[e] = 0;
+	if (ss != 0.0f) { /* else indices 0 and scale 0, as the reference */
+		const float norm = __fsqrt_rn(ss);
+		const float fac = __fmul_rn(__fdiv_rn(1.0f, norm), cd->inv_sqrt_dim);
+		const float bnd = cd->bound[lane], cen = cd->centroid[lane]; /* lane < TQC_CB_MAX */
+#pragma unroll
+		for (int e = 0; e < E; e++)
+			x[e] = __fmul_rn(x[e], fac);
+		/* tq_cb_index: the reference's binary search over the sorted
+		 * bounds, the same comparisons */
+		for (int step = 1 << (bits - 1); step; step >>= 1)
+#pragma unroll
+			for (int e = 0; e < E; e++)
+				if (x[e] > __shfl_sync(FULL, bnd, (int)idx[e] + step - 1))
+					idx[e] += (uint32_t)step;
+#pragma unroll
+		for (int e = 0; e < E; e++)
+			x[e] = __shfl_sync(FULL, cen, (int)idx[e]);
+		scale = __fdiv_rn(norm, __fsqrt_rn(reg_sumsq16(x, lane)));
+	}
+	if (lane == 0)
+		store_u32(blk, __float_as_uint(scale));
+	uint8_t *pl = blk + TQ_TQ_HEADER_BYTES;
+	if (bits == 4) {
+		reg_plane<D, 4>(idx, 0, pl, lane);
+	} else {
+		reg_plane<D, 2>(idx, 0, pl, lane);
+		if (bits == 3)
+			reg_plane<D, 1>(idx, 2, pl + TQ_PLANES_BYTES(D, 2), lane);
+	}
+	return 0;
+}
+
+/* encode_q8 (enc_q8's steps) */
+template <int D>
+static __device__ uint32_t reg_q8(const struct tqc_codec_desc *cd, float (&x)[D / 32], uint8_t *blk, int lane)
+{
+	constexpr int E = D / 32;
+	bool bad = false;
+	unsigned amax_bits = 0;
+
+	const float fac = __fmul_rn(1.0f, cd->inv_sqrt_dim);
+
+	reg_hadamard<D>(cd, x, lane);
+#pragma unroll
+	for (int e = 0; e < E; e++) {
+		x[e] = __fmul_rn(x[e], fac);
+		const uint32_t b = __float_as_uint(x[e]);
+		bad |= !finite_bits(b);
+		amax_bits = max(amax_bits, b & 0x7fffffffu);
+	}
+	if (__any_sync(FULL, bad))
+		return TQC_ST_RANGE; /* the rotation overflowed */
+	amax_bits = __reduce_max_sync(FULL, amax_bits);
+	const float amax = __uint_as_float(amax_bits);
+	if (amax == 0.0f) {
+		warp_zero_block(blk, TQ_Q8_BLOCK_BYTES(D), lane);
+		return 0;
+	}
+	float inv = __fdiv_rn(127.0f, amax), pre = 1.0f;
+	if (!finite_bits(__float_as_uint(inv))) {
+		pre = 0x1.0p64f; /* amax is subnormal */
+		inv = __fdiv_rn(127.0f, __fmul_rn(amax, pre));
+	}
+#pragma unroll
+	for (int e = 0; e < E; e++) {
+		const float r = rintf(__fmul_rn(__fmul_rn(x[e], pre), inv));
+		const int q = r > 127.0f ? 127 : r < -127.0f ? -127 : (int)r;
+		blk[TQ_Q8_HEADER_BYTES + lane + 32 * e] = (uint8_t)(int8_t)q;
+	}
+	if (lane == 0)
+		store_u32(blk, __float_as_uint(__fdiv_rn(amax, 127.0f)));
+	return 0;
+}
+
+/* TQC_ENC_WARPS warps a CTA (tqc_enc_shape). */
+template <int D>
+__global__ void __launch_bounds__(TQC_ENC_WARPS * 32) enc_reg(const __grid_constant__ struct tqc_enc_args a)
+{
+	__shared__ unsigned long long s_st[TQC_ENC_WARPS];
+
+	const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5), nw = (int)(blockDim.x >> 5);
+	const uint32_t vec = blockIdx.x * (uint32_t)nw + (uint32_t)warp;
+	const uint32_t n_kv = a.geom.n_kv_heads;
+	unsigned long long st = ~0ull;
+
+	if (vec < a.n_tok * 2u * n_kv) { /* the whole warp */
+		const uint32_t t = vec / (2u * n_kv), side = vec / n_kv % 2u, head = vec % n_kv;
+		const struct tqc_codec_desc *cd = side ? &a.vc : &a.kc;
+		const size_t esz = a.dtype == DT_F32 ? 4 : 2;
+		const uint8_t *row = (side ? a.v : a.k) + ((size_t)t * n_kv + head) * (size_t)D * esz;
+		float x[D / 32];
+		uint32_t r = reg_load<D>(row, a.dtype, x, lane);
+
+		if (r != ~0u) {
+			r |= TQC_ST_NONFINITE;
+		} else {
+			const struct tq_page_geom &g = a.geom;
+			const uint32_t s = a.slot0 + t, pi = s / g.page_tokens, sl = s % g.page_tokens;
+			const uint8_t *pg = a.pages ? a.pages[pi] : a.page_inline[pi];
+			uint8_t *blk = (uint8_t *)pg + (side ? tq_page_v_off(&g, head, sl) : tq_page_k_off(&g, head, sl));
+			r = cd->id == TQ_CODEC_Q8 ? reg_q8<D>(cd, x, blk, lane) : reg_tq<D>(cd, x, blk, lane);
+		}
+		if (r)
+			st = (unsigned long long)vec << 32 | r;
+	}
+	if (lane == 0)
+		s_st[warp] = st;
+	__syncthreads();
+	if (threadIdx.x == 0)
+		enc_finish(a, s_st, nw);
 }
 
 /* The launcher (tests/simt/ runs the kernels above on the CPU with its own). */
@@ -479,7 +757,17 @@ extern "C" int tqc_launch_encode(const struct tqc_enc_args *a, void *stream)
 	(void)cudaGetLastError(); /* a stale error of an earlier call is not this launch's */
 	if (nvec == 0)
 		return 0;
-	enc_kernel<<<(nvec + TQC_WARPS - 1) / TQC_WARPS, TQC_WARPS * 32, 0, (cudaStream_t)stream>>>(*a);
+	const int reg = tqc_enc_reg_dim(a);
+	uint32_t ctas, warps;
+	tqc_enc_shape(a, &ctas, &warps);
+	const dim3 grid(ctas), block(warps * 32);
+	cudaStream_t st = (cudaStream_t)stream;
+	switch (reg) {
+	case 64: enc_reg<64><<<grid, block, 0, st>>>(*a); break;
+	case 128: enc_reg<128><<<grid, block, 0, st>>>(*a); break;
+	case 256: enc_reg<256><<<grid, block, 0, st>>>(*a); break;
+	default: enc_kernel<<<grid, block, 0, st>>>(*a); break;
+	}
 	return (int)cudaGetLastError();
 }
 #endif /* TQC_SIMT */

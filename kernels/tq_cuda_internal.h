@@ -92,7 +92,8 @@ struct tqc_enc_args {
 	uint32_t slot0;              /* slot of token 0 of this launch in pages[]       */
 	uint32_t n_tok;              /* tokens of this launch (n_tok * 2 * n_kv < 2^31) */
 	int32_t dtype;               /* enum tq_dtype of k and v                        */
-	uint32_t pad0;
+	int32_t general;             /* 1: enc_kernel even where enc_reg applies         */
+				     /* (TQ_CUDA_ENC=general; tqc_enc_reg_dim)        */
 	const uint8_t *k;            /* device: [n_tok][n_kv][dim] of dtype, any alignment */
 	const uint8_t *v;
 	unsigned long long *status;  /* device: one word, see above; ~0 between launches */
@@ -102,6 +103,41 @@ struct tqc_enc_args {
 };
 
 int tqc_launch_encode(const struct tqc_enc_args *a, void *stream);
+
+/* A launch's shape: CTAs of TQC_ENC_WARPS warps, a warp per vector (both
+ * kernels; the real launcher and the SIMT emulator's).  For a decode token
+ * the register kernel took the same time in CTAs of 1, 2 or 4 warps; one
+ * CTA of a warp per vector, whose finish needs no atomics, was slower
+ * (BENCHMARKS 2b). */
+#define TQC_ENC_WARPS TQC_WARPS
+static inline void tqc_enc_shape(const struct tqc_enc_args *a, uint32_t *ctas, uint32_t *warps)
+{
+	const uint32_t nvec = a->n_tok * 2u * a->geom.n_kv_heads;
+
+	*warps = TQC_ENC_WARPS;
+	*ctas = (nvec + *warps - 1) / *warps;
+}
+
+/* The head dim of the register-resident encoder (enc_reg<D>) that takes a
+ * launch, or 0 for the general enc_kernel: K and V codecs tq2..tq4 or q8
+ * with the Hadamard rotation, one head dim of 64, 128 or 256, and rows
+ * aligned to their element (the row stride is). */
+static inline int tqc_enc_reg_dim(const struct tqc_enc_args *a)
+{
+	const int d = a->kc.dim;
+	const uintptr_t esz = a->dtype == 0 /* f32 */ ? 4 : 2;
+	const struct tqc_codec_desc *c[2] = { &a->kc, &a->vc };
+
+	if (a->general || a->vc.dim != d || (d != 64 && d != 128 && d != 256) ||
+	    (((uintptr_t)a->k | (uintptr_t)a->v) & (esz - 1)))
+		return 0;
+	for (int i = 0; i < 2; i++)
+		if (c[i]->rot_kind != 1 /* Hadamard */ ||
+		    !(c[i]->id == TQ_CODEC_Q8 || c[i]->id == TQ_CODEC_TQ2 || c[i]->id == TQ_CODEC_TQ3 ||
+		      c[i]->id == TQ_CODEC_TQ4))
+			return 0;
+	return d;
+}
 
 /* ---- attention (tq_cuda_attn.cu) ----------------------------------------------
  * Per pass over the query tokens:

@@ -62,6 +62,7 @@ int tqc_ctx_new(tqc_ctx **out, int device, tq_error *err)
 void tqc_ctx_free(tqc_ctx *x) {}
 int tqc_ctx_device(const tqc_ctx *x) { return -1; }
 double tqc_ctx_last_us(const tqc_ctx *x) { return 0.0; }
+const char *tqc_ctx_last_append(const tqc_ctx *x) { return ""; }
 const char *tqc_ctx_last_attn(const tqc_ctx *x) { return ""; }
 const char *tqc_ctx_last_attn_plan(tqc_ctx *x) { return ""; }
 

@@ -914,6 +914,7 @@ static void run_append(struct bench *b)
 			tok_gpu[t - WARMUP] = g_tok;
 		}
 	}
+	const char *dec_kern = tqc_ctx_last_append(x); /* a static string */
 	/* the blocks of the first and the last layer, byte for byte */
 	long dec_bad = 0;
 	for (int l = 0; l < L; l += L > 1 ? L - 1 : 1) {
@@ -956,6 +957,7 @@ static void run_append(struct bench *b)
 		}
 	}
 	double bgpu = median(gpu, (size_t)reps), bwall = median(wall, (size_t)reps);
+	const char *bulk_kern = tqc_ctx_last_append(x);
 	if (tqc_copy(dev, back, region + (size_t)L * dec_bytes, bulk_bytes, why, sizeof(why)) < 0) {
 		fprintf(stderr, "tqbench attn: append: tqc_copy: %s\n", why);
 		b->failed = 1;
@@ -984,8 +986,8 @@ static void run_append(struct bench *b)
 		printf("{\"suite\":\"attn\",\"backend\":\"cuda\",\"mode\":\"append_decode\",\"device\":%d,\"gpu\":", dev);
 		json_str(b->dev.name);
 		printf(",\"k\":\"%s\",\"v\":\"%s\",\"layers\":%d,\"n_kv_heads\":%d,\"dim\":%d,\"page_tokens\":%u,"
-		       "\"dtype\":\"f32\",\"input\":\"%s\",\"calls\":%d",
-		       tq_codec_name(o->k), tq_codec_name(o->v), L, NKV, DIM, g->page_tokens, in, L * reps);
+		       "\"dtype\":\"f32\",\"input\":\"%s\",\"kernel\":\"%s\",\"calls\":%d",
+		       tq_codec_name(o->k), tq_codec_name(o->v), L, NKV, DIM, g->page_tokens, in, dec_kern, L * reps);
 		jnum("gpu_us_per_layer", gpu_l, 1);
 		jnum("wall_us_per_layer", wall_l, 1);
 		jnum("gpu_us_per_token", gpu_t, 1);
@@ -999,8 +1001,8 @@ static void run_append(struct bench *b)
 		printf("{\"suite\":\"attn\",\"backend\":\"cuda\",\"mode\":\"append_bulk\",\"device\":%d,\"gpu\":", dev);
 		json_str(b->dev.name);
 		printf(",\"k\":\"%s\",\"v\":\"%s\",\"tokens\":%u,\"vectors\":%.0f,\"n_kv_heads\":%d,\"dim\":%d,"
-		       "\"page_tokens\":%u,\"dtype\":\"f32\",\"input\":\"%s\",\"calls\":%d",
-		       tq_codec_name(o->k), tq_codec_name(o->v), nb, vecs, NKV, DIM, g->page_tokens, in, reps);
+		       "\"page_tokens\":%u,\"dtype\":\"f32\",\"input\":\"%s\",\"kernel\":\"%s\",\"calls\":%d",
+		       tq_codec_name(o->k), tq_codec_name(o->v), nb, vecs, NKV, DIM, g->page_tokens, in, bulk_kern, reps);
 		jnum("gpu_ms", bgpu / 1e3, 1);
 		jnum("wall_ms", bwall / 1e3, 1);
 		jnum("gpu_vectors_per_s", vecs / (bgpu * 1e-6), 1);
@@ -1012,14 +1014,14 @@ static void run_append(struct bench *b)
 	} else {
 		printf("\nquantize-append (tqc_append): K %s V %s, d %d, %d KV heads, f32 input in %s host memory, "
 		       "%u-token pages\n", tq_codec_name(o->k), tq_codec_name(o->v), DIM, NKV, in, g->page_tokens);
-		printf("  decode token, %d layer%s: GPU %.2f us/layer (median of %d calls; target <= %.0f us: %s), "
-		       "wall %.2f us/layer\n", L, L > 1 ? "s" : "", gpu_l, L * reps, APPEND_TARGET_US,
+		printf("  decode token, %d layer%s (%s kernel): GPU %.2f us/layer (median of %d calls; target <= %.0f us: "
+		       "%s), wall %.2f us/layer\n", L, L > 1 ? "s" : "", dec_kern, gpu_l, L * reps, APPEND_TARGET_US,
 		       gpu_l <= APPEND_TARGET_US ? "met" : "MISSED", wall_l);
 		printf("    per token, all %d layer%s: GPU %.1f us, wall %.1f us\n", L, L > 1 ? "s" : "", gpu_t, wall_t);
 		printf("    CPU tq_encode of the same token (1 thread): %.2f us/layer;  GPU / CPU %.2f, wall / CPU %.2f\n",
 		       cpu_l, gpu_l / cpu_l, wall_l / cpu_l);
-		printf("  bulk, %u tokens (%.0f vectors, K and V): GPU %.3f ms = %.1f M vectors/s, wall %.3f ms = "
-		       "%.1f M vectors/s\n", nb, vecs, bgpu / 1e3, vecs / bgpu, bwall / 1e3, vecs / bwall);
+		printf("  bulk, %u tokens (%.0f vectors, K and V; %s kernel): GPU %.3f ms = %.1f M vectors/s, wall %.3f "
+		       "ms = %.1f M vectors/s\n", nb, vecs, bulk_kern, bgpu / 1e3, vecs / bgpu, bwall / 1e3, vecs / bwall);
 		printf("    CPU tq_encode (%d threads): %.3f ms = %.1f M vectors/s;  GPU speedup %.2fx\n", cj.parts,
 		       bcpu / 1e3, vecs / bcpu, bcpu / bgpu);
 		char layers_s[48];

@@ -40,6 +40,9 @@ static int quick;
 
 static tq_cache *cache;
 static tqc_ctx *ctx;
+static tqc_ctx *gctx;    /* TQ_CUDA_ENC=general: the general encoder only */
+static tqc_ctx *enc_ctx; /* append_both's: ctx, or gctx */
+static int enc_general_only; /* TQ_CUDA_ENC=general: ctx runs the general encoder */
 static int dev;
 
 static const enum tq_codec_id all_codecs[] = {
@@ -388,7 +391,7 @@ static int append_both(struct layer *L, uint32_t pos, uint32_t n, const uint8_t 
 	free(vs);
 	struct tqc_append a = { .k_codec = L->kc, .v_codec = L->vc, .kv = &L->dt, .pos = pos, .n = n,
 				.k = (uint8_t *)kb.p + sk, .v = (uint8_t *)vb.p + sk, .dtype = dt };
-	int r = tqc_append(ctx, &a, &bad, &err);
+	int r = tqc_append(enc_ctx, &a, &bad, &err);
 	if (r) {
 		fprintf(stderr, "  %s: tqc_append: rc %d bad %u: %s\n", what, r, bad, err.msg);
 		goto out;
@@ -423,57 +426,141 @@ out:
 	return rc;
 }
 
+/* Does the register encoder (tqc_append's "reg" kernel) take this pair and
+ * dim with aligned inputs?  Power-of-two dims rotate by Hadamard. */
+static int enc_reg_takes(enum tq_codec_id k, enum tq_codec_id v, int dim)
+{
+	const enum tq_codec_id c[2] = { k, v };
+
+	if (dim != 64 && dim != 128 && dim != 256)
+		return 0;
+	for (int i = 0; i < 2; i++)
+		if (c[i] != TQ_CODEC_Q8 && c[i] != TQ_CODEC_TQ2 && c[i] != TQ_CODEC_TQ3 && c[i] != TQ_CODEC_TQ4)
+			return 0;
+	return 1;
+}
+
 /* Every codec (K side; a rotating other codec on the V side) x input dtype x
  * head dim, 13 tokens at slot 3 of 5-token pages, 3 KV heads, inputs in
- * host, device or unified memory. */
+ * host, device or unified memory: once with aligned rows on ctx (the
+ * register encoder where it applies), once on gctx (TQ_CUDA_ENC=general)
+ * with rows 0, 1 or 2 bytes off.  Each case checks which kernel ran. */
 static void test_encode_exact(void)
 {
 	static const int dims[] = { 8, 64, 96, 128, 256, 512, 40 };
 	const int n_kv = 3;
 	const uint32_t n = 13, pos = 3, pt = 5;
+	int cases = 0, reg = 0;
+
+	for (int pass = 0; pass < 2; pass++) {
+		rng_state = t_seed();
+		enc_ctx = pass ? gctx : ctx;
+		for (int ci = 0; ci < N_CODECS; ci++)
+			for (size_t di = 0; di < sizeof(dims) / sizeof(dims[0]); di++)
+				for (int ti = 0; ti < 3; ti++) {
+					const enum tq_codec_id kid = all_codecs[ci];
+					/* tq*o takes multiples of 16: 8 -> 16, 40 -> 48
+					 * (halves of 8, Hadamard, and of 24, dense) */
+					const int dim = dims[di] + (tq_codec_id_parts(kid) == 2 && dims[di] % 16 ? 8 : 0);
+					enum tq_codec_id vid = all_codecs[(ci + 1 + (int)di + ti) % N_CODECS];
+					if (tq_codec_id_parts(vid) == 2 && dim % 16)
+						vid = TQ_CODEC_TQ3;
+					const enum tq_dtype dt = dtypes[ti];
+					const enum mem mem = (enum mem)((ci + di + ti) % 3);
+					const char *want = !pass && !enc_general_only && enc_reg_takes(kid, vid, dim) ? "reg" : "general";
+					struct layer L;
+					char what[160];
+
+					enc_skew = pass ? (ci + (int)di + 2 * ti) % 3 : 0; /* bytes off */
+					snprintf(what, sizeof(what),
+						 "K %s V %s d %d %s input in %s memory, %d bytes off, %s kernel",
+						 tq_codec_name(kid), tq_codec_name(vid), dim, tq_dtype_name(dt),
+						 mem_name[mem], enc_skew, want);
+					if (layer_new(&L, kid, vid, dim, n_kv, pt, (pos + n + pt - 1) / pt,
+						      t_seed() + ci * 31 + di, MEM_DEVICE)) {
+						layer_free(&L);
+						T_FAIL("%s: layer", what);
+					}
+					const size_t row = tq_dtype_size(dt) * (size_t)dim;
+					uint8_t *k = malloc(row * n * n_kv), *v = malloc(row * n * n_kv);
+					for (uint32_t i = 0; i < n * (uint32_t)n_kv; i++) {
+						good_row((int)i, k + i * row, dim, dt, L.kc);
+						good_row((int)i + 5, v + i * row, dim, dt, L.vc);
+					}
+					int rc = append_both(&L, pos, n, k, v, dt, mem, what);
+					free(k);
+					free(v);
+					layer_free(&L);
+					if (rc)
+						T_FAIL("%s", what);
+					if (strcmp(tqc_ctx_last_append(enc_ctx), want))
+						T_FAIL("%s: ran the %s kernel", what, tqc_ctx_last_append(enc_ctx));
+					reg += !strcmp(want, "reg");
+					cases++;
+				}
+	}
+	enc_skew = 0;
+	enc_ctx = ctx;
+	fprintf(stderr, "    %d codec x dim x dtype cases byte-identical (%d on the register kernel; the general "
+			"one with inputs at every alignment)\n", cases, reg);
+}
+
+/* The register encoder on every pair it takes: K and V each of tq2..tq4 /
+ * q8, head dims 64 / 128 / 256, every input dtype, inputs in host, device
+ * or unified memory; rows of every kind gen_vec makes (zeros, squares that
+ * underflow, subnormal maxima, huge lanes, signed zeros, ...). */
+static void test_encode_reg(void)
+{
+	static const enum tq_codec_id reg_codecs[] = { TQ_CODEC_TQ2, TQ_CODEC_TQ3, TQ_CODEC_TQ4, TQ_CODEC_Q8 };
+	static const int dims[] = { 64, 128, 256 };
+	const int n_kv = 3;
+	const uint32_t n = 13, pos = 3, pt = 5;
 	int cases = 0;
 
-	rng_state = t_seed();
-	for (int ci = 0; ci < N_CODECS; ci++)
-		for (size_t di = 0; di < sizeof(dims) / sizeof(dims[0]); di++)
-			for (int ti = 0; ti < 3; ti++) {
-				const enum tq_codec_id kid = all_codecs[ci];
-				/* tq*o takes multiples of 16: 8 -> 16, 40 -> 48 (halves
-				 * of 8, Hadamard, and of 24, dense) */
-				const int dim = dims[di] + (tq_codec_id_parts(kid) == 2 && dims[di] % 16 ? 8 : 0);
-				enum tq_codec_id vid = all_codecs[(ci + 1 + (int)di + ti) % N_CODECS];
-				if (tq_codec_id_parts(vid) == 2 && dim % 16)
-					vid = TQ_CODEC_TQ3;
-				const enum tq_dtype dt = dtypes[ti];
-				const enum mem mem = (enum mem)((ci + di + ti) % 3);
-				struct layer L;
-				char what[128];
+	rng_state = t_seed() ^ 0x5e9;
+	for (int ki = 0; ki < 4; ki++)
+		for (int vi = 0; vi < 4; vi++)
+			for (int di = 0; di < 3; di++)
+				for (int ti = 0; ti < 3; ti++) {
+					const enum tq_codec_id kid = reg_codecs[ki], vid = reg_codecs[vi];
+					const int dim = dims[di];
+					const enum tq_dtype dt = dtypes[ti];
+					const enum mem mem = (enum mem)((ki + vi + di + ti) % 3);
+					struct layer L;
+					char what[128];
 
-				enc_skew = (ci + (int)di + 2 * ti) % 3; /* 0, 1 or 2 bytes off */
-				snprintf(what, sizeof(what), "K %s V %s d %d %s input in %s memory, %d bytes off",
-					 tq_codec_name(kid), tq_codec_name(vid), dim, tq_dtype_name(dt), mem_name[mem],
-					 enc_skew);
-				if (layer_new(&L, kid, vid, dim, n_kv, pt, (pos + n + pt - 1) / pt, t_seed() + ci * 31 + di,
-					      MEM_DEVICE)) {
+					snprintf(what, sizeof(what), "register kernel: K %s V %s d %d %s input in %s memory",
+						 tq_codec_name(kid), tq_codec_name(vid), dim, tq_dtype_name(dt),
+						 mem_name[mem]);
+					if (layer_new(&L, kid, vid, dim, n_kv, pt, (pos + n + pt - 1) / pt,
+						      t_seed() + 7 * ki + vi, MEM_DEVICE)) {
+						layer_free(&L);
+						T_FAIL("%s: layer", what);
+					}
+					const size_t row = tq_dtype_size(dt) * (size_t)dim;
+					uint8_t *k = malloc(row * n * n_kv), *v = malloc(row * n * n_kv);
+					for (uint32_t i = 0; i < n * (uint32_t)n_kv; i++) {
+						good_row((int)i, k + i * row, dim, dt, L.kc);
+						good_row((int)i + 5, v + i * row, dim, dt, L.vc);
+					}
+					/* 13 tokens (78 vectors: CTAs of TQC_WARPS warps),
+					 * then one (a decode token: one CTA) */
+					int rc = append_both(&L, pos, n, k, v, dt, mem, what);
+					const char *ran = tqc_ctx_last_append(ctx);
+					if (!rc)
+						rc = append_both(&L, pos + n, 1, k + row * n_kv * 7, v + row * n_kv * 2, dt, mem,
+								 what);
+					free(k);
+					free(v);
 					layer_free(&L);
-					T_FAIL("%s: layer", what);
+					if (rc)
+						T_FAIL("%s", what);
+					if (strcmp(ran, enc_general_only ? "general" : "reg") ||
+					    strcmp(tqc_ctx_last_append(ctx), enc_general_only ? "general" : "reg"))
+						T_FAIL("%s: ran the %s / %s kernel", what, ran, tqc_ctx_last_append(ctx));
+					cases++;
 				}
-				const size_t row = tq_dtype_size(dt) * (size_t)dim;
-				uint8_t *k = malloc(row * n * n_kv), *v = malloc(row * n * n_kv);
-				for (uint32_t i = 0; i < n * (uint32_t)n_kv; i++) {
-					good_row((int)i, k + i * row, dim, dt, L.kc);
-					good_row((int)i + 5, v + i * row, dim, dt, L.vc);
-				}
-				int rc = append_both(&L, pos, n, k, v, dt, mem, what);
-				free(k);
-				free(v);
-				layer_free(&L);
-				if (rc)
-					T_FAIL("%s", what);
-				cases++;
-			}
-	enc_skew = 0;
-	fprintf(stderr, "    %d codec x dim x dtype cases byte-identical (inputs at every alignment)\n", cases);
+	fprintf(stderr, "    %d pair x dim x dtype cases byte-identical\n", cases);
 }
 
 /* Rotated coordinates exactly on codebook bounds, every tq codec and a
@@ -650,6 +737,17 @@ static void test_encode_errors(void)
 			put_row(k + (2 * n_kv + 2) * row, dt, (float[TQ_DIM_MAX]){ 0 }, dim);
 			T_EQ(tqc_append(ctx, &a, &bad, &err), -EINVAL);
 			T_ASSERT(strcmp(err.msg, "token 2 V head 0: NaN or Inf at element 9") == 0);
+			/* one token (a launch of one CTA where the register
+			 * kernel takes the pair): its report, then a clean one */
+			struct tqc_append a1 = { .k_codec = L.kc, .v_codec = L.vc, .kv = &L.dt, .pos = 7, .n = 1,
+						 .k = k + 2 * n_kv * row, .v = v + 2 * n_kv * row, .dtype = dt };
+			T_EQ(tqc_append(ctx, &a1, &bad, &err), -EINVAL);
+			T_EQ(bad, 0); /* tokens count from the call's first */
+			T_ASSERT(strcmp(err.msg, "token 0 V head 0: NaN or Inf at element 9") == 0);
+			a1.k = k;
+			a1.v = v;
+			T_EQ(tqc_append(ctx, &a1, &bad, &err), 0);
+			T_EQ(bad, UINT32_MAX);
 			free(k);
 			free(v);
 			layer_free(&L);
@@ -1382,12 +1480,28 @@ int main(void)
 		fprintf(stderr, "tqc_ctx_new(%d): %s\n", dev, err.msg);
 		return 1;
 	}
+	/* the environment steers a context at its creation (tq_cuda.h) */
+	const char *enc_env = getenv("TQ_CUDA_ENC");
+	enc_general_only = enc_env && !strcmp(enc_env, "general");
+	char *enc_keep = enc_env ? strdup(enc_env) : NULL;
+	setenv("TQ_CUDA_ENC", "general", 1);
+	if (tqc_ctx_new(&gctx, dev, &err)) {
+		fprintf(stderr, "tqc_ctx_new(%d): %s\n", dev, err.msg);
+		return 1;
+	}
+	if (enc_keep)
+		setenv("TQ_CUDA_ENC", enc_keep, 1);
+	else
+		unsetenv("TQ_CUDA_ENC");
+	free(enc_keep);
+	enc_ctx = ctx;
 	if (!(cache = tq_cache_new()))
 		return 1;
 	T_RUN(test_device);
 	T_RUN(test_memory);
 	T_RUN(test_encode_args);
 	T_RUN(test_encode_exact);
+	T_RUN(test_encode_reg);
 	T_RUN(test_encode_bound_ties);
 	T_RUN(test_encode_errors);
 	T_RUN(test_encode_long);
@@ -1400,6 +1514,7 @@ int main(void)
 	T_RUN(test_attn_query_dtypes);
 	T_RUN(test_attn_overflow);
 	tqc_ctx_free(ctx);
+	tqc_ctx_free(gctx);
 	tq_cache_free(cache);
 	return t_done();
 }
