@@ -43,7 +43,7 @@
  * tokens per split at least, CTAs per SM the split count aims at */
 #define ATT_PASS_FLOATS ((size_t)4 << 20)
 #define ATT_PART_FLOATS ((size_t)16 << 20)
-#define ATT_SPLIT_MIN   256u
+#define ATT_SPLIT_MIN   512u /* 256 was slower at 8k: BENCHMARKS 2b */
 #define ATT_CTAS_PER_SM 4
 
 /* ---- messages ------------------------------------------------------------------- */
@@ -407,6 +407,7 @@ struct tqc_ctx {
 	int attn_general;        /* TQ_CUDA_ATTN=general: never attn_mma            */
 	int enc_general;         /* TQ_CUDA_ENC=general: never enc_reg              */
 	int ctas_per_sm;         /* TQ_CUDA_CTAS_PER_SM, else 0: ATT_CTAS_PER_SM    */
+	uint32_t split_min;      /* TQ_CUDA_SPLIT_MIN, else ATT_SPLIT_MIN           */
 				 /* (attn_mma: at most as many as run at once)     */
 	const char *last_attn;   /* tqc_ctx_last_attn                              */
 	const char *last_enc;    /* tqc_ctx_last_append                            */
@@ -462,6 +463,8 @@ int tqc_ctx_new(tqc_ctx **out, int device, tq_error *err)
 	x->enc_general = ev && !strcmp(ev, "general");
 	ev = getenv("TQ_CUDA_CTAS_PER_SM");
 	x->ctas_per_sm = ev && atoi(ev) >= 1 && atoi(ev) <= 64 ? atoi(ev) : 0;
+	ev = getenv("TQ_CUDA_SPLIT_MIN");
+	x->split_min = ev && atoi(ev) >= 32 && atoi(ev) <= (1 << 20) ? (uint32_t)atoi(ev) : ATT_SPLIT_MIN;
 	if ((e = cudaStreamCreateWithFlags(&x->stream, cudaStreamNonBlocking)) != cudaSuccess) {
 		rc = err_fail(err, "GPU context: cudaStreamCreateWithFlags", e);
 		free(x);
@@ -1052,7 +1055,7 @@ static void att_plan_make(tqc_ctx *x, const struct tqa_shape *sh, const struct t
 	size_t want = per_sm * (size_t)x->sms / ((size_t)sh->n_kv * n_rb);
 	if (want < 1)
 		want = 1;
-	const size_t by_len = sh->kv_len / ATT_SPLIT_MIN, by_mem = ATT_PART_FLOATS / (rows * (size_t)(sh->dim + 2));
+	const size_t by_len = sh->kv_len / x->split_min, by_mem = ATT_PART_FLOATS / (rows * (size_t)(sh->dim + 2));
 	size_t ns = want;
 
 	if (ns > by_len)

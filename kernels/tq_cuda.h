@@ -126,7 +126,9 @@ const char *tqc_ctx_last_append(const tqc_ctx *x);
  * TQ_CUDA_CTAS_PER_SM=N (1..64) sets the CTAs per SM the context split aims
  * at (default: 4 for the general kernel; for the tiled one, as many as run
  * at once by the runtime's occupancy query, at most 4); the split fills
- * whole waves (CTAs <= N x SMs). */
+ * whole waves (CTAs <= N x SMs); TQ_CUDA_SPLIT_MIN=N (32..2^20) the fewest
+ * keys a split may have (default 512: shorter splits repeat the CTA's
+ * set-up for too few tiles). */
 const char *tqc_ctx_last_attn(const tqc_ctx *x);
 /* The same pass's launch in words, for benchmarks and logs: the kernel, its
  * warps per CTA and CTAs per SM (mma), the context's splits and their

@@ -41,6 +41,7 @@ static int quick;
 static tq_cache *cache;
 static tqc_ctx *ctx;
 static tqc_ctx *gctx;    /* TQ_CUDA_ENC=general: the general encoder only */
+static tqc_ctx *sctx;    /* TQ_CUDA_SPLIT_MIN=256: splits as short as 256 keys */
 static tqc_ctx *enc_ctx; /* append_both's: ctx, or gctx */
 static int enc_general_only; /* TQ_CUDA_ENC=general: ctx runs the general encoder */
 static int dev;
@@ -1078,11 +1079,14 @@ static void test_attn_prefill(void)
 	layer_free(&L);
 }
 
-/* A long context: split-K with the log-sum-exp merge (quick: 5000 tokens,
- * 18 splits of 288 keys, so attn_mma's finish takes its splits' partials
- * in two batches of 16, the second short). */
+/* A long context: split-K with the log-sum-exp merge (quick: 5000 tokens;
+ * on a context whose splits may be as short as 256 keys, TQ_CUDA_SPLIT_MIN,
+ * the tiled case runs 18 splits of 288 keys, so attn_mma's finish takes its
+ * splits' partials in two batches of 16, the second short: checked). */
 static void test_attn_split_k(void)
 {
+	tqc_ctx *keep = ctx;
+	ctx = sctx;
 	static const struct { enum tq_codec_id k, v; int dim; } cases[] = {
 		{ TQ_CODEC_TQ4, TQ_CODEC_TQ2, 128 }, { TQ_CODEC_F32, TQ_CODEC_F16, 64 }, { TQ_CODEC_Q8, TQ_CODEC_Q4A, 256 },
 	};
@@ -1100,12 +1104,17 @@ static void test_attn_split_k(void)
 		double e1 = compare(&L, 1, 8, q, TQ_DTYPE_F32, pos, 1, 0.0f, MEM_HOST, what);
 		double e2 = compare(&L, 3, 8, q, TQ_DTYPE_F32, pos, 1, 0.0f, MEM_DEVICE, what);
 		double e3 = compare(&L, 3, 8, q, TQ_DTYPE_F32, pos, 0, 0.0f, MEM_HOST, what);
+		int splits = 0;
+		const char *sp = strstr(tqc_ctx_last_attn_plan(ctx), ", ");
+		if (i == 0 && !general_only && (!sp || sscanf(sp, ", %d split", &splits) != 1 || splits <= 16))
+			T_FAIL("%s: plan '%s': want more than 16 splits", what, tqc_ctx_last_attn_plan(ctx));
 		free(q);
 		layer_free(&L);
 		T_ASSERT(e1 >= 0 && e1 <= TOL);
 		T_ASSERT(e2 >= 0 && e2 <= TOL);
 		T_ASSERT(e3 >= 0 && e3 <= TOL);
 	}
+	ctx = keep;
 }
 
 /* attn_mma's plan fills whole waves: its CTAs (splits x row blocks x KV
@@ -1451,6 +1460,29 @@ static void test_memory(void)
 	layer_free(&L);
 }
 
+/* A context created with the environment variable `name` set to `val` (the
+ * environment steers a context at its creation: tq_cuda.h); NULL on
+ * failure, said. */
+static tqc_ctx *ctx_env(const char *name, const char *val)
+{
+	const char *was = getenv(name);
+	char *keep = was ? strdup(was) : NULL;
+	tqc_ctx *c = NULL;
+	tq_error err;
+
+	setenv(name, val, 1);
+	if (tqc_ctx_new(&c, dev, &err)) {
+		fprintf(stderr, "tqc_ctx_new(%d) with %s=%s: %s\n", dev, name, val, err.msg);
+		c = NULL;
+	}
+	if (keep)
+		setenv(name, keep, 1);
+	else
+		unsetenv(name);
+	free(keep);
+	return c;
+}
+
 int main(void)
 {
 	char why[256];
@@ -1480,20 +1512,9 @@ int main(void)
 		fprintf(stderr, "tqc_ctx_new(%d): %s\n", dev, err.msg);
 		return 1;
 	}
-	/* the environment steers a context at its creation (tq_cuda.h) */
-	const char *enc_env = getenv("TQ_CUDA_ENC");
-	enc_general_only = enc_env && !strcmp(enc_env, "general");
-	char *enc_keep = enc_env ? strdup(enc_env) : NULL;
-	setenv("TQ_CUDA_ENC", "general", 1);
-	if (tqc_ctx_new(&gctx, dev, &err)) {
-		fprintf(stderr, "tqc_ctx_new(%d): %s\n", dev, err.msg);
+	enc_general_only = getenv("TQ_CUDA_ENC") && !strcmp(getenv("TQ_CUDA_ENC"), "general");
+	if (!(gctx = ctx_env("TQ_CUDA_ENC", "general")) || !(sctx = ctx_env("TQ_CUDA_SPLIT_MIN", "256")))
 		return 1;
-	}
-	if (enc_keep)
-		setenv("TQ_CUDA_ENC", enc_keep, 1);
-	else
-		unsetenv("TQ_CUDA_ENC");
-	free(enc_keep);
 	enc_ctx = ctx;
 	if (!(cache = tq_cache_new()))
 		return 1;
@@ -1515,6 +1536,7 @@ int main(void)
 	T_RUN(test_attn_overflow);
 	tqc_ctx_free(ctx);
 	tqc_ctx_free(gctx);
+	tqc_ctx_free(sctx);
 	tq_cache_free(cache);
 	return t_done();
 }
