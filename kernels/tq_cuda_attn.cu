@@ -352,34 +352,46 @@ __global__ void __launch_bounds__(TQC_WARPS * 32) attn_prep(const __grid_constan
 
 /* The CTA's partial (m, l, acc) per row: its nw warps' merged (log-sum-exp),
  * written to the partials of (KV head h, rows r0.., split).  Warp w's acc of
- * row r is at acc + w * warp_stride + r * row_stride; call after a barrier. */
+ * row r is at acc + w * warp_stride + r * row_stride; call after a barrier
+ * (it has one of its own).  Each (row, warp)'s factor 2^(m_w - M) is taken
+ * once, not per coordinate; a warp that saw nothing (m_w = -inf, its acc 0)
+ * has factor 0 and adds nothing to l (a NaN sum still reaches the row). */
 template <int R>
 static __device__ __forceinline__ void cta_partials(const struct tqc_attn_args &a, const float (*s_m)[R],
 						    const float (*s_l)[R], const float *acc, int warp_stride,
 						    int row_stride, int r0, int nrows, int split, uint32_t h, int nw)
 {
+	constexpr int NWM = TQC_MMA_WARPS_MAX > TQC_WARPS ? TQC_MMA_WARPS_MAX : TQC_WARPS;
+	__shared__ float s_f[NWM][R];
 	const int d = a.kc.dim;
 	const size_t pbase = (size_t)h * (size_t)a.rows_pad + (size_t)r0;
 
-	for (int e = (int)threadIdx.x; e < nrows * d; e += nw * 32) {
-		const int r = e / d, c = e % d;
-		float M = NEG_INF, L = 0.0f, A = 0.0f;
+	if ((int)threadIdx.x < nrows) {
+		const int r = (int)threadIdx.x;
+		float M = NEG_INF, L = 0.0f;
 		for (int w = 0; w < nw; w++)
 			M = fmaxf(M, s_m[w][r]);
 		for (int w = 0; w < nw; w++) {
 			const float mw = s_m[w][r], lw = s_l[w][r];
-			if (mw == NEG_INF && !isnan(lw))
-				continue; /* saw nothing (a NaN sum must reach the row) */
-			const float f = exp2f(mw - M);
-			L += lw * f;
-			A += acc[w * warp_stride + r * row_stride + c] * f;
+			float f = 0.0f;
+			if (!(mw == NEG_INF && !isnan(lw))) {
+				f = exp2f(mw - M);
+				L += lw * f;
+			}
+			s_f[w][r] = f;
 		}
 		const size_t pi = (pbase + (size_t)r) * (size_t)a.n_split + (size_t)split;
+		a.part_ml[2 * pi] = M;
+		a.part_ml[2 * pi + 1] = L;
+	}
+	__syncthreads();
+	for (int e = (int)threadIdx.x; e < nrows * d; e += nw * 32) {
+		const int r = e / d, c = e % d;
+		float A = 0.0f;
+		for (int w = 0; w < nw; w++)
+			A += acc[w * warp_stride + r * row_stride + c] * s_f[w][r];
+		const size_t pi = (pbase + (size_t)r) * (size_t)a.n_split + (size_t)split;
 		a.part_acc[pi * (size_t)d + (size_t)c] = A;
-		if (c == 0) {
-			a.part_ml[2 * pi] = M;
-			a.part_ml[2 * pi + 1] = L;
-		}
 	}
 }
 
@@ -1128,14 +1140,6 @@ static __device__ __forceinline__ float group_sum(float v)
 	return v + __shfl_xor_sync(FULL, v, 16);
 }
 
-/* one codec's table column: entry `code` = (cb[lo nibble], cb[hi nibble]) * scale
- * as FP16, the nibbles masked to the codec's index bits */
-static __device__ __forceinline__ uint32_t lut_entry(const struct tqc_codec_desc &cd, int code)
-{
-	const int m = (1 << cd.bits) - 1;
-	return h2pack(cd.centroid[code & m] * cd.h16_scale, cd.centroid[(code >> 4) & m] * cd.h16_scale);
-}
-
 /* NWC: the warps per CTA as a constant, TQC_MMA_WARPS_PAIR for two CTAs an
  * SM (as many registers as that allows), or 0: a.mma_warps, one CTA an SM
  * (mma_kernel picks) */
@@ -1170,14 +1174,31 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 	uint8_t *stage0 = stages + (size_t)warp * NST * stage_bytes;                      /* this warp's */
 	const int kbits = tiled_bits(a.kc), vbits = tiled_bits(a.vc);
 
-	/* First of all, the loads the set-up would otherwise wait on: each row's
-	 * causal limit (lane r: row r's) and this warp's first tile, whose
-	 * fetch then flies during the set-up.  The split's tiles (n_fetch)
-	 * ignore the rows' limits, not known yet: a tile past them (causal
-	 * prefill only) is fetched and not used. */
+	/* First of all, the loads the set-up would otherwise wait on, so that
+	 * they fly during the tables' fill: each row's causal limit (lane r:
+	 * row r's), this warp's rows' queries (rows w, w + NW: lane l holds
+	 * coordinates l + 32 e) and the page of its first tile.  The split's
+	 * tiles (n_fetch) ignore the rows' limits, not known yet: a tile past
+	 * them (causal prefill only) is fetched and not used. */
 	uint32_t my_lim = 0;
 	if (lane < nrows)
 		my_lim = a.causal ? (uint32_t)a.q_pos[(r0 + lane) / a.group] + 1u : a.kv_len;
+	constexpr int QE = D / 32, QR = (R + TQC_MMA_WARPS_MIN - 1) / TQC_MMA_WARPS_MIN; /* rows a warp rotates, at most */
+	float qv[QR][QE];
+#pragma unroll
+	for (int k = 0; k < QR; k++) {
+		const int r = warp + k * NW;
+#pragma unroll
+		for (int e = 0; e < QE; e++)
+			qv[k][e] = 0.0f;
+		if (r < nrows) {
+			const int rr = r0 + r, qi = rr / a.group, gi = rr % a.group;
+			const float *qp = a.q + ((size_t)qi * a.n_q_heads + (size_t)h * a.group + gi) * D;
+#pragma unroll
+			for (int e = 0; e < QE; e++)
+				qv[k][e] = qp[lane + 32 * e];
+		}
+	}
 	const uint64_t kh = tq_page_k_off(&geo, h, 0), vh = tq_page_v_off(&geo, h, 0);
 	const uint32_t tb = (uint32_t)split * a.split_len;
 	const uint32_t te0 = a.kv_len - tb < a.split_len ? a.kv_len : tb + a.split_len;
@@ -1207,52 +1228,103 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 		if (f_i < n)
 			f_pg = a.pages[f_pi];
 	};
-	/* the rows' qrot [R][D] goes into the last warp's stages (it fits:
-	 * attend_args_ok), so the other warps' first tiles can fly */
-	float *sq = reinterpret_cast<float *>(stages + (size_t)(NW - 1) * NST * stage_bytes);
+
+	/* the codebooks times their FP16 scales, for the tables: K's in
+	 * s_cb[0..16), V's in s_cb[16..32) (published by the barrier below) */
+	__shared__ float s_cb[32];
+	if (threadIdx.x < 32) {
+		const int i = (int)threadIdx.x & 15;
+		s_cb[threadIdx.x] = threadIdx.x < 16 ? a.kc.centroid[i] * a.kc.h16_scale : a.vc.centroid[i] * a.vc.h16_scale;
+	}
 	if (warp != NW - 1)
 		fetch(0, n_fetch);
 
-	/* the tables: the 512 entries into pw_all (free until the first tile),
-	 * then each warp copies its rows 32 times */
-	uint32_t *ent = reinterpret_cast<uint32_t *>(pw_all);
-	static_assert(TQC_MMA_WARPS_MIN * R * TQC_TILE * 2 >= 512 * 4, "table entries fit the weights' space");
-	for (int e = (int)threadIdx.x; e < 512; e += NW * 32) {
-		const struct tqc_codec_desc &cd = e < 256 ? a.kc : a.vc;
-		ent[e] = tiled_bits(cd) == 8 ? 0u : lut_entry(cd, e & 255);
+	/* this warp's rows' qrot = scale2 R_k q (Hadamard or none), rotated in
+	 * registers (strides below 32 by shuffles), into sq [R][SQS] — in the
+	 * last warp's stages (it fits: attend_args_ok), so the other warps'
+	 * first tiles can fly; the padded stride spreads the fragments' loads
+	 * over the banks — with each row's scale rho = 2^k bringing its largest
+	 * |q| into [256, 512) (1 for a zero row; a row with a non-finite q is
+	 * NaN: s_bad).  Every warp runs QR slots whole (rows past R on zeros,
+	 * not stored): no shuffle sits under a branch. */
+	constexpr int SQS = D + 4;
+	float *sq = reinterpret_cast<float *>(stages + (size_t)(NW - 1) * NST * stage_bytes);
+	__shared__ float s_rho[R];
+	__shared__ int s_bad[R];
+	const bool had = a.kc.rot_kind == ROT_HADAMARD;
+#pragma unroll
+	for (int k = 0; k < QR; k++) {
+		const int r = warp + k * NW;
+		float x[QE];
+#pragma unroll
+		for (int e = 0; e < QE; e++)
+			x[e] = had ? qv[k][e] * sign_of(a.kc, lane + 32 * e) : qv[k][e];
+#pragma unroll
+		for (int hh = 1; hh < 32; hh <<= 1) {
+			const bool upper = lane & hh;
+#pragma unroll
+			for (int e = 0; e < QE; e++) {
+				const float o = __shfl_xor_sync(FULL, x[e], hh);
+				x[e] = !had ? x[e] : upper ? o - x[e] : x[e] + o;
+			}
+		}
+		if (had) {
+#pragma unroll
+			for (int hh = 1; hh < QE; hh <<= 1)
+#pragma unroll
+				for (int e = 0; e < QE; e++)
+					if (!(e & hh)) {
+						const float u = x[e], w = x[e + hh];
+						x[e] = u + w;
+						x[e + hh] = u - w;
+					}
+		}
+		float mx = 0.0f;
+		bool bad = false;
+#pragma unroll
+		for (int e = 0; e < QE; e++) {
+			x[e] = had ? (x[e] * a.kc.inv_sqrt_dim) * a.scale2 : x[e] * a.scale2;
+			bad |= !isfinite(x[e]);
+			mx = fmaxf(mx, fabsf(x[e]));
+		}
+		mx = __uint_as_float(__reduce_max_sync(FULL, __float_as_uint(mx))); /* mx >= 0: ordered as bits */
+		bad = __any_sync(FULL, bad);
+		if (r < R) {
+#pragma unroll
+			for (int e = 0; e < QE; e++)
+				sq[r * SQS + lane + 32 * e] = x[e];
+			if (lane == 0) {
+				s_rho[r] = bad || !(mx > 0.0f) ? 1.0f
+							   : pow2i(iclamp(8 - ilog2f(fmaxf(mx, 0x1p-126f)), -126, 126));
+				s_bad[r] = bad;
+			}
+		}
 	}
-	/* the rows' qrot (its barrier also publishes the entries) */
-	cta_qrot<R>(a, h, r0, nrows, sq, NW);
-	{ /* 16 bytes (4 copies) a store: K's copies of a row, then V's */
+	__syncthreads(); /* sq, s_rho, s_bad, s_cb */
+	{ /* the tables: 16 bytes (4 of a row's 32 copies) a store: K's copies
+	   * of a code's row, then V's; entry = (cb[lo nibble], cb[hi nibble])
+	   * as FP16, the nibbles masked to the codec's index bits */
+		const uint32_t mk = (1u << min(a.kc.bits, 4)) - 1u, mv = (1u << min(a.vc.bits, 4)) - 1u;
+		const bool k8 = tiled_bits(a.kc) == 8, v8 = tiled_bits(a.vc) == 8;
 		u32x4 *t = reinterpret_cast<u32x4 *>(smem);
 		constexpr int per_row = LUT_ROW / 16;
+		static_assert(TQC_CB_MAX >= 16, "a tiled codec's 16 centroids");
 		for (int k = (int)threadIdx.x; k < 256 * per_row; k += NW * 32) {
-			const int c = k / per_row, half = (k % per_row) / (per_row / 2);
-			const uint32_t v = ent[c + 256 * half];
+			const uint32_t c = (uint32_t)(k / per_row);
+			const bool vside = (k % per_row) >= per_row / 2;
+			const uint32_t m = vside ? mv : mk, o = vside ? 16u : 0u;
+			const uint32_t v = (vside ? v8 : k8) ? 0u : h2pack(s_cb[o + (c & m)], s_cb[o + ((c >> 4) & m)]);
 			t[k] = u32x4{ v, v, v, v };
 		}
 	}
-	/* row g's scale rho = 2^k with max |q| rho in [256, 512); a row with a
-	 * non-finite q is NaN */
-	float mx = 0.0f;
-	bool bad = false;
-	for (int c = q; c < D; c += 4) {
-		const float v = sq[g * D + c];
-		bad |= !isfinite(v);
-		mx = fmaxf(mx, fabsf(v));
-	}
-	mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 1));
-	mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 2));
-	bad = __shfl_xor_sync(FULL, (int)bad, 1) | bad;
-	bad = __shfl_xor_sync(FULL, (int)bad, 2) | bad;
-	const float rho = bad || !(mx > 0.0f) ? 1.0f : pow2i(iclamp(8 - ilog2f(fmaxf(mx, 0x1p-126f)), -126, 126));
+	const float rho = s_rho[g];
 	/* Q^T's fragments for lane (g, q): row g, pairs q D/8 + 2j (+ 1) */
 	qfrags<D> qf;
 #pragma unroll
 	for (int j = 0; j < D / 16; j++) {
 		const int pa = q * (D / 8) + 2 * j;
-		const float v[4] = { sq[g * D + pa] * rho, sq[g * D + pa + D / 2] * rho, sq[g * D + pa + 1] * rho,
-				     sq[g * D + pa + 1 + D / 2] * rho };
+		const float *row = sq + g * SQS;
+		const float v[4] = { row[pa] * rho, row[pa + D / 2] * rho, row[pa + 1] * rho, row[pa + 1 + D / 2] * rho };
 		const uint32_t h0 = h2pack(v[0], v[1]), h1 = h2pack(v[2], v[3]);
 		const uint32_t l0 = h2pack(v[0] - h2lo(h0), v[1] - h2hi(h0));
 		const uint32_t l1 = h2pack(v[2] - h2lo(h1), v[3] - h2hi(h1));
@@ -1265,18 +1337,15 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 	qf.s = reinterpret_cast<const u32x4 *>(qfs);
 	/* this lane's rows 2q, 2q + 1: 1 / (K table scale * rho), NaN for a bad row */
 	float kinv[2];
-	for (int k = 0; k < 2; k++) {
-		const float rr = __shfl_sync(FULL, rho, (2 * q + k) * 4);
-		const int br = __shfl_sync(FULL, (int)bad, (2 * q + k) * 4);
-		kinv[k] = br ? QNAN : 1.0f / (a.kc.h16_scale * rr);
-	}
+	for (int k = 0; k < 2; k++)
+		kinv[k] = s_bad[2 * q + k] ? QNAN : 1.0f / (a.kc.h16_scale * s_rho[2 * q + k]);
 	/* keys [0, lim) visible to each row (rows past nrows: none) */
 	const uint32_t lim[2] = { __shfl_sync(FULL, my_lim, 2 * q), __shfl_sync(FULL, my_lim, 2 * q + 1) };
 	uint32_t tmax = my_lim; /* lanes 0 .. R - 1's largest, in every lane */
 	for (int o = 1; o < R; o <<= 1)
 		tmax = max(tmax, __shfl_xor_sync(FULL, tmax, o));
 	tmax = __shfl_sync(FULL, tmax, 0);
-	__syncthreads(); /* the tables, Q^T in shared memory; sq and pw_all are free */
+	__syncthreads(); /* the tables, Q^T in shared memory; sq is free */
 	if (warp == NW - 1)
 		fetch(0, n_fetch);
 	const uint32_t te = te0 < tmax ? te0 : tmax;
@@ -1431,15 +1500,22 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 	 * merges its splits (attn_finish's work, without its launch) and
 	 * resets the count for the next launch */
 	__shared__ bool s_last;
-	__threadfence(); /* this CTA's partials before its count */
-	__syncthreads();
+	__syncthreads(); /* every thread's partials are written */
 	const uint32_t ci = h * (uint32_t)a.n_rb + blockIdx.x;
-	if (threadIdx.x == 0)
-		s_last = atomicAdd(&a.counters[ci], 1u) == (uint32_t)a.n_split - 1u;
+	if (threadIdx.x == 0) {
+		/* release: the CTA's writes, ordered before this thread's fence by
+		 * the barrier, before the count; acquire (the last CTA): the other
+		 * CTAs' partials after it (the fence also drops this SM's L1
+		 * lines).  One thread fences, not every thread. */
+		__threadfence();
+		const bool last = atomicAdd(&a.counters[ci], 1u) == (uint32_t)a.n_split - 1u;
+		if (last)
+			__threadfence();
+		s_last = last;
+	}
 	__syncthreads();
 	if (!s_last)
 		return;
-	__threadfence();
 	/* a warp per row, its scratch in the tables' space (free now) */
 	static_assert(R * (TQC_SPLITS_MAX + TQ_DIM_MAX) * 4 <= TQC_MMA_LUT_BYTES, "finish scratch"); /* warps < R */
 	float *s_w = reinterpret_cast<float *>(smem) + warp * (TQC_SPLITS_MAX + TQ_DIM_MAX);
@@ -1469,10 +1545,11 @@ static bool attend_args_ok(const struct tqc_attn_args *a)
 	const int want = !a->tiled ? tqc_attn_rows(vpl)
 				   : tqc_attn_tiled_ok(&a->kc, &a->vc, a->geom.page_tokens) ? TQC_TILE_ROWS : 0;
 
-	/* attn_mma's stages also hold its warps' partial sums (the fused
-	 * finish's scratch is in the tables' space: static_assert there) */
+	/* attn_mma's stages also hold its warps' partial sums, and the last
+	 * warp's the rows' qrot at a padded stride (the fused finish's scratch
+	 * is in the tables' space: static_assert there) */
 	const bool scratch_fits = (size_t)TQC_MMA_STAGES * TQC_TILE * (a->geom.k_block_bytes + a->geom.v_block_bytes) >=
-				  (size_t)TQC_TILE_ROWS * (size_t)a->kc.dim * 4u;
+				  (size_t)TQC_TILE_ROWS * ((size_t)a->kc.dim + 4u) * 4u;
 
 	const bool warps_ok = !a->tiled || (a->mma_warps >= TQC_MMA_WARPS_MIN &&
 					     a->mma_warps <= tqc_attn_mma_warps_max(a->kc.dim));
