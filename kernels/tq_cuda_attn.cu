@@ -1258,32 +1258,13 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 		float x[QE];
 #pragma unroll
 		for (int e = 0; e < QE; e++)
-			x[e] = had ? qv[k][e] * sign_of(a.kc, lane + 32 * e) : qv[k][e];
-#pragma unroll
-		for (int hh = 1; hh < 32; hh <<= 1) {
-			const bool upper = lane & hh;
-#pragma unroll
-			for (int e = 0; e < QE; e++) {
-				const float o = __shfl_xor_sync(FULL, x[e], hh);
-				x[e] = !had ? x[e] : upper ? o - x[e] : x[e] + o;
-			}
-		}
-		if (had) {
-#pragma unroll
-			for (int hh = 1; hh < QE; hh <<= 1)
-#pragma unroll
-				for (int e = 0; e < QE; e++)
-					if (!(e & hh)) {
-						const float u = x[e], w = x[e + hh];
-						x[e] = u + w;
-						x[e + hh] = u - w;
-					}
-		}
+			x[e] = qv[k][e] * sign_of(a.kc, lane + 32 * e);
+		reg_fwht<QE>(x, lane); /* unused without a rotation: no branch around it */
 		float mx = 0.0f;
 		bool bad = false;
 #pragma unroll
 		for (int e = 0; e < QE; e++) {
-			x[e] = had ? (x[e] * a.kc.inv_sqrt_dim) * a.scale2 : x[e] * a.scale2;
+			x[e] = had ? (x[e] * a.kc.inv_sqrt_dim) * a.scale2 : qv[k][e] * a.scale2;
 			bad |= !isfinite(x[e]);
 			mx = fmaxf(mx, fabsf(x[e]));
 		}

@@ -95,4 +95,34 @@ static __device__ void warp_fwht(float *u, int d, int lane)
 	}
 }
 
+/* tq_fwht_ref on a vector held in registers, coordinate c = lane + 32 e in
+ * x[e] (E values a lane): stage h pairs (c, c + h) for c with bit h clear
+ * into (a + b, a - b), h = 1, 2, 4, ... as warp_fwht — strides below 32 by
+ * shfl_xor (the upper lane computes partner - own: the reference's a - b),
+ * the larger ones register pairs; each butterfly the reference's operands,
+ * never fused.  Every lane of the warp calls it (shuffles): keep it out of
+ * branches a warp could take apart. */
+template <int E>
+static __device__ __forceinline__ void reg_fwht(float (&x)[E], int lane)
+{
+#pragma unroll
+	for (int h = 1; h < 32; h <<= 1) {
+		const bool upper = lane & h;
+#pragma unroll
+		for (int e = 0; e < E; e++) {
+			const float o = __shfl_xor_sync(FULL, x[e], h);
+			x[e] = upper ? __fsub_rn(o, x[e]) : __fadd_rn(x[e], o);
+		}
+	}
+#pragma unroll
+	for (int h = 1; h < E; h <<= 1)
+#pragma unroll
+		for (int e = 0; e < E; e++)
+			if (!(e & h)) {
+				const float a = x[e], b = x[e + h];
+				x[e] = __fadd_rn(a, b);
+				x[e + h] = __fsub_rn(a, b);
+			}
+}
+
 #endif /* TQ_CUDA_DEVICE_CUH */

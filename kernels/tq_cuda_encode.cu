@@ -442,18 +442,24 @@ static __device__ uint32_t enc_vector(const struct tqc_enc_args &a, uint32_t vec
 	}
 }
 
-/* The end of a launch, by thread 0 of each CTA once s_st[] holds its `nw`
- * warps' statuses (vec << 32 | code, ~0 for none): the first failing
+/* The end of a launch, called by every thread of a CTA of `nw` warps with
+ * its warp's status st (vec << 32 | code, ~0 for none): the first failing
  * vector's is the minimum over the launch (atomicMin into *status); the CTA
- * that finishes last moves it to the host-mapped *report and resets *status
- * and *done for the next launch, so a launch needs no copies before or after
- * it.  Fences only where a status was written and in the last CTA.  The host
- * reads *report after the stream has synchronised, which makes the kernel's
+ * that finishes last moves it to the host-mapped *report and resets
+ * *status and *done for the next launch, so a launch needs no copies before
+ * or after it.  Only thread 0 takes part, after the CTA's barrier, and
+ * fences only where it wrote a status and in the last CTA.  The host reads
+ * *report after the stream has synchronised, which makes the kernel's
  * writes to mapped memory visible. */
-static __device__ void enc_finish(const struct tqc_enc_args &a, const unsigned long long *s_st, int nw)
+static __device__ void enc_finish(const struct tqc_enc_args &a, unsigned long long st, unsigned long long *s_st,
+				  int nw)
 {
+	if ((threadIdx.x & 31u) == 0)
+		s_st[threadIdx.x >> 5] = st;
+	__syncthreads();
+	if (threadIdx.x != 0)
+		return;
 	unsigned long long m = ~0ull;
-
 	for (int w = 0; w < nw; w++)
 		m = s_st[w] < m ? s_st[w] : m;
 	if (m != ~0ull) {
@@ -485,11 +491,7 @@ __global__ void __launch_bounds__(TQC_WARPS * 32) enc_kernel(const __grid_consta
 		if (r)
 			st = (unsigned long long)vec << 32 | r;
 	}
-	if (lane == 0)
-		s_st[warp] = st;
-	__syncthreads();
-	if (threadIdx.x == 0)
-		enc_finish(a, s_st, TQC_WARPS);
+	enc_finish(a, st, s_st, TQC_WARPS);
 }
 
 /* ---- the register path: d 64, 128, 256; Hadamard; tq2..4 and q8; aligned rows ---
@@ -560,35 +562,14 @@ static __device__ __forceinline__ float reg_sumsq16(const float (&x)[E], int lan
 	return __shfl_sync(FULL, l, 0);
 }
 
-/* x = fwht(x * sign) (warp_rotate_scaled's Hadamard, before its scaling):
- * stage h pairs (c, c + h) for c with bit h clear into (a + b, a - b),
- * h = 1, 2, 4, ... as warp_fwht — the same operands for every butterfly. */
+/* x = fwht(x * sign) (warp_rotate_scaled's Hadamard, before its scaling) */
 template <int D>
 static __device__ __forceinline__ void reg_hadamard(const struct tqc_codec_desc *cd, float (&x)[D / 32], int lane)
 {
-	constexpr int E = D / 32;
-
 #pragma unroll
-	for (int e = 0; e < E; e++)
+	for (int e = 0; e < D / 32; e++)
 		x[e] = __fmul_rn(x[e], (cd->sign_mask[e] >> lane) & 1u ? -1.0f : 1.0f);
-#pragma unroll
-	for (int h = 1; h < 32; h <<= 1) {
-		const bool upper = lane & h;
-#pragma unroll
-		for (int e = 0; e < E; e++) {
-			const float o = __shfl_xor_sync(FULL, x[e], h);
-			x[e] = upper ? __fsub_rn(o, x[e]) : __fadd_rn(x[e], o);
-		}
-	}
-#pragma unroll
-	for (int h = 1; h < E; h <<= 1)
-#pragma unroll
-		for (int e = 0; e < E; e++)
-			if (!(e & h)) {
-				const float a = x[e], b = x[e + h];
-				x[e] = __fadd_rn(a, b);
-				x[e + h] = __fsub_rn(a, b);
-			}
+	reg_fwht<D / 32>(x, lane);
 }
 
 /* One plane of width W (tq_pack_planes): S = D W / 8 bytes, byte j holding
@@ -741,11 +722,7 @@ __global__ void __launch_bounds__(TQC_ENC_WARPS * 32) enc_reg(const __grid_const
 		if (r)
 			st = (unsigned long long)vec << 32 | r;
 	}
-	if (lane == 0)
-		s_st[warp] = st;
-	__syncthreads();
-	if (threadIdx.x == 0)
-		enc_finish(a, s_st, nw);
+	enc_finish(a, st, s_st, nw);
 }
 
 /* The launcher (tests/simt/ runs the kernels above on the CPU with its own). */

@@ -427,6 +427,39 @@ out:
 	return rc;
 }
 
+/* One encoder case on enc_ctx: a layer of K kid / V vid at dim (3 KV heads,
+ * 5-token pages), 13 tokens of rows of every kind gen_vec makes appended at
+ * slot 3 by append_both, then, with `one`, a single token after them (a
+ * decode token's launch).  *ran: the kernel of the first append.  0 when
+ * the device pages equal the reference's. */
+static int enc_case(enum tq_codec_id kid, enum tq_codec_id vid, int dim, enum tq_dtype dt, enum mem mem,
+		    uint64_t seed, int one, const char **ran, const char *what)
+{
+	const int n_kv = 3;
+	const uint32_t n = 13, pos = 3, pt = 5;
+	struct layer L;
+
+	if (layer_new(&L, kid, vid, dim, n_kv, pt, (pos + n + 1 + pt - 1) / pt, seed, MEM_DEVICE)) {
+		layer_free(&L);
+		fprintf(stderr, "  %s: layer\n", what);
+		return -1;
+	}
+	const size_t row = tq_dtype_size(dt) * (size_t)dim;
+	uint8_t *k = malloc(row * n * n_kv), *v = malloc(row * n * n_kv);
+	for (uint32_t i = 0; i < n * (uint32_t)n_kv; i++) {
+		good_row((int)i, k + i * row, dim, dt, L.kc);
+		good_row((int)i + 5, v + i * row, dim, dt, L.vc);
+	}
+	int rc = append_both(&L, pos, n, k, v, dt, mem, what);
+	*ran = tqc_ctx_last_append(enc_ctx);
+	if (!rc && one)
+		rc = append_both(&L, pos + n, 1, k + row * n_kv * 7, v + row * n_kv * 2, dt, mem, what);
+	free(k);
+	free(v);
+	layer_free(&L);
+	return rc;
+}
+
 /* Does the register encoder (tqc_append's "reg" kernel) take this pair and
  * dim with aligned inputs?  Power-of-two dims rotate by Hadamard. */
 static int enc_reg_takes(enum tq_codec_id k, enum tq_codec_id v, int dim)
@@ -449,8 +482,6 @@ static int enc_reg_takes(enum tq_codec_id k, enum tq_codec_id v, int dim)
 static void test_encode_exact(void)
 {
 	static const int dims[] = { 8, 64, 96, 128, 256, 512, 40 };
-	const int n_kv = 3;
-	const uint32_t n = 13, pos = 3, pt = 5;
 	int cases = 0, reg = 0;
 
 	for (int pass = 0; pass < 2; pass++) {
@@ -469,7 +500,7 @@ static void test_encode_exact(void)
 					const enum tq_dtype dt = dtypes[ti];
 					const enum mem mem = (enum mem)((ci + di + ti) % 3);
 					const char *want = !pass && !enc_general_only && enc_reg_takes(kid, vid, dim) ? "reg" : "general";
-					struct layer L;
+					const char *ran = "";
 					char what[160];
 
 					enc_skew = pass ? (ci + (int)di + 2 * ti) % 3 : 0; /* bytes off */
@@ -477,25 +508,10 @@ static void test_encode_exact(void)
 						 "K %s V %s d %d %s input in %s memory, %d bytes off, %s kernel",
 						 tq_codec_name(kid), tq_codec_name(vid), dim, tq_dtype_name(dt),
 						 mem_name[mem], enc_skew, want);
-					if (layer_new(&L, kid, vid, dim, n_kv, pt, (pos + n + pt - 1) / pt,
-						      t_seed() + ci * 31 + di, MEM_DEVICE)) {
-						layer_free(&L);
-						T_FAIL("%s: layer", what);
-					}
-					const size_t row = tq_dtype_size(dt) * (size_t)dim;
-					uint8_t *k = malloc(row * n * n_kv), *v = malloc(row * n * n_kv);
-					for (uint32_t i = 0; i < n * (uint32_t)n_kv; i++) {
-						good_row((int)i, k + i * row, dim, dt, L.kc);
-						good_row((int)i + 5, v + i * row, dim, dt, L.vc);
-					}
-					int rc = append_both(&L, pos, n, k, v, dt, mem, what);
-					free(k);
-					free(v);
-					layer_free(&L);
-					if (rc)
+					if (enc_case(kid, vid, dim, dt, mem, t_seed() + ci * 31 + di, 0, &ran, what))
 						T_FAIL("%s", what);
-					if (strcmp(tqc_ctx_last_append(enc_ctx), want))
-						T_FAIL("%s: ran the %s kernel", what, tqc_ctx_last_append(enc_ctx));
+					if (strcmp(ran, want))
+						T_FAIL("%s: ran the %s kernel", what, ran);
 					reg += !strcmp(want, "reg");
 					cases++;
 				}
@@ -514,8 +530,7 @@ static void test_encode_reg(void)
 {
 	static const enum tq_codec_id reg_codecs[] = { TQ_CODEC_TQ2, TQ_CODEC_TQ3, TQ_CODEC_TQ4, TQ_CODEC_Q8 };
 	static const int dims[] = { 64, 128, 256 };
-	const int n_kv = 3;
-	const uint32_t n = 13, pos = 3, pt = 5;
+	const char *want = enc_general_only ? "general" : "reg";
 	int cases = 0;
 
 	rng_state = t_seed() ^ 0x5e9;
@@ -524,40 +539,18 @@ static void test_encode_reg(void)
 			for (int di = 0; di < 3; di++)
 				for (int ti = 0; ti < 3; ti++) {
 					const enum tq_codec_id kid = reg_codecs[ki], vid = reg_codecs[vi];
-					const int dim = dims[di];
 					const enum tq_dtype dt = dtypes[ti];
 					const enum mem mem = (enum mem)((ki + vi + di + ti) % 3);
-					struct layer L;
+					const char *ran = "";
 					char what[128];
 
 					snprintf(what, sizeof(what), "register kernel: K %s V %s d %d %s input in %s memory",
-						 tq_codec_name(kid), tq_codec_name(vid), dim, tq_dtype_name(dt),
+						 tq_codec_name(kid), tq_codec_name(vid), dims[di], tq_dtype_name(dt),
 						 mem_name[mem]);
-					if (layer_new(&L, kid, vid, dim, n_kv, pt, (pos + n + pt - 1) / pt,
-						      t_seed() + 7 * ki + vi, MEM_DEVICE)) {
-						layer_free(&L);
-						T_FAIL("%s: layer", what);
-					}
-					const size_t row = tq_dtype_size(dt) * (size_t)dim;
-					uint8_t *k = malloc(row * n * n_kv), *v = malloc(row * n * n_kv);
-					for (uint32_t i = 0; i < n * (uint32_t)n_kv; i++) {
-						good_row((int)i, k + i * row, dim, dt, L.kc);
-						good_row((int)i + 5, v + i * row, dim, dt, L.vc);
-					}
-					/* 13 tokens (78 vectors: CTAs of TQC_WARPS warps),
-					 * then one (a decode token: one CTA) */
-					int rc = append_both(&L, pos, n, k, v, dt, mem, what);
-					const char *ran = tqc_ctx_last_append(ctx);
-					if (!rc)
-						rc = append_both(&L, pos + n, 1, k + row * n_kv * 7, v + row * n_kv * 2, dt, mem,
-								 what);
-					free(k);
-					free(v);
-					layer_free(&L);
-					if (rc)
+					/* 13 tokens (78 vectors: several CTAs), then one */
+					if (enc_case(kid, vid, dims[di], dt, mem, t_seed() + 7 * ki + vi, 1, &ran, what))
 						T_FAIL("%s", what);
-					if (strcmp(ran, enc_general_only ? "general" : "reg") ||
-					    strcmp(tqc_ctx_last_append(ctx), enc_general_only ? "general" : "reg"))
+					if (strcmp(ran, want) || strcmp(tqc_ctx_last_append(ctx), want))
 						T_FAIL("%s: ran the %s / %s kernel", what, ran, tqc_ctx_last_append(ctx));
 					cases++;
 				}
