@@ -264,6 +264,32 @@ static __device__ uint32_t enc_tqo(const struct tqc_codec_desc *cd, float *x, fl
 	return 0;
 }
 
+/* encode_q8's scale, from each lane's "saw a non-finite y" and max |y| bits
+ * (non-negative finite floats order as their bits): TQC_ST_RANGE (the
+ * rotation overflowed), or 0 with *amax (0: the block is all zeros) and the
+ * factors q = rint(y * pre * inv) takes — pre 2^64 (exact) where amax is
+ * subnormal and 127 / amax would overflow. */
+static __device__ __forceinline__ uint32_t q8_scale(bool bad, unsigned amax_bits, float *amax, float *pre, float *inv)
+{
+	if (__any_sync(FULL, bad))
+		return TQC_ST_RANGE;
+	*amax = __uint_as_float(__reduce_max_sync(FULL, amax_bits));
+	*pre = 1.0f;
+	*inv = *amax == 0.0f ? 0.0f : __fdiv_rn(127.0f, *amax);
+	if (*amax != 0.0f && !finite_bits(__float_as_uint(*inv))) {
+		*pre = 0x1.0p64f;
+		*inv = __fdiv_rn(127.0f, __fmul_rn(*amax, *pre));
+	}
+	return 0;
+}
+
+/* y as an int8 code of encode_q8 */
+static __device__ __forceinline__ uint8_t q8_code(float y, float pre, float inv)
+{
+	const float r = rintf(__fmul_rn(__fmul_rn(y, pre), inv));
+	return (uint8_t)(int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : (int)r);
+}
+
 /* encode_q8 */
 static __device__ uint32_t enc_q8(const struct tqc_codec_desc *cd, const float *x, float *u, uint8_t *blk,
 			   int lane)
@@ -275,30 +301,18 @@ static __device__ uint32_t enc_q8(const struct tqc_codec_desc *cd, const float *
 	warp_rotate_scaled(cd, rot_whole(cd), x, 1.0f, u, lane);
 	for (int i = lane; i < d; i += 32) {
 		const uint32_t b = __float_as_uint(u[i]);
-		if (!finite_bits(b))
-			bad = true;
-		/* max |y|: non-negative finite floats order as their bits */
+		bad |= !finite_bits(b);
 		amax_bits = max(amax_bits, b & 0x7fffffffu);
 	}
-	if (__any_sync(FULL, bad))
-		return TQC_ST_RANGE; /* the rotation overflowed */
-	amax_bits = __reduce_max_sync(FULL, amax_bits);
-	const float amax = __uint_as_float(amax_bits);
+	float amax, pre, inv;
+	if (q8_scale(bad, amax_bits, &amax, &pre, &inv))
+		return TQC_ST_RANGE;
 	if (amax == 0.0f) {
 		warp_zero_block(blk, cd->block_bytes, lane);
 		return 0;
 	}
-	float inv = __fdiv_rn(127.0f, amax), pre = 1.0f;
-	if (!finite_bits(__float_as_uint(inv))) {
-		/* amax is subnormal: scale y by 2^64 (exact) before the reciprocal */
-		pre = 0x1.0p64f;
-		inv = __fdiv_rn(127.0f, __fmul_rn(amax, pre));
-	}
-	for (int i = lane; i < d; i += 32) {
-		const float r = rintf(__fmul_rn(__fmul_rn(u[i], pre), inv));
-		const int q = r > 127.0f ? 127 : r < -127.0f ? -127 : (int)r;
-		blk[TQ_Q8_HEADER_BYTES + i] = (uint8_t)(int8_t)q;
-	}
+	for (int i = lane; i < d; i += 32)
+		blk[TQ_Q8_HEADER_BYTES + i] = q8_code(u[i], pre, inv);
 	if (lane == 0)
 		store_u32(blk, __float_as_uint(__fdiv_rn(amax, 127.0f)));
 	return 0;
@@ -667,25 +681,16 @@ static __device__ uint32_t reg_q8(const struct tqc_codec_desc *cd, float (&x)[D 
 		bad |= !finite_bits(b);
 		amax_bits = max(amax_bits, b & 0x7fffffffu);
 	}
-	if (__any_sync(FULL, bad))
-		return TQC_ST_RANGE; /* the rotation overflowed */
-	amax_bits = __reduce_max_sync(FULL, amax_bits);
-	const float amax = __uint_as_float(amax_bits);
+	float amax, pre, inv;
+	if (q8_scale(bad, amax_bits, &amax, &pre, &inv))
+		return TQC_ST_RANGE;
 	if (amax == 0.0f) {
 		warp_zero_block(blk, TQ_Q8_BLOCK_BYTES(D), lane);
 		return 0;
 	}
-	float inv = __fdiv_rn(127.0f, amax), pre = 1.0f;
-	if (!finite_bits(__float_as_uint(inv))) {
-		pre = 0x1.0p64f; /* amax is subnormal */
-		inv = __fdiv_rn(127.0f, __fmul_rn(amax, pre));
-	}
 #pragma unroll
-	for (int e = 0; e < E; e++) {
-		const float r = rintf(__fmul_rn(__fmul_rn(x[e], pre), inv));
-		const int q = r > 127.0f ? 127 : r < -127.0f ? -127 : (int)r;
-		blk[TQ_Q8_HEADER_BYTES + lane + 32 * e] = (uint8_t)(int8_t)q;
-	}
+	for (int e = 0; e < E; e++)
+		blk[TQ_Q8_HEADER_BYTES + lane + 32 * e] = q8_code(x[e], pre, inv);
 	if (lane == 0)
 		store_u32(blk, __float_as_uint(__fdiv_rn(amax, 127.0f)));
 	return 0;
