@@ -293,26 +293,11 @@ static __device__ __forceinline__ void qrot_row(const struct tqc_attn_args &a, c
 	__syncwarp();
 }
 
-/* The rows r0 .. r0 + R - 1 of KV head h as qrot into out [R][d] (rows past
- * nrows zero): warp w of the CTA's nw rotates rows w, w + nw, ...; then a
- * barrier. */
-template <int R>
-static __device__ __forceinline__ void cta_qrot(const struct tqc_attn_args &a, uint32_t h, int r0, int nrows,
-						float *out, int nw)
+/* Row rr of KV head h's row block numbering (rr = i * group + g) as its
+ * query row [n_q][n_q_heads]: query token i, head h * group + g. */
+static __device__ __forceinline__ size_t q_row(const struct tqc_attn_args &a, uint32_t h, int rr)
 {
-	const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5), d = a.kc.dim;
-
-	for (int r = warp; r < R; r += nw) {
-		float *x = out + r * d;
-		if (r < nrows) {
-			const int rr = r0 + r, qi = rr / a.group, gi = rr % a.group;
-			qrot_row(a, a.q + ((size_t)qi * a.n_q_heads + (size_t)h * a.group + gi) * d, x, lane);
-		} else {
-			for (int c = lane; c < d; c += 32)
-				x[c] = 0.0f;
-		}
-	}
-	__syncthreads();
+	return (size_t)(rr / a.group) * (size_t)a.n_q_heads + (size_t)h * (size_t)a.group + (size_t)(rr % a.group);
 }
 
 __global__ void __launch_bounds__(TQC_WARPS * 32) attn_prep(const __grid_constant__ struct tqc_attn_args a)
@@ -432,8 +417,8 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 4) attn_main(const __grid_cons
 		for (int j = 0; j < VPL; j++)
 			q[r][j] = 0.0f;
 		if (r < nrows) {
-			const int rr = r0 + r, qi = rr / a.group, gi = rr % a.group;
-			const float *qr = a.qrot + ((size_t)qi * a.n_q_heads + (size_t)h * a.group + gi) * d;
+			const int qi = (r0 + r) / a.group;
+			const float *qr = a.qrot + q_row(a, h, r0 + r) * d;
 			lim[r] = a.causal ? (uint32_t)a.q_pos[qi] + 1u : a.kv_len;
 #pragma unroll
 			for (int j = 0; j < VPL; j++) {
@@ -1192,8 +1177,7 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 		for (int e = 0; e < QE; e++)
 			qv[k][e] = 0.0f;
 		if (r < nrows) {
-			const int rr = r0 + r, qi = rr / a.group, gi = rr % a.group;
-			const float *qp = a.q + ((size_t)qi * a.n_q_heads + (size_t)h * a.group + gi) * D;
+			const float *qp = a.q + q_row(a, h, r0 + r) * D;
 #pragma unroll
 			for (int e = 0; e < QE; e++)
 				qv[k][e] = qp[lane + 32 * e];
@@ -1500,11 +1484,8 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 	/* a warp per row, its scratch in the tables' space (free now) */
 	static_assert(R * (TQC_SPLITS_MAX + TQ_DIM_MAX) * 4 <= TQC_MMA_LUT_BYTES, "finish scratch"); /* warps < R */
 	float *s_w = reinterpret_cast<float *>(smem) + warp * (TQC_SPLITS_MAX + TQ_DIM_MAX);
-	for (int r = warp; r < nrows; r += NW) {
-		const int rr = r0 + r, qi = rr / a.group, gi = rr % a.group;
-		finish_row<true>(a, (size_t)qi * a.n_q_heads + (size_t)h * a.group + gi, s_w, s_w + TQC_SPLITS_MAX,
-				 nullptr);
-	}
+	for (int r = warp; r < nrows; r += NW)
+		finish_row<true>(a, q_row(a, h, r0 + r), s_w, s_w + TQC_SPLITS_MAX, nullptr);
 	if (threadIdx.x == 0)
 		a.counters[ci] = 0u;
 }

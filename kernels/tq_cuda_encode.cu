@@ -456,7 +456,7 @@ static __device__ uint32_t enc_vector(const struct tqc_enc_args &a, uint32_t vec
 	}
 }
 
-/* The end of a launch, called by every thread of a CTA of `nw` warps with
+/* The end of a launch, called by every thread of a CTA (TQC_WARPS warps) with
  * its warp's status st (vec << 32 | code, ~0 for none): the first failing
  * vector's is the minimum over the launch (atomicMin into *status); the CTA
  * that finishes last moves it to the host-mapped *report and resets
@@ -465,8 +465,7 @@ static __device__ uint32_t enc_vector(const struct tqc_enc_args &a, uint32_t vec
  * fences only where it wrote a status and in the last CTA.  The host reads
  * *report after the stream has synchronised, which makes the kernel's
  * writes to mapped memory visible. */
-static __device__ void enc_finish(const struct tqc_enc_args &a, unsigned long long st, unsigned long long *s_st,
-				  int nw)
+static __device__ void enc_finish(const struct tqc_enc_args &a, unsigned long long st, unsigned long long *s_st)
 {
 	if ((threadIdx.x & 31u) == 0)
 		s_st[threadIdx.x >> 5] = st;
@@ -474,7 +473,7 @@ static __device__ void enc_finish(const struct tqc_enc_args &a, unsigned long lo
 	if (threadIdx.x != 0)
 		return;
 	unsigned long long m = ~0ull;
-	for (int w = 0; w < nw; w++)
+	for (int w = 0; w < TQC_WARPS; w++)
 		m = s_st[w] < m ? s_st[w] : m;
 	if (m != ~0ull) {
 		atomicMin(a.status, m);
@@ -505,7 +504,7 @@ __global__ void __launch_bounds__(TQC_WARPS * 32) enc_kernel(const __grid_consta
 		if (r)
 			st = (unsigned long long)vec << 32 | r;
 	}
-	enc_finish(a, st, s_st, TQC_WARPS);
+	enc_finish(a, st, s_st);
 }
 
 /* ---- the register path: d 64, 128, 256; Hadamard; tq2..4 and q8; aligned rows ---
@@ -668,10 +667,9 @@ template <int D>
 static __device__ uint32_t reg_q8(const struct tqc_codec_desc *cd, float (&x)[D / 32], uint8_t *blk, int lane)
 {
 	constexpr int E = D / 32;
+	const float fac = __fmul_rn(1.0f, cd->inv_sqrt_dim);
 	bool bad = false;
 	unsigned amax_bits = 0;
-
-	const float fac = __fmul_rn(1.0f, cd->inv_sqrt_dim);
 
 	reg_hadamard<D>(cd, x, lane);
 #pragma unroll
@@ -696,14 +694,16 @@ static __device__ uint32_t reg_q8(const struct tqc_codec_desc *cd, float (&x)[D 
 	return 0;
 }
 
-/* TQC_ENC_WARPS warps a CTA (tqc_enc_shape). */
+/* One warp per vector, TQC_WARPS a CTA, as enc_kernel.  (For a decode token
+ * CTAs of 1, 2 or 4 warps took the same time; one CTA of a warp per vector,
+ * whose finish needs no atomics, was slower: BENCHMARKS 2b.) */
 template <int D>
-__global__ void __launch_bounds__(TQC_ENC_WARPS * 32) enc_reg(const __grid_constant__ struct tqc_enc_args a)
+__global__ void __launch_bounds__(TQC_WARPS * 32) enc_reg(const __grid_constant__ struct tqc_enc_args a)
 {
-	__shared__ unsigned long long s_st[TQC_ENC_WARPS];
+	__shared__ unsigned long long s_st[TQC_WARPS];
 
-	const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5), nw = (int)(blockDim.x >> 5);
-	const uint32_t vec = blockIdx.x * (uint32_t)nw + (uint32_t)warp;
+	const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
+	const uint32_t vec = blockIdx.x * TQC_WARPS + (uint32_t)warp;
 	const uint32_t n_kv = a.geom.n_kv_heads;
 	unsigned long long st = ~0ull;
 
@@ -727,7 +727,7 @@ __global__ void __launch_bounds__(TQC_ENC_WARPS * 32) enc_reg(const __grid_const
 		if (r)
 			st = (unsigned long long)vec << 32 | r;
 	}
-	enc_finish(a, st, s_st, nw);
+	enc_finish(a, st, s_st);
 }
 
 /* The launcher (tests/simt/ runs the kernels above on the CPU with its own). */
@@ -739,12 +739,9 @@ extern "C" int tqc_launch_encode(const struct tqc_enc_args *a, void *stream)
 	(void)cudaGetLastError(); /* a stale error of an earlier call is not this launch's */
 	if (nvec == 0)
 		return 0;
-	const int reg = tqc_enc_reg_dim(a);
-	uint32_t ctas, warps;
-	tqc_enc_shape(a, &ctas, &warps);
-	const dim3 grid(ctas), block(warps * 32);
+	const dim3 grid((nvec + TQC_WARPS - 1) / TQC_WARPS), block(TQC_WARPS * 32);
 	cudaStream_t st = (cudaStream_t)stream;
-	switch (reg) {
+	switch (tqc_enc_reg_dim(a)) {
 	case 64: enc_reg<64><<<grid, block, 0, st>>>(*a); break;
 	case 128: enc_reg<128><<<grid, block, 0, st>>>(*a); break;
 	case 256: enc_reg<256><<<grid, block, 0, st>>>(*a); break;

@@ -104,20 +104,6 @@ struct tqc_enc_args {
 
 int tqc_launch_encode(const struct tqc_enc_args *a, void *stream);
 
-/* A launch's shape: CTAs of TQC_ENC_WARPS warps, a warp per vector (both
- * kernels; the real launcher and the SIMT emulator's).  For a decode token
- * the register kernel took the same time in CTAs of 1, 2 or 4 warps; one
- * CTA of a warp per vector, whose finish needs no atomics, was slower
- * (BENCHMARKS 2b). */
-#define TQC_ENC_WARPS TQC_WARPS
-static inline void tqc_enc_shape(const struct tqc_enc_args *a, uint32_t *ctas, uint32_t *warps)
-{
-	const uint32_t nvec = a->n_tok * 2u * a->geom.n_kv_heads;
-
-	*warps = TQC_ENC_WARPS;
-	*ctas = (nvec + *warps - 1) / *warps;
-}
-
 /* The head dim of the register-resident encoder (enc_reg<D>) that takes a
  * launch, or 0 for the general enc_kernel: K and V codecs tq2..tq4 or q8
  * with the Hadamard rotation, one head dim of 64, 128 or 256, and rows

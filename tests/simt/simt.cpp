@@ -3,7 +3,7 @@
 #include <vector>
 
 simt_thread *simt_cur;
-simt_dim simt_block, simt_grid, simt_bdim;
+simt_dim simt_block, simt_grid;
 
 extern "C" void simt_switch(void **save_sp, void *new_sp);
 asm(R"(
@@ -136,7 +136,6 @@ void simt_run(unsigned gx, unsigned gy, unsigned gz, int nthreads, const std::fu
 	}
 	cur_body = &body;
 	simt_grid = { gx, gy, gz };
-	simt_bdim = { (unsigned)nthreads, 1, 1 };
 	for (unsigned z = 0; z < gz; z++)
 		for (unsigned y = 0; y < gy; y++)
 			for (unsigned x = 0; x < gx; x++) {

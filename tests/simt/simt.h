@@ -43,11 +43,10 @@ struct simt_thread {
 	char *stack;
 };
 extern simt_thread *simt_cur;
-extern simt_dim simt_block, simt_grid, simt_bdim;
+extern simt_dim simt_block, simt_grid;
 #define threadIdx (simt_cur->tidx)
 #define blockIdx simt_block
 #define gridDim simt_grid
-#define blockDim simt_bdim
 
 void simt_wbar(void);
 void simt_bbar(void);
