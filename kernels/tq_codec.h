@@ -82,7 +82,7 @@ typedef struct tq_codebook {
 	float bound[255];        /* [levels-1], bound[i] = (c[i] + c[i+1]) / 2    */
 	double distortion;       /* E[(x - c(x))^2] per coordinate, in double     */
 	double centroid_d[256];  /* the double-precision solution                 */
-	float h16_scale;         /* levels <= 16: the scale at which centroid[]   */
+	float h16_scale;         /* levels <= 32: the scale at which centroid[]   */
 				 /* comes closest to FP16 numbers (the GPU's       */
 				 /* decode tables); 1 for more levels              */
 } tq_codebook;

@@ -402,7 +402,8 @@ struct tqc_ctx {
 	int sms;
 	int smem_optin;          /* shared memory a kernel may ask for, bytes      */
 	int mc_dim;              /* mma_config: its answer (mc_warps, mc_per_sm)   */
-	uint32_t mc_kb, mc_vb;   /* for (mc_dim, mc_kb, mc_vb); mc_dim 0: none     */
+	uint32_t mc_kb, mc_vb;   /* for (mc_dim, mc_kb, mc_vb, mc_ko); mc_dim 0:   */
+	int mc_ko;               /* none                                          */
 	int mc_warps, mc_per_sm;
 	int attn_general;        /* TQ_CUDA_ATTN=general: never attn_mma            */
 	int enc_general;         /* TQ_CUDA_ENC=general: never enc_reg              */
@@ -719,7 +720,7 @@ static int desc_make(tqc_ctx *x, const tq_codec *c, struct tqc_codec_desc *d, tq
 	d->bits = parts == 2 ? c->cb.bits : c->bits;
 	d->block_bytes = c->block_bytes;
 	d->rot_kind = (int32_t)c->rot.kind;
-	d->h16_scale = 1.0f;
+	d->h16_scale = d->h16_scale_b = 1.0f;
 	if (parts == 2) {
 		/* two halves of one rotation kind and scale (tq_rotation_init
 		 * picks both from the dim) */
@@ -733,6 +734,8 @@ static int desc_make(tqc_ctx *x, const tq_codec *c, struct tqc_codec_desc *d, tq
 		if ((rc = desc_codebook(&c->cb, TQC_CB_MAX, d->centroid, d->bound, err)) < 0 ||
 		    (rc = desc_codebook(&c->cb_b, TQC_CB_B_MAX, d->centroid_b, d->bound_b, err)) < 0)
 			return rc;
+		d->h16_scale = c->cb.h16_scale;
+		d->h16_scale_b = c->cb_b.h16_scale;
 	} else if (c->id == TQ_CODEC_TQ2 || c->id == TQ_CODEC_TQ3 || c->id == TQ_CODEC_TQ4) {
 		if ((rc = desc_codebook(&c->cb, 16, d->centroid, d->bound, err)) < 0)
 			return rc;
@@ -990,23 +993,25 @@ cuda_err:
  * (tq_cuda_internal.h: two CTAs of TQC_MMA_WARPS_PAIR warps where they fit
  * an SM, else one of as many warps as fit a block's shared memory); warps
  * 0: attn_mma does not fit.  Remembered for the last shape asked. */
-static void mma_config(tqc_ctx *x, int dim, uint32_t kb, uint32_t vb, size_t smem_max, int *warps, int *per_sm)
+static void mma_config(tqc_ctx *x, int dim, uint32_t kb, uint32_t vb, int ko, size_t smem_max, int *warps,
+		       int *per_sm)
 {
-	if (x->mc_dim != dim || x->mc_kb != kb || x->mc_vb != vb) {
+	if (x->mc_dim != dim || x->mc_kb != kb || x->mc_vb != vb || x->mc_ko != ko) {
 		int w = 0, n = 0;
 
 		/* the two-CTA build exists at d <= 128 (mma_kernel) */
 		if (dim <= 128 && tqc_attn_mma_warps(dim, kb, vb, smem_max) >= TQC_MMA_WARPS_PAIR) {
 			n = tqc_attn_mma_ctas_per_sm(dim, tqc_attn_mma_smem(dim, kb, vb, TQC_MMA_WARPS_PAIR),
-						     TQC_MMA_WARPS_PAIR);
+						     TQC_MMA_WARPS_PAIR, ko);
 			if (n >= 2)
 				w = TQC_MMA_WARPS_PAIR;
 		}
 		if (!w && (w = tqc_attn_mma_warps(dim, kb, vb, smem_max)) > 0)
-			n = tqc_attn_mma_ctas_per_sm(dim, tqc_attn_mma_smem(dim, kb, vb, w), w);
+			n = tqc_attn_mma_ctas_per_sm(dim, tqc_attn_mma_smem(dim, kb, vb, w), w, ko);
 		x->mc_dim = dim;
 		x->mc_kb = kb;
 		x->mc_vb = vb;
+		x->mc_ko = ko;
 		x->mc_warps = w;
 		x->mc_per_sm = n > 0 ? n : 1; /* the runtime cannot tell: one surely fits */
 	}
@@ -1039,7 +1044,8 @@ static void att_plan_make(tqc_ctx *x, const struct tqa_shape *sh, const struct t
 	pl->tiled = !x->attn_general && sh->kv_len <= UINT32_MAX - TQC_TILE &&
 		    tqc_attn_tiled_ok(&args->kc, &args->vc, args->geom.page_tokens);
 	if (pl->tiled) {
-		mma_config(x, sh->dim, kb, vb, smem_max, &pl->mma_warps, &mma_per_sm);
+		const int ko = args->kc.id == TQ_CODEC_TQ3O || args->kc.id == TQ_CODEC_TQ4O;
+		mma_config(x, sh->dim, kb, vb, ko, smem_max, &pl->mma_warps, &mma_per_sm);
 		pl->tiled = pl->mma_warps > 0;
 	}
 	const int R = pl->tiled ? TQC_TILE_ROWS : tqc_attn_rows(tqc_attn_vpl(sh->dim));

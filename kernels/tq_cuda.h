@@ -119,8 +119,9 @@ double tqc_ctx_last_us(const tqc_ctx *x);
 const char *tqc_ctx_last_append(const tqc_ctx *x);
 /* The attention kernel the last tqc_attend ran (its last pass): "mma" (tiles
  * of 32 keys staged in shared memory, scores and values on the tensor cores:
- * head dims 64 / 128 / 256, K and V codecs tq2..tq4 / q8, pages of a
- * multiple of 32 tokens, Hadamard or no rotation) or "general" (any shape);
+ * head dims 64 / 128 / 256, K and V codecs tq2..tq4 / q8 or K tq3o / tq4o,
+ * pages of a multiple of 32 tokens, Hadamard or no rotation) or "general"
+ * (any shape);
  * "" before any.  The environment, read by tqc_ctx_new, can steer it for
  * tests and tuning: TQ_CUDA_ATTN=general never runs the tiled kernel;
  * TQ_CUDA_CTAS_PER_SM=N (1..64) sets the CTAs per SM the context split aims

@@ -31,7 +31,8 @@
  * q_rot[c] int8[c]; q4a: sum q[c] (min + s q4[c]); f16 / f32: plain; tq3o /
  * tq4o: each half's bf16 scale times its own codebook's centroids, the
  * rotation block-diagonal (each half of q, and of the output, rotated by its
- * own half's Hadamard or dense transform) — on attn_main only.  Values
+ * own half's Hadamard or dense transform) — as keys on attn_mma too (with
+ * the Hadamard transform or none), as values on attn_main only.  Values
  * likewise with their own codec.
  *
  * Non-finite logits: a visible score that is +-Inf or NaN makes the row NaN,
@@ -712,10 +713,16 @@ static __device__ __forceinline__ void cp_async_wait(void)
 #endif
 }
 
-/* index bits of a tiled codec: tq2..4, q8 -> 8 */
+/* index bits of a tiled codec: tq2..4; q8 -> 8; the keys' tq3o / tq4o ->
+ * TB_TQ3O / TB_TQ4O (attn_mma's switches) */
+#define TB_TQ3O 13
+#define TB_TQ4O 14
 static __device__ __forceinline__ int tiled_bits(const struct tqc_codec_desc &c)
 {
-	return c.id == TQ_CODEC_Q8 ? 8 : c.bits;
+	return c.id == TQ_CODEC_Q8     ? 8
+	       : c.id == TQ_CODEC_TQ3O ? TB_TQ3O
+	       : c.id == TQ_CODEC_TQ4O ? TB_TQ4O
+				       : c.bits;
 }
 
 #ifdef TQC_SIMT
@@ -961,6 +968,32 @@ static __device__ __forceinline__ void pair_codes(const uint8_t *blk, uint32_t p
 	}
 }
 
+/* The same for a tq3o / tq4o key (n = D/2 coordinates a half): pair p is
+ * the first half's coordinate p and the second half's p (coordinate p +
+ * D/2), its code the first half's BA-bit index (BA = 4: tq3o, 5: tq4o) in
+ * bits 0 .. BA-1 and the second half's (2 or 3 bits) above.  The first
+ * half's planes: a 4-bit plane of stride n/2 (tq4o: then a 1-bit plane of
+ * stride n/8); the second half's, after them: a 2-bit plane of stride n/4
+ * (tq4o: then a 1-bit plane of stride n/8).  D >= 64 and p0 a multiple of 4
+ * keep the four pairs of a word in one byte run of every plane. */
+template <int D, int BA>
+static __device__ __forceinline__ uint32_t tqo_pair_codes(const uint8_t *blk, uint32_t p0)
+{
+	constexpr uint32_t n = D / 2, S4 = n / 2, S2 = n / 4, S1 = n / 8;
+	static_assert(S1 % 4 == 0, "four pairs in one byte run of a 1-bit plane");
+	const uint8_t *pa = blk + 4, *pb = pa + n * BA / 8;
+	const uint32_t *w4 = reinterpret_cast<const uint32_t *>(pa + p0 % S4);
+	const uint32_t *w2 = reinterpret_cast<const uint32_t *>(pb + p0 % S2);
+	uint32_t ia = (*w4 >> (4u * (p0 / S4))) & 0x0f0f0f0fu, ib = (*w2 >> (2u * (p0 / S2))) & 0x03030303u;
+	if (BA == 5) {
+		const uint32_t *a1 = reinterpret_cast<const uint32_t *>(pa + S4 + p0 % S1);
+		const uint32_t *b1 = reinterpret_cast<const uint32_t *>(pb + S2 + p0 % S1);
+		ia |= ((*a1 >> (p0 / S1)) & 0x01010101u) << 4;
+		ib |= ((*b1 >> (p0 / S1)) & 0x01010101u) << 2;
+	}
+	return ia | ib << BA;
+}
+
 /* q8: int8 bytes e of x (low half) and y (high half) as an FP16 pair; x, y
  * already XORed with 0x80808080 */
 static __device__ __forceinline__ uint32_t q8_pair(uint32_t x, uint32_t y, int e)
@@ -993,11 +1026,20 @@ struct qfrags {
 /* S (tokens 16 mt + g, + 8 x rows 2q, 2q + 1) = K Q^T for both halves of
  * the tile: sc[2 mt + hi][k] (hi: token + 8).  Lane q's K registers hold
  * pairs q D/8 + 2j (cols 2q, 2q + 1) and + 1 (cols 2q + 8, 2q + 9) of k-step
- * j: code bytes 2j and 2j + 1 of its run of D/8 pairs. */
+ * j: code bytes 2j and 2j + 1 of its run of D/8 pairs.
+ *
+ * tq3o / tq4o (KB = TB_TQ3O / TB_TQ4O): a pair's low FP16 is the first
+ * half's coordinate and its high one the second half's, so Q^T's fragments
+ * with their high (low) halves zeroed give the first (second) half's sums
+ * apart — four products a k-step instead of two, the codes decoded once —
+ * and sc = their sums times each half's bf16 block scale over its table
+ * scale (ia, ib: 1 / h16_scale of each half), the block scale applied here
+ * (the caller's is 1). */
 template <int D, int KB>
 static __device__ __forceinline__ void mma_scores(const uint8_t *kt, uint32_t kb, const uint8_t *tab,
-						  const qfrags<D> &qf, int lane, float (&sc)[4][2])
+						  const qfrags<D> &qf, int lane, float ia, float ib, float (&sc)[4][2])
 {
+	constexpr bool KO = KB == TB_TQ3O || KB == TB_TQ4O;
 	const int g = lane >> 2, q = lane & 3;
 	const uint32_t lane4 = (uint32_t)lane * 4u, p0 = (uint32_t)q * (D / 8);
 	float s[2][4], s2[2][4];
@@ -1015,6 +1057,8 @@ static __device__ __forceinline__ void mma_scores(const uint8_t *kt, uint32_t kb
 			if (KB == 8) {
 				cw[u] = *reinterpret_cast<const uint32_t *>(blk + 4 + p0 + 4 * jw) ^ 0x80808080u;
 				cy[u] = *reinterpret_cast<const uint32_t *>(blk + 4 + D / 2 + p0 + 4 * jw) ^ 0x80808080u;
+			} else if constexpr (KO) {
+				cw[u] = tqo_pair_codes<D, KB == TB_TQ4O ? 5 : 4>(blk, p0 + 4u * (uint32_t)jw);
 			} else {
 				uint32_t w1[1];
 				pair_codes<D, KB, 1>(blk, p0 + 4u * (uint32_t)jw, w1);
@@ -1038,17 +1082,35 @@ static __device__ __forceinline__ void mma_scores(const uint8_t *kt, uint32_t kb
 					a[2] = lut<0>(tab, cw[2 * mt], 2 * jj + 1, lane4);
 					a[3] = lut<0>(tab, cw[2 * mt + 1], 2 * jj + 1, lane4);
 				}
-				mma_h16(s[mt], a, b.x, b.y);
-				mma_h16(s2[mt], a, b.z, b.w);
+				if constexpr (KO) { /* s: the first half's hi + lo, s2: the second's */
+					mma_h16(s[mt], a, b.x & 0xffffu, b.y & 0xffffu);
+					mma_h16(s[mt], a, b.z & 0xffffu, b.w & 0xffffu);
+					mma_h16(s2[mt], a, b.x & 0xffff0000u, b.y & 0xffff0000u);
+					mma_h16(s2[mt], a, b.z & 0xffff0000u, b.w & 0xffff0000u);
+				} else {
+					mma_h16(s[mt], a, b.x, b.y);
+					mma_h16(s2[mt], a, b.z, b.w);
+				}
 			}
 		}
 	}
+	if constexpr (KO) {
 #pragma unroll
-	for (int mt = 0; mt < 2; mt++) {
-		sc[2 * mt][0] = s[mt][0] + s2[mt][0];
-		sc[2 * mt][1] = s[mt][1] + s2[mt][1];
-		sc[2 * mt + 1][0] = s[mt][2] + s2[mt][2];
-		sc[2 * mt + 1][1] = s[mt][3] + s2[mt][3];
+		for (int u = 0; u < 4; u++) { /* token g + 8 u: s[u / 2][2 (u % 2) + k] */
+			const uint32_t hw = *reinterpret_cast<const uint32_t *>(kt + (uint32_t)(g + 8 * u) * kb);
+			const float fa = __uint_as_float(hw << 16) * ia, fb = __uint_as_float(hw & 0xffff0000u) * ib;
+#pragma unroll
+			for (int k = 0; k < 2; k++)
+				sc[u][k] = s[u >> 1][2 * (u & 1) + k] * fa + s2[u >> 1][2 * (u & 1) + k] * fb;
+		}
+	} else {
+#pragma unroll
+		for (int mt = 0; mt < 2; mt++) {
+			sc[2 * mt][0] = s[mt][0] + s2[mt][0];
+			sc[2 * mt][1] = s[mt][1] + s2[mt][1];
+			sc[2 * mt + 1][0] = s[mt][2] + s2[mt][2];
+			sc[2 * mt + 1][1] = s[mt][3] + s2[mt][3];
+		}
 	}
 }
 
@@ -1127,8 +1189,9 @@ static __device__ __forceinline__ float group_sum(float v)
 
 /* NWC: the warps per CTA as a constant, TQC_MMA_WARPS_PAIR for two CTAs an
  * SM (as many registers as that allows), or 0: a.mma_warps, one CTA an SM
- * (mma_kernel picks) */
-template <int D, int NWC>
+ * (mma_kernel picks).  KO: keys tq3o / tq4o (1) or tq2..tq4 / q8 (0), a
+ * build each, so that neither's tile loop carries the other's code. */
+template <int D, int NWC, int KO>
 __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_MAX), NWC ? 2 : 1)
 	attn_mma(const __grid_constant__ struct tqc_attn_args a)
 {
@@ -1138,7 +1201,10 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 	static_assert(R == 8, "rows are the N of m16n8k16");
 	TILED_SMEM(smem);
 	__shared__ float s_m[NWC ? NWC : TQC_MMA_WARPS_MAX][R], s_l[NWC ? NWC : TQC_MMA_WARPS_MAX][R];
-	static_assert(sizeof(s_m) + sizeof(s_l) + 64 <= TQC_MMA_STATIC_SMEM, "static shared memory");
+	/* with cta_partials' s_f, s_rho and s_bad, s_last */
+	static_assert(sizeof(s_m) + sizeof(s_l) + sizeof(float) * TQC_MMA_WARPS_MAX * R + 2 * sizeof(float) * R + 16 <=
+			      (NWC ? TQC_MMA_STATIC_SMEM : TQC_MMA_STATIC_SMEM_ONE),
+		      "static shared memory");
 
 	const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
 	const int g = lane >> 2, q = lane & 3;
@@ -1214,11 +1280,17 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 	};
 
 	/* the codebooks times their FP16 scales, for the tables: K's in
-	 * s_cb[0..16), V's in s_cb[16..32) (published by the barrier below) */
-	__shared__ float s_cb[32];
-	if (threadIdx.x < 32) {
-		const int i = (int)threadIdx.x & 15;
-		s_cb[threadIdx.x] = threadIdx.x < 16 ? a.kc.centroid[i] * a.kc.h16_scale : a.vc.centroid[i] * a.vc.h16_scale;
+	 * s_cb[0..32) (tq3o / tq4o: the first half's), the second half's of
+	 * tq3o / tq4o in s_cb[32..40), V's in s_cb[40..56) — in the weights'
+	 * space, not used before the tiles (published by the barrier below) */
+	float *s_cb = reinterpret_cast<float *>(pw_all);
+	static_assert(TQC_MMA_WARPS_MIN * R * TQC_TILE * 2 >= 56 * sizeof(float), "codebooks in the weights' space");
+	static_assert(TQC_CB_MAX == 32 && TQC_CB_B_MAX == 8, "codebook copies");
+	if (threadIdx.x < 56) {
+		const int i = (int)threadIdx.x;
+		s_cb[i] = i < 32 ? a.kc.centroid[i] * a.kc.h16_scale
+			  : i < 40 ? a.kc.centroid_b[i - 32] * a.kc.h16_scale_b
+				   : a.vc.centroid[(i - 40) & 15] * a.vc.h16_scale;
 	}
 	if (warp != NW - 1)
 		fetch(0, n_fetch);
@@ -1236,6 +1308,7 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 	__shared__ float s_rho[R];
 	__shared__ int s_bad[R];
 	const bool had = a.kc.rot_kind == ROT_HADAMARD;
+	const int qh_stop = a.kc.half ? QE / 2 : QE; /* tq3o / tq4o: each half its own transform */
 #pragma unroll
 	for (int k = 0; k < QR; k++) {
 		const int r = warp + k * NW;
@@ -1243,7 +1316,7 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 #pragma unroll
 		for (int e = 0; e < QE; e++)
 			x[e] = qv[k][e] * sign_of(a.kc, lane + 32 * e);
-		reg_fwht<QE>(x, lane); /* unused without a rotation: no branch around it */
+		reg_fwht<QE>(x, lane, qh_stop); /* unused without a rotation: no branch around it */
 		float mx = 0.0f;
 		bool bad = false;
 #pragma unroll
@@ -1268,17 +1341,24 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 	__syncthreads(); /* sq, s_rho, s_bad, s_cb */
 	{ /* the tables: 16 bytes (4 of a row's 32 copies) a store: K's copies
 	   * of a code's row, then V's; entry = (cb[lo nibble], cb[hi nibble])
-	   * as FP16, the nibbles masked to the codec's index bits */
-		const uint32_t mk = (1u << min(a.kc.bits, 4)) - 1u, mv = (1u << min(a.vc.bits, 4)) - 1u;
+	   * as FP16, the nibbles masked to the codec's index bits; tq3o / tq4o
+	   * keys: (first half's cb[code's low 4 / 5 bits], second half's
+	   * cb[the bits above]) (tqo_pair_codes) */
+		const bool ko = a.kc.half != 0;
+		const uint32_t ka = ko ? (uint32_t)a.kc.bits : 4u; /* the second entry's shift */
+		const uint32_t mk = (1u << min(a.kc.bits, ko ? 5 : 4)) - 1u, mv = (1u << min(a.vc.bits, 4)) - 1u;
+		const uint32_t mkb = ko ? (1u << a.kc.bits_b) - 1u : mk, okb = ko ? 32u : 0u;
 		const bool k8 = tiled_bits(a.kc) == 8, v8 = tiled_bits(a.vc) == 8;
 		u32x4 *t = reinterpret_cast<u32x4 *>(smem);
 		constexpr int per_row = LUT_ROW / 16;
-		static_assert(TQC_CB_MAX >= 16, "a tiled codec's 16 centroids");
 		for (int k = (int)threadIdx.x; k < 256 * per_row; k += NW * 32) {
 			const uint32_t c = (uint32_t)(k / per_row);
 			const bool vside = (k % per_row) >= per_row / 2;
-			const uint32_t m = vside ? mv : mk, o = vside ? 16u : 0u;
-			const uint32_t v = (vside ? v8 : k8) ? 0u : h2pack(s_cb[o + (c & m)], s_cb[o + ((c >> 4) & m)]);
+			uint32_t v = 0u;
+			if (vside && !v8)
+				v = h2pack(s_cb[40u + (c & mv)], s_cb[40u + ((c >> 4) & mv)]);
+			else if (!vside && !k8)
+				v = h2pack(s_cb[c & mk], s_cb[okb + ((c >> ka) & mkb)]);
 			t[k] = u32x4{ v, v, v, v };
 		}
 	}
@@ -1300,10 +1380,14 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 		}
 	}
 	qf.s = reinterpret_cast<const u32x4 *>(qfs);
-	/* this lane's rows 2q, 2q + 1: 1 / (K table scale * rho), NaN for a bad row */
+	/* this lane's rows 2q, 2q + 1: 1 / (K table scale * rho), NaN for a bad
+	 * row (tq3o / tq4o: 1 / rho; mma_scores divides each half's table scale
+	 * out, and applies the block scales) */
+	constexpr bool ko = KO != 0;
+	const float ia = 1.0f / a.kc.h16_scale, ib = ko ? 1.0f / a.kc.h16_scale_b : 1.0f;
 	float kinv[2];
 	for (int k = 0; k < 2; k++)
-		kinv[k] = s_bad[2 * q + k] ? QNAN : 1.0f / (a.kc.h16_scale * s_rho[2 * q + k]);
+		kinv[k] = s_bad[2 * q + k] ? QNAN : 1.0f / ((ko ? 1.0f : a.kc.h16_scale) * s_rho[2 * q + k]);
 	/* keys [0, lim) visible to each row (rows past nrows: none) */
 	const uint32_t lim[2] = { __shfl_sync(FULL, my_lim, 2 * q), __shfl_sync(FULL, my_lim, 2 * q + 1) };
 	uint32_t tmax = my_lim; /* lanes 0 .. R - 1's largest, in every lane */
@@ -1338,11 +1422,18 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 		const uint32_t t0 = tb + i * TQC_TILE;
 		/* scores of tokens g + 8u (sc[u]) for rows 2q, 2q + 1 */
 		float sc[4][2];
-		switch (kbits) {
-		case 2: mma_scores<D, 2>(kt, kb, tab, qf, lane, sc); break;
-		case 3: mma_scores<D, 3>(kt, kb, tab, qf, lane, sc); break;
-		case 4: mma_scores<D, 4>(kt, kb, tab, qf, lane, sc); break;
-		default: mma_scores<D, 8>(kt, kb, tab, qf, lane, sc); break;
+		if constexpr (ko) {
+			if (kbits == TB_TQ3O)
+				mma_scores<D, TB_TQ3O>(kt, kb, tab, qf, lane, ia, ib, sc);
+			else
+				mma_scores<D, TB_TQ4O>(kt, kb, tab, qf, lane, ia, ib, sc);
+		} else {
+			switch (kbits) {
+			case 2: mma_scores<D, 2>(kt, kb, tab, qf, lane, ia, ib, sc); break;
+			case 3: mma_scores<D, 3>(kt, kb, tab, qf, lane, ia, ib, sc); break;
+			case 4: mma_scores<D, 4>(kt, kb, tab, qf, lane, ia, ib, sc); break;
+			default: mma_scores<D, 8>(kt, kb, tab, qf, lane, ia, ib, sc); break;
+			}
 		}
 		/* a token's blocks past what a row sees (past the split, or the
 		 * cache, or its causal limit) may be stale bytes: they count for
@@ -1353,7 +1444,7 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 #pragma unroll
 		for (int u = 0; u < 4; u++) {
 			const uint32_t tt = (uint32_t)(g + 8 * u), t = t0 + tt;
-			const float ks = __uint_as_float(*reinterpret_cast<const uint32_t *>(kt + tt * kb));
+			const float ks = ko ? 1.0f : __uint_as_float(*reinterpret_cast<const uint32_t *>(kt + tt * kb));
 			vs[u] = __uint_as_float(*reinterpret_cast<const uint32_t *>(vt + tt * vb));
 #pragma unroll
 			for (int k = 0; k < 2; k++) {
@@ -1524,20 +1615,33 @@ static bool attend_args_ok(const struct tqc_attn_args *a)
 	       a->rows_pad == a->n_rb * a->rows_blk && a->rows_ph <= a->rows_pad && rows > 0;
 }
 
-/* The attn_mma that runs `warps` warps a CTA at head dim `dim`: the
- * two-CTA build for TQC_MMA_WARPS_PAIR (d <= 128), else the one-CTA one
- * (mma_config in tq_cuda.c chose the count); NULL for another dim. */
+/* The attn_mma that runs `warps` warps a CTA at head dim `dim` for keys
+ * tq3o / tq4o (ko) or not: the two-CTA build for TQC_MMA_WARPS_PAIR (d <=
+ * 128), else the one-CTA one (mma_config in tq_cuda.c chose the count);
+ * NULL for another dim. */
 typedef void (*mma_kernel_fn)(const struct tqc_attn_args);
-static mma_kernel_fn mma_kernel(int dim, int warps)
+template <int KO>
+static mma_kernel_fn mma_kernel_ko(int dim, bool pair)
+{
+	switch (dim) {
+	case 64: return pair ? attn_mma<64, TQC_MMA_WARPS_PAIR, KO> : attn_mma<64, 0, KO>;
+	case 128: return pair ? attn_mma<128, TQC_MMA_WARPS_PAIR, KO> : attn_mma<128, 0, KO>;
+	case 256: return attn_mma<256, 0, KO>;
+	default: return nullptr;
+	}
+}
+
+static mma_kernel_fn mma_kernel(int dim, int warps, bool ko)
 {
 	const bool pair = warps == TQC_MMA_WARPS_PAIR;
 
-	switch (dim) {
-	case 64: return pair ? attn_mma<64, TQC_MMA_WARPS_PAIR> : attn_mma<64, 0>;
-	case 128: return pair ? attn_mma<128, TQC_MMA_WARPS_PAIR> : attn_mma<128, 0>;
-	case 256: return attn_mma<256, 0>;
-	default: return nullptr;
-	}
+	return ko ? mma_kernel_ko<1>(dim, pair) : mma_kernel_ko<0>(dim, pair);
+}
+
+/* tq3o / tq4o keys: attn_mma's KO build */
+static bool mma_ko(const struct tqc_codec_desc &kc)
+{
+	return kc.id == TQ_CODEC_TQ3O || kc.id == TQ_CODEC_TQ4O;
 }
 
 /* Let kernel k ask for smem bytes of dynamic shared memory.  Past 48 KiB a
@@ -1550,9 +1654,9 @@ static cudaError_t mma_smem_allow(mma_kernel_fn k, size_t smem)
 		       : cudaSuccess;
 }
 
-extern "C" int tqc_attn_mma_ctas_per_sm(int dim, size_t smem, int warps)
+extern "C" int tqc_attn_mma_ctas_per_sm(int dim, size_t smem, int warps, int ko)
 {
-	const mma_kernel_fn k = mma_kernel(dim, warps);
+	const mma_kernel_fn k = mma_kernel(dim, warps, ko != 0);
 	int n = 0;
 
 	if (!k || mma_smem_allow(k, smem) != cudaSuccess ||
@@ -1579,7 +1683,7 @@ static cudaError_t launch_mma(const struct tqc_attn_args *a, cudaStream_t st)
 {
 	const dim3 grid((unsigned)a->n_rb, (unsigned)a->n_split, (unsigned)a->n_kv);
 	const size_t smem = tqc_attn_mma_smem(a->kc.dim, a->geom.k_block_bytes, a->geom.v_block_bytes, a->mma_warps);
-	const mma_kernel_fn k = mma_kernel(a->kc.dim, a->mma_warps);
+	const mma_kernel_fn k = mma_kernel(a->kc.dim, a->mma_warps, mma_ko(a->kc));
 	cudaError_t e;
 
 	if (!k)

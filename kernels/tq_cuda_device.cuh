@@ -101,9 +101,12 @@ static __device__ void warp_fwht(float *u, int d, int lane)
  * shfl_xor (the upper lane computes partner - own: the reference's a - b),
  * the larger ones register pairs; each butterfly the reference's operands,
  * never fused.  Every lane of the warp calls it (shuffles): keep it out of
- * branches a warp could take apart. */
+ * branches a warp could take apart.  hstop < E stops before the register
+ * stage h = hstop: the transforms of the vector's E / hstop consecutive
+ * parts of 32 hstop coordinates each (tq3o / tq4o: hstop = E / 2, each
+ * half its own). */
 template <int E>
-static __device__ __forceinline__ void reg_fwht(float (&x)[E], int lane)
+static __device__ __forceinline__ void reg_fwht(float (&x)[E], int lane, int hstop = E)
 {
 #pragma unroll
 	for (int h = 1; h < 32; h <<= 1) {
@@ -118,7 +121,7 @@ static __device__ __forceinline__ void reg_fwht(float (&x)[E], int lane)
 	for (int h = 1; h < E; h <<= 1)
 #pragma unroll
 		for (int e = 0; e < E; e++)
-			if (!(e & h)) {
+			if (!(e & h) && h < hstop) {
 				const float a = x[e], b = x[e + h];
 				x[e] = __fadd_rn(a, b);
 				x[e + h] = __fsub_rn(a, b);

@@ -54,11 +54,12 @@ struct tqc_codec_desc {
 				     /* = sign[i] is -1.0f                           */
 	float centroid[TQC_CB_MAX];  /* tq*: [2^bits] ascending                        */
 	float bound[TQC_CB_MAX];     /* tq*: [2^bits - 1] (the last entry unused)      */
-	float h16_scale;             /* tq*: tq_codebook.h16_scale (attn_mma's FP16     */
-				     /* tables); others 1                            */
+	float h16_scale;             /* tq*, tq*o: tq_codebook.h16_scale (attn_mma's    */
+				     /* FP16 tables); others 1                       */
 	int32_t half;                /* tq*o: dim / 2; 0 for every other codec          */
 	int32_t bits_b;              /* tq*o: the second half's index bits (2 or 3)    */
-	int32_t pad1;
+	float h16_scale_b;           /* tq*o: the second half's tq_codebook.h16_scale  */
+				     /* (h16_scale: the first half's); others 1     */
 	float centroid_b[TQC_CB_B_MAX]; /* tq*o: the second half's [2^bits_b]          */
 	float bound_b[TQC_CB_B_MAX];    /* tq*o: [2^bits_b - 1]                        */
 	const float *mat;            /* dense: R, [dim][dim] row-major, device memory  */
@@ -159,11 +160,13 @@ static inline int tqc_attn_rows(int vpl)
 /* The tiled decode kernel (attn_mma): 32-key tiles of each warp copied to
  * shared memory ahead of use (cp.async, two stages), scores and values on
  * the tensor cores.  It takes head dims 64 / 128 / 256, K and V codecs tq2 /
- * tq3 / tq4 / q8 (a 4-byte header, then index planes or int8), pages of a
- * multiple of 32 tokens (tiles never straddle a page and start 16-byte
- * aligned) and keys rotated by a Hadamard transform or not at all (it
- * rotates its rows' queries itself: no attn_prep); row blocks of
- * TQC_TILE_ROWS rows (the mma's N).  Where it does not apply, attn_main. */
+ * tq3 / tq4 / q8 (a 4-byte header, then index planes or int8) and K codecs
+ * tq3o / tq4o besides (two halves, each its own bf16 scale, codebook and
+ * rotation), pages of a multiple of 32 tokens (tiles never straddle a page
+ * and start 16-byte aligned) and keys rotated by a Hadamard transform (one,
+ * or one per half) or not at all (it rotates its rows' queries itself: no
+ * attn_prep); row blocks of TQC_TILE_ROWS rows (the mma's N).  Where it
+ * does not apply, attn_main. */
 #define TQC_TILE 32
 #define TQC_TILE_ROWS 8
 static inline int tqc_attn_tiled_codec(int32_t id)
@@ -171,12 +174,17 @@ static inline int tqc_attn_tiled_codec(int32_t id)
 	return id == TQ_CODEC_TQ2 || id == TQ_CODEC_TQ3 || id == TQ_CODEC_TQ4 || id == TQ_CODEC_Q8;
 }
 
+static inline int tqc_attn_tiled_k_codec(int32_t id)
+{
+	return tqc_attn_tiled_codec(id) || id == TQ_CODEC_TQ3O || id == TQ_CODEC_TQ4O;
+}
+
 static inline int tqc_attn_tiled_ok(const struct tqc_codec_desc *kc, const struct tqc_codec_desc *vc,
 				    uint32_t page_tokens)
 {
 	const int d = kc->dim;
 
-	return d == vc->dim && (d == 64 || d == 128 || d == 256) && tqc_attn_tiled_codec(kc->id) &&
+	return d == vc->dim && (d == 64 || d == 128 || d == 256) && tqc_attn_tiled_k_codec(kc->id) &&
 	       tqc_attn_tiled_codec(vc->id) && page_tokens % TQC_TILE == 0 &&
 	       kc->rot_kind != 2 /* dense: attn_prep rotates the queries */;
 }
@@ -190,7 +198,8 @@ static inline int tqc_attn_tiled_ok(const struct tqc_codec_desc *kc, const struc
 #define TQC_MMA_LUT_BYTES 65536u
 #define TQC_MMA_QF_BYTES(dim) ((dim) > 128 ? (size_t)(dim) * 32u : (size_t)0)
 #define TQC_MMA_STAGES 2u /* tiles per warp in shared memory: 1 computed on, 1 in flight */
-#define TQC_MMA_STATIC_SMEM 1024u /* its static shared memory, at most */
+#define TQC_MMA_STATIC_SMEM 1024u     /* the two-CTA build's static shared memory, at most */
+#define TQC_MMA_STATIC_SMEM_ONE 1536u /* the one-CTA build's (up to 12 warps' sums), at most */
 /* Warps per attn_mma CTA (tqc_attn_args.mma_warps, chosen by the host).
  * An SM wants as many warps as fit, and two CTAs rather than one (one's
  * set-up and finish overlap the other's tiles): TQC_MMA_WARPS_PAIR warps in
@@ -216,11 +225,12 @@ static inline size_t tqc_attn_mma_smem(int dim, uint32_t k_block_bytes, uint32_t
 }
 
 /* The most warps whose shared memory fits smem_max bytes a block, or 0
- * where not even TQC_MMA_WARPS_MIN do. */
+ * where not even TQC_MMA_WARPS_MIN do (counting the larger, one-CTA
+ * build's static shared memory). */
 static inline int tqc_attn_mma_warps(int dim, uint32_t k_block_bytes, uint32_t v_block_bytes, size_t smem_max)
 {
 	for (int w = tqc_attn_mma_warps_max(dim); w >= TQC_MMA_WARPS_MIN; w--)
-		if (tqc_attn_mma_smem(dim, k_block_bytes, v_block_bytes, w) + TQC_MMA_STATIC_SMEM <= smem_max)
+		if (tqc_attn_mma_smem(dim, k_block_bytes, v_block_bytes, w) + TQC_MMA_STATIC_SMEM_ONE <= smem_max)
 			return w;
 	return 0;
 }
@@ -255,10 +265,11 @@ struct tqc_attn_args {
 };
 
 int tqc_launch_attend(const struct tqc_attn_args *a, void *stream);
-/* CTAs of attn_mma<dim> with `warps` warps and `smem` bytes of dynamic shared
- * memory that run at once on one SM of the current device (registers and
- * shared memory); 0 if the runtime cannot tell. */
-int tqc_attn_mma_ctas_per_sm(int dim, size_t smem, int warps);
+/* CTAs of attn_mma<dim> (ko: its build for tq3o / tq4o keys) with `warps`
+ * warps and `smem` bytes of dynamic shared memory that run at once on one SM
+ * of the current device (registers and shared memory); 0 if the runtime
+ * cannot tell. */
+int tqc_attn_mma_ctas_per_sm(int dim, size_t smem, int warps, int ko);
 
 /* The layout both compilers must agree on. */
 #define TQC_DESC_BYTES 456

@@ -6,7 +6,7 @@
 # $OUT/ when OUT is set (the device tool's folder), else to build/gpu-logs/.
 #
 #   scripts/gpu-check.sh [STEP...]     steps: smi test quick backend benchsmall bench
-#                                      benchq8 bench8 general ncu sanitize
+#                                      benchq8 benchtqo bench8 general ncu sanitize
 #                                      (default: smi test backend benchsmall bench)
 set -u
 cd "$(dirname "$0")/.."
@@ -43,6 +43,7 @@ for s in "${steps[@]}"; do
 	benchsmall) step bench_cuda 60 bash tests/integration/bench_cuda.sh ;;
 	bench)      step bench 200 "$B/bin/tqbench" attn --backend cuda ;;
 	benchq8)    step bench_q8_tq4 200 "$B/bin/tqbench" attn --backend cuda --k q8 --v tq4 --no-baseline ;;
+	benchtqo)   step bench_tq4o_tq3 200 "$B/bin/tqbench" attn --backend cuda --k tq4o --v tq3 --no-baseline ;;
 	bench8)     step bench_ctas8 200 env TQ_CUDA_CTAS_PER_SM=8 "$B/bin/tqbench" attn --backend cuda --no-baseline ;;
 	general)    step bench_general 200 env TQ_CUDA_ATTN=general "$B/bin/tqbench" attn --backend cuda --no-baseline ;;
 	ncu)        step ncu 150 ncu --kernel-name regex:attn_mma --launch-skip 5 --launch-count 1 \
@@ -51,7 +52,7 @@ for s in "${steps[@]}"; do
 	                 "$B/bin/tqbench" attn --backend cuda --ctx 32768 --batch 1 --reps 3 --no-baseline --layers 2 --bulk 64 ;;
 	sanitize)   step sanitize 300 compute-sanitizer --tool memcheck --leak-check full \
 	                 env TQ_CUDA_QUICK=1 "$B/tests/test_cuda" ;;
-	*) echo "gpu-check: unknown step '$s' (smi test quick backend benchsmall bench benchq8 bench8 general ncu sanitize)" >&2; exit 2 ;;
+	*) echo "gpu-check: unknown step '$s' (smi test quick backend benchsmall bench benchq8 benchtqo bench8 general ncu sanitize)" >&2; exit 2 ;;
 	esac
 done
 exit $status

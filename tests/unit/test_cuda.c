@@ -891,8 +891,10 @@ static int smem_sm;    /* the device's shared memory per multiprocessor, bytes *
 static int tiled_expected(const struct layer *L)
 {
 	const enum tq_codec_id k = tq_codec_id(L->kc), v = tq_codec_id(L->vc);
-	const int tk = k == TQ_CODEC_TQ2 || k == TQ_CODEC_TQ3 || k == TQ_CODEC_TQ4 || k == TQ_CODEC_Q8;
 	const int tv = v == TQ_CODEC_TQ2 || v == TQ_CODEC_TQ3 || v == TQ_CODEC_TQ4 || v == TQ_CODEC_Q8;
+	/* keys: the values' codecs, and the outlier codecs (a build of their own) */
+	const int tk = k == TQ_CODEC_TQ2 || k == TQ_CODEC_TQ3 || k == TQ_CODEC_TQ4 || k == TQ_CODEC_Q8 ||
+		       k == TQ_CODEC_TQ3O || k == TQ_CODEC_TQ4O;
 
 	return !general_only && tk && tv && (L->dim == 64 || L->dim == 128 || L->dim == 256) &&
 	       L->g.page_tokens % 32 == 0 &&
@@ -1160,6 +1162,37 @@ static void test_attn_waves(void)
 		    pair_smem + TQC_MMA_STATIC_SMEM <= (size_t)smem_optin)
 			T_ASSERT(warps == TQC_MMA_WARPS_PAIR && per_sm == 2);
 	}
+}
+
+/* Sharp attention on the tiled kernel: queries 16 x the others' (or
+ * TQ_TEST_SHARP x), so a logit error becomes a large weight error — q8
+ * keys fail it (1.5e-3) with the queries' low FP16 parts dropped (attn_mma's
+ * hi + lo split).  Every tiled K codec (tq3o / tq4o: each half's own block
+ * scale), V tq3, GQA 4. */
+static void test_attn_sharp(void)
+{
+	static const enum tq_codec_id ks[] = { TQ_CODEC_TQ2, TQ_CODEC_TQ3, TQ_CODEC_TQ4, TQ_CODEC_Q8, TQ_CODEC_TQ3O,
+					      TQ_CODEC_TQ4O };
+	const float sharp = getenv("TQ_TEST_SHARP") ? strtof(getenv("TQ_TEST_SHARP"), NULL) : 16.0f;
+	double worst = 0.0;
+
+	for (size_t i = 0; i < sizeof(ks) / sizeof(ks[0]); i++) {
+		struct layer L;
+		char what[96];
+		snprintf(what, sizeof(what), "K %s V tq3 d 128 G 4, queries x %g", tq_codec_name(ks[i]), (double)sharp);
+		T_ASSERT(layer_build(&L, ks[i], TQ_CODEC_TQ3, 128, 2, 64, 500, 0, t_seed() + 31 * i) != NULL);
+		T_ASSERT(tiled_expected(&L) || general_only);
+		float *q = make_q(1, 8, 128);
+		for (int j = 0; j < 8 * 128; j++)
+			q[j] *= sharp;
+		const double e = compare(&L, 1, 8, q, TQ_DTYPE_F32, NULL, 0, 0.0f, MEM_DEVICE, what);
+		free(q);
+		layer_free(&L);
+		if (!(e >= 0 && e <= TOL))
+			T_FAIL("%s: error %.3g", what, e);
+		worst = fmax(worst, e);
+	}
+	fprintf(stderr, "    worst error %.3g (within %.0e)\n", worst, TOL);
 }
 
 /* f16 / bf16 queries go through the CPU path's conversion. */
@@ -1525,6 +1558,7 @@ int main(void)
 	T_RUN(test_attn_prefill);
 	T_RUN(test_attn_split_k);
 	T_RUN(test_attn_waves);
+	T_RUN(test_attn_sharp);
 	T_RUN(test_attn_query_dtypes);
 	T_RUN(test_attn_overflow);
 	tqc_ctx_free(ctx);
