@@ -162,7 +162,8 @@ struct tqc_append {
  * the layer's committed length carry no meaning (tq_page.h), so the caller
  * keeps the layer as it was by not committing the tokens.  The kernel: a
  * register-resident one for head dims 64 / 128 / 256 with K and V codecs
- * tq2..tq4 / q8 (Hadamard rotation) and inputs aligned to their element,
+ * tq2..tq4 / q8 / tq3o / tq4o (Hadamard rotation) and inputs aligned to
+ * their element,
  * else the general one (any shape); both write the same bytes.
  * TQ_CUDA_ENC=general in the environment (read by tqc_ctx_new) always runs
  * the general one, for tests and baselines. */

@@ -612,28 +612,28 @@ static __device__ __forceinline__ void reg_plane(const uint32_t (&idx)[D / 32], 
 	}
 }
 
-/* encode_tq: 0, or TQC_ST_RANGE (nothing written). */
-template <int D>
-static __device__ uint32_t reg_tq(const struct tqc_codec_desc *cd, float (&x)[D / 32], uint8_t *blk, int lane)
+/* quantize() of tq_codec_ref.c, after the rotation, on a vector of E
+ * registers (a tq block, or a half of a tq*o one): x its rotated values
+ * (fwht(x * sign), before the scaling), ss the tq_sumsq16 of its values
+ * before, finite.  Its indices into idx, the norm correction returned (0,
+ * with indices 0, for a zero vector, as the reference).  The codebook sits
+ * one entry per lane: bound[lane % CB], centroid[lane % CB] (CB: the
+ * arrays' length, 32 or 8). */
+template <int E, int CB>
+static __device__ __forceinline__ float reg_quantize(const float *bound, const float *centroid, int bits,
+						     float inv_sqrt_dim, float ss, float (&x)[E], uint32_t (&idx)[E],
+						     int lane)
 {
-	constexpr int E = D / 32;
-	const int bits = cd->bits;
-	const float ss = reg_sumsq16(x, lane);
-	uint32_t idx[E];
 	float scale = 0.0f;
 
-	/* the rotation needs the norm only for its scaling: its shuffles run
-	 * beside the norm's (one chain of latencies, not two) */
-	reg_hadamard<D>(cd, x, lane);
-	if (!finite_bits(__float_as_uint(ss)))
-		return TQC_ST_RANGE;
 #pragma unroll
 	for (int e = 0; e < E; e++)
 		idx[e] = 0;
-	if (ss != 0.0f) { /* else indices 0 and scale 0, as the reference */
+	if (ss != 0.0f) {
 		const float norm = __fsqrt_rn(ss);
-		const float fac = __fmul_rn(__fdiv_rn(1.0f, norm), cd->inv_sqrt_dim);
-		const float bnd = cd->bound[lane], cen = cd->centroid[lane]; /* lane < TQC_CB_MAX */
+		const float fac = __fmul_rn(__fdiv_rn(1.0f, norm), inv_sqrt_dim);
+		const int i = CB == 32 ? lane : lane % CB;
+		const float bnd = bound[i], cen = centroid[i];
 #pragma unroll
 		for (int e = 0; e < E; e++)
 			x[e] = __fmul_rn(x[e], fac);
@@ -649,16 +649,82 @@ static __device__ uint32_t reg_tq(const struct tqc_codec_desc *cd, float (&x)[D 
 			x[e] = __shfl_sync(FULL, cen, (int)idx[e]);
 		scale = __fdiv_rn(norm, __fsqrt_rn(reg_sumsq16(x, lane)));
 	}
-	if (lane == 0)
-		store_u32(blk, __float_as_uint(scale));
-	uint8_t *pl = blk + TQ_TQ_HEADER_BYTES;
-	if (bits == 4) {
+	return scale;
+}
+
+/* tq_pack_planes of a B-bit index over D values (B = 2..MAXB, MAXB 4 or 5:
+ * planes [2], [2, 1], [4], [4, 1]) */
+template <int D, int MAXB>
+static __device__ __forceinline__ void reg_planes(const uint32_t (&idx)[D / 32], int bits, uint8_t *pl, int lane)
+{
+	if (bits == 4 || (MAXB == 5 && bits == 5)) {
 		reg_plane<D, 4>(idx, 0, pl, lane);
+		if (MAXB == 5 && bits == 5)
+			reg_plane<D, 1>(idx, 4, pl + TQ_PLANES_BYTES(D, 4), lane);
 	} else {
 		reg_plane<D, 2>(idx, 0, pl, lane);
 		if (bits == 3)
 			reg_plane<D, 1>(idx, 2, pl + TQ_PLANES_BYTES(D, 2), lane);
 	}
+}
+
+/* encode_tq: 0, or TQC_ST_RANGE (nothing written). */
+template <int D>
+static __device__ uint32_t reg_tq(const struct tqc_codec_desc *cd, float (&x)[D / 32], uint8_t *blk, int lane)
+{
+	constexpr int E = D / 32;
+	const float ss = reg_sumsq16(x, lane);
+	uint32_t idx[E];
+
+	/* the rotation needs the norm only for its scaling: its shuffles run
+	 * beside the norm's (one chain of latencies, not two) */
+	reg_hadamard<D>(cd, x, lane);
+	if (!finite_bits(__float_as_uint(ss)))
+		return TQC_ST_RANGE;
+	const float scale = reg_quantize<E, TQC_CB_MAX>(cd->bound, cd->centroid, cd->bits, cd->inv_sqrt_dim, ss, x, idx,
+							lane);
+	if (lane == 0)
+		store_u32(blk, __float_as_uint(scale));
+	reg_planes<D, 4>(idx, cd->bits, blk + TQ_TQ_HEADER_BYTES, lane);
+	return 0;
+}
+
+/* encode_tqo (enc_tqo's steps): each half of H = D / 2 values in E / 2
+ * registers, its own norm, Hadamard transform (the register FWHT stopped
+ * before the stage that pairs the halves), codebook and bf16 scale; 0, or
+ * TQC_ST_RANGE (nothing written). */
+template <int D>
+static __device__ uint32_t reg_tqo(const struct tqc_codec_desc *cd, float (&x)[D / 32], uint8_t *blk, int lane)
+{
+	constexpr int E = D / 32, EH = E / 2, H = D / 2;
+	float xa[EH], xb[EH];
+	uint32_t ia[EH], ib[EH];
+
+#pragma unroll
+	for (int e = 0; e < EH; e++)
+		xa[e] = x[e], xb[e] = x[EH + e];
+	const float ssa = reg_sumsq16(xa, lane), ssb = reg_sumsq16(xb, lane);
+#pragma unroll
+	for (int e = 0; e < E; e++)
+		x[e] = __fmul_rn(x[e], (cd->sign_mask[e] >> lane) & 1u ? -1.0f : 1.0f);
+	reg_fwht<E>(x, lane, EH);
+#pragma unroll
+	for (int e = 0; e < EH; e++)
+		xa[e] = x[e], xb[e] = x[EH + e];
+	if (!finite_bits(__float_as_uint(ssa)) || !finite_bits(__float_as_uint(ssb)))
+		return TQC_ST_RANGE;
+	const float sa = reg_quantize<EH, TQC_CB_MAX>(cd->bound, cd->centroid, cd->bits, cd->inv_sqrt_dim, ssa, xa, ia,
+						      lane);
+	const float sb = reg_quantize<EH, TQC_CB_B_MAX>(cd->bound_b, cd->centroid_b, cd->bits_b, cd->inv_sqrt_dim, ssb,
+							xb, ib, lane);
+	const uint32_t ha = f32_to_bf16(sa), hb = f32_to_bf16(sb);
+	if ((ha & 0x7f80u) == 0x7f80u || (hb & 0x7f80u) == 0x7f80u)
+		return TQC_ST_RANGE;
+	if (lane == 0)
+		store_u32(blk, ha | hb << 16);
+	uint8_t *pa = blk + TQ_TQO_HEADER_BYTES;
+	reg_planes<H, 5>(ia, cd->bits, pa, lane);
+	reg_planes<H, 3>(ib, cd->bits_b, pa + TQ_PLANES_BYTES(H, cd->bits), lane);
 	return 0;
 }
 
@@ -696,8 +762,10 @@ static __device__ uint32_t reg_q8(const struct tqc_codec_desc *cd, float (&x)[D 
 
 /* One warp per vector, TQC_WARPS a CTA, as enc_kernel.  (For a decode token
  * CTAs of 1, 2 or 4 warps took the same time; one CTA of a warp per vector,
- * whose finish needs no atomics, was slower: BENCHMARKS 2b.) */
-template <int D>
+ * whose finish needs no atomics, was slower: BENCHMARKS 2b.)  O: a launch
+ * with a tq3o / tq4o codec (a build of its own: the others' kernel, whose
+ * instructions a decode token fetches cold, stays as small as it was). */
+template <int D, int O>
 __global__ void __launch_bounds__(TQC_WARPS * 32) enc_reg(const __grid_constant__ struct tqc_enc_args a)
 {
 	__shared__ unsigned long long s_st[TQC_WARPS];
@@ -722,7 +790,14 @@ __global__ void __launch_bounds__(TQC_WARPS * 32) enc_reg(const __grid_constant_
 			const uint32_t s = a.slot0 + t, pi = s / g.page_tokens, sl = s % g.page_tokens;
 			const uint8_t *pg = a.pages ? a.pages[pi] : a.page_inline[pi];
 			uint8_t *blk = (uint8_t *)pg + (side ? tq_page_v_off(&g, head, sl) : tq_page_k_off(&g, head, sl));
-			r = cd->id == TQ_CODEC_Q8 ? reg_q8<D>(cd, x, blk, lane) : reg_tq<D>(cd, x, blk, lane);
+			if (cd->id == TQ_CODEC_Q8) {
+				r = reg_q8<D>(cd, x, blk, lane);
+			} else {
+				if constexpr (O != 0)
+					r = cd->half ? reg_tqo<D>(cd, x, blk, lane) : reg_tq<D>(cd, x, blk, lane);
+				else
+					r = reg_tq<D>(cd, x, blk, lane);
+			}
 		}
 		if (r)
 			st = (unsigned long long)vec << 32 | r;
@@ -741,10 +816,11 @@ extern "C" int tqc_launch_encode(const struct tqc_enc_args *a, void *stream)
 		return 0;
 	const dim3 grid((nvec + TQC_WARPS - 1) / TQC_WARPS), block(TQC_WARPS * 32);
 	cudaStream_t st = (cudaStream_t)stream;
+	const bool o = a->kc.half || a->vc.half;
 	switch (tqc_enc_reg_dim(a)) {
-	case 64: enc_reg<64><<<grid, block, 0, st>>>(*a); break;
-	case 128: enc_reg<128><<<grid, block, 0, st>>>(*a); break;
-	case 256: enc_reg<256><<<grid, block, 0, st>>>(*a); break;
+	case 64: o ? enc_reg<64, 1><<<grid, block, 0, st>>>(*a) : enc_reg<64, 0><<<grid, block, 0, st>>>(*a); break;
+	case 128: o ? enc_reg<128, 1><<<grid, block, 0, st>>>(*a) : enc_reg<128, 0><<<grid, block, 0, st>>>(*a); break;
+	case 256: o ? enc_reg<256, 1><<<grid, block, 0, st>>>(*a) : enc_reg<256, 0><<<grid, block, 0, st>>>(*a); break;
 	default: enc_kernel<<<grid, block, 0, st>>>(*a); break;
 	}
 	return (int)cudaGetLastError();

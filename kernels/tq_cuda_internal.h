@@ -105,10 +105,11 @@ struct tqc_enc_args {
 
 int tqc_launch_encode(const struct tqc_enc_args *a, void *stream);
 
-/* The head dim of the register-resident encoder (enc_reg<D>) that takes a
- * launch, or 0 for the general enc_kernel: K and V codecs tq2..tq4 or q8
- * with the Hadamard rotation, one head dim of 64, 128 or 256, and rows
- * aligned to their element (the row stride is). */
+/* The head dim of the register-resident encoder (enc_reg<D, O>) that takes
+ * a launch, or 0 for the general enc_kernel: K and V codecs tq2..tq4, q8,
+ * tq3o or tq4o (O: a launch with one of the last two) with the Hadamard
+ * rotation, one head dim of 64, 128 or 256, and rows aligned to their
+ * element (the row stride is). */
 static inline int tqc_enc_reg_dim(const struct tqc_enc_args *a)
 {
 	const int d = a->kc.dim;
@@ -121,7 +122,7 @@ static inline int tqc_enc_reg_dim(const struct tqc_enc_args *a)
 	for (int i = 0; i < 2; i++)
 		if (c[i]->rot_kind != 1 /* Hadamard */ ||
 		    !(c[i]->id == TQ_CODEC_Q8 || c[i]->id == TQ_CODEC_TQ2 || c[i]->id == TQ_CODEC_TQ3 ||
-		      c[i]->id == TQ_CODEC_TQ4))
+		      c[i]->id == TQ_CODEC_TQ4 || c[i]->id == TQ_CODEC_TQ3O || c[i]->id == TQ_CODEC_TQ4O))
 			return 0;
 	return d;
 }

@@ -469,7 +469,8 @@ static int enc_reg_takes(enum tq_codec_id k, enum tq_codec_id v, int dim)
 	if (dim != 64 && dim != 128 && dim != 256)
 		return 0;
 	for (int i = 0; i < 2; i++)
-		if (c[i] != TQ_CODEC_Q8 && c[i] != TQ_CODEC_TQ2 && c[i] != TQ_CODEC_TQ3 && c[i] != TQ_CODEC_TQ4)
+		if (c[i] != TQ_CODEC_Q8 && c[i] != TQ_CODEC_TQ2 && c[i] != TQ_CODEC_TQ3 && c[i] != TQ_CODEC_TQ4 &&
+		    c[i] != TQ_CODEC_TQ3O && c[i] != TQ_CODEC_TQ4O)
 			return 0;
 	return 1;
 }
@@ -523,19 +524,21 @@ static void test_encode_exact(void)
 }
 
 /* The register encoder on every pair it takes: K and V each of tq2..tq4 /
- * q8, head dims 64 / 128 / 256, every input dtype, inputs in host, device
+ * q8 / tq3o / tq4o, head dims 64 / 128 / 256, every input dtype, inputs in host, device
  * or unified memory; rows of every kind gen_vec makes (zeros, squares that
  * underflow, subnormal maxima, huge lanes, signed zeros, ...). */
 static void test_encode_reg(void)
 {
-	static const enum tq_codec_id reg_codecs[] = { TQ_CODEC_TQ2, TQ_CODEC_TQ3, TQ_CODEC_TQ4, TQ_CODEC_Q8 };
+	static const enum tq_codec_id reg_codecs[] = { TQ_CODEC_TQ2, TQ_CODEC_TQ3,  TQ_CODEC_TQ4,
+						       TQ_CODEC_Q8,  TQ_CODEC_TQ3O, TQ_CODEC_TQ4O };
+	enum { NR = sizeof(reg_codecs) / sizeof(reg_codecs[0]) };
 	static const int dims[] = { 64, 128, 256 };
 	const char *want = enc_general_only ? "general" : "reg";
 	int cases = 0;
 
 	rng_state = t_seed() ^ 0x5e9;
-	for (int ki = 0; ki < 4; ki++)
-		for (int vi = 0; vi < 4; vi++)
+	for (int ki = 0; ki < NR; ki++)
+		for (int vi = 0; vi < NR; vi++)
 			for (int di = 0; di < 3; di++)
 				for (int ti = 0; ti < 3; ti++) {
 					const enum tq_codec_id kid = reg_codecs[ki], vid = reg_codecs[vi];
