@@ -43,7 +43,11 @@ for s in "${steps[@]}"; do
 	benchsmall) step bench_cuda 60 bash tests/integration/bench_cuda.sh ;;
 	bench)      step bench 200 "$B/bin/tqbench" attn --backend cuda ;;
 	benchq8)    step bench_q8_tq4 200 "$B/bin/tqbench" attn --backend cuda --k q8 --v tq4 --no-baseline ;;
-	benchtqo)   step bench_tq4o_tq3 200 "$B/bin/tqbench" attn --backend cuda --k tq4o --v tq3 --no-baseline ;;
+	benchtqo)   # tq4o keys on attn_mma and enc_reg, then on the general kernels (their baseline), one lease
+	            step bench_tq4o_tq3 200 "$B/bin/tqbench" attn --backend cuda --k tq4o --v tq3 --no-baseline \
+	                 --ctx 8192,32768 --batch 1,16
+	            step bench_tq4o_tq3_general 200 env TQ_CUDA_ATTN=general TQ_CUDA_ENC=general \
+	                 "$B/bin/tqbench" attn --backend cuda --k tq4o --v tq3 --no-baseline --ctx 8192,32768 --batch 1,16 ;;
 	bench8)     step bench_ctas8 200 env TQ_CUDA_CTAS_PER_SM=8 "$B/bin/tqbench" attn --backend cuda --no-baseline ;;
 	general)    step bench_general 200 env TQ_CUDA_ATTN=general "$B/bin/tqbench" attn --backend cuda --no-baseline ;;
 	ncu)        step ncu 150 ncu --kernel-name regex:attn_mma --launch-skip 5 --launch-count 1 \
