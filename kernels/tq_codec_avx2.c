@@ -115,7 +115,10 @@ struct ctx {
 	struct tqo_half {        /* tq3o / tq4o: each half's codebook                */
 		__m256 bt[5][2]; /* step j (s = L/2 >> j): bound[lo + s - 1] by lo / 2s, */
 				 /* 2^j entries (16 in two vectors)                   */
+		__m256 b0, b1[2], b2; /* steps 0 and 1 broadcast, step 2 in both lanes */
 		__m256 ct[4];    /* centroid[k], k < L (32 in four vectors)           */
+		__m256 sq[4];    /* centroid[k]² as the reference's products; sym: the */
+		int sym;         /* first L/2 (the codebook symmetric bit for bit)     */
 	} ho[2];
 };
 
@@ -135,6 +138,28 @@ static void tqo_half_init(struct tqo_half *t, const tq_codebook *cb)
 	memcpy(c, cb->centroid, sizeof(float) * (size_t)L);
 	for (int k = 0; k < 4; k++)
 		t->ct[k] = _mm256_loadu_ps(c + 8 * k);
+	/* the squares the sum of squares takes (fl(c * c): the reference's
+	 * products), folded to the first half where c[L - 1 - k] = -c[k] */
+	float sq[32] = { 0 };
+	t->sym = L >= 16;
+	for (int k = 0; k < L; k++) {
+		const float m = -c[L - 1 - k];
+		t->sym &= memcmp(&m, &c[k], sizeof(m)) == 0;
+	}
+	for (int k = 0; k < L; k++)
+		sq[k] = c[k] * c[k];
+	for (int k = 0; k < 4; k++)
+		t->sq[k] = _mm256_loadu_ps(sq + 8 * k);
+	/* quant_gen's first steps without a cross-lane permute: the first
+	 * bound, the second step's two, the third's four in both lanes */
+	const int q = L / 4;
+	float t4[8] = { 0 };
+	for (int i = 0; L >= 8 && i < 4; i++) /* L 4: two steps only */
+		t4[i] = t4[i + 4] = cb->bound[i * q + q / 2 - 1];
+	t->b0 = _mm256_set1_ps(cb->bound[L / 2 - 1]);
+	t->b1[0] = _mm256_set1_ps(cb->bound[L / 4 - 1]);
+	t->b1[1] = _mm256_set1_ps(cb->bound[3 * L / 4 - 1]);
+	t->b2 = _mm256_loadu_ps(t4);
 }
 
 static void ctx_init(struct ctx *e, const tq_codec *c)
@@ -225,19 +250,46 @@ AI __m256 lut16(const __m256 *t, __m256i q)
 }
 
 /* The binary search over any codebook of L (4 .. 32, a constant) levels:
- * step j's candidate bound looked up by lo / 2s in t->bt[j] (the
- * comparisons of tq_cb_index, so the same index). */
+ * step j's candidate bound looked up by lo / 2s (the comparisons of
+ * tq_cb_index, so the same index) — the first step against one bound, the
+ * second a blend of two by the first's mask, the third an in-lane vpermilps
+ * of four, as quant does; then vpermps of 8 (t->bt[3]) and 16 (t->bt[4]). */
 AI __m256i quant_gen(const struct tqo_half *t, __m256 u, const int L)
 {
-	__m256i lo = _mm256_setzero_si256();
-
-	for (int j = 0, s = L / 2, sh = __builtin_ctz((unsigned)L); s >= 1; s >>= 1, j++, sh--) {
+	const __m256 m1 = _mm256_cmp_ps(u, t->b0, _CMP_GT_OQ);
+	__m256i lo = _mm256_and_si256(_mm256_castps_si256(m1), _mm256_set1_epi32(L / 2));
+	const __m256 b1 = _mm256_blendv_ps(t->b1[0], t->b1[1], m1);
+	lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(u, b1, _CMP_GT_OQ)),
+						  _mm256_set1_epi32(L / 4)));
+	if (L == 4)
+		return lo;
+	const __m256 b2 = _mm256_permutevar_ps(t->b2, _mm256_srli_epi32(lo, __builtin_ctz((unsigned)L) - 2));
+	lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(u, b2, _CMP_GT_OQ)),
+						  _mm256_set1_epi32(L / 8)));
+	for (int j = 3, s = L / 16, sh = __builtin_ctz((unsigned)L) - 3; s >= 1; s >>= 1, j++, sh--) {
 		const __m256i i = _mm256_srli_epi32(lo, sh);
-		const __m256 b = (1 << j) <= 8 ? _mm256_permutevar8x32_ps(t->bt[j][0], i) : lut16(t->bt[j], i);
+		const __m256 b = j == 3 ? _mm256_permutevar8x32_ps(t->bt[3][0], i) : lut16(t->bt[4], i);
 		lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(u, b, _CMP_GT_OQ)),
 							  _mm256_set1_epi32(s)));
 	}
 	return lo;
+}
+
+/* centroid[q]² of a codebook of L (4 .. 32, a constant) levels: one
+ * vpermps where 8 entries (or a symmetric 16's folded half) hold it, else
+ * two or four; q >= L/2 folds to L - 1 - q = q ^ (L - 1) */
+AI __m256 lut_sq(const struct tqo_half *t, __m256i q, const int L)
+{
+	if (L <= 8)
+		return _mm256_permutevar8x32_ps(t->sq[0], q);
+	if (t->sym) {
+		const __m256i hi = _mm256_srai_epi32(_mm256_slli_epi32(q, 31 - __builtin_ctz((unsigned)L / 2)), 31);
+		const __m256i f = _mm256_xor_si256(q, _mm256_and_si256(hi, _mm256_set1_epi32(L - 1)));
+		return L == 16 ? _mm256_permutevar8x32_ps(t->sq[0], f) : lut16(t->sq, f);
+	}
+	if (L == 16)
+		return lut16(t->sq, q);
+	return _mm256_blendv_ps(lut16(t->sq, q), lut16(t->sq + 2, q), _mm256_castsi256_ps(_mm256_slli_epi32(q, 27)));
 }
 
 /* centroid[q] of a codebook of L (4 .. 32, a constant) levels */
@@ -366,16 +418,61 @@ AI void stb(uint8_t *p, __m256i v, int n)
 	}
 }
 
+/* The 1-bit plane of 64 indices (stride 8: byte j holds bit `bit` of
+ * indices j + 8 s at bit s): the bits gathered by movemask (bit i of m =
+ * index i's), then m's 8 x 8 bit matrix transposed (byte j of the result =
+ * bit j of m's bytes; Hacker's Delight's transpose8).  Byte-wise loads and
+ * stores of 8 (ldb / stb) went through memory and cost more than the
+ * reference's scalar packing. */
+AI void plane1_d64(const uint8_t *idx, int bit, uint8_t *out)
+{
+	const __m256i v0 = _mm256_loadu_si256((const __m256i *)(const void *)idx);
+	const __m256i v1 = _mm256_loadu_si256((const __m256i *)(const void *)(idx + 32));
+	uint64_t m = (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_slli_epi16(v0, 7 - bit)) |
+		     (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_slli_epi16(v1, 7 - bit)) << 32, t;
+
+	t = (m ^ (m >> 7)) & 0x00AA00AA00AA00AAull;
+	m ^= t ^ (t << 7);
+	t = (m ^ (m >> 14)) & 0x0000CCCC0000CCCCull;
+	m ^= t ^ (t << 14);
+	t = (m ^ (m >> 28)) & 0x00000000F0F0F0F0ull;
+	m ^= t ^ (t << 28);
+	memcpy(out, &m, 8);
+}
+
 static void pack_gen(const uint8_t *idx, int d, int bits, uint8_t *out)
 {
 	const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
 
-	if (bits == 4) {
+	if (bits == 4 || bits == 5) { /* planes [4] or [4, 1] (tq4o's first half) */
+		const __m256i m15 = _mm256_set1_epi8(15), m16 = _mm256_set1_epi8(16);
 		int S = d / 2;
 		for (int j = 0; j < S; j += 32) {
 			int n = S - j;
 			__m256i a = ldb(idx + j, n), b = ldb(idx + S + j, n);
+			if (bits == 5) {
+				a = _mm256_and_si256(a, m15);
+				b = _mm256_and_si256(b, m15);
+			}
 			stb(out + j, _mm256_or_si256(a, _mm256_slli_epi16(b, 4)), n);
+		}
+		if (bits == 4)
+			return;
+		out += S;
+		S = d / 8;
+		if (d == 64) {
+			plane1_d64(idx, 4, out);
+			return;
+		}
+		for (int j = 0; j < S; j += 32) {
+			int n = S - j;
+			__m256i o = _mm256_setzero_si256();
+			for (int s = 0; s < 8; s++) { /* bit 4 of index s S + j to bit s */
+				__m256i t = _mm256_and_si256(ldb(idx + s * S + j, n), m16);
+				t = s < 4 ? _mm256_srli_epi16(t, 4 - s) : _mm256_slli_epi16(t, s - 4);
+				o = _mm256_or_si256(o, t);
+			}
+			stb(out + j, o, n);
 		}
 		return;
 	}
@@ -392,6 +489,10 @@ static void pack_gen(const uint8_t *idx, int d, int bits, uint8_t *out)
 		return;
 	out += S;
 	S = d / 8;
+	if (d == 64) {
+		plane1_d64(idx, 2, out);
+		return;
+	}
 	for (int j = 0; j < S; j += 32) {
 		int n = S - j;
 		__m256i o = _mm256_setzero_si256();
@@ -573,15 +674,17 @@ AI int enc_tqo_half(const struct tq_rotation *r, const struct tqo_half *t, int b
 	_Pragma("GCC unroll 16")
 	for (int k = 0; k < nc; k++) {
 		const __m256i q = quant_gen(t, _mm256_mul_ps(_mm256_load_ps(u + 8 * k), f), L);
-		const __m256 cv = lut_gen(t, q, L);
-		acc[k & 1] = _mm256_add_ps(acc[k & 1], _mm256_mul_ps(cv, cv));
+		acc[k & 1] = _mm256_add_ps(acc[k & 1], lut_sq(t, q, L));
 		st_idx8(idx + 8 * k, q);
 	}
 	const uint16_t s16 = tq_f32_to_bf16(norm / sqrt_f(hsum16(acc[0], acc[1])));
 	if ((s16 & 0x7f80u) == 0x7f80u)
 		return 1;
 	memcpy(sc, &s16, 2);
-	tq_pack_planes(idx, h, bits, planes);
+	if (h >= 64)
+		pack_gen(idx, h, bits, planes);
+	else /* planes of fewer than 8 bytes: the scalar packing is faster than ldb / stb's copies */
+		tq_pack_planes(idx, h, bits, planes);
 	return 0;
 }
 
