@@ -702,9 +702,13 @@ AI int enc_tqo_L(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_t
 		return 1;
 	/* a NaN / Inf shows in a half's sum of squares: the reference then
 	 * takes the vector and says which element */
-	conv_row(e, row, dt, x);
-	if (enc_tqo_half(&c->rot, &e->ho[0], c->cb.bits, x, h, b, b + TQ_TQO_HEADER_BYTES, LA) ||
-	    enc_tqo_half(&c->rot_b, &e->ho[1], c->cb_b.bits, x + h, h, b + 2,
+	const float *xs = x; /* fp32 rows as they are (the halves load them unaligned) */
+	if (dt == TQ_DTYPE_F32)
+		xs = (const float *)row;
+	else
+		conv_row(e, row, dt, x);
+	if (enc_tqo_half(&c->rot, &e->ho[0], c->cb.bits, xs, h, b, b + TQ_TQO_HEADER_BYTES, LA) ||
+	    enc_tqo_half(&c->rot_b, &e->ho[1], c->cb_b.bits, xs + h, h, b + 2,
 			 b + TQ_TQO_HEADER_BYTES + TQ_PLANES_BYTES(h, c->cb.bits), LB))
 		return 1;
 	memcpy(blk, b, e->bb); /* only a whole block: a vector that fails writes nothing */

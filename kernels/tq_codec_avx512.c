@@ -1106,9 +1106,13 @@ AI int enc_tqo_hl(const struct ctx *e, const void *row, enum tq_dtype dt, uint8_
 
 	/* a NaN / Inf shows in a half's sum of squares: the reference then
 	 * takes the vector and says which element */
-	conv_row(e, row, dt, x);
-	if (enc_tqo_half(&c->rot, &c->cb, x, h, b, b + TQ_TQO_HEADER_BYTES, LA) ||
-	    enc_tqo_half(&c->rot_b, &c->cb_b, x + h, h, b + 2,
+	const float *xs = x; /* fp32 rows as they are (the halves load them unaligned) */
+	if (dt == TQ_DTYPE_F32)
+		xs = (const float *)row;
+	else
+		conv_row(e, row, dt, x);
+	if (enc_tqo_half(&c->rot, &c->cb, xs, h, b, b + TQ_TQO_HEADER_BYTES, LA) ||
+	    enc_tqo_half(&c->rot_b, &c->cb_b, xs + h, h, b + 2,
 			 b + TQ_TQO_HEADER_BYTES + TQ_PLANES_BYTES(h, __builtin_ctz((unsigned)LA)), LB))
 		return 1;
 	memcpy(blk, b, e->bb); /* only a whole block: a vector that fails writes nothing */
