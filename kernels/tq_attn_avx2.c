@@ -694,7 +694,8 @@ static void accum_tq4(const tq_codec *c, const uint8_t *src, int n, float *acc,
  * where it would not fit: a rotated query is near Gaussian and its lanes
  * stay well inside, so rows keep their 15 bits; only a row with its large
  * entries crowded into one lane's dims loses some (test_attn's flat row
- * against a key of top centroids).  tq*o keep one int32 per 32-dim group.
+ * against a key of top centroids).  tq*o: the same, each half's sum times
+ * its own scale.
  * q8 codes are exact (|code| <= 127), so its rows get the full 32767.
  *
  * Accuracy: rounding q and c to 15 bits perturbs a logit by about 1e-5 of
@@ -865,7 +866,7 @@ static void qprep_tqo(const tq_codec *c, const float *q, void *qpv)
 	byte_tables(&c->cb_b, 0, cb, qp + QP_TQO + 128, qp + QP_TQO + 160); /* BL BH */
 	inv[0] = 1.0f / ca;
 	inv[1] = 1.0f / cb;
-	qprep_rows(q, 1, QLIM_TQ, 1.0f, 0, qp);
+	qprep_rows(q, 1, QLIM_TQ, 1.0f, (int)CLIM_TQ, qp); /* a half's 8 products per lane */
 }
 
 /* 32 indices (bytes < 32) -> int16 centroids of a 32-entry table */
@@ -958,13 +959,6 @@ enum { KIND_TQ, KIND_Q8, KIND_TQO };
 #define PAIR_VNNI(a0, b0, a1, b1) _mm256_dpwssd_avx_epi32(_mm256_madd_epi16(a0, b0), a1, b1)
 #define VNNI __attribute__((target("avxvnni")))
 
-/* f[ao + r] += float(ka · q_r[A] + kb · q_r[B]) · sv for the 4 rows (tq*o) */
-#define MADD4S(ka, kb, off, sv)                                                             \
-	_Pragma("GCC unroll 4")                                                             \
-	for (int r = 0; r < 4; r++)                                                         \
-		f[r + ao] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(PAIR(                            \
-			ka, qrow(qi, r * D + (off)), kb, qrow(qi, r * D + (off) + 16))), sv, f[r + ao])
-
 /* tq*: each half of the row (8 products per lane, bounded by qprep_rows)
  * summed in int32 and converted once */
 #define DOT4_PLAIN(a0, b0, a1, b1, a2, b2, a3, b3)                                          \
@@ -996,13 +990,15 @@ enum { KIND_TQ, KIND_Q8, KIND_TQO };
 		for (int r = 0; r < 4; r++)                                                 \
 			f[ao + r] = _mm256_cvtepi32_ps(a_[r]);                              \
 	} while (0)
+/* tq*o: each half's int32 sum (a tq* half's: 8 products per lane, bounded
+ * by qprep_rows) converted once and times the half's scale */
 #define DOT_KIND_TQO(k, sa, sb)                                                             \
 	do {                                                                                \
 		const __m256 sav_ = _mm256_set1_ps(sa), sbv_ = _mm256_set1_ps(sb);         \
-		MADD4S(k[0], k[1], 0, sav_);                                                \
-		MADD4S(k[2], k[3], 32, sav_);                                               \
-		MADD4S(k[4], k[5], 64, sbv_);                                               \
-		MADD4S(k[6], k[7], 96, sbv_);                                               \
+		_Pragma("GCC unroll 4")                                                     \
+		for (int r = 0; r < 4; r++)                                                 \
+			f[r + ao] = _mm256_fmadd_ps(DOT_HALF(k, r, 0), sav_,                \
+						    _mm256_mul_ps(DOT_HALF(k, r, 1), sbv_)); \
 	} while (0)
 
 /* The prepared tile (TQA_KTILE_BYTES): per token its k[8] (256 bytes),
