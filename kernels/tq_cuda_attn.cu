@@ -1198,6 +1198,7 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 	constexpr int R = TQC_TILE_ROWS; /* the mma's N */
 	/* TQC_MMA_WARPS_MIN .. tqc_attn_mma_warps_max(D): attend_args_ok */
 	const int NW = NWC ? NWC : a.mma_warps;
+	constexpr bool ko = KO != 0; /* keys tq3o / tq4o (mma_ko chose this build) */
 	static_assert(R == 8, "rows are the N of m16n8k16");
 	TILED_SMEM(smem);
 	__shared__ float s_m[NWC ? NWC : TQC_MMA_WARPS_MAX][R], s_l[NWC ? NWC : TQC_MMA_WARPS_MAX][R];
@@ -1308,7 +1309,7 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 	__shared__ float s_rho[R];
 	__shared__ int s_bad[R];
 	const bool had = a.kc.rot_kind == ROT_HADAMARD;
-	const int qh_stop = a.kc.half ? QE / 2 : QE; /* tq3o / tq4o: each half its own transform */
+	const int qh_stop = ko ? QE / 2 : QE; /* tq3o / tq4o: each half its own transform */
 #pragma unroll
 	for (int k = 0; k < QR; k++) {
 		const int r = warp + k * NW;
@@ -1344,7 +1345,6 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 	   * as FP16, the nibbles masked to the codec's index bits; tq3o / tq4o
 	   * keys: (first half's cb[code's low 4 / 5 bits], second half's
 	   * cb[the bits above]) (tqo_pair_codes) */
-		const bool ko = a.kc.half != 0;
 		const uint32_t ka = ko ? (uint32_t)a.kc.bits : 4u; /* the second entry's shift */
 		const uint32_t mk = (1u << min(a.kc.bits, ko ? 5 : 4)) - 1u, mv = (1u << min(a.vc.bits, 4)) - 1u;
 		const uint32_t mkb = ko ? (1u << a.kc.bits_b) - 1u : mk, okb = ko ? 32u : 0u;
@@ -1383,7 +1383,6 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 	/* this lane's rows 2q, 2q + 1: 1 / (K table scale * rho), NaN for a bad
 	 * row (tq3o / tq4o: 1 / rho; mma_scores divides each half's table scale
 	 * out, and applies the block scales) */
-	constexpr bool ko = KO != 0;
 	const float ia = 1.0f / a.kc.h16_scale, ib = ko ? 1.0f / a.kc.h16_scale_b : 1.0f;
 	float kinv[2];
 	for (int k = 0; k < 2; k++)
