@@ -440,12 +440,36 @@ AI void plane1_d64(const uint8_t *idx, int bit, uint8_t *out)
 	memcpy(out, &m, 8);
 }
 
+/* The 1-bit plane of d indices (stride S = d / 8): bit `bit` of index
+ * s S + j at bit s of byte j. */
+AI void plane1(const uint8_t *idx, int d, const int bit, uint8_t *out)
+{
+	const __m256i mb = _mm256_set1_epi8((char)(1 << bit));
+	const int S = d / 8;
+
+	if (d == 64) {
+		plane1_d64(idx, bit, out);
+		return;
+	}
+	for (int j = 0; j < S; j += 32) {
+		int n = S - j;
+		__m256i o = _mm256_setzero_si256();
+		_Pragma("GCC unroll 8")
+		for (int s = 0; s < 8; s++) {
+			__m256i t = _mm256_and_si256(ldb(idx + s * S + j, n), mb);
+			t = s < bit ? _mm256_srli_epi16(t, bit - s) : _mm256_slli_epi16(t, s - bit);
+			o = _mm256_or_si256(o, t);
+		}
+		stb(out + j, o, n);
+	}
+}
+
 static void pack_gen(const uint8_t *idx, int d, int bits, uint8_t *out)
 {
-	const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
+	const __m256i m3 = _mm256_set1_epi8(3);
 
 	if (bits == 4 || bits == 5) { /* planes [4] or [4, 1] (tq4o's first half) */
-		const __m256i m15 = _mm256_set1_epi8(15), m16 = _mm256_set1_epi8(16);
+		const __m256i m15 = _mm256_set1_epi8(15);
 		int S = d / 2;
 		for (int j = 0; j < S; j += 32) {
 			int n = S - j;
@@ -456,24 +480,8 @@ static void pack_gen(const uint8_t *idx, int d, int bits, uint8_t *out)
 			}
 			stb(out + j, _mm256_or_si256(a, _mm256_slli_epi16(b, 4)), n);
 		}
-		if (bits == 4)
-			return;
-		out += S;
-		S = d / 8;
-		if (d == 64) {
-			plane1_d64(idx, 4, out);
-			return;
-		}
-		for (int j = 0; j < S; j += 32) {
-			int n = S - j;
-			__m256i o = _mm256_setzero_si256();
-			for (int s = 0; s < 8; s++) { /* bit 4 of index s S + j to bit s */
-				__m256i t = _mm256_and_si256(ldb(idx + s * S + j, n), m16);
-				t = s < 4 ? _mm256_srli_epi16(t, 4 - s) : _mm256_slli_epi16(t, s - 4);
-				o = _mm256_or_si256(o, t);
-			}
-			stb(out + j, o, n);
-		}
+		if (bits == 5)
+			plane1(idx, d, 4, out + S);
 		return;
 	}
 	int S = d / 4;
@@ -485,24 +493,8 @@ static void pack_gen(const uint8_t *idx, int d, int bits, uint8_t *out)
 		o = _mm256_or_si256(o, _mm256_slli_epi16(_mm256_and_si256(ldb(idx + 3 * S + j, n), m3), 6));
 		stb(out + j, o, n);
 	}
-	if (bits != 3)
-		return;
-	out += S;
-	S = d / 8;
-	if (d == 64) {
-		plane1_d64(idx, 2, out);
-		return;
-	}
-	for (int j = 0; j < S; j += 32) {
-		int n = S - j;
-		__m256i o = _mm256_setzero_si256();
-		for (int s = 0; s < 8; s++) {
-			__m256i t = _mm256_and_si256(ldb(idx + s * S + j, n), m4);
-			t = s < 2 ? _mm256_srli_epi16(t, 2 - s) : _mm256_slli_epi16(t, s - 2);
-			o = _mm256_or_si256(o, t);
-		}
-		stb(out + j, o, n);
-	}
+	if (bits == 3)
+		plane1(idx, d, 2, out + S);
 }
 
 static void unpack_gen(const uint8_t *in, int d, int bits, uint8_t *idx)
