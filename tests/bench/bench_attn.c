@@ -95,6 +95,16 @@ static int cache_new(struct cache *c, tq_cache *cbs, enum tq_codec_id kid, enum 
 	return 0;
 }
 
+/* --resident N: page i of the table becomes page i % N, so the kernels do
+ * the whole context's work on N pages that stay in cache — compute apart
+ * from memory.  The caches all cycle alike (the fp32 oracle too), so the
+ * outputs still match the exact one of the same table. */
+static void cache_cycle(struct cache *c, uint32_t n)
+{
+	for (uint32_t i = n; i < c->t.n_pages; i++)
+		c->pages[i] = c->pages[i % n];
+}
+
 /* Encodes k, v: [n_kv][len][dim] fp32 into the pages. */
 static int cache_fill(struct cache *c, const float *k, const float *v)
 {
@@ -270,6 +280,7 @@ struct opts {
 	uint32_t page_tokens;
 	float sparse;
 	float q_scale;        /* queries times this: sharper attention */
+	uint32_t resident;    /* > 0: the page tables cycle over this many pages */
 	enum tq_isa isa;
 	int quality;
 	int trials;
@@ -323,6 +334,12 @@ static int run_perf(const struct opts *o)
 	    cache_fill(&c32, k, v) ||
 	    cache_new(&cdq, cbs, TQ_CODEC_F32, TQ_CODEC_F32, DIM, NKV, o->page_tokens, T))
 		goto out;
+	if (o->resident) {
+		cache_cycle(&cq, o->resident);
+		cache_cycle(&c16, o->resident);
+		cache_cycle(&c32, o->resident);
+		cache_cycle(&cdq, o->resident);
+	}
 	free(k);
 	free(v);
 	k = v = NULL;
@@ -388,17 +405,22 @@ static int run_perf(const struct opts *o)
 	if (o->json) {
 		printf("{\"suite\":\"attn\",\"mode\":\"%s\",\"ctx\":%u,\"k\":\"%s\",\"v\":\"%s\","
 		       "\"threads\":%d,\"isa\":\"%s\",\"sparse_v\":%g,\"n_q\":%d,\"n_q_heads\":%d,"
-		       "\"n_kv_heads\":%d,\"dim\":%d,\"page_tokens\":%u,"
+		       "\"n_kv_heads\":%d,\"dim\":%d,\"page_tokens\":%u,\"resident_pages\":%u,"
 		       "\"fused_ms\":%.4f,\"dequant_then_attend_ms\":%.4f,\"fp16_ms\":%.4f,"
 		       "\"fp32_ms\":%.4f,\"kv_bytes_per_token\":%.0f,\"cos_vs_exact\":%.6f,"
 		       "\"read_bw_gbs\":%.2f,\"fp16_stream_gbs\":%.2f,\"fused_vs_fp16\":%.3f,"
 		       "\"dequant_vs_fused\":%.2f}\n",
 		       mode, T, tq_codec_name(o->k), tq_codec_name(o->v), o->threads, tq_isa_name(isa),
-		       o->sparse, n_q, NQH, NKV, DIM, o->page_tokens, fused, dq, f16, f32, bpt, cs, bw,
+		       o->sparse, n_q, NQH, NKV, DIM, o->page_tokens, o->resident, fused, dq, f16, f32, bpt, cs, bw,
 		       (double)T * NKV * 512 / (f16 * 1e-3) / 1e9, fused / f16, dq / fused);
 	} else {
-		printf("attn %s ctx %u  K %s V %s  threads %d  isa %s%s\n", mode, T, tq_codec_name(o->k),
+		printf("attn %s ctx %u  K %s V %s  threads %d  isa %s%s", mode, T, tq_codec_name(o->k),
 		       tq_codec_name(o->v), o->threads, tq_attn_isa_label(isa), o->sparse > 0 ? "  sparse-V on" : "");
+		if (o->resident)
+			printf("  resident: %u of %u pages (%.1f MB; fp16 %.1f MB)", o->resident, cq.t.n_pages,
+			       (double)o->resident * (double)cq.page_bytes / 1e6,
+			       (double)o->resident * (double)c16.page_bytes / 1e6);
+		printf("\n");
 		printf("  fused                 %9.3f ms\n", fused);
 		if (o->prefill)
 			printf("  fp16 KV (f16 x f16)   %9.3f ms\n", f16);
@@ -682,7 +704,7 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: tqbench attn --ctx N [--k C] [--v C] [--threads T] [--mode decode|prefill]\n"
 		"                    [--json] [--reps R] [--page-tokens P] [--sparse THR]\n"
-		"                    [--q-scale X]\n"
+		"                    [--q-scale X] [--resident N]\n"
 		"                    [--isa scalar|avx2|avx512|neon]\n"
 		"       tqbench attn --quality [--trials N] [--margin M] [--json]\n"
 		"       tqbench attn --backend cuda [--device N] [--ctx N,N,..] [--batch B,B,..]\n"
@@ -696,7 +718,9 @@ static void usage(FILE *f)
 		"  --margin, margins 0.05 0.10 0.20 0.30).  --sparse THR: sparse-V (at most THR\n"
 		"  of each head's attention mass skipped; the baselines never skip).  --q-scale X:\n"
 		"  the queries times X (default 1), for attention sharper than the synthetic\n"
-		"  default's.\n"
+		"  default's.  --resident N: every cache's page table cycles over its first N\n"
+		"  pages (page i reads page i %% N), so the same work runs on a cache that stays\n"
+		"  in the CPU's caches: the kernels' compute apart from memory.\n"
 		"\n"
 		"  --backend cpu|cuda   cpu (default): the CPU kernels against their CPU baselines,\n"
 		"                       as above.  cuda: the GPU kernels (tq_cuda.h) on device\n"
@@ -828,6 +852,16 @@ static int bench_attn_main(int argc, char **argv)
 				fprintf(stderr, "tqbench attn: --q-scale wants (0, 64]\n");
 				return 2;
 			}
+		} else if (!strcmp(a, "--resident")) {
+			char *end;
+			unsigned long n = strtoul(val, &end, 0);
+			i++;
+			cpu_only = a;
+			if (end == val || *end || n < 1 || n > UINT32_MAX) {
+				fprintf(stderr, "tqbench attn: --resident wants a page count >= 1\n");
+				return 2;
+			}
+			o.resident = (uint32_t)n;
 		} else if (!strcmp(a, "--trials")) {
 			o.trials = atoi(val); i++;
 			cpu_only = a;

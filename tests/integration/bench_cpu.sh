@@ -6,7 +6,10 @@
 #      gives one parseable line per codec; an ISA the CPU lacks exits 1 and
 #      says so; bad options exit 2;
 #   2. tqbench attn --q-scale with mass-bounded sparse-V: a small run prints
-#      its fused time and marks sparse-V; an out-of-range --q-scale exits 2.
+#      its fused time and marks sparse-V; an out-of-range --q-scale exits 2;
+#   3. tqbench attn --resident N: the header says how many pages stay, and
+#      the fused output still matches the exact one (every cache, the fp32
+#      oracle's too, cycles over the same pages); a count below 1 exits 2.
 . "$(dirname "$0")/lib/daemon.bash"
 TQBENCH=$TQ_BIN/tqbench
 [ -x "$TQBENCH" ] || { echo "tqbench not built"; exit 77; }
@@ -52,8 +55,15 @@ bad kern "--reps wants 1..100000" --reps 0
 bad kern "unknown option --ctx" --ctx 8
 bad attn "--q-scale wants (0, 64]" --q-scale 0
 bad attn "--q-scale wants (0, 64]" --q-scale 65
+bad attn "--resident wants a page count >= 1" --resident 0
+bad attn "--resident wants a page count >= 1" --resident 2x
 
 out=$("$TQBENCH" attn --ctx 1024 --reps 1 --threads 1 --q-scale 8 --sparse 0.01 2>&1) || fail "attn --q-scale 8 --sparse 0.01: $out"
 head -1 <<<"$out" | grep -q "sparse-V on" || fail "attn --sparse: not marked in the first line: $out"
 grep -Eq "^  fused +[0-9.]+ ms" <<<"$out" || fail "attn --q-scale: no fused time: $out"
-echo "tqbench kern ran on $ran ISA(s); attn --q-scale with sparse-V ran"
+out=$("$TQBENCH" attn --ctx 2048 --reps 1 --threads 1 --resident 2 2>&1) || fail "attn --resident 2: $out"
+head -1 <<<"$out" | grep -Eq "resident: 2 of 8 pages \([0-9.]+ MB; fp16 [0-9.]+ MB\)" ||
+	fail "attn --resident: not in the first line: $out"
+cs=$(sed -n 's/.*cos vs exact \([0-9.]*\).*/\1/p' <<<"$out")
+awk -v c="$cs" 'BEGIN { exit !(c > 0.95) }' || fail "attn --resident: cos vs exact '$cs' (the oracle did not cycle alike?): $out"
+echo "tqbench kern ran on $ran ISA(s); attn --q-scale with sparse-V and --resident ran"

@@ -8,6 +8,12 @@
 # (fewer prefill queries, shorter split-K contexts) to keep `make test` short;
 # run build/tests/simt/test_cuda_simt without it for the whole suite.
 B=${TQ_BUILD:-$PWD/build}
+# Sanitized builds leave CUDA out (Makefile), so a sanitizer pass would run
+# make test's uninstrumented emulator again.
+if [ -n "${SANITIZER:-}" ]; then
+	echo "skipped: SANITIZER=$SANITIZER: the emulator is built only without sanitizers (make test runs it)"
+	exit 77
+fi
 SIM=$B/tests/simt/test_cuda_simt
 if [ ! -x "$SIM" ]; then
 	echo "skipped: the SIMT emulator is built only in x86-64 builds with CUDA (make USE_CUDA=yes)"
