@@ -208,8 +208,14 @@ static inline float load1(const void *p, enum tq_dtype dtype, size_t i)
 	return tq_bf16_to_f32(((const uint16_t *)p)[i]);
 }
 
-/* Channel means of rows [n][n_kv][dim] into mean[n_kv][dim] (double sums);
- * returns the rms of the rows' norms. */
+/* A centre within ±TQ_XF_MEAN_MAX (tq_xform.h) */
+static float clamp_mean(double m)
+{
+	return (float)(m > TQ_XF_MEAN_MAX ? TQ_XF_MEAN_MAX : m < -TQ_XF_MEAN_MAX ? -TQ_XF_MEAN_MAX : m);
+}
+
+/* Channel means of rows [n][n_kv][dim] into mean[n_kv][dim] (double sums,
+ * clamped); returns the rms of the rows' norms (at most FLT_MAX). */
 static float rows_mean(const void *x, enum tq_dtype dtype, uint32_t n, uint32_t n_kv, uint32_t dim,
 		       float *mean, double *acc)
 {
@@ -224,8 +230,11 @@ static float rows_mean(const void *x, enum tq_dtype dtype, uint32_t n, uint32_t 
 			sq += a * a;
 		}
 	for (size_t i = 0; i < w; i++)
-		mean[i] = (float)(acc[i] / n);
-	return (float)sqrt(sq / ((double)n * n_kv));
+		mean[i] = clamp_mean(acc[i] / n);
+	/* finite rows' norms can pass float's range: the stored rms must stay
+	 * finite, or the statistics would not read back (tq_xf_blob_read) */
+	const double rms = sqrt(sq / ((double)n * n_kv));
+	return (float)(rms < 3.40282347e38 ? rms : 3.40282347e38);
 }
 
 /* Channel scales s[0..d) (0 where a channel had no signal) to geometric
@@ -292,7 +301,7 @@ int tq_xf_calibrate(tq_xf *xf, const void *k, const void *v, const void *q, uint
 		/* the centre is the first token's key: that key (the attention
 		 * sink's, where a sequence starts with one) encodes exactly */
 		for (size_t i = 0; i < w; i++)
-			xf->k_mean[i] = load1(k, dtype, i);
+			xf->k_mean[i] = clamp_mean(load1(k, dtype, i));
 		xf->applied |= TQ_XF_K_SINK;
 	} else if (xf->mode & TQ_XF_K_CENTER) {
 		xf->applied |= TQ_XF_K_CENTER;
@@ -609,6 +618,8 @@ int tq_xf_blob_read(tq_xf *xf, const uint8_t *buf, size_t len, tq_error *err)
 				BAD("kv transform: a non-finite statistic");
 			if ((a == 1 || a == 3) && !(x >= 1.0f / TQ_XF_SCALE_MAX && x <= TQ_XF_SCALE_MAX))
 				BAD("kv transform: channel scale %g out of range", (double)x);
+			if ((a == 0 || a == 2) && !(x >= -TQ_XF_MEAN_MAX && x <= TQ_XF_MEAN_MAX))
+				BAD("kv transform: channel mean %g beyond +-%g", (double)x, (double)TQ_XF_MEAN_MAX);
 		}
 	}
 	if (applied & TQ_XF_K_ORDER) {

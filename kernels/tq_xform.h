@@ -88,6 +88,13 @@ enum {
 #define TQ_XF_CALIB_MAX  512u
 /* Scales are clamped to [1/TQ_XF_SCALE_MAX, TQ_XF_SCALE_MAX]. */
 #define TQ_XF_SCALE_MAX 256.0f
+/* Means (and the K sink's key) are clamped to ±TQ_XF_MEAN_MAX, 3.4e38 /
+ * 512: (x − μ) / s then stays finite for every |x| below 6.6e35, so only
+ * inputs that large can overflow the transforms (the daemon refuses such a
+ * row, NONFINITE).  Any centre is exact — attention undoes whichever
+ * constant is taken off — so the clamp costs only absurd data its
+ * centering; stored statistics beyond it are refused. */
+#define TQ_XF_MEAN_MAX (3.40282347e38f / (2.0f * TQ_XF_SCALE_MAX))
 
 typedef struct tq_xf tq_xf;
 

@@ -271,6 +271,40 @@ static void test_calibration_rules(void)
 		tq_xf_free(x1);
 		tq_xf_free(x2);
 	}
+	/* f32 rows near float's limit: the centres are clamped to
+	 * ±TQ_XF_MEAN_MAX, so ordinary rows still transform to finite ones,
+	 * and the stored statistics read back (their rms, beyond float's
+	 * range unclamped, made the blob unreadable: a persistent session so
+	 * calibrated could not have been restored) */
+	{
+		static float kb[16 * NKV * D], vb[16 * NKV * D], a[NKV * D], b[NKV * D];
+		tq_xf *x1, *x2;
+		tq_error e2;
+		for (size_t i = 0; i < 16 * NKV * D; i++) {
+			kb[i] = (i % 3 ? 2.5e38f : -3.0e38f) * (i % D < 2 ? 1.0f : 1e-3f);
+			vb[i] = (i % 5 ? -3.3e38f : 3.1e38f) * (i % D < 2 ? 1.0f : 1e-3f);
+		}
+		const uint32_t m = TQ_XF_K_CENTER | TQ_XF_V_CENTER | TQ_XF_K_EQ_K | TQ_XF_V_EQ;
+		T_EQ(tq_xf_new(&x1, m, NKV, NQH, D, NULL, NULL), 0);
+		T_EQ(tq_xf_new(&x2, m, NKV, NQH, D, NULL, NULL), 0);
+		T_EQ(tq_xf_calibrate(x1, kb, vb, NULL, 16, 0, TQ_DTYPE_F32), 0);
+		size_t nb = tq_xf_blob_bytes(x1);
+		uint8_t *blob = malloc(nb);
+		T_ASSERT(blob != NULL);
+		tq_xf_blob_write(x1, blob);
+		T_EQ(tq_xf_blob_read(x2, blob, nb, &e2), 0);
+		for (uint32_t i = 0; i < NKV * D; i++)
+			a[i] = (float)((int)(i % 7) - 3);
+		tq_xf_keys(x2, a, TQ_DTYPE_F32, 1, b);
+		for (uint32_t i = 0; i < NKV * D; i++)
+			T_ASSERT(isfinite(b[i]));
+		tq_xf_values(x2, a, TQ_DTYPE_F32, 1, b);
+		for (uint32_t i = 0; i < NKV * D; i++)
+			T_ASSERT(isfinite(b[i]));
+		free(blob);
+		tq_xf_free(x1);
+		tq_xf_free(x2);
+	}
 	/* bad shapes and modes */
 	tq_error err;
 	T_EQ(tq_xf_new(&xf, TQ_XF_K_EQ_QK | TQ_XF_K_EQ_K, NKV, NQH, D, NULL, &err), -EINVAL);
@@ -364,6 +398,14 @@ static void test_blob(void)
 	tq_xf_blob_write(x1, buf);                        /* a V scale out of range */
 	memcpy(buf + 32 + 3 * NKV * D * 4 + 12, &(float){ 1e6f }, 4);
 	T_EQ(tq_xf_blob_read(x2, buf, n, &err), -EBADMSG);
+	/* a mean no calibration makes (finite, but (x - mean) / s overflows
+	 * for every x: fuzz_xform found it), K's and V's */
+	for (int part = 0; part < 2; part++) {
+		tq_xf_blob_write(x1, buf);
+		memcpy(buf + 32 + 2 * part * NKV * D * 4 + 20, &(float){ part ? -2.4e38f : 1e36f }, 4);
+		T_EQ(tq_xf_blob_read(x2, buf, n, &err), -EBADMSG);
+		T_ASSERT(strstr(err.msg, "channel mean") != NULL);
+	}
 	/* x2 still holds the good state */
 	tq_xf_keys(x2, K, TQ_DTYPE_F32, 16, b);
 	tq_xf_keys(x1, K, TQ_DTYPE_F32, 16, a);
