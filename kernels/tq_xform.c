@@ -234,7 +234,7 @@ static float rows_mean(const void *x, enum tq_dtype dtype, uint32_t n, uint32_t 
 	/* finite rows' norms can pass float's range: the stored rms must stay
 	 * finite, or the statistics would not read back (tq_xf_blob_read) */
 	const double rms = sqrt(sq / ((double)n * n_kv));
-	return (float)(rms < 3.40282347e38 ? rms : 3.40282347e38);
+	return (float)(rms < FLT_MAX ? rms : FLT_MAX);
 }
 
 /* Channel scales s[0..d) (0 where a channel had no signal) to geometric

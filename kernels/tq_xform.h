@@ -61,6 +61,7 @@
 #ifndef TQ_XFORM_H
 #define TQ_XFORM_H
 
+#include <float.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -94,7 +95,7 @@ enum {
  * row, NONFINITE).  Any centre is exact — attention undoes whichever
  * constant is taken off — so the clamp costs only absurd data its
  * centering; stored statistics beyond it are refused. */
-#define TQ_XF_MEAN_MAX (3.40282347e38f / (2.0f * TQ_XF_SCALE_MAX))
+#define TQ_XF_MEAN_MAX (FLT_MAX / (2.0f * TQ_XF_SCALE_MAX))
 
 typedef struct tq_xf tq_xf;
 

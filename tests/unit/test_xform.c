@@ -275,8 +275,9 @@ static void test_calibration_rules(void)
 	 * ±TQ_XF_MEAN_MAX, so ordinary rows still transform to finite ones,
 	 * and the stored statistics read back (their rms, beyond float's
 	 * range unclamped, made the blob unreadable: a persistent session so
-	 * calibrated could not have been restored) */
-	{
+	 * calibrated could not have been restored); the K centre as the
+	 * channel mean and as the first token's key (k-sink) */
+	for (int sink = 0; sink < 2; sink++) {
 		static float kb[16 * NKV * D], vb[16 * NKV * D], a[NKV * D], b[NKV * D];
 		tq_xf *x1, *x2;
 		tq_error e2;
@@ -284,7 +285,7 @@ static void test_calibration_rules(void)
 			kb[i] = (i % 3 ? 2.5e38f : -3.0e38f) * (i % D < 2 ? 1.0f : 1e-3f);
 			vb[i] = (i % 5 ? -3.3e38f : 3.1e38f) * (i % D < 2 ? 1.0f : 1e-3f);
 		}
-		const uint32_t m = TQ_XF_K_CENTER | TQ_XF_V_CENTER | TQ_XF_K_EQ_K | TQ_XF_V_EQ;
+		const uint32_t m = (sink ? TQ_XF_K_SINK : TQ_XF_K_CENTER) | TQ_XF_V_CENTER | TQ_XF_K_EQ_K | TQ_XF_V_EQ;
 		T_EQ(tq_xf_new(&x1, m, NKV, NQH, D, NULL, NULL), 0);
 		T_EQ(tq_xf_new(&x2, m, NKV, NQH, D, NULL, NULL), 0);
 		T_EQ(tq_xf_calibrate(x1, kb, vb, NULL, 16, 0, TQ_DTYPE_F32), 0);
