@@ -83,7 +83,5 @@ struct backend_ops {
 extern const struct backend_ops backend_host;
 extern const struct backend_ops backend_cuda;
 
-/* The backend called `name` ("host", "cuda"), or NULL. */
-const struct backend_ops *backend_find(const char *name);
 
 #endif

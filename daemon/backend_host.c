@@ -117,12 +117,3 @@ const struct backend_ops backend_host = {
 	.region_free = host_free,
 	.stats = host_stats,
 };
-
-const struct backend_ops *backend_find(const char *name)
-{
-	if (name && strcmp(name, backend_host.name) == 0)
-		return &backend_host;
-	if (name && strcmp(name, backend_cuda.name) == 0)
-		return &backend_cuda;
-	return NULL;
-}

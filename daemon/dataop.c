@@ -796,29 +796,17 @@ static int spill_lock(struct kvstore *ks, struct session *s, bool try, struct kv
 	return 0;
 }
 
-static int spill_session(struct kvstore *ks, struct session *s, uint64_t want, uint64_t *spilled, char *why,
-			 size_t whylen, bool try)
+int dataop_spill(struct kvstore *ks, struct session *s, uint64_t want, uint64_t *spilled, char *why, size_t whylen)
 {
 	struct kv_sess *kv;
 	int e;
 
 	*spilled = 0;
-	if ((e = spill_lock(ks, s, try, &kv, why, whylen)) < 0)
+	if ((e = spill_lock(ks, s, false, &kv, why, whylen)) < 0)
 		return e;
 	e = dataop_spill_locked(ks, s, kv, want, spilled, why, whylen);
 	pthread_mutex_unlock(&kv->lock);
 	return e;
-}
-
-int dataop_spill(struct kvstore *ks, struct session *s, uint64_t want, uint64_t *spilled, char *why, size_t whylen)
-{
-	return spill_session(ks, s, want, spilled, why, whylen, false);
-}
-
-int dataop_spill_try(struct kvstore *ks, struct session *s, uint64_t want, uint64_t *spilled, char *why,
-		     size_t whylen)
-{
-	return spill_session(ks, s, want, spilled, why, whylen, true);
 }
 
 void kvstore_set_reclaim(struct kvstore *ks, struct reclaim *rc)

@@ -96,11 +96,6 @@ void kvstore_set_spill(struct kvstore *ks, struct spill *sp);
  * (-ENOSPC: the tier is full; -EIO). */
 int dataop_spill(struct kvstore *ks, struct session *s, uint64_t want, uint64_t *spilled,
 		 char *why, size_t whylen);
-/* The same, but -EBUSY at once when an operation holds the session (the
- * reclaimer's way: pages in use are never chosen, and nobody waits for a
- * session whose holder may be waiting for the reclaimer). */
-int dataop_spill_try(struct kvstore *ks, struct session *s, uint64_t want, uint64_t *spilled,
-		     char *why, size_t whylen);
 /* The same in two steps, so that several sessions' writes are in flight
  * together (the reclaimer's way): start takes the session's lock
  * (-EBUSY at once when an operation holds it), chooses the pages and

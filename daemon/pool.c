@@ -168,11 +168,6 @@ void pool_stats(struct pool *p, struct pool_stats *out)
 
 /* ---- the tier's own operations ------------------------------------------------------ */
 
-const char *pool_desc(const struct pool *p)
-{
-	return p->region.desc;
-}
-
 bool pool_host_accessible(const struct pool *p)
 {
 	return p->region.host_accessible;

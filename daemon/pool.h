@@ -66,7 +66,6 @@ void pool_stats(struct pool *p, struct pool_stats *out);
 /* ---- the tier's own operations (backend.h) --------------------------------------
  * A pool on host memory answers these the host's way (memcpy, nothing to
  * register, no kernels of its own); a GPU pool through its backend. */
-const char *pool_desc(const struct pool *p);
 /* The daemon's threads may read and write the pages (host, unified memory). */
 bool pool_host_accessible(const struct pool *p);
 /* The backend runs append and attention itself (pool_append, pool_attend);

@@ -13,7 +13,7 @@
  *      order: full pages, oldest tokens, every layer; tail pages last).
  *   A tenant at or under its guarantee is never spilled by the reclaimer.
  *   Pages an operation is using are never chosen: a session with an
- *   operation in flight is skipped (dataop_spill_try) and taken at a later
+ *   operation in flight is skipped (dataop_spill_start) and taken at a later
  *   pass.  Every decision is logged at info: tenant, session, bytes and
  *   the reason.
  *

@@ -1777,9 +1777,3 @@ void rpc_set_spill(struct rpc_server *srv, struct spill *sp, struct kvstore *kv)
 	__atomic_store_n(&srv->kv, kv, __ATOMIC_RELEASE);
 	__atomic_store_n(&srv->spill, sp, __ATOMIC_RELEASE);
 }
-
-void rpc_get_counters(struct rpc_server *srv, struct rpc_counters *out)
-{
-	out->calls = __atomic_load_n(&srv->calls, __ATOMIC_RELAXED);
-	out->errors = __atomic_load_n(&srv->errors, __ATOMIC_RELAXED);
-}

@@ -24,11 +24,6 @@
 
 struct rpc_server;
 
-struct rpc_counters {
-	uint64_t calls;
-	uint64_t errors;
-};
-
 /* Binds the sockets and starts both threads; on return the control socket
  * accepts calls.  cfg is copied (rpc_set_config replaces the copy).
  * Errors: negative errno, with a message in err. */
@@ -41,7 +36,6 @@ int rpc_start(struct rpc_server **out, const struct config *cfg,
 void rpc_stop(struct rpc_server *srv, int drain_ms);
 /* A reloaded configuration (what GetConfig shows). */
 void rpc_set_config(struct rpc_server *srv, const struct config *cfg);
-void rpc_get_counters(struct rpc_server *srv, struct rpc_counters *out);
 /* The data path whose figures GetStats reports (may be set after
  * rpc_start, from the main thread; NULL: not reported). */
 struct pool;

@@ -715,7 +715,6 @@ void session_set_tokens(struct session *s, uint64_t n)
 }
 
 uint64_t session_id(const struct session *s) { return s->id; }
-uid_t session_owner(const struct session *s) { return s->owner; }
 uint64_t session_seed(const struct session *s) { return s->seed; }
 const struct session_geom *session_geom(const struct session *s) { return &s->geom; }
 struct tenant *session_tenant(const struct session *s) { return s->tenant; }

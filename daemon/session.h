@@ -175,7 +175,6 @@ void session_add_spilled(struct session *s, uint64_t bytes);
 /* The session's length: its longest layer's token count. */
 void session_set_tokens(struct session *s, uint64_t n);
 uint64_t session_id(const struct session *s);
-uid_t session_owner(const struct session *s);
 uint64_t session_seed(const struct session *s);
 const struct session_geom *session_geom(const struct session *s);
 struct tenant *session_tenant(const struct session *s);

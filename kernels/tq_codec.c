@@ -283,7 +283,6 @@ void tq_codec_free(tq_codec *c)
 enum tq_codec_id tq_codec_id(const tq_codec *c) { return c->id; }
 int tq_codec_dim(const tq_codec *c) { return c->dim; }
 size_t tq_codec_block_bytes(const tq_codec *c) { return c->block_bytes; }
-uint64_t tq_codec_seed(const tq_codec *c) { return c->seed; }
 enum tq_isa tq_codec_isa(const tq_codec *c) { return c->ops->isa; }
 
 static double cb_shrink(const tq_codebook *cb)

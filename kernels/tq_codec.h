@@ -116,7 +116,6 @@ void tq_codec_free(tq_codec *c);
 enum tq_codec_id tq_codec_id(const tq_codec *c);
 int tq_codec_dim(const tq_codec *c);
 size_t tq_codec_block_bytes(const tq_codec *c);
-uint64_t tq_codec_seed(const tq_codec *c);
 enum tq_isa tq_codec_isa(const tq_codec *c);
 /* The expected factor by which a decoded vector's component along the
  * original shrinks: for the norm-corrected TurboQuant codecs, decoded

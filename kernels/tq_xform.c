@@ -178,7 +178,6 @@ void tq_xf_set_k_codec(tq_xf *xf, const tq_codec *k_codec)
 	xf->k_gain_b = xf->k_half ? (float)(1.0 / tq_codec_shrink_at(k_codec, (int)xf->dim - 1)) : xf->k_gain;
 }
 
-uint32_t tq_xf_mode(const tq_xf *xf) { return xf->mode; }
 int tq_xf_calibrated(const tq_xf *xf) { return (int)xf->calibrated; }
 uint32_t tq_xf_applied(const tq_xf *xf) { return xf->calibrated ? xf->applied : 0; }
 uint32_t tq_xf_calib_tokens(const tq_xf *xf) { return xf->calib_tokens; }

@@ -119,7 +119,6 @@ void tq_xf_free(tq_xf *xf);
 /* The K codec, when it comes after tq_xf_new (NULL then): K unshrink's
  * factors and whether K order applies (at calibration) depend on it. */
 void tq_xf_set_k_codec(tq_xf *xf, const tq_codec *k_codec);
-uint32_t tq_xf_mode(const tq_xf *xf);
 /* Back to uncalibrated (the layer was emptied). */
 void tq_xf_reset(tq_xf *xf);
 int tq_xf_calibrated(const tq_xf *xf);

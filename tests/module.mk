@@ -105,3 +105,12 @@ $(TQSOAK): $(OBJ)/tests/soak/tqsoak.o $(LIBTQKV_OBJS) $(LIBTQK) $(STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LIBTQKV_LIBS) $(LDLIBS_BASE)
 ALL_TARGETS += $(TQSOAK)
+
+# ---- libtqkv's binary interface (tests/abi/): a client linked against the
+# shared library, calling the old symbol versions (libtqkv_abi.sh) ----------
+TQKV_ABI := $(B)/tests/tqkv_abi
+$(TQKV_ABI): $(OBJ)/tests/abi/tqkv_abi.o $(LIBTQKV_SO) $(STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_LDFLAGS) -o $@ $(OBJ)/tests/abi/tqkv_abi.o $(LIBTQKV_SO) \
+		-Wl,-rpath,'$$ORIGIN/../lib' -lm
+ALL_TARGETS += $(TQKV_ABI)

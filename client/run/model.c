@@ -25,11 +25,6 @@ const struct tqr_config *tqr_model_config(const tqr_model *m)
 	return &m->cfg;
 }
 
-void tqr_model_weights(const tqr_model *m, struct tqr_weights *w)
-{
-	*w = m->w;
-}
-
 static int32_t rd_i32(const unsigned char *p)
 {
 	return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);

@@ -81,12 +81,11 @@ void tqr_model_free(tqr_model *m);
 int tqr_model_limit_context(tqr_model *m, int ctx, tqr_error *err);
 const struct tqr_config *tqr_model_config(const tqr_model *m);
 
-/* The weights, for tests that check loading (pointers into the model). */
+/* The weights (pointers into the model). */
 struct tqr_weights {
 	const float *token_embedding, *rms_att, *wq, *wk, *wv, *wo, *rms_ffn;
 	const float *w1, *w2, *w3, *rms_final, *wcls;
 };
-void tqr_model_weights(const tqr_model *m, struct tqr_weights *w);
 
 /* Activations for chunks of up to max_chunk tokens.  One per thread. */
 typedef struct tqr_forward tqr_forward;

@@ -902,11 +902,17 @@ static void vnni_compare(const char *what, const struct tqa_ops *plain, const st
 				plain->scores_d128[id](c, blk + (size_t)t0 * bb, n, qf, s0);
 				vnni->scores_d128[id](c, blk + (size_t)t0 * bb, n, qf, s1);
 				T_ASSERT(memcmp(s0, s1, sizeof(s0)) == 0);
-				/* the prepared-key tile's scorers too (prefill) */
+				/* the prepared-key tile's scorers too (prefill), both:
+				 * the plain one is what a CPU without VNNI runs (Zen 3),
+				 * and nothing else runs it on a machine with VNNI */
 				if (plain->ktile_d128[id] && vnni->scores_ktile_d128[id]) {
-					memset(s1, 0, sizeof(s1));
 					plain->ktile_d128[id](c, blk + (size_t)t0 * bb, n, qp, kt);
+					memset(s1, 0, sizeof(s1));
 					vnni->scores_ktile_d128[id](c, kt, n, qf, s1);
+					T_ASSERT(memcmp(s0, s1, sizeof(s0)) == 0);
+					T_ASSERT(plain->scores_ktile_d128[id]);
+					memset(s1, 0, sizeof(s1));
+					plain->scores_ktile_d128[id](c, kt, n, qf, s1);
 					T_ASSERT(memcmp(s0, s1, sizeof(s0)) == 0);
 				}
 			}

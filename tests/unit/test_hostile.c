@@ -1366,6 +1366,51 @@ static int client_main(int argc, char **argv)
 	return 100;
 }
 
+/* OpenSession's data_client (rpc.c attaches the new session to that data
+ * connection through ring_server_bind): only the connection's own uid may
+ * bind to it — another local user naming a victim's connection id (ids are
+ * small integers) must not fill it with sessions; an unknown or dead
+ * connection and a session bound already are refused too.  And the victim's
+ * connection keeps working. */
+static void test_bind_foreign(void)
+{
+	struct srv s;
+	struct raw c;
+	struct session_geom sg = geom(1, 1, 1, 64, TQ_CODEC_TQ4, TQ_CODEC_TQ4, 64, 0);
+	struct session_info a, b;
+	char why[200];
+	int res;
+
+	T_ASSERT(srv_start(&s, 16 * MiB, 1) == 0);
+	T_EQ(raw_connect(&c, s.dir, 8, 16, MiB, RAW_OK), 0);
+	const uint64_t cid = c.w.client_id;
+	T_ASSERT(cid != 0);
+	T_EQ(session_open(s.st, tenant_find(s.tt, "big"), "", getuid() + 1, &sg, 1, 0, 0, &a, why, sizeof(why)), 0);
+	T_EQ(session_open(s.st, tenant_find(s.tt, "big"), "", getuid(), &sg, 1, 0, 0, &b, why, sizeof(why)), 0);
+	/* another uid's session onto this uid's connection: refused */
+	T_EQ(ring_server_bind(s.rs, cid, getuid() + 1, a.id, &sg, false), -EPERM);
+	/* connections that do not exist */
+	T_EQ(ring_server_bind(s.rs, cid + 1000, getuid(), b.id, &sg, false), -ENOENT);
+	T_EQ(ring_server_bind(s.rs, 0, getuid(), b.id, &sg, false), -ENOENT);
+	/* the owner binds; the same session twice is refused */
+	T_EQ(ring_server_bind(s.rs, cid, getuid(), b.id, &sg, false), 0);
+	T_EQ(ring_server_bind(s.rs, cid, getuid(), b.id, &sg, false), -EBUSY);
+	/* the bound session works on the connection; the foreign one is not on it */
+	struct tqkv_sqe tr = { .opcode = TQKV_OP_TRUNCATE, .session = b.id, .layer = 0, .pos = 0, .user_data = 1 };
+	T_EQ(raw_op(&c, &tr, &res), TQKV_ST_OK);
+	tr.session = a.id;
+	T_ASSERT(raw_op(&c, &tr, &res) != TQKV_ST_OK);
+	struct tqkv_sqe at = { .opcode = TQKV_OP_ATTACH, .session = a.id, .user_data = 2,
+			       .flags = TQKV_SQE_EPHEMERAL };
+	T_ASSERT(raw_op(&c, &at, &res) != TQKV_ST_OK);
+	/* once the connection is gone its id binds nothing */
+	raw_close(&c);
+	T_EQ(srv_wait_idle(&s), 0);
+	T_EQ(ring_server_bind(s.rs, cid, getuid(), a.id, &sg, false), -ENOENT);
+	session_close(s.st, a.id, NULL);
+	srv_stop(&s);
+}
+
 int main(int argc, char **argv)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -1378,5 +1423,6 @@ int main(int argc, char **argv)
 	T_RUN(test_arena_toctou);
 	T_RUN(test_hole_punch);
 	T_RUN(test_max_sessions_conns);
+	T_RUN(test_bind_foreign);
 	return t_done();
 }

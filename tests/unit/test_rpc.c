@@ -225,6 +225,23 @@ static void test_open_rejections(void)
 	/* TCP peers have no kernel credentials */
 	T_EQ(open_session(cl_tcp, "default", "", 128, 10, NULL, &st), GRPC_STATUS_PERMISSION_DENIED);
 	T_ASSERT(strstr(st.msg, "unix control socket"));
+	/* attached to a data connection that does not exist (here: no data
+	 * path at all): refused with the reason, and no session left behind */
+	Tqkv__V1__ListSessionsRequest lq = TQKV__V1__LIST_SESSIONS_REQUEST__INIT;
+	ProtobufCMessage *lrep;
+	T_EQ(ctl_call(cl, "ListSessions", &lq.base, &lrep, 5000, &st), 0);
+	const size_t before = ((Tqkv__V1__ListSessionsReply *)lrep)->n_sessions;
+	protobuf_c_message_free_unpacked(lrep, NULL);
+	Tqkv__V1__OpenSessionRequest qd = TQKV__V1__OPEN_SESSION_REQUEST__INIT;
+	qd.tenant = (char *)"default";
+	qd.n_layers = 1; qd.n_kv_heads = 1; qd.n_q_heads = 1; qd.head_dim = 64; qd.max_tokens = 1;
+	qd.data_client = 4242;
+	T_EQ(ctl_call(cl, "OpenSession", &qd.base, &rep, 5000, &st), GRPC_STATUS_FAILED_PRECONDITION);
+	T_ASSERT(strstr(st.msg, "no live data connection 4242"));
+	T_ASSERT(strstr(st.msg, "the session was not opened"));
+	T_EQ(ctl_call(cl, "ListSessions", &lq.base, &lrep, 5000, &st), 0);
+	T_EQ(((Tqkv__V1__ListSessionsReply *)lrep)->n_sessions, before);
+	protobuf_c_message_free_unpacked(lrep, NULL);
 	/* an empty request: everything missing */
 	T_EQ(ctl_call(cl, "OpenSession", &q.base, &rep, 5000, &st), GRPC_STATUS_INVALID_ARGUMENT);
 	q.n_layers = 1; q.n_kv_heads = 1; q.n_q_heads = 1; q.head_dim = 64; q.max_tokens = 1;
