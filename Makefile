@@ -6,6 +6,7 @@
 #   make SANITIZER=address|undefined|thread   sanitized build (objects kept apart)
 #   make USE_CUDA=auto|yes|no                 CUDA kernels (auto: when nvcc exists)
 #   make install PREFIX=/usr DESTDIR=/tmp/pkg
+#   make coverage [TESTS="..."]               the tests on a --coverage build: lines run per file
 #
 # Each folder adds its targets in its own module.mk; this file holds the rules.
 
@@ -146,7 +147,7 @@ include daemon/module.mk
 include client/module.mk
 include tests/module.mk
 
-.PHONY: all deps test test-faults soak run install clean demo FORCE
+.PHONY: all deps test test-faults soak run install clean demo coverage FORCE
 .DEFAULT_GOAL := all
 all: $(ALL_TARGETS)
 
@@ -197,6 +198,11 @@ soak: deps
 	@$(MAKE) --no-print-directory all
 	@SOAK_SECONDS=$(SOAK_SECONDS) SOAK_CLIENTS=$(SOAK_CLIENTS) $(if $(SOAK_SEED),SOAK_SEED=$(SOAK_SEED)) \
 		TQ_BIN='$(abspath $(BIN))' TQ_BUILD='$(abspath $(B))' bash tests/soak/soak.sh
+
+# coverage [TESTS="..."]: the tests on a --coverage build in $(B)/cov, then
+# the lines run per file of daemon/, client/ and kernels/ (scripts/coverage.sh)
+coverage: deps
+	@B='$(B)' scripts/coverage.sh $(TESTS)
 
 # demo: stories260K and SmolLM2 (chat) end to end through a private tqkvd (scripts/demo.sh)
 demo: deps
