@@ -741,6 +741,140 @@ static void test_xform_damage(void)
 	T_EQ(system(path), 0);
 }
 
+/* The configuration changed between two runs, as an operator may change it:
+ * a persistent session that no longer fits is dropped with the reason and
+ * its manifest set aside, and only it — the others come back bit for bit.
+ *   1. its tenant's section removed from the config;
+ *   2. pool.spill_bytes shrunk below one of its slots (the slots it had
+ *      claimed before that one are given back: nothing leaks);
+ *   3. pool.page_bytes changed. */
+#define CCONF_TU "[pool]\npool_bytes = 16M\n[tenant t]\nlimit = 8M\nallow_uids = *\n" \
+		 "[tenant u]\nlimit = 8M\nallow_uids = *\n"
+#define CCONF_T "[pool]\npool_bytes = 16M\n[tenant t]\nlimit = 8M\nallow_uids = *\n"
+
+/* The lowest and highest spill slot session id's manifest names. */
+static void slot_range(const char *dir, uint64_t id, uint64_t *lo, uint64_t *hi)
+{
+	struct persist_manifest m;
+	char why[512];
+	int dfd = persist_dir_open(dir, why, sizeof(why));
+
+	MUST(dfd >= 0 && persist_manifest_read(dfd, id, &m, why, sizeof(why)) == 0);
+	*lo = UINT64_MAX;
+	*hi = 0;
+	for (uint32_t l = 0; l < m.geom.n_layers; l++)
+		for (uint32_t i = 0; i < m.layers[l].n_pages; i++) {
+			uint64_t sl = m.layers[l].pages[i].slot;
+			if (sl == PERSIST_SLOT_LOST)
+				continue;
+			*lo = sl < *lo ? sl : *lo;
+			*hi = sl > *hi ? sl : *hi;
+		}
+	persist_manifest_free(&m);
+	close(dfd);
+}
+
+static int set_aside(const char *dir, uint64_t id)
+{
+	char path[256];
+
+	snprintf(path, sizeof(path), "%s/%s/%" PRIu64 ".tqm.dropped", dir, PERSIST_SUBDIR, id);
+	return access(path, F_OK) == 0;
+}
+
+static void test_config_change(void)
+{
+	struct kvfix f;
+	struct session_info si[3], got;
+	struct session *s;
+	struct kvpersist_stats ps;
+	struct spill_stats ss;
+	static struct xsnap before[3], after;
+	static const char *const tenant[3] = { "t", "u", "t" };
+	char why[512];
+
+	kvfix_start(&f, CCONF_TU, 16u << 20, XPAGE, 256);
+	xpersist_up(&f);
+	/* A (t), B (u), C (t): checkpointed one after the other, so C's slots
+	 * come after A's */
+	for (int i = 0; i < 3; i++) {
+		char name[8];
+		snprintf(name, sizeof(name), "c%d", i);
+		T_EQ(session_open(f.st, tenant_find(f.tt, tenant[i]), name, 1000, &XG, 40 + (uint64_t)i,
+				  SESSION_PERSISTENT, 0, &si[i], why, sizeof(why)), 0);
+		MUST(session_acquire(f.st, si[i].id, 0, &s) == 0);
+		T_EQ(dataop_persist_init(f.ks, s, why, sizeof(why)), 0);
+		xfill(&f, s, 0, 40, (uint32_t)i);
+		xfill(&f, s, 1, 30, (uint32_t)i);
+		T_EQ(dataop_checkpoint(f.ks, s, why, sizeof(why)), 0);
+		session_release(s);
+		xsnapshot(&f, si[i].id, &before[i]);
+	}
+
+	/* 1. tenant u is gone: B is dropped, A and C are back */
+	kvstore_persist_stop(f.ks, NULL);
+	f.conf = CCONF_T;
+	kvfix_restart(&f);
+	xpersist_up(&f);
+	T_EQ(session_get_info(f.st, si[1].id, &got), -ENOENT);
+	T_ASSERT(set_aside(f.dir, si[1].id));
+	kvstore_persist_stats(f.ks, &ps);
+	T_EQ(ps.restored, 2);
+	T_EQ(ps.dropped, 1);
+	for (int i = 0; i < 3; i += 2) {
+		xsnapshot(&f, si[i].id, &after);
+		xsame(&before[i], &after);
+	}
+
+	/* 2. the spill file shrunk to end just past C's first slot: C's first
+	 * slot is claimed, a later one is beyond the file, so C is dropped and
+	 * that first slot given back; A (all below) comes back */
+	kvstore_persist_stop(f.ks, NULL);
+	uint64_t a_lo, a_hi, c_lo, c_hi;
+	slot_range(f.dir, si[0].id, &a_lo, &a_hi);
+	slot_range(f.dir, si[2].id, &c_lo, &c_hi);
+	T_ASSERT(a_hi < c_lo && c_lo < c_hi);
+	f.spill_slots = c_lo + 1;
+	kvfix_restart(&f);
+	xpersist_up(&f);
+	T_EQ(session_get_info(f.st, si[2].id, &got), -ENOENT);
+	T_ASSERT(set_aside(f.dir, si[2].id));
+	xsnapshot(&f, si[0].id, &after);
+	xsame(&before[0], &after);
+	/* only A's slots are in use: C's claimed one went back.  (A's pages
+	 * come back into the pool when used, keeping their slots: clean.) */
+	spill_stats(f.sp, &ss);
+	uint64_t a_slots = 0;
+	{
+		struct persist_manifest m;
+		int dfd = persist_dir_open(f.dir, why, sizeof(why));
+		MUST(dfd >= 0 && persist_manifest_read(dfd, si[0].id, &m, why, sizeof(why)) == 0);
+		for (uint32_t l = 0; l < m.geom.n_layers; l++)
+			a_slots += m.layers[l].n_pages;
+		persist_manifest_free(&m);
+		close(dfd);
+	}
+	T_EQ(ss.slots_used, a_slots);
+
+	/* 3. another page size: A no longer fits and is dropped */
+	kvstore_persist_stop(f.ks, NULL);
+	f.page_bytes = 2 * XPAGE;
+	f.spill_slots = 256;
+	kvfix_restart(&f);
+	xpersist_up(&f);
+	T_EQ(session_get_info(f.st, si[0].id, &got), -ENOENT);
+	T_ASSERT(set_aside(f.dir, si[0].id));
+	kvstore_persist_stats(f.ks, &ps);
+	T_EQ(ps.restored, 0);
+	T_EQ(ps.dropped, 1);
+	spill_stats(f.sp, &ss);
+	T_EQ(ss.slots_used, 0);
+
+	kvfix_stop(&f);
+	snprintf(why, sizeof(why), "rm -rf %s", f.dir);
+	T_EQ(system(why), 0);
+}
+
 /* ---- the integration client ---------------------------------------------------- */
 
 static int open_session(const char *dir, const char *name, tqkv **c, tqkv_session **s)
@@ -992,5 +1126,6 @@ int main(int argc, char **argv)
 	T_RUN(test_journal_fuzz);
 	T_RUN(test_xform_restart);
 	T_RUN(test_xform_damage);
+	T_RUN(test_config_change);
 	return t_done();
 }
