@@ -752,13 +752,15 @@ static void test_xform_damage(void)
 		 "[tenant u]\nlimit = 8M\nallow_uids = *\n"
 #define CCONF_T "[pool]\npool_bytes = 16M\n[tenant t]\nlimit = 8M\nallow_uids = *\n"
 
-/* The lowest and highest spill slot session id's manifest names. */
-static void slot_range(const char *dir, uint64_t id, uint64_t *lo, uint64_t *hi)
+/* The lowest and highest spill slot session id's manifest names; returns
+ * how many it names. */
+static uint64_t slot_range(const char *dir, uint64_t id, uint64_t *lo, uint64_t *hi)
 {
 	struct persist_manifest m;
 	char why[512];
 	int dfd = persist_dir_open(dir, why, sizeof(why));
 
+	uint64_t n = 0;
 	MUST(dfd >= 0 && persist_manifest_read(dfd, id, &m, why, sizeof(why)) == 0);
 	*lo = UINT64_MAX;
 	*hi = 0;
@@ -769,25 +771,37 @@ static void slot_range(const char *dir, uint64_t id, uint64_t *lo, uint64_t *hi)
 				continue;
 			*lo = sl < *lo ? sl : *lo;
 			*hi = sl > *hi ? sl : *hi;
+			n++;
 		}
 	persist_manifest_free(&m);
 	close(dfd);
+	return n;
 }
 
-static int set_aside(const char *dir, uint64_t id)
+/* A restart (persistence stopped first) on f's changed config: session
+ * `dropped` is gone with its manifest set aside, and the start counted
+ * `restored` sessions back and one dropped. */
+static void restart_dropping(struct kvfix *f, uint64_t dropped, uint64_t restored)
 {
+	struct session_info got;
+	struct kvpersist_stats ps;
 	char path[256];
 
-	snprintf(path, sizeof(path), "%s/%s/%" PRIu64 ".tqm.dropped", dir, PERSIST_SUBDIR, id);
-	return access(path, F_OK) == 0;
+	kvfix_restart(f);
+	xpersist_up(f);
+	T_EQ(session_get_info(f->st, dropped, &got), -ENOENT);
+	snprintf(path, sizeof(path), "%s/%s/%" PRIu64 ".tqm.dropped", f->dir, PERSIST_SUBDIR, dropped);
+	T_EQ(access(path, F_OK), 0);
+	kvstore_persist_stats(f->ks, &ps);
+	T_EQ(ps.restored, restored);
+	T_EQ(ps.dropped, 1);
 }
 
 static void test_config_change(void)
 {
 	struct kvfix f;
-	struct session_info si[3], got;
+	struct session_info si[3];
 	struct session *s;
-	struct kvpersist_stats ps;
 	struct spill_stats ss;
 	static struct xsnap before[3], after;
 	static const char *const tenant[3] = { "t", "u", "t" };
@@ -814,13 +828,7 @@ static void test_config_change(void)
 	/* 1. tenant u is gone: B is dropped, A and C are back */
 	kvstore_persist_stop(f.ks, NULL);
 	f.conf = CCONF_T;
-	kvfix_restart(&f);
-	xpersist_up(&f);
-	T_EQ(session_get_info(f.st, si[1].id, &got), -ENOENT);
-	T_ASSERT(set_aside(f.dir, si[1].id));
-	kvstore_persist_stats(f.ks, &ps);
-	T_EQ(ps.restored, 2);
-	T_EQ(ps.dropped, 1);
+	restart_dropping(&f, si[1].id, 2);
 	for (int i = 0; i < 3; i += 2) {
 		xsnapshot(&f, si[i].id, &after);
 		xsame(&before[i], &after);
@@ -831,42 +839,23 @@ static void test_config_change(void)
 	 * that first slot given back; A (all below) comes back */
 	kvstore_persist_stop(f.ks, NULL);
 	uint64_t a_lo, a_hi, c_lo, c_hi;
-	slot_range(f.dir, si[0].id, &a_lo, &a_hi);
+	const uint64_t a_slots = slot_range(f.dir, si[0].id, &a_lo, &a_hi);
 	slot_range(f.dir, si[2].id, &c_lo, &c_hi);
 	T_ASSERT(a_hi < c_lo && c_lo < c_hi);
 	f.spill_slots = c_lo + 1;
-	kvfix_restart(&f);
-	xpersist_up(&f);
-	T_EQ(session_get_info(f.st, si[2].id, &got), -ENOENT);
-	T_ASSERT(set_aside(f.dir, si[2].id));
+	restart_dropping(&f, si[2].id, 1);
 	xsnapshot(&f, si[0].id, &after);
 	xsame(&before[0], &after);
 	/* only A's slots are in use: C's claimed one went back.  (A's pages
 	 * come back into the pool when used, keeping their slots: clean.) */
 	spill_stats(f.sp, &ss);
-	uint64_t a_slots = 0;
-	{
-		struct persist_manifest m;
-		int dfd = persist_dir_open(f.dir, why, sizeof(why));
-		MUST(dfd >= 0 && persist_manifest_read(dfd, si[0].id, &m, why, sizeof(why)) == 0);
-		for (uint32_t l = 0; l < m.geom.n_layers; l++)
-			a_slots += m.layers[l].n_pages;
-		persist_manifest_free(&m);
-		close(dfd);
-	}
 	T_EQ(ss.slots_used, a_slots);
 
 	/* 3. another page size: A no longer fits and is dropped */
 	kvstore_persist_stop(f.ks, NULL);
 	f.page_bytes = 2 * XPAGE;
 	f.spill_slots = 256;
-	kvfix_restart(&f);
-	xpersist_up(&f);
-	T_EQ(session_get_info(f.st, si[0].id, &got), -ENOENT);
-	T_ASSERT(set_aside(f.dir, si[0].id));
-	kvstore_persist_stats(f.ks, &ps);
-	T_EQ(ps.restored, 0);
-	T_EQ(ps.dropped, 1);
+	restart_dropping(&f, si[0].id, 0);
 	spill_stats(f.sp, &ss);
 	T_EQ(ss.slots_used, 0);
 
