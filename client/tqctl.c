@@ -170,7 +170,7 @@ static void print_json(const ProtobufCMessage *m)
 }
 
 /* A table: a header row and cells; numbers-like columns right-aligned. */
-#define MAX_COLS 16
+#define MAX_COLS 20
 struct table {
 	int ncol;
 	const char *hdr[MAX_COLS];
@@ -712,18 +712,22 @@ enum tcol {
 	TC_NAME, TC_PRIO, TC_GUAR, TC_LIMIT, TC_USED, TC_PCT, TC_SPILLED, TC_SESSIONS,
 	/* what memory pressure did to the tenant since the daemon started */
 	TC_SPILLS, TC_RESTORES, TC_WAITS, TC_WAITED, TC_MAXWAIT, TC_REFUSED, TC_EVICTED,
+	/* sparse-V: the threshold, and the share of value chunks it skipped */
+	TC_SPARSE, TC_VSKIP,
 	TC_ALLOWED, TC_N
 };
 _Static_assert(TC_N <= MAX_COLS, "the tenants table is wider than MAX_COLS");
 
 static const char *const tcol_hdr[TC_N] = {
 	"TENANT", "PRIO", "GUARANTEED", "LIMIT", "USED", "USE%", "SPILLED", "SESSIONS",
-	"SPILLS", "RESTORES", "WAITS", "WAITED", "MAXWAIT", "REFUSED", "EVICTED", "ALLOWED",
+	"SPILLS", "RESTORES", "WAITS", "WAITED", "MAXWAIT", "REFUSED", "EVICTED", "SPARSE-V", "V-SKIP",
+	"ALLOWED",
 };
 
 static const enum tcol tc_all[] = {
 	TC_NAME, TC_PRIO, TC_GUAR, TC_LIMIT, TC_USED, TC_PCT, TC_SPILLED, TC_SESSIONS,
-	TC_SPILLS, TC_RESTORES, TC_WAITS, TC_WAITED, TC_MAXWAIT, TC_REFUSED, TC_EVICTED, TC_ALLOWED,
+	TC_SPILLS, TC_RESTORES, TC_WAITS, TC_WAITED, TC_MAXWAIT, TC_REFUSED, TC_EVICTED, TC_SPARSE,
+	TC_VSKIP, TC_ALLOWED,
 };
 #define N_TC_ALL ((int)(sizeof(tc_all) / sizeof(tc_all[0])))
 
@@ -759,6 +763,12 @@ static void tenant_row(struct table *t, const enum tcol *cols, const Tqkv__V1__T
 	dur(m->wait_max_us, c[TC_MAXWAIT], sizeof(c[0]));
 	num(m->refusals, c[TC_REFUSED], sizeof(c[0]));
 	num(m->evictions, c[TC_EVICTED], sizeof(c[0]));
+	snprintf(c[TC_SPARSE], sizeof(c[0]), "%g", (double)m->sparse_v);
+	if (m->value_chunks)
+		snprintf(c[TC_VSKIP], sizeof(c[0]), "%.1f%%",
+			 100.0 * (double)m->value_chunks_skipped / (double)m->value_chunks);
+	else
+		snprintf(c[TC_VSKIP], sizeof(c[0]), "-");
 	allow[0] = '\0';
 	if (m->any_uid)
 		n += (size_t)snprintf(allow + n, sizeof(allow) - n, "*");
@@ -1410,6 +1420,9 @@ static const struct cmd cmds[] = {
 	  "  WAITED    the time they waited, all together; MAXWAIT the longest wait\n"
 	  "  REFUSED   allocations refused on a full pool (POOL_FULL)\n"
 	  "  EVICTED   sessions evicted under pressure (pool.pressure_action = evict)\n"
+	  "its sessions' sparse-V (tenant.sparse_v; 0: off) and, since start, the\n"
+	  "share of value chunks (up to 32 keys of a KV head) their CPU attention\n"
+	  "skipped (V-SKIP; '-' before any attention);\n"
 	  "and the users/groups allowed to open sessions.", true, cmd_tenants },
 	{ "budget", "set TENANT [--limit SIZE] [--guaranteed SIZE]", "change a tenant's budget (SetTenantBudget)",
 	  "SIZE: an integer with an optional binary unit: 4096, 512M, 2GiB, 1T.\n"

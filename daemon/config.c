@@ -7,6 +7,7 @@
 #include <grp.h>
 #include <ini.h>
 #include <inttypes.h>
+#include <math.h>
 #include <pwd.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -31,6 +32,7 @@ enum opt_type {
 	OPT_GIDS,      /* tenant_conf.n_gids / gids                 */
 	OPT_CHOICE,    /* int: index into opt.choices               */
 	OPT_XFORM,     /* uint32_t TQ_XF_* mode (tq_xf_mode_parse)  */
+	OPT_FRACTION,  /* float in [min, max] millionths            */
 };
 
 enum opt_scope { SCOPE_GLOBAL, SCOPE_TENANT };
@@ -144,6 +146,10 @@ static const struct opt opts[] = {
 	  "users (names or numbers, comma-separated, * = anyone) that may open sessions", NULL },
 	{ "tenant", "allow_gids", OPT_GIDS, T(n_gids), 0, 0, "", NULL, true,
 	  "groups (names or numbers) whose members may open sessions", NULL },
+	{ "tenant", "sparse_v", OPT_FRACTION, T(sparse_v), 0, 100000, "0", NULL, true,
+	  "CPU attention of its sessions skips decoding values while at most this fraction of each "
+	  "query head's attention weight is left out (0..0.1; 0: off, exact): each output moves by "
+	  "at most sparse_v x the largest value norm; not on a cuda pool", NULL },
 };
 #define N_OPTS (sizeof(opts) / sizeof(opts[0]))
 
@@ -446,6 +452,22 @@ static int opt_parse(const struct opt *o, void *base, const char *value, char *w
 			return -EINVAL;
 		}
 		return 0;
+	case OPT_FRACTION: {
+		char *end;
+		errno = 0;
+		double v = strtod(value, &end);
+		if (value[0] == '\0' || *end != '\0' || errno || !isfinite(v)) {
+			snprintf(why, whylen, "'%s' is not a number (examples: 0, 0.001, 1e-3)", value);
+			return -EINVAL;
+		}
+		if (v < (double)o->min * 1e-6 || v > (double)o->max * 1e-6) {
+			snprintf(why, whylen, "%s is out of range [%g, %g]", value, (double)o->min * 1e-6,
+				 (double)o->max * 1e-6);
+			return -ERANGE;
+		}
+		*(float *)(void *)f = (float)v;
+		return 0;
+	}
 	case OPT_CHOICE: {
 		size_t used = 0;
 		char list[256] = "";
@@ -500,6 +522,9 @@ static void opt_format(const struct opt *o, const void *base, char *buf, size_t 
 	case OPT_XFORM:
 		tq_xf_mode_str(*(const uint32_t *)(const void *)f, buf, n);
 		return;
+	case OPT_FRACTION:
+		snprintf(buf, n, "%g", (double)*(const float *)(const void *)f);
+		return;
 	case OPT_UIDS:
 	case OPT_GIDS: {
 		const struct tenant_conf *t = base;
@@ -541,6 +566,7 @@ static void opt_copy(const struct opt *o, void *dst, const void *src)
 	case OPT_SIZE:
 	case OPT_DURATION: sz = sizeof(uint64_t); break;
 	case OPT_BOOL: sz = sizeof(bool); break;
+	case OPT_FRACTION: sz = sizeof(float); break;
 	case OPT_UIDS: {
 		struct tenant_conf *d = dst;
 		const struct tenant_conf *s = src;

@@ -33,6 +33,7 @@ struct tenant_conf {
 	uint64_t guaranteed;    /* bytes never taken away by pressure         */
 	uint64_t limit;         /* bytes the tenant may hold at most          */
 	int32_t priority;       /* 0..100; higher keeps its pages longer      */
+	float sparse_v;         /* tq_attn_params.sparse_v of its sessions    */
 	bool any_uid;           /* allow_uids = *                             */
 	uint32_t n_uids, n_gids;
 	uint32_t uids[CONFIG_MAX_IDS];

@@ -1160,7 +1160,9 @@ static void ws_trim(struct dataop_ws *ws)
  * DATAOP_WS_CHUNK_BYTES (at least one query per pass), so what one
  * operation takes is bounded whatever n_q and the context length.  Every
  * pass plans its split of the keys as the whole call would (plan_n_q):
- * the answers are bit-identical to one pass over all n_q queries.
+ * the answers are bit-identical to one pass over all n_q queries (with
+ * the tenant's sparse-V off; with it on, each pass skips by its own rows,
+ * within the same bound on what moves).
  * ap->q_pos must hold all n_q positions; ap->q at least the first pass. */
 static uint32_t attend_chunk(struct tq_attn_params *ap, uint32_t n_q, size_t q_row_bytes)
 {
@@ -1250,6 +1252,13 @@ void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, 
 		.isa = TQ_ISA_AUTO,
 		.threads = ws->threads,
 	};
+	if (!gpu) {
+		/* the tenant's sparse-V (the GPU kernels do not skip): read
+		 * once per call, so a reload applies from the next one */
+		struct tenant *tn = session_tenant(s);
+		ap.sparse_v = tenant_sparse_v(tn);
+		ap.stats = tenant_attn_stats(tn);
+	}
 	ap.q = q;               /* planning checks the first pass's queries in place */
 	ap.q_pos = ws->pos;
 	ap.out = out;

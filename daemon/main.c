@@ -166,6 +166,25 @@ static void apply_overrides(struct daemon *d, struct config *c)
 		snprintf(c->spill_dir, sizeof(c->spill_dir), "%s", d->spill_dir_arg);
 }
 
+/* Each tenant's sparse-V, where it is on: what it does, or that it does
+ * nothing on a GPU pool (at start and after each reload). */
+static void note_sparse_v(struct daemon *d, const char *when)
+{
+	for (uint32_t i = 0; i < tenant_count(d->tenants); i++) {
+		struct tenant *t = tenant_at(d->tenants, i);
+		float sv = tenant_sparse_v(t);
+		if (!(sv > 0.0f))
+			continue;
+		if (pool_has_kernels(d->pool))
+			log_warning("%s: tenant '%s': sparse_v = %g has no effect: attention runs on the GPU "
+				    "(pool.backend = cuda), whose kernels do not skip values", when, tenant_name(t),
+				    (double)sv);
+		else
+			log_info("%s: tenant '%s': sparse-V on: its sessions' attention skips values while at "
+				 "most %g of each head's attention weight is left out", when, tenant_name(t), (double)sv);
+	}
+}
+
 /* Load, override, validate.  Logs every problem; returns 0 or -errno. */
 static int load_config(struct daemon *d, struct config *c)
 {
@@ -248,6 +267,7 @@ static void reload(struct daemon *d)
 	free(merged);
 	log_set_level(d->cfg->log_level);
 	tenant_table_apply(d->tenants, d->cfg);
+	note_sparse_v(d, "reload");
 	session_table_set_max(d->sessions, d->cfg->max_sessions, d->cfg->max_sessions_per_uid);
 	kvstore_persist_set_interval(d->kv, d->cfg->checkpoint_interval_ms);
 	/* new watermarks, a lowered limit: the reclaimer acts at once */
@@ -635,6 +655,7 @@ int main(int argc, char **argv)
 		goto fail;
 	}
 	session_table_set_max(d.sessions, d.cfg->max_sessions, d.cfg->max_sessions_per_uid);
+	note_sparse_v(&d, "start-up");
 	{
 		uint64_t first_id;
 		if (idstore_open(&d.ids, d.cfg->spill_dir, &first_id, err, sizeof(err)) < 0) {

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "tq_attn.h"
 #include "tq_size.h"
 
 struct tenant {
@@ -16,6 +17,8 @@ struct tenant {
 	uint64_t limit;                 /* atomic: read by every charge    */
 	uint32_t sessions;              /* atomic                          */
 	struct tenant_pressure pr;      /* atomic, each field              */
+	float sparse_v;                 /* atomic                          */
+	struct tq_attn_stats sv;        /* atomic, each field: the kernels add */
 	pthread_mutex_t lock;           /* guards the fields below         */
 	uint64_t guaranteed;
 	int32_t priority;
@@ -36,6 +39,8 @@ static void tenant_load(struct tenant *t, const struct tenant_conf *tc)
 {
 	pthread_mutex_lock(&t->lock);
 	__atomic_store_n(&t->limit, tc->limit, __ATOMIC_RELAXED);
+	float sv = tc->sparse_v;
+	__atomic_store(&t->sparse_v, &sv, __ATOMIC_RELAXED);
 	t->guaranteed = tc->guaranteed;
 	t->priority = tc->priority;
 	t->any_uid = tc->any_uid;
@@ -129,6 +134,9 @@ void tenant_get_info(struct tenant *t, struct tenant_info *out)
 	out->used = tenant_used(t);
 	out->spilled = __atomic_load_n(&t->spilled, __ATOMIC_RELAXED);
 	out->sessions = __atomic_load_n(&t->sessions, __ATOMIC_RELAXED);
+	out->sparse_v = tenant_sparse_v(t);
+	out->v_chunks = __atomic_load_n(&t->sv.v_chunks, __ATOMIC_RELAXED);
+	out->v_skipped = __atomic_load_n(&t->sv.v_skipped, __ATOMIC_RELAXED);
 	out->pressure.spilled_bytes = __atomic_load_n(&t->pr.spilled_bytes, __ATOMIC_RELAXED);
 	out->pressure.restored_bytes = __atomic_load_n(&t->pr.restored_bytes, __ATOMIC_RELAXED);
 	out->pressure.waits = __atomic_load_n(&t->pr.waits, __ATOMIC_RELAXED);
@@ -152,6 +160,19 @@ int32_t tenant_priority(struct tenant *t)
 	int32_t p = t->priority;
 	pthread_mutex_unlock(&t->lock);
 	return p;
+}
+
+float tenant_sparse_v(struct tenant *t)
+{
+	float v;
+
+	__atomic_load(&t->sparse_v, &v, __ATOMIC_RELAXED);
+	return v;
+}
+
+struct tq_attn_stats *tenant_attn_stats(struct tenant *t)
+{
+	return &t->sv;
 }
 
 void tenant_note(struct tenant *t, enum tenant_counter c, uint64_t v)

@@ -46,6 +46,9 @@ struct tenant_info {
 	uint64_t spilled;             /* its sessions' bytes in the spill tier (not charged) */
 	uint32_t sessions;
 	struct tenant_pressure pressure;
+	float sparse_v;               /* its sessions' sparse-V threshold (config) */
+	uint64_t v_chunks;            /* value chunks its CPU attention reached    */
+	uint64_t v_skipped;           /* of them, skipped by sparse-V              */
 	bool any_uid;
 	uint32_t n_uids, n_gids;
 	uint32_t uids[CONFIG_MAX_IDS];
@@ -77,6 +80,12 @@ void tenant_spilled_add(struct tenant *t, int64_t delta);
 uint64_t tenant_limit(const struct tenant *t);
 uint64_t tenant_guaranteed(struct tenant *t);
 int32_t tenant_priority(struct tenant *t);
+
+/* tenant.sparse_v of the config (reloads change it), and the counters
+ * the CPU attention kernels add to for its sessions (tq_attn_params.stats). */
+struct tq_attn_stats;
+float tenant_sparse_v(struct tenant *t);
+struct tq_attn_stats *tenant_attn_stats(struct tenant *t);
 
 /* Pressure counters (any thread). */
 void tenant_note(struct tenant *t, enum tenant_counter c, uint64_t v);

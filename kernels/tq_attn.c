@@ -574,6 +574,7 @@ static void task_compute(void *arg, int task, int thread)
 					     qprep + (size_t)b * TQA_QPREP_BYTES);
 
 	const float thr = p->sparse_v;
+	uint64_t v_chunks = 0, v_skipped = 0;
 	uint32_t t0 = (uint32_t)s * pl->split_len;
 	uint32_t t1 = t0 + pl->split_len < jb->sh.kv_len ? t0 + pl->split_len : jb->sh.kv_len;
 	if (t1 > tmax)
@@ -660,6 +661,7 @@ static void task_compute(void *arg, int task, int thread)
 			}
 			if (skip) {
 				nv = 0;
+				v_skipped++;
 				for (int b = 0; b < nblk; b++)
 					if (active[b])
 						for (int i = 0; i < TQA_ROWS; i++)
@@ -681,7 +683,12 @@ static void task_compute(void *arg, int task, int thread)
 			}
 		}
 		prefetch_lines(pf.v, pf.vn / 2, pf.vn);
+		v_chunks++;
 		t += (uint32_t)n;
+	}
+	if (p->stats && v_chunks) {
+		__atomic_fetch_add(&p->stats->v_chunks, v_chunks, __ATOMIC_RELAXED);
+		__atomic_fetch_add(&p->stats->v_skipped, v_skipped, __ATOMIC_RELAXED);
 	}
 
 	if (pl->n_split == 1) {

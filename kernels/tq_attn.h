@@ -42,6 +42,13 @@ extern "C" {
 #define TQ_ATTN_MAX_Q     65536   /* query tokens per call                 */
 #define TQ_ATTN_MAX_HEADS 1024    /* n_q_heads                             */
 
+/* What sparse-V did in a call, per (KV head, row tile): chunks of keys whose
+ * values were accumulated, and those skipped.  Added to, never reset. */
+struct tq_attn_stats {
+	uint64_t v_chunks;           /* value chunks the call reached (run or skipped) */
+	uint64_t v_skipped;          /* of them, skipped by sparse_v                   */
+};
+
 struct tq_attn_params {
 	/* codecs of the layer (same dim); blocks must match kv->geom */
 	const tq_codec *k_codec;
@@ -63,6 +70,10 @@ struct tq_attn_params {
 				     /* of the row's attention mass: the output    */
 				     /* moves by at most sparse_v x max |v|; 0 =   */
 				     /* off (exact).  Fused path only.             */
+	struct tq_attn_stats *stats; /* NULL, or counts added to (atomically: one */
+				     /* call's threads, or several calls, share); */
+				     /* fused CPU path only (tqc_attend, the      */
+				     /* oracle: untouched)                         */
 
 	float *out;                  /* [n_q][n_q_heads][dim] fp32                 */
 
@@ -103,7 +114,7 @@ int tq_attn_isa_supported(enum tq_isa isa);
 const char *tq_attn_isa_label(enum tq_isa isa);
 
 /* The oracle (slow, allocates; ignores isa, threads, plan_n_q, workspace,
- * sparse_v). */
+ * sparse_v, stats). */
 int tq_attend_ref(const struct tq_attn_params *p, tq_error *err);
 
 #ifdef __cplusplus

@@ -94,7 +94,8 @@ static void usage(FILE *f)
 		"                       (measured: BENCHMARKS.md 4a)\n"
 		"  --sparse-v X         with --local: skip values while at most X of each\n"
 		"                       head's attention weight is left out (the kernels'\n"
-		"                       sparse-V; default 0, off)\n"
+		"                       sparse-V; default 0, off); with tqkvd the tenant's\n"
+		"                       sparse_v (config) decides\n"
 		"  --ctx N              the context in tokens, at most the model's (default:\n"
 		"                       the model's; ppl on a GGUF model: 512)\n"
 		"\n"
@@ -341,7 +342,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		return -EINVAL;
 	}
 	if (o->sparse_v != 0.0f && (!o->local || !(o->sparse_v > 0.0f && o->sparse_v < 1.0f))) {
-		fprintf(stderr, PROG ": --sparse-v is in (0, 1) and needs --local (tqkvd does not skip values)\n");
+		fprintf(stderr, PROG ": --sparse-v is in (0, 1) and needs --local (with tqkvd, the tenant's "
+			"sparse_v in its config decides)\n");
 		return -EINVAL;
 	}
 	if (o->temperature < 0.0f) {

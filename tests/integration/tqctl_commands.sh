@@ -14,6 +14,7 @@ allow_uids = *
 [tenant locked]
 limit = 64M
 allow_uids = 4242
+sparse_v = 0.001
 CONF
 start_daemon --config "$T/tqkvd.conf"
 wait_up
@@ -41,12 +42,15 @@ expect 0 stats --json;           [ "$(json 'd["tenants"]')" = 2 ] || fail "stats
 [ "$(json 'int(d["spill_capacity_bytes"]) // 2**20')" -le 2048 ] && [ "$(json 'int(d["spill_capacity_bytes"]) // 2**20')" -ge 2040 ] \
 	|| fail "stats --json: spill capacity $(json 'd["spill_capacity_bytes"]')"
 expect 0 tenants;                has '^TENANT  *PRIO'; has '^locked .*64.0 MiB'
-has '^TENANT .* USE%  *SPILLED  *SESSIONS  *SPILLS  *RESTORES  *WAITS  *WAITED  *MAXWAIT  *REFUSED  *EVICTED  *ALLOWED$'
-has '^locked .*  0 B  *0 B  *0  *0  *0  *0  *0  *uid 4242$'
+has '^TENANT .* USE%  *SPILLED  *SESSIONS  *SPILLS  *RESTORES  *WAITS  *WAITED  *MAXWAIT  *REFUSED  *EVICTED  *SPARSE-V  *V-SKIP  *ALLOWED$'
+has '^locked .*  0 B  *0 B  *0  *0  *0  *0  *0  *0.001  *-  *uid 4242$'
+has '^default .*  0  *-  *\*$'
 expect 0 tenants --json;         [ "$(json 'd["tenants"][1]["allow_uids"][0]')" = 4242 ] || fail "tenants --json"
 [ "$(json '[[t[k] for k in ("spilled_total_bytes", "restored_total_bytes", "waits", "wait_us", "wait_max_us",
 	"refusals", "evictions")] for t in d["tenants"]]')" = "[[0, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0]]" ] \
 	|| fail "tenants --json: pressure counters"
+[ "$(json '[(round(t["sparse_v"], 6), t["value_chunks"], t["value_chunks_skipped"]) for t in d["tenants"]]')" = "[(0, 0, 0), (0.001, 0, 0)]" ] \
+	|| fail "tenants --json: sparse-V"
 expect 0 sessions;               has 'no sessions'
 expect 0 open --layers 32 --kv-heads 8 --q-heads 32 --head-dim 128 --max-tokens 1024 --name chat --json
 ID=$(json 'd["id"]')

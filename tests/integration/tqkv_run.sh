@@ -5,7 +5,8 @@
 #     message and a non-zero exit;
 #   - generate and ppl in-process (--local), deterministic at temperature 0;
 #   - a real tqkvd on temporary directories: the daemon path gives the same
-#     logits, bit for bit, as --local for the same codecs, and the same text.
+#     logits, bit for bit, as --local for the same codecs, and the same text;
+#     a tenant's sparse_v gives --local --sparse-v's logits, counted by tqctl.
 # Skips (77) when ../shared/data is absent.
 set -u
 cd "$(dirname "$0")/../.."
@@ -172,6 +173,33 @@ daemon_checks() {
 			fail "$1/$2: daemon and --local logits differ: $(cat "$tmp/lj") vs $(cat "$tmp/dj")"
 		fi
 	done
+	# a tenant with sparse-V: its sessions' logits are --local --sparse-v's,
+	# bit for bit, not the exact ones, and tqctl counts what was skipped
+	if ! "$RUN" "${P[@]}" --local --sparse-v 0.05 --logits-out "$tmp/local_sv.f32" >/dev/null 2>"$tmp/err" ||
+		! "$RUN" "${P[@]}" --local --logits-out "$tmp/local_exact.f32" >/dev/null 2>>"$tmp/err"; then
+		fail "local ppl --sparse-v: $(cat "$tmp/err")"
+	elif ! "$RUN" "${P[@]}" --tenant sparse --run-dir "$tmp/run" --logits-out "$tmp/daemon_sv.f32" \
+		>/dev/null 2>"$tmp/err"; then
+		fail "daemon ppl in the sparse tenant: $(cat "$tmp/err")"
+	elif cmp -s "$tmp/local_sv.f32" "$tmp/local_exact.f32"; then
+		fail "--sparse-v 0.05 skipped nothing on this text: the check below proves nothing"
+	elif ! cmp -s "$tmp/local_sv.f32" "$tmp/daemon_sv.f32"; then
+		fail "tenant sparse_v = 0.05: the daemon's logits are not --local --sparse-v 0.05's"
+	else
+		local sk
+		sk=$("$BIN/tqctl" --socket "$tmp/run/control.sock" tenants --json | python3 -c '
+import json, sys
+t = {x["name"]: x for x in json.load(sys.stdin)["tenants"]}
+s, d = t["sparse"], t["default"]
+print(int(s["value_chunks"]), int(s["value_chunks_skipped"]), int(d["value_chunks_skipped"]))')
+		read -r chunks skipped dskipped <<<"$sk"
+		if [ -z "$chunks" ] || [ "$chunks" -eq 0 ] || [ "$skipped" -eq 0 ] || [ "$skipped" -ge "$chunks" ] ||
+			[ "$dskipped" -ne 0 ]; then
+			fail "tqctl tenants --json: sparse tenant chunks/skipped '$chunks/$skipped', default skipped '$dskipped'"
+		else
+			echo "ok   tenant sparse_v = 0.05: daemon logits are --local --sparse-v 0.05's; $skipped of $chunks value chunks skipped"
+		fi
+	fi
 	local dout dtext
 	if ! dout=$("$RUN" generate --model "$M" --tokenizer "$T" --prompt "Once upon a time" --run-dir "$tmp/run" \
 		--steps 40 --temperature 0 2>&1); then
@@ -194,7 +222,14 @@ daemon_checks() {
 if [ ! -x "$BIN/tqkvd" ]; then
 	fail "$BIN/tqkvd is not built"
 else
-	"$BIN/tqkvd" --run-dir "$tmp/run" --spill-dir "$tmp/spill" >"$tmp/tqkvd.log" 2>&1 &
+	cat >"$tmp/tqkvd.conf" <<CONF
+[tenant default]
+allow_uids = *
+[tenant sparse]
+allow_uids = *
+sparse_v = 0.05
+CONF
+	"$BIN/tqkvd" --config "$tmp/tqkvd.conf" --run-dir "$tmp/run" --spill-dir "$tmp/spill" >"$tmp/tqkvd.log" 2>&1 &
 	dpid=$!
 	for _ in $(seq 100); do
 		grep -q "ready" "$tmp/tqkvd.log" && break

@@ -536,10 +536,20 @@ static void test_sparse_v(void)
 			p.isa = isas[i];
 			p.out = full;
 			p.sparse_v = 0.0f;
+			struct tq_attn_stats st0 = { 0, 0 }, st = { 0, 0 };
+			p.stats = &st0;
 			T_EQ(tq_attend(&p, &err), 0);
+			/* every chunk reached, none skipped: at one query token
+			 * each of the 8 KV heads' 3000 keys in 94 chunks (the
+			 * splits and pages start on chunk boundaries) */
+			T_ASSERT(st0.v_chunks > 0 && st0.v_skipped == 0);
+			if (nq == 1)
+				T_EQ(st0.v_chunks, 8u * 94u);
 			p.out = out;
 			p.sparse_v = 1e-30f;
+			p.stats = &st;
 			T_EQ(tq_attend(&p, &err), 0);
+			T_EQ(st.v_chunks, st0.v_chunks);
 			/* skipping only tokens no row weighs changes no bit */
 			T_ASSERT(row_err(out, full, (size_t)rows, 128) == 0.0);
 			/* against the oracle: this attention is twice as peaked as
@@ -553,7 +563,11 @@ static void test_sparse_v(void)
 			static const float eps[] = { 1e-3f, 1e-2f, 0.1f };
 			for (size_t e = 0; e < sizeof(eps) / sizeof(eps[0]); e++) {
 				p.sparse_v = eps[e];
+				st.v_chunks = st.v_skipped = 0;
 				T_EQ(tq_attend(&p, &err), 0);
+				/* the same chunks reached; some skipped, counted */
+				T_EQ(st.v_chunks, st0.v_chunks);
+				T_ASSERT(st.v_skipped > 0 && st.v_skipped < st.v_chunks);
 				double worst = 0.0, moved = 0.0;
 				for (int r = 0; r < rows; r++) {
 					double d2 = 0.0;
@@ -572,7 +586,12 @@ static void test_sparse_v(void)
 						(double)eps[e], nq, tq_isa_name(isas[i]), moved, worst);
 				T_ASSERT(worst <= 1.0 + 1e-3);
 				T_ASSERT(moved > 1e-6); /* values were skipped: the result moved */
+				if (getenv("TQ_TEST_VERBOSE"))
+					fprintf(stderr, "  sparse-V %g, %d queries, %s: %llu of %llu value chunks skipped\n",
+						(double)eps[e], nq, tq_isa_name(isas[i]),
+						(unsigned long long)st.v_skipped, (unsigned long long)st.v_chunks);
 			}
+			p.stats = NULL;
 		}
 		qset_free(&s);
 	}

@@ -238,7 +238,7 @@ static void test_tenants(void)
 	const char *text =
 		"[pool]\npool_bytes = 8GiB\n"
 		"[tenant prod]\nguaranteed = 4G\nlimit = 6G\npriority = 90\nallow_uids = root, 4242\n"
-		"[tenant test]\npriority = 10\nallow_gids = 0, 77\n";
+		"[tenant test]\npriority = 10\nallow_gids = 0, 77\nsparse_v = 1e-3\n";
 
 	T_EQ(config_load_string(c, "t.conf", text, err, sizeof(err)), 0);
 	T_EQ(c->n_tenants, 2); /* the embedded default is replaced */
@@ -254,6 +254,7 @@ static void test_tenants(void)
 	T_EQ(t->limit, 8ull << 30); /* default: pool_bytes */
 	T_EQ(t->n_gids, 2);
 	T_EQ(t->gids[1], 77);
+	T_ASSERT(p->sparse_v == 0.0f && t->sparse_v == 1e-3f);
 	T_EQ(p->line, 3);
 	free(c);
 
@@ -270,6 +271,10 @@ static void test_tenants(void)
 	T_ASSERT(load_fails("[tenant a]\nallow_gids = *\n", "t.conf:2:", "only valid in allow_uids"));
 	T_ASSERT(load_fails("[tenant a]\nallow_uids = *\npriority = 101\n", "t.conf:3:", "[0, 100]"));
 	T_ASSERT(load_fails("[tenant a]\nallow_uids = *\nwho = me\n", "t.conf:3:", "unknown option 'who'"));
+	T_ASSERT(load_fails("[tenant a]\nallow_uids = *\nsparse_v = 0.2\n", "t.conf:3:", "[0, 0.1]"));
+	T_ASSERT(load_fails("[tenant a]\nallow_uids = *\nsparse_v = -1e-9\n", "t.conf:3:", "out of range"));
+	T_ASSERT(load_fails("[tenant a]\nallow_uids = *\nsparse_v = nan\n", "t.conf:3:", "not a number"));
+	T_ASSERT(load_fails("[tenant a]\nallow_uids = *\nsparse_v = 1%\n", "t.conf:3:", "not a number"));
 }
 
 struct visit_ctx {
@@ -332,19 +337,20 @@ static void test_reload_merge(void)
 	const char *t1 = "[daemon]\nlog_level = info\n[pool]\npool_bytes = 2G\n"
 			 "[tenant a]\nlimit = 1G\nallow_uids = *\n";
 	const char *t2 = "[daemon]\nlog_level = debug\nmax_sessions = 5\n[pool]\npool_bytes = 4G\n"
-			 "[tenant a]\nlimit = 512M\nguaranteed = 256M\nallow_uids = *\n"
+			 "[tenant a]\nlimit = 512M\nguaranteed = 256M\nallow_uids = *\nsparse_v = 0.005\n"
 			 "[tenant b]\nallow_uids = *\n";
 
 	T_EQ(config_load_string(live, "a.conf", t1, err, sizeof(err)), 0);
 	T_EQ(config_load_string(next, "a.conf", t2, err, sizeof(err)), 0);
 	int n = config_apply_reload(live, next, notes, sizeof(notes));
-	T_EQ(n, 4); /* log_level, max_sessions, a.limit, a.guaranteed */
+	T_EQ(n, 5); /* log_level, max_sessions, a.limit, a.guaranteed, a.sparse_v */
 	T_EQ(live->log_level, 7);
 	T_EQ(live->max_sessions, 5);
 	T_EQ(live->pool_bytes, 2ull << 30); /* does not reload */
 	T_EQ(live->n_tenants, 1);
 	T_EQ(config_tenant(live, "a")->limit, 512ull << 20);
 	T_EQ(config_tenant(live, "a")->guaranteed, 256ull << 20);
+	T_ASSERT(config_tenant(live, "a")->sparse_v == 0.005f);
 	T_ASSERT(strstr(notes, "pool.pool_bytes changed"));
 	T_ASSERT(strstr(notes, "tenant 'b' is new"));
 	T_EQ(config_validate(live, err, sizeof(err)), 0);

@@ -1,7 +1,8 @@
 /* test_dataop — the data operations on their own (no ring): what one huge
  * ATTEND costs a worker, during and after (issue 15 item 5), its passes
  * against one kernel call over all its queries, bit for bit, and attention
- * whose finite inputs overflow float range, for every key codec (item 8). */
+ * whose finite inputs overflow float range, for every key codec (item 8);
+ * the tenant's sparse-V, reloaded. */
 #include <errno.h>
 #include <math.h>
 #include <stdbool.h>
@@ -32,10 +33,12 @@ struct fix {
 	struct session_table *st;
 };
 
+#define FIX_CONF "[pool]\npool_bytes = 64M\n[tenant t]\nlimit = 64M\nallow_uids = *\n"
+
 static void fix_start(struct fix *f)
 {
 	char err[CONFIG_ERR_MAX], why[200];
-	const char *text = "[pool]\npool_bytes = 64M\n[tenant t]\nlimit = 64M\nallow_uids = *\n";
+	const char *text = FIX_CONF;
 	struct pool_params pp = { .bytes = 64 * MiB, .page_bytes = 64 << 10, .numa_node = -1 };
 
 	memset(f, 0, sizeof(*f));
@@ -315,6 +318,102 @@ static void test_passes_bit_identical(void)
 	free(out);
 	free(want);
 	free(pos);
+	session_release(s);
+	dataop_ws_free(&ws);
+	T_EQ(session_close(f.st, id, NULL), 0);
+	fix_stop(&f);
+}
+
+/* The tenant's sparse-V (tenant.sparse_v), reloaded: with it on, its
+ * sessions' CPU attention skips value chunks, counts them (tenant_info,
+ * what `tqctl tenants` shows) and moves each output by at most about
+ * sparse_v x the largest value norm (test_attn checks the kernels' exact
+ * bound); a reload back to 0 gives the exact bits again. */
+static void test_tenant_sparse_v(void)
+{
+	struct fix f;
+	struct dataop_ws ws = { 0 };
+	struct dataop_res r;
+	struct tenant_info ti;
+	struct config next;
+	char err[CONFIG_ERR_MAX];
+	const struct session_geom g = { 1, 2, 8, 128, TQ_CODEC_TQ4, TQ_CODEC_TQ3, 4096, 0 };
+	const uint32_t ctx = 3000, nq = 2;
+	const size_t row = 8 * 128, kvrow = 2 * 128;
+	uint64_t id;
+
+	fix_start(&f);
+	T_EQ(tq_threads_new(&ws.threads, 2), 0);
+	struct tenant *tn = tenant_find(f.tt, "t");
+	struct session *s = fix_open(&f, &g, &id);
+	float *k = malloc(ctx * kvrow * 4), *v = malloc(ctx * kvrow * 4);
+	float *q = malloc(nq * row * 4), *exact = malloc(nq * row * 4), *out = malloc(nq * row * 4);
+	int32_t pos[2] = { (int32_t)ctx - 1, (int32_t)ctx / 2 };
+	T_ASSERT(k && v && q && exact && out);
+	double vmax = 0.0;
+	for (uint32_t t = 0; t < ctx; t++) {
+		double n2 = 0.0;
+		for (size_t j = 0; j < kvrow; j++) {
+			k[t * kvrow + j] = frand();
+			v[t * kvrow + j] = frand();
+			n2 += (double)v[t * kvrow + j] * v[t * kvrow + j];
+		}
+		if (sqrt(n2) > vmax)
+			vmax = sqrt(n2);
+	}
+	for (size_t i = 0; i < nq * row; i++)
+		q[i] = 40.0f * frand(); /* sharp attention, as real models' heads often are */
+	dataop_append(f.ks, s, 0, k, v, TQ_DTYPE_F32, ctx, &r);
+	T_EQ(r.status, TQKV_ST_OK);
+
+	/* off (the default): every chunk reached, none skipped */
+	dataop_attend(f.ks, s, &ws, 0, NULL, NULL, 0, q, pos, nq, TQ_DTYPE_F32, exact, &r);
+	T_EQ(r.status, TQKV_ST_OK);
+	tenant_get_info(tn, &ti);
+	T_ASSERT(ti.sparse_v == 0.0f && ti.v_chunks > 0 && ti.v_skipped == 0);
+	const uint64_t per_call = ti.v_chunks;
+
+	/* on, by a reload */
+	T_EQ(config_load_string(&next, "t.conf", FIX_CONF "sparse_v = 0.01\n", err, sizeof(err)), 0);
+	tenant_table_apply(f.tt, &next);
+	dataop_attend(f.ks, s, &ws, 0, NULL, NULL, 0, q, pos, nq, TQ_DTYPE_F32, out, &r);
+	T_EQ(r.status, TQKV_ST_OK);
+	tenant_get_info(tn, &ti);
+	T_ASSERT(ti.sparse_v == 0.01f);
+	T_EQ(ti.v_chunks, 2 * per_call);
+	T_ASSERT(ti.v_skipped > 0 && ti.v_skipped < per_call);
+	double moved = 0.0;
+	for (size_t i = 0; i < nq * 8; i++) {
+		double d2 = 0.0;
+		for (size_t j = 0; j < 128; j++) {
+			double d = (double)out[i * 128 + j] - exact[i * 128 + j];
+			d2 += d * d;
+		}
+		moved = sqrt(d2) > moved ? sqrt(d2) : moved;
+	}
+	if (getenv("TQ_TEST_VERBOSE"))
+		fprintf(stderr, "  sparse-V 0.01: %llu of %llu value chunks skipped, outputs moved %.3g "
+			"(0.01 x max |v| = %.3g)\n", (unsigned long long)ti.v_skipped,
+			(unsigned long long)per_call, moved, 0.01 * vmax);
+	/* the decoded values' norms exceed the inputs' by the codec's error */
+	T_ASSERT(moved > 0.0 && moved <= 1.5 * 0.01 * vmax);
+
+	/* off again: the exact bits, nothing more skipped */
+	const uint64_t skipped = ti.v_skipped;
+	T_EQ(config_load_string(&next, "t.conf", FIX_CONF "sparse_v = 0\n", err, sizeof(err)), 0);
+	tenant_table_apply(f.tt, &next);
+	dataop_attend(f.ks, s, &ws, 0, NULL, NULL, 0, q, pos, nq, TQ_DTYPE_F32, out, &r);
+	T_EQ(r.status, TQKV_ST_OK);
+	T_ASSERT(memcmp(out, exact, nq * row * 4) == 0);
+	tenant_get_info(tn, &ti);
+	T_EQ(ti.v_chunks, 3 * per_call);
+	T_EQ(ti.v_skipped, skipped);
+
+	free(k);
+	free(v);
+	free(q);
+	free(exact);
+	free(out);
 	session_release(s);
 	dataop_ws_free(&ws);
 	T_EQ(session_close(f.st, id, NULL), 0);
@@ -657,5 +756,6 @@ int main(void)
 	T_RUN(test_overflow_nonfinite);
 	T_RUN(test_overflow_every_codec);
 	T_RUN(test_kv_transform);
+	T_RUN(test_tenant_sparse_v);
 	return t_done();
 }
