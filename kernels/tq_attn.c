@@ -456,8 +456,16 @@ static size_t out_row(const struct job *jb, int h, int r)
  * in three pieces spread over the chunk's work — its first K half
  * before the scores, the second with the first V half before the
  * values, the rest after them — as one burst of every line filled the
- * core's miss buffers and stalled the scoring behind it (3.6 ms). */
-enum { PF_AHEAD = 3 };
+ * core's miss buffers and stalled the scoring behind it (3.6 ms).
+ * Where blocks are larger than PF_PACE_BLOCK bytes (q8 keys, f16, f32)
+ * even those pieces stalled the thread on its prefetches (a fifth of
+ * K q8 / V tq4's time at 32k, in the prefetch instructions): there the
+ * register-direct kernels issue the lines themselves, one per step of
+ * their token loops (TQA_PF_STEP, tq_attn_internal.h), and the driver
+ * only points them at the chunk — 32k K q8 / V tq4 13-18 % faster, fp16
+ * 16-18 %; tq4 / tq3 blocks (68 and 52 bytes) timed the same either way
+ * and keep the pieces (BENCHMARKS.md 2, "Prefetch at the kernels' pace"). */
+enum { PF_AHEAD = 3, PF_PACE_BLOCK = 96 };
 
 struct pf_chunk {
 	const uint8_t *k, *v;
@@ -469,6 +477,24 @@ static void prefetch_lines(const uint8_t *p, size_t from, size_t to)
 {
 	for (size_t o = from; o < to; o += 64)
 		__builtin_prefetch(p + o, 0, 2);
+}
+
+__thread struct tqa_pf tqa_pf_cur TQA_PF_TLS;
+
+/* Points the thread's cursor at chunk c after issuing what the kernels
+ * left of the one before (paced prefetch, tq_attn_internal.h). */
+static void pf_paced_next(const struct pf_chunk *c)
+{
+	struct tqa_pf *f = &tqa_pf_cur;
+
+	while (f->i < 2)
+		tqa_pf_step(f);
+	f->p[0] = c->k;
+	f->n[0] = c->kn;
+	f->p[1] = c->v;
+	f->n[1] = c->vn;
+	f->o = 0;
+	f->i = c->kn ? 0 : c->vn ? 1 : 2;
 }
 
 /* The chunk starting at token tn of head h, or an empty one at or past t1. */
@@ -575,6 +601,12 @@ static void task_compute(void *arg, int task, int thread)
 
 	const float thr = p->sparse_v;
 	uint64_t v_chunks = 0, v_skipped = 0;
+	/* the kernels pace the prefetches where both of this task's kernels
+	 * are register-direct ones of an ISA that paces them and a block is
+	 * larger than PF_PACE_BLOCK (above) */
+	const int paced = ops->pf_paced && (kprep || (direct && ops->scores_d128[kid])) && dvals &&
+			  (geom->k_block_bytes > PF_PACE_BLOCK || geom->v_block_bytes > PF_PACE_BLOCK);
+	tqa_pf_cur.i = 2; /* nothing of another task's or call's */
 	uint32_t t0 = (uint32_t)s * pl->split_len;
 	uint32_t t1 = t0 + pl->split_len < jb->sh.kv_len ? t0 + pl->split_len : jb->sh.kv_len;
 	if (t1 > tmax)
@@ -593,7 +625,10 @@ static void task_compute(void *arg, int task, int thread)
 
 		const struct pf_chunk pf = pf_chunk_at(kv, (uint32_t)h, t + (uint32_t)n +
 						       (PF_AHEAD - 1) * TQA_CHUNK, t1);
-		prefetch_lines(pf.k, 0, pf.kn / 2);
+		if (paced)
+			pf_paced_next(&pf);
+		else
+			prefetch_lines(pf.k, 0, pf.kn / 2);
 		const float *kt = NULL;
 		if (!kprep && !(direct && ops->scores_d128[kid]))
 			kt = ops->decode(p->k_codec, kb, n, ktile, kscale);
@@ -668,8 +703,10 @@ static void task_compute(void *arg, int task, int thread)
 							srow[b * TQA_ROWS + i] += cm[b * TQA_ROWS + i];
 			}
 		}
-		prefetch_lines(pf.k, pf.kn / 2, pf.kn);
-		prefetch_lines(pf.v, 0, pf.vn / 2);
+		if (!paced) {
+			prefetch_lines(pf.k, pf.kn / 2, pf.kn);
+			prefetch_lines(pf.v, 0, pf.vn / 2);
+		}
 		/* nv = 0 (a skipped chunk) still applies alpha */
 		if (dvals) {
 			ops->accum_d128[vid](p->v_codec, vb, nv, acc0, abuf, pbuf);
@@ -682,10 +719,12 @@ static void task_compute(void *arg, int task, int thread)
 					   pbuf + (size_t)b * TQA_CHUNK * TQA_ROWS, vscale, vt, nv, d);
 			}
 		}
-		prefetch_lines(pf.v, pf.vn / 2, pf.vn);
+		if (!paced)
+			prefetch_lines(pf.v, pf.vn / 2, pf.vn);
 		v_chunks++;
 		t += (uint32_t)n;
 	}
+	tqa_pf_cur.i = 2;
 	if (p->stats && v_chunks) {
 		__atomic_fetch_add(&p->stats->v_chunks, v_chunks, __ATOMIC_RELAXED);
 		__atomic_fetch_add(&p->stats->v_skipped, v_skipped, __ATOMIC_RELAXED);

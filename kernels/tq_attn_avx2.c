@@ -489,6 +489,7 @@ static void scores_##C(const tq_codec *c, const uint8_t *src, int n, const float
 	CB_##C;                                                                               \
 	const size_t bb = c->block_bytes;                                                     \
 	for (int t = 0; t < n; t += 2) {                                                      \
+		TQA_PF_STEP(); /* paced prefetch: a line per 2 tokens */                      \
 		const int two = t + 1 < n;                                                    \
 		const uint8_t *b0 = src + (size_t)t * bb, *b1 = two ? b0 + bb : b0;           \
 		__m256 a[8];                                                                  \
@@ -539,6 +540,8 @@ static void accum_##C(const tq_codec *c, const uint8_t *src, int n, float *acc, 
 		}                                                                             \
 		const uint8_t *b = src;                                                       \
 		for (int t = 0; t < n; t++, b += bb) {                                        \
+			if (!(t & 3))                                                         \
+				TQA_PF_STEP(); /* a line per 4 tokens of each pass */         \
 			const __m256 v0 = LD_##C(b, 2 * h), v1 = LD_##C(b, 2 * h + 1);        \
 			_Pragma("GCC unroll 4")                                               \
 			for (int r = 0; r < 4; r++) {                                         \
@@ -581,8 +584,9 @@ static inline __attribute__((always_inline)) __m256 ix_value(__m256 cb, const ui
 static const uint8_t acc_order2[128] = TQA_ORDER128(AO);
 #undef AO
 
-static inline __attribute__((always_inline)) void ix_passes(const uint8_t *ix, int n, const float *w, float *acc,
-							    const float *alpha, __m256 cb, const int fold)
+static inline __attribute__((always_inline)) void ix_passes_(const uint8_t *ix, int n, const float *w, float *acc,
+							     const float *alpha, __m256 cb, const int fold,
+							     struct tqa_pf *pf_)
 {
 	_Pragma("GCC unroll 8")
 	for (int h = 0; h < D / 16; h++) {
@@ -595,6 +599,8 @@ static inline __attribute__((always_inline)) void ix_passes(const uint8_t *ix, i
 		}
 		const uint8_t *ip = ix + 32 * (h >> 1) + 2 * (h & 1);
 		for (int t = 0; t < n; t++, ip += D) {
+			if (pf_ && !(t & 3))
+				tqa_pf_step(pf_); /* a line per 4 tokens of each pass */
 			const __m256 v0 = ix_value(cb, ip, fold), v1 = ix_value(cb, ip + 1, fold);
 			_Pragma("GCC unroll 4")
 			for (int r = 0; r < 4; r++) {
@@ -609,6 +615,18 @@ static inline __attribute__((always_inline)) void ix_passes(const uint8_t *ix, i
 			_mm256_storeu_ps(acc + r * D + 16 * h + 8, a[2 * r + 1]);
 		}
 	}
+}
+
+/* The passes with the prefetch steps only where the driver paces them
+ * (the cursor in progress): a check in the loop of a chunk it does not
+ * pace cost tq4 / tq3 about 5 % (BENCHMARKS.md 2). */
+static inline __attribute__((always_inline)) void ix_passes(const uint8_t *ix, int n, const float *w, float *acc,
+							    const float *alpha, __m256 cb, const int fold)
+{
+	if (tqa_pf_cur.i < 2)
+		ix_passes_(ix, n, w, acc, alpha, cb, fold, &tqa_pf_cur);
+	else
+		ix_passes_(ix, n, w, acc, alpha, cb, fold, NULL);
 }
 
 /* tq3 values: the index bytes of the chunk first, by in-lane byte shifts and
@@ -1055,6 +1073,7 @@ ATTR static void NAME(const tq_codec *c, const uint8_t *src, int n, const float 
 	HEAD_##K;                                                                             \
 	const size_t bb = c->block_bytes;                                                     \
 	for (int t = 0; t < n; t += 2) {                                                      \
+		TQA_PF_STEP(); /* paced prefetch: a line per 2 tokens */                      \
 		const int two = t + 1 < n;                                                    \
 		const uint8_t *b0 = src + (size_t)t * bb, *b1 = two ? b0 + bb : b0;           \
 		__m256 f[8];                                                                  \
@@ -1081,6 +1100,7 @@ ATTR static void NAME(const tq_codec *c, const void *kt, int n, const float *qf,
 	SCORER_HEAD;                                                                          \
 	(void)c;                                                                              \
 	for (int t = 0; t < n; t += 2) {                                                      \
+		TQA_PF_STEP(); /* paced prefetch: a line per 2 tokens */                      \
 		const int two = t + 1 < n, u = two ? t + 1 : t;                              \
 		__m256 f[8];                                                                  \
 		_Pragma("GCC unroll 8")                                                       \
@@ -1128,6 +1148,7 @@ ATTR static void NAME(const tq_codec *c, const uint8_t *src, int n, const float 
 	SCORER_HEAD;                                                                          \
 	const size_t bb = c->block_bytes;                                                     \
 	for (int t = 0; t < n; t += 2) {                                                      \
+		TQA_PF_STEP(); /* paced prefetch: a line per 2 tokens */                      \
 		const int two = t + 1 < n;                                                    \
 		const uint8_t *b0 = src + (size_t)t * bb, *b1 = two ? b0 + bb : b0;           \
 		__m256i a[8];                                                                 \
@@ -1201,6 +1222,7 @@ DEF_ACCUM(f32)
 #define OPS(ISC, TSC)                                                                         \
 	{                                                                                       \
 		.isa = TQ_ISA_AVX2,                                                             \
+		.pf_paced = 1,                                                                  \
 		.decode = decode_avx2,                                                          \
 		.scores = scores_avx2,                                                          \
 		.softmax = softmax_avx2,                                                        \

@@ -556,6 +556,8 @@ static void scores_##C(const tq_codec *c, const uint8_t *src, int n, const float
 	const __m512i bidx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0); \
 	int t = 0;                                                                            \
 	for (; t < n; t += 4) {   /* the last group padded: see scores_avx512 */               \
+		TQA_PF_STEP(); /* paced prefetch: two lines per 4 tokens */                   \
+		TQA_PF_STEP();                                                                    \
 		const uint8_t *b0 = src + (size_t)t * bb;                                     \
 		const uint8_t *b1 = t + 1 < n ? b0 + bb : b0, *b2 = t + 2 < n ? b0 + 2 * bb : b0; \
 		const uint8_t *b3 = t + 3 < n ? b0 + 3 * bb : b0;                             \
@@ -612,6 +614,7 @@ static void accum_##C(const tq_codec *c, const uint8_t *src, int n, float *acc, 
 		}                                                                             \
 		const uint8_t *b = src;                                                       \
 		for (int t = 0; t < n; t++, b += bb) {                                        \
+			TQA_PF_STEP(); /* a line per token of each pass */                    \
 			__m512 v0 = LD_##C(b, 4 * h + 0), v1 = LD_##C(b, 4 * h + 1);          \
 			__m512 v2 = LD_##C(b, 4 * h + 2), v3 = LD_##C(b, 4 * h + 3);          \
 			_Pragma("GCC unroll 4")                                               \
@@ -977,6 +980,8 @@ ATTR static void NAME(const tq_codec *c, const uint8_t *src, int n, const float 
 	TQO_CONSTS_##K;                                                                         \
 	const size_t bb = c->block_bytes;                                                       \
 	for (int t = 0; t < n; t += 4) {                                                        \
+		TQA_PF_STEP(); /* paced prefetch: two lines per 4 tokens */                            \
+		TQA_PF_STEP();                                                                              \
 		const uint8_t *b0 = src + (size_t)t * bb;                                       \
 		const uint8_t *b1 = t + 1 < n ? b0 + bb : b0, *b2 = t + 2 < n ? b0 + 2 * bb : b0; \
 		const uint8_t *b3 = t + 3 < n ? b0 + 3 * bb : b0;                               \
@@ -1001,6 +1006,8 @@ ATTR static void NAME(const tq_codec *c, const void *kt, int n, const float *qf,
 	SCORER_HEAD;                                                                            \
 	(void)c;                                                                                \
 	for (int t = 0; t < n; t += 4) {                                                        \
+		TQA_PF_STEP(); /* paced prefetch: two lines per 4 tokens */                            \
+		TQA_PF_STEP();                                                                              \
 		const int t1 = t + 1 < n ? t + 1 : t, t2 = t + 2 < n ? t + 2 : t;               \
 		const int t3 = t + 3 < n ? t + 3 : t;                                           \
 		const int left = n - t < 4 ? n - t : 4;                                         \
@@ -1105,6 +1112,47 @@ static inline void tq3_ix128_z(const uint8_t *blk, uint8_t *o)
 									_mm512_rorv_epi64(y, hb), 0xCA));
 }
 
+/* accum_tq3's passes over the chunk's index bytes ix, with the prefetch
+ * steps (pf) or without (NULL: nothing paced; the check in the loop cost
+ * tq4 / tq3 a few per cent, as on AVX2). */
+static inline __attribute__((always_inline)) void tq3_passes_z(const uint8_t *ix, int n, const float *w, float *acc,
+								const float *alpha, __m512 cb, struct tqa_pf *pf)
+{
+	_Pragma("GCC unroll 2")
+	for (int h = 0; h < 2; h++) {
+		__m512 a[16];
+		_Pragma("GCC unroll 4")
+		for (int r = 0; r < 4; r++) {
+			const __m512 al = _mm512_set1_ps(alpha[r]);
+			_Pragma("GCC unroll 4")
+			for (int k = 0; k < 4; k++)
+				a[r * 4 + k] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * D + 64 * h + 16 * k), al);
+		}
+		const uint8_t *ip = ix + 64 * h;
+		for (int t = 0; t < n; t++, ip += D) {
+			if (pf)
+				tqa_pf_step(pf); /* a line per token of each pass */
+			const __m512 v0 = _mm512_permutexvar_ps(_mm512_loadu_si512((const void *)ip), cb);
+			const __m512 v1 = _mm512_permutexvar_ps(_mm512_loadu_si512((const void *)(ip + 1)), cb);
+			const __m512 v2 = _mm512_permutexvar_ps(_mm512_loadu_si512((const void *)(ip + 2)), cb);
+			const __m512 v3 = _mm512_permutexvar_ps(_mm512_loadu_si512((const void *)(ip + 3)), cb);
+			_Pragma("GCC unroll 4")
+			for (int r = 0; r < 4; r++) {
+				const __m512 wr = _mm512_set1_ps(w[4 * t + r]);
+				a[r * 4 + 0] = _mm512_fmadd_ps(wr, v0, a[r * 4 + 0]);
+				a[r * 4 + 1] = _mm512_fmadd_ps(wr, v1, a[r * 4 + 1]);
+				a[r * 4 + 2] = _mm512_fmadd_ps(wr, v2, a[r * 4 + 2]);
+				a[r * 4 + 3] = _mm512_fmadd_ps(wr, v3, a[r * 4 + 3]);
+			}
+		}
+		_Pragma("GCC unroll 4")
+		for (int r = 0; r < 4; r++)
+			_Pragma("GCC unroll 4")
+			for (int k = 0; k < 4; k++)
+				_mm512_storeu_ps(acc + r * D + 64 * h + 16 * k, a[r * 4 + k]);
+	}
+}
+
 /* tq3 values: the chunk's index bytes first (tq3_ix128_z), then the passes
  * look them up 16 dims per unaligned load at byte b of each 64: dword m's
  * low byte is dim 4m + b's index, and vpermps reads its low 4 bits — one
@@ -1126,37 +1174,10 @@ static void accum_tq3(const tq_codec *c, const uint8_t *src, int n, float *acc,
 		_mm_store_ps(w + 4 * t, _mm_mul_ps(_mm_loadu_ps(p + 4 * t), sc));
 		tq3_ix128_z(b, ix + (size_t)t * D);
 	}
-	_Pragma("GCC unroll 2")
-	for (int h = 0; h < 2; h++) {
-		__m512 a[16];
-		_Pragma("GCC unroll 4")
-		for (int r = 0; r < 4; r++) {
-			const __m512 al = _mm512_set1_ps(alpha[r]);
-			_Pragma("GCC unroll 4")
-			for (int k = 0; k < 4; k++)
-				a[r * 4 + k] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * D + 64 * h + 16 * k), al);
-		}
-		const uint8_t *ip = ix + 64 * h;
-		for (int t = 0; t < n; t++, ip += D) {
-			const __m512 v0 = _mm512_permutexvar_ps(_mm512_loadu_si512((const void *)ip), cb);
-			const __m512 v1 = _mm512_permutexvar_ps(_mm512_loadu_si512((const void *)(ip + 1)), cb);
-			const __m512 v2 = _mm512_permutexvar_ps(_mm512_loadu_si512((const void *)(ip + 2)), cb);
-			const __m512 v3 = _mm512_permutexvar_ps(_mm512_loadu_si512((const void *)(ip + 3)), cb);
-			_Pragma("GCC unroll 4")
-			for (int r = 0; r < 4; r++) {
-				const __m512 wr = _mm512_set1_ps(w[4 * t + r]);
-				a[r * 4 + 0] = _mm512_fmadd_ps(wr, v0, a[r * 4 + 0]);
-				a[r * 4 + 1] = _mm512_fmadd_ps(wr, v1, a[r * 4 + 1]);
-				a[r * 4 + 2] = _mm512_fmadd_ps(wr, v2, a[r * 4 + 2]);
-				a[r * 4 + 3] = _mm512_fmadd_ps(wr, v3, a[r * 4 + 3]);
-			}
-		}
-		_Pragma("GCC unroll 4")
-		for (int r = 0; r < 4; r++)
-			_Pragma("GCC unroll 4")
-			for (int k = 0; k < 4; k++)
-				_mm512_storeu_ps(acc + r * D + 64 * h + 16 * k, a[r * 4 + k]);
-	}
+	if (tqa_pf_cur.i < 2)
+		tq3_passes_z(ix, n, w, acc, alpha, cb, &tqa_pf_cur);
+	else
+		tq3_passes_z(ix, n, w, acc, alpha, cb, NULL);
 }
 DEF_ACCUM(tq2)
 DEF_ACCUM(q8)
@@ -1167,6 +1188,7 @@ DEF_ACCUM(f32)
 #define OPS(ISC, TSC)                                                                              \
 	{                                                                                       \
 		.isa = TQ_ISA_AVX512,                                                           \
+		.pf_paced = 1,                                                                  \
 		.decode = decode_avx512,                                                        \
 		.scores = scores_avx512,                                                        \
 		.softmax = softmax_avx512,                                                      \

@@ -24,8 +24,53 @@
 #define TQA_QPREP_BYTES 2048 /* qprep_d128's output, at most              */
 #define TQA_KTILE_BYTES (TQA_CHUNK * 264) /* ktile_d128's output, at most */
 
+/* Paced software prefetch.  tq_attn.c points the calling thread's cursor
+ * at the chunk ahead that it prefetches (its K blocks, then its V blocks);
+ * the register-direct d = 128 kernels of an ISA whose ops set pf_paced
+ * advance it by one line per step of their token loops (TQA_PF_STEP), so
+ * the lines go out spread over the chunk's work: issued in a few bursts,
+ * the prefetches filled the core's miss buffers and the thread stalled on
+ * them instead of computing (BENCHMARKS.md 2, "Prefetch at the kernels'
+ * pace").  What the kernels leave, the driver issues when it moves the
+ * cursor on.  Only ever read and written by its own thread. */
+struct tqa_pf {
+	const uint8_t *p[2];   /* K blocks, then V blocks                */
+	size_t n[2];           /* bytes of each                          */
+	size_t o;              /* next line's offset in p[i]             */
+	int i;                 /* 0, 1: the range in progress; 2: done   */
+};
+/* The calling thread's cursor.  Initial-exec TLS, so a step addresses it
+ * %fs-relative and holds no register in the loops (a pointer to it, taken
+ * once per kernel call, cost K q8 / V tq4 3-4 % on AVX2); the sanitizers'
+ * builds take the default model, as ld cannot relax their accesses. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define TQA_PF_TLS
+#else
+#define TQA_PF_TLS __attribute__((tls_model("initial-exec")))
+#endif
+extern __thread struct tqa_pf tqa_pf_cur TQA_PF_TLS;
+#define TQA_PF_STEP() tqa_pf_step(&tqa_pf_cur)
+
+static inline __attribute__((always_inline)) void tqa_pf_step(struct tqa_pf *f)
+{
+	if (f->i < 2) {
+		__builtin_prefetch(f->p[f->i] + f->o, 0, 2);
+		f->o += 64;
+		if (f->o >= f->n[f->i]) {
+			f->o = 0;
+			f->i++;
+			if (f->i == 1 && !f->n[1])
+				f->i = 2;
+		}
+	}
+}
+
 struct tqa_ops {
 	enum tq_isa isa;
+	/* 1: every scores_d128, scores_ktile_d128 and accum_d128 kernel paces
+	 * the prefetch cursor (tqa_pf_step); 0: tq_attn.c prefetches each
+	 * chunk in three bursts itself */
+	int pf_paced;
 	/* Decode n (1..TQA_CHUNK) consecutive blocks of codec c starting at
 	 * src into tile [n][dim] (may return src itself for f32, whose blocks
 	 * are already that) and scale[n].  Returns the tile to read. */
