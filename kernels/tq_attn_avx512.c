@@ -556,8 +556,8 @@ static void scores_##C(const tq_codec *c, const uint8_t *src, int n, const float
 	const __m512i bidx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0); \
 	int t = 0;                                                                            \
 	for (; t < n; t += 4) {   /* the last group padded: see scores_avx512 */               \
-		TQA_PF_STEP(); /* paced prefetch: two lines per 4 tokens */                   \
-		TQA_PF_STEP();                                                                    \
+		TQA_PF_STEP(); /* paced prefetch: two lines per 4 tokens */                    \
+		TQA_PF_STEP();                                                                 \
 		const uint8_t *b0 = src + (size_t)t * bb;                                     \
 		const uint8_t *b1 = t + 1 < n ? b0 + bb : b0, *b2 = t + 2 < n ? b0 + 2 * bb : b0; \
 		const uint8_t *b3 = t + 3 < n ? b0 + 3 * bb : b0;                             \
@@ -980,8 +980,8 @@ ATTR static void NAME(const tq_codec *c, const uint8_t *src, int n, const float 
 	TQO_CONSTS_##K;                                                                         \
 	const size_t bb = c->block_bytes;                                                       \
 	for (int t = 0; t < n; t += 4) {                                                        \
-		TQA_PF_STEP(); /* paced prefetch: two lines per 4 tokens */                            \
-		TQA_PF_STEP();                                                                              \
+		TQA_PF_STEP(); /* paced prefetch: two lines per 4 tokens */                     \
+		TQA_PF_STEP();                                                                  \
 		const uint8_t *b0 = src + (size_t)t * bb;                                       \
 		const uint8_t *b1 = t + 1 < n ? b0 + bb : b0, *b2 = t + 2 < n ? b0 + 2 * bb : b0; \
 		const uint8_t *b3 = t + 3 < n ? b0 + 3 * bb : b0;                               \
@@ -1006,8 +1006,8 @@ ATTR static void NAME(const tq_codec *c, const void *kt, int n, const float *qf,
 	SCORER_HEAD;                                                                            \
 	(void)c;                                                                                \
 	for (int t = 0; t < n; t += 4) {                                                        \
-		TQA_PF_STEP(); /* paced prefetch: two lines per 4 tokens */                            \
-		TQA_PF_STEP();                                                                              \
+		TQA_PF_STEP(); /* paced prefetch: two lines per 4 tokens */                     \
+		TQA_PF_STEP();                                                                  \
 		const int t1 = t + 1 < n ? t + 1 : t, t2 = t + 2 < n ? t + 2 : t;               \
 		const int t3 = t + 3 < n ? t + 3 : t;                                           \
 		const int left = n - t < 4 ? n - t : 4;                                         \
