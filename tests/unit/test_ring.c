@@ -1211,9 +1211,11 @@ static void test_hostile(void)
 		nop.user_data = 200 + i;
 		raw_submit(&x, &nop);
 	}
-	/* the CQ fills (on a loaded machine the ring thread may take a while:
-	 * wait up to 5 s rather than a fixed 50 ms), then nothing more moves */
-	for (int w = 0; w < 500 && __atomic_load_n(&x.hdr->cq_tail, __ATOMIC_ACQUIRE) < 16; w++)
+	/* the CQ fills (on a loaded machine the NOPs may wait behind the other
+	 * clients' operations for the two data workers: wait up to 30 s rather
+	 * than a fixed 50 ms; 5 s once ran out with CI sharing the machine with
+	 * builds), then nothing more moves */
+	for (int w = 0; w < 3000 && __atomic_load_n(&x.hdr->cq_tail, __ATOMIC_ACQUIRE) < 16; w++)
 		usleep(10000);
 	usleep(50000);
 	T_EQ(__atomic_load_n(&x.hdr->cq_tail, __ATOMIC_ACQUIRE), 16);
