@@ -1207,12 +1207,6 @@ int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 			tqa_q_row(p, d, q0 * (size_t)p->n_q_heads + r, hq + r * (size_t)d);
 		if (p->causal)
 			memcpy(x->pin + o_pos, p->q_pos + q0, nq * sizeof(int32_t));
-		/* one copy: the page table (first pass), the queries, the positions;
-		 * the call's GPU time starts there, not during the host's staging */
-		const size_t c0 = q0 == 0 ? o_pages : o_q, c1 = p->causal ? o_pos + nq * sizeof(int32_t) : o_q + bytes;
-		if (q0 == 0)
-			CK("cudaEventRecord", cudaEventRecord(x->ev0, x->stream));
-		CK("query copy", cudaMemcpyAsync(x->dev + c0, x->pin + c0, c1 - c0, cudaMemcpyHostToDevice, x->stream));
 		att_plan_make(x, &sh, &args, nq, &pl);
 		args.n_q = (int32_t)nq;
 		args.tiled = pl.tiled;
@@ -1232,6 +1226,14 @@ int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 			CK("attention counts", att_counters(x, (size_t)sh.n_kv * (size_t)pl.n_rb));
 		args.counters = pl.tiled ? x->att_cnt : NULL;
 		args.out = od ? od + q0 * row_floats : (float *)(void *)(x->dev + d_out);
+		/* one copy: the page table (first pass), the queries, the positions;
+		 * the call's GPU time starts there, not during the host's staging
+		 * and planning (host time after the event is GPU time: the stream
+		 * idles until the launch) */
+		const size_t c0 = q0 == 0 ? o_pages : o_q, c1 = p->causal ? o_pos + nq * sizeof(int32_t) : o_q + bytes;
+		if (q0 == 0)
+			CK("cudaEventRecord", cudaEventRecord(x->ev0, x->stream));
+		CK("query copy", cudaMemcpyAsync(x->dev + c0, x->pin + c0, c1 - c0, cudaMemcpyHostToDevice, x->stream));
 		CK("kernel launch", (cudaError_t)tqc_launch_attend(&args, x->stream));
 		if (ow == W_HOST)
 			CK("output copy", cudaMemcpyAsync(x->pin + h_out, x->dev + d_out, bytes, cudaMemcpyDeviceToHost,

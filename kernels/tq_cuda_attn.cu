@@ -686,7 +686,15 @@ static __device__ void finish_row(const struct tqc_attn_args &a, size_t row, flo
 
 /* ---- tiled decode: pieces ------------------------------------------------------- */
 
-/* 16 bytes global -> shared without registers (sm_80+); the emulator copies. */
+/* The tiles' copies: bulk (below) on sm_90+ and in the emulator, else
+ * cp.async of 16 bytes by every lane. */
+#if defined(TQC_SIMT) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
+#define TQC_BULK 1
+#else
+#define TQC_BULK 0
+#endif
+#if !TQC_BULK
+/* 16 bytes global -> shared without registers (sm_80+) */
 static __device__ __forceinline__ void cp_async16(void *dst, const void *src)
 {
 #ifdef __CUDA_ARCH__
@@ -712,6 +720,123 @@ static __device__ __forceinline__ void cp_async_wait(void)
 	asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }
+#endif /* !TQC_BULK */
+
+/* A tile's K and V blocks by the bulk-copy engine (sm_90+: cp.async.bulk,
+ * TMA without a tensor map), completing on an mbarrier of the warp's stage:
+ * one lane arms the barrier with the bytes to come and issues two copies
+ * (the K run, the V run), every lane waits on the stage's phase.  Against
+ * 16-byte cp.async by every lane (sm_80, and before: BENCHMARKS 2b) it
+ * takes the copy's address arithmetic out of the tile loop.  The emulator
+ * (TQC_SIMT) runs this path: it defers each copy to the first wait on its
+ * barrier, so a read of a stage before its wait sees stale bytes, and a
+ * wait on a phase that is not coming aborts (on a GPU it would hang). */
+#ifdef TQC_SIMT
+struct tqc_mbar {
+	uint32_t phase, armed, tx, n;
+	struct { void *dst; const void *src; uint32_t bytes; } cp[2];
+};
+#else
+typedef uint64_t tqc_mbar;
+#endif
+
+#if TQC_BULK
+static __device__ __forceinline__ void mbar_init(tqc_mbar *b)
+{
+#ifdef TQC_SIMT
+	memset(b, 0, sizeof(*b));
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"((unsigned)__cvta_generic_to_shared(b)) : "memory");
+	/* the barrier initialised before the bulk copies (async proxy) use it */
+	asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#else
+	(void)b;
+#endif
+}
+
+/* generic-proxy writes to shared memory (sq, the partials) ordered before
+ * bulk copies into the same bytes */
+static __device__ __forceinline__ void fence_proxy_async(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+/* one lane: arm b for `bytes`, then the copies (16-byte aligned, multiples
+ * of 16 bytes) */
+static __device__ __forceinline__ void mbar_expect(tqc_mbar *b, uint32_t bytes)
+{
+#ifdef TQC_SIMT
+	if (b->armed) {
+		fprintf(stderr, "simt: mbarrier armed twice in one phase\n");
+		abort();
+	}
+	b->armed = 1, b->tx = bytes, b->n = 0;
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
+			     (unsigned)__cvta_generic_to_shared(b)),
+		     "r"(bytes)
+		     : "memory");
+#else
+	(void)b, (void)bytes;
+#endif
+}
+
+static __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes, tqc_mbar *b)
+{
+#ifdef TQC_SIMT
+	if (!b->armed || b->n == 2 || bytes > b->tx || (bytes & 15u) || ((uintptr_t)dst & 15u) || ((uintptr_t)src & 15u)) {
+		fprintf(stderr, "simt: bulk copy of %u bytes not armed, past its barrier's bytes or misaligned\n", bytes);
+		abort();
+	}
+	b->cp[b->n].dst = dst, b->cp[b->n].src = src, b->cp[b->n].bytes = bytes;
+	b->n++;
+	b->tx -= bytes;
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+			     (unsigned)__cvta_generic_to_shared(dst)),
+		     "l"(src), "r"(bytes), "r"((unsigned)__cvta_generic_to_shared(b))
+		     : "memory");
+#else
+	(void)dst, (void)src, (void)bytes, (void)b;
+#endif
+}
+
+/* every lane: until the phase of parity `parity` has completed */
+static __device__ __forceinline__ void mbar_wait(tqc_mbar *b, uint32_t parity)
+{
+#ifdef TQC_SIMT
+	if (b->armed) { /* the first lane to wait lands the copies */
+		if (b->tx) {
+			fprintf(stderr, "simt: mbarrier waited on with %u bytes never copied\n", b->tx);
+			abort();
+		}
+		for (uint32_t i = 0; i < b->n; i++)
+			memcpy(b->cp[i].dst, b->cp[i].src, b->cp[i].bytes);
+		b->armed = 0;
+		b->phase ^= 1u;
+	}
+	if ((b->phase & 1u) == parity) {
+		fprintf(stderr, "simt: wait on an mbarrier phase that never completes (a GPU hangs): phase %u parity %u block %u %u %u thread %u\n", b->phase, parity, blockIdx.x, blockIdx.y, blockIdx.z, (unsigned)threadIdx.x);
+		abort();
+	}
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	const unsigned a = (unsigned)__cvta_generic_to_shared(b);
+	uint32_t done;
+	do {
+		asm volatile("{\n\t.reg .pred p;\n\t"
+			     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+			     "selp.u32 %0, 1, 0, p;\n\t}\n"
+			     : "=r"(done)
+			     : "r"(a), "r"(parity)
+			     : "memory");
+	} while (!done);
+#else
+	(void)b, (void)parity;
+#endif
+}
+#endif /* TQC_BULK */
 
 /* index bits of a tiled codec: tq2..4; q8 -> 8; the keys' tq3o / tq4o ->
  * TB_TQ3O / TB_TQ4O (attn_mma's switches) */
@@ -1202,8 +1327,13 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 	static_assert(R == 8, "rows are the N of m16n8k16");
 	TILED_SMEM(smem);
 	__shared__ float s_m[NWC ? NWC : TQC_MMA_WARPS_MAX][R], s_l[NWC ? NWC : TQC_MMA_WARPS_MAX][R];
+#if TQC_BULK
+	/* each warp's stages' barriers */
+	__shared__ tqc_mbar s_bar[NWC ? NWC : TQC_MMA_WARPS_MAX][TQC_MMA_STAGES];
+#endif
 	/* with cta_partials' s_f, s_rho and s_bad, s_last */
-	static_assert(sizeof(s_m) + sizeof(s_l) + sizeof(float) * TQC_MMA_WARPS_MAX * R + 2 * sizeof(float) * R + 16 <=
+	static_assert(sizeof(s_m) + sizeof(s_l) + (TQC_BULK ? sizeof(uint64_t) * (NWC ? NWC : TQC_MMA_WARPS_MAX) * TQC_MMA_STAGES : 0) +
+				      sizeof(float) * TQC_MMA_WARPS_MAX * R + 2 * sizeof(float) * R + 16 <=
 			      (NWC ? TQC_MMA_STATIC_SMEM : TQC_MMA_STATIC_SMEM_ONE),
 		      "static shared memory");
 
@@ -1263,6 +1393,38 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 	uint32_t f_i = (uint32_t)warp;
 	uint32_t f_pi = (tb + f_i * TQC_TILE) / P, f_slot = (tb + f_i * TQC_TILE) % P;
 	const uint8_t *f_pg = f_i < n_fetch ? a.pages[f_pi] : nullptr;
+#if TQC_BULK
+	/* bulk copies: stage st's barrier, its phase's parity (bit st of
+	 * phase) and whether a copy into it is in flight (bit st of busy) */
+	tqc_mbar *bar = s_bar[warp];
+	uint32_t phase = 0u, busy = 0u;
+	if (lane == 0)
+		for (int s = 0; s < NST; s++)
+			mbar_init(&bar[s]);
+	__syncwarp();
+	auto fetch = [&](int st, uint32_t n) {
+		if (f_i < n) {
+			uint8_t *dst = stage0 + (size_t)st * stage_bytes;
+			if (lane == 0) {
+				mbar_expect(&bar[st], stage_bytes);
+				bulk_copy(dst, f_pg + kh + (uint64_t)f_slot * kb, TQC_TILE * kb, &bar[st]);
+				bulk_copy(dst + TQC_TILE * kb, f_pg + vh + (uint64_t)f_slot * vb, TQC_TILE * vb, &bar[st]);
+			}
+			__syncwarp(); /* armed before any lane waits on it */
+			busy |= 1u << st;
+		}
+		f_i += NW;
+		for (f_slot += NW * TQC_TILE; f_slot >= P; f_slot -= P)
+			f_pi++;
+		if (f_i < n)
+			f_pg = a.pages[f_pi];
+	};
+	auto landed = [&](int st) { /* stage st's copy (every lane) */
+		mbar_wait(&bar[st], (phase >> st) & 1u);
+		phase ^= 1u << st;
+		busy &= ~(1u << st);
+	};
+#else
 	const uint32_t n_k16 = 2u * kb, n_16 = 2u * (kb + vb); /* chunks: TQC_TILE blocks = 2 x block bytes */
 	auto fetch = [&](int st, uint32_t n) {
 		if (f_i < n) {
@@ -1279,6 +1441,7 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 		if (f_i < n)
 			f_pg = a.pages[f_pi];
 	};
+#endif
 
 	/* the codebooks times their FP16 scales, for the tables: K's in
 	 * s_cb[0..32) (tq3o / tq4o: the first half's), the second half's of
@@ -1394,8 +1557,12 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 		tmax = max(tmax, __shfl_xor_sync(FULL, tmax, o));
 	tmax = __shfl_sync(FULL, tmax, 0);
 	__syncthreads(); /* the tables, Q^T in shared memory; sq is free */
-	if (warp == NW - 1)
+	if (warp == NW - 1) {
+#if TQC_BULK
+		fence_proxy_async(); /* sq's stores before the copy over them */
+#endif
 		fetch(0, n_fetch);
+	}
 	const uint32_t te = te0 < tmax ? te0 : tmax;
 	const uint32_t n_tile = te > tb ? (te - tb + TQC_TILE - 1) / TQC_TILE : 0;
 	const uint32_t lim_e[2] = { lim[0] < te ? lim[0] : te, lim[1] < te ? lim[1] : te }; /* keys [0, lim_e) seen */
@@ -1414,7 +1581,11 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 		fetch(s, n_tile);
 	for (; i < n_tile; i += NW) {
 		fetch(st == 0 ? NST - 1 : st - 1, n_tile); /* tile i + (NST - 1) NW */
+#if TQC_BULK
+		landed(st);
+#else
 		cp_async_wait<NST - 1>();
+#endif
 		__syncwarp();
 
 		const uint8_t *kt = stage0 + (size_t)st * stage_bytes, *vt = kt + TQC_TILE * kb;
@@ -1526,7 +1697,16 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 		__syncwarp(); /* the stage and pw are free again */
 		st = st == NST - 1 ? 0 : st + 1;
 	}
+#if TQC_BULK
+	/* copies still in flight (tiles fetched past the rows' limits) land
+	 * before the stages take the partials */
+	for (int s = 0; s < NST; s++)
+		if (busy & (1u << s))
+			landed(s);
+	__syncwarp();
+#else
 	cp_async_wait<0>();
+#endif
 
 	/* this warp's (m, l, acc): acc into its own first stage, [R][D], in the
 	 * V frame (2^E / the V table's scale) */

@@ -159,10 +159,10 @@ static inline int tqc_attn_rows(int vpl)
 }
 
 /* The tiled decode kernel (attn_mma): 32-key tiles of each warp copied to
- * shared memory ahead of use (cp.async, two stages), scores and values on
- * the tensor cores.  It takes head dims 64 / 128 / 256, K and V codecs tq2 /
- * tq3 / tq4 / q8 (a 4-byte header, then index planes or int8) and K codecs
- * tq3o / tq4o besides (two halves, each its own bf16 scale, codebook and
+ * shared memory ahead of use (bulk copies on sm_90+, cp.async on sm_80; two
+ * stages), scores and values on the tensor cores.  It takes head dims 64 /
+ * 128 / 256, K and V codecs tq2 / tq3 / tq4 / q8 (a 4-byte header, then
+ * index planes or int8) and K codecs tq3o / tq4o besides (two halves, each its own bf16 scale, codebook and
  * rotation), pages of a multiple of 32 tokens (tiles never straddle a page
  * and start 16-byte aligned) and keys rotated by a Hadamard transform (one,
  * or one per half) or not at all (it rotates its rows' queries itself: no
