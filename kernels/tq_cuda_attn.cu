@@ -555,6 +555,16 @@ static __device__ __forceinline__ float4 ld_part4(const float4 *p)
 #endif
 }
 
+/* a split's (m, l), 8-byte aligned (through L2) */
+static __device__ __forceinline__ float2 ld_part2(const float2 *p)
+{
+#ifdef __CUDA_ARCH__
+	return __ldcg(p);
+#else
+	return *p;
+#endif
+}
+
 /* Row `row` (query token i, head hq) finished by the whole CTA (attn_finish)
  * or by one warp (WARP: attn_mma's fused finish, its warps finishing rows
  * side by side, the partials of other CTAs read through L2): the splits'
@@ -573,16 +583,34 @@ static __device__ void finish_row(const struct tqc_attn_args &a, size_t row, flo
 	const size_t base = ((size_t)h * (size_t)a.rows_pad + (size_t)i * a.group + gi) * (size_t)ns;
 	const float *ml = a.part_ml + 2 * base;
 	float *o = a.out + row * (size_t)d;
+	/* one warp: the first U splits' partials of the lane's first 4
+	 * coordinates asked for first, so that they fly with the splits' m
+	 * and l (whose first 32 come in one 8-byte load a lane, kept for the
+	 * sum): two round trips to L2 where there were four */
+	constexpr int U = 16;
+	const int nc4 = d / 4;
+	const float4 *pa = reinterpret_cast<const float4 *>(a.part_acc + base * (size_t)d);
+	float4 v[U];
+	float2 ml0 = make_float2(NEG_INF, 0.0f);
+	if (WARP) {
+#pragma unroll
+		for (int u = 0; u < U; u++)
+			v[u] = u < ns && lane < nc4 ? ld_part4(pa + (size_t)u * (size_t)nc4 + lane)
+						    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+		if (lane < ns)
+			ml0 = ld_part2(reinterpret_cast<const float2 *>(ml) + lane);
+	}
 
 	/* a split that saw nothing has m = -inf and l = 0 (a NaN l must reach
 	 * the row: a logit beyond float range) */
-	float M = NEG_INF;
-	for (int s = tid; s < ns; s += nthr)
+	float M = WARP ? ml0.x : NEG_INF;
+	for (int s = WARP ? tid + 32 : tid; s < ns; s += nthr)
 		M = fmaxf(M, ld_part<WARP>(ml + 2 * s));
 	M = WARP ? warp_max(M) : cta_reduce<true>(M, s_red);
 	float L = 0.0f;
 	for (int s = tid; s < ns; s += nthr) {
-		const float m = ld_part<WARP>(ml + 2 * s), l = ld_part<WARP>(ml + 2 * s + 1);
+		const bool kept = WARP && s == tid;
+		const float m = kept ? ml0.x : ld_part<WARP>(ml + 2 * s), l = kept ? ml0.y : ld_part<WARP>(ml + 2 * s + 1);
 		const bool none = m == NEG_INF && !isnan(l);
 		const float w = none ? 0.0f : exp2f(m - M);
 		s_w[s] = w;
@@ -610,17 +638,16 @@ static __device__ void finish_row(const struct tqc_attn_args &a, size_t row, flo
 	if (WARP) {
 		/* one warp: a lane's 4 coordinates a 16-byte load, 16 splits'
 		 * loads in flight at once (a round trip to L2 per 16 splits, not
-		 * per split and coordinate group) */
-		constexpr int U = 16;
-		const float4 *pa = reinterpret_cast<const float4 *>(a.part_acc + base * (size_t)d);
-		for (int c4 = lane; c4 < d / 4; c4 += 32) {
+		 * per split and coordinate group); the first 16 are in v already */
+		for (int c4 = lane; c4 < nc4; c4 += 32) {
 			float4 A = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 			for (int s = 0; s < ns; s += U) {
-				float4 v[U];
+				if (s > 0 || c4 != lane) {
 #pragma unroll
-				for (int u = 0; u < U; u++)
-					v[u] = s + u < ns ? ld_part4(pa + (size_t)(s + u) * (size_t)(d / 4) + c4)
-							  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+					for (int u = 0; u < U; u++)
+						v[u] = s + u < ns ? ld_part4(pa + (size_t)(s + u) * (size_t)nc4 + c4)
+								  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+				}
 #pragma unroll
 				for (int u = 0; u < U; u++) {
 					const float w = s + u < ns ? s_w[s + u] : 0.0f;
@@ -1458,7 +1485,6 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 	}
 	if (warp != NW - 1)
 		fetch(0, n_fetch);
-
 	/* this warp's rows' qrot = scale2 R_k q (Hadamard or none), rotated in
 	 * registers (strides below 32 by shuffles), into sq [R][SQS] — in the
 	 * last warp's stages (it fits: attend_args_ok), so the other warps'

@@ -30,9 +30,12 @@
 struct simt_dim { unsigned x, y, z; };
 #ifndef __VECTOR_TYPES_H__ /* the CUDA runtime's headers define it */
 struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) float2 { float x, y; };
 #endif
 static inline float4 simt_float4(float x, float y, float z, float w) { float4 v; v.x = x, v.y = y, v.z = z, v.w = w; return v; }
+static inline float2 simt_float2(float x, float y) { float2 v; v.x = x, v.y = y; return v; }
 #define make_float4 simt_float4
+#define make_float2 simt_float2
 struct simt_thread {
 	void *sp;
 	simt_dim tidx;
