@@ -6,7 +6,7 @@
 # $OUT/ when OUT is set (the device tool's folder), else to build/gpu-logs/.
 #
 #   scripts/gpu-check.sh [STEP...]     steps: smi test quick backend benchsmall bench
-#                                      benchq8 benchtqo bench8 general ncu sanitize
+#                                      benchq8 benchtqo bench8 general ncu sanitize probe
 #                                      (default: smi test backend benchsmall bench)
 set -u
 cd "$(dirname "$0")/.."
@@ -54,9 +54,10 @@ for s in "${steps[@]}"; do
 	                 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
 	                 --section MemoryWorkloadAnalysis \
 	                 "$B/bin/tqbench" attn --backend cuda --ctx 32768 --batch 1 --reps 3 --no-baseline --layers 2 --bulk 64 ;;
+	probe)      step launch_probe 60 "$B/tests/launch_probe" ;;
 	sanitize)   step sanitize 300 compute-sanitizer --tool memcheck --leak-check full \
 	                 env TQ_CUDA_QUICK=1 "$B/tests/test_cuda" ;;
-	*) echo "gpu-check: unknown step '$s' (smi test quick backend benchsmall bench benchq8 benchtqo bench8 general ncu sanitize)" >&2; exit 2 ;;
+	*) echo "gpu-check: unknown step '$s' (smi test quick backend benchsmall bench benchq8 benchtqo bench8 general ncu sanitize probe)" >&2; exit 2 ;;
 	esac
 done
 exit $status

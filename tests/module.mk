@@ -27,6 +27,14 @@ $(TQBENCH): $(BENCH_OBJS) $(TQBENCH_OBJS) $(LIBTQK) $(STAMP)
 
 ALL_TARGETS += $(UNIT_BINS) $(TQBENCH)
 
+# what a call pays on a GPU outside its kernel (BENCHMARKS 2b): CUDA builds
+ifeq ($(HAVE_CUDA),1)
+$(B)/tests/launch_probe: $(OBJ)/tests/bench/launch_probe.cu.o $(STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_LDFLAGS) -o $@ $(filter %.o,$^) $(CUDA_LIBS) -lm -pthread
+ALL_TARGETS += $(B)/tests/launch_probe
+endif
+
 # ---- fuzz targets (tests/fuzz/fuzz_*.c, one per parser of untrusted bytes) --
 # Regression build: each target linked with tests/fuzz/runner.c, which
 # replays the seeds and mutations of them (tests/integration/fuzz.sh).
