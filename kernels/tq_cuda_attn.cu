@@ -714,8 +714,9 @@ static __device__ void finish_row(const struct tqc_attn_args &a, size_t row, flo
 /* ---- tiled decode: pieces ------------------------------------------------------- */
 
 /* The tiles' copies: bulk (below) on sm_90+ and in the emulator, else
- * cp.async of 16 bytes by every lane. */
-#if defined(TQC_SIMT) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
+ * cp.async of 16 bytes by every lane (sm_80; the emulator's second build,
+ * TQC_SIMT_CP_ASYNC, runs that path). */
+#if (defined(TQC_SIMT) && !defined(TQC_SIMT_CP_ASYNC)) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
 #define TQC_BULK 1
 #else
 #define TQC_BULK 0
