@@ -545,18 +545,10 @@ static __device__ __forceinline__ float ld_part(const float *p)
 #endif
 }
 
-/* four of them, 16-byte aligned (through L2, as ld_part<true>) */
-static __device__ __forceinline__ float4 ld_part4(const float4 *p)
-{
-#ifdef __CUDA_ARCH__
-	return __ldcg(p);
-#else
-	return *p;
-#endif
-}
-
-/* a split's (m, l), 8-byte aligned (through L2) */
-static __device__ __forceinline__ float2 ld_part2(const float2 *p)
+/* several of them (float4: a lane's 4 coordinates; float2: a split's
+ * (m, l)), aligned to their size, through L2 as ld_part<true> */
+template <class T>
+static __device__ __forceinline__ T ld_part_v(const T *p)
 {
 #ifdef __CUDA_ARCH__
 	return __ldcg(p);
@@ -595,10 +587,10 @@ static __device__ void finish_row(const struct tqc_attn_args &a, size_t row, flo
 	if (WARP) {
 #pragma unroll
 		for (int u = 0; u < U; u++)
-			v[u] = u < ns && lane < nc4 ? ld_part4(pa + (size_t)u * (size_t)nc4 + lane)
+			v[u] = u < ns && lane < nc4 ? ld_part_v(pa + (size_t)u * (size_t)nc4 + lane)
 						    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 		if (lane < ns)
-			ml0 = ld_part2(reinterpret_cast<const float2 *>(ml) + lane);
+			ml0 = ld_part_v(reinterpret_cast<const float2 *>(ml) + lane);
 	}
 
 	/* a split that saw nothing has m = -inf and l = 0 (a NaN l must reach
@@ -645,7 +637,7 @@ static __device__ void finish_row(const struct tqc_attn_args &a, size_t row, flo
 				if (s > 0 || c4 != lane) {
 #pragma unroll
 					for (int u = 0; u < U; u++)
-						v[u] = s + u < ns ? ld_part4(pa + (size_t)(s + u) * (size_t)nc4 + c4)
+						v[u] = s + u < ns ? ld_part_v(pa + (size_t)(s + u) * (size_t)nc4 + c4)
 								  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 				}
 #pragma unroll
