@@ -11,8 +11,9 @@
  *   attention: tqc_attend against tq_attend_ref on the same pages (encoded
  *              on the CPU and copied, or appended on the GPU), every K/V
  *              codec pair, head dims 64 / 96 / 128 / 256, GQA 1 / 4 / 8,
- *              contexts that are and are not page multiples, decode (causal
- *              or not), causal prefill, split-K over a long context, query
+ *              contexts that are and are not page multiples, pages in
+ *              device and in unified memory, decode (causal or not), causal
+ *              prefill, split-K over a long context, query
  *              dtypes, logits beyond float range (NaN rows), errors with the
  *              CPU path's messages.
  * Without a usable GPU (or in a build without CUDA) it says why and exits
@@ -852,16 +853,23 @@ static int layer_fill(struct layer *L, uint32_t len, int on_gpu, uint64_t seed)
 	return on_gpu ? layer_download(L) : layer_upload(L);
 }
 
-static struct layer *layer_build(struct layer *L, enum tq_codec_id kid, enum tq_codec_id vid, int dim, int n_kv,
-				 uint32_t pt, uint32_t len, int on_gpu, uint64_t seed)
+/* The pages in `kind` memory (device, or unified: the integrated GPU's pool) */
+static struct layer *layer_build_in(struct layer *L, enum tq_codec_id kid, enum tq_codec_id vid, int dim, int n_kv,
+				    uint32_t pt, uint32_t len, int on_gpu, uint64_t seed, enum mem kind)
 {
 	uint32_t np = (len + pt - 1) / pt;
 
-	if (layer_new(L, kid, vid, dim, n_kv, pt, np, seed, MEM_DEVICE) || layer_fill(L, len, on_gpu, seed)) {
+	if (layer_new(L, kid, vid, dim, n_kv, pt, np, seed, kind) || layer_fill(L, len, on_gpu, seed)) {
 		layer_free(L);
 		return NULL;
 	}
 	return L;
+}
+
+static struct layer *layer_build(struct layer *L, enum tq_codec_id kid, enum tq_codec_id vid, int dim, int n_kv,
+				 uint32_t pt, uint32_t len, int on_gpu, uint64_t seed)
+{
+	return layer_build_in(L, kid, vid, dim, n_kv, pt, len, on_gpu, seed, MEM_DEVICE);
 }
 
 /* Max over rows of max_j |a - b| / ||b_row|| (NaN-safe: NaN counts as huge). */
@@ -1049,6 +1057,30 @@ static void test_attn_contexts(void)
 			if (rc)
 				T_FAIL("%s", what);
 		}
+}
+
+/* K/V pages in unified (host-mapped) memory, as an integrated GPU's pool
+ * (GB10) has them: attn_mma's tile copies (bulk copies on sm_90+) and the
+ * quantize-append read and write them there. */
+static void test_attn_unified_pages(void)
+{
+	static const struct { enum tq_codec_id k, v; } pairs[] = {
+		{ TQ_CODEC_TQ4, TQ_CODEC_TQ3 }, { TQ_CODEC_Q8, TQ_CODEC_TQ4 }, { TQ_CODEC_TQ4O, TQ_CODEC_TQ3 },
+	};
+
+	for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) {
+		struct layer L;
+		char what[96];
+		const int on_gpu = (int)(i % 2);
+		snprintf(what, sizeof(what), "K %s V %s T 1000, unified pages%s", tq_codec_name(pairs[i].k),
+			 tq_codec_name(pairs[i].v), on_gpu ? " (appended on the GPU)" : "");
+		if (!layer_build_in(&L, pairs[i].k, pairs[i].v, 128, 2, 64, 1000, on_gpu, t_seed() + 77 * i, MEM_UNIFIED))
+			T_FAIL("%s: layer", what);
+		int rc = check_layer(&L, 4, what);
+		layer_free(&L);
+		if (rc)
+			T_FAIL("%s", what);
+	}
 }
 
 /* Causal prefill: 128 query tokens at the end of a 1000-token context and at
@@ -1558,6 +1590,7 @@ int main(void)
 	T_RUN(test_attn_errors);
 	T_RUN(test_attn_pairs);
 	T_RUN(test_attn_contexts);
+	T_RUN(test_attn_unified_pages);
 	T_RUN(test_attn_prefill);
 	T_RUN(test_attn_split_k);
 	T_RUN(test_attn_waves);
