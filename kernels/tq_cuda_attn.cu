@@ -774,8 +774,8 @@ static __device__ __forceinline__ void mbar_init(tqc_mbar *b)
 #endif
 }
 
-/* generic-proxy writes to shared memory (sq, the partials) ordered before
- * bulk copies into the same bytes */
+/* generic-proxy writes to shared memory (the rotated queries, sq) ordered
+ * before bulk copies into the same bytes */
 static __device__ __forceinline__ void fence_proxy_async(void)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -838,7 +838,10 @@ static __device__ __forceinline__ void mbar_wait(tqc_mbar *b, uint32_t parity)
 		b->phase ^= 1u;
 	}
 	if ((b->phase & 1u) == parity) {
-		fprintf(stderr, "simt: wait on an mbarrier phase that never completes (a GPU hangs): phase %u parity %u block %u %u %u thread %u\n", b->phase, parity, blockIdx.x, blockIdx.y, blockIdx.z, (unsigned)threadIdx.x);
+		fprintf(stderr,
+			"simt: wait on an mbarrier phase that never completes (a GPU hangs): phase %u, parity %u, "
+			"block (%u, %u, %u), thread %u\n",
+			b->phase, parity, blockIdx.x, blockIdx.y, blockIdx.z, (unsigned)threadIdx.x);
 		abort();
 	}
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
