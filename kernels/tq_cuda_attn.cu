@@ -705,10 +705,14 @@ static __device__ void finish_row(const struct tqc_attn_args &a, size_t row, flo
 
 /* ---- tiled decode: pieces ------------------------------------------------------- */
 
-/* The tiles' copies: bulk (below) on sm_90+ and in the emulator, else
- * cp.async of 16 bytes by every lane (sm_80; the emulator's second build,
- * TQC_SIMT_CP_ASYNC, runs that path). */
-#if (defined(TQC_SIMT) && !defined(TQC_SIMT_CP_ASYNC)) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
+/* The tiles' copies: bulk (below) on sm_90 — where they were measured
+ * (BENCHMARKS 2b) — and in the emulator, else cp.async of 16 bytes by every
+ * lane (sm_80, sm_100, sm_121; the emulator's second build,
+ * TQC_SIMT_CP_ASYNC, runs that path).  On sm_100 and sm_121 the bulk path
+ * would spill more in the tq3o / tq4o builds at d 128 (ptxas, CUDA 13.0:
+ * 32-72 bytes against 20-36), and no such GPU has measured either path. */
+#if (defined(TQC_SIMT) && !defined(TQC_SIMT_CP_ASYNC)) || \
+	(defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && __CUDA_ARCH__ < 1000)
 #define TQC_BULK 1
 #else
 #define TQC_BULK 0
@@ -742,7 +746,7 @@ static __device__ __forceinline__ void cp_async_wait(void)
 }
 #endif /* !TQC_BULK */
 
-/* A tile's K and V blocks by the bulk-copy engine (sm_90+: cp.async.bulk,
+/* A tile's K and V blocks by the bulk-copy engine (sm_90: cp.async.bulk,
  * TMA without a tensor map), completing on an mbarrier of the warp's stage:
  * one lane arms the barrier with the bytes to come and issues two copies
  * (the K run, the V run), every lane waits on the stage's phase.  Against

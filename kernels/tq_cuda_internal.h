@@ -159,7 +159,7 @@ static inline int tqc_attn_rows(int vpl)
 }
 
 /* The tiled decode kernel (attn_mma): 32-key tiles of each warp copied to
- * shared memory ahead of use (bulk copies on sm_90+, cp.async on sm_80; two
+ * shared memory ahead of use (bulk copies on sm_90, cp.async elsewhere; two
  * stages), scores and values on the tensor cores.  It takes head dims 64 /
  * 128 / 256, K and V codecs tq2 / tq3 / tq4 / q8 (a 4-byte header, then
  * index planes or int8) and K codecs tq3o / tq4o besides (two halves, each its own bf16 scale, codebook and

@@ -22,7 +22,8 @@ fi
 export LD_LIBRARY_PATH=$B/tests/simt${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export TQ_CUDA_QUICK=${TQ_CUDA_QUICK:-1}
 "$SIM" || exit $?
-# attn_mma's sm_80 copy path (cp.async in every lane; the first run took the
-# bulk copies of sm_90+): the cases that run the tiled kernel
+# attn_mma's copy path of sm_80, sm_100 and sm_121 (cp.async in every lane;
+# the first run took the bulk copies of sm_90): the cases that run the
+# tiled kernel
 TQ_TEST_SKIP=test_encode_args,test_encode_exact,test_encode_reg,test_encode_bound_ties,test_encode_errors,test_encode_long,test_attn_split_k,test_attn_waves \
 	exec "$SIM"_cpasync

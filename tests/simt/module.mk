@@ -26,8 +26,9 @@ $(SIMT_BIN): $(OBJ)/tests/unit/test_cuda.o $(OBJ)/tests/unit/tietest.o $(HARNESS
 	@mkdir -p $(dir $@)
 	$(CXX) $(ALL_LDFLAGS) -o $@ $(filter %.o,$^) -ldl -lm -pthread
 
-# the same with attn_mma's sm_80 copy path (cp.async in every lane) in place
-# of the bulk copies: cuda_simt.sh runs its attention cases
+# the same with attn_mma's copy path of sm_80, sm_100 and sm_121 (cp.async
+# in every lane) in place of the bulk copies: cuda_simt.sh runs its
+# attention cases
 SIMT_BIN_CPA := $(B)/tests/simt/test_cuda_simt_cpasync
 $(SIMT_BIN_CPA): $(OBJ)/tests/unit/test_cuda.o $(OBJ)/tests/unit/tietest.o $(HARNESS_OBJ) $(filter-out %.cu.o,$(KERNELS_OBJ)) $(filter-out %/sim_attn.o,$(SIMT_OBJS)) $(SIMT_OBJ)/sim_attn_cpasync.o $(STAMP)
 	@mkdir -p $(dir $@)

@@ -1059,9 +1059,9 @@ static void test_attn_contexts(void)
 		}
 }
 
-/* K/V pages in unified (host-mapped) memory, as an integrated GPU's pool
- * (GB10) has them: attn_mma's tile copies (bulk copies on sm_90+) and the
- * quantize-append read and write them there. */
+/* K/V pages in unified (host-mapped) memory, as the pool of an integrated
+ * GPU (GB10) or a Grace Hopper has them: attn_mma's tile copies (bulk
+ * copies on sm_90) and the quantize-append read and write them there. */
 static void test_attn_unified_pages(void)
 {
 	static const struct { enum tq_codec_id k, v; } pairs[] = {
