@@ -1413,13 +1413,17 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 	const uint32_t n_fetch = te0 > tb ? (te0 - tb + TQC_TILE - 1) / TQC_TILE : 0;
 
 	/* the next tile to fetch (f_i): its page (f_pi, its base loaded a tile
-	 * ahead) and slot, advanced by NW tiles a step (no division per
-	 * tile); one cp.async group per step, empty past the tiles (n).  A
-	 * tile's K blocks and V blocks are one run of 16-byte chunks in the
-	 * stage. */
+	 * ahead) and slot, advanced by NW tiles a step (no division per tile) */
 	uint32_t f_i = (uint32_t)warp;
 	uint32_t f_pi = (tb + f_i * TQC_TILE) / P, f_slot = (tb + f_i * TQC_TILE) % P;
 	const uint8_t *f_pg = f_i < n_fetch ? a.pages[f_pi] : nullptr;
+	auto advance = [&](uint32_t n) {
+		f_i += NW;
+		for (f_slot += NW * TQC_TILE; f_slot >= P; f_slot -= P)
+			f_pi++;
+		if (f_i < n)
+			f_pg = a.pages[f_pi];
+	};
 #if TQC_BULK
 	/* bulk copies: stage st's barrier, its phase's parity (bit st of
 	 * phase) and whether a copy into it is in flight (bit st of busy) */
@@ -1440,11 +1444,7 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 			__syncwarp(); /* armed before any lane waits on it */
 			busy |= 1u << st;
 		}
-		f_i += NW;
-		for (f_slot += NW * TQC_TILE; f_slot >= P; f_slot -= P)
-			f_pi++;
-		if (f_i < n)
-			f_pg = a.pages[f_pi];
+		advance(n);
 	};
 	auto landed = [&](int st) { /* stage st's copy (every lane) */
 		mbar_wait(&bar[st], (phase >> st) & 1u);
@@ -1452,6 +1452,8 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 		busy &= ~(1u << st);
 	};
 #else
+	/* one cp.async group per step, empty past the tiles (n); a tile's K
+	 * blocks and V blocks are one run of 16-byte chunks in the stage */
 	const uint32_t n_k16 = 2u * kb, n_16 = 2u * (kb + vb); /* chunks: TQC_TILE blocks = 2 x block bytes */
 	auto fetch = [&](int st, uint32_t n) {
 		if (f_i < n) {
@@ -1462,11 +1464,7 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 				cp_async16(dst + 16u * j, (j < n_k16 ? ks : vs) + 16u * j);
 		}
 		cp_async_commit();
-		f_i += NW;
-		for (f_slot += NW * TQC_TILE; f_slot >= P; f_slot -= P)
-			f_pi++;
-		if (f_i < n)
-			f_pg = a.pages[f_pi];
+		advance(n);
 	};
 #endif
 

@@ -13,9 +13,9 @@
  *              codec pair, head dims 64 / 96 / 128 / 256, GQA 1 / 4 / 8,
  *              contexts that are and are not page multiples, pages in
  *              device and in unified memory, decode (causal or not), causal
- *              prefill, split-K over a long context, query
- *              dtypes, logits beyond float range (NaN rows), errors with the
- *              CPU path's messages.
+ *              prefill, split-K over a long context, query dtypes, logits
+ *              beyond float range (NaN rows), errors with the CPU path's
+ *              messages.
  * Without a usable GPU (or in a build without CUDA) it says why and exits
  * 77 (skipped). */
 #include <errno.h>
