@@ -1207,6 +1207,13 @@ static void test_hostile(void)
 		while (x.tail - __atomic_load_n(&x.hdr->sq_head, __ATOMIC_ACQUIRE) >= x.sqn)
 			usleep(1000);
 	}
+	/* the third batch goes in only once the daemon took all of the second:
+	 * submitted earlier, it would overrun the SQ (a client bug the daemon
+	 * answers by stopping the ring; CI once hit that under UBSan, with the
+	 * ring thread slow to take the second batch) */
+	for (int w = 0; w < 3000 && __atomic_load_n(&x.hdr->sq_head, __ATOMIC_ACQUIRE) != x.tail; w++)
+		usleep(10000);
+	T_EQ(__atomic_load_n(&x.hdr->sq_head, __ATOMIC_ACQUIRE), x.tail);
 	for (uint32_t i = 0; i < x.sqn; i++) {    /* these stay in the SQ */
 		nop.user_data = 200 + i;
 		raw_submit(&x, &nop);
@@ -1218,6 +1225,7 @@ static void test_hostile(void)
 	for (int w = 0; w < 3000 && __atomic_load_n(&x.hdr->cq_tail, __ATOMIC_ACQUIRE) < 16; w++)
 		usleep(10000);
 	usleep(50000);
+	T_EQ(__atomic_load_n(&x.hdr->state, __ATOMIC_ACQUIRE), TQKV_RING_LIVE);
 	T_EQ(__atomic_load_n(&x.hdr->cq_tail, __ATOMIC_ACQUIRE), 16);
 	T_EQ(__atomic_load_n(&x.hdr->sq_head, __ATOMIC_ACQUIRE), 16);
 	/* ... and its ring thread sleeps rather than spinning on the held-back SQEs */
