@@ -147,9 +147,9 @@ static const struct opt opts[] = {
 	{ "tenant", "allow_gids", OPT_GIDS, T(n_gids), 0, 0, "", NULL, true,
 	  "groups (names or numbers) whose members may open sessions", NULL },
 	{ "tenant", "sparse_v", OPT_FRACTION, T(sparse_v), 0, 100000, "0", NULL, true,
-	  "CPU attention of its sessions skips decoding values while at most this fraction of each "
+	  "attention of its sessions skips decoding values while at most this fraction of each "
 	  "query head's attention weight is left out (0..0.1; 0: off, exact): each output moves by "
-	  "at most sparse_v x the largest value norm; not on a cuda pool", NULL },
+	  "at most sparse_v x the largest value norm", NULL },
 };
 #define N_OPTS (sizeof(opts) / sizeof(opts[0]))
 

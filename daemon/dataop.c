@@ -1252,13 +1252,11 @@ void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, 
 		.isa = TQ_ISA_AUTO,
 		.threads = ws->threads,
 	};
-	if (!gpu) {
-		/* the tenant's sparse-V (the GPU kernels do not skip): read
-		 * once per call, so a reload applies from the next one */
-		struct tenant *tn = session_tenant(s);
-		ap.sparse_v = tenant_sparse_v(tn);
-		ap.stats = tenant_attn_stats(tn);
-	}
+	/* the tenant's sparse-V: read once per call, so a reload applies from
+	 * the next one (the GPU kernels count value chunks only with it on) */
+	struct tenant *tn = session_tenant(s);
+	ap.sparse_v = tenant_sparse_v(tn);
+	ap.stats = tenant_attn_stats(tn);
 	ap.q = q;               /* planning checks the first pass's queries in place */
 	ap.q_pos = ws->pos;
 	ap.out = out;

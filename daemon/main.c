@@ -166,22 +166,16 @@ static void apply_overrides(struct daemon *d, struct config *c)
 		snprintf(c->spill_dir, sizeof(c->spill_dir), "%s", d->spill_dir_arg);
 }
 
-/* Each tenant's sparse-V, where it is on: what it does, or that it does
- * nothing on a GPU pool (at start and after each reload). */
+/* Each tenant's sparse-V, where it is on (at start and after each reload). */
 static void note_sparse_v(struct daemon *d, const char *when)
 {
 	for (uint32_t i = 0; i < tenant_count(d->tenants); i++) {
 		struct tenant *t = tenant_at(d->tenants, i);
 		float sv = tenant_sparse_v(t);
-		if (!(sv > 0.0f))
-			continue;
-		if (pool_has_kernels(d->pool))
-			log_warning("%s: tenant '%s': sparse_v = %g has no effect: attention runs on the GPU "
-				    "(pool.backend = cuda), whose kernels do not skip values", when, tenant_name(t),
-				    (double)sv);
-		else
-			log_info("%s: tenant '%s': sparse-V on: its sessions' attention skips values while at "
-				 "most %g of each head's attention weight is left out", when, tenant_name(t), (double)sv);
+		if (sv > 0.0f)
+			log_info("%s: tenant '%s': sparse-V on: its sessions' attention (%s) skips values while at "
+				 "most %g of each head's attention weight is left out", when, tenant_name(t),
+				 pool_has_kernels(d->pool) ? "the GPU's kernels" : "the CPU's", (double)sv);
 	}
 }
 

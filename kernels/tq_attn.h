@@ -69,11 +69,11 @@ struct tq_attn_params {
 				     /* weight skipped stays at most this fraction */
 				     /* of the row's attention mass: the output    */
 				     /* moves by at most sparse_v x max |v|; 0 =   */
-				     /* off (exact).  Fused path only.             */
+				     /* off (exact).  Fused paths only (CPU, GPU). */
 	struct tq_attn_stats *stats; /* NULL, or counts added to (atomically: one */
 				     /* call's threads, or several calls, share); */
-				     /* fused CPU path only (tqc_attend, the      */
-				     /* oracle: untouched)                         */
+				     /* the oracle leaves them; tqc_attend counts  */
+				     /* only with sparse_v > 0 (tq_cuda.h)         */
 
 	float *out;                  /* [n_q][n_q_heads][dim] fp32                 */
 

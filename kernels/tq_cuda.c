@@ -1128,7 +1128,6 @@ int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 	v.plan_n_q = 0;
 	v.workspace = NULL;
 	v.workspace_bytes = 0;
-	v.sparse_v = 0.0f;
 	if ((rc = tqa_validate(&v, &sh, err)) < 0)
 		return rc;
 	if (p->n_q == 0)
@@ -1178,6 +1177,11 @@ int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 	const size_t d_ml = carve(&dtop, part_rows * 2 * sizeof(float));
 	const size_t d_out = carve(&dtop, od ? 0 : q_bytes);
 	const size_t h_out = carve(&ptop, ow == W_HOST ? q_bytes : 0);
+	/* sparse-V's counts: zeroed on the stream, added to by every pass,
+	 * read back after the last */
+	const int sparse = p->sparse_v > 0.0f;
+	const size_t sv_bytes = 2 * sizeof(unsigned long long);
+	const size_t d_sv = carve(&dtop, sparse ? sv_bytes : 0), h_sv = carve(&ptop, sparse ? sv_bytes : 0);
 	if ((rc = reserve(x, dtop, ptop, err)) < 0)
 		return rc;
 
@@ -1194,6 +1198,8 @@ int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 	args.qrot = (float *)(void *)(x->dev + d_qrot);
 	args.part_acc = (float *)(void *)(x->dev + d_acc);
 	args.part_ml = (float *)(void *)(x->dev + d_ml);
+	args.sparse_v = sparse ? p->sparse_v : 0.0f;
+	args.sv_counts = sparse ? (unsigned long long *)(void *)(x->dev + d_sv) : NULL;
 
 	if (n_pages)
 		memcpy(x->pin + o_pages, kv->pages, sizeof(void *) * n_pages);
@@ -1233,6 +1239,8 @@ int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 		const size_t c0 = q0 == 0 ? o_pages : o_q, c1 = p->causal ? o_pos + nq * sizeof(int32_t) : o_q + bytes;
 		if (q0 == 0)
 			CK("cudaEventRecord", cudaEventRecord(x->ev0, x->stream));
+		if (q0 == 0 && sparse)
+			CK("sparse-V counts", cudaMemsetAsync(x->dev + d_sv, 0, sv_bytes, x->stream));
 		CK("query copy", cudaMemcpyAsync(x->dev + c0, x->pin + c0, c1 - c0, cudaMemcpyHostToDevice, x->stream));
 		CK("kernel launch", (cudaError_t)tqc_launch_attend(&args, x->stream));
 		if (ow == W_HOST)
@@ -1241,10 +1249,19 @@ int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 		else if (ow == W_PEER)
 			CK("output copy", cudaMemcpyAsync(p->out + q0 * row_floats, x->dev + d_out, bytes,
 							  cudaMemcpyDefault, x->stream));
+		if (sparse && q0 + nq == (size_t)p->n_q)
+			CK("sparse-V counts", cudaMemcpyAsync(x->pin + h_sv, x->dev + d_sv, sv_bytes,
+							      cudaMemcpyDeviceToHost, x->stream));
 		CK("cudaEventRecord", cudaEventRecord(x->ev1, x->stream));
 		CK("kernels", cudaStreamSynchronize(x->stream));
 		if (ow == W_HOST)
 			memcpy(p->out + q0 * row_floats, x->pin + h_out, bytes);
+	}
+	if (sparse && p->stats) {
+		unsigned long long c[2];
+		memcpy(c, x->pin + h_sv, sizeof(c));
+		__atomic_fetch_add(&p->stats->v_chunks, (uint64_t)c[0], __ATOMIC_RELAXED);
+		__atomic_fetch_add(&p->stats->v_skipped, (uint64_t)c[1], __ATOMIC_RELAXED);
 	}
 	timing_done(x);
 	return 0;

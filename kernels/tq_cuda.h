@@ -175,8 +175,11 @@ int tqc_append(tqc_ctx *x, const struct tqc_append *a, uint32_t *bad, tq_error *
  *   - q and q_pos: host memory (they are checked on the host, then copied
  *     to the device with the page table);
  *   - out: device, registered, managed or plain host memory;
- *   - isa, threads, plan_n_q, workspace and sparse_v are ignored (the GPU
- *     path is exact: no value is skipped).
+ *   - isa, threads, plan_n_q and workspace are ignored;
+ *   - sparse_v > 0 skips a value chunk by tq_attend's rule, where a chunk is
+ *     a warp's tile of 32 keys (the tiled kernel) or one key (the general
+ *     one); stats are counted only then (sparse_v = 0 runs exact and counts
+ *     nothing, so that an exact call reads nothing back).
  * Returns after the stream finished. */
 int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err);
 

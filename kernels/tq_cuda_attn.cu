@@ -449,6 +449,17 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 4) attn_main(const __grid_cons
 			acc[r][j] = 0.0f;
 	}
 
+	/* sparse-V (thr = a.sparse_v > 0): a key's value is neither decoded nor added while,
+	 * for every row, the weight skipped so far (sk, in l's scale: rescaled
+	 * by alpha as l is) plus the key's stays within thr of the row's
+	 * running sum (tq_attn.c's rule, a key at a time) */
+	__shared__ float s_sk[TQC_WARPS][R]; /* sk of each warp's rows: no registers held */
+	float *const sk = s_sk[warp];
+	if (lane < R)
+		sk[lane] = 0.0f;
+	__syncwarp();
+	uint32_t n_reached = 0, n_skipped = 0;
+
 	const uint64_t kh = tq_page_k_off(&g, h, 0), vh = tq_page_v_off(&g, h, 0);
 	const uint64_t tb = (uint64_t)split * a.split_len;
 	uint64_t te = tb + a.split_len;
@@ -479,6 +490,34 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 4) attn_main(const __grid_cons
 				m[r] = mn;
 			}
 		}
+		if (a.sparse_v > 0.0f) {
+			bool ok = true;
+			float skr[R];
+#pragma unroll
+			for (int r = 0; r < R; r++) {
+				skr[r] = sk[r] * alpha[r];
+				ok &= skr[r] + p[r] <= a.sparse_v * l[r]; /* NaN: not skipped */
+			}
+			/* the same in every lane (butterfly sums): said once for all */
+			const bool skip = __all_sync(FULL, ok);
+			n_reached++;
+			__syncwarp(); /* every lane read sk */
+			if (lane < R) /* lane r writes row r's (the same in every lane) */
+#pragma unroll
+				for (int r = 0; r < R; r++)
+					if (r == lane)
+						sk[r] = skr[r] + (skip ? p[r] : 0.0f);
+			__syncwarp();
+			if (skip) {
+				n_skipped++;
+#pragma unroll
+				for (int r = 0; r < R; r++)
+#pragma unroll
+					for (int j = 0; j < VPL; j++)
+						acc[r][j] *= alpha[r];
+				continue;
+			}
+		}
 		float vv[VPL];
 		const float vs = decode<VPL>(vdv, pg + vh + (uint64_t)slot * g.v_block_bytes, lane, pos, vv);
 #pragma unroll
@@ -490,6 +529,10 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 4) attn_main(const __grid_cons
 					acc[r][j] = fmaf(w, vv[j], acc[r][j] * alpha[r]);
 			}
 		}
+	}
+	if (a.sparse_v > 0.0f && lane == 0 && n_reached) {
+		atomicAdd(&a.sv_counts[0], (unsigned long long)n_reached);
+		atomicAdd(&a.sv_counts[1], (unsigned long long)n_skipped);
 	}
 
 	/* merge the 4 warps; the CTA's partial per row */
@@ -1011,6 +1054,18 @@ static __device__ __forceinline__ float ex2(float x)
 #endif
 }
 
+/* log2 x for x > 0: the hardware's approximation (sparse-V's bound) */
+static __device__ __forceinline__ float lg2(float x)
+{
+#ifdef __CUDA_ARCH__
+	float r;
+	asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+	return r;
+#else
+	return log2f(x);
+#endif
+}
+
 /* 2^n exactly (n >= -126; 0 below) */
 static __device__ __forceinline__ float pow2i(int n)
 {
@@ -1481,6 +1536,10 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 			  : i < 40 ? a.kc.centroid_b[i - 32] * a.kc.h16_scale_b
 				   : a.vc.centroid[(i - 40) & 15] * a.vc.h16_scale;
 	}
+	/* sparse-V: the warps' published weights (s_m, free until the
+	 * partials), none yet */
+	if (threadIdx.x < (unsigned)(NW * R))
+		s_m[threadIdx.x / R][threadIdx.x % R] = NEG_INF;
 	if (warp != NW - 1)
 		fetch(0, n_fetch);
 	/* this warp's rows' qrot = scale2 R_k q (Hadamard or none), rotated in
@@ -1599,6 +1658,26 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 	for (int i = 0; i < D / 16; i++)
 		acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
 
+	/* sparse-V (thr = a.sparse_v > 0): a tile's values are neither decoded nor added
+	 * while, for each of the 8 rows, the weight this warp skipped so far
+	 * (sk: the row's, in every lane of its row pair's group; rescaled by
+	 * alpha as l is) plus the tile's stays within
+	 *     thr/2 x the warp's running sum + thr/(2 NW) x B,
+	 * B a lower bound of the CTA's running sum: what every warp published
+	 * (below).  Both terms only grow, so at the end the NW warps skipped
+	 * at most thr/2 of the sum of their sums plus NW x thr/(2 NW) of the
+	 * CTA's: thr of the row's weight in this split, as tq_attn.c's rule
+	 * (a warp's tile for its chunk; the split merge keeps the bound).  A
+	 * warp's own sum alone would let it skip only what is small beside the
+	 * tiles it walks (every NW-th), which rarely hold a sharp row's peaks.
+	 * Each warp publishes, per row, log2 of its weight (m + log2 l: one
+	 * float, so a warp that reads it meanwhile sees an old value or the
+	 * new one, either a lower bound) in s_m[warp][row]; B takes 0.999 of
+	 * the sum to cover the approximate log2 and 2^x, and each term at most
+ * 2^64 (a lower bound still, and finite). */
+	float sk[2] = { 0.0f, 0.0f };
+	uint32_t n_skipped = 0; /* the tiles reached: the loop's count */
+
 	uint32_t i = (uint32_t)warp;
 	int st = 0;
 	for (int s = 1; s < NST - 1; s++) /* stage 0's is in flight */
@@ -1664,7 +1743,7 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 		 * makes its row NaN: rare, so looked for per row only when some
 		 * lane saw one */
 		const bool any_bad = __any_sync(FULL, nonfin != 0u);
-		float fac[2];
+		float fac[2], alpha2[2], ps2[2];
 #pragma unroll
 		for (int k = 0; k < 2; k++) {
 			bool ok[4];
@@ -1701,6 +1780,38 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 			l[k] = badl ? QNAN : l[k] * alpha + ps;
 			m[k] = mn;
 			fac[k] = alpha * eshift;
+			alpha2[k] = alpha;
+			ps2[k] = ps;
+		}
+		bool skip = false;
+		if (a.sparse_v > 0.0f) { /* the parameter, not a register held across the loop */
+			const float thr_w = 0.5f * a.sparse_v, thr_b = 0.4995f * a.sparse_v / (float)NW;
+			bool ok = true;
+			float cm[2], lr[2];
+#pragma unroll
+			for (int k = 0; k < 2; k++) { /* the row's sums: its group's shares */
+				cm[k] = group_sum(ps2[k]);
+				lr[k] = group_sum(l[k]); /* every lane: no shuffle under a branch */
+				if (g == 0) /* NaN stays NaN: a bad row blocks every warp's skips */
+					*(volatile float *)&s_m[warp][2 * q + k] = lr[k] > 0.0f ? m[k] + lg2(lr[k])
+								  : lr[k] == 0.0f ? NEG_INF : QNAN;
+			}
+#pragma unroll
+			for (int k = 0; k < 2; k++) {
+				float b = 0.0f;
+				for (int j = 0; j < NW; j++) /* 2^(-inf) = 0: a warp with nothing yet; */
+					b += ex2(fminf(*(volatile const float *)&s_m[j][2 * q + k] - m[k], 64.0f)); /* finite */
+				sk[k] *= alpha2[k];
+				/* a row this warp saw nothing of (m -inf: no weight here) never
+				 * holds a skip back; a NaN (bad row, or bound) always does */
+				ok &= m[k] == NEG_INF || sk[k] + cm[k] <= thr_w * lr[k] + thr_b * b;
+			}
+			skip = __all_sync(FULL, ok);
+			if (skip) {
+				n_skipped++;
+				sk[0] += cm[0];
+				sk[1] += cm[1];
+			}
 		}
 		if (__any_sync(FULL, fac[0] != 1.0f || fac[1] != 1.0f)) {
 #pragma unroll
@@ -1711,12 +1822,14 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 				acc[ii][3] *= fac[1];
 			}
 		}
-		__syncwarp(); /* pw */
-		switch (vbits) {
-		case 2: mma_values<D, 2>(vt, vb, tab, pw, lane, acc); break;
-		case 3: mma_values<D, 3>(vt, vb, tab, pw, lane, acc); break;
-		case 4: mma_values<D, 4>(vt, vb, tab, pw, lane, acc); break;
-		default: mma_values<D, 8>(vt, vb, tab, pw, lane, acc); break;
+		if (!skip) {
+			__syncwarp(); /* pw */
+			switch (vbits) {
+			case 2: mma_values<D, 2>(vt, vb, tab, pw, lane, acc); break;
+			case 3: mma_values<D, 3>(vt, vb, tab, pw, lane, acc); break;
+			case 4: mma_values<D, 4>(vt, vb, tab, pw, lane, acc); break;
+			default: mma_values<D, 8>(vt, vb, tab, pw, lane, acc); break;
+			}
 		}
 		__syncwarp(); /* the stage and pw are free again */
 		st = st == NST - 1 ? 0 : st + 1;
@@ -1732,16 +1845,16 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 	cp_async_wait<0>();
 #endif
 
+	if (a.sparse_v > 0.0f && lane == 0 && n_tile > (uint32_t)warp) {
+		atomicAdd(&a.sv_counts[0], (unsigned long long)((n_tile - (uint32_t)warp + NW - 1) / NW));
+		atomicAdd(&a.sv_counts[1], (unsigned long long)n_skipped);
+	}
+
 	/* this warp's (m, l, acc): acc into its own first stage, [R][D], in the
 	 * V frame (2^E / the V table's scale) */
 	float *wacc = reinterpret_cast<float *>(stage0);
 	l[0] = group_sum(l[0]);
 	l[1] = group_sum(l[1]);
-	if (g == 0) {
-		s_m[warp][2 * q] = m[0], s_m[warp][2 * q + 1] = m[1];
-		s_l[warp][2 * q] = l[0], s_l[warp][2 * q + 1] = l[1];
-	}
-	__syncwarp();
 	const float vfin = pow2i(E) / a.vc.h16_scale;
 #pragma unroll
 	for (int k = 0; k < 2; k++)
@@ -1751,6 +1864,12 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 			wacc[(2 * q + k) * D + p] = acc[ii][k] * vfin;
 			wacc[(2 * q + k) * D + p + D / 2] = acc[ii][k + 2] * vfin;
 		}
+	if (a.sparse_v > 0.0f)
+		__syncthreads(); /* every warp is past its tiles: s_m's published weights are read no more */
+	if (g == 0) {
+		s_m[warp][2 * q] = m[0], s_m[warp][2 * q + 1] = m[1];
+		s_l[warp][2 * q] = l[0], s_l[warp][2 * q + 1] = l[1];
+	}
 	__syncthreads();
 	cta_partials<R>(a, s_m, s_l, reinterpret_cast<const float *>(stages), (int)(NST * stage_bytes / 4u), D, r0,
 			nrows, split, h, NW);

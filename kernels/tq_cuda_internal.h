@@ -255,6 +255,7 @@ struct tqc_attn_args {
 	uint32_t split_len;          /* tokens per split, >= 1 (tiled: a multiple of TQC_TILE) */
 	int32_t tiled;               /* 1: attn_mma, rows_blk = TQC_TILE_ROWS; 0: attn_main */
 	int32_t mma_warps;           /* tiled: warps per CTA (tqc_attn_mma_warps)        */
+	float sparse_v;              /* > 0: sparse-V's threshold (tq_attn.h); 0: exact   */
 	const int32_t *q_pos;        /* device: [n_q] (causal only, else unused)         */
 	const float *q;              /* device: [n_q][n_q_heads][dim] fp32               */
 	float *qrot;                 /* device: [n_q][n_q_heads][dim], prep's output     */
@@ -263,6 +264,9 @@ struct tqc_attn_args {
 	float *out;                  /* device-accessible: [n_q][n_q_heads][dim]         */
 	uint32_t *counters;          /* device, tiled: [n_kv][n_rb] finished splits, 0   */
 				     /* between launches (the last CTA merges, resets) */
+	unsigned long long *sv_counts; /* device, sparse_v > 0: [2] value chunks       */
+				     /* reached, skipped (added to; tiles of TQC_TILE  */
+				     /* keys a warp in attn_mma, single keys in attn_main) */
 };
 
 int tqc_launch_attend(const struct tqc_attn_args *a, void *stream);
@@ -278,9 +282,9 @@ static_assert(sizeof(struct tqc_codec_desc) == TQC_DESC_BYTES, "tqc_codec_desc l
 static_assert(offsetof(struct tqc_codec_desc, mat) == 424, "tqc_codec_desc layout");
 static_assert(sizeof(struct tqc_enc_args) == 2 * TQC_DESC_BYTES + 8 + 64 + 16 + 16 + 40, "tqc_enc_args layout");
 static_assert(offsetof(struct tqc_enc_args, k) == 2 * TQC_DESC_BYTES + 8 + 64 + 16 + 16, "tqc_enc_args layout");
-/* 15 four-byte fields, padded to the pointers' alignment */
+/* 16 four-byte fields, then the pointers */
 static_assert(offsetof(struct tqc_attn_args, q_pos) == 2 * TQC_DESC_BYTES + 8 + 16 + 16 * 4, "tqc_attn_args layout");
-static_assert(sizeof(struct tqc_attn_args) == 2 * TQC_DESC_BYTES + 8 + 16 + 16 * 4 + 7 * 8, "tqc_attn_args layout");
+static_assert(sizeof(struct tqc_attn_args) == 2 * TQC_DESC_BYTES + 8 + 16 + 16 * 4 + 8 * 8, "tqc_attn_args layout");
 static_assert(TQ_DIM_MAX % 32 == 0, "sign mask words");
 
 #ifdef __cplusplus

@@ -710,6 +710,7 @@ static void usage(FILE *f)
 		"       tqbench attn --backend cuda [--device N] [--ctx N,N,..] [--batch B,B,..]\n"
 		"                    [--k C] [--v C] [--reps R] [--page-tokens P] [--threads T]\n"
 		"                    [--no-baseline] [--check-max N] [--layers L] [--bulk N] [--json]\n"
+		"                    [--sparse THR] [--q-scale X]\n"
 		"  32 query heads, 8 KV heads, d = 128; decode = 1 query, prefill = 128 queries.\n"
 		"  Defaults: --ctx 8192 --k tq4 --v tq3 --threads 2 --mode decode --reps 15\n"
 		"  --page-tokens 256 --isa: the best this CPU runs.  --quality: output cosine and\n"
@@ -742,6 +743,10 @@ static void usage(FILE *f)
 		"      all B sessions: GPU time at B = 1, wall time per round at B > 1.\n"
 		"      Without python3 or torch: \"baseline: unavailable (why)\".  --no-baseline\n"
 		"      skips it.\n"
+		"    - --sparse THR: each batch again with sparse-V at THR, in the same run: its\n"
+		"      time against the exact call's, the share of value chunks skipped and how\n"
+		"      far session 0's output moved from the exact one (sparse-V skips on sharp\n"
+		"      attention: --q-scale X multiplies the queries, as on the CPU).\n"
 		"    - tqc_append: one decode token (all KV heads, K and V) into each of --layers\n"
 		"      layers (default 32): GPU time per layer (target <= 10 us); and --bulk\n"
 		"      tokens at once (default 4096) in vectors/s; both against tq_encode on the\n"
@@ -844,10 +849,8 @@ static int bench_attn_main(int argc, char **argv)
 			o.page_tokens = (uint32_t)strtoul(val, NULL, 0); i++;
 		} else if (!strcmp(a, "--sparse")) {
 			o.sparse = strtof(val, NULL); i++;
-			cpu_only = a;
 		} else if (!strcmp(a, "--q-scale")) {
 			o.q_scale = strtof(val, NULL); i++;
-			cpu_only = a;
 			if (!(o.q_scale > 0.0f && o.q_scale <= 64.0f)) {
 				fprintf(stderr, "tqbench attn: --q-scale wants (0, 64]\n");
 				return 2;
@@ -920,6 +923,7 @@ static int bench_attn_main(int argc, char **argv)
 			.device = device, .k = o.k, .v = o.v, .page_tokens = o.page_tokens,
 			.threads = o.threads, .reps = reps_set ? o.reps : 50, .json = o.json,
 			.baseline = !no_baseline, .check_max = check_max, .layers = layers, .bulk = bulk,
+			.sparse = o.sparse, .q_scale = o.q_scale,
 		};
 		uint64_t l[ATTN_CUDA_MAX_LIST];
 		int n;
@@ -950,7 +954,7 @@ static int bench_attn_main(int argc, char **argv)
 		co.n_batch = n;
 		if (co.threads < 1 || co.threads > TQ_THREADS_MAX || co.reps < 1 || co.reps > 100000 ||
 		    co.page_tokens < 1 || co.page_tokens > TQ_PAGE_TOKENS_MAX || co.layers < 1 ||
-		    co.layers > 1024 || co.bulk < 1 || co.bulk > (1u << 20)) {
+		    co.layers > 1024 || co.bulk < 1 || co.bulk > (1u << 20) || !(co.sparse >= 0.0f && co.sparse < 1.0f)) {
 			fprintf(stderr, "tqbench attn: bad option value\n");
 			return 2;
 		}

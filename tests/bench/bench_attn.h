@@ -70,6 +70,8 @@ struct attn_cuda_opts {
 	uint32_t check_max;                  /* tq_attend_ref check up to this ctx */
 	int layers;                          /* append: layers of the model       */
 	uint32_t bulk;                       /* append: tokens of the bulk call   */
+	float sparse;                        /* --sparse: > 0 also times sparse-V */
+	float q_scale;                       /* --q-scale: queries times this     */
 };
 
 /* 0, 1 (a failure or a failed check), 2 (bad options) or 77 (no usable

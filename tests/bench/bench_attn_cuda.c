@@ -163,6 +163,8 @@ struct sess {
 	int out_pinned;
 	const uint8_t **pages;            /* device page pointers           */
 	struct tq_page_table t;
+	float sparse_v;                   /* the timed calls' (0: exact)    */
+	struct tq_attn_stats *stats;      /* with sparse_v: shared, atomic  */
 	/* one timed run */
 	struct gate *gate;
 	int reps;
@@ -475,7 +477,8 @@ static struct tq_attn_params attn_params(const struct sess *s, const struct tq_p
 {
 	struct tq_attn_params p = {
 		.k_codec = s->kc, .v_codec = s->vc, .n_q_heads = NQH, .kv = t, .n_q = 1, .q = s->q,
-		.q_dtype = TQ_DTYPE_F32, .q_pos = &s->pos, .causal = 1, .out = out,
+		.q_dtype = TQ_DTYPE_F32, .q_pos = &s->pos, .causal = 1, .sparse_v = s->sparse_v, .stats = s->stats,
+		.out = out,
 	};
 	return p;
 }
@@ -569,6 +572,64 @@ out:
 	free(gpu);
 	free(wall);
 	return rc;
+}
+
+/* The batch again with sparse-V at --sparse, after the exact one (gpu_ms,
+ * round_ms): its time against the exact call's, the share of value chunks
+ * skipped, how far session 0's output moved from its exact output (in L2,
+ * relative to the output's norm; the bound is sparse_v x the largest value
+ * norm). */
+static void run_sparse(struct bench *b, int B, double gpu_ms, double round_ms, uint32_t T)
+{
+	const struct attn_cuda_opts *o = b->o;
+	struct tq_attn_stats st = { 0, 0 };
+	float *exact = malloc(sizeof(float) * NQH * DIM);
+	double sg, sw, sr;
+
+	if (!exact) {
+		b->failed = 1;
+		return;
+	}
+	memcpy(exact, b->s[0].out, sizeof(float) * NQH * DIM);
+	for (int i = 0; i < B; i++) {
+		b->s[i].sparse_v = o->sparse;
+		b->s[i].stats = &st;
+	}
+	int rc = run_batch(b, B, &sg, &sw, &sr);
+	for (int i = 0; i < B; i++) {
+		b->s[i].sparse_v = 0.0f;
+		b->s[i].stats = NULL;
+	}
+	if (rc < 0) {
+		b->failed = 1;
+		free(exact);
+		return;
+	}
+	const double moved = rel_err(b->s[0].out, exact, (size_t)NQH * DIM);
+	const double share = st.v_chunks ? (double)st.v_skipped / (double)st.v_chunks : NAN;
+	const double step = B == 1 ? sg : sr, step0 = B == 1 ? gpu_ms : round_ms;
+	if (o->json) {
+		printf("{\"suite\":\"attn\",\"backend\":\"cuda\",\"mode\":\"decode-sparse\",\"ctx\":%u,\"batch\":%d,"
+		       "\"k\":\"%s\",\"v\":\"%s\",\"q_scale\":%g,\"sparse_v\":%g", T, B, tq_codec_name(o->k),
+		       tq_codec_name(o->v), (double)(o->q_scale > 0.0f ? o->q_scale : 1.0f), (double)o->sparse);
+		jnum("gpu_ms", sg, 1);
+		jnum("round_ms", sr, 1);
+		jnum("exact_gpu_ms", gpu_ms, 1);
+		jnum("exact_round_ms", round_ms, 1);
+		jnum("vs_exact", step / step0, 1);
+		jnum("skipped_share", share, st.v_chunks > 0);
+		jnum("moved", moved, 1);
+		printf("}\n");
+	} else {
+		printf("    sparse-V %g (queries x %g): GPU %.4f ms/call", (double)o->sparse,
+		       (double)(o->q_scale > 0.0f ? o->q_scale : 1.0f), sg);
+		if (B > 1)
+			printf(", round %.4f ms", sr);
+		printf(": %.3f x the exact call (%s); %.1f %% of %llu value chunks skipped; session 0's "
+		       "output moved %.2e of its norm\n", step / step0, B == 1 ? "GPU time" : "round",
+		       100.0 * share, (unsigned long long)st.v_chunks, moved);
+	}
+	free(exact);
 }
 
 /* ---- one context --------------------------------------------------------------- */
@@ -765,6 +826,8 @@ static void run_ctx(struct bench *b, uint32_t T)
 			else if (check && checkc < 0)
 				printf("    the output of the last timed call: rel err %.2e (FAILED)\n", errc);
 		}
+		if (o->sparse > 0.0f)
+			run_sparse(b, B, gpu_ms, round_ms, T);
 		fflush(stdout);
 	}
 out:
@@ -1163,6 +1226,8 @@ int bench_attn_cuda(const struct attn_cuda_opts *o)
 		}
 		for (int h = 0; h < NQH; h++)
 			gen_query(&r, s->q + (size_t)h * DIM, DIM);
+		for (int j = 0; j < NQH * DIM; j++)
+			s->q[j] *= o->q_scale > 0.0f ? o->q_scale : 1.0f;
 	}
 
 	/* the synthetic K/V, once, for the longest context */

@@ -38,6 +38,7 @@ bad "--batch 1,999: a comma list" --backend cuda --batch 1,999
 bad "--device x: not a count" --backend cuda --device x
 bad "--batch needs --backend cuda" --batch 2
 bad "a list of contexts needs --backend cuda" --ctx 8192,16384
+bad "bad option value" --backend cuda --sparse 1.5
 
 # 2. the device
 gpus=
@@ -84,4 +85,17 @@ if command -v python3 >/dev/null; then
 		fail "the output is not JSON lines: $(cat "$T/out")"
 fi
 cat "$T/out"
+# sparse-V on sharp attention: timed after the exact call, values skipped,
+# the output moved but little
+timeout 300 "$TQBENCH" attn --backend cuda --ctx 32768 --batch 1 --reps 5 --layers 1 --bulk 64 --no-baseline \
+	--check-max 8192 --sparse 0.01 --q-scale 16 --json >"$T/sv" 2>"$T/err" </dev/null ||
+	fail "sparse-V run: exit $?: $(cat "$T/err")"
+python3 -c '
+import json, sys
+c = [json.loads(l) for l in open(sys.argv[1]) if "decode-sparse" in l]
+assert len(c) == 1, c
+assert c[0]["skipped_share"] > 0 and c[0]["moved"] < 0.05, c[0]
+print("sparse-V: %.1f %% of value chunks skipped, %.3f x the exact call, output moved %.2e" %
+      (100 * c[0]["skipped_share"], c[0]["vs_exact"], c[0]["moved"]))' "$T/sv" ||
+	fail "sparse-V run: $(cat "$T/sv")"
 echo "GPU: tqbench attn --backend cuda ran and its checks passed"

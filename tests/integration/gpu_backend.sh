@@ -8,7 +8,10 @@
 #   2. pool.backend_fallback = yes starts on host memory, says so, and the
 #      data path is bit-exact as on any host pool;
 #   3. a device index that does not exist is refused by name.
-# With a usable GPU: the data-path suite (datapath.sh) on a GPU pool.
+# With a usable GPU: the data-path suite (datapath.sh) on a GPU pool; and a
+# tenant's sparse-V on the GPU's kernels (said at start-up, values skipped
+# and counted by tqctl, the real model's perplexity as the exact tenant's
+# within 1 %).
 . "$(dirname "$0")/lib/daemon.bash"
 CLIENT=${TQ_BUILD:-$PWD/build}/tests/test_ring
 [ -x "$CLIENT" ] || { echo "test_ring not built"; exit 77; }
@@ -73,3 +76,47 @@ grep -q "pool.backend = cuda: .*device $n" "$LOG" || fail "no reason for device 
 # 4. the data-path suite on the GPU pool
 TQ_POOL_BACKEND=cuda bash "$(dirname "$0")/datapath.sh" || fail "the data path on a GPU pool"
 echo "GPU pool: data-path suite passed"
+
+# 5. a tenant's sparse-V on the GPU's kernels, with the shared real model
+# (stories260K: head dim 8, the general kernel; a key is a chunk): said at
+# start-up, values skipped and counted, perplexity as the exact tenant's
+DATA=${TQ_DATA:-../shared/data}
+RUN=$TQ_BIN/tqkv-run
+if [ ! -f "$DATA/stories260K.bin" ] || [ ! -x "$RUN" ]; then
+	echo "GPU pool: sparse-V not checked: $DATA/stories260K.bin or $RUN is absent"
+	exit 0
+fi
+cat >"$T/sv.conf" <<CONF
+[pool]
+pool_bytes = 256M
+backend = cuda
+[tenant default]
+allow_uids = *
+[tenant sparse]
+allow_uids = *
+sparse_v = 0.05
+CONF
+: >"$LOG"
+start_daemon --config "$T/sv.conf"
+wait_up
+grep -q "tenant 'sparse': sparse-V on: its sessions' attention (the GPU's kernels)" "$LOG" ||
+	fail "start-up does not say the sparse tenant's sparse-V runs on the GPU: $(cat "$LOG")"
+ppl_of() { # TENANT: the perplexity of two windows of the text
+	"$RUN" ppl --model "$DATA/stories260K.bin" --tokenizer "$DATA/tok512.bin" "$DATA/tinystories-dev.txt" \
+		--windows 2 --chunk 48 --tenant "$1" --run-dir "$T/run" --json |
+		python3 -c 'import json, sys; print(json.load(sys.stdin)["ppl"])'
+}
+p_exact=$(ppl_of default) || fail "ppl in the exact tenant on the GPU pool"
+p_sv=$(ppl_of sparse) || fail "ppl in the sparse tenant on the GPU pool"
+read -r chunks skipped dchunks <<<"$(ctl tenants --json | python3 -c '
+import json, sys
+t = {x["name"]: x for x in json.load(sys.stdin)["tenants"]}
+print(int(t["sparse"]["value_chunks"]), int(t["sparse"]["value_chunks_skipped"]), int(t["default"]["value_chunks"]))')"
+[ -n "$chunks" ] && [ "$chunks" -gt 0 ] && [ "$skipped" -gt 0 ] && [ "$skipped" -lt "$chunks" ] ||
+	fail "sparse tenant on the GPU: $skipped of $chunks value chunks skipped"
+[ "$dchunks" -eq 0 ] || fail "the exact tenant counted $dchunks value chunks (the GPU counts only with sparse-V on)"
+python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(0 if abs(b - a) <= 0.01 * a else 1)" \
+	"$p_exact" "$p_sv" || fail "sparse_v = 0.05 moved the perplexity from $p_exact to $p_sv"
+stop_daemon TERM
+[ "$STOP_RC" -eq 0 ] || fail "stop exited $STOP_RC"
+echo "GPU pool: sparse-V skipped $skipped of $chunks value chunks; perplexity $p_sv, exact $p_exact"

@@ -90,6 +90,7 @@ static inline unsigned simt_reduce(unsigned v, int op)
 static inline unsigned __reduce_min_sync(unsigned m, unsigned v) { simt_check_mask(m); return simt_reduce(v, 0); }
 static inline unsigned __reduce_max_sync(unsigned m, unsigned v) { simt_check_mask(m); return simt_reduce(v, 1); }
 static inline int __any_sync(unsigned m, int p) { simt_check_mask(m); return simt_reduce(p ? 1u : 0u, 2) != 0; }
+static inline int __all_sync(unsigned m, int p) { simt_check_mask(m); return simt_reduce(p ? 1u : 0u, 0) != 0; }
 static inline unsigned __ballot_sync(unsigned m, int p) { simt_check_mask(m); return simt_reduce(p ? 1u << simt_cur->lane : 0u, 2); }
 static inline void __syncwarp(unsigned m = 0xffffffffu) { simt_check_mask(m); simt_wbar(); }
 static inline void __syncthreads(void) { simt_bbar(); }
@@ -116,6 +117,12 @@ static inline unsigned long long atomicMin(unsigned long long *p, unsigned long 
 static inline unsigned atomicAdd(unsigned *p, unsigned v)
 {
 	unsigned o = *p;
+	*p = o + v;
+	return o;
+}
+static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v)
+{
+	unsigned long long o = *p;
 	*p = o + v;
 	return o;
 }

@@ -43,6 +43,7 @@ static tq_cache *cache;
 static tqc_ctx *ctx;
 static tqc_ctx *gctx;    /* TQ_CUDA_ENC=general: the general encoder only */
 static tqc_ctx *sctx;    /* TQ_CUDA_SPLIT_MIN=256: splits as short as 256 keys */
+static tqc_ctx *lctx;    /* TQ_CUDA_SPLIT_MIN=2^20: one split (a warp's many tiles) */
 static tqc_ctx *enc_ctx; /* append_both's: ctx, or gctx */
 static int enc_general_only; /* TQ_CUDA_ENC=general: ctx runs the general encoder */
 static int dev;
@@ -1230,6 +1231,117 @@ static void test_attn_sharp(void)
 	fprintf(stderr, "    worst error %.3g (within %.0e)\n", worst, TOL);
 }
 
+/* The largest decoded value norm of a layer (its host pages): the scale of
+ * sparse-V's bound. */
+static double layer_max_v_norm(const struct layer *L)
+{
+	float v[TQ_DIM_MAX];
+	double mx = 0.0;
+
+	for (uint32_t t = 0; t < L->ht.n_tokens; t++)
+		for (uint32_t h = 0; h < L->g.n_kv_heads; h++) {
+			const uint8_t *blk = L->hpages[t / L->g.page_tokens] + tq_page_v_off(&L->g, h, t % L->g.page_tokens);
+			if (tq_decode_ref(L->vc, blk, 1, v))
+				return INFINITY;
+			double n2 = 0.0;
+			for (int j = 0; j < L->dim; j++)
+				n2 += (double)v[j] * v[j];
+			mx = fmax(mx, sqrt(n2));
+		}
+	return mx;
+}
+
+/* Sparse-V on the GPU, tq_attend's contract (test_attn test_sparse_v): at
+ * most sparse_v of each row's attention mass is skipped, so each output row
+ * moves (in L2) by at most sparse_v times the largest value norm from the
+ * same call without skipping; a threshold nothing reaches changes no bit;
+ * the chunks reached and skipped are counted (only with sparse_v > 0).  On
+ * the tiled kernel (64-token pages: a chunk is a warp's 32-key tile) and
+ * the general one (48-token pages: a key), one query token and five
+ * (causal limits inside tiles), GQA 4, sharply peaked attention.  Each
+ * warp keeps its own running sums (a warp of attn_mma walks every NW-th
+ * tile of its split; attn_main's, every 4th key), so its first tile is
+ * never skipped and its budget is a share of its own weight: one split
+ * (lctx) gives each warp the many tiles a long context's splits give it. */
+static void test_attn_sparse_v(void)
+{
+	enum { NQ = 5, H = 2, G = 4, D = 128 };
+	const uint32_t len = quick ? 1500 : 3000;
+	tqc_ctx *keep = ctx;
+	ctx = lctx;
+	const int32_t poss[NQ] = { (int32_t)len - 1, (int32_t)len / 2, 257, 600, 31 };
+	const size_t bytes = (size_t)NQ * H * G * D * sizeof(float);
+	float *full = malloc(bytes), *out = malloc(bytes);
+	tq_error err;
+
+	T_ASSERT(full && out);
+	for (uint32_t pt = 64; pt >= 48; pt -= 16) {
+		struct layer L;
+		T_ASSERT(layer_build(&L, TQ_CODEC_TQ4, TQ_CODEC_TQ3, D, H, pt, len, 0, t_seed() + pt) != NULL);
+		const int tiled = tiled_expected(&L);
+		const double vmax = layer_max_v_norm(&L);
+		T_ASSERT(vmax > 0.0 && vmax < 1e3);
+		for (int nq = 1; nq <= NQ; nq += NQ - 1) {
+			const size_t rows = (size_t)nq * H * G;
+			float *q = make_q(nq, H * G, D);
+			for (size_t j = 0; j < rows * D; j++)
+				q[j] *= 6.0f; /* logits of standard deviation about 14: a few keys carry a row */
+			struct tq_attn_stats st = { 0, 0 };
+			struct tq_attn_params p = { .k_codec = L.kc, .v_codec = L.vc, .n_q_heads = H * G, .kv = &L.dt,
+						    .n_q = nq, .q = q, .q_dtype = TQ_DTYPE_F32, .q_pos = poss,
+						    .causal = 1, .out = full, .stats = &st };
+			T_EQ(tqc_attend(ctx, &p, &err), 0);
+			T_EQ(strcmp(tqc_ctx_last_attn(ctx), tiled ? "mma" : "general"), 0);
+			T_ASSERT(st.v_chunks == 0 && st.v_skipped == 0); /* exact: nothing counted */
+			/* a threshold no weight reaches: every chunk reached, none
+			 * skipped, the same bits */
+			p.out = out;
+			p.sparse_v = 1e-30f;
+			T_EQ(tqc_attend(ctx, &p, &err), 0);
+			T_EQ(st.v_skipped, 0u);
+			if (nq == 1) /* every tile (key) of each KV head */
+				T_EQ(st.v_chunks, (uint64_t)H * (tiled ? (len + 31) / 32 : len));
+			T_ASSERT(st.v_chunks > 0);
+			T_ASSERT(row_err(out, full, rows, D) == 0.0);
+			const uint64_t reached = st.v_chunks;
+			static const float eps[] = { 1e-3f, 1e-2f, 0.1f };
+			for (size_t e = 0; e < sizeof(eps) / sizeof(eps[0]); e++) {
+				p.sparse_v = eps[e];
+				st.v_chunks = st.v_skipped = 0;
+				T_EQ(tqc_attend(ctx, &p, &err), 0);
+				if (getenv("TQ_TEST_VERBOSE"))
+					fprintf(stderr, "  sparse-V %g, %d queries, %s kernel: %llu of %llu chunks skipped\n",
+						(double)eps[e], nq, tiled ? "tiled" : "general", (unsigned long long)st.v_skipped,
+						(unsigned long long)st.v_chunks);
+				T_EQ(st.v_chunks, reached);
+				T_ASSERT(st.v_skipped > 0 && st.v_skipped < st.v_chunks);
+				double worst = 0.0, moved = 0.0;
+				for (size_t r = 0; r < rows; r++) {
+					double d2 = 0.0;
+					for (int j = 0; j < D; j++) {
+						const double dd = (double)out[r * D + j] - full[r * D + j];
+						d2 += dd * dd;
+					}
+					const double dn = sqrt(d2);
+					if (!(dn / (eps[e] * vmax) <= worst))
+						worst = dn / (eps[e] * vmax);
+					moved = fmax(moved, dn);
+				}
+				if (getenv("TQ_TEST_VERBOSE") || !(worst <= 1.0 + 1e-3))
+					fprintf(stderr, "  sparse-V %g, %d queries, %s kernel: moved %.3g, %.3f of the bound\n",
+						(double)eps[e], nq, tiled ? "tiled" : "general", moved, worst);
+				T_ASSERT(worst <= 1.0 + 1e-3);
+				T_ASSERT(moved > 1e-6); /* values were skipped: the result moved */
+			}
+			free(q);
+		}
+		layer_free(&L);
+	}
+	free(full);
+	free(out);
+	ctx = keep;
+}
+
 /* f16 / bf16 queries go through the CPU path's conversion. */
 static void test_attn_query_dtypes(void)
 {
@@ -1314,12 +1426,18 @@ static void test_attn_errors(void)
 	p.out = c.out = NULL;
 	BOTH_FAIL(-EINVAL);
 	p.out = c.out = out;
+	/* sparse-V's threshold: checked as on the CPU */
+	p.sparse_v = c.sparse_v = 1.5f;
+	BOTH_FAIL(-EINVAL);
+	p.sparse_v = c.sparse_v = NAN;
+	BOTH_FAIL(-EINVAL);
+	p.sparse_v = c.sparse_v = -0.01f;
+	BOTH_FAIL(-EINVAL);
+	p.sparse_v = c.sparse_v = 0.0f;
 	/* what the GPU ignores */
-	p.sparse_v = 0.5f;
 	p.isa = (enum tq_isa)99;
 	p.plan_n_q = 1;
 	T_EQ(tqc_attend(ctx, &p, &err), 0);
-	p.sparse_v = 0.0f;
 	p.isa = TQ_ISA_AUTO;
 	p.plan_n_q = 0;
 	/* a page that is not page aligned */
@@ -1573,8 +1691,10 @@ int main(void)
 		fprintf(stderr, "tqc_ctx_new(%d): %s\n", dev, err.msg);
 		return 1;
 	}
+	tqc_ctx *const main_ctx = ctx;
 	enc_general_only = getenv("TQ_CUDA_ENC") && !strcmp(getenv("TQ_CUDA_ENC"), "general");
-	if (!(gctx = ctx_env("TQ_CUDA_ENC", "general")) || !(sctx = ctx_env("TQ_CUDA_SPLIT_MIN", "256")))
+	if (!(gctx = ctx_env("TQ_CUDA_ENC", "general")) || !(sctx = ctx_env("TQ_CUDA_SPLIT_MIN", "256")) ||
+	    !(lctx = ctx_env("TQ_CUDA_SPLIT_MIN", "1048576")))
 		return 1;
 	enc_ctx = ctx;
 	if (!(cache = tq_cache_new()))
@@ -1595,11 +1715,13 @@ int main(void)
 	T_RUN(test_attn_split_k);
 	T_RUN(test_attn_waves);
 	T_RUN(test_attn_sharp);
+	T_RUN(test_attn_sparse_v);
 	T_RUN(test_attn_query_dtypes);
 	T_RUN(test_attn_overflow);
-	tqc_ctx_free(ctx);
+	tqc_ctx_free(main_ctx); /* a failed case may leave ctx at another */
 	tqc_ctx_free(gctx);
 	tqc_ctx_free(sctx);
+	tqc_ctx_free(lctx);
 	tq_cache_free(cache);
 	return t_done();
 }
