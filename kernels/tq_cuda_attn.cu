@@ -1674,7 +1674,7 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 	 * float, so a warp that reads it meanwhile sees an old value or the
 	 * new one, either a lower bound) in s_m[warp][row]; B takes 0.999 of
 	 * the sum to cover the approximate log2 and 2^x, and each term at most
- * 2^64 (a lower bound still, and finite). */
+	 * 2^64 (a lower bound still, and finite). */
 	float sk[2] = { 0.0f, 0.0f };
 	uint32_t n_skipped = 0; /* the tiles reached: the loop's count */
 
