@@ -171,8 +171,11 @@ deps:
 	@scripts/install-deps.sh
 	@scripts/install-cuda.sh
 
+# the build on every CPU (nvcc's attention kernels alone take about two
+# minutes: the rest builds beside them), the tests one after another
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory -j$(JOBS) all
 	@$(MAKE) --no-print-directory check
 
 # check: run the tests without the install step (used by `make test`)
@@ -214,7 +217,7 @@ demo: deps
 RUN_ARGS ?=
 # (deps first, then a sub-make: pkg-config flags are read when make starts)
 run: deps
-	@$(MAKE) --no-print-directory $(TQKVD) $(TQCTL)
+	@$(MAKE) --no-print-directory -j$(JOBS) $(TQKVD) $(TQCTL)
 	$(TQKVD) $(RUN_ARGS)
 
 # install: binaries, the unit (paths filled in), sysusers.d entry and the

@@ -179,10 +179,8 @@ int tqc_append(tqc_ctx *x, const struct tqc_append *a, uint32_t *bad, tq_error *
  *   - sparse_v > 0 skips a value chunk by tq_attend's rule, where a chunk is
  *     a warp's tile of 32 keys (the tiled kernel) or one key (the general
  *     one); stats are counted only then (sparse_v = 0 runs exact and counts
- *     nothing, so that an exact call reads nothing back).  A warp's skips
- *     depend on how far the other warps of its CTA have got, so identical
- *     calls with sparse_v > 0 may differ (each within the bound); exact
- *     calls give the same bits every time.
+ *     nothing, so that an exact call reads nothing back).  The same call
+ *     skips the same chunks every time (the same bits).
  * Returns after the stream finished. */
 int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err);
 

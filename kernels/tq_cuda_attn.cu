@@ -383,7 +383,8 @@ static __device__ __forceinline__ void cta_partials(const struct tqc_attn_args &
 
 /* ---- main: partial softmax of one row block over one split ------------------------ */
 
-template <int VPL, int R>
+/* SV: the sparse-V build (a.sparse_v > 0); the exact one holds nothing of it */
+template <int VPL, int R, bool SV>
 __global__ void __launch_bounds__(TQC_WARPS * 32, 4) attn_main(const __grid_constant__ struct tqc_attn_args a)
 {
 	static_assert(R * VPL <= 32 && R >= 1, "q and acc stay in registers");
@@ -453,12 +454,15 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 4) attn_main(const __grid_cons
 	 * for every row, the weight skipped so far (sk, in l's scale: rescaled
 	 * by alpha as l is) plus the key's stays within thr of the row's
 	 * running sum (tq_attn.c's rule, a key at a time) */
-	__shared__ float s_sk[TQC_WARPS][R]; /* sk of each warp's rows: no registers held */
-	float *const sk = s_sk[warp];
-	if (lane < R)
-		sk[lane] = 0.0f;
-	__syncwarp();
+	float *sk = nullptr; /* each warp's rows' in shared memory: no registers held */
 	uint32_t n_reached = 0, n_skipped = 0;
+	if constexpr (SV) { /* (only this build has the array) */
+		__shared__ float s_sk[TQC_WARPS][R];
+		sk = s_sk[warp];
+		if (lane < R)
+			sk[lane] = 0.0f;
+		__syncwarp();
+	}
 
 	const uint64_t kh = tq_page_k_off(&g, h, 0), vh = tq_page_v_off(&g, h, 0);
 	const uint64_t tb = (uint64_t)split * a.split_len;
@@ -490,7 +494,7 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 4) attn_main(const __grid_cons
 				m[r] = mn;
 			}
 		}
-		if (a.sparse_v > 0.0f) {
+		if constexpr (SV) {
 			bool ok = true;
 			float skr[R];
 #pragma unroll
@@ -530,7 +534,7 @@ __global__ void __launch_bounds__(TQC_WARPS * 32, 4) attn_main(const __grid_cons
 			}
 		}
 	}
-	if (a.sparse_v > 0.0f && lane == 0 && n_reached) {
+	if (SV && lane == 0 && n_reached) {
 		atomicAdd(&a.sv_counts[0], (unsigned long long)n_reached);
 		atomicAdd(&a.sv_counts[1], (unsigned long long)n_skipped);
 	}
@@ -1397,8 +1401,11 @@ static __device__ __forceinline__ float group_sum(float v)
 /* NWC: the warps per CTA as a constant, TQC_MMA_WARPS_PAIR for two CTAs an
  * SM (as many registers as that allows), or 0: a.mma_warps, one CTA an SM
  * (mma_kernel picks).  KO: keys tq3o / tq4o (1) or tq2..tq4 / q8 (0), a
- * build each, so that neither's tile loop carries the other's code. */
-template <int D, int NWC, int KO>
+ * build each, so that neither's tile loop carries the other's code.  SV:
+ * sparse-V (a.sparse_v > 0), a build of its own too, so that the exact
+ * builds' code is what it was before sparse-V (the same SASS) and holds no
+ * register for it. */
+template <int D, int NWC, int KO, bool SV>
 __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_MAX), NWC ? 2 : 1)
 	attn_mma(const __grid_constant__ struct tqc_attn_args a)
 {
@@ -1536,10 +1543,6 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 			  : i < 40 ? a.kc.centroid_b[i - 32] * a.kc.h16_scale_b
 				   : a.vc.centroid[(i - 40) & 15] * a.vc.h16_scale;
 	}
-	/* sparse-V: the warps' published weights (s_m, free until the
-	 * partials), none yet */
-	if (threadIdx.x < (unsigned)(NW * R))
-		s_m[threadIdx.x / R][threadIdx.x % R] = NEG_INF;
 	if (warp != NW - 1)
 		fetch(0, n_fetch);
 	/* this warp's rows' qrot = scale2 R_k q (Hadamard or none), rotated in
@@ -1658,23 +1661,29 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 	for (int i = 0; i < D / 16; i++)
 		acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
 
-	/* sparse-V (thr = a.sparse_v > 0): a tile's values are neither decoded nor added
-	 * while, for each of the 8 rows, the weight this warp skipped so far
-	 * (sk: the row's, in every lane of its row pair's group; rescaled by
-	 * alpha as l is) plus the tile's stays within
+	/* sparse-V (thr = a.sparse_v > 0): a tile's values are neither decoded
+	 * nor added while, for each of the 8 rows, the weight this warp skipped
+	 * so far (sk: the row's, in every lane of its row pair's group;
+	 * rescaled by alpha as l is) plus the tile's stays within
 	 *     thr/2 x the warp's running sum + thr/(2 NW) x B,
-	 * B a lower bound of the CTA's running sum: what every warp published
-	 * (below).  Both terms only grow, so at the end the NW warps skipped
-	 * at most thr/2 of the sum of their sums plus NW x thr/(2 NW) of the
-	 * CTA's: thr of the row's weight in this split, as tq_attn.c's rule
-	 * (a warp's tile for its chunk; the split merge keeps the bound).  A
-	 * warp's own sum alone would let it skip only what is small beside the
-	 * tiles it walks (every NW-th), which rarely hold a sharp row's peaks.
-	 * Each warp publishes, per row, log2 of its weight (m + log2 l: one
-	 * float, so a warp that reads it meanwhile sees an old value or the
-	 * new one, either a lower bound) in s_m[warp][row]; B takes 0.999 of
-	 * the sum to cover the approximate log2 and 2^x, and each term at most
-	 * 2^64 (a lower bound still, and finite). */
+	 * B a lower bound of the CTA's sum.  Both terms only grow, so at the
+	 * end the NW warps skipped at most thr/2 of the sum of their sums plus
+	 * NW x thr/(2 NW) of the CTA's: thr of the row's weight in this split,
+	 * as tq_attn.c's rule (a warp's tile for its chunk; the split merge
+	 * keeps the bound).  A warp's own sum alone would let it skip only
+	 * what is small beside the tiles it walks (every NW-th), which rarely
+	 * hold a sharp row's peaks.  B is a snapshot: at the iterations 0, 1,
+	 * 3, 7, .. that every warp has, each warp publishes per row log2 of
+	 * its weight (m + log2 l) in s_m or s_l in turn (free until the
+	 * partials; a warp that reads one snapshot cannot be overtaken by a
+	 * warp writing the next into the same array: the barrier between),
+	 * and until the next snapshot each tile sums the last one's terms in
+	 * the warp's scale (no register held across the tiles: the tq3o /
+	 * tq4o builds have none to spare).  Taken at barriers, so the skips,
+	 * and the bits, are the same every call.  B takes 0.999 of it, for the
+	 * approximate log2 and 2^x, each term at most 2^64 of the warp's scale
+	 * (a lower bound still, and finite); a NaN (a bad row) blocks every
+	 * skip of its warps. */
 	float sk[2] = { 0.0f, 0.0f };
 	uint32_t n_skipped = 0; /* the tiles reached: the loop's count */
 
@@ -1784,7 +1793,7 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 			ps2[k] = ps;
 		}
 		bool skip = false;
-		if (a.sparse_v > 0.0f) { /* the parameter, not a register held across the loop */
+		if constexpr (SV) {
 			const float thr_w = 0.5f * a.sparse_v, thr_b = 0.4995f * a.sparse_v / (float)NW;
 			bool ok = true;
 			float cm[2], lr[2];
@@ -1792,15 +1801,29 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 			for (int k = 0; k < 2; k++) { /* the row's sums: its group's shares */
 				cm[k] = group_sum(ps2[k]);
 				lr[k] = group_sum(l[k]); /* every lane: no shuffle under a branch */
-				if (g == 0) /* NaN stays NaN: a bad row blocks every warp's skips */
-					*(volatile float *)&s_m[warp][2 * q + k] = lr[k] > 0.0f ? m[k] + lg2(lr[k])
-								  : lr[k] == 0.0f ? NEG_INF : QNAN;
+			}
+			/* this warp's iteration, and the snapshot it reads: the last
+			 * taken (n_all: the iterations every warp has) */
+			const uint32_t it = (i - (uint32_t)warp) / (uint32_t)NW, n_all = n_tile / (uint32_t)NW;
+			const uint32_t last = it < n_all ? it : n_all - 1u; /* n_all 0: no snapshot (b = 0) */
+			/* snapshot k, taken at iteration 2^k - 1, in s_m (k even) or s_l */
+			float (*pub)[R] = ((31 - __clz(last + 1u)) & 1) ? s_l : s_m;
+			if ((it & (it + 1u)) == 0u && it < n_all) { /* 0, 1, 3, 7..: every warp has it */
+#pragma unroll
+				for (int k = 0; k < 2; k++)
+					if (g == 0)
+						pub[warp][2 * q + k] = lr[k] > 0.0f ? m[k] + lg2(lr[k])
+									: lr[k] == 0.0f ? NEG_INF : QNAN;
+				__syncthreads();
 			}
 #pragma unroll
 			for (int k = 0; k < 2; k++) {
 				float b = 0.0f;
-				for (int j = 0; j < NW; j++) /* 2^(-inf) = 0: a warp with nothing yet; */
-					b += ex2(fminf(*(volatile const float *)&s_m[j][2 * q + k] - m[k], 64.0f)); /* finite */
+				if (n_all) /* 2^-inf = 0; each term at most 2^64, finite; NaN stays */
+					for (int j = 0; j < NW; j++) {
+						const float x = pub[j][2 * q + k] - m[k];
+						b += ex2(x > 64.0f ? 64.0f : x);
+					}
 				sk[k] *= alpha2[k];
 				/* a row this warp saw nothing of (m -inf: no weight here) never
 				 * holds a skip back; a NaN (bad row, or bound) always does */
@@ -1845,7 +1868,7 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 	cp_async_wait<0>();
 #endif
 
-	if (a.sparse_v > 0.0f && lane == 0 && n_tile > (uint32_t)warp) {
+	if (SV && lane == 0 && n_tile > (uint32_t)warp) {
 		atomicAdd(&a.sv_counts[0], (unsigned long long)((n_tile - (uint32_t)warp + NW - 1) / NW));
 		atomicAdd(&a.sv_counts[1], (unsigned long long)n_skipped);
 	}
@@ -1855,6 +1878,16 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 	float *wacc = reinterpret_cast<float *>(stage0);
 	l[0] = group_sum(l[0]);
 	l[1] = group_sum(l[1]);
+	/* (m, l) into s_m, s_l: here; with sparse-V, where its snapshots in
+	 * them are read no more (below; one copy of the lines each, as a
+	 * lambda taking m and l changed the exact builds' SASS on sm_90) */
+	if constexpr (!SV) {
+		if (g == 0) {
+			s_m[warp][2 * q] = m[0], s_m[warp][2 * q + 1] = m[1];
+			s_l[warp][2 * q] = l[0], s_l[warp][2 * q + 1] = l[1];
+		}
+		__syncwarp();
+	}
 	const float vfin = pow2i(E) / a.vc.h16_scale;
 #pragma unroll
 	for (int k = 0; k < 2; k++)
@@ -1864,11 +1897,12 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 			wacc[(2 * q + k) * D + p] = acc[ii][k] * vfin;
 			wacc[(2 * q + k) * D + p + D / 2] = acc[ii][k + 2] * vfin;
 		}
-	if (a.sparse_v > 0.0f)
-		__syncthreads(); /* every warp is past its tiles: s_m's published weights are read no more */
-	if (g == 0) {
-		s_m[warp][2 * q] = m[0], s_m[warp][2 * q + 1] = m[1];
-		s_l[warp][2 * q] = l[0], s_l[warp][2 * q + 1] = l[1];
+	if constexpr (SV) {
+		__syncthreads(); /* every warp is past its tiles */
+		if (g == 0) {
+			s_m[warp][2 * q] = m[0], s_m[warp][2 * q + 1] = m[1];
+			s_l[warp][2 * q] = l[0], s_l[warp][2 * q + 1] = l[1];
+		}
 	}
 	__syncthreads();
 	cta_partials<R>(a, s_m, s_l, reinterpret_cast<const float *>(stages), (int)(NST * stage_bytes / 4u), D, r0,
@@ -1942,22 +1976,26 @@ static bool attend_args_ok(const struct tqc_attn_args *a)
  * 128), else the one-CTA one (mma_config in tq_cuda.c chose the count);
  * NULL for another dim. */
 typedef void (*mma_kernel_fn)(const struct tqc_attn_args);
-template <int KO>
+template <int KO, bool SV>
 static mma_kernel_fn mma_kernel_ko(int dim, bool pair)
 {
 	switch (dim) {
-	case 64: return pair ? attn_mma<64, TQC_MMA_WARPS_PAIR, KO> : attn_mma<64, 0, KO>;
-	case 128: return pair ? attn_mma<128, TQC_MMA_WARPS_PAIR, KO> : attn_mma<128, 0, KO>;
-	case 256: return attn_mma<256, 0, KO>;
+	case 64: return pair ? attn_mma<64, TQC_MMA_WARPS_PAIR, KO, SV> : attn_mma<64, 0, KO, SV>;
+	case 128: return pair ? attn_mma<128, TQC_MMA_WARPS_PAIR, KO, SV> : attn_mma<128, 0, KO, SV>;
+	case 256: return attn_mma<256, 0, KO, SV>;
 	default: return nullptr;
 	}
 }
 
-static mma_kernel_fn mma_kernel(int dim, int warps, bool ko)
+/* sv: the sparse-V build (the same registers and shared memory, so the
+ * exact build's occupancy stands for it) */
+static mma_kernel_fn mma_kernel(int dim, int warps, bool ko, bool sv)
 {
 	const bool pair = warps == TQC_MMA_WARPS_PAIR;
 
-	return ko ? mma_kernel_ko<1>(dim, pair) : mma_kernel_ko<0>(dim, pair);
+	if (sv)
+		return ko ? mma_kernel_ko<1, true>(dim, pair) : mma_kernel_ko<0, true>(dim, pair);
+	return ko ? mma_kernel_ko<1, false>(dim, pair) : mma_kernel_ko<0, false>(dim, pair);
 }
 
 /* tq3o / tq4o keys: attn_mma's KO build */
@@ -1978,7 +2016,7 @@ static cudaError_t mma_smem_allow(mma_kernel_fn k, size_t smem)
 
 extern "C" int tqc_attn_mma_ctas_per_sm(int dim, size_t smem, int warps, int ko)
 {
-	const mma_kernel_fn k = mma_kernel(dim, warps, ko != 0);
+	const mma_kernel_fn k = mma_kernel(dim, warps, ko != 0, false);
 	int n = 0;
 
 	if (!k || mma_smem_allow(k, smem) != cudaSuccess ||
@@ -1998,14 +2036,17 @@ static void launch_main(const struct tqc_attn_args *a, cudaStream_t st)
 {
 	const dim3 grid((unsigned)a->n_rb, (unsigned)a->n_split, (unsigned)a->n_kv);
 
-	attn_main<VPL, rows_for(VPL)><<<grid, TQC_WARPS * 32, 0, st>>>(*a);
+	if (a->sparse_v > 0.0f)
+		attn_main<VPL, rows_for(VPL), true><<<grid, TQC_WARPS * 32, 0, st>>>(*a);
+	else
+		attn_main<VPL, rows_for(VPL), false><<<grid, TQC_WARPS * 32, 0, st>>>(*a);
 }
 
 static cudaError_t launch_mma(const struct tqc_attn_args *a, cudaStream_t st)
 {
 	const dim3 grid((unsigned)a->n_rb, (unsigned)a->n_split, (unsigned)a->n_kv);
 	const size_t smem = tqc_attn_mma_smem(a->kc.dim, a->geom.k_block_bytes, a->geom.v_block_bytes, a->mma_warps);
-	const mma_kernel_fn k = mma_kernel(a->kc.dim, a->mma_warps, mma_ko(a->kc));
+	const mma_kernel_fn k = mma_kernel(a->kc.dim, a->mma_warps, mma_ko(a->kc), a->sparse_v > 0.0f);
 	cudaError_t e;
 
 	if (!k)

@@ -96,6 +96,7 @@ static inline void __syncwarp(unsigned m = 0xffffffffu) { simt_check_mask(m); si
 static inline void __syncthreads(void) { simt_bbar(); }
 
 static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline int __clz(unsigned x) { return x ? __builtin_clz(x) : 32; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
 static inline float __fdiv_rn(float a, float b) { return a / b; }

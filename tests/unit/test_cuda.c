@@ -1254,15 +1254,17 @@ static double layer_max_v_norm(const struct layer *L)
 /* Sparse-V on the GPU, tq_attend's contract (test_attn test_sparse_v): at
  * most sparse_v of each row's attention mass is skipped, so each output row
  * moves (in L2) by at most sparse_v times the largest value norm from the
- * same call without skipping; a threshold nothing reaches changes no bit;
- * the chunks reached and skipped are counted (only with sparse_v > 0).  On
+ * same call without skipping, and the same call again gives the same bits;
+ * a threshold nothing reaches changes no bit; the chunks reached and
+ * skipped are counted (only with sparse_v > 0).  On
  * the tiled kernel (64-token pages: a chunk is a warp's 32-key tile) and
  * the general one (48-token pages: a key), one query token and five
  * (causal limits inside tiles), GQA 4, sharply peaked attention.  Each
  * warp keeps its own running sums (a warp of attn_mma walks every NW-th
- * tile of its split; attn_main's, every 4th key), so its first tile is
- * never skipped and its budget is a share of its own weight: one split
- * (lctx) gives each warp the many tiles a long context's splits give it. */
+ * tile of its split, with a share of the CTA's snapshots besides;
+ * attn_main's, every 4th key), so its first tile is never skipped: one
+ * split (lctx) gives each warp the many tiles a long context's splits give
+ * it. */
 static void test_attn_sparse_v(void)
 {
 	enum { NQ = 5, H = 2, G = 4, D = 128 };
@@ -1271,10 +1273,10 @@ static void test_attn_sparse_v(void)
 	ctx = lctx;
 	const int32_t poss[NQ] = { (int32_t)len - 1, (int32_t)len / 2, 257, 600, 31 };
 	const size_t bytes = (size_t)NQ * H * G * D * sizeof(float);
-	float *full = malloc(bytes), *out = malloc(bytes);
+	float *full = malloc(bytes), *out = malloc(bytes), *full2 = malloc(bytes);
 	tq_error err;
 
-	T_ASSERT(full && out);
+	T_ASSERT(full && out && full2);
 	for (uint32_t pt = 64; pt >= 48; pt -= 16) {
 		struct layer L;
 		T_ASSERT(layer_build(&L, TQ_CODEC_TQ4, TQ_CODEC_TQ3, D, H, pt, len, 0, t_seed() + pt) != NULL);
@@ -1332,6 +1334,12 @@ static void test_attn_sparse_v(void)
 						(double)eps[e], nq, tiled ? "tiled" : "general", moved, worst);
 				T_ASSERT(worst <= 1.0 + 1e-3);
 				T_ASSERT(moved > 1e-6); /* values were skipped: the result moved */
+				/* the skips are the same every call: the same bits */
+				const uint64_t skipped = st.v_skipped;
+				memcpy(full2, out, rows * D * sizeof(float));
+				T_EQ(tqc_attend(ctx, &p, &err), 0);
+				T_EQ(st.v_skipped, 2 * skipped);
+				T_ASSERT(row_err(out, full2, rows, D) == 0.0);
 			}
 			free(q);
 		}
@@ -1339,6 +1347,7 @@ static void test_attn_sparse_v(void)
 	}
 	free(full);
 	free(out);
+	free(full2);
 	ctx = keep;
 }
 
