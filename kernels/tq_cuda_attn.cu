@@ -1963,7 +1963,10 @@ static bool attend_args_ok(const struct tqc_attn_args *a)
 	const bool warps_ok = !a->tiled || (a->mma_warps >= TQC_MMA_WARPS_MIN &&
 					     a->mma_warps <= tqc_attn_mma_warps_max(a->kc.dim));
 
-	return a->rows_blk == want && want > 0 && (a->tiled || a->rows_blk == rows_for(vpl)) && warps_ok &&
+	/* sparse-V: a threshold in [0, 1) (NaN refused), and its counts where it is on */
+	const bool sv_ok = a->sparse_v >= 0.0f && a->sparse_v < 1.0f && (a->sparse_v == 0.0f || a->sv_counts);
+
+	return a->rows_blk == want && want > 0 && (a->tiled || a->rows_blk == rows_for(vpl)) && warps_ok && sv_ok &&
 	       (!a->tiled || (a->split_len % TQC_TILE == 0 && a->counters && scratch_fits)) &&
 	       (a->tiled == 0 || a->tiled == 1) &&
 	       a->vc.dim == a->kc.dim && a->n_rb >= 1 &&
