@@ -223,7 +223,7 @@ static void test_thread_acts_on_kick(void)
 		open_filled(&f, "batch", TOK, 20 + (uint64_t)i, 100 + (uint64_t)i);
 	T_ASSERT(pool_used_bytes(&f) * 100 > 16 * MiB * 75);
 	reclaim_kick(f.rc);
-	for (int i = 0; i < 200 && pool_used_bytes(&f) * 100 > 16 * MiB * 51; i++)
+	for (int i = 0; i < 1000 && pool_used_bytes(&f) * 100 > 16 * MiB * 51; i++)
 		usleep(10000);
 	T_ASSERT(pool_used_bytes(&f) * 100 <= 16 * MiB * 51);
 	fix_stop(&f);

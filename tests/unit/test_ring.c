@@ -1037,7 +1037,7 @@ static void test_limits_uid(void)
 	tqkv_disconnect(c[2]);
 	c[2] = NULL;
 	int ok = -1;
-	for (int i = 0; i < 100 && ok < 0; i++) { /* the slot comes back once the daemon saw the EOF */
+	for (int i = 0; i < 1000 && ok < 0; i++) { /* the slot comes back once the daemon saw the EOF */
 		ok = tqkv_connect(&c[2], &o);
 		if (ok < 0)
 			usleep(10000);
@@ -1428,8 +1428,9 @@ static void test_sigkill(void)
 			snprintf(ids, sizeof(ids), "%llu", (unsigned long long)id);
 		}
 		pid_t p = spawn(argv);
-		/* kill it while it has pages and operations in flight */
-		for (int i = 0; i < 500 && tenant_table_used(s.tt) < 4 * PAGE_BYTES; i++)
+		/* kill it while it has pages and operations in flight (up to
+		 * 10 s for it to start: sanitizers and a loaded CI slow it) */
+		for (int i = 0; i < 5000 && tenant_table_used(s.tt) < 4 * PAGE_BYTES; i++)
 			usleep(2000);
 		T_ASSERT(tenant_table_used(s.tt) >= 4 * PAGE_BYTES);
 		usleep(20000 + round * 15000);
