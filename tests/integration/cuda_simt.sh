@@ -25,5 +25,5 @@ export TQ_CUDA_QUICK=${TQ_CUDA_QUICK:-1}
 # attn_mma's copy path of sm_80, sm_100 and sm_121 (cp.async in every lane;
 # the first run took the bulk copies of sm_90): the cases that run the
 # tiled kernel
-TQ_TEST_SKIP=test_encode_args,test_encode_exact,test_encode_reg,test_encode_bound_ties,test_encode_errors,test_encode_long,test_attn_split_k,test_attn_waves,test_attn_sparse_v \
+TQ_TEST_SKIP=test_encode_args,test_encode_exact,test_encode_reg,test_encode_bound_ties,test_encode_errors,test_encode_long,test_attn_split_k,test_attn_waves \
 	exec "$SIM"_cpasync
