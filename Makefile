@@ -7,6 +7,7 @@
 #   make USE_CUDA=auto|yes|no                 CUDA kernels (auto: when nvcc exists)
 #   make install PREFIX=/usr DESTDIR=/tmp/pkg
 #   make coverage [TESTS="..."]               the tests on a --coverage build: lines run per file
+#   make phases                               build/bin/tqbench-phases: the GPU kernel's phase clocks
 #
 # Each folder adds its targets in its own module.mk; this file holds the rules.
 
@@ -147,7 +148,7 @@ include daemon/module.mk
 include client/module.mk
 include tests/module.mk
 
-.PHONY: all deps test test-faults soak run install clean demo coverage FORCE
+.PHONY: all deps test test-faults soak run install clean demo coverage phases FORCE
 .DEFAULT_GOAL := all
 all: $(ALL_TARGETS)
 

@@ -184,6 +184,45 @@ int tqc_append(tqc_ctx *x, const struct tqc_append *a, uint32_t *bad, tq_error *
  * Returns after the stream finished. */
 int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err);
 
+/* ---- profiling: where the tiled kernel's time goes ---------------------------
+ * In a build of tq_cuda_attn.cu with TQC_PHASES (`make phases`:
+ * build/bin/tqbench-phases, for `tqbench attn --backend cuda --phases N`;
+ * never the daemon's build), each CTA of attn_mma stamps its clocks at its
+ * phase boundaries into a record while the records are armed.  clock64 (the
+ * SM's cycles) times the phases within a CTA; %globaltimer (nanoseconds, at
+ * the driver's resolution: 32 ns to 1 us) places the CTAs against each
+ * other.  The instrumentation is a few global stores by one thread a phase
+ * and an atomic a warp at the end; the other builds carry none of it. */
+struct tqc_phase_rec {
+	uint64_t gt_entry;           /* %globaltimer at the CTA's entry                 */
+	uint64_t gt_end;             /* %globaltimer at its last warp's exit           */
+	uint64_t c_entry;            /* clock64: entry                                  */
+	uint64_t c_qrot;             /* the queries rotated, codebooks loaded (barrier) */
+	uint64_t c_tables;           /* the decode tables filled (barrier)              */
+	uint64_t c_tile1;            /* warp 0's first tile landed (0: none)            */
+	uint64_t c_loop_first;       /* the first warp out of the tile loop             */
+	uint64_t c_loop_last;        /* the last one                                    */
+	uint64_t c_part;             /* the CTA's partials written (barrier)            */
+	uint64_t c_end;              /* the last warp's exit (after the merge if last)  */
+	uint32_t smid;               /* the SM it ran on                                */
+	uint32_t last;               /* 1: it merged its row block's splits            */
+	uint32_t grid[3];            /* the launch's gridDim: row blocks, splits, heads */
+	uint32_t warps;              /* blockDim.x / 32                                 */
+	uint32_t tiles;              /* the split's tiles (after the rows' limits)      */
+	uint32_t written;            /* 1: the CTA wrote this record                    */
+};
+/* Arm records for up to max_ctas CTAs of the next attn_mma launches on
+ * `device`: CTA (x, y, z) of a launch writes record x + X (y + Y z) (CTAs
+ * past max_ctas write none).  0; -ENOTSUP in a build without TQC_PHASES;
+ * another negative errno with why set. */
+int tqc_phases_arm(int device, uint32_t max_ctas, char *why, size_t whylen);
+/* After a call (tqc_attend returned): copy the records out (up to max; *n:
+ * the last launch's CTAs, from its records) and clear them for the next
+ * call.  0, or a negative errno with why set. */
+int tqc_phases_take(struct tqc_phase_rec *out, uint32_t max, uint32_t *n, char *why, size_t whylen);
+/* Stop recording and free the records. */
+void tqc_phases_disarm(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -46,6 +46,11 @@
  * layout aligns (page bases 64-byte aligned — the host checks — and f16 / f32
  * block sizes multiples of 16 bytes).
  */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "tq_cuda.h" /* struct tqc_phase_rec, the phases' host calls */
 #include "tq_cuda_device.cuh"
 
 #define NEG_INF __int_as_float(0xff800000)
@@ -1398,6 +1403,61 @@ static __device__ __forceinline__ float group_sum(float v)
 	return v + __shfl_xor_sync(FULL, v, 16);
 }
 
+/* ---- phase clocks (TQC_PHASES builds only: tq_cuda.h "profiling") ---------------
+ * PH_AT(f): thread 0 stamps clock64 into its CTA's record's field f (at a
+ * barrier every warp passes); ph_exit: each warp's lane 0 at its exit.
+ * Without TQC_PHASES none of this exists (the builds the daemon runs). */
+#ifdef TQC_PHASES
+__device__ struct tqc_phase_rec *tqc_ph_recs; /* NULL: disarmed */
+__device__ uint32_t tqc_ph_max;
+
+static __device__ __forceinline__ unsigned long long ph_gtime(void)
+{
+#ifdef TQC_SIMT
+	return (unsigned long long)clock64();
+#else
+	unsigned long long t;
+	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+	return t;
+#endif
+}
+
+static __device__ __forceinline__ uint32_t ph_smid(void)
+{
+#ifdef TQC_SIMT
+	return 0u;
+#else
+	uint32_t s;
+	asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+	return s;
+#endif
+}
+
+/* this CTA's record, or NULL (disarmed, or past the records) */
+static __device__ __forceinline__ struct tqc_phase_rec *ph_rec(void)
+{
+	const uint32_t i = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+	return tqc_ph_recs && i < tqc_ph_max ? tqc_ph_recs + i : nullptr;
+}
+
+static __device__ __forceinline__ void ph_exit(struct tqc_phase_rec *ph)
+{
+	if (ph && (threadIdx.x & 31u) == 0u) {
+		atomicMax(reinterpret_cast<unsigned long long *>(&ph->c_end), (unsigned long long)clock64());
+		atomicMax(reinterpret_cast<unsigned long long *>(&ph->gt_end), ph_gtime());
+	}
+}
+#define PH_AT(f)                                                  \
+	do {                                                      \
+		if (ph && threadIdx.x == 0)                       \
+			ph->f = (uint64_t)clock64();              \
+	} while (0)
+#define PH_EXIT() ph_exit(ph)
+#else
+#define PH_AT(f) do { } while (0)
+#define PH_EXIT() do { } while (0)
+#endif
+
 /* NWC: the warps per CTA as a constant, TQC_MMA_WARPS_PAIR for two CTAs an
  * SM (as many registers as that allows), or 0: a.mma_warps, one CTA an SM
  * (mma_kernel picks).  KO: keys tq3o / tq4o (1) or tq2..tq4 / q8 (0), a
@@ -1433,6 +1493,18 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 	const int r0 = (int)blockIdx.x * R;
 	const int nrows = min(R, a.rows_ph - r0);
 	const struct tq_page_geom geo = a.geom;
+#ifdef TQC_PHASES
+	struct tqc_phase_rec *const ph = ph_rec();
+	if (ph && threadIdx.x == 0) {
+		ph->gt_entry = ph_gtime();
+		ph->c_entry = (uint64_t)clock64();
+		ph->c_loop_first = ~(uint64_t)0; /* before the barriers: the warps' atomicMin */
+		ph->smid = ph_smid();
+		ph->grid[0] = gridDim.x, ph->grid[1] = gridDim.y, ph->grid[2] = gridDim.z;
+		ph->warps = (uint32_t)NW;
+		ph->written = 1u;
+	}
+#endif
 	const uint32_t kb = geo.k_block_bytes, vb = geo.v_block_bytes, P = geo.page_tokens;
 	const uint32_t stage_bytes = TQC_TILE * (kb + vb);
 	const uint8_t *tab = smem;                                               /* the tables */
@@ -1589,6 +1661,7 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 		}
 	}
 	__syncthreads(); /* sq, s_rho, s_bad, s_cb */
+	PH_AT(c_qrot);
 	{ /* the tables: 16 bytes (4 of a row's 32 copies) a store: K's copies
 	   * of a code's row, then V's; entry = (cb[lo nibble], cb[hi nibble])
 	   * as FP16, the nibbles masked to the codec's index bits; tq3o / tq4o
@@ -1643,6 +1716,7 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 		tmax = max(tmax, __shfl_xor_sync(FULL, tmax, o));
 	tmax = __shfl_sync(FULL, tmax, 0);
 	__syncthreads(); /* the tables, Q^T in shared memory; sq is free */
+	PH_AT(c_tables);
 	if (warp == NW - 1) {
 #if TQC_BULK
 		fence_proxy_async(); /* sq's stores before the copy over them */
@@ -1651,6 +1725,10 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 	}
 	const uint32_t te = te0 < tmax ? te0 : tmax;
 	const uint32_t n_tile = te > tb ? (te - tb + TQC_TILE - 1) / TQC_TILE : 0;
+#ifdef TQC_PHASES
+	if (ph && threadIdx.x == 0)
+		ph->tiles = n_tile;
+#endif
 	const uint32_t lim_e[2] = { lim[0] < te ? lim[0] : te, lim[1] < te ? lim[1] : te }; /* keys [0, lim_e) seen */
 
 	/* the online softmax; acc holds sum p * vscale * 2^-E, l the lane's
@@ -1699,6 +1777,10 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 		cp_async_wait<NST - 1>();
 #endif
 		__syncwarp();
+#ifdef TQC_PHASES
+		if (i == 0u)
+			PH_AT(c_tile1); /* warp 0's first tile */
+#endif
 
 		const uint8_t *kt = stage0 + (size_t)st * stage_bytes, *vt = kt + TQC_TILE * kb;
 		const uint32_t t0 = tb + i * TQC_TILE;
@@ -1867,6 +1949,13 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 #else
 	cp_async_wait<0>();
 #endif
+#ifdef TQC_PHASES
+	if (ph && lane == 0) {
+		const unsigned long long t = (unsigned long long)clock64();
+		atomicMin(reinterpret_cast<unsigned long long *>(&ph->c_loop_first), t);
+		atomicMax(reinterpret_cast<unsigned long long *>(&ph->c_loop_last), t);
+	}
+#endif
 
 	if (SV && lane == 0 && n_tile > (uint32_t)warp) {
 		atomicAdd(&a.sv_counts[0], (unsigned long long)((n_tile - (uint32_t)warp + NW - 1) / NW));
@@ -1913,6 +2002,7 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 	 * resets the count for the next launch */
 	__shared__ bool s_last;
 	__syncthreads(); /* every thread's partials are written */
+	PH_AT(c_part);
 	const uint32_t ci = h * (uint32_t)a.n_rb + blockIdx.x;
 	if (threadIdx.x == 0) {
 		/* release: the CTA's writes, ordered before this thread's fence by
@@ -1926,8 +2016,14 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 		s_last = last;
 	}
 	__syncthreads();
-	if (!s_last)
+	if (!s_last) {
+		PH_EXIT();
 		return;
+	}
+#ifdef TQC_PHASES
+	if (ph && threadIdx.x == 0)
+		ph->last = 1u;
+#endif
 	/* a warp per row, its scratch in the tables' space (free now) */
 	static_assert(R * (TQC_SPLITS_MAX + TQ_DIM_MAX) * 4 <= TQC_MMA_LUT_BYTES, "finish scratch"); /* warps < R */
 	float *s_w = reinterpret_cast<float *>(smem) + warp * (TQC_SPLITS_MAX + TQ_DIM_MAX);
@@ -1935,6 +2031,7 @@ __global__ void __launch_bounds__(32 * (NWC ? NWC : D > 128 ? 8 : TQC_MMA_WARPS_
 		finish_row<true>(a, q_row(a, h, r0 + r), s_w, s_w + TQC_SPLITS_MAX, nullptr);
 	if (threadIdx.x == 0)
 		a.counters[ci] = 0u;
+	PH_EXIT();
 }
 
 __global__ void __launch_bounds__(FIN_THREADS) attn_finish(const __grid_constant__ struct tqc_attn_args a)
@@ -2029,6 +2126,118 @@ extern "C" int tqc_attn_mma_ctas_per_sm(int dim, size_t smem, int warps, int ko)
 	}
 	return n;
 }
+
+/* ---- phase clocks: the host's side (tq_cuda.h "profiling") ---------------------- */
+#ifdef TQC_PHASES
+static struct tqc_phase_rec *ph_dev; /* the armed records (device), ph_cap of them */
+static uint32_t ph_cap;
+static int ph_device;
+
+static int ph_fail(cudaError_t e, const char *what, char *why, size_t whylen)
+{
+	if (why && whylen)
+		snprintf(why, whylen, "%s: %s", what, cudaGetErrorString(e));
+	return -EIO;
+}
+
+/* the records' addresses into the kernels' symbols (NULL: disarmed) */
+static cudaError_t ph_publish(struct tqc_phase_rec *recs, uint32_t cap)
+{
+#ifdef TQC_SIMT
+	tqc_ph_recs = recs, tqc_ph_max = cap;
+	return cudaSuccess;
+#else
+	cudaError_t e = cudaMemcpyToSymbol(tqc_ph_recs, &recs, sizeof(recs));
+	return e != cudaSuccess ? e : cudaMemcpyToSymbol(tqc_ph_max, &cap, sizeof(cap));
+#endif
+}
+
+/* zeroes n records from a host buffer of zeros (no cudaMemset: one path
+ * for the emulator's runtime too) */
+static cudaError_t ph_clear(uint32_t n)
+{
+	void *z = calloc(n, sizeof(struct tqc_phase_rec));
+	if (!z)
+		return cudaErrorMemoryAllocation;
+	cudaError_t e = cudaMemcpy(ph_dev, z, (size_t)n * sizeof(struct tqc_phase_rec), cudaMemcpyHostToDevice);
+	free(z);
+	return e;
+}
+
+extern "C" void tqc_phases_disarm(void)
+{
+	if (!ph_dev)
+		return;
+	(void)cudaSetDevice(ph_device);
+	(void)ph_publish(nullptr, 0u);
+	(void)cudaFree(ph_dev);
+	ph_dev = nullptr;
+	ph_cap = 0u;
+}
+
+extern "C" int tqc_phases_arm(int device, uint32_t max_ctas, char *why, size_t whylen)
+{
+	cudaError_t e;
+
+	if (max_ctas < 1u || max_ctas > (1u << 20)) {
+		if (why && whylen)
+			snprintf(why, whylen, "phase records: %u CTAs is not in 1 .. 2^20", max_ctas);
+		return -EINVAL;
+	}
+	tqc_phases_disarm();
+	if ((e = cudaSetDevice(device)) != cudaSuccess)
+		return ph_fail(e, "cudaSetDevice", why, whylen);
+	if ((e = cudaMalloc((void **)&ph_dev, (size_t)max_ctas * sizeof(struct tqc_phase_rec))) != cudaSuccess) {
+		ph_dev = nullptr;
+		return ph_fail(e, "cudaMalloc (phase records)", why, whylen);
+	}
+	ph_cap = max_ctas;
+	ph_device = device;
+	if ((e = ph_clear(max_ctas)) != cudaSuccess || (e = ph_publish(ph_dev, max_ctas)) != cudaSuccess) {
+		tqc_phases_disarm();
+		return ph_fail(e, "arming the phase records", why, whylen);
+	}
+	return 0;
+}
+
+extern "C" int tqc_phases_take(struct tqc_phase_rec *out, uint32_t max, uint32_t *n, char *why, size_t whylen)
+{
+	cudaError_t e;
+
+	*n = 0;
+	if (!ph_dev) {
+		if (why && whylen)
+			snprintf(why, whylen, "phase records: not armed");
+		return -EINVAL;
+	}
+	const uint32_t take = max < ph_cap ? max : ph_cap;
+	if ((e = cudaSetDevice(ph_device)) != cudaSuccess ||
+	    (e = cudaMemcpy(out, ph_dev, (size_t)take * sizeof(*out), cudaMemcpyDeviceToHost)) != cudaSuccess ||
+	    (e = ph_clear(ph_cap)) != cudaSuccess)
+		return ph_fail(e, "reading the phase records", why, whylen);
+	if (take && out[0].written) {
+		const uint64_t ctas = (uint64_t)out[0].grid[0] * out[0].grid[1] * out[0].grid[2];
+		*n = ctas < take ? (uint32_t)ctas : take;
+	}
+	return 0;
+}
+#else
+static int ph_none(char *why, size_t whylen)
+{
+	if (why && whylen)
+		snprintf(why, whylen, "these kernels were built without phase clocks (TQC_PHASES): "
+				      "`make phases` builds build/bin/tqbench-phases");
+	return -ENOTSUP;
+}
+
+extern "C" int tqc_phases_arm(int device, uint32_t max_ctas, char *why, size_t whylen) { return ph_none(why, whylen); }
+extern "C" int tqc_phases_take(struct tqc_phase_rec *out, uint32_t max, uint32_t *n, char *why, size_t whylen)
+{
+	*n = 0;
+	return ph_none(why, whylen);
+}
+extern "C" void tqc_phases_disarm(void) {}
+#endif
 
 /* The launcher (tests/simt/ runs the kernels above on the CPU with its own). */
 #ifndef TQC_SIMT

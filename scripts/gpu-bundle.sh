@@ -6,8 +6,8 @@
 #   make USE_CUDA=yes all && scripts/gpu-bundle.sh
 #
 # .gpu/build.tar.xz           build/{bin,tests,lib}: stripped tqkvd, tqctl,
-#                             tqbench, tqkv-run and the test binaries the GPU
-#                             checks run
+#                             tqbench, tqbench-phases, tqkv-run and the test
+#                             binaries the GPU checks run
 # .gpu/sys/                   the shared libraries they load that are not the
 #                             C/C++ runtime (gRPC, Abseil, protobuf-c, liburing,
 #                             libnuma, libsystemd, libinih, ...), copied from

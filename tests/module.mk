@@ -33,6 +33,32 @@ $(B)/tests/launch_probe: $(OBJ)/tests/bench/launch_probe.cu.o $(STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_LDFLAGS) -o $@ $(filter %.o,$^) $(CUDA_LIBS) -lm -pthread
 ALL_TARGETS += $(B)/tests/launch_probe
+
+# tqbench-phases (`make phases` alone): tqbench with the tiled kernel's phase
+# clocks (TQC_PHASES; tq_cuda.h "profiling") for `tqbench attn --backend
+# cuda --phases N`, kernels for PHASES_ARCHS only (default 90: H100 / H200;
+# PTX for newer) — a profiling build for the GPU checks (scripts/gpu-check.sh
+# phases), built with everything else so that it never rots before a GPU
+# lease (about 35 s of nvcc); the emulator's cp.async build runs the same
+# instrumentation in `make test`.
+PHASES_ARCHS ?= 90
+TQBENCH_PH := $(BIN)/tqbench-phases
+PHASES_OBJ := $(OBJ)/kernels/tq_cuda_attn_phases.cu.o
+$(PHASES_OBJ): kernels/tq_cuda_attn.cu $(OBJ_STAMP)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(filter-out -gencode arch=%,$(NVCC_FLAGS)) -DTQC_PHASES=1 \
+		$(foreach a,$(PHASES_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+		-gencode arch=compute_$(lastword $(PHASES_ARCHS)),code=compute_$(lastword $(PHASES_ARCHS)) \
+		-MMD -MP -c $< -o $@
+# the phases object first: the library's own tq_cuda_attn.cu.o is not pulled
+$(TQBENCH_PH): $(BENCH_OBJS) $(TQBENCH_OBJS) $(PHASES_OBJ) $(LIBTQK) $(STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_LDFLAGS) -o $@ $(filter %.o %.a,$^) $(TQBENCH_LIBS) $(LDLIBS_BASE)
+phases: $(TQBENCH_PH)
+ALL_TARGETS += $(TQBENCH_PH)
+else
+phases:
+	@echo "make phases: needs a build with CUDA (nvcc; make USE_CUDA=yes)" >&2; exit 2
 endif
 
 # ---- fuzz targets (tests/fuzz/fuzz_*.c, one per parser of untrusted bytes) --

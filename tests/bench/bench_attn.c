@@ -710,7 +710,7 @@ static void usage(FILE *f)
 		"       tqbench attn --backend cuda [--device N] [--ctx N,N,..] [--batch B,B,..]\n"
 		"                    [--k C] [--v C] [--reps R] [--page-tokens P] [--threads T]\n"
 		"                    [--no-baseline] [--check-max N] [--layers L] [--bulk N] [--json]\n"
-		"                    [--sparse THR] [--q-scale X]\n"
+		"                    [--sparse THR] [--q-scale X] [--phases N]\n"
 		"  32 query heads, 8 KV heads, d = 128; decode = 1 query, prefill = 128 queries.\n"
 		"  Defaults: --ctx 8192 --k tq4 --v tq3 --threads 2 --mode decode --reps 15\n"
 		"  --page-tokens 256 --isa: the best this CPU runs.  --quality: output cosine and\n"
@@ -747,6 +747,11 @@ static void usage(FILE *f)
 		"      time against the exact call's, the share of value chunks skipped and how\n"
 		"      far session 0's output moved from the exact one (sparse-V skips on sharp\n"
 		"      attention: --q-scale X multiplies the queries, as on the CPU).\n"
+		"    - --phases N (tqbench-phases, `make phases`: kernels with phase clocks):\n"
+		"      after the batches, N calls of session 0 with the tiled kernel's clocks\n"
+		"      read back: where a CTA's time goes (queries, decode tables, first\n"
+		"      tile, tile loop, partials, merge), how the CTAs start and end across\n"
+		"      the GPU; medians over the calls.  Other builds refuse it with why.\n"
 		"    - tqc_append: one decode token (all KV heads, K and V) into each of --layers\n"
 		"      layers (default 32): GPU time per layer (target <= 10 us); and --bulk\n"
 		"      tokens at once (default 4096) in vectors/s; both against tq_encode on the\n"
@@ -796,7 +801,7 @@ static int bench_attn_main(int argc, char **argv)
 		: tq_attn_isa_supported(TQ_ISA_AVX2) ? TQ_ISA_AVX2
 		: tq_attn_isa_supported(TQ_ISA_NEON) ? TQ_ISA_NEON : TQ_ISA_SCALAR;
 	/* --backend cuda: its own options, and the CPU-only ones refused */
-	int cuda = 0, device = 0, no_baseline = 0, layers = 32;
+	int cuda = 0, device = 0, no_baseline = 0, layers = 32, phases = 0;
 	int threads_set = 0, reps_set = 0;
 	const char *ctx_arg = NULL, *batch_arg = NULL, *cpu_only = NULL, *cuda_only = NULL;
 	uint32_t check_max = 131072, bulk = 4096;
@@ -892,7 +897,7 @@ static int bench_attn_main(int argc, char **argv)
 			}
 			i++;
 		} else if (!strcmp(a, "--device") || !strcmp(a, "--batch") || !strcmp(a, "--check-max") ||
-			   !strcmp(a, "--layers") || !strcmp(a, "--bulk")) {
+			   !strcmp(a, "--layers") || !strcmp(a, "--bulk") || !strcmp(a, "--phases")) {
 			char *end;
 			errno = 0;
 			long x = strtol(val, &end, 0);
@@ -907,6 +912,12 @@ static int bench_attn_main(int argc, char **argv)
 				check_max = (uint32_t)x;
 			} else if (!strcmp(a, "--layers")) {
 				layers = (int)x;
+			} else if (!strcmp(a, "--phases")) {
+				if (x < 1 || x > 1000) {
+					fprintf(stderr, "tqbench attn: --phases %s: calls in 1 .. 1000\n", val);
+					return 2;
+				}
+				phases = (int)x;
 			} else {
 				bulk = (uint32_t)x;
 			}
@@ -923,7 +934,7 @@ static int bench_attn_main(int argc, char **argv)
 			.device = device, .k = o.k, .v = o.v, .page_tokens = o.page_tokens,
 			.threads = o.threads, .reps = reps_set ? o.reps : 50, .json = o.json,
 			.baseline = !no_baseline, .check_max = check_max, .layers = layers, .bulk = bulk,
-			.sparse = o.sparse, .q_scale = o.q_scale,
+			.sparse = o.sparse, .q_scale = o.q_scale, .phases = phases,
 		};
 		uint64_t l[ATTN_CUDA_MAX_LIST];
 		int n;

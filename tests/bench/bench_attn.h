@@ -72,6 +72,8 @@ struct attn_cuda_opts {
 	uint32_t bulk;                       /* append: tokens of the bulk call   */
 	float sparse;                        /* --sparse: > 0 also times sparse-V */
 	float q_scale;                       /* --q-scale: queries times this     */
+	int phases;                          /* --phases N: N calls with the tiled */
+					     /* kernel's phase clocks (tqbench-phases) */
 };
 
 /* 0, 1 (a failure or a failed check), 2 (bad options) or 77 (no usable

@@ -632,6 +632,238 @@ static void run_sparse(struct bench *b, int B, double gpu_ms, double round_ms, u
 	free(exact);
 }
 
+/* ---- --phases: where the tiled kernel's time goes ------------------------------ */
+
+/* The per-call figures of --phases (ns), medians over the calls. */
+enum {
+	PH_SPAN,      /* first CTA's entry to the last CTA's exit (%globaltimer) */
+	PH_RAMP,      /* first to last CTA's entry */
+	PH_TAIL,      /* first to last CTA's exit */
+	PH_QROT_MED,  /* per CTA (median, max over CTAs): entry to the first barrier */
+	PH_QROT_MAX,
+	PH_TAB_MED,   /* the decode tables */
+	PH_TAB_MAX,
+	PH_TILE1_MED, /* the tables' barrier to warp 0's first tile landed */
+	PH_TILE1_MAX,
+	PH_LOOP_MED,  /* the tables' barrier to the last warp out of the loop, less the first tile's wait */
+	PH_LOOP_MAX,
+	PH_SPREAD_MED, /* the first warp out of the loop to the last */
+	PH_SPREAD_MAX,
+	PH_PART_MED,  /* the last warp out of the loop to the partials' barrier */
+	PH_PART_MAX,
+	PH_MERGE_MED, /* the merging CTAs: the partials' barrier to their exit */
+	PH_MERGE_MAX,
+	PH_CTA_MED,   /* a CTA's whole time, entry to exit */
+	PH_CTA_MAX,
+	PH_CRIT_START, /* the CTA that exits last: its entry after the first CTA's */
+	PH_CRIT_CTA,   /* its own time */
+	PH_NS_CYCLE,  /* ns per SM cycle: (gt_end - gt_entry) / (c_end - c_entry), median over CTAs */
+	PH_N
+};
+
+static double ph_med(double *v, size_t n) { return n ? median(v, n) : NAN; }
+
+static double ph_max(const double *v, size_t n)
+{
+	double m = NAN;
+	for (size_t i = 0; i < n; i++)
+		if (!(v[i] <= m))
+			m = v[i];
+	return m;
+}
+
+/* One call's records (n CTAs) into f[PH_N]; the shape into the rest.  The
+ * number of records out of order, or -1 (out of memory). */
+static int ph_call(const struct tqc_phase_rec *r, uint32_t n, double *f, uint32_t *sms, uint32_t *per_sm_max,
+		   uint32_t *tiles_min, uint32_t *tiles_max)
+{
+	double *v[8];
+	size_t nm = 0;
+	int bad = 0;
+	uint32_t *on_sm = calloc(4096, sizeof(uint32_t));
+
+	for (int i = 0; i < 8; i++)
+		v[i] = malloc(sizeof(double) * n);
+	if (!on_sm || !v[0] || !v[1] || !v[2] || !v[3] || !v[4] || !v[5] || !v[6] || !v[7]) {
+		for (int i = 0; i < 8; i++)
+			free(v[i]);
+		free(on_sm);
+		return -1;
+	}
+	uint64_t g0 = UINT64_MAX, g1 = 0, e_max = 0, x_min = UINT64_MAX;
+	uint32_t crit = 0;
+	*tiles_min = UINT32_MAX, *tiles_max = 0, *sms = 0, *per_sm_max = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct tqc_phase_rec *c = &r[i];
+		if (!c->written || c->c_entry > c->c_qrot || c->c_qrot > c->c_tables ||
+		    (c->c_tile1 && (c->c_tile1 < c->c_tables || c->c_tile1 > c->c_loop_first)) ||
+		    c->c_loop_first > c->c_loop_last || c->c_loop_last > c->c_part || c->c_part > c->c_end ||
+		    c->gt_entry > c->gt_end) {
+			bad++;
+			continue;
+		}
+		v[0][i] = c->c_end > c->c_entry ? (double)(c->gt_end - c->gt_entry) / (double)(c->c_end - c->c_entry) : NAN;
+		g0 = c->gt_entry < g0 ? c->gt_entry : g0;
+		e_max = c->gt_entry > e_max ? c->gt_entry : e_max;
+		x_min = c->gt_end < x_min ? c->gt_end : x_min;
+		if (c->gt_end > g1)
+			g1 = c->gt_end, crit = i;
+		*tiles_min = c->tiles < *tiles_min ? c->tiles : *tiles_min;
+		*tiles_max = c->tiles > *tiles_max ? c->tiles : *tiles_max;
+		if (c->smid < 4096 && on_sm[c->smid]++ == 0)
+			(*sms)++;
+		if (c->smid < 4096 && on_sm[c->smid] > *per_sm_max)
+			*per_sm_max = on_sm[c->smid];
+	}
+	/* cycles to ns: the median ratio over the CTAs (the globaltimer's
+	 * resolution may be coarse; the median of many CTAs is not) */
+	size_t nr = 0;
+	for (uint32_t i = 0; i < n; i++)
+		if (isfinite(v[0][i]) && v[0][i] > 0.0)
+			v[1][nr++] = v[0][i];
+	const double k = nr ? median(v[1], nr) : NAN;
+	f[PH_NS_CYCLE] = k;
+	f[PH_SPAN] = (double)(g1 - g0);
+	f[PH_RAMP] = (double)(e_max - g0);
+	f[PH_TAIL] = (double)(g1 - x_min);
+	size_t m = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct tqc_phase_rec *c = &r[i];
+		if (!c->written || c->c_entry > c->c_qrot || c->c_part > c->c_end)
+			continue;
+		const uint64_t t1 = c->c_tile1 ? c->c_tile1 : c->c_tables;
+		v[0][m] = k * (double)(c->c_qrot - c->c_entry);
+		v[1][m] = k * (double)(c->c_tables - c->c_qrot);
+		v[2][m] = k * (double)(t1 - c->c_tables);
+		v[3][m] = k * (double)(c->c_loop_last - t1);
+		v[4][m] = k * (double)(c->c_loop_last - c->c_loop_first);
+		v[5][m] = k * (double)(c->c_part - c->c_loop_last);
+		v[7][m] = k * (double)(c->c_end - c->c_entry);
+		if (c->last)
+			v[6][nm++] = k * (double)(c->c_end - c->c_part);
+		m++;
+	}
+	for (int i = 0; i < 6; i++) {
+		f[PH_QROT_MED + 2 * i] = ph_med(v[i], m);
+		f[PH_QROT_MAX + 2 * i] = ph_max(v[i], m);
+	}
+	f[PH_MERGE_MED] = ph_med(v[6], nm);
+	f[PH_MERGE_MAX] = ph_max(v[6], nm);
+	f[PH_CTA_MED] = ph_med(v[7], m);
+	f[PH_CTA_MAX] = ph_max(v[7], m);
+	f[PH_CRIT_START] = (double)(r[crit].gt_entry - g0);
+	f[PH_CRIT_CTA] = k * (double)(r[crit].c_end - r[crit].c_entry);
+	for (int i = 0; i < 8; i++)
+		free(v[i]);
+	free(on_sm);
+	return bad;
+}
+
+/* --phases N: N calls of session 0 with attn_mma's phase clocks armed (a
+ * build with TQC_PHASES: tqbench-phases), and where a CTA's time went. */
+static void run_phases(struct bench *b, uint32_t T)
+{
+	const struct attn_cuda_opts *o = b->o;
+	const int N = o->phases;
+	const uint32_t cap = 1u << 16;
+	struct tqc_phase_rec *r = malloc(sizeof(*r) * cap);
+	double *f = malloc(sizeof(double) * PH_N * (size_t)N), col[1024], med[PH_N];
+	struct sess *s = &b->s[0];
+	struct tq_attn_params p = attn_params(s, &s->t, s->out);
+	uint32_t n = 0, grid[3] = { 0, 0, 0 }, warps = 0, sms = 0, per_sm = 0, tmin = 0, tmax = 0;
+	int bad = 0, calls = 0;
+	char why[256];
+	tq_error err;
+
+	if (!r || !f) {
+		fprintf(stderr, "tqbench attn: --phases: out of memory\n");
+		b->failed = 1;
+		goto out;
+	}
+	if (tqc_phases_arm(o->device, cap, why, sizeof(why)) < 0) {
+		fprintf(stderr, "tqbench attn: --phases: %s\n", why);
+		b->failed = 1;
+		goto out;
+	}
+	for (; calls < N; calls++) {
+		if (tqc_attend(s->x, &p, &err) < 0) {
+			fprintf(stderr, "tqbench attn: --phases: tqc_attend: %s\n", err.msg);
+			b->failed = 1;
+			break;
+		}
+		if (strcmp(tqc_ctx_last_attn(s->x), "mma")) {
+			fprintf(stderr, "tqbench attn: --phases: the call ran the %s kernel, which has no phase clocks\n",
+				tqc_ctx_last_attn(s->x));
+			b->failed = 1;
+			break;
+		}
+		if (tqc_phases_take(r, cap, &n, why, sizeof(why)) < 0 || n == 0) {
+			fprintf(stderr, "tqbench attn: --phases: %s\n", n ? why : "the call wrote no phase records");
+			b->failed = 1;
+			break;
+		}
+		int e = ph_call(r, n, f + (size_t)calls * PH_N, &sms, &per_sm, &tmin, &tmax);
+		if (e < 0) {
+			fprintf(stderr, "tqbench attn: --phases: out of memory\n");
+			b->failed = 1;
+			break;
+		}
+		bad += e;
+		memcpy(grid, r[0].grid, sizeof(grid));
+		warps = r[0].warps;
+	}
+	tqc_phases_disarm();
+	if (calls < N)
+		goto out;
+	for (int k = 0; k < PH_N; k++) {
+		int m = 0;
+		for (int c = 0; c < N && m < 1024; c++)
+			if (isfinite(f[(size_t)c * PH_N + k]))
+				col[m++] = f[(size_t)c * PH_N + k];
+		med[k] = m ? median(col, (size_t)m) : NAN;
+	}
+	if (bad) {
+		fprintf(stderr, "tqbench attn: --phases: %d records out of order (a CTA's clocks must rise)\n", bad);
+		b->failed = 1;
+	}
+	if (o->json) {
+		static const char *const key[PH_N] = {
+			"span_us", "ramp_us", "tail_us", "qrot_us", "qrot_max_us", "tables_us", "tables_max_us",
+			"first_tile_us", "first_tile_max_us", "loop_us", "loop_max_us", "warp_spread_us",
+			"warp_spread_max_us", "partials_us", "partials_max_us", "merge_us", "merge_max_us", "cta_us",
+			"cta_max_us", "critical_start_us", "critical_cta_us", "ns_per_cycle",
+		};
+		printf("{\"suite\":\"attn\",\"backend\":\"cuda\",\"mode\":\"phases\",\"ctx\":%u,\"k\":\"%s\",\"v\":\"%s\","
+		       "\"calls\":%d,\"ctas\":%u,\"grid\":[%u,%u,%u],\"warps\":%u,\"sms\":%u,\"ctas_per_sm_max\":%u,"
+		       "\"tiles_min\":%u,\"tiles_max\":%u,\"out_of_order\":%d", T, tq_codec_name(o->k),
+		       tq_codec_name(o->v), N, n, grid[0], grid[1], grid[2], warps, sms, per_sm, tmin, tmax, bad);
+		for (int k = 0; k < PH_N; k++)
+			jnum(key[k], k == PH_NS_CYCLE ? med[k] : med[k] / 1e3, isfinite(med[k]));
+		printf("}\n");
+	} else {
+#define US(k) (med[k] / 1e3)
+		printf("  phases (tiled kernel; medians of %d calls; per CTA: median / max over its %u CTAs):\n", N, n);
+		printf("    %u CTAs (%u x %u splits x %u KV heads) of %u warps on %u SMs (at most %u an SM), "
+		       "%u-%u tiles of 32 keys a CTA; SM clock %.0f MHz (by the timers)\n", n, grid[0], grid[1], grid[2],
+		       warps, sms, per_sm, tmin, tmax, 1e3 / med[PH_NS_CYCLE]);
+		printf("    kernel span %.2f us: CTAs start over %.2f us, end over %.2f us; a CTA %.2f / %.2f us\n",
+		       US(PH_SPAN), US(PH_RAMP), US(PH_TAIL), US(PH_CTA_MED), US(PH_CTA_MAX));
+		printf("    queries and codebooks %.2f / %.2f us; decode tables %.2f / %.2f; first tile's wait %.2f / %.2f\n",
+		       US(PH_QROT_MED), US(PH_QROT_MAX), US(PH_TAB_MED), US(PH_TAB_MAX), US(PH_TILE1_MED),
+		       US(PH_TILE1_MAX));
+		printf("    tile loop %.2f / %.2f us (first to last warp out: %.2f / %.2f); partials %.2f / %.2f; "
+		       "merge (the last CTA of each row block) %.2f / %.2f\n", US(PH_LOOP_MED), US(PH_LOOP_MAX),
+		       US(PH_SPREAD_MED), US(PH_SPREAD_MAX), US(PH_PART_MED), US(PH_PART_MAX), US(PH_MERGE_MED),
+		       US(PH_MERGE_MAX));
+		printf("    the CTA that ends last: starts %.2f us after the first, runs %.2f us\n", US(PH_CRIT_START),
+		       US(PH_CRIT_CTA));
+#undef US
+	}
+out:
+	free(r);
+	free(f);
+}
+
 /* ---- one context --------------------------------------------------------------- */
 
 static void run_ctx(struct bench *b, uint32_t T)
@@ -830,6 +1062,8 @@ static void run_ctx(struct bench *b, uint32_t T)
 			run_sparse(b, B, gpu_ms, round_ms, T);
 		fflush(stdout);
 	}
+	if (o->phases > 0)
+		run_phases(b, T);
 out:
 	for (int i = 0; i < Bmax; i++) {
 		free(b->s[i].pages);

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <chrono>
 #include <functional>
 
 /* (after the CUDA runtime's headers where a file includes them: its own
@@ -114,6 +115,16 @@ static inline unsigned long long atomicMin(unsigned long long *p, unsigned long 
 		*p = v;
 	return o;
 }
+static inline unsigned long long atomicMax(unsigned long long *p, unsigned long long v)
+{
+	unsigned long long o = *p;
+	if (v > o)
+		*p = v;
+	return o;
+}
+/* the SM's cycle counter: here monotonic nanoseconds (the phase clocks of
+ * TQC_PHASES builds; %globaltimer reads the same) */
+static inline long long clock64(void) { return (long long)std::chrono::steady_clock::now().time_since_epoch().count(); }
 /* blocks run one after another, threads one at a time: plain updates are atomic */
 static inline unsigned atomicAdd(unsigned *p, unsigned v)
 {

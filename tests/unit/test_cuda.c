@@ -1352,6 +1352,82 @@ static void test_attn_sparse_v(void)
 }
 
 /* f16 / bf16 queries go through the CPU path's conversion. */
+/* The tiled kernel's phase clocks (tq_cuda.h "profiling"; what tqbench
+ * --phases reads).  In a build of the kernels with TQC_PHASES (the
+ * emulator's cp.async build): every CTA of the grid writes its record, with
+ * the launch's grid and warps; within a CTA the phases come in order; the
+ * splits' tiles add up to the context's; one CTA per (row block, KV head)
+ * merges; taking the records clears them; and arming changes no bit of the
+ * output.  In other builds arming is refused with the reason. */
+static void test_attn_phases(void)
+{
+	enum { H = 2, G = 4, D = 128 };
+	const uint32_t len = 1000;
+	const int32_t pos = (int32_t)len - 1;
+	const size_t bytes = (size_t)H * G * D * sizeof(float);
+	struct tqc_phase_rec rec[64];
+	char why[256];
+	uint32_t n = 0;
+	tq_error err;
+	struct layer L;
+
+	int rc = tqc_phases_arm(dev, 64, why, sizeof(why));
+	if (rc == -ENOTSUP) {
+		T_ASSERT(strstr(why, "TQC_PHASES") != NULL);
+		T_EQ(tqc_phases_take(rec, 64, &n, why, sizeof(why)), -ENOTSUP);
+		T_EQ(n, 0u);
+		return;
+	}
+	T_EQ(rc, 0);
+	T_EQ(tqc_phases_arm(dev, 0, why, sizeof(why)), -EINVAL); /* refused: still armed */
+	T_EQ(tqc_phases_take(rec, 64, &n, why, sizeof(why)), 0);
+	T_EQ(n, 0u); /* nothing launched yet */
+	T_ASSERT(layer_build(&L, TQ_CODEC_TQ4, TQ_CODEC_TQ3, D, H, 64, len, 0, t_seed()) != NULL);
+	T_ASSERT(tiled_expected(&L));
+	float *q = make_q(1, H * G, D), *out = malloc(bytes), *plain = malloc(bytes);
+	T_ASSERT(q && out && plain);
+	struct tq_attn_params p = { .k_codec = L.kc, .v_codec = L.vc, .n_q_heads = H * G, .kv = &L.dt, .n_q = 1,
+				    .q = q, .q_dtype = TQ_DTYPE_F32, .q_pos = &pos, .causal = 1, .out = out };
+	T_EQ(tqc_attend(sctx, &p, &err), 0); /* splits of 256 keys and more: several */
+	T_EQ(strcmp(tqc_ctx_last_attn(sctx), "mma"), 0);
+	T_EQ(tqc_phases_take(rec, 64, &n, why, sizeof(why)), 0);
+	T_ASSERT(n >= 2 * H && n <= 64);
+	T_EQ(rec[0].grid[0], 1u); /* one row block (G rows) */
+	T_EQ(rec[0].grid[2], (uint32_t)H);
+	T_EQ(n, rec[0].grid[0] * rec[0].grid[1] * rec[0].grid[2]);
+	uint32_t lasts = 0, tiles[H] = { 0, 0 };
+	for (uint32_t i = 0; i < n; i++) {
+		const struct tqc_phase_rec *r = &rec[i];
+		T_EQ(r->written, 1u);
+		T_ASSERT(memcmp(r->grid, rec[0].grid, sizeof(r->grid)) == 0);
+		T_ASSERT(r->warps >= TQC_MMA_WARPS_MIN && r->warps <= TQC_MMA_WARPS_MAX);
+		T_ASSERT(r->tiles >= 1);
+		T_ASSERT(r->c_entry <= r->c_qrot && r->c_qrot <= r->c_tables);
+		T_ASSERT(r->c_tables <= r->c_tile1 && r->c_tile1 <= r->c_loop_first); /* warp 0 has tile 0 */
+		T_ASSERT(r->c_loop_first <= r->c_loop_last && r->c_loop_last <= r->c_part && r->c_part <= r->c_end);
+		T_ASSERT(r->gt_entry <= r->gt_end);
+		T_ASSERT(r->last <= 1u);
+		lasts += r->last;
+		tiles[i / rec[0].grid[1]] += r->tiles; /* CTA x + X (y + Y z), X = 1 */
+	}
+	T_EQ(lasts, (uint32_t)H);
+	for (int h = 0; h < H; h++)
+		T_EQ(tiles[h], (len + 31) / 32);
+	/* taken: cleared for the next call */
+	T_EQ(tqc_phases_take(rec, 64, &n, why, sizeof(why)), 0);
+	T_EQ(n, 0u);
+	/* the same call unarmed: the same bits */
+	tqc_phases_disarm();
+	p.out = plain;
+	T_EQ(tqc_attend(sctx, &p, &err), 0);
+	T_ASSERT(row_err(out, plain, (size_t)H * G, D) == 0.0);
+	T_EQ(tqc_phases_take(rec, 64, &n, why, sizeof(why)), -EINVAL); /* disarmed */
+	free(q);
+	free(out);
+	free(plain);
+	layer_free(&L);
+}
+
 static void test_attn_query_dtypes(void)
 {
 	struct layer L;
@@ -1725,6 +1801,7 @@ int main(void)
 	T_RUN(test_attn_waves);
 	T_RUN(test_attn_sharp);
 	T_RUN(test_attn_sparse_v);
+	T_RUN(test_attn_phases);
 	T_RUN(test_attn_query_dtypes);
 	T_RUN(test_attn_overflow);
 	tqc_ctx_free(main_ctx); /* a failed case may leave ctx at another */
