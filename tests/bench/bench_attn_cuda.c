@@ -645,7 +645,7 @@ enum {
 	PH_TAB_MAX,
 	PH_TILE1_MED, /* the tables' barrier to warp 0's first tile landed */
 	PH_TILE1_MAX,
-	PH_LOOP_MED,  /* the tables' barrier to the last warp out of the loop, less the first tile's wait */
+	PH_LOOP_MED,  /* warp 0's first tile landed to the last warp out of the loop */
 	PH_LOOP_MAX,
 	PH_SPREAD_MED, /* the first warp out of the loop to the last */
 	PH_SPREAD_MAX,
@@ -672,15 +672,26 @@ static double ph_max(const double *v, size_t n)
 	return m;
 }
 
-/* One call's records (n CTAs) into f[PH_N]; the shape into the rest.  The
- * number of records out of order, or -1 (out of memory). */
+/* A CTA's record in order: written, its clocks rising phase by phase. */
+static int ph_ok(const struct tqc_phase_rec *c)
+{
+	return c->written && c->c_entry <= c->c_qrot && c->c_qrot <= c->c_tables &&
+	       (!c->c_tile1 || (c->c_tables <= c->c_tile1 && c->c_tile1 <= c->c_loop_first)) &&
+	       c->c_loop_first <= c->c_loop_last && c->c_loop_last <= c->c_part && c->c_part <= c->c_end &&
+	       c->gt_entry <= c->gt_end;
+}
+
+/* One call's records (n CTAs) into f[PH_N] (NaN where no record is in
+ * order); the shape into the rest.  The number of records out of order
+ * (left out of the figures), or -1 (out of memory). */
 static int ph_call(const struct tqc_phase_rec *r, uint32_t n, double *f, uint32_t *sms, uint32_t *per_sm_max,
 		   uint32_t *tiles_min, uint32_t *tiles_max)
 {
+	enum { NSM = 4096 };
 	double *v[8];
-	size_t nm = 0;
+	size_t nm = 0, m = 0;
 	int bad = 0;
-	uint32_t *on_sm = calloc(4096, sizeof(uint32_t));
+	uint32_t *on_sm = calloc(NSM, sizeof(uint32_t));
 
 	for (int i = 0; i < 8; i++)
 		v[i] = malloc(sizeof(double) * n);
@@ -690,46 +701,44 @@ static int ph_call(const struct tqc_phase_rec *r, uint32_t n, double *f, uint32_
 		free(on_sm);
 		return -1;
 	}
+	for (int k = 0; k < PH_N; k++)
+		f[k] = NAN;
 	uint64_t g0 = UINT64_MAX, g1 = 0, e_max = 0, x_min = UINT64_MAX;
 	uint32_t crit = 0;
 	*tiles_min = UINT32_MAX, *tiles_max = 0, *sms = 0, *per_sm_max = 0;
+	/* cycles to ns: the median ratio over the CTAs (the globaltimer's
+	 * resolution may be coarse; the median of many CTAs is not) */
 	for (uint32_t i = 0; i < n; i++) {
 		const struct tqc_phase_rec *c = &r[i];
-		if (!c->written || c->c_entry > c->c_qrot || c->c_qrot > c->c_tables ||
-		    (c->c_tile1 && (c->c_tile1 < c->c_tables || c->c_tile1 > c->c_loop_first)) ||
-		    c->c_loop_first > c->c_loop_last || c->c_loop_last > c->c_part || c->c_part > c->c_end ||
-		    c->gt_entry > c->gt_end) {
+		if (!ph_ok(c)) {
 			bad++;
 			continue;
 		}
-		v[0][i] = c->c_end > c->c_entry ? (double)(c->gt_end - c->gt_entry) / (double)(c->c_end - c->c_entry) : NAN;
+		if (c->c_end > c->c_entry && c->gt_end > c->gt_entry)
+			v[0][m++] = (double)(c->gt_end - c->gt_entry) / (double)(c->c_end - c->c_entry);
 		g0 = c->gt_entry < g0 ? c->gt_entry : g0;
 		e_max = c->gt_entry > e_max ? c->gt_entry : e_max;
 		x_min = c->gt_end < x_min ? c->gt_end : x_min;
-		if (c->gt_end > g1)
+		if (c->gt_end >= g1)
 			g1 = c->gt_end, crit = i;
 		*tiles_min = c->tiles < *tiles_min ? c->tiles : *tiles_min;
 		*tiles_max = c->tiles > *tiles_max ? c->tiles : *tiles_max;
-		if (c->smid < 4096 && on_sm[c->smid]++ == 0)
+		if (c->smid < NSM && on_sm[c->smid]++ == 0)
 			(*sms)++;
-		if (c->smid < 4096 && on_sm[c->smid] > *per_sm_max)
+		if (c->smid < NSM && on_sm[c->smid] > *per_sm_max)
 			*per_sm_max = on_sm[c->smid];
 	}
-	/* cycles to ns: the median ratio over the CTAs (the globaltimer's
-	 * resolution may be coarse; the median of many CTAs is not) */
-	size_t nr = 0;
-	for (uint32_t i = 0; i < n; i++)
-		if (isfinite(v[0][i]) && v[0][i] > 0.0)
-			v[1][nr++] = v[0][i];
-	const double k = nr ? median(v[1], nr) : NAN;
+	if ((uint32_t)bad == n)
+		goto out;
+	const double k = m ? median(v[0], m) : NAN;
 	f[PH_NS_CYCLE] = k;
 	f[PH_SPAN] = (double)(g1 - g0);
 	f[PH_RAMP] = (double)(e_max - g0);
 	f[PH_TAIL] = (double)(g1 - x_min);
-	size_t m = 0;
+	m = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct tqc_phase_rec *c = &r[i];
-		if (!c->written || c->c_entry > c->c_qrot || c->c_part > c->c_end)
+		if (!ph_ok(c))
 			continue;
 		const uint64_t t1 = c->c_tile1 ? c->c_tile1 : c->c_tables;
 		v[0][m] = k * (double)(c->c_qrot - c->c_entry);
@@ -753,6 +762,7 @@ static int ph_call(const struct tqc_phase_rec *r, uint32_t n, double *f, uint32_
 	f[PH_CTA_MAX] = ph_max(v[7], m);
 	f[PH_CRIT_START] = (double)(r[crit].gt_entry - g0);
 	f[PH_CRIT_CTA] = k * (double)(r[crit].c_end - r[crit].c_entry);
+out:
 	for (int i = 0; i < 8; i++)
 		free(v[i]);
 	free(on_sm);

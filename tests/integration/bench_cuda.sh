@@ -12,14 +12,15 @@
 # With one: 3. a small run (ctx 8192, batch 1 and 2, no PyTorch baseline)
 #   passes its checks: JSON lines, the device first, every decode case
 #   within the kernels' contract of tq_attend_ref, the append's blocks
-#   identical to tq_encode's.
+#   identical to tq_encode's; sparse-V skips; --phases is refused by
+#   tqbench and read by tqbench-phases (every record in order).
 . "$(dirname "$0")/lib/daemon.bash"
 TQBENCH=$TQ_BIN/tqbench
 [ -x "$TQBENCH" ] || { echo "tqbench not built"; exit 77; }
 
 # 1. options
 out=$("$TQBENCH" attn --help) || fail "attn --help exited $?"
-for o in --backend --device --batch --no-baseline --check-max 'exit status 77'; do
+for o in --backend --device --batch --no-baseline --check-max --phases 'exit status 77'; do
 	grep -q -- "$o" <<<"$out" || fail "attn --help does not mention $o"
 done
 bad() { # expected message, then the arguments
@@ -39,6 +40,8 @@ bad "--device x: not a count" --backend cuda --device x
 bad "--batch needs --backend cuda" --batch 2
 bad "a list of contexts needs --backend cuda" --ctx 8192,16384
 bad "bad option value" --backend cuda --sparse 1.5
+bad "--phases 0: calls in 1 .. 1000" --backend cuda --phases 0
+bad "--phases needs --backend cuda" --phases 3
 
 # 2. the device
 gpus=
@@ -98,4 +101,24 @@ assert c[0]["skipped_share"] > 0 and c[0]["moved"] < 0.05, c[0]
 print("sparse-V: %.1f %% of value chunks skipped, %.3f x the exact call, output moved %.2e" %
       (100 * c[0]["skipped_share"], c[0]["vs_exact"], c[0]["moved"]))' "$T/sv" ||
 	fail "sparse-V run: $(cat "$T/sv")"
+# the phase clocks: refused with the reason by tqbench (its kernels have
+# none); tqbench-phases reads every CTA's record, in order
+"$TQBENCH" attn --backend cuda --ctx 8192 --batch 1 --reps 2 --layers 1 --bulk 64 --no-baseline --phases 2 \
+	>"$T/out" 2>"$T/err" </dev/null && fail "tqbench --phases passed without phase clocks"
+grep -q "built without phase clocks" "$T/err" || fail "tqbench --phases: no reason: $(cat "$T/err")"
+if [ -x "$TQ_BIN/tqbench-phases" ]; then
+	timeout 300 "$TQ_BIN/tqbench-phases" attn --backend cuda --ctx 32768 --batch 1 --reps 2 --layers 1 --bulk 64 \
+		--no-baseline --check-max 8192 --phases 5 --json >"$T/ph" 2>"$T/err" </dev/null ||
+		fail "tqbench-phases: exit $?: $(cat "$T/err")"
+	python3 -c '
+import json, sys
+c = [json.loads(l) for l in open(sys.argv[1]) if "\"phases\"" in l]
+assert len(c) == 1, c
+c = c[0]
+assert c["out_of_order"] == 0 and c["ctas"] == c["grid"][0] * c["grid"][1] * c["grid"][2], c
+assert 0 < c["loop_us"] < c["cta_max_us"] <= c["span_us"] and c["ns_per_cycle"] > 0, c
+print("phases, 32k: span %.1f us, a CTA %.1f us (loop %.1f), %d CTAs on %d SMs" %
+      (c["span_us"], c["cta_us"], c["loop_us"], c["ctas"], c["sms"]))' "$T/ph" ||
+		fail "tqbench-phases: $(cat "$T/ph")"
+fi
 echo "GPU: tqbench attn --backend cuda ran and its checks passed"
