@@ -78,6 +78,10 @@ struct backend_ops {
 	 * They return after the device finished the work. */
 	int (*append)(const struct backend_region *r, const struct tqc_append *a, uint32_t *bad, tq_error *err);
 	int (*attend)(const struct backend_region *r, const struct tq_attn_params *p, tq_error *err);
+	/* 1 with why once the device failed for good (a CUDA context lost to
+	 * a sticky error: tqc_device_lost; its operations then fail with
+	 * -ENOTRECOVERABLE), else 0. */
+	int (*lost)(const struct backend_region *r, char *why, size_t whylen);
 };
 
 extern const struct backend_ops backend_host;

@@ -183,6 +183,12 @@ static int cuda_attend(const struct backend_region *r, const struct tq_attn_para
 	return e < 0 ? e : tqc_attend(x, p, err);
 }
 
+/* process-wide: one CUDA context a device per process (the runtime's) */
+static int cuda_lost(const struct backend_region *r, char *why, size_t whylen)
+{
+	return tqc_device_lost(why, whylen);
+}
+
 const struct backend_ops backend_cuda = {
 	.name = "cuda",
 	.region_alloc = cuda_alloc,
@@ -193,4 +199,5 @@ const struct backend_ops backend_cuda = {
 	.host_unregister = cuda_unregister,
 	.append = cuda_append,
 	.attend = cuda_attend,
+	.lost = cuda_lost,
 };

@@ -93,8 +93,9 @@ static void usage(FILE *f)
 		"session_idle_ttl).  Under systemd (Type=notify) it reports READY=1 once the\n"
 		"control socket accepts calls, RELOADING=1, STOPPING=1, STATUS= and WATCHDOG=1.\n"
 		"\n"
-		"Exit status: 0 clean stop, 1 error (configuration, another instance, start-up),\n"
-		"2 bad usage.\n",
+		"Exit status: 0 clean stop, 1 error (configuration, another instance, start-up;\n"
+		"or the pool's GPU failed for good, which the log says: systemd's\n"
+		"Restart=on-failure then starts tqkvd on a new GPU context), 2 bad usage.\n",
 		CONFIG_DEFAULT_RUN_DIR, CONFIG_DEFAULT_SPILL_DIR, CONFIG_DEFAULT_TENANT);
 }
 
@@ -472,7 +473,10 @@ static int start_ring(struct daemon *d)
 	return 0;
 }
 
-/* Until SIGTERM/SIGINT.  Returns 0, or -errno when the loop itself fails. */
+/* Until SIGTERM/SIGINT.  Returns 0; 1 when the pool's device failed for
+ * good (a CUDA context lost to a sticky error: no operation on the pool can
+ * succeed again in this process, so it stops with a failure for its
+ * supervisor to start it again); or -errno when the loop itself fails. */
 static int run(struct daemon *d)
 {
 	uint64_t wd_period_ms = notify_watchdog_period_usec() / 1000;
@@ -492,6 +496,17 @@ static int run(struct daemon *d)
 			if (n)
 				log_info("idle timer: %u session%s evicted or dropped", n, n == 1 ? "" : "s");
 			spill_check(d->spill);
+			char why[512];
+			if (pool_lost(d->pool, why, sizeof(why))) {
+				log_err("%s", why);
+				log_err("stopping with exit status 1, for systemd (Restart=on-failure) to start tqkvd "
+					"on a new GPU context: persistent sessions come back from their files as of "
+					"their last checkpoint and journal record; the other sessions' pages were on "
+					"the device and are lost (operations since the failure were refused with "
+					"DEVICE_LOST)");
+				notify_status("the pool's GPU failed: stopping (see the log)");
+				return 1;
+			}
 			status_line(d, status, sizeof(status));
 			if (strcmp(status, last_status) != 0) {
 				notify_status(status);

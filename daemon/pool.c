@@ -203,6 +203,11 @@ void pool_host_unregister(struct pool *p, void *addr)
 		p->be->host_unregister(&p->region, addr);
 }
 
+bool pool_lost(struct pool *p, char *why, size_t whylen)
+{
+	return p->be->lost && p->be->lost(&p->region, why, whylen) > 0;
+}
+
 int pool_append(struct pool *p, const struct tqc_append *a, uint32_t *bad, tq_error *err)
 {
 	return p->be->append(&p->region, a, bad, err);

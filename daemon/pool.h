@@ -82,6 +82,9 @@ void pool_host_unregister(struct pool *p, void *addr);
 int pool_spill_copy(void *pool, void *dst, const void *src, size_t n, char *why, size_t whylen);
 int pool_spill_pin(void *pool, void *buf, size_t n, char *why, size_t whylen);
 void pool_spill_unpin(void *pool, void *buf);
+/* The pool's device failed for good (backend.h's lost): its operations
+ * fail with -ENOTRECOVERABLE from then on, and tqkvd stops (main.c). */
+bool pool_lost(struct pool *p, char *why, size_t whylen);
 /* The backend's kernels (only when pool_has_kernels). */
 int pool_append(struct pool *p, const struct tqc_append *a, uint32_t *bad, tq_error *err);
 int pool_attend(struct pool *p, const struct tq_attn_params *a, tq_error *err);

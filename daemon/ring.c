@@ -258,6 +258,7 @@ static int status_errno(uint32_t st)
 	case TQKV_ST_TOO_MANY_SESSIONS: return -EUSERS;
 	case TQKV_ST_DATA_LOSS: return -EBADMSG;
 	case TQKV_ST_SPILL_IO: return -EIO;
+	case TQKV_ST_DEVICE_LOST: return -ENOTRECOVERABLE;
 	default: return -EINVAL;
 	}
 }

@@ -72,11 +72,87 @@ static int cuda_errno(cudaError_t e)
 	}
 }
 
+/* ---- a lost device ----------------------------------------------------------------
+ * Some errors leave the process's CUDA context unusable: they are "sticky"
+ * (every later call on the context returns them) and what the device's
+ * memory held is gone with the context — a kernel's illegal address or
+ * instruction, a hardware exception, an uncorrectable ECC or NVLink error,
+ * a device that fell off the bus.  The first one is remembered: from then
+ * on every call here fails at once with -ENOTRECOVERABLE and its reason,
+ * and tqc_device_lost says so (tqkvd then stops, for its supervisor to
+ * start it again on a new context).  Set once, never cleared. */
+static pthread_mutex_t lost_mu = PTHREAD_MUTEX_INITIALIZER;
+static int lost_flag;        /* atomic; lost_why is immutable once it is set */
+static char lost_why[320];
+
+static int cuda_sticky(cudaError_t e)
+{
+	switch (e) {
+	case cudaErrorIllegalAddress:
+	case cudaErrorLaunchFailure:
+	case cudaErrorLaunchTimeout:
+	case cudaErrorHardwareStackError:
+	case cudaErrorIllegalInstruction:
+	case cudaErrorMisalignedAddress:
+	case cudaErrorInvalidAddressSpace:
+	case cudaErrorInvalidPc:
+	case cudaErrorAssert:
+	case cudaErrorECCUncorrectable:
+	case cudaErrorNvlinkUncorrectable:
+	case cudaErrorContextIsDestroyed:
+	case cudaErrorDevicesUnavailable:
+	case cudaErrorExternalDevice:
+	case cudaErrorUnknown: return 1;
+	default: return 0;
+	}
+}
+
+static void lost_note(const char *what, cudaError_t e)
+{
+	int dev = -1;
+
+	if (cudaGetDevice(&dev) != cudaSuccess)
+		dev = -1;
+	pthread_mutex_lock(&lost_mu);
+	if (!__atomic_load_n(&lost_flag, __ATOMIC_RELAXED)) {
+		snprintf(lost_why, sizeof(lost_why),
+			 "CUDA device %d failed (%s: %s, %s): its context is lost, and with it what its memory "
+			 "held; every later GPU call fails until the process restarts", dev, what,
+			 cudaGetErrorString(e), cudaGetErrorName(e));
+		__atomic_store_n(&lost_flag, 1, __ATOMIC_RELEASE);
+	}
+	pthread_mutex_unlock(&lost_mu);
+}
+
+int tqc_device_lost(char *why, size_t whylen)
+{
+	if (!__atomic_load_n(&lost_flag, __ATOMIC_ACQUIRE))
+		return 0;
+	say(why, whylen, "%s", lost_why);
+	return 1;
+}
+
+/* -ENOTRECOVERABLE with the reason once the device is lost, else 0 */
+static int lost_fail(char *why, size_t whylen)
+{
+	return tqc_device_lost(why, whylen) ? -ENOTRECOVERABLE : 0;
+}
+
+static int lost_err(tq_error *err)
+{
+	return lost_fail(err ? err->msg : NULL, err ? sizeof(err->msg) : 0);
+}
+
 /* Names the failed call; clears the thread's last-error state so that a
- * later launch check does not see this error as its own. */
+ * later launch check does not see this error as its own.  A sticky error
+ * marks the device lost (-ENOTRECOVERABLE). */
 static int cuda_fail(char *why, size_t whylen, const char *what, cudaError_t e)
 {
 	(void)cudaGetLastError();
+	if (cuda_sticky(e)) {
+		lost_note(what, e);
+		return lost_fail(why, whylen);
+	}
 	say(why, whylen, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
 	return cuda_errno(e);
 }
@@ -258,7 +334,7 @@ int tqc_region_alloc(int device, uint64_t bytes, int unified, void **out, char *
 		*out = NULL;
 	if (!out || bytes == 0 || bytes > (uint64_t)SIZE_MAX - REGION_ALIGN)
 		return say(why, whylen, "region: bad size %llu", (unsigned long long)bytes), -EINVAL;
-	if ((rc = set_device(device, why, whylen)) < 0)
+	if ((rc = lost_fail(why, whylen)) < 0 || (rc = set_device(device, why, whylen)) < 0)
 		return rc;
 	if ((e = raw_alloc(&base, (size_t)bytes, unified)) != cudaSuccess)
 		goto fail;
@@ -329,7 +405,7 @@ int tqc_host_register(int device, void *p, size_t bytes, char *why, size_t whyle
 
 	if (!p || !bytes)
 		return say(why, whylen, "host register: NULL or empty range"), -EINVAL;
-	if ((rc = set_device(device, why, whylen)) < 0)
+	if ((rc = lost_fail(why, whylen)) < 0 || (rc = set_device(device, why, whylen)) < 0)
 		return rc;
 	e = cudaHostRegister(p, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
 	if (e == cudaSuccess)
@@ -360,12 +436,10 @@ int tqc_copy(int device, void *dst, const void *src, size_t bytes, char *why, si
 		return 0;
 	if (!dst || !src)
 		return say(why, whylen, "copy: NULL pointer"), -EINVAL;
-	if ((rc = set_device(device, why, whylen)) < 0)
+	if ((rc = lost_fail(why, whylen)) < 0 || (rc = set_device(device, why, whylen)) < 0)
 		return rc;
-	if ((e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault)) != cudaSuccess) {
-		cuda_fail(why, whylen, "copy: cudaMemcpy", e);
-		return -EIO;
-	}
+	if ((e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault)) != cudaSuccess)
+		return (rc = cuda_fail(why, whylen, "copy: cudaMemcpy", e)) == -ENOTRECOVERABLE ? rc : -EIO;
 	return 0;
 }
 
@@ -373,7 +447,7 @@ void *tqc_pinned_alloc(int device, size_t bytes)
 {
 	void *p = NULL;
 
-	if (!bytes || set_device(device, NULL, 0) < 0)
+	if (!bytes || lost_fail(NULL, 0) < 0 || set_device(device, NULL, 0) < 0)
 		return NULL;
 	if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) {
 		(void)cudaGetLastError();
@@ -440,7 +514,7 @@ int tqc_ctx_new(tqc_ctx **out, int device, tq_error *err)
 	if (!out)
 		return tq_fail(err, "tqc_ctx_new: NULL out");
 	*out = NULL;
-	if ((rc = set_device(device, why, sizeof(why))) < 0) {
+	if ((rc = lost_fail(why, sizeof(why))) < 0 || (rc = set_device(device, why, sizeof(why))) < 0) {
 		if (err)
 			snprintf(err->msg, sizeof(err->msg), "%s", why);
 		return rc;
@@ -852,7 +926,7 @@ static int call_failed(tqc_ctx *x, const char *who, const char *what, cudaError_
 	int rc = err_fail(err, name, e);
 	(void)cudaStreamSynchronize(x->stream);
 	(void)cudaGetLastError();
-	return rc == -ENOMEM ? rc : -EIO;
+	return rc == -ENOMEM || rc == -ENOTRECOVERABLE ? rc : -EIO;
 }
 
 /* ---- quantize-append -------------------------------------------------------------- */
@@ -866,6 +940,8 @@ int tqc_append(tqc_ctx *x, const struct tqc_append *a, uint32_t *bad, tq_error *
 
 	if (bad)
 		*bad = UINT32_MAX; /* no failing token */
+	if ((rc = lost_err(err)) < 0)
+		return rc;
 	if (!x || !a || !a->k_codec || !a->v_codec || !a->kv)
 		return tq_fail(err, "append: NULL context, arguments, codec or page table");
 	const tq_codec *kc = a->k_codec, *vc = a->v_codec;
@@ -1117,6 +1193,8 @@ int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 	cudaError_t e;
 	int rc;
 
+	if ((rc = lost_err(err)) < 0)
+		return rc;
 	if (!x)
 		return tq_fail(err, "attention: NULL GPU context");
 	if (!p)

@@ -80,6 +80,15 @@ int tqc_device_query(int device, struct tqc_device_info *out, char *why, size_t 
  * pageable memory access through the host's page tables. */
 int tqc_device_unified(const struct tqc_device_info *d);
 
+/* 1 once a CUDA call of this process failed with an error that leaves its
+ * context unusable (a kernel's illegal address, a hardware exception, an
+ * uncorrectable ECC error, a device that fell off the bus: "sticky" errors,
+ * every later call returns them and the device's memory is gone), with the
+ * first such failure in why; else 0.  From then on every call here that
+ * would touch the device fails at once with -ENOTRECOVERABLE and that
+ * reason: only a new process gets a new context. */
+int tqc_device_lost(char *why, size_t whylen);
+
 /* ---- memory ------------------------------------------------------------------ */
 /* A region for the page pool on `device`, `bytes` long, 2 MiB aligned:
  *   unified = 0: device memory (cudaMalloc): only kernels and tqc_copy touch it;

@@ -27,6 +27,7 @@ static int none_err(tq_error *err)
 }
 
 int tqc_built(void) { return 0; }
+int tqc_device_lost(char *why, size_t whylen) { return 0; }
 int tqc_device_count(char *why, size_t whylen) { return none(why, whylen); }
 
 int tqc_device_query(int device, struct tqc_device_info *out, char *why, size_t whylen)

@@ -173,6 +173,9 @@ enum tqkv_status {
 	TQKV_ST_GEOMETRY = 23,       /* -E2BIG    one token of all KV heads exceeds a pool page */
 	TQKV_ST_DATA_LOSS = 24,      /* -EBADMSG  a spilled page failed its checks: lost    */
 	TQKV_ST_SPILL_IO = 25,       /* -EIO      the spill tier could not read or write    */
+	TQKV_ST_DEVICE_LOST = 26,    /* -ENOTRECOVERABLE the pool's GPU failed (its CUDA   */
+				     /* context is lost); tqkvd stops, for systemd to     */
+				     /* restart it (persistent sessions come back)        */
 	TQKV_ST__COUNT
 };
 
@@ -227,6 +230,7 @@ static inline const char *tqkv_status_str(uint32_t st)
 		[TQKV_ST_GEOMETRY] = "one token of all KV heads does not fit a pool page",
 		[TQKV_ST_DATA_LOSS] = "a spilled page failed its checks: its tokens are lost",
 		[TQKV_ST_SPILL_IO] = "the spill tier could not read or write a page",
+		[TQKV_ST_DEVICE_LOST] = "the pool's GPU failed (its context is lost): tqkvd is restarting",
 	};
 	return st < TQKV_ST__COUNT && s[st] ? s[st] : "unknown status";
 }
@@ -317,6 +321,6 @@ static_assert(offsetof(struct tqkv_cqe, detail) == 24, "cqe.detail");
 static_assert(sizeof(struct tqkv_hello) == 64, "hello is 64 bytes");
 static_assert(sizeof(struct tqkv_welcome) == 128, "welcome is 128 bytes");
 static_assert(TQKV_OP__COUNT == 9, "opcodes are append-only");
-static_assert(TQKV_ST__COUNT == 26, "status codes are append-only");
+static_assert(TQKV_ST__COUNT == 27, "status codes are append-only");
 
 #endif /* TQKV_RING_H */

@@ -25,6 +25,11 @@ struct alloc { size_t size; kind k; void *map; size_t maplen; };
 static std::map<uintptr_t, alloc> allocs;
 static cudaError_t last_err;
 static double clock_us;
+/* a device fault (fake_cuda_fault): the error every call returns from then
+ * on, as a real context lost to a sticky error does; fault_in: the work
+ * items a synchronization runs before the fault (-1: none armed) */
+static cudaError_t sticky;
+static long fault_in = -1;
 
 struct stream { std::deque<std::function<void()>> q; };
 struct event { double t; bool done; };
@@ -33,6 +38,11 @@ void fake_fail(const char *what)
 {
 	fprintf(stderr, "FAKE CUDA: %s\n", what);
 	abort();
+}
+
+extern "C" void fake_cuda_fault(long after)
+{
+	fault_in = after;
 }
 
 static cudaError_t ret(cudaError_t e)
@@ -100,7 +110,7 @@ extern "C" {
 cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
 cudaError_t cudaDriverGetVersion(int *v) { *v = 13000; return cudaSuccess; }
 cudaError_t cudaRuntimeGetVersion(int *v) { *v = 13000; return cudaSuccess; }
-cudaError_t cudaGetLastError(void) { cudaError_t e = last_err; last_err = cudaSuccess; return e; }
+cudaError_t cudaGetLastError(void) { cudaError_t e = sticky ? sticky : last_err; last_err = cudaSuccess; return e; }
 
 cudaError_t cudaFuncSetAttribute(const void *f, enum cudaFuncAttribute a, int v)
 {
@@ -129,8 +139,14 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, const void *f,
 	return cudaSuccess;
 }
 const char *cudaGetErrorString(cudaError_t e) { static char b[64]; snprintf(b, sizeof b, "fake error %d", (int)e); return b; }
-const char *cudaGetErrorName(cudaError_t e) { return e == cudaErrorMemoryAllocation ? "cudaErrorMemoryAllocation" : "cudaErrorFake"; }
-cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : ret(cudaErrorInvalidDevice); }
+const char *cudaGetErrorName(cudaError_t e)
+{
+	return e == cudaErrorMemoryAllocation ? "cudaErrorMemoryAllocation"
+	       : e == cudaErrorIllegalAddress ? "cudaErrorIllegalAddress" /* fake_cuda_fault's */
+					      : "cudaErrorFake";
+}
+cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
+cudaError_t cudaSetDevice(int d) { return sticky ? ret(sticky) : d == 0 ? cudaSuccess : ret(cudaErrorInvalidDevice); }
 cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int d)
 {
 	if (d != 0)
@@ -164,6 +180,8 @@ cudaError_t cudaMemGetInfo(size_t *f, size_t *t) { *f = (size_t)70 << 30; *t = (
 /* device memory: right-aligned (256) against a PROT_NONE page, filled with 0xFF (NaN floats) */
 cudaError_t cudaMalloc(void **p, size_t n)
 {
+	if (sticky)
+		return ret(sticky);
 	if (n > ((size_t)8 << 30))
 		return ret(cudaErrorMemoryAllocation);
 	size_t r256 = (n + 255) & ~(size_t)255, len = (r256 + 4095) & ~(size_t)4095;
@@ -190,6 +208,8 @@ cudaError_t cudaFree(void *p)
 }
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags)
 {
+	if (sticky)
+		return ret(sticky);
 	void *m = malloc(n ? n : 1);
 	memset(m, 0xEE, n);
 	allocs[(uintptr_t)m] = alloc{ n, K_PINNED, nullptr, 0 };
@@ -216,6 +236,8 @@ cudaError_t cudaHostGetDevicePointer(void **dp, void *p, unsigned f)
 }
 cudaError_t cudaHostRegister(void *p, size_t n, unsigned f)
 {
+	if (sticky)
+		return ret(sticky);
 	uintptr_t b;
 	if (find(p, &b) || find((char *)p + n - 1, &b))
 		return ret(cudaErrorHostMemoryAlreadyRegistered);
@@ -244,12 +266,16 @@ static void check_copy(void *d, const void *s, size_t n, enum cudaMemcpyKind k)
 }
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k)
 {
+	if (sticky)
+		return ret(sticky);
 	check_copy(d, s, n, k);
 	memmove(d, s, n);
 	return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind k, cudaStream_t st)
 {
+	if (sticky)
+		return ret(sticky);
 	uintptr_t b;
 	check_copy(d, s, n, k);
 	if (!find(s, &b)) { /* pageable source: staged now, as the driver does */
@@ -262,6 +288,8 @@ cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKin
 }
 cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t st)
 {
+	if (sticky)
+		return ret(sticky);
 	if (!fake_dev_ok(p, n))
 		fake_fail("cudaMemsetAsync outside device memory");
 	fake_enqueue(st, [p, v, n]() { memset(p, v, n); });
@@ -302,17 +330,29 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
 	stream *x = (stream *)(void *)s;
 	while (!x->q.empty()) {
+		if (fault_in == 0) { /* an illegal address in this work: the rest never runs */
+			sticky = cudaErrorIllegalAddress;
+			fault_in = -1;
+		}
+		if (sticky) {
+			x->q.clear();
+			return ret(sticky);
+		}
 		auto fn = std::move(x->q.front());
 		x->q.pop_front();
 		fn();
 		clock_us += 1.0;
+		if (fault_in > 0)
+			fault_in--;
 	}
-	return cudaSuccess;
+	return sticky ? ret(sticky) : cudaSuccess;
 }
 cudaError_t cudaEventCreate(cudaEvent_t *e) { *e = (cudaEvent_t)(void *)new event{ 0, false }; return cudaSuccess; }
 cudaError_t cudaEventDestroy(cudaEvent_t e) { delete (event *)(void *)e; return cudaSuccess; }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
+	if (sticky)
+		return ret(sticky);
 	event *v = (event *)(void *)e;
 	v->done = false;
 	fake_enqueue(s, [v]() { v->t = clock_us; v->done = true; });

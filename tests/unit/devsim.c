@@ -19,6 +19,23 @@ struct sim {
 static struct devsim_stats st;
 static uint64_t fail_nth;
 static int fail_reg;
+static char lost_why[200]; /* set before lost (release), read after it (acquire) */
+static int lost;
+
+void devsim_lose(const char *why)
+{
+	if (why)
+		snprintf(lost_why, sizeof(lost_why), "%s", why);
+	__atomic_store_n(&lost, why != NULL, __ATOMIC_RELEASE);
+}
+
+static int sim_lost(const struct backend_region *r, char *why, size_t whylen)
+{
+	if (!__atomic_load_n(&lost, __ATOMIC_ACQUIRE))
+		return 0;
+	snprintf(why, whylen, "%s", lost_why);
+	return 1;
+}
 
 void devsim_stats(struct devsim_stats *out)
 {
@@ -116,6 +133,8 @@ static int sim_copy(const struct backend_region *r, void *dst, const void *src, 
 	const uint8_t *sp = xlat(r, src, n);
 	uint64_t f = __atomic_load_n(&fail_nth, __ATOMIC_SEQ_CST);
 
+	if (sim_lost(r, why, whylen))
+		return -ENOTRECOVERABLE;
 	if (f && __atomic_sub_fetch(&fail_nth, 1, __ATOMIC_SEQ_CST) == 0) {
 		snprintf(why, whylen, "devsim: injected copy failure");
 		return -EIO;
@@ -132,6 +151,8 @@ static int sim_copy(const struct backend_region *r, void *dst, const void *src, 
 
 static int sim_register(const struct backend_region *r, void *p, size_t n, char *why, size_t whylen)
 {
+	if (sim_lost(r, why, whylen))
+		return -ENOTRECOVERABLE;
 	if (__atomic_load_n(&fail_reg, __ATOMIC_SEQ_CST)) {
 		snprintf(why, whylen, "devsim: injected registration failure");
 		return -ENOMEM;
@@ -170,6 +191,10 @@ static int sim_append(const struct backend_region *r, const struct tqc_append *a
 	size_t row = (size_t)dim * tq_dtype_size(a->dtype);
 	int e = 0;
 
+	if (sim_lost(r, err->msg, sizeof(err->msg))) {
+		free(pages);
+		return -ENOTRECOVERABLE;
+	}
 	if (!pages) {
 		snprintf(err->msg, sizeof(err->msg), "devsim: a page outside the region");
 		return -EINVAL;
@@ -201,6 +226,10 @@ static int sim_attend(const struct backend_region *r, const struct tq_attn_param
 	struct tq_attn_params ap = *p;
 	int e;
 
+	if (sim_lost(r, err->msg, sizeof(err->msg))) {
+		free(pages);
+		return -ENOTRECOVERABLE;
+	}
 	if (!pages) {
 		snprintf(err->msg, sizeof(err->msg), "devsim: a page outside the region");
 		return -EINVAL;
@@ -225,4 +254,5 @@ const struct backend_ops backend_devsim = {
 	.host_unregister = sim_unregister,
 	.append = sim_append,
 	.attend = sim_attend,
+	.lost = sim_lost,
 };

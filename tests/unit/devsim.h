@@ -32,5 +32,10 @@ void devsim_stats(struct devsim_stats *out);
 void devsim_fail_copy(uint64_t nth);
 /* 1: every host_register fails (-ENOMEM, as a memlock limit would); 0: none. */
 void devsim_fail_register(int on);
+/* The device fails for good, as a CUDA context lost to a sticky error
+ * (tqc_device_lost): from now on lost() says why, and append, attend,
+ * copy and host_register fail with -ENOTRECOVERABLE and that reason;
+ * NULL: it works again (the next test's pool). */
+void devsim_lose(const char *why);
 
 #endif

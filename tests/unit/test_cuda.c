@@ -1428,6 +1428,69 @@ static void test_attn_phases(void)
 	layer_free(&L);
 }
 
+/* The emulator's fault injection (tests/simt/fake_cudart.cpp): after n more
+ * work items, a synchronization meets an illegal address and every later
+ * runtime call returns it, as a context lost to a sticky error does.  NULL
+ * on a GPU (no such hook in the CUDA runtime). */
+void fake_cuda_fault(long after) __attribute__((weak));
+
+/* A device fault (an illegal address in a kernel: a sticky error) loses the
+ * process's CUDA context: the call that met it fails with -ENOTRECOVERABLE
+ * and says so, tqc_device_lost reports it from then on, and every later
+ * call that would touch the device fails at once with the same reason,
+ * whatever its arguments.  Runs last: nothing on the device works after it
+ * (on the emulator only: a real GPU has no fault to inject). */
+static void test_device_lost(void)
+{
+	enum { H = 2, G = 4, D = 64 };
+	const uint32_t len = 300;
+	const int32_t pos = (int32_t)len - 1;
+	char why[512], w2[512];
+	tq_error err;
+	struct layer L;
+
+	if (!fake_cuda_fault) {
+		fprintf(stderr, "  (a device fault can be injected on the emulator only: not run here)\n");
+		return;
+	}
+	T_EQ(tqc_device_lost(why, sizeof(why)), 0);
+	T_ASSERT(layer_build(&L, TQ_CODEC_TQ4, TQ_CODEC_TQ3, D, H, 64, len, 0, t_seed()) != NULL);
+	float *q = make_q(1, H * G, D), *out = malloc(sizeof(float) * H * G * D);
+	T_ASSERT(q && out);
+	struct tq_attn_params p = { .k_codec = L.kc, .v_codec = L.vc, .n_q_heads = H * G, .kv = &L.dt, .n_q = 1,
+				    .q = q, .q_dtype = TQ_DTYPE_F32, .q_pos = &pos, .causal = 1, .out = out };
+	T_EQ(tqc_attend(ctx, &p, &err), 0);
+	fake_cuda_fault(1); /* the call's first work item runs, the next faults */
+	T_EQ(tqc_attend(ctx, &p, &err), -ENOTRECOVERABLE);
+	if (!strstr(err.msg, "cudaErrorIllegalAddress") || !strstr(err.msg, "context is lost"))
+		T_FAIL("the reason: %s", err.msg);
+	T_EQ(tqc_device_lost(why, sizeof(why)), 1);
+	T_ASSERT(strcmp(why, err.msg) == 0);
+	/* everything after: the same reason at once */
+	memset(&err, 0, sizeof(err));
+	T_EQ(tqc_attend(ctx, &p, &err), -ENOTRECOVERABLE);
+	T_ASSERT(strcmp(err.msg, why) == 0);
+	struct tqc_append a;
+	uint32_t bad = 0;
+	memset(&a, 0, sizeof(a)); /* its arguments are not even looked at */
+	T_EQ(tqc_append(ctx, &a, &bad, &err), -ENOTRECOVERABLE);
+	T_ASSERT(strcmp(err.msg, why) == 0);
+	T_EQ(bad, UINT32_MAX);
+	uint8_t host[64] = { 0 };
+	T_EQ(tqc_copy(dev, (void *)L.dpages[0], host, sizeof(host), w2, sizeof(w2)), -ENOTRECOVERABLE);
+	T_ASSERT(strcmp(w2, why) == 0);
+	void *mem = NULL;
+	T_EQ(tqc_region_alloc(dev, 1 << 20, 0, &mem, w2, sizeof(w2)), -ENOTRECOVERABLE);
+	T_ASSERT(mem == NULL);
+	tqc_ctx *x2 = NULL;
+	T_EQ(tqc_ctx_new(&x2, dev, &err), -ENOTRECOVERABLE);
+	T_ASSERT(x2 == NULL && strcmp(err.msg, why) == 0);
+	T_ASSERT(tqc_pinned_alloc(dev, 4096) == NULL);
+	free(q);
+	free(out);
+	layer_free(&L);
+}
+
 static void test_attn_query_dtypes(void)
 {
 	struct layer L;
@@ -1804,6 +1867,7 @@ int main(void)
 	T_RUN(test_attn_phases);
 	T_RUN(test_attn_query_dtypes);
 	T_RUN(test_attn_overflow);
+	T_RUN(test_device_lost); /* last: the device is lost after it */
 	tqc_ctx_free(main_ctx); /* a failed case may leave ctx at another */
 	tqc_ctx_free(gctx);
 	tqc_ctx_free(sctx);

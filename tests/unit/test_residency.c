@@ -471,6 +471,46 @@ static void test_device_tier(void)
 	kvfix_stop(&f);
 }
 
+/* The device fails for good (a CUDA context lost to a sticky error; devsim
+ * plays it): attention and append fail with DEVICE_LOST, -ENOTRECOVERABLE
+ * and the device's reason, the append adds nothing, and pool_lost reports
+ * it (tqkvd's main loop then stops the daemon, for systemd to restart it). */
+static void test_device_lost(void)
+{
+	struct kvfix f;
+	struct session *s;
+	struct dataop_res r;
+	static float out[4 * 4 * 64], kv[2 * 64];
+	char why[512];
+	const uint32_t tokens = 200;
+	static const char reason[] = "CUDA device 0 failed (attention: kernels: an illegal memory access was "
+				     "encountered, cudaErrorIllegalAddress): its context is lost";
+
+	kvfix_backend = &backend_devsim;
+	fix_start(&f, 64);
+	kvfix_backend = NULL;
+	uint64_t id = open_filled(&f, tokens, 7);
+	T_EQ(attend(&f, id, 0, tokens, out, &r), 4);
+	T_ASSERT(!pool_lost(f.pool, why, sizeof(why)));
+	devsim_lose(reason);
+	T_ASSERT(pool_lost(f.pool, why, sizeof(why)));
+	T_ASSERT(strcmp(why, reason) == 0);
+	T_EQ(attend(&f, id, 1, tokens, out, &r), -ENOTRECOVERABLE);
+	T_EQ(r.status, TQKV_ST_DEVICE_LOST);
+	T_ASSERT(strstr(r.msg, reason) != NULL);
+	T_ASSERT(strstr(tqkv_status_str(r.status), "GPU failed") != NULL);
+	MUST(session_acquire(f.st, id, 0, &s) == 0);
+	dataop_append(f.ks, s, 2, kv, kv, TQ_DTYPE_F32, 1, &r);
+	session_release(s);
+	T_EQ(r.res, -ENOTRECOVERABLE);
+	T_EQ(r.status, TQKV_ST_DEVICE_LOST);
+	T_EQ(r.n_tokens, tokens); /* nothing added */
+	T_ASSERT(strstr(r.msg, reason) != NULL);
+	devsim_lose(NULL);
+	T_EQ(session_close(f.st, id, NULL), 0);
+	kvfix_stop(&f);
+}
+
 int main(void)
 {
 	T_RUN(test_spill_restore_exact);
@@ -478,5 +518,6 @@ int main(void)
 	T_RUN(test_readahead);
 	T_RUN(test_slow_disk);
 	T_RUN(test_device_tier);
+	T_RUN(test_device_lost);
 	return t_done();
 }
