@@ -45,6 +45,14 @@ extern "C" void fake_cuda_fault(long after)
 	fault_in = after;
 }
 
+/* TQ_FAKE_CUDA_FAULT=N: the same from the start, for a whole program on
+ * the emulator (tqkvd-simt: tests/integration/device_lost.sh) */
+static const bool fault_env = [] {
+	if (const char *e = getenv("TQ_FAKE_CUDA_FAULT"))
+		fault_in = strtol(e, nullptr, 10);
+	return true;
+}();
+
 static cudaError_t ret(cudaError_t e)
 {
 	if (e)

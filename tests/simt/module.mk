@@ -34,10 +34,19 @@ $(SIMT_BIN_CPA): $(OBJ)/tests/unit/test_cuda.o $(OBJ)/tests/unit/tietest.o $(HAR
 	@mkdir -p $(dir $@)
 	$(CXX) $(ALL_LDFLAGS) -o $@ $(filter %.o,$^) -ldl -lm -pthread
 
+# tqkvd itself on the emulator (a "GPU" pool whose kernels run here): the
+# device-lost path end to end (tests/integration/device_lost.sh: the fake
+# runtime's TQ_FAKE_CUDA_FAULT=N makes the Nth work item fault).  Its
+# kernels are the emulator's, one thread at a time: one ring worker.
+SIMT_TQKVD := $(B)/tests/simt/tqkvd-simt
+$(SIMT_TQKVD): $(OBJ)/daemon/main.o $(DAEMON_OBJS) $(PROTO_OBJ) $(filter-out %.cu.o,$(KERNELS_OBJ)) $(SIMT_OBJS) $(STAMP)
+	@mkdir -p $(dir $@)
+	$(CXX) $(ALL_LDFLAGS) -o $@ $(filter %.o,$^) $(DAEMON_LIBS) $(filter-out $(CUDA_LIBS),$(LDLIBS_BASE)) -ldl -lm -pthread
+
 # a libcuda.so.1 for tq_cuda.c's driver probe (dlopen) to find
 $(SIMT_LIBCUDA):
 	@mkdir -p $(dir $@)
 	$(CC) -shared -o $@ -x c /dev/null
 
-ALL_TARGETS += $(SIMT_BIN) $(SIMT_BIN_CPA) $(SIMT_LIBCUDA)
+ALL_TARGETS += $(SIMT_BIN) $(SIMT_BIN_CPA) $(SIMT_LIBCUDA) $(SIMT_TQKVD)
 endif
