@@ -85,6 +85,10 @@ static pthread_mutex_t lost_mu = PTHREAD_MUTEX_INITIALIZER;
 static int lost_flag;        /* atomic; lost_why is immutable once it is set */
 static char lost_why[320];
 
+/* The errors the CUDA documentation calls sticky ("the process must be
+ * terminated and relaunched"); an unknown error only when the device
+ * refuses a synchronization after it too (a device off the bus answers
+ * every call so; a one-off does not cost the process its sessions). */
 static int cuda_sticky(cudaError_t e)
 {
 	switch (e) {
@@ -100,9 +104,8 @@ static int cuda_sticky(cudaError_t e)
 	case cudaErrorECCUncorrectable:
 	case cudaErrorNvlinkUncorrectable:
 	case cudaErrorContextIsDestroyed:
-	case cudaErrorDevicesUnavailable:
-	case cudaErrorExternalDevice:
-	case cudaErrorUnknown: return 1;
+	case cudaErrorExternalDevice: return 1;
+	case cudaErrorUnknown: return cudaDeviceSynchronize() != cudaSuccess;
 	default: return 0;
 	}
 }

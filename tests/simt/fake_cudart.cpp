@@ -154,6 +154,7 @@ const char *cudaGetErrorName(cudaError_t e)
 					      : "cudaErrorFake";
 }
 cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) { return sticky ? ret(sticky) : cudaSuccess; }
 cudaError_t cudaSetDevice(int d) { return sticky ? ret(sticky) : d == 0 ? cudaSuccess : ret(cudaErrorInvalidDevice); }
 cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int d)
 {
