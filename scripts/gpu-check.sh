@@ -7,7 +7,7 @@
 #
 #   scripts/gpu-check.sh [STEP...]     steps: smi test quick backend benchsmall bench
 #                                      benchq8 benchtqo bench8 general ncu sanitize probe
-#                                      sparse phases (default: smi test backend benchsmall bench)
+#                                      sparse phases fault (default: smi test backend benchsmall bench)
 set -u
 cd "$(dirname "$0")/.."
 if [ -z "${B:-}" ] && [ -f .gpu/build.tar.xz ] && [ ! -d .gpu/build ]; then
@@ -55,6 +55,7 @@ for s in "${steps[@]}"; do
 	                 --section MemoryWorkloadAnalysis \
 	                 "$B/bin/tqbench" attn --backend cuda --ctx 32768 --batch 1 --reps 3 --no-baseline --layers 2 --bulk 64 ;;
 	probe)      step launch_probe 60 "$B/tests/launch_probe" ;;
+	fault)      step cuda_fault 60 "$B/tests/test_cuda_fault" ;;
 	sparse)     # sparse-V on sharp attention: each batch exact, then at 0.01, in one run
 	            step bench_sparse 200 "$B/bin/tqbench" attn --backend cuda --ctx 32768,131072 --batch 1,16 \
 	                 --sparse 0.01 --q-scale 16 --no-baseline --check-max 32768 ;;
@@ -67,7 +68,7 @@ for s in "${steps[@]}"; do
 	            fi ;;
 	sanitize)   step sanitize 300 compute-sanitizer --tool memcheck --leak-check full \
 	                 env TQ_CUDA_QUICK=1 "$B/tests/test_cuda" ;;
-	*) echo "gpu-check: unknown step '$s' (smi test quick backend benchsmall bench benchq8 benchtqo bench8 general ncu sanitize probe sparse phases)" >&2; exit 2 ;;
+	*) echo "gpu-check: unknown step '$s' (smi test quick backend benchsmall bench benchq8 benchtqo bench8 general ncu sanitize probe sparse phases fault)" >&2; exit 2 ;;
 	esac
 done
 exit $status

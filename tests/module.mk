@@ -34,6 +34,13 @@ $(B)/tests/launch_probe: $(OBJ)/tests/bench/launch_probe.cu.o $(STAMP)
 	$(CC) $(ALL_LDFLAGS) -o $@ $(filter %.o,$^) $(CUDA_LIBS) -lm -pthread
 ALL_TARGETS += $(B)/tests/launch_probe
 
+# a real device fault against tq_cuda.h's lost-device rule (exit 77 without
+# a GPU; the emulator's twin is test_cuda test_device_lost)
+$(B)/tests/test_cuda_fault: $(OBJ)/tests/unit/test_cuda_fault.cu.o $(LIBTQK) $(STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS_BASE)
+ALL_TARGETS += $(B)/tests/test_cuda_fault
+
 # tqbench-phases (`make phases` alone): tqbench with the tiled kernel's phase
 # clocks (TQC_PHASES; tq_cuda.h "profiling") for `tqbench attn --backend
 # cuda --phases N`, kernels for PHASES_ARCHS only (default 90: H100 / H200;
