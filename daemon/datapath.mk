@@ -38,7 +38,7 @@ TQBENCH_LIBS += $(NUMA_LIBS) $(INIH_LIBS) $(URING_LIBS) $(ISAL_LIBS)
 # test_persist: persist.c's formats, persistent sessions restarted in-process
 # (kvfix: transforms' statistics survive); also the client of
 # tests/integration/persist.sh
-TEST_OBJS_test_persist = $(OBJ)/tests/unit/kvfix.o $(DATAPATH_OBJS) $(OBJ)/daemon/session.o \
+TEST_OBJS_test_persist = $(OBJ)/tests/unit/kvfix.o $(OBJ)/tests/unit/devsim.o $(DATAPATH_OBJS) $(OBJ)/daemon/session.o \
 	$(OBJ)/daemon/tenant.o $(OBJ)/daemon/config.o $(OBJ)/daemon/log.o $(LIBTQKV_OBJS)
 TEST_LIBS_test_persist = $(NUMA_LIBS) $(INIH_LIBS) $(LIBTQKV_LIBS) $(URING_LIBS) $(ISAL_LIBS)
 $(OBJ)/tests/unit/test_persist.o: | $(PROTO_H)

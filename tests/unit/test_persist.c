@@ -27,6 +27,7 @@
 
 #include "crc32c.h"
 #include "dataop_internal.h"
+#include "devsim.h"
 #include "harness.h"
 #include "kvfix.h"
 #include "kvpersist.h"
@@ -655,6 +656,63 @@ static void test_xform_restart(void)
 	T_EQ(system(cmd), 0);
 }
 
+/* The pool's GPU lost (devsim plays a CUDA context lost to a sticky error,
+ * as on a discrete GPU: its memory unreadable).  Operations fail with
+ * DEVICE_LOST; tqkvd's stop then tries the shutdown checkpoint, whose
+ * copies out of the device fail, and must leave the files as they were: on
+ * a new context (a restart) the persistent session comes back with every
+ * token it had before the loss, from its journal, bit for bit. */
+static void test_device_lost_restart(void)
+{
+	struct kvfix f;
+	struct session_info si;
+	struct session *s;
+	struct dataop_res r;
+	static struct xsnap a, b;
+	static float q[QH * DIM], out[QH * DIM];
+	int32_t pos = 0;
+	char why[512], cmd[128];
+
+	kvfix_backend = &backend_devsim;
+	kvfix_start(&f, XCONF, 16u << 20, XPAGE, 256);
+	xpersist_up(&f);
+	T_ASSERT(!pool_host_accessible(f.pool));
+	T_EQ(session_open(f.st, tenant_find(f.tt, "t"), "gpu", 1000, &XG, 78, SESSION_PERSISTENT, 0, &si, why,
+			  sizeof(why)), 0);
+	MUST(session_acquire(f.st, si.id, 0, &s) == 0);
+	T_EQ(dataop_persist_init(f.ks, s, why, sizeof(why)), 0);
+	xfill(&f, s, 0, 40, 0);
+	T_EQ(dataop_checkpoint(f.ks, s, why, sizeof(why)), 0);
+	xfill(&f, s, 1, 30, 0); /* after the checkpoint: in the journal only */
+	xfill(&f, s, 0, 7, 0);
+	session_release(s);
+	xsnapshot(&f, si.id, &a);
+
+	devsim_lose("CUDA device 0 failed (attention: kernels: an illegal memory access was encountered, "
+		    "cudaErrorIllegalAddress): its context is lost");
+	MUST(session_acquire(f.st, si.id, 0, &s) == 0);
+	struct dataop_ws ws = { 0 };
+	dataop_attend(f.ks, s, &ws, 0, NULL, NULL, 0, q, &pos, 1, TQ_DTYPE_F32, out, &r);
+	dataop_ws_free(&ws);
+	T_EQ(r.status, TQKV_ST_DEVICE_LOST);
+	T_ASSERT(dataop_checkpoint(f.ks, s, why, sizeof(why)) < 0); /* its copies fail */
+	session_release(s);
+	/* tqkvd's stop: the shutdown checkpoint of every session, then exit */
+	kvstore_persist_stop(f.ks, f.st);
+	devsim_lose(NULL); /* the new process's context */
+	kvfix_restart(&f);
+	xpersist_up(&f);
+	xsnapshot(&f, si.id, &b);
+	xsame(&a, &b);
+	T_EQ(b.n_tokens[0], 47);
+	T_EQ(b.n_tokens[1], 30);
+	T_EQ(session_close(f.st, si.id, NULL), 0);
+	kvfix_stop(&f);
+	kvfix_backend = NULL;
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", f.dir);
+	T_EQ(system(cmd), 0);
+}
+
 /* Statistics that do not parse, or tokens without statistics: the session
  * is dropped with its manifest set aside, the others stay. */
 static void test_xform_damage(void)
@@ -1115,6 +1173,7 @@ int main(int argc, char **argv)
 	T_RUN(test_journal_fuzz);
 	T_RUN(test_xform_restart);
 	T_RUN(test_xform_damage);
+	T_RUN(test_device_lost_restart);
 	T_RUN(test_config_change);
 	return t_done();
 }
