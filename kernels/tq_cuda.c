@@ -207,8 +207,10 @@ int tqc_device_count(char *why, size_t whylen)
 		say(why, whylen, "no CUDA device");
 		return -ENODEV;
 	}
-	if (e != cudaSuccess) {
-		cuda_fail(why, whylen, "no usable CUDA device: cudaGetDeviceCount", e);
+	if (e != cudaSuccess) { /* the driver's probe: no context to lose yet */
+		(void)cudaGetLastError();
+		say(why, whylen, "no usable CUDA device: cudaGetDeviceCount: %s (%s)", cudaGetErrorString(e),
+		    cudaGetErrorName(e));
 		return -ENODEV;
 	}
 	return n;
