@@ -21,6 +21,7 @@ fi
 [ -x "$RUN" ] || { echo "tqkv-run not built"; exit 1; }
 [ -f "$DATA/stories260K.bin" ] || { echo "skipped: no $DATA/stories260K.bin (../shared/data)"; exit 77; }
 
+# one worker: the Nth work item is the same every run
 cat >"$T/gpu.conf" <<CONF
 [daemon]
 data_workers = 1

@@ -11,7 +11,10 @@
 # With a usable GPU: the data-path suite (datapath.sh) on a GPU pool; and a
 # tenant's sparse-V on the GPU's kernels (said at start-up, values skipped
 # and counted by tqctl, the real model's perplexity as the exact tenant's
-# within 1 %).
+# within 1 %).  Without one, where the SIMT emulator is built (x86-64 with
+# CUDA, no sanitizer): the same data-path suite on tqkvd-simt, tqkvd whose
+# GPU pool is the emulator's (a Fake H100: the real tq_cuda.c and
+# backend_cuda.c, the kernels' device code on the CPU).
 . "$(dirname "$0")/lib/daemon.bash"
 CLIENT=${TQ_BUILD:-$PWD/build}/tests/test_ring
 [ -x "$CLIENT" ] || { echo "test_ring not built"; exit 77; }
@@ -56,7 +59,18 @@ CONF
 		fail "data path after the fallback is not bit-exact"
 	stop_daemon TERM
 	[ "$STOP_RC" -eq 0 ] || fail "stop after the fallback exited $STOP_RC"
-	echo "no GPU here: refusal, reason and fallback checked; the GPU pool's data path needs a GPU"
+	echo "no GPU here: refusal, reason and fallback checked"
+
+	# 4 on the emulator: the data-path suite on a GPU pool whose kernels run here
+	SIMT_TQKVD=${TQ_BUILD:-$PWD/build}/tests/simt/tqkvd-simt
+	if [ -x "$SIMT_TQKVD" ] && [ -z "${SANITIZER:-}" ]; then
+		LD_LIBRARY_PATH=$(dirname "$SIMT_TQKVD")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} TQKVD=$SIMT_TQKVD \
+			TQ_POOL_BACKEND=cuda bash "$(dirname "$0")/datapath.sh" ||
+			fail "the data path on the emulator's GPU pool (tqkvd-simt)"
+		echo "the emulator's GPU pool (tqkvd-simt): data-path suite passed"
+	else
+		echo "the GPU pool's data path needs a GPU or the SIMT emulator (x86-64 with CUDA, no sanitizer)"
+	fi
 	exit 0
 fi
 

@@ -16,6 +16,7 @@
 #include <memory>
 #include <vector>
 #include <map>
+#include <mutex>
 
 #include "fake.h"
 #include "tq_cuda_internal.h"
@@ -23,7 +24,13 @@
 enum kind { K_DEV, K_PINNED, K_REG, K_MANAGED };
 struct alloc { size_t size; kind k; void *map; size_t maplen; };
 static std::map<uintptr_t, alloc> allocs;
-static cudaError_t last_err;
+/* the runtime is one lock: several host threads (tqkvd-simt's workers,
+ * spill and persistence) call it, and a synchronization runs its stream's
+ * kernels under it (the emulated GPU runs one kernel at a time); the last
+ * error is per thread, as the real runtime's */
+static std::recursive_mutex mu;
+#define LOCKED std::lock_guard<std::recursive_mutex> locked_(mu)
+static thread_local cudaError_t last_err;
 static double clock_us;
 /* a device fault (fake_cuda_fault): the error every call returns from then
  * on, as a real context lost to a sticky error does; fault_in: the work
@@ -42,6 +49,7 @@ void fake_fail(const char *what)
 
 extern "C" void fake_cuda_fault(long after)
 {
+	LOCKED;
 	fault_in = after;
 }
 
@@ -75,6 +83,7 @@ static const alloc *find(const void *p, uintptr_t *base)
 
 bool fake_dev_ok(const void *p, size_t n)
 {
+	LOCKED;
 	uintptr_t b;
 	const alloc *a = find(p, &b);
 	return a && (uintptr_t)p + n <= b + a->size;
@@ -82,6 +91,7 @@ bool fake_dev_ok(const void *p, size_t n)
 
 bool fake_desc_rot_ok(const struct tqc_codec_desc *d)
 {
+	LOCKED;
 	if (d->rot_kind != 2)
 		return true;
 	const size_t n = (size_t)(d->half ? d->half : d->dim), bytes = 4 * n * n;
@@ -98,6 +108,7 @@ static bool is_host(const void *p) /* pageable or pinned or registered */
 
 void fake_enqueue(void *s, std::function<void()> fn)
 {
+	LOCKED;
 	if (!s)
 		fake_fail("work on the legacy default stream");
 	((stream *)s)->q.push_back(std::move(fn));
@@ -109,10 +120,15 @@ void fake_enqueue(void *s, std::function<void()> fn)
 static std::map<const void *, int> func_smem_max, func_regs;
 int fake_func_smem(const void *f)
 {
+	LOCKED;
 	auto it = func_smem_max.find(f);
 	return it == func_smem_max.end() ? 48 << 10 : it->second;
 }
-void fake_func_regs(const void *f, int regs) { func_regs[f] = regs; }
+void fake_func_regs(const void *f, int regs)
+{
+	LOCKED;
+	func_regs[f] = regs;
+}
 
 extern "C" {
 cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
@@ -122,6 +138,7 @@ cudaError_t cudaGetLastError(void) { cudaError_t e = sticky ? sticky : last_err;
 
 cudaError_t cudaFuncSetAttribute(const void *f, enum cudaFuncAttribute a, int v)
 {
+	LOCKED;
 	if (!f || a != cudaFuncAttributeMaxDynamicSharedMemorySize || v < 0 || v > (227 << 10))
 		return ret(cudaErrorInvalidValue);
 	func_smem_max[f] = v;
@@ -132,6 +149,7 @@ cudaError_t cudaFuncSetAttribute(const void *f, enum cudaFuncAttribute a, int v)
  * registers, 2048 threads; 0 blocks past the kernel's dynamic limit */
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, const void *f, int block, size_t smem)
 {
+	LOCKED;
 	auto r = func_regs.find(f);
 	if (!n || !f || block <= 0 || r == func_regs.end())
 		return ret(cudaErrorInvalidValue);
@@ -146,7 +164,7 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, const void *f,
 		*n = by_threads;
 	return cudaSuccess;
 }
-const char *cudaGetErrorString(cudaError_t e) { static char b[64]; snprintf(b, sizeof b, "fake error %d", (int)e); return b; }
+const char *cudaGetErrorString(cudaError_t e) { static thread_local char b[64]; snprintf(b, sizeof b, "fake error %d", (int)e); return b; }
 const char *cudaGetErrorName(cudaError_t e)
 {
 	return e == cudaErrorMemoryAllocation ? "cudaErrorMemoryAllocation"
@@ -154,8 +172,16 @@ const char *cudaGetErrorName(cudaError_t e)
 					      : "cudaErrorFake";
 }
 cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
-cudaError_t cudaDeviceSynchronize(void) { return sticky ? ret(sticky) : cudaSuccess; }
-cudaError_t cudaSetDevice(int d) { return sticky ? ret(sticky) : d == 0 ? cudaSuccess : ret(cudaErrorInvalidDevice); }
+cudaError_t cudaDeviceSynchronize(void)
+{
+	LOCKED;
+	return sticky ? ret(sticky) : cudaSuccess;
+}
+cudaError_t cudaSetDevice(int d)
+{
+	LOCKED;
+	return sticky ? ret(sticky) : d == 0 ? cudaSuccess : ret(cudaErrorInvalidDevice);
+}
 cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int d)
 {
 	if (d != 0)
@@ -189,6 +215,7 @@ cudaError_t cudaMemGetInfo(size_t *f, size_t *t) { *f = (size_t)70 << 30; *t = (
 /* device memory: right-aligned (256) against a PROT_NONE page, filled with 0xFF (NaN floats) */
 cudaError_t cudaMalloc(void **p, size_t n)
 {
+	LOCKED;
 	if (sticky)
 		return ret(sticky);
 	if (n > ((size_t)8 << 30))
@@ -206,6 +233,7 @@ cudaError_t cudaMalloc(void **p, size_t n)
 }
 cudaError_t cudaFree(void *p)
 {
+	LOCKED;
 	if (!p)
 		return cudaSuccess;
 	auto it = allocs.find((uintptr_t)p);
@@ -217,6 +245,7 @@ cudaError_t cudaFree(void *p)
 }
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags)
 {
+	LOCKED;
 	if (sticky)
 		return ret(sticky);
 	void *m = malloc(n ? n : 1);
@@ -227,6 +256,7 @@ cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags)
 }
 cudaError_t cudaFreeHost(void *p)
 {
+	LOCKED;
 	auto it = allocs.find((uintptr_t)p);
 	if (it == allocs.end() || it->second.k != K_PINNED)
 		fake_fail("cudaFreeHost of a pointer cudaHostAlloc did not return");
@@ -236,6 +266,7 @@ cudaError_t cudaFreeHost(void *p)
 }
 cudaError_t cudaHostGetDevicePointer(void **dp, void *p, unsigned f)
 {
+	LOCKED;
 	uintptr_t b;
 	const alloc *a = find(p, &b);
 	if (!a || (a->k != K_PINNED && a->k != K_REG))
@@ -245,6 +276,7 @@ cudaError_t cudaHostGetDevicePointer(void **dp, void *p, unsigned f)
 }
 cudaError_t cudaHostRegister(void *p, size_t n, unsigned f)
 {
+	LOCKED;
 	if (sticky)
 		return ret(sticky);
 	uintptr_t b;
@@ -255,6 +287,7 @@ cudaError_t cudaHostRegister(void *p, size_t n, unsigned f)
 }
 cudaError_t cudaHostUnregister(void *p)
 {
+	LOCKED;
 	auto it = allocs.find((uintptr_t)p);
 	if (it == allocs.end() || it->second.k != K_REG)
 		return ret(cudaErrorHostMemoryNotRegistered);
@@ -275,6 +308,7 @@ static void check_copy(void *d, const void *s, size_t n, enum cudaMemcpyKind k)
 }
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k)
 {
+	LOCKED;
 	if (sticky)
 		return ret(sticky);
 	check_copy(d, s, n, k);
@@ -283,6 +317,7 @@ cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k)
 }
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind k, cudaStream_t st)
 {
+	LOCKED;
 	if (sticky)
 		return ret(sticky);
 	uintptr_t b;
@@ -297,6 +332,7 @@ cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKin
 }
 cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t st)
 {
+	LOCKED;
 	if (sticky)
 		return ret(sticky);
 	if (!fake_dev_ok(p, n))
@@ -306,6 +342,7 @@ cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t st)
 }
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *at, const void *p)
 {
+	LOCKED;
 	uintptr_t b;
 	const alloc *a = find(p, &b);
 	memset(at, 0, sizeof(*at));
@@ -323,6 +360,7 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *at, const voi
 }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned f)
 {
+	LOCKED;
 	if (f != cudaStreamNonBlocking)
 		fake_fail("a blocking stream");
 	*s = (cudaStream_t)(void *)new stream();
@@ -330,6 +368,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned f)
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s)
 {
+	LOCKED;
 	if (!((stream *)(void *)s)->q.empty())
 		fake_fail("stream destroyed with work pending");
 	delete (stream *)(void *)s;
@@ -337,6 +376,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s)
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
+	LOCKED;
 	stream *x = (stream *)(void *)s;
 	while (!x->q.empty()) {
 		if (fault_in == 0) { /* an illegal address in this work: the rest never runs */
@@ -356,10 +396,21 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s)
 	}
 	return sticky ? ret(sticky) : cudaSuccess;
 }
-cudaError_t cudaEventCreate(cudaEvent_t *e) { *e = (cudaEvent_t)(void *)new event{ 0, false }; return cudaSuccess; }
-cudaError_t cudaEventDestroy(cudaEvent_t e) { delete (event *)(void *)e; return cudaSuccess; }
+cudaError_t cudaEventCreate(cudaEvent_t *e)
+{
+	LOCKED;
+	*e = (cudaEvent_t)(void *)new event{ 0, false };
+	return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e)
+{
+	LOCKED;
+	delete (event *)(void *)e;
+	return cudaSuccess;
+}
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
+	LOCKED;
 	if (sticky)
 		return ret(sticky);
 	event *v = (event *)(void *)e;
@@ -369,6 +420,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 }
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
 {
+	LOCKED;
 	event *x = (event *)(void *)a, *y = (event *)(void *)b;
 	if (!x->done || !y->done)
 		return ret(cudaErrorNotReady);

@@ -34,10 +34,12 @@ $(SIMT_BIN_CPA): $(OBJ)/tests/unit/test_cuda.o $(OBJ)/tests/unit/tietest.o $(HAR
 	@mkdir -p $(dir $@)
 	$(CXX) $(ALL_LDFLAGS) -o $@ $(filter %.o,$^) -ldl -lm -pthread
 
-# tqkvd itself on the emulator (a "GPU" pool whose kernels run here): the
-# device-lost path end to end (tests/integration/device_lost.sh: the fake
-# runtime's TQ_FAKE_CUDA_FAULT=N makes the Nth work item fault).  Its
-# kernels are the emulator's, one thread at a time: one ring worker.
+# tqkvd itself on the emulator (a "GPU" pool whose kernels run here, the
+# real tq_cuda.c and backend_cuda.c): gpu_backend.sh runs the data-path
+# suite on it without a GPU, and device_lost.sh the device-lost path end
+# to end (the fake runtime's TQ_FAKE_CUDA_FAULT=N makes the Nth work item
+# fault).  The fake runtime is one lock: the daemon's threads take turns,
+# and the emulated GPU runs one kernel at a time.
 SIMT_TQKVD := $(B)/tests/simt/tqkvd-simt
 $(SIMT_TQKVD): $(OBJ)/daemon/main.o $(DAEMON_OBJS) $(PROTO_OBJ) $(filter-out %.cu.o,$(KERNELS_OBJ)) $(SIMT_OBJS) $(STAMP)
 	@mkdir -p $(dir $@)

@@ -6,7 +6,7 @@
 set -u
 TQ_BIN=${TQ_BIN:-$PWD/build/bin}
 TQ_SRC=${TQ_SRC:-$PWD}
-TQKVD=$TQ_BIN/tqkvd
+TQKVD=${TQKVD:-$TQ_BIN/tqkvd} # tqkvd-simt for the emulated GPU pool (cuda_simt.sh)
 TQCTL=$TQ_BIN/tqctl
 T=$(mktemp -d /tmp/tqkvd-test.XXXXXX)
 DAEMON_PID=
