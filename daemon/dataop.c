@@ -356,10 +356,7 @@ void dataop_layer_shrink(struct kvstore *ks, struct session *s, struct kv_layer 
 
 static long first_nonfinite(const void *buf, enum tq_dtype dtype, size_t n, size_t row);
 
-/* A kernel's failure as the ring's status: the pool's GPU lost (its
- * context: tqc_device_lost; the main loop stops the daemon), out of
- * memory, or an internal error the message names. */
-static uint32_t kernel_status(int e)
+uint32_t dataop_kernel_status(int e)
 {
 	return e == -ENOTRECOVERABLE ? TQKV_ST_DEVICE_LOST : e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_INTERNAL;
 }
@@ -478,7 +475,7 @@ static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *
 		}
 		if ((e = pool_append(ks->pool, &a, &bad, &te)) < 0) {
 			dataop_layer_shrink(ks, s, L, added);
-			dataop_res_set(r, e, e == -EINVAL || e == -ERANGE ? TQKV_ST_NONFINITE : kernel_status(e),
+			dataop_res_set(r, e, e == -EINVAL || e == -ERANGE ? TQKV_ST_NONFINITE : dataop_kernel_status(e),
 				       e == -EINVAL || e == -ERANGE ? bad : 0);
 			snprintf(r->msg, sizeof(r->msg), "%s", te.msg);
 			goto fail_xf;
@@ -1302,7 +1299,7 @@ void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, 
 		ap.workspace = ws->attn;
 		ap.workspace_bytes = ws->attn_bytes;
 		if ((e = gpu ? pool_attend(ks->pool, &ap, &te) : tq_attend(&ap, &te)) < 0) {
-			dataop_res_set(r, e, kernel_status(e), 0);
+			dataop_res_set(r, e, dataop_kernel_status(e), 0);
 			snprintf(r->msg, sizeof(r->msg), "attention: %s", te.msg);
 			goto out;
 		}

@@ -76,6 +76,11 @@ struct kvstore {
 
 /* ---- shared between dataop.c and kvpersist.c (kv->lock held) ---------------- */
 void dataop_res_set(struct dataop_res *r, int res, uint32_t status, uint32_t detail);
+/* A failure of the pool's device operations (kernels, copies) as the
+ * ring's status: the pool's GPU lost (-ENOTRECOVERABLE: tqc_device_lost;
+ * the main loop stops the daemon), out of memory, or an internal error the
+ * message names. */
+uint32_t dataop_kernel_status(int e);
 /* One batch of spill I/O and one request in it. */
 struct io_batch {
 	uint32_t pending;         /* set before the first submit; atomic after */

@@ -484,7 +484,7 @@ int kvp_journal_append(struct kvstore *ks, struct session *s, struct kv_sess *kv
 					   page + tq_page_k_off(g, h, slot), kb, r->msg, sizeof(r->msg))) < 0 ||
 			    (e = pool_copy(ks->pool, vd + ((size_t)t * g->n_kv_heads + h) * vb,
 					   page + tq_page_v_off(g, h, slot), vb, r->msg, sizeof(r->msg))) < 0) {
-				dataop_res_set(r, e, TQKV_ST_INTERNAL, 0);
+				dataop_res_set(r, e, dataop_kernel_status(e), 0);
 				return e;
 			}
 		}
