@@ -196,8 +196,8 @@ static void client_log_error(struct ring_client *c, const struct tqkv_sqe *e, in
 			     uint32_t status, uint32_t detail, const char *msg)
 {
 	uint64_t now = now_real_ms();
-	int level = status == TQKV_ST_INTERNAL || status == TQKV_ST_NOMEM || status == TQKV_ST_DEVICE_LOST ? LOG_ERR
-														  : LOG_INFO;
+	const bool severe = status == TQKV_ST_INTERNAL || status == TQKV_ST_NOMEM || status == TQKV_ST_DEVICE_LOST;
+	int level = severe ? LOG_ERR : LOG_INFO;
 
 	if (now - c->log_window_ms >= LOG_WINDOW_MS) {
 		if (c->log_suppressed)
