@@ -3,11 +3,11 @@
 # .git/info/exclude), for a GPU machine that has the NVIDIA driver, nvcc and
 # PyTorch but none of tqkvd's Debian libraries and no package registry.
 #
-#   make USE_CUDA=yes all && scripts/gpu-bundle.sh
+#   make USE_CUDA=yes all phases && scripts/gpu-bundle.sh
 #
 # .gpu/build.tar.xz           build/{bin,tests,lib}: stripped tqkvd, tqctl,
-#                             tqbench, tqbench-phases, tqkv-run and the test
-#                             binaries the GPU checks run
+#                             tqbench, tqbench-phases (make phases), tqkv-run
+#                             and the test binaries the GPU checks run
 # .gpu/sys/                   the shared libraries they load that are not the
 #                             C/C++ runtime (gRPC, Abseil, protobuf-c, liburing,
 #                             libnuma, libsystemd, libinih, ...), copied from
@@ -20,6 +20,7 @@ set -eu
 cd "$(dirname "$0")/.."
 B=${B:-build}
 [ -x "$B/tests/test_cuda" ] || { echo "gpu-bundle: $B/tests/test_cuda is not built (make USE_CUDA=yes all)" >&2; exit 1; }
+[ -x "$B/bin/tqbench-phases" ] || { echo "gpu-bundle: $B/bin/tqbench-phases is not built (make USE_CUDA=yes phases)" >&2; exit 1; }
 rm -rf .gpu
 mkdir -p .gpu/build/bin .gpu/build/tests .gpu/build/lib .gpu/sys
 for f in "$B"/bin/*; do strip -o ".gpu/build/bin/${f##*/}" "$f"; done

@@ -59,12 +59,12 @@ for s in "${steps[@]}"; do
 	sparse)     # sparse-V on sharp attention: each batch exact, then at 0.01, in one run
 	            step bench_sparse 200 "$B/bin/tqbench" attn --backend cuda --ctx 32768,131072 --batch 1,16 \
 	                 --sparse 0.01 --q-scale 16 --no-baseline --check-max 32768 ;;
-	phases)     # where attn_mma's time goes (tqbench-phases: its kernels have the phase clocks)
+	phases)     # where attn_mma's time goes (tqbench-phases, `make phases`: kernels with the phase clocks)
 	            if [ -x "$B/bin/tqbench-phases" ]; then
 	                step phases 200 "$B/bin/tqbench-phases" attn --backend cuda --ctx 8192,32768,131072 --batch 1 \
 	                     --reps 20 --no-baseline --check-max 32768 --phases 20 --layers 1 --bulk 64
 	            else
-	                echo "=== phases: no $B/bin/tqbench-phases (a build without CUDA?)"; status=1
+	                echo "=== phases: no $B/bin/tqbench-phases (make phases)"; status=1
 	            fi ;;
 	sanitize)   step sanitize 300 compute-sanitizer --tool memcheck --leak-check full \
 	                 env TQ_CUDA_QUICK=1 "$B/tests/test_cuda" ;;
