@@ -488,6 +488,7 @@ struct tqc_ctx {
 	int enc_general;         /* TQ_CUDA_ENC=general: never enc_reg              */
 	int ctas_per_sm;         /* TQ_CUDA_CTAS_PER_SM, else 0: ATT_CTAS_PER_SM    */
 	uint32_t split_min;      /* TQ_CUDA_SPLIT_MIN, else ATT_SPLIT_MIN           */
+	uint32_t enc_pass;       /* TQ_CUDA_ENC_PASS, else ENC_PASS_TOKENS          */
 				 /* (attn_mma: at most as many as run at once)     */
 	const char *last_attn;   /* tqc_ctx_last_attn                              */
 	const char *last_enc;    /* tqc_ctx_last_append                            */
@@ -545,6 +546,8 @@ int tqc_ctx_new(tqc_ctx **out, int device, tq_error *err)
 	x->ctas_per_sm = ev && atoi(ev) >= 1 && atoi(ev) <= 64 ? atoi(ev) : 0;
 	ev = getenv("TQ_CUDA_SPLIT_MIN");
 	x->split_min = ev && atoi(ev) >= 32 && atoi(ev) <= (1 << 20) ? (uint32_t)atoi(ev) : ATT_SPLIT_MIN;
+	ev = getenv("TQ_CUDA_ENC_PASS");
+	x->enc_pass = ev && atoi(ev) >= 1 && atoi(ev) <= (int)ENC_PASS_TOKENS ? (uint32_t)atoi(ev) : ENC_PASS_TOKENS;
 	if ((e = cudaStreamCreateWithFlags(&x->stream, cudaStreamNonBlocking)) != cudaSuccess) {
 		rc = err_fail(err, "GPU context: cudaStreamCreateWithFlags", e);
 		free(x);
@@ -991,7 +994,7 @@ int tqc_append(tqc_ctx *x, const struct tqc_append *a, uint32_t *bad, tq_error *
 	const uint32_t n_kv = g->n_kv_heads;
 	const size_t tok_bytes = (size_t)n_kv * (size_t)dim * esz; /* one token of K (or V) */
 	const size_t n_staged = (size_t)!kd + (size_t)!vd;
-	uint32_t pass = a->n < ENC_PASS_TOKENS ? a->n : ENC_PASS_TOKENS;
+	uint32_t pass = a->n < x->enc_pass ? a->n : x->enc_pass;
 	if (n_staged && (size_t)pass * tok_bytes * n_staged > ENC_STAGE_BYTES) {
 		size_t np = ENC_STAGE_BYTES / (tok_bytes * n_staged);
 		pass = np < 1 ? 1 : (uint32_t)np;

@@ -136,7 +136,10 @@ const char *tqc_ctx_last_append(const tqc_ctx *x);
  * TQ_CUDA_CTAS_PER_SM=N (1..64) sets the CTAs per SM the context split aims
  * at (default: 4 for the general kernel; for the tiled one, as many as run
  * at once by the runtime's occupancy query, at most 4); the split fills
- * whole waves (CTAs <= N x SMs); TQ_CUDA_SPLIT_MIN=N (32..2^20) the fewest
+ * whole waves (CTAs <= N x SMs); TQ_CUDA_ENC_PASS=N (1..32768) the most
+ * tokens one append launch takes (default 32768; fewer: a call's several
+ * launches and their errors tested on short inputs); TQ_CUDA_SPLIT_MIN=N
+ * (32..2^20) the fewest
  * keys a split may have (default 512: shorter splits repeat the CTA's
  * set-up for too few tiles). */
 const char *tqc_ctx_last_attn(const tqc_ctx *x);

@@ -14,6 +14,7 @@
 CLIENT=${TQ_BUILD:-$PWD/build}/tests/test_ring
 [ -x "$CLIENT" ] || { echo "test_ring not built"; exit 77; }
 BACKEND=${TQ_POOL_BACKEND:-host}
+HOLD_TOKENS=${TQ_HOLD_TOKENS:-2048} # a held session's tokens a layer (test_ring --client hold)
 if [ "$BACKEND" = cuda ]; then export TQ_EXPECT_GPU=1; fi
 
 cat >"$T/tqkvd.conf" <<CONF
@@ -70,7 +71,7 @@ kill -KILL $HOLD
 wait $HOLD 2>/dev/null
 wait_stat data_clients 0
 [ "$(gstat sessions_open)" = 1 ] || fail "the detached session was closed with its client"
-ctl session "$ID" --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert int(d["tokens"]) == 2048 and int(d["resident_bytes"]) > 0, d' \
+ctl session "$ID" --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert int(d["tokens"]) == '"$HOLD_TOKENS"' and int(d["resident_bytes"]) > 0, d' \
 	|| fail "session $ID does not show its tokens and resident bytes"
 # a restarted worker finds its detached session again by name
 out=$("$CLIENT" --client attach-name "$T/run" worker-7 2>&1) || fail "attach by name: $out"

@@ -44,6 +44,7 @@ static tqc_ctx *ctx;
 static tqc_ctx *gctx;    /* TQ_CUDA_ENC=general: the general encoder only */
 static tqc_ctx *sctx;    /* TQ_CUDA_SPLIT_MIN=256: splits as short as 256 keys */
 static tqc_ctx *lctx;    /* TQ_CUDA_SPLIT_MIN=2^20: one split (a warp's many tiles) */
+static tqc_ctx *pctx;    /* TQ_CUDA_ENC_PASS=1000: appends of 1000 tokens a launch */
 static tqc_ctx *enc_ctx; /* append_both's: ctx, or gctx */
 static int enc_general_only; /* TQ_CUDA_ENC=general: ctx runs the general encoder */
 static int dev;
@@ -606,7 +607,10 @@ static void test_encode_bound_ties(void)
 /* Many tokens: several launches (32768 tokens each), staged host input. */
 static void test_encode_long(void)
 {
-	const uint32_t n = quick ? 33000 : 40000, pt = 256;
+	/* quick (the emulator): launches of 1000 tokens (TQ_CUDA_ENC_PASS), so
+	 * that 2100 tokens take three; else the real 32768 a launch */
+	tqc_ctx *const lc = quick ? pctx : ctx, *keep = enc_ctx;
+	const uint32_t n = quick ? 2100 : 40000, pt = 256, first = quick ? 1000 : 32768;
 	const int dim = 64;
 	struct layer L;
 
@@ -618,17 +622,20 @@ static void test_encode_long(void)
 		k[i] = gauss();
 		v[i] = gauss();
 	}
+	enc_ctx = lc;
 	int rc = append_both(&L, 7, n, (const uint8_t *)k, (const uint8_t *)v, TQ_DTYPE_F32, MEM_HOST, "many tokens");
-	T_ASSERT(tqc_ctx_last_us(ctx) > 0.0);
+	enc_ctx = keep;
+	T_ASSERT(tqc_ctx_last_us(lc) > 0.0);
 
 	/* a NaN in the second launch: found there, token counted from the call */
 	tq_error err;
 	uint32_t bad = 0;
-	const uint32_t nan_tok = n - 100; /* past the first launch's 32768 */
+	const uint32_t nan_tok = n - 100; /* past the first launch */
+	T_ASSERT(nan_tok > first);
 	k[(size_t)nan_tok * dim + 5] = NAN;
 	struct tqc_append a = { .k_codec = L.kc, .v_codec = L.vc, .kv = &L.dt, .pos = 7, .n = n, .k = k, .v = v,
 				.dtype = TQ_DTYPE_F32 };
-	int r = tqc_append(ctx, &a, &bad, &err);
+	int r = tqc_append(lc, &a, &bad, &err);
 	free(k);
 	free(v);
 	layer_free(&L);
@@ -1842,7 +1849,7 @@ int main(void)
 	tqc_ctx *const main_ctx = ctx;
 	enc_general_only = getenv("TQ_CUDA_ENC") && !strcmp(getenv("TQ_CUDA_ENC"), "general");
 	if (!(gctx = ctx_env("TQ_CUDA_ENC", "general")) || !(sctx = ctx_env("TQ_CUDA_SPLIT_MIN", "256")) ||
-	    !(lctx = ctx_env("TQ_CUDA_SPLIT_MIN", "1048576")))
+	    !(lctx = ctx_env("TQ_CUDA_SPLIT_MIN", "1048576")) || !(pctx = ctx_env("TQ_CUDA_ENC_PASS", "1000")))
 		return 1;
 	enc_ctx = ctx;
 	if (!(cache = tq_cache_new()))
@@ -1872,6 +1879,7 @@ int main(void)
 	tqc_ctx_free(gctx);
 	tqc_ctx_free(sctx);
 	tqc_ctx_free(lctx);
+	tqc_ctx_free(pctx);
 	tq_cache_free(cache);
 	return t_done();
 }

@@ -610,6 +610,17 @@ static int client_stall(const char *dir, int op_timeout_ms)
 	return 0;
 }
 
+/* A held session's tokens a layer (hold, attach-name): TQ_HOLD_TOKENS, a
+ * multiple of 256 up to 4096, default 2048 (fewer on the emulator's GPU
+ * pool, whose attention is slow) */
+static int hold_tokens(void)
+{
+	const char *e = getenv("TQ_HOLD_TOKENS");
+	const int n = e ? atoi(e) : 0;
+
+	return n >= 256 && n <= 4096 && n % 256 == 0 ? n : 2048;
+}
+
 static int client_main(int argc, char **argv)
 {
 	const char *mode = argv[2], *dir = argv[3];
@@ -652,7 +663,8 @@ static int client_main(int argc, char **argv)
 		return client_exact(dir, NG, ids, gi, seeds, pt, strtoull(argv[4], NULL, 0), atoi(argv[5]), 1);
 	}
 	if (!strcmp(mode, "hold") && argc > 4) {
-		/* hold DIR detached|ephemeral [NAME]: a session with pages, then wait to be killed */
+		/* hold DIR detached|ephemeral [NAME]: a session with pages (hold_tokens
+		 * a layer), then attention until killed */
 		struct tqkv_connect_opts o = { .run_dir = dir };
 		const struct sgeom *g = &G[0];
 		struct tqkv_session_params p = { .n_layers = g->n_layers, .n_kv_heads = g->n_kv, .n_q_heads = g->n_q,
@@ -670,7 +682,8 @@ static int client_main(int argc, char **argv)
 			fprintf(stderr, "hold: %s\n", tqkv_last_error());
 			return 2;
 		}
-		for (int i = 0; i < 8; i++)
+		const int chunks = hold_tokens() / 256;
+		for (int i = 0; i < chunks; i++)
 			for (uint32_t l = 0; l < 2; l++)
 				if (tqkv_append(s, l, k, v, 256, TQKV_F32) < 0)
 					return 3;
@@ -679,7 +692,7 @@ static int client_main(int argc, char **argv)
 		/* keep operations in flight until killed */
 		for (;;) {
 			tqkv_req *rq[8];
-			int32_t pos = 2047;
+			int32_t pos = 256 * chunks - 1;
 			for (int i = 0; i < 8; i++) {
 				if (tqkv_submit_attend(s, 0, q, &pos, 1, TQKV_F32, out, &rq[i]) < 0) {
 					/* the daemon went away: clean up (leak checkers watch) */
@@ -741,7 +754,7 @@ static int client_main(int argc, char **argv)
 		int r = tqkv_session_attach_name(c, NULL, argv[4], TQKV_SESSION_DETACHED, &s);
 		if (r == 0) {
 			static float q[8 * 128], out[8 * 128];
-			int32_t pos = 2047;
+			int32_t pos = hold_tokens() - 1;
 			uint64_t rs = 3;
 			fill(q, TQ_DTYPE_F32, sizeof(q) / 4, &rs);
 			r = tqkv_attend(s, 0, q, &pos, 1, TQKV_F32, out);
