@@ -35,8 +35,8 @@
 /* TQ_CUDA_QUICK=1 (tests/integration/cuda_simt.sh, on the CPU emulator):
  * the longest cases shortened — 8 prefill queries instead of 128 (GQA 4
  * only), split-K over 2000 tokens instead of 20000, the codec pairs at d 64
- * (d 96 once), contexts up to 1000, a 33,000-token append (still two
- * launches) instead of 40,000. */
+ * (d 96 once), contexts up to 1000, a 2100-token append in launches of
+ * 1000 (TQ_CUDA_ENC_PASS) instead of 40,000 in launches of 32768. */
 static int quick;
 
 static tq_cache *cache;
