@@ -134,7 +134,13 @@ extern "C" {
 cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
 cudaError_t cudaDriverGetVersion(int *v) { *v = 13000; return cudaSuccess; }
 cudaError_t cudaRuntimeGetVersion(int *v) { *v = 13000; return cudaSuccess; }
-cudaError_t cudaGetLastError(void) { cudaError_t e = sticky ? sticky : last_err; last_err = cudaSuccess; return e; }
+cudaError_t cudaGetLastError(void)
+{
+	LOCKED; /* sticky is written under the lock */
+	cudaError_t e = sticky ? sticky : last_err;
+	last_err = cudaSuccess;
+	return e;
+}
 
 cudaError_t cudaFuncSetAttribute(const void *f, enum cudaFuncAttribute a, int v)
 {
