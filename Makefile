@@ -164,16 +164,20 @@ $(OBJ)/%.o: $(GEN)/%.c $(OBJ_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(PBC_CFLAGS) -Wno-shadow -c $< -o $@
 
+# nvcc compiles a file's GPU architectures in NVCC_THREADS threads (the same
+# code as one at a time: the attention kernels' four take ~150 s of CPU)
+NVCC_THREADS ?= $(shell nproc 2>/dev/null || echo 2)
 $(OBJ)/%.cu.o: %.cu $(OBJ_STAMP)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) -MMD -MP -c $< -o $@
+	$(NVCC) $(NVCC_FLAGS) -t $(NVCC_THREADS) -MMD -MP -c $< -o $@
 
 deps:
 	@scripts/install-deps.sh
 	@scripts/install-cuda.sh
 
-# the build on every CPU (nvcc's attention kernels alone take about two
-# minutes: the rest builds beside them), the tests one after another
+# the build on every CPU (nvcc's attention kernels take about two and a
+# half minutes of CPU, in NVCC_THREADS threads: the rest builds beside
+# them), the tests one after another
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) all

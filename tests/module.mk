@@ -57,7 +57,7 @@ TQBENCH_PH := $(BIN)/tqbench-phases
 PHASES_OBJ := $(OBJ)/kernels/tq_cuda_attn_phases.cu.o
 $(PHASES_OBJ): kernels/tq_cuda_attn.cu $(OBJ_STAMP)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(filter-out -gencode arch=%,$(NVCC_FLAGS)) -DTQC_PHASES=1 \
+	$(NVCC) $(filter-out -gencode arch=%,$(NVCC_FLAGS)) -t $(NVCC_THREADS) -DTQC_PHASES=1 \
 		$(foreach a,$(PHASES_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
 		-gencode arch=compute_$(lastword $(PHASES_ARCHS)),code=compute_$(lastword $(PHASES_ARCHS)) \
 		-MMD -MP -c $< -o $@

@@ -21,9 +21,37 @@ if [ ! -x "$SIM" ]; then
 fi
 export LD_LIBRARY_PATH=$B/tests/simt${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export TQ_CUDA_QUICK=${TQ_CUDA_QUICK:-1}
-"$SIM" || exit $?
-# attn_mma's copy path of sm_80, sm_100 and sm_121 (cp.async in every lane;
-# the first run took the bulk copies of sm_90): the cases that run the
-# tiled kernel
+# Three runs of one thread each, side by side (each into its own log,
+# printed whole in turn): the longest attention cases, then the rest, of
+# the build with sm_90's bulk copies; and attn_mma's copy path of sm_80,
+# sm_100 and sm_121 (cp.async in every lane) on the cases that run the
+# tiled kernel.
+long=test_attn_pairs,test_attn_split_k,test_attn_waves
+log=$(mktemp -d "${TMPDIR:-/tmp}/cuda_simt.XXXXXX") || exit 1
+pids=
+trap 'kill $pids 2>/dev/null; rm -rf "$log"' EXIT
+TQ_TEST_ONLY=$long "$SIM" >"$log/1" 2>&1 &
+pids="$pids $!"
+TQ_TEST_SKIP=$long "$SIM" >"$log/2" 2>&1 &
+pids="$pids $!"
 TQ_TEST_SKIP=test_encode_args,test_encode_exact,test_encode_reg,test_encode_bound_ties,test_encode_errors,test_encode_long,test_attn_split_k,test_attn_waves \
-	exec "$SIM"_cpasync
+	"$SIM"_cpasync >"$log/3" 2>&1 &
+pids="$pids $!"
+rc=0
+n=0
+for p in $pids; do
+	n=$((n + 1))
+	wait "$p"
+	r=$?
+	case $n in
+	1) what="test_cuda_simt, bulk copies: $long" ;;
+	2) what="test_cuda_simt, bulk copies: the other cases" ;;
+	*) what="test_cuda_simt_cpasync, cp.async" ;;
+	esac
+	echo "== $what: exit $r"
+	cat "$log/$n"
+	# a failure wins over a skip (77), a skip over a pass
+	if [ $r -ne 0 ] && { [ $rc -eq 0 ] || [ $rc -eq 77 ]; }; then rc=$r; fi
+done
+pids=
+exit $rc

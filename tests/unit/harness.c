@@ -6,11 +6,9 @@
 int t_case_failed;
 static int n_pass, n_fail;
 
-/* TQ_TEST_SKIP: a comma-separated list of case names not to run (the
- * aarch64 check under emulation leaves out the long statistical cases). */
-static int skipped(const char *name)
+/* Whether the comma-separated list l names the case. */
+static int listed(const char *l, const char *name)
 {
-	const char *l = getenv("TQ_TEST_SKIP");
 	size_t n = strlen(name);
 
 	for (const char *p = l; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
@@ -19,12 +17,26 @@ static int skipped(const char *name)
 	return 0;
 }
 
+/* TQ_TEST_SKIP: case names not to run (the aarch64 check under emulation
+ * leaves out the long statistical cases); TQ_TEST_ONLY: the only ones to
+ * run (with the same list in TQ_TEST_SKIP, a second process runs the
+ * rest: cuda_simt.sh splits a suite so). */
+static const char *skipped(const char *name)
+{
+	const char *only = getenv("TQ_TEST_ONLY");
+
+	if (listed(getenv("TQ_TEST_SKIP"), name))
+		return "TQ_TEST_SKIP";
+	return only && !listed(only, name) ? "not in TQ_TEST_ONLY" : NULL;
+}
+
 void t_run(const char *name, void (*fn)(void))
 {
+	const char *why = skipped(name);
 	struct timespec a, b;
 
-	if (skipped(name)) {
-		fprintf(stderr, "skip    %s (TQ_TEST_SKIP)\n", name);
+	if (why) {
+		fprintf(stderr, "skip    %s (%s)\n", name, why);
 		return;
 	}
 	t_case_failed = 0;
