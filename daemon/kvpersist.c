@@ -382,8 +382,13 @@ int dataop_checkpoint(struct kvstore *ks, struct session *s, char *why, size_t w
 	pthread_mutex_lock(&kv->lock);
 	if (kv->p->epoch && kv->p->jfd >= 0 && !__atomic_load_n(&kv->p->dirty, __ATOMIC_RELAXED))
 		r = 0; /* nothing changed */
-	else
+	else if (!pool_host_accessible(ks->pool) && pool_lost(ks->pool, why, whylen)) {
+		/* a lost discrete GPU: no page can be copied out (each would fail) */
+		__atomic_add_fetch(&ks->persist->checkpoint_failures, 1, __ATOMIC_RELAXED);
+		r = -ENOTRECOVERABLE;
+	} else {
 		r = checkpoint_or_count(ks, s, kv, why, whylen);
+	}
 	pthread_mutex_unlock(&kv->lock);
 	return r;
 }
@@ -572,14 +577,31 @@ static void checkpoint_due(struct kvstore *ks, struct session_table *st, bool al
 			ids[n++] = kv->id;
 		}
 	pthread_mutex_unlock(&ks->lock);
+	/* A lost GPU whose memory the host cannot read (a discrete device):
+	 * every page's copy would fail, each with its own lines.  One line
+	 * instead, and the files stay as they are (last checkpoint + journal:
+	 * what the next start restores).  Unified memory stays readable, and
+	 * its committed tokens are checkpointed as always. */
+	char lost[320];
+	if (n && !pool_host_accessible(ks->pool) && pool_lost(ks->pool, lost, sizeof(lost))) {
+		__atomic_add_fetch(&kp->checkpoint_failures, n, __ATOMIC_RELAXED);
+		log_err("persistent sessions: %zu checkpoint%s not written: %s; their files stay as of their "
+			"last checkpoint and journal record", n, n == 1 ? "" : "s", lost);
+		n = 0;
+	}
 	for (size_t i = 0; i < n; i++) {
 		struct session *s;
 		char why[320];
 		if (session_acquire(st, ids[i], 0, &s) < 0)
 			continue; /* closed or evicted meanwhile */
-		if (dataop_checkpoint(ks, s, why, sizeof(why)) < 0)
-			log_err("session %" PRIu64 ": checkpoint failed: %s (the journal keeps every change; "
-				"retried in %" PRIu64 " ms)", ids[i], why, iv);
+		if (dataop_checkpoint(ks, s, why, sizeof(why)) < 0) {
+			if (all)
+				log_err("session %" PRIu64 ": checkpoint failed: %s (its files stay as of its last "
+					"checkpoint and journal record)", ids[i], why);
+			else
+				log_err("session %" PRIu64 ": checkpoint failed: %s (the journal keeps every "
+					"change; retried in %" PRIu64 " ms)", ids[i], why, iv);
+		}
 		session_release(s);
 	}
 	free(ids);

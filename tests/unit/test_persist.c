@@ -695,10 +695,24 @@ static void test_device_lost_restart(void)
 	dataop_attend(f.ks, s, &ws, 0, NULL, NULL, 0, q, &pos, 1, TQ_DTYPE_F32, out, &r);
 	dataop_ws_free(&ws);
 	T_EQ(r.status, TQKV_ST_DEVICE_LOST);
-	T_ASSERT(dataop_checkpoint(f.ks, s, why, sizeof(why)) < 0); /* its copies fail */
+	/* no page can be copied out: refused at once, with the device's
+	 * reason, before any page is tried (none is written to the tier) */
+	struct kvpersist_stats ps0, ps1;
+	struct spill_stats ss0, ss1;
+	kvstore_persist_stats(f.ks, &ps0);
+	spill_stats(f.sp, &ss0);
+	T_EQ(dataop_checkpoint(f.ks, s, why, sizeof(why)), -ENOTRECOVERABLE);
+	T_ASSERT(strstr(why, "cudaErrorIllegalAddress): its context is lost") != NULL);
 	session_release(s);
-	/* tqkvd's stop: the shutdown checkpoint of every session, then exit */
+	/* tqkvd's stop: the shutdown checkpoint of every session (refused
+	 * likewise, counted), then exit */
 	kvstore_persist_stop(f.ks, f.st);
+	kvstore_persist_stats(f.ks, &ps1);
+	spill_stats(f.sp, &ss1);
+	T_EQ(ps1.checkpoint_failures, ps0.checkpoint_failures + 2);
+	T_EQ(ps1.checkpoints, ps0.checkpoints);
+	T_EQ(ss1.writes, ss0.writes);
+	T_EQ(ss1.slots_used, ss0.slots_used);
 	devsim_lose(NULL); /* the new process's context */
 	kvfix_restart(&f);
 	xpersist_up(&f);
