@@ -4,6 +4,11 @@
 # tool is absent).  Ends with the line "N passed, N failed, N skipped".
 #
 #   tests/run.sh [PATTERN...]  only tests whose name contains a PATTERN
+#
+# A unit binary (tests/unit/harness.c) also reads TQ_TEST_SKIP and
+# TQ_TEST_ONLY (comma-separated case names not to run / the only ones to
+# run) and TQ_TEST_SEED (its random cases' seed), e.g.
+#   TQ_TEST_ONLY=test_device_lost_restart build/tests/test_persist
 set -u
 cd "$(dirname "$0")/.."
 B=${B:-build}
