@@ -45,6 +45,16 @@
 #define ATT_PART_FLOATS ((size_t)16 << 20)
 #define ATT_SPLIT_MIN   512u /* 256 was slower at 8k: BENCHMARKS 2b */
 #define ATT_CTAS_PER_SM 4
+/* A call that starts while another attention call of this process is in
+ * flight shares the GPU: its splits are at least kv_len / ATT_SHARED_SPLITS
+ * keys, at most ATT_SHARED_LEN (and never below the shortest split).  On an
+ * H100, 16 concurrent 32k calls with 16 splits of 2048 keys took 20 % less
+ * time a round than with 32 of 1024, while a lone call was 9 % slower
+ * (BENCHMARKS 2b): the lone call keeps its plan.  8k keeps 16 splits of
+ * 512 (4 of 2048 measured no better there); from 64k on the plan is the
+ * lone one (its splits are longer already). */
+#define ATT_SHARED_SPLITS 16u
+#define ATT_SHARED_LEN    2048u
 
 /* ---- messages ------------------------------------------------------------------- */
 
@@ -488,13 +498,15 @@ struct tqc_ctx {
 	int enc_general;         /* TQ_CUDA_ENC=general: never enc_reg              */
 	int ctas_per_sm;         /* TQ_CUDA_CTAS_PER_SM, else 0: ATT_CTAS_PER_SM    */
 	uint32_t split_min;      /* TQ_CUDA_SPLIT_MIN, else ATT_SPLIT_MIN           */
+	uint32_t shared_len;     /* TQ_CUDA_SPLIT_SHARED, else ATT_SHARED_LEN       */
 	uint32_t enc_pass;       /* TQ_CUDA_ENC_PASS, else ENC_PASS_TOKENS          */
 				 /* (attn_mma: at most as many as run at once)     */
 	const char *last_attn;   /* tqc_ctx_last_attn                              */
 	const char *last_enc;    /* tqc_ctx_last_append                            */
 	int plan_warps, plan_per_sm, plan_splits; /* the last pass's, in words by */
 	uint32_t plan_len;       /* tqc_ctx_last_attn_plan into attn_plan           */
-	char attn_plan[96];
+	int plan_shared;         /* planned as sharing the GPU (att_inflight)       */
+	char attn_plan[112];
 	cudaStream_t stream;
 	cudaEvent_t ev0, ev1;
 	double last_us;
@@ -546,6 +558,8 @@ int tqc_ctx_new(tqc_ctx **out, int device, tq_error *err)
 	x->ctas_per_sm = ev && atoi(ev) >= 1 && atoi(ev) <= 64 ? atoi(ev) : 0;
 	ev = getenv("TQ_CUDA_SPLIT_MIN");
 	x->split_min = ev && atoi(ev) >= 32 && atoi(ev) <= (1 << 20) ? (uint32_t)atoi(ev) : ATT_SPLIT_MIN;
+	ev = getenv("TQ_CUDA_SPLIT_SHARED");
+	x->shared_len = ev && atoi(ev) >= 32 && atoi(ev) <= (1 << 20) ? (uint32_t)atoi(ev) : ATT_SHARED_LEN;
 	ev = getenv("TQ_CUDA_ENC_PASS");
 	x->enc_pass = ev && atoi(ev) >= 1 && atoi(ev) <= (int)ENC_PASS_TOKENS ? (uint32_t)atoi(ev) : ENC_PASS_TOKENS;
 	if ((e = cudaStreamCreateWithFlags(&x->stream, cudaStreamNonBlocking)) != cudaSuccess) {
@@ -635,12 +649,12 @@ const char *tqc_ctx_last_attn_plan(tqc_ctx *x)
 	if (!x->plan_splits) /* no attention yet */
 		x->attn_plan[0] = '\0';
 	else if (x->plan_warps)
-		snprintf(x->attn_plan, sizeof(x->attn_plan), "mma: %d warps x %d CTA%s/SM, %d split%s of %u keys",
+		snprintf(x->attn_plan, sizeof(x->attn_plan), "mma: %d warps x %d CTA%s/SM, %d split%s of %u keys%s",
 			 x->plan_warps, x->plan_per_sm, x->plan_per_sm > 1 ? "s" : "", x->plan_splits,
-			 x->plan_splits > 1 ? "s" : "", x->plan_len);
+			 x->plan_splits > 1 ? "s" : "", x->plan_len, x->plan_shared ? " (GPU shared)" : "");
 	else
-		snprintf(x->attn_plan, sizeof(x->attn_plan), "general: %d split%s of %u keys", x->plan_splits,
-			 x->plan_splits > 1 ? "s" : "", x->plan_len);
+		snprintf(x->attn_plan, sizeof(x->attn_plan), "general: %d split%s of %u keys%s", x->plan_splits,
+			 x->plan_splits > 1 ? "s" : "", x->plan_len, x->plan_shared ? " (GPU shared)" : "");
 	return x->attn_plan;
 }
 
@@ -1110,6 +1124,7 @@ struct att_plan {
 	int rows_ph, n_rb, n_split;
 	uint32_t split_len;
 	size_t part_rows;        /* n_kv * rows_pad * n_split: partial rows written */
+	int shared;              /* split as on a shared GPU (ATT_SHARED_SPLITS)   */
 };
 
 /* The tiled kernel (attn_mma) where it applies and its shared memory fits,
@@ -1118,7 +1133,7 @@ struct att_plan {
  * ATT_SPLIT_MIN tokens (tiled: a multiple of the tile) and the partials stay
  * within ATT_PART_FLOATS (one split always fits). */
 static void att_plan_make(tqc_ctx *x, const struct tqa_shape *sh, const struct tqc_attn_args *args,
-			  size_t nq, struct att_plan *pl)
+			  size_t nq, int shared, struct att_plan *pl)
 {
 	const size_t rows_ph = nq * (size_t)sh->group;
 	const size_t smem_max = (size_t)(x->smem_optin > 0 ? x->smem_optin : 48 << 10);
@@ -1145,7 +1160,18 @@ static void att_plan_make(tqc_ctx *x, const struct tqa_shape *sh, const struct t
 	size_t want = per_sm * (size_t)x->sms / ((size_t)sh->n_kv * n_rb);
 	if (want < 1)
 		want = 1;
-	const size_t by_len = sh->kv_len / x->split_min, by_mem = ATT_PART_FLOATS / (rows * (size_t)(sh->dim + 2));
+	/* the shortest split: longer for the tiled kernel on a shared GPU
+	 * (ATT_SHARED_SPLITS) */
+	uint32_t smin = x->split_min;
+	pl->shared = pl->tiled && shared;
+	if (pl->shared) {
+		uint32_t s_len = sh->kv_len / ATT_SHARED_SPLITS;
+		if (s_len > x->shared_len)
+			s_len = x->shared_len;
+		if (s_len > smin)
+			smin = s_len;
+	}
+	const size_t by_len = sh->kv_len / smin, by_mem = ATT_PART_FLOATS / (rows * (size_t)(sh->dim + 2));
 	size_t ns = want;
 
 	if (ns > by_len)
@@ -1191,7 +1217,17 @@ static cudaError_t att_counters(tqc_ctx *x, size_t n)
 	return cudaSuccess;
 }
 
-int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
+/* tqc_attend calls in flight in this process, every context's */
+static int att_inflight;
+
+int tqc_attn_inflight(void)
+{
+	return __atomic_load_n(&att_inflight, __ATOMIC_RELAXED);
+}
+
+/* tqc_attend; shared: another call was in flight when it started (its
+ * every pass is planned so, so that the partials reserved fit each) */
+static int attend(tqc_ctx *x, const struct tq_attn_params *p, int shared, tq_error *err)
 {
 	struct tq_attn_params v;
 	struct tqa_shape sh;
@@ -1239,10 +1275,10 @@ int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 		qp = (size_t)p->n_q;
 	args.geom = kv->geom;
 	size_t part_rows;
-	att_plan_make(x, &sh, &args, qp, &pl);
+	att_plan_make(x, &sh, &args, qp, shared, &pl);
 	part_rows = pl.part_rows;
 	if ((size_t)p->n_q % qp) {
-		att_plan_make(x, &sh, &args, (size_t)p->n_q % qp, &pl);
+		att_plan_make(x, &sh, &args, (size_t)p->n_q % qp, shared, &pl);
 		if (pl.part_rows > part_rows)
 			part_rows = pl.part_rows;
 	}
@@ -1299,7 +1335,7 @@ int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 			tqa_q_row(p, d, q0 * (size_t)p->n_q_heads + r, hq + r * (size_t)d);
 		if (p->causal)
 			memcpy(x->pin + o_pos, p->q_pos + q0, nq * sizeof(int32_t));
-		att_plan_make(x, &sh, &args, nq, &pl);
+		att_plan_make(x, &sh, &args, nq, shared, &pl);
 		args.n_q = (int32_t)nq;
 		args.tiled = pl.tiled;
 		args.mma_warps = pl.tiled ? pl.mma_warps : 0;
@@ -1308,6 +1344,7 @@ int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 		x->plan_per_sm = pl.tiled ? x->mc_per_sm : 0;
 		x->plan_splits = pl.n_split;
 		x->plan_len = pl.split_len;
+		x->plan_shared = pl.shared;
 		args.rows_blk = pl.rows_blk;
 		args.rows_ph = pl.rows_ph;
 		args.n_rb = pl.n_rb;
@@ -1353,4 +1390,13 @@ int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 	return 0;
 cuda_err:
 	return call_failed(x, "attention", what, e, err);
+}
+
+int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
+{
+	const int others = __atomic_fetch_add(&att_inflight, 1, __ATOMIC_RELAXED);
+	const int rc = attend(x, p, others > 0, err);
+
+	__atomic_fetch_sub(&att_inflight, 1, __ATOMIC_RELAXED);
+	return rc;
 }

@@ -7,7 +7,8 @@
 #
 #   scripts/gpu-check.sh [STEP...]     steps: smi test quick backend benchsmall bench
 #                                      benchq8 benchtqo bench8 general ncu sanitize probe
-#                                      sparse phases fault (default: smi test backend benchsmall bench)
+#                                      sparse phases fault shared (default: smi test backend
+#                                      benchsmall bench)
 set -u
 cd "$(dirname "$0")/.."
 if [ -z "${B:-}" ] && [ -f .gpu/build.tar.xz ] && [ ! -d .gpu/build ]; then
@@ -59,6 +60,15 @@ for s in "${steps[@]}"; do
 	sparse)     # sparse-V on sharp attention: each batch exact, then at 0.01, in one run
 	            step bench_sparse 200 "$B/bin/tqbench" attn --backend cuda --ctx 32768,131072 --batch 1,16 \
 	                 --sparse 0.01 --q-scale 16 --no-baseline --check-max 32768 ;;
+	shared)     # 16 concurrent sessions: the shared-GPU splits (default) against the lone plan
+	            # (TQ_CUDA_SPLIT_SHARED=512: off), alternated twice, same lease
+	            for i in 1 2; do
+	                for mode in on off; do
+	                    step "shared_${mode}_$i" 150 env $([ $mode = off ] && echo TQ_CUDA_SPLIT_SHARED=512) \
+	                         "$B/bin/tqbench" attn --backend cuda --ctx 16384,32768,65536 --batch 16 --reps 20 \
+	                         --no-baseline --check-max 32768 --layers 1 --bulk 64
+	                done
+	            done ;;
 	phases)     # where attn_mma's time goes (tqbench-phases, `make phases`: kernels with the phase clocks)
 	            if [ -x "$B/bin/tqbench-phases" ]; then
 	                step phases 200 "$B/bin/tqbench-phases" attn --backend cuda --ctx 8192,32768,131072 --batch 1 \
@@ -68,7 +78,7 @@ for s in "${steps[@]}"; do
 	            fi ;;
 	sanitize)   step sanitize 300 compute-sanitizer --tool memcheck --leak-check full \
 	                 env TQ_CUDA_QUICK=1 "$B/tests/test_cuda" ;;
-	*) echo "gpu-check: unknown step '$s' (smi test quick backend benchsmall bench benchq8 benchtqo bench8 general ncu sanitize probe sparse phases fault)" >&2; exit 2 ;;
+	*) echo "gpu-check: unknown step '$s' (smi test quick backend benchsmall bench benchq8 benchtqo bench8 general ncu sanitize probe sparse phases fault shared)" >&2; exit 2 ;;
 	esac
 done
 exit $status

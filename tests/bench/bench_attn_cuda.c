@@ -170,6 +170,8 @@ struct sess {
 	int reps;
 	double *gpu_us, *wall_us;         /* [reps]                         */
 	double t_end;
+	int n_shared;                     /* timed calls planned as sharing */
+	char plan[128];                   /* the GPU (tqc_attn_inflight)    */
 	int rc;
 	tq_error err;
 };
@@ -499,11 +501,17 @@ static void *attn_thread(void *arg)
 		pthread_cond_wait(&g->c, &g->m);
 	int abort_run = g->abort;
 	pthread_mutex_unlock(&g->m);
+	s->n_shared = 0;
 	for (int i = 0; i < s->reps && !s->rc && !abort_run; i++) {
 		double t = bench_now();
 		s->rc = tqc_attend(s->x, &p, &s->err);
 		s->wall_us[i] = (bench_now() - t) * 1e6;
 		s->gpu_us[i] = tqc_ctx_last_us(s->x);
+		const char *plan = tqc_ctx_last_attn_plan(s->x);
+		if (strstr(plan, "(GPU shared)")) {
+			s->n_shared++;
+			snprintf(s->plan, sizeof(s->plan), "%s", plan);
+		}
 	}
 	s->t_end = bench_now();
 	return NULL;
@@ -1023,6 +1031,10 @@ static void run_ctx(struct bench *b, uint32_t T)
 			jnum("peak_gbps", peak, peak > 0);
 			jnum("rel_err", err0, check != 0);
 			jnum("rel_err_concurrent", errc, check != 0);
+			int n_sh = 0;
+			for (int i = 0; i < B; i++)
+				n_sh += b->s[i].n_shared;
+			printf(",\"calls_shared\":%d", n_sh);
 			printf(",\"check\":\"%s\",\"baseline\":", !check ? "skipped" : check > 0 && checkc > 0 ? "ok" : "fail");
 			if (have_sdpa) {
 				printf("\"sdpa\"");
@@ -1047,8 +1059,19 @@ static void run_ctx(struct bench *b, uint32_t T)
 			jnum("speedup", have_sdpa ? sc->ms / step : NAN, have_sdpa);
 			printf("}\n");
 		} else {
-			if (B == 1) /* the plan every session of this context ran */
+			if (B == 1) { /* the plan every session of this context ran */
 				printf("  kernel: %s\n", tqc_ctx_last_attn_plan(b->s[0].x));
+			} else { /* calls that started beside another split for a shared GPU */
+				int n_sh = 0;
+				const char *sh_plan = "";
+				for (int i = 0; i < B; i++) {
+					n_sh += b->s[i].n_shared;
+					if (b->s[i].n_shared)
+						sh_plan = b->s[i].plan;
+				}
+				printf("  kernel: %d of %d calls planned for a shared GPU%s%s\n", n_sh, B * o->reps,
+				       n_sh ? ": " : "", sh_plan);
+			}
 			printf("  batch %d: GPU %.4f ms/call (median of %d), wall %.4f ms/call, %.0f calls/s",
 			       B, gpu_ms, B * o->reps, wall_ms, calls_s);
 			if (B > 1)

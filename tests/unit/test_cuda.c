@@ -20,6 +20,7 @@
  * 77 (skipped). */
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -1207,6 +1208,105 @@ static void test_attn_waves(void)
 	}
 }
 
+/* A call that starts while another is in flight (another context, another
+ * thread: the daemon's workers, tqbench's concurrent sessions) shares the
+ * GPU and splits its context in at most 16 (splits of at most
+ * TQ_CUDA_SPLIT_SHARED keys, at least the shortest); a lone call keeps its
+ * plan.  On a context whose splits may be as short as 64 keys, 2048 keys:
+ * lone, more than 16 splits; shared, 16 of 128 or fewer.  Both within the
+ * oracle's tolerance.  (On a GPU the other call may end before this one
+ * starts: tried again, a few times.) */
+static tqc_ctx *ctx_env(const char *name, const char *val);
+
+struct inflight_call {
+	tqc_ctx *x;
+	struct tq_attn_params p;
+	int rc;
+	tq_error err;
+};
+
+static void *inflight_run(void *arg)
+{
+	struct inflight_call *c = arg;
+
+	c->rc = tqc_attend(c->x, &c->p, &c->err);
+	return NULL;
+}
+
+static void test_attn_shared_gpu(void)
+{
+	const uint32_t len = 2048;
+	struct layer L;
+	tqc_ctx *xc = ctx_env("TQ_CUDA_SPLIT_MIN", "64");
+	int32_t last = (int32_t)len - 1;
+	int splits = 0;
+	uint32_t keys = 0;
+
+	if (!xc || !layer_build(&L, TQ_CODEC_TQ4, TQ_CODEC_TQ3, 128, 2, 256, len, 1, t_seed())) {
+		tqc_ctx_free(xc);
+		T_FAIL("shared GPU: context or layer");
+	}
+	if (!tiled_expected(&L)) {
+		fprintf(stderr, "    (the general kernel: the rule is the tiled kernel's)\n");
+		goto out;
+	}
+	float *q = make_q(1, 8, 128);
+	float *ref = malloc(sizeof(float) * 8 * 128), *got = malloc(sizeof(float) * 8 * 128),
+	      *other = malloc(sizeof(float) * 8 * 128);
+	struct tq_attn_params p = { .k_codec = L.kc, .v_codec = L.vc, .n_q_heads = 8, .kv = &L.ht, .n_q = 1,
+				    .q = q, .q_dtype = TQ_DTYPE_F32, .q_pos = &last, .causal = 1, .out = ref };
+	tq_error err;
+	T_EQ(tq_attend_ref(&p, &err), 0);
+	p.kv = &L.dt;
+
+	/* alone */
+	T_EQ(tqc_attn_inflight(), 0);
+	p.out = got;
+	T_EQ(tqc_attend(xc, &p, &err), 0);
+	const char *plan = tqc_ctx_last_attn_plan(xc), *sp = strstr(plan, ", ");
+	T_ASSERT(sp && sscanf(sp, ", %d splits of %u keys", &splits, &keys) == 2);
+	if (strstr(plan, "GPU shared") || splits <= 16)
+		T_FAIL("alone: plan '%s': want more than 16 splits, not shared", plan);
+	T_ASSERT(row_err(got, ref, 8, 128) <= TOL);
+
+	/* beside a call of another context on another thread */
+	int shared = 0;
+	for (int attempt = 0; attempt < 20 && !shared; attempt++) {
+		struct inflight_call c = { .x = ctx, .p = p };
+		pthread_t th;
+		c.p.out = other;
+		if (pthread_create(&th, NULL, inflight_run, &c) != 0)
+			T_FAIL("pthread_create");
+		while (tqc_attn_inflight() == 0)
+			; /* until the other call has started */
+		memset(got, 0xFF, sizeof(float) * 8 * 128);
+		p.out = got;
+		const int rc = tqc_attend(xc, &p, &err);
+		pthread_join(th, NULL); /* before any return: c is on this stack */
+		T_EQ(rc, 0);
+		T_EQ(c.rc, 0);
+		T_ASSERT(row_err(other, ref, 8, 128) <= TOL);
+		T_ASSERT(row_err(got, ref, 8, 128) <= TOL);
+		plan = tqc_ctx_last_attn_plan(xc);
+		shared = strstr(plan, " (GPU shared)") != NULL;
+	}
+	if (!shared)
+		T_FAIL("beside another call: plan '%s' never planned as shared", plan);
+	sp = strstr(plan, ", ");
+	T_ASSERT(sp && sscanf(sp, ", %d splits of %u keys", &splits, &keys) == 2);
+	if (splits > 16 || keys < len / 16)
+		T_FAIL("beside another call: plan '%s': want at most 16 splits of %u keys or more", plan, len / 16);
+	T_EQ(tqc_attn_inflight(), 0);
+	fprintf(stderr, "    alone and beside another call: within %.0e (%s)\n", TOL, plan);
+	free(q);
+	free(ref);
+	free(got);
+	free(other);
+out:
+	layer_free(&L);
+	tqc_ctx_free(xc);
+}
+
 /* Sharp attention on the tiled kernel: queries 16 x the others' (or
  * TQ_TEST_SHARP x), so a logit error becomes a large weight error — q8
  * keys fail it (1.5e-3) with the queries' low FP16 parts dropped (attn_mma's
@@ -1869,6 +1969,7 @@ int main(void)
 	T_RUN(test_attn_prefill);
 	T_RUN(test_attn_split_k);
 	T_RUN(test_attn_waves);
+	T_RUN(test_attn_shared_gpu);
 	T_RUN(test_attn_sharp);
 	T_RUN(test_attn_sparse_v);
 	T_RUN(test_attn_phases);
