@@ -1217,12 +1217,14 @@ static cudaError_t att_counters(tqc_ctx *x, size_t n)
 	return cudaSuccess;
 }
 
-/* tqc_attend calls in flight in this process, every context's */
-static int att_inflight;
+/* tqc_attend calls in flight in this process, every context's, by device
+ * (devices 64 apart share a count: a plan's hint, nothing more) */
+#define ATT_INFLIGHT_DEVS 64
+static int att_inflight[ATT_INFLIGHT_DEVS];
 
-int tqc_attn_inflight(void)
+int tqc_attn_inflight(int device)
 {
-	return __atomic_load_n(&att_inflight, __ATOMIC_RELAXED);
+	return device < 0 ? 0 : __atomic_load_n(&att_inflight[device % ATT_INFLIGHT_DEVS], __ATOMIC_RELAXED);
 }
 
 /* tqc_attend; shared: another call was in flight when it started (its
@@ -1394,9 +1396,10 @@ cuda_err:
 
 int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 {
-	const int others = __atomic_fetch_add(&att_inflight, 1, __ATOMIC_RELAXED);
+	int *const n = &att_inflight[x && x->device >= 0 ? x->device % ATT_INFLIGHT_DEVS : 0];
+	const int others = __atomic_fetch_add(n, 1, __ATOMIC_RELAXED);
 	const int rc = attend(x, p, others > 0, err);
 
-	__atomic_fetch_sub(&att_inflight, 1, __ATOMIC_RELAXED);
+	__atomic_fetch_sub(n, 1, __ATOMIC_RELAXED);
 	return rc;
 }

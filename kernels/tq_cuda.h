@@ -143,9 +143,10 @@ const char *tqc_ctx_last_append(const tqc_ctx *x);
  * keys a split may have (default 512: shorter splits repeat the CTA's
  * set-up for too few tiles); TQ_CUDA_SPLIT_SHARED=N (32..2^20) the longest
  * a split is made when the GPU is shared (default 2048: a tiled call that
- * starts while another tqc_attend of the process is in flight splits its
- * context in at most 16, into splits of at most N keys, and at least the
- * shortest; the same as TQ_CUDA_SPLIT_MIN turns that off). */
+ * starts while another tqc_attend of this process is in flight on its
+ * device, tqc_attn_inflight, splits its context in at most 16, into splits
+ * of at most N keys and at least the shortest; N at or below the shortest
+ * split turns that off). */
 const char *tqc_ctx_last_attn(const tqc_ctx *x);
 /* The same pass's launch in words, for benchmarks and logs: the kernel, its
  * warps per CTA and CTAs per SM (mma), the context's splits and their
@@ -153,9 +154,9 @@ const char *tqc_ctx_last_attn(const tqc_ctx *x);
  * warps x 2 CTAs/SM, 33 splits of 4000 keys"; "" before any.  Valid until
  * the next call on x (formatted here, not per call). */
 const char *tqc_ctx_last_attn_plan(tqc_ctx *x);
-/* tqc_attend calls in flight in this process now, of every context (a call
- * counts from its start to its return); 0 without CUDA. */
-int tqc_attn_inflight(void);
+/* tqc_attend calls in flight on the device in this process now, of every
+ * context (a call counts from its start to its return); 0 without CUDA. */
+int tqc_attn_inflight(int device);
 
 /* Quantize-append n tokens of one layer: token i goes to slot pos + i, that
  * is page (pos + i) / page_tokens at slot (pos + i) % page_tokens, K blocks

@@ -66,7 +66,7 @@ double tqc_ctx_last_us(const tqc_ctx *x) { return 0.0; }
 const char *tqc_ctx_last_append(const tqc_ctx *x) { return ""; }
 const char *tqc_ctx_last_attn(const tqc_ctx *x) { return ""; }
 const char *tqc_ctx_last_attn_plan(tqc_ctx *x) { return ""; }
-int tqc_attn_inflight(void) { return 0; }
+int tqc_attn_inflight(int device) { return 0; }
 
 int tqc_append(tqc_ctx *x, const struct tqc_append *a, uint32_t *bad, tq_error *err)
 {

@@ -1260,7 +1260,7 @@ static void test_attn_shared_gpu(void)
 	p.kv = &L.dt;
 
 	/* alone */
-	T_EQ(tqc_attn_inflight(), 0);
+	T_EQ(tqc_attn_inflight(dev), 0);
 	p.out = got;
 	T_EQ(tqc_attend(xc, &p, &err), 0);
 	const char *plan = tqc_ctx_last_attn_plan(xc), *sp = strstr(plan, ", ");
@@ -1277,7 +1277,7 @@ static void test_attn_shared_gpu(void)
 		c.p.out = other;
 		if (pthread_create(&th, NULL, inflight_run, &c) != 0)
 			T_FAIL("pthread_create");
-		while (tqc_attn_inflight() == 0)
+		while (tqc_attn_inflight(dev) == 0)
 			; /* until the other call has started */
 		memset(got, 0xFF, sizeof(float) * 8 * 128);
 		p.out = got;
@@ -1296,7 +1296,7 @@ static void test_attn_shared_gpu(void)
 	T_ASSERT(sp && sscanf(sp, ", %d splits of %u keys", &splits, &keys) == 2);
 	if (splits > 16 || keys < len / 16)
 		T_FAIL("beside another call: plan '%s': want at most 16 splits of %u keys or more", plan, len / 16);
-	T_EQ(tqc_attn_inflight(), 0);
+	T_EQ(tqc_attn_inflight(dev), 0);
 	fprintf(stderr, "    alone and beside another call: within %.0e (%s)\n", TOL, plan);
 	free(q);
 	free(ref);
