@@ -46,13 +46,13 @@
 #define ATT_SPLIT_MIN   512u /* 256 was slower at 8k: BENCHMARKS 2b */
 #define ATT_CTAS_PER_SM 4
 /* A call that starts while another attention call of this process is in
- * flight shares the GPU: its splits are at least kv_len / ATT_SHARED_SPLITS
- * keys, at most ATT_SHARED_LEN (and never below the shortest split).  On an
- * H100, 16 concurrent 32k calls with 16 splits of 2048 keys took 20 % less
- * time a round than with 32 of 1024, while a lone call was 9 % slower
- * (BENCHMARKS 2b): the lone call keeps its plan.  8k keeps 16 splits of
- * 512 (4 of 2048 measured no better there); from 64k on the plan is the
- * lone one (its splits are longer already). */
+ * flight on its device shares the GPU: its splits are at least
+ * kv_len / ATT_SHARED_SPLITS keys, at most ATT_SHARED_LEN (and never below
+ * the shortest split).  On an H100, 16 concurrent 32k calls with 16
+ * splits of 2048 keys took 20 % less time a round than with 32 of 1024,
+ * while a lone call was 9 % slower (BENCHMARKS 2b): the lone call keeps its
+ * plan.  8k keeps 16 splits of 512 (4 of 2048 measured no better there);
+ * from 64k on the plan is the lone one (its splits are longer already). */
 #define ATT_SHARED_SPLITS 16u
 #define ATT_SHARED_LEN    2048u
 
