@@ -577,24 +577,22 @@ static void checkpoint_due(struct kvstore *ks, struct session_table *st, bool al
 			ids[n++] = kv->id;
 		}
 	pthread_mutex_unlock(&ks->lock);
-	/* A lost GPU whose memory the host cannot read (a discrete device):
-	 * every page's copy would fail, each with its own lines.  One line
-	 * instead, and the files stay as they are (last checkpoint + journal:
-	 * what the next start restores).  Unified memory stays readable, and
-	 * its committed tokens are checkpointed as always. */
+	/* A lost discrete GPU refuses every session's checkpoint alike
+	 * (dataop_checkpoint: -ENOTRECOVERABLE): one line for them all, and
+	 * the files stay as they are (last checkpoint + journal: what the
+	 * next start restores). */
 	char lost[320];
-	if (n && !pool_host_accessible(ks->pool) && pool_lost(ks->pool, lost, sizeof(lost))) {
-		__atomic_add_fetch(&kp->checkpoint_failures, n, __ATOMIC_RELAXED);
-		log_err("persistent sessions: %zu checkpoint%s not written: %s; their files stay as of their "
-			"last checkpoint and journal record", n, n == 1 ? "" : "s", lost);
-		n = 0;
-	}
+	size_t n_lost = 0;
 	for (size_t i = 0; i < n; i++) {
 		struct session *s;
 		char why[320];
 		if (session_acquire(st, ids[i], 0, &s) < 0)
 			continue; /* closed or evicted meanwhile */
-		if (dataop_checkpoint(ks, s, why, sizeof(why)) < 0) {
+		int r = dataop_checkpoint(ks, s, why, sizeof(why));
+		if (r == -ENOTRECOVERABLE) {
+			if (n_lost++ == 0)
+				snprintf(lost, sizeof(lost), "%s", why);
+		} else if (r < 0) {
 			if (all)
 				log_err("session %" PRIu64 ": checkpoint failed: %s (its files stay as of its last "
 					"checkpoint and journal record)", ids[i], why);
@@ -604,6 +602,9 @@ static void checkpoint_due(struct kvstore *ks, struct session_table *st, bool al
 		}
 		session_release(s);
 	}
+	if (n_lost)
+		log_err("persistent sessions: %zu checkpoint%s not written: %s; their files stay as of their "
+			"last checkpoint and journal record", n_lost, n_lost == 1 ? "" : "s", lost);
 	free(ids);
 }
 

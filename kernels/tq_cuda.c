@@ -1222,9 +1222,14 @@ static cudaError_t att_counters(tqc_ctx *x, size_t n)
 #define ATT_INFLIGHT_DEVS 64
 static int att_inflight[ATT_INFLIGHT_DEVS];
 
+static int *inflight_of(int device)
+{
+	return &att_inflight[device > 0 ? device % ATT_INFLIGHT_DEVS : 0];
+}
+
 int tqc_attn_inflight(int device)
 {
-	return device < 0 ? 0 : __atomic_load_n(&att_inflight[device % ATT_INFLIGHT_DEVS], __ATOMIC_RELAXED);
+	return device < 0 ? 0 : __atomic_load_n(inflight_of(device), __ATOMIC_RELAXED);
 }
 
 /* tqc_attend; shared: another call was in flight when it started (its
@@ -1396,7 +1401,7 @@ cuda_err:
 
 int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 {
-	int *const n = &att_inflight[x && x->device >= 0 ? x->device % ATT_INFLIGHT_DEVS : 0];
+	int *const n = inflight_of(x ? x->device : 0);
 	const int others = __atomic_fetch_add(n, 1, __ATOMIC_RELAXED);
 	const int rc = attend(x, p, others > 0, err);
 

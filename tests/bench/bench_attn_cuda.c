@@ -1012,6 +1012,14 @@ static void run_ctx(struct bench *b, uint32_t T)
 		double step = B == 1 ? gpu_ms : round_ms;
 		mode_desc = B == 1 ? "GPU time" : "wall time of a round of concurrent calls";
 
+		/* the timed calls planned for a shared GPU, and one's plan */
+		int n_sh = 0;
+		const char *sh_plan = "";
+		for (int i = 0; i < B; i++) {
+			n_sh += b->s[i].n_shared;
+			if (b->s[i].n_shared)
+				sh_plan = b->s[i].plan;
+		}
 		if (o->json) {
 			printf("{\"suite\":\"attn\",\"backend\":\"cuda\",\"mode\":\"decode\",\"device\":%d,\"gpu\":", dev);
 			json_str(b->dev.name);
@@ -1031,9 +1039,6 @@ static void run_ctx(struct bench *b, uint32_t T)
 			jnum("peak_gbps", peak, peak > 0);
 			jnum("rel_err", err0, check != 0);
 			jnum("rel_err_concurrent", errc, check != 0);
-			int n_sh = 0;
-			for (int i = 0; i < B; i++)
-				n_sh += b->s[i].n_shared;
 			printf(",\"calls_shared\":%d", n_sh);
 			printf(",\"check\":\"%s\",\"baseline\":", !check ? "skipped" : check > 0 && checkc > 0 ? "ok" : "fail");
 			if (have_sdpa) {
@@ -1062,13 +1067,6 @@ static void run_ctx(struct bench *b, uint32_t T)
 			if (B == 1) { /* the plan every session of this context ran */
 				printf("  kernel: %s\n", tqc_ctx_last_attn_plan(b->s[0].x));
 			} else { /* calls that started beside another split for a shared GPU */
-				int n_sh = 0;
-				const char *sh_plan = "";
-				for (int i = 0; i < B; i++) {
-					n_sh += b->s[i].n_shared;
-					if (b->s[i].n_shared)
-						sh_plan = b->s[i].plan;
-				}
 				printf("  kernel: %d of %d calls planned for a shared GPU%s%s\n", n_sh, B * o->reps,
 				       n_sh ? ": " : "", sh_plan);
 			}
