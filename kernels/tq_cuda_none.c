@@ -75,6 +75,13 @@ int tqc_append(tqc_ctx *x, const struct tqc_append *a, uint32_t *bad, tq_error *
 
 int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err) { return none_err(err); }
 
+int tqc_attend_batch(tqc_ctx *x, const struct tq_attn_params *const *ps, int n, int *rcs, tq_error *err)
+{
+	for (int i = 0; rcs && i < n; i++)
+		rcs[i] = -ENOSYS;
+	return none_err(err);
+}
+
 int tqc_phases_arm(int device, uint32_t max_ctas, char *why, size_t whylen) { return none(why, whylen); }
 int tqc_phases_take(struct tqc_phase_rec *out, uint32_t max, uint32_t *n, char *why, size_t whylen)
 {

@@ -7,8 +7,8 @@
 #
 #   scripts/gpu-check.sh [STEP...]     steps: smi test quick backend benchsmall bench
 #                                      benchq8 benchtqo bench8 general ncu sanitize probe
-#                                      sparse phases fault shared (default: smi test backend
-#                                      benchsmall bench)
+#                                      sparse phases fault shared launch (default: smi test
+#                                      backend benchsmall bench)
 set -u
 cd "$(dirname "$0")/.."
 if [ -z "${B:-}" ] && [ -f .gpu/build.tar.xz ] && [ ! -d .gpu/build ]; then
@@ -69,6 +69,9 @@ for s in "${steps[@]}"; do
 	                         --no-baseline --check-max 32768 --layers 1 --bulk 64
 	                done
 	            done ;;
+	launch)     # 16 sessions' decode as concurrent calls, then as one launch (tqc_attend_batch), against SDPA
+	            step bench_launch 240 "$B/bin/tqbench" attn --backend cuda --ctx 8192,32768,131072 --batch 4,16 \
+	                 --reps 20 --check-max 32768 --layers 1 --bulk 64 ;;
 	phases)     # where attn_mma's time goes (tqbench-phases, `make phases`: kernels with the phase clocks)
 	            if [ -x "$B/bin/tqbench-phases" ]; then
 	                step phases 200 "$B/bin/tqbench-phases" attn --backend cuda --ctx 8192,32768,131072 --batch 1 \
@@ -78,7 +81,7 @@ for s in "${steps[@]}"; do
 	            fi ;;
 	sanitize)   step sanitize 300 compute-sanitizer --tool memcheck --leak-check full \
 	                 env TQ_CUDA_QUICK=1 "$B/tests/test_cuda" ;;
-	*) echo "gpu-check: unknown step '$s' (smi test quick backend benchsmall bench benchq8 benchtqo bench8 general ncu sanitize probe sparse phases fault shared)" >&2; exit 2 ;;
+	*) echo "gpu-check: unknown step '$s' (smi test quick backend benchsmall bench benchq8 benchtqo bench8 general ncu sanitize probe sparse phases fault shared launch)" >&2; exit 2 ;;
 	esac
 done
 exit $status

@@ -136,9 +136,30 @@ void simt_run(unsigned gx, unsigned gy, unsigned gz, int nthreads, const std::fu
 	}
 	cur_body = &body;
 	simt_grid = { gx, gy, gz };
-	for (unsigned z = 0; z < gz; z++)
-		for (unsigned y = 0; y < gy; y++)
-			for (unsigned x = 0; x < gx; x++) {
+	/* The CTAs one after another, in a shuffled order: a GPU runs them in
+	 * any order and at once, so a kernel whose result depends on the order
+	 * (a count shared where it should not be, a merge before its inputs)
+	 * fails here too instead of passing in grid order.  SIMT_CTA_SEED=N
+	 * picks another order; 0 runs them in grid order (x fastest). */
+	static const uint64_t seed0 = getenv("SIMT_CTA_SEED") ? strtoull(getenv("SIMT_CTA_SEED"), nullptr, 0) : 1;
+	static uint64_t launches;
+	const size_t n_cta = (size_t)gx * gy * gz;
+	std::vector<size_t> order(n_cta);
+	for (size_t i = 0; i < n_cta; i++)
+		order[i] = i;
+	if (seed0) {
+		uint64_t r = seed0 * 0x9E3779B97F4A7C15ull + ++launches;
+		for (size_t i = n_cta; i > 1; i--) { /* Fisher-Yates, splitmix64 */
+			uint64_t z = (r += 0x9E3779B97F4A7C15ull);
+			z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+			z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+			z ^= z >> 31;
+			std::swap(order[i - 1], order[z % i]);
+		}
+	}
+	for (size_t oi = 0; oi < n_cta; oi++) {
+				const size_t ci = order[oi];
+				const unsigned x = (unsigned)(ci % gx), y = (unsigned)(ci / gx % gy), z = (unsigned)(ci / gx / gy);
 				simt_block = { x, y, z };
 				b_arrived = 0;
 				for (auto &w : warps)

@@ -1310,6 +1310,165 @@ out:
 	tqc_ctx_free(xc);
 }
 
+/* tqc_attend_batch: calls of several sessions in as few launches as they
+ * allow.  Sessions of one shape (tq4 / tq3, d 128, 2 KV heads, GQA 4) at
+ * different lengths — a page multiple, not one, one page — causal and not,
+ * outputs in device and in plain host memory, share one launch; a q8 / tq4
+ * session and a d 64 pair make launches (or calls) of their own; a bad call
+ * fails alone, a call of no query succeeds alone.  Every output within the
+ * oracle's bound; on a context of one split a session (where the lone plan
+ * and the batch's are the same) each output is bit for bit tqc_attend's.
+ * Sparse-V's calls run one by one (attn_mma_many is exact only): the same
+ * bits and counts as tqc_attend's. */
+#define BAT_N 9
+static void test_attn_batch(void)
+{
+	static const uint32_t lens[BAT_N] = { 1024, 700, 256, 900, 512, 333, 600, 100, 400 };
+	struct layer L[BAT_N];
+	float *q[BAT_N], *ref[BAT_N], *got[BAT_N], *lone[BAT_N];
+	struct buf ob[BAT_N];
+	struct tq_attn_params p[BAT_N];
+	const struct tq_attn_params *pp[BAT_N];
+	int32_t last[BAT_N];
+	int rcs[BAT_N], built = 0;
+	tq_error err;
+
+	memset(ob, 0, sizeof(ob));
+	for (int i = 0; i < BAT_N; i++) {
+		/* 0-2, 5: tq4 / tq3 d 128; 3: q8 / tq4; 4, 6: d 64; 7: bad; 8: no query */
+		const enum tq_codec_id kid = i == 3 ? TQ_CODEC_Q8 : TQ_CODEC_TQ4, vid = i == 3 ? TQ_CODEC_TQ4 : TQ_CODEC_TQ3;
+		const int d = i == 4 || i == 6 ? 64 : 128;
+		if (!layer_build(&L[i], kid, vid, d, 2, 256, lens[i], 1, t_seed() + 101 * (uint64_t)i))
+			break;
+		built++;
+		last[i] = (int32_t)lens[i] - 1;
+		q[i] = make_q(1, 8, d);
+		ref[i] = malloc(sizeof(float) * 8 * d);
+		got[i] = malloc(sizeof(float) * 8 * d);
+		lone[i] = malloc(sizeof(float) * 8 * d);
+		p[i] = (struct tq_attn_params){ .k_codec = L[i].kc, .v_codec = L[i].vc, .n_q_heads = 8, .kv = &L[i].ht,
+						.n_q = 1, .q = q[i], .q_dtype = TQ_DTYPE_F32, .q_pos = &last[i],
+						.causal = i != 2, .out = ref[i] };
+		if (i != 7 && i != 8)
+			T_EQ(tq_attend_ref(&p[i], &err), 0);
+		p[i].kv = &L[i].dt;
+		pp[i] = &p[i];
+	}
+	if (built < BAT_N)
+		T_FAIL("batch: layers");
+	if (!tiled_expected(&L[0])) {
+		fprintf(stderr, "    (the general kernel: a batch is the tiled kernel's)\n");
+		goto out;
+	}
+	p[7].n_q_heads = 7; /* not a multiple of the KV heads: refused */
+	p[8].n_q = 0;
+
+	for (int pass = 0; pass < 2; pass++) { /* ctx, then lctx: one split a session */
+		tqc_ctx *const x = pass ? lctx : ctx;
+		for (int i = 0; i < BAT_N; i++) {
+			const size_t bytes = sizeof(float) * 8 * (size_t)L[i].dim;
+			memset(got[i], 0xFF, bytes);
+			if (buf_new(&ob[i], i == 1 || i == 5 ? MEM_HOST : MEM_DEVICE, bytes, got[i]))
+				T_FAIL("batch: output buffer");
+			p[i].out = ob[i].p;
+			rcs[i] = 1;
+		}
+		memset(&err, 0, sizeof(err));
+		const int rc = tqc_attend_batch(x, pp, BAT_N, rcs, &err);
+		T_EQ(tqc_attn_inflight(dev), 0);
+		T_EQ(rc, -EINVAL);
+		T_EQ(rcs[7], -EINVAL);
+		if (!strstr(err.msg, "call 7 of the batch: "))
+			T_FAIL("batch: error '%s' does not name call 7", err.msg);
+		for (int i = 0; i < BAT_N; i++) {
+			if (i == 7)
+				continue;
+			T_EQ(rcs[i], 0);
+			if (i == 8)
+				continue;
+			T_EQ(buf_read(&ob[i], got[i], sizeof(float) * 8 * (size_t)L[i].dim), 0);
+			const double e = row_err(got[i], ref[i], 8, L[i].dim);
+			if (!(e <= TOL))
+				T_FAIL("batch (%s): session %d (%u keys): error %.3g", pass ? "one split" : "split", i,
+				       lens[i], e);
+			if (pass) { /* the lone call's plan is the batch's: the same bits */
+				struct tq_attn_params one = p[i];
+				one.out = lone[i];
+				T_EQ(tqc_attend(x, &one, &err), 0);
+				if (memcmp(lone[i], got[i], sizeof(float) * 8 * (size_t)L[i].dim))
+					T_FAIL("batch (one split): session %d differs from its call alone (%s)", i,
+					       tqc_ctx_last_attn_plan(x));
+			}
+		}
+		for (int i = 0; i < BAT_N; i++)
+			buf_free(&ob[i]);
+	}
+
+	/* the sessions of one shape alone: one launch, said in the plan */
+	{
+		static const int idx[4] = { 0, 1, 2, 5 };
+		const struct tq_attn_params *same[4];
+		for (int k = 0; k < 4; k++) {
+			p[idx[k]].out = got[idx[k]];
+			same[k] = &p[idx[k]];
+		}
+		T_EQ(tqc_attend_batch(ctx, same, 4, rcs, &err), 0);
+		const char *plan = tqc_ctx_last_attn_plan(ctx);
+		if (!strstr(plan, "one launch of 4 sessions") || !strstr(plan, "GPU shared"))
+			T_FAIL("batch: plan '%s' is not one launch of 4 sessions", plan);
+		for (int k = 0; k < 4; k++) {
+			T_EQ(rcs[k], 0);
+			T_ASSERT(row_err(got[idx[k]], ref[idx[k]], 8, 128) <= TOL);
+		}
+		fprintf(stderr, "    %s\n", plan);
+	}
+
+	/* sparse-V: two sessions, a call each, the same bits and counts as
+	 * tqc_attend's (lctx: one split, the same plan) */
+	{
+		struct tq_attn_stats sb = { 0 }, sa = { 0 };
+		struct tq_attn_params sv[2] = { p[0], p[1] };
+		const struct tq_attn_params *spp[2] = { &sv[0], &sv[1] };
+		float *qs[2];
+		for (int k = 0; k < 2; k++) { /* sharp queries: chunks to skip */
+			qs[k] = malloc(sizeof(float) * 8 * 128);
+			for (int j = 0; j < 8 * 128; j++)
+				qs[k][j] = q[k][j] * 16.0f;
+			sv[k].q = qs[k];
+			sv[k].sparse_v = 0.01f;
+			sv[k].stats = &sb;
+			sv[k].out = got[k];
+		}
+		T_EQ(tqc_attend_batch(lctx, spp, 2, rcs, &err), 0);
+		T_ASSERT(strstr(tqc_ctx_last_attn_plan(lctx), "one launch") == NULL);
+		for (int k = 0; k < 2; k++) {
+			struct tq_attn_params one = sv[k];
+			one.stats = &sa;
+			one.out = lone[k];
+			T_EQ(tqc_attend(lctx, &one, &err), 0);
+			if (memcmp(lone[k], got[k], sizeof(float) * 8 * 128))
+				T_FAIL("batch, sparse-V: session %d differs from its call alone", k);
+		}
+		free(qs[0]);
+		free(qs[1]);
+		T_EQ(sb.v_chunks, sa.v_chunks);
+		T_EQ(sb.v_skipped, sa.v_skipped);
+		T_ASSERT(sb.v_skipped > 0);
+		fprintf(stderr, "    sparse-V: %llu of %llu value chunks skipped, as alone\n",
+			(unsigned long long)sb.v_skipped, (unsigned long long)sb.v_chunks);
+	}
+	fprintf(stderr, "    %d sessions: within %.0e of the oracle; one split: bit for bit their calls alone\n",
+		BAT_N - 2, TOL);
+out:
+	for (int i = 0; i < built; i++) {
+		free(q[i]);
+		free(ref[i]);
+		free(got[i]);
+		free(lone[i]);
+		layer_free(&L[i]);
+	}
+}
+
 /* Sharp attention on the tiled kernel: queries 16 x the others' (or
  * TQ_TEST_SHARP x), so a logit error becomes a large weight error — q8
  * keys fail it (1.5e-3) with the queries' low FP16 parts dropped (attn_mma's
@@ -1973,6 +2132,7 @@ int main(void)
 	T_RUN(test_attn_split_k);
 	T_RUN(test_attn_waves);
 	T_RUN(test_attn_shared_gpu);
+	T_RUN(test_attn_batch);
 	T_RUN(test_attn_sharp);
 	T_RUN(test_attn_sparse_v);
 	T_RUN(test_attn_phases);
