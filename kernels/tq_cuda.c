@@ -1242,11 +1242,27 @@ int tqc_attn_inflight(int device)
 	return device < 0 ? 0 : __atomic_load_n(inflight_of(device), __ATOMIC_RELAXED);
 }
 
+/* The CPU path's checks and messages (tqa_validate), less what the GPU
+ * ignores. */
+static int attn_validate(const struct tq_attn_params *p, struct tqa_shape *sh, tq_error *err)
+{
+	struct tq_attn_params v;
+
+	if (!p)
+		return tq_fail(err, "attention: NULL params, codec or page table");
+	v = *p;
+	v.isa = TQ_ISA_AUTO;
+	v.threads = NULL;
+	v.plan_n_q = 0;
+	v.workspace = NULL;
+	v.workspace_bytes = 0;
+	return tqa_validate(&v, sh, err);
+}
+
 /* tqc_attend; shared: another call was in flight when it started (its
  * every pass is planned so, so that the partials reserved fit each) */
 static int attend(tqc_ctx *x, const struct tq_attn_params *p, int shared, tq_error *err)
 {
-	struct tq_attn_params v;
 	struct tqa_shape sh;
 	struct tqc_attn_args args;
 	struct att_plan pl;
@@ -1258,16 +1274,7 @@ static int attend(tqc_ctx *x, const struct tq_attn_params *p, int shared, tq_err
 		return rc;
 	if (!x)
 		return tq_fail(err, "attention: NULL GPU context");
-	if (!p)
-		return tq_fail(err, "attention: NULL params, codec or page table");
-	/* the CPU path's checks and messages, less what the GPU ignores */
-	v = *p;
-	v.isa = TQ_ISA_AUTO;
-	v.threads = NULL;
-	v.plan_n_q = 0;
-	v.workspace = NULL;
-	v.workspace_bytes = 0;
-	if ((rc = tqa_validate(&v, &sh, err)) < 0)
+	if ((rc = attn_validate(p, &sh, err)) < 0)
 		return rc;
 	if (p->n_q == 0)
 		return 0;
@@ -1452,18 +1459,8 @@ enum { BAT_DONE, BAT_ALONE, BAT_ONE_LAUNCH };
 static int bat_prepare(tqc_ctx *x, struct bat_call *c, tq_error *err, int *rc)
 {
 	const struct tq_attn_params *p = c->p;
-	struct tq_attn_params v;
 
-	*rc = 0;
-	if (!p)
-		return *rc = tq_fail(err, "attention: NULL params, codec or page table"), BAT_DONE;
-	v = *p;
-	v.isa = TQ_ISA_AUTO;
-	v.threads = NULL;
-	v.plan_n_q = 0;
-	v.workspace = NULL;
-	v.workspace_bytes = 0;
-	if ((*rc = tqa_validate(&v, &c->sh, err)) < 0 || p->n_q == 0)
+	if ((*rc = attn_validate(p, &c->sh, err)) < 0 || p->n_q == 0)
 		return BAT_DONE;
 	if (p->k_codec->rot.kind == TQ_ROT_DENSE || p->v_codec->rot.kind == TQ_ROT_DENSE || p->sparse_v > 0.0f ||
 	    (size_t)p->n_q * (size_t)p->n_q_heads * (size_t)c->sh.dim > ATT_PASS_FLOATS)
