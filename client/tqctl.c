@@ -516,13 +516,18 @@ static int cmd_health(struct ctx *x, int argc, char **argv)
 	if ((r = call(x, "Health", &q.base, &rep)) != 0)
 		return r;
 	Tqkv__V1__HealthReply *h = (void *)rep;
+	/* anything but SERVING is an error for a probe (exit 1) */
+	const int serving = strcmp(h->status, "SERVING") == 0;
 	if (x->json)
 		print_json(rep);
+	else if (h->reason && h->reason[0])
+		printf("%s: tqkvd %s, pid %u, up %" PRIu64 "s: %s\n", h->status, h->version, h->pid,
+		       h->uptime_ms / 1000, h->reason);
 	else
 		printf("%s: tqkvd %s, pid %u, up %" PRIu64 "s\n", h->status, h->version, h->pid,
 		       h->uptime_ms / 1000);
 	protobuf_c_message_free_unpacked(rep, NULL);
-	return 0;
+	return serving ? 0 : EXIT_ERR;
 }
 
 static int cmd_stats(struct ctx *x, int argc, char **argv)
@@ -1374,7 +1379,9 @@ static int cmd_top(struct ctx *x, int argc, char **argv)
 
 static const struct cmd cmds[] = {
 	{ "health", "", "is the daemon up? (Health)",
-	  "Prints SERVING, the version, the pid and the uptime.", true, cmd_health },
+	  "Prints SERVING, the version, the pid and the uptime; or NOT_SERVING and why\n"
+	  "(the pool's GPU failed and tqkvd is stopping, or it is shutting down), and\n"
+	  "then exits 1.", true, cmd_health },
 	{ "stats", "", "daemon-wide counters (GetStats)",
 	  "Pool use, sessions open/evicted, totals, control calls, reloads, the data\n"
 	  "path, the spill tier, persistent sessions, and the reclaimer: its watermarks\n"

@@ -215,8 +215,19 @@ static void h_health(struct rpc_server *srv, const struct peer *peer,
 		     const ProtobufCMessage *req, struct reply *rep)
 {
 	Tqkv__V1__HealthReply r = TQKV__V1__HEALTH_REPLY__INIT;
+	struct pool *pool = __atomic_load_n(&srv->pool, __ATOMIC_ACQUIRE);
+	char why[512];
 
+	/* a lost GPU: the main loop stops tqkvd within a tick; until then the
+	 * probe must not say SERVING (data operations already fail) */
 	r.status = (char *)"SERVING";
+	if (pool && pool_lost(pool, why, sizeof(why))) {
+		r.status = (char *)"NOT_SERVING";
+		r.reason = why;
+	} else if (__atomic_load_n(&srv->stopping, __ATOMIC_ACQUIRE)) {
+		r.status = (char *)"NOT_SERVING";
+		r.reason = (char *)"shutting down";
+	}
 	r.version = (char *)(TQ_VERSION " (git " TQ_GIT_REV ")");
 	r.uptime_ms = now_mono_ms() - srv->start_mono_ms;
 	r.pid = (uint32_t)getpid();

@@ -18,6 +18,7 @@
 #include "config.h"
 #include "dataop.h"
 #include "pool.h"
+#include "devsim.h"
 #include "rpc.h"
 #include "session.h"
 #include "tenant.h"
@@ -169,6 +170,38 @@ static void test_health(void)
 	protobuf_c_message_free_unpacked(rep, NULL);
 	T_EQ(ctl_call(cl_tcp, "Health", &q.base, &rep, 5000, &st), 0);
 	protobuf_c_message_free_unpacked(rep, NULL);
+}
+
+/* The pool's GPU lost (devsim_lose, as tqc_device_lost): Health says
+ * NOT_SERVING and why, until the device works again (the main loop stops
+ * tqkvd within a tick; the probe must not say SERVING meanwhile). */
+static void test_health_device_lost(void)
+{
+	Tqkv__V1__HealthRequest q = TQKV__V1__HEALTH_REQUEST__INIT;
+	ProtobufCMessage *rep;
+	struct ctl_status st;
+	struct pool *dp;
+	char err[256];
+	struct pool_params pp = { .bytes = 4 << 20, .page_bytes = 64 << 10, .numa_node = -1,
+				  .backend = &backend_devsim };
+
+	T_EQ(pool_new(&dp, &pp, err, sizeof(err)), 0);
+	rpc_set_datapath(srv, dp, NULL);
+	for (int lost = 0; lost < 3; lost++) { /* works, lost, works again */
+		devsim_lose(lost == 1 ? "CUDA error 999 (unspecified launch failure) in attention" : NULL);
+		T_EQ(ctl_call(cl, "Health", &q.base, &rep, 5000, &st), 0);
+		Tqkv__V1__HealthReply *h = (void *)rep;
+		if (lost == 1) {
+			T_ASSERT(strcmp(h->status, "NOT_SERVING") == 0);
+			T_ASSERT(strstr(h->reason, "unspecified launch failure") != NULL);
+		} else {
+			T_ASSERT(strcmp(h->status, "SERVING") == 0);
+			T_ASSERT(strcmp(h->reason, "") == 0);
+		}
+		protobuf_c_message_free_unpacked(rep, NULL);
+	}
+	rpc_set_datapath(srv, NULL, NULL);
+	pool_free(dp);
 }
 
 static void test_open_defaults_and_owner(void)
@@ -689,6 +722,7 @@ int main(int argc, char **argv)
 		return rights_child(argv[2], strtoull(argv[3], NULL, 0), atoi(argv[4]));
 	setup();
 	T_RUN(test_health);
+	T_RUN(test_health_device_lost);
 	T_RUN(test_open_defaults_and_owner);
 	T_RUN(test_open_rejections);
 	T_RUN(test_names_and_limits);
