@@ -1617,22 +1617,32 @@ static void bat_err(tq_error *err, int *first, int i, const tq_error *e)
 	}
 }
 
+static int bat_fail_all(int *rcs, int n, int rc)
+{
+	for (int i = 0; i < n; i++)
+		rcs[i] = rc;
+	return rc;
+}
+
 int tqc_attend_batch(tqc_ctx *x, const struct tq_attn_params *const *ps, int n, int *rcs, tq_error *err)
 {
 	struct bat_call *g[BAT_LAUNCH_MAX];
 	tq_error e1;
 	int rc, first = 0, ret = 0;
 
-	if ((rc = lost_err(err)) < 0)
-		return rc;
-	if (!x)
-		return tq_fail(err, "attention: NULL GPU context");
 	if (n < 0 || (n > 0 && (!ps || !rcs)))
 		return tq_fail(err, "attention batch: %d calls, params %p, results %p", n, (const void *)ps, (void *)rcs);
+	/* a failure before the calls is each call's */
+	if ((rc = lost_err(err)) < 0)
+		return bat_fail_all(rcs, n, rc);
+	if (!x)
+		return bat_fail_all(rcs, n, tq_fail(err, "attention: NULL GPU context"));
 	if (n > x->bat_cap) {
 		struct bat_call *nb = realloc(x->bat, (size_t)n * sizeof(*nb));
-		if (!nb)
-			return tq_fail(err, "attention batch of %d calls: out of memory", n), -ENOMEM;
+		if (!nb) {
+			tq_fail(err, "attention batch of %d calls: out of memory", n);
+			return bat_fail_all(rcs, n, -ENOMEM);
+		}
 		x->bat = nb;
 		x->bat_cap = n;
 	}

@@ -69,9 +69,12 @@ for s in "${steps[@]}"; do
 	                         --no-baseline --check-max 32768 --layers 1 --bulk 64
 	                done
 	            done ;;
-	launch)     # 16 sessions' decode as concurrent calls, then as one launch (tqc_attend_batch), against SDPA
+	launch)     # 16 sessions' decode as concurrent calls, then as one launch (tqc_attend_batch), against SDPA;
+	            # then with splits of at least 8192 keys (fewer CTAs, longer tile loops: one launch fills the GPU)
 	            step bench_launch 240 "$B/bin/tqbench" attn --backend cuda --ctx 8192,32768,131072 --batch 4,16 \
-	                 --reps 20 --check-max 32768 --layers 1 --bulk 64 ;;
+	                 --reps 20 --check-max 32768 --layers 1 --bulk 64
+	            step bench_launch_8k 150 env TQ_CUDA_SPLIT_MIN=8192 "$B/bin/tqbench" attn --backend cuda \
+	                 --ctx 32768,131072 --batch 16 --reps 20 --no-baseline --check-max 32768 --layers 1 --bulk 64 ;;
 	phases)     # where attn_mma's time goes (tqbench-phases, `make phases`: kernels with the phase clocks)
 	            if [ -x "$B/bin/tqbench-phases" ]; then
 	                step phases 200 "$B/bin/tqbench-phases" attn --backend cuda --ctx 8192,32768,131072 --batch 1 \

@@ -1739,6 +1739,11 @@ static void test_device_lost(void)
 	memset(&err, 0, sizeof(err));
 	T_EQ(tqc_attend(ctx, &p, &err), -ENOTRECOVERABLE);
 	T_ASSERT(strcmp(err.msg, why) == 0);
+	const struct tq_attn_params *pb[2] = { &p, &p };
+	int rcs[2] = { 1, 1 };
+	memset(&err, 0, sizeof(err));
+	T_EQ(tqc_attend_batch(ctx, pb, 2, rcs, &err), -ENOTRECOVERABLE); /* each call's result too */
+	T_ASSERT(rcs[0] == -ENOTRECOVERABLE && rcs[1] == -ENOTRECOVERABLE && strcmp(err.msg, why) == 0);
 	struct tqc_append a;
 	uint32_t bad = 0;
 	memset(&a, 0, sizeof(a)); /* its arguments are not even looked at */
