@@ -1571,7 +1571,7 @@ static mma_many_fn mma_many_ko(int dim, bool pair)
 	}
 }
 
-/* exact builds only: each build costs nvcc about 1.6 s of each GPU
+/* exact builds only: each build costs nvcc about 1.3 s of each GPU
  * architecture's compile, and sparse-V's calls run one by one */
 static mma_many_fn mma_many(int dim, int warps, bool ko, bool sv)
 {
