@@ -1,9 +1,11 @@
 /* tq_cuda_mma_body.cuh — the body of attn_mma and attn_mma_many
  * (tq_cuda_attn.cu), included by both kernels: one text, so that the
- * single call's kernel compiles to the very code measured before the batch
+ * single call's kernel compiles to the code measured before the batch
  * kernel existed (a shared __device__ function moved its shared variables
- * and registers).  The including kernel provides D, NWC, KO, SV (template
- * parameters), `a` (the pass's arguments) and MMA_H (its KV head). */
+ * and registers; with this, sm_80 and sm_90 SASS are byte for byte the
+ * same: ARCHITECTURE.md 5d).  The including kernel provides D, NWC, KO, SV
+ * (template parameters), `a` (the pass's arguments) and MMA_H (its KV
+ * head). */
 	constexpr int R = TQC_TILE_ROWS; /* the mma's N */
 	/* TQC_MMA_WARPS_MIN .. tqc_attn_mma_warps_max(D): attend_args_ok */
 	const int NW = NWC ? NWC : a.mma_warps;
