@@ -1,7 +1,7 @@
 /* tqctl — the operator's command line for tqkvd's control API.
  *
- * Exit status: 0 success, 1 error (the daemon refused or is unreachable),
- * 2 bad usage.  Read commands print aligned tables (human sizes) or, with
+ * Exit status: 0 success, 1 error (the daemon refused or is unreachable;
+ * health: it answered NOT_SERVING), 2 bad usage.  Read commands print aligned tables (human sizes) or, with
  * --json, one JSON object built from the reply message's fields (proto
  * field names; 64-bit numbers as JSON numbers).
  */
@@ -1499,7 +1499,7 @@ static void usage(FILE *f)
 		"  -h, --help          this help; `tqctl COMMAND --help` for one command\n"
 		"  -V, --version\n"
 		"\n"
-		"Exit status: 0 success, 1 error, 2 bad usage.\n", DEFAULT_TIMEOUT_MS);
+		"Exit status: 0 success, 1 error (health: NOT_SERVING too), 2 bad usage.\n", DEFAULT_TIMEOUT_MS);
 }
 
 static void cmd_usage(const struct cmd *c, FILE *f)
