@@ -1469,6 +1469,101 @@ out:
 	}
 }
 
+/* tqc_attend_batch on random mixes: sessions of random codec pairs (the
+ * tiled kernel's, tq3o / tq4o keys among them, and dim 96's dense
+ * rotation, which runs alone), head dims, KV heads, GQA groups, page
+ * sizes, lengths and query positions, outputs in device or host memory,
+ * in random order.  On a context of one split a session, each output must
+ * be bit for bit its call alone: the batch groups calls by what one launch
+ * may share (different GQA groups and lengths do share one), and whatever
+ * it groups, no session's result may change. */
+#define BATR_N 6
+static void test_attn_batch_random(void)
+{
+	static const enum tq_codec_id kk[] = { TQ_CODEC_TQ4, TQ_CODEC_TQ3, TQ_CODEC_Q8, TQ_CODEC_TQ4O };
+	static const enum tq_codec_id vv[] = { TQ_CODEC_TQ3, TQ_CODEC_TQ4, TQ_CODEC_Q8 };
+	static const uint32_t pts[] = { 32, 64, 256 };
+	const int rounds = quick ? 2 : 8;
+	int alone = 0;
+
+	rng_state = t_seed() ^ 0xba7c4;
+	for (int round = 0; round < rounds; round++) {
+		struct layer L[BATR_N];
+		float *q[BATR_N], *got[BATR_N], *lone[BATR_N];
+		struct buf ob[BATR_N];
+		struct tq_attn_params p[BATR_N];
+		const struct tq_attn_params *pp[BATR_N];
+		int32_t pos[BATR_N];
+		int rcs[BATR_N], nqh[BATR_N], built = 0;
+		tq_error err;
+
+		memset(ob, 0, sizeof(ob));
+		for (int i = 0; i < BATR_N; i++) {
+			/* the common shape (tq4 / tq3, d 128, 2 KV heads: always the
+			 * first two's), the others one or two things away from it —
+			 * the keys', the values' codec, the head dim (96: a dense
+			 * rotation), the KV heads — so that what may and may not
+			 * share a launch sit side by side; GQA group, page size,
+			 * length and position are any call's own */
+			enum tq_codec_id kid = TQ_CODEC_TQ4, vid = TQ_CODEC_TQ3;
+			int d = 128, n_kv = 2;
+			for (int k = i < 2 ? 0 : (int)(urand_u32() % 3); k > 0; k--) {
+				switch (urand_u32() % 4) {
+				case 0: kid = kk[urand_u32() % 4]; break;
+				case 1: vid = vv[urand_u32() % 3]; break;
+				case 2: d = urand() < 0.3 ? 96 : 64; break;
+				default: n_kv = 1; break;
+				}
+			}
+			if (d == 96)
+				kid = TQ_CODEC_TQ4, vid = TQ_CODEC_TQ3;
+			const int group = 1 << (urand_u32() % 4);
+			const uint32_t pt = d == 96 ? 48 : pts[urand_u32() % 3], len = 1 + urand_u32() % 700;
+			if (!layer_build(&L[i], kid, vid, d, n_kv, pt, len, 1, t_seed() + 977 * (uint64_t)(round * 16 + i)))
+				break;
+			built++;
+			nqh[i] = n_kv * group;
+			pos[i] = urand() < 0.5 ? (int32_t)len - 1 : (int32_t)(urand_u32() % len);
+			q[i] = make_q(1, nqh[i], d);
+			got[i] = malloc(sizeof(float) * nqh[i] * d);
+			lone[i] = malloc(sizeof(float) * nqh[i] * d);
+			if (buf_new(&ob[i], urand() < 0.5 ? MEM_DEVICE : MEM_HOST, sizeof(float) * nqh[i] * d, NULL))
+				break;
+			p[i] = (struct tq_attn_params){ .k_codec = L[i].kc, .v_codec = L[i].vc, .n_q_heads = nqh[i],
+							.kv = &L[i].dt, .n_q = 1, .q = q[i], .q_dtype = TQ_DTYPE_F32,
+							.q_pos = &pos[i], .causal = urand() < 0.8, .out = ob[i].p };
+			pp[i] = &p[i];
+		}
+		int ok = built == BATR_N;
+		if (ok)
+			T_EQ(tqc_attend_batch(lctx, pp, BATR_N, rcs, &err), 0);
+		for (int i = 0; ok && i < BATR_N; i++) {
+			const size_t bytes = sizeof(float) * nqh[i] * L[i].dim;
+			T_EQ(rcs[i], 0);
+			T_EQ(buf_read(&ob[i], got[i], bytes), 0);
+			struct tq_attn_params one = p[i];
+			one.out = lone[i];
+			T_EQ(tqc_attend(lctx, &one, &err), 0);
+			alone++;
+			if (memcmp(got[i], lone[i], bytes))
+				T_FAIL("round %d: session %d (%s / %s, d %d, %u KV heads, %d q heads, %u-token pages, "
+				       "%u keys, pos %d) differs from its call alone",
+				       round, i, tq_codec_name(tq_codec_id(L[i].kc)), tq_codec_name(tq_codec_id(L[i].vc)),
+				       L[i].dim, L[i].g.n_kv_heads, nqh[i], L[i].g.page_tokens, L[i].ht.n_tokens, pos[i]);
+		}
+		for (int i = 0; i < built; i++) {
+			free(q[i]);
+			free(got[i]);
+			free(lone[i]);
+			buf_free(&ob[i]);
+			layer_free(&L[i]);
+		}
+		if (!ok)
+			T_FAIL("round %d: sessions", round);
+	}
+	fprintf(stderr, "    %d rounds of %d sessions: %d calls bit for bit alone\n", rounds, BATR_N, alone);
+}
+
 /* Sharp attention on the tiled kernel: queries 16 x the others' (or
  * TQ_TEST_SHARP x), so a logit error becomes a large weight error — q8
  * keys fail it (1.5e-3) with the queries' low FP16 parts dropped (attn_mma's
@@ -2138,6 +2233,7 @@ int main(void)
 	T_RUN(test_attn_waves);
 	T_RUN(test_attn_shared_gpu);
 	T_RUN(test_attn_batch);
+	T_RUN(test_attn_batch_random);
 	T_RUN(test_attn_sharp);
 	T_RUN(test_attn_sparse_v);
 	T_RUN(test_attn_phases);
