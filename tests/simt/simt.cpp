@@ -158,45 +158,45 @@ void simt_run(unsigned gx, unsigned gy, unsigned gz, int nthreads, const std::fu
 		}
 	}
 	for (size_t oi = 0; oi < n_cta; oi++) {
-				const size_t ci = order[oi];
-				const unsigned x = (unsigned)(ci % gx), y = (unsigned)(ci / gx % gy), z = (unsigned)(ci / gx / gy);
-				simt_block = { x, y, z };
-				b_arrived = 0;
-				for (auto &w : warps)
-					w.arrived = 0;
-				for (int i = 0; i < nthreads; i++) {
-					simt_thread &t = th[i];
-					t.tidx = { (unsigned)i, 0, 0 };
-					t.warp = i / 32;
-					t.lane = i % 32;
-					t.done = false;
-					t.ncoll = 0;
-					t.nbar = 0;
-					uintptr_t top = ((uintptr_t)t.stack + STACK) & ~(uintptr_t)15;
-					void **s = (void **)top;
-					*--s = nullptr;           /* tramp's return address */
-					*--s = (void *)tramp;     /* ret target */
-					for (int r = 0; r < 6; r++)
-						*--s = nullptr;
-					t.sp = s;
-				}
-				int live = nthreads;
-				spins = 0;
-				while (live) {
-					live = 0;
-					for (auto &t : th) {
-						if (t.done)
-							continue;
-						simt_cur = &t;
-						simt_switch(&sched_sp, t.sp);
-						if (!t.done)
-							live++;
-					}
-					simt_cur = nullptr;
-					if (live && ++spins > 2000000)
-						die("deadlock: threads wait at barriers that never complete");
-				}
+		const size_t ci = order[oi];
+		const unsigned x = (unsigned)(ci % gx), y = (unsigned)(ci / gx % gy), z = (unsigned)(ci / gx / gy);
+		simt_block = { x, y, z };
+		b_arrived = 0;
+		for (auto &w : warps)
+			w.arrived = 0;
+		for (int i = 0; i < nthreads; i++) {
+			simt_thread &t = th[i];
+			t.tidx = { (unsigned)i, 0, 0 };
+			t.warp = i / 32;
+			t.lane = i % 32;
+			t.done = false;
+			t.ncoll = 0;
+			t.nbar = 0;
+			uintptr_t top = ((uintptr_t)t.stack + STACK) & ~(uintptr_t)15;
+			void **s = (void **)top;
+			*--s = nullptr;           /* tramp's return address */
+			*--s = (void *)tramp;     /* ret target */
+			for (int r = 0; r < 6; r++)
+				*--s = nullptr;
+			t.sp = s;
+		}
+		int live = nthreads;
+		spins = 0;
+		while (live) {
+			live = 0;
+			for (auto &t : th) {
+				if (t.done)
+					continue;
+				simt_cur = &t;
+				simt_switch(&sched_sp, t.sp);
+				if (!t.done)
+					live++;
 			}
+			simt_cur = nullptr;
+			if (live && ++spins > 2000000)
+				die("deadlock: threads wait at barriers that never complete");
+		}
+	}
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	simt_seconds += (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
 }
