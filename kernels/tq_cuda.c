@@ -1442,6 +1442,7 @@ struct bat_call {
 	enum where ow;
 	float *od;               /* the output in place, or NULL: staged          */
 	int state;               /* BAT_*                                          */
+	size_t q_bytes;          /* its queries' (and outputs') bytes, fp32        */
 	size_t o_pages, o_q, o_pos, d_qrot, d_acc, d_ml, d_out, h_out, cnt;
 };
 
@@ -1472,6 +1473,7 @@ static int bat_prepare(tqc_ctx *x, struct bat_call *c, tq_error *err, int *rc)
 	if ((*rc = desc_make(x, p->k_codec, &c->args.kc, err)) < 0 || (*rc = desc_make(x, p->v_codec, &c->args.vc, err)) < 0)
 		return BAT_DONE;
 	c->args.geom = p->kv->geom;
+	c->q_bytes = (size_t)p->n_q * (size_t)p->n_q_heads * (size_t)c->sh.dim * sizeof(float);
 	att_plan_make(x, &c->sh, &c->args, (size_t)p->n_q, 1, &c->pl);
 	return c->pl.tiled ? BAT_ONE_LAUNCH : BAT_ALONE;
 }
@@ -1503,24 +1505,22 @@ static int bat_launch(tqc_ctx *x, struct bat_call *const *g, int m, tq_error *er
 	const size_t o_args = carve(&dtop, (size_t)m * sizeof(struct tqc_attn_args));
 	for (int i = 0; i < m; i++) {
 		struct bat_call *c = g[i];
-		const size_t q_bytes = (size_t)c->p->n_q * (size_t)c->p->n_q_heads * (size_t)c->sh.dim * sizeof(float);
 		c->o_pages = carve(&dtop, sizeof(void *) * c->n_pages);
-		c->o_q = carve(&dtop, q_bytes);
+		c->o_q = carve(&dtop, c->q_bytes);
 		c->o_pos = carve(&dtop, (size_t)c->p->n_q * sizeof(int32_t));
 	}
 	const size_t in_end = dtop;
 	size_t ptop = dtop;
 	for (int i = 0; i < m; i++) {
 		struct bat_call *c = g[i];
-		const size_t q_bytes = (size_t)c->p->n_q * (size_t)c->p->n_q_heads * (size_t)c->sh.dim * sizeof(float);
 		void *odp;
 		c->ow = locate(x, c->p->out, &odp);
 		c->od = odp;
-		c->d_qrot = carve(&dtop, q_bytes);
+		c->d_qrot = carve(&dtop, c->q_bytes);
 		c->d_acc = carve(&dtop, c->pl.part_rows * (size_t)c->sh.dim * sizeof(float));
 		c->d_ml = carve(&dtop, c->pl.part_rows * 2 * sizeof(float));
-		c->d_out = carve(&dtop, c->od ? 0 : q_bytes);
-		c->h_out = carve(&ptop, c->ow == W_HOST ? q_bytes : 0);
+		c->d_out = carve(&dtop, c->od ? 0 : c->q_bytes);
+		c->h_out = carve(&ptop, c->ow == W_HOST ? c->q_bytes : 0);
 		c->cnt = n_cnt;
 		n_cnt += (size_t)c->sh.n_kv * (size_t)c->pl.n_rb;
 		ns = c->pl.n_split > ns ? c->pl.n_split : ns;
@@ -1582,12 +1582,11 @@ static int bat_launch(tqc_ctx *x, struct bat_call *const *g, int m, tq_error *er
 								 m, x->stream));
 	for (int i = 0; i < m; i++) {
 		struct bat_call *c = g[i];
-		const size_t bytes = (size_t)c->p->n_q * (size_t)c->p->n_q_heads * (size_t)c->sh.dim * sizeof(float);
 		if (c->ow == W_HOST)
-			CK("output copy", cudaMemcpyAsync(x->pin + c->h_out, x->dev + c->d_out, bytes,
+			CK("output copy", cudaMemcpyAsync(x->pin + c->h_out, x->dev + c->d_out, c->q_bytes,
 							  cudaMemcpyDeviceToHost, x->stream));
 		else if (c->ow == W_PEER)
-			CK("output copy", cudaMemcpyAsync(c->p->out, x->dev + c->d_out, bytes, cudaMemcpyDefault,
+			CK("output copy", cudaMemcpyAsync(c->p->out, x->dev + c->d_out, c->q_bytes, cudaMemcpyDefault,
 							  x->stream));
 	}
 	CK("cudaEventRecord", cudaEventRecord(x->ev1, x->stream));
@@ -1595,8 +1594,7 @@ static int bat_launch(tqc_ctx *x, struct bat_call *const *g, int m, tq_error *er
 	for (int i = 0; i < m; i++) {
 		struct bat_call *c = g[i];
 		if (c->ow == W_HOST)
-			memcpy(c->p->out, x->pin + c->h_out,
-			       (size_t)c->p->n_q * (size_t)c->p->n_q_heads * (size_t)c->sh.dim * sizeof(float));
+			memcpy(c->p->out, x->pin + c->h_out, c->q_bytes);
 	}
 	timing_done(x);
 	return 0;

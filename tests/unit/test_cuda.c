@@ -1362,6 +1362,14 @@ static void test_attn_batch(void)
 	}
 	p[7].n_q_heads = 7; /* not a multiple of the KV heads: refused */
 	p[8].n_q = 0;
+	/* the batch's own arguments */
+	T_EQ(tqc_attend_batch(ctx, pp, -1, rcs, &err), -EINVAL);
+	T_EQ(tqc_attend_batch(ctx, pp, 2, NULL, &err), -EINVAL);
+	T_ASSERT(strstr(err.msg, "attention batch: 2 calls") != NULL);
+	T_EQ(tqc_attend_batch(ctx, NULL, 0, NULL, &err), 0);
+	rcs[0] = rcs[1] = 1;
+	T_EQ(tqc_attend_batch(NULL, pp, 2, rcs, &err), -EINVAL);
+	T_ASSERT(rcs[0] == -EINVAL && rcs[1] == -EINVAL);
 
 	for (int pass = 0; pass < 2; pass++) { /* ctx, then lctx: one split a session */
 		tqc_ctx *const x = pass ? lctx : ctx;
