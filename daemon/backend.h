@@ -14,6 +14,7 @@
  *   copy            page bytes to or from host memory (spill, persistence)
  *   host_register   pin a client's shared arena so kernels use it directly
  *   append, attend  the kernels, on the calling thread's own stream
+ *   append_attend   both for one layer's decode step, one wait for the two
  *
  * Nothing here logs: errors come back as a negative errno and a reason.
  * A region is used by one pool; the functions are not thread-safe on the
@@ -78,6 +79,13 @@ struct backend_ops {
 	 * They return after the device finished the work. */
 	int (*append)(const struct backend_region *r, const struct tqc_append *a, uint32_t *bad, tq_error *err);
 	int (*attend)(const struct backend_region *r, const struct tq_attn_params *p, tq_error *err);
+	/* One layer's decode step, as tqc_append_attend: a's append, then p's
+	 * attention over the layer with a's tokens, the append queued ahead of
+	 * the attention with no wait between where it can be; *stage says
+	 * which part failed (TQC_STAGE_*).  NULL: the data path calls append,
+	 * then attend. */
+	int (*append_attend)(const struct backend_region *r, const struct tqc_append *a,
+			     const struct tq_attn_params *p, uint32_t *bad, int *stage, tq_error *err);
 	/* 1 with why once the device failed for good (a CUDA context lost to
 	 * a sticky error: tqc_device_lost; its operations then fail with
 	 * -ENOTRECOVERABLE), else 0. */

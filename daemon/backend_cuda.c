@@ -183,6 +183,17 @@ static int cuda_attend(const struct backend_region *r, const struct tq_attn_para
 	return e < 0 ? e : tqc_attend(x, p, err);
 }
 
+static int cuda_append_attend(const struct backend_region *r, const struct tqc_append *a,
+			      const struct tq_attn_params *p, uint32_t *bad, int *stage, tq_error *err)
+{
+	tqc_ctx *x;
+	int e = thread_ctx(dev_of(r), &x, err);
+
+	if (e < 0 && stage)
+		*stage = TQC_STAGE_APPEND;
+	return e < 0 ? e : tqc_append_attend(x, a, p, bad, stage, err);
+}
+
 /* process-wide: one CUDA context a device per process (the runtime's) */
 static int cuda_lost(const struct backend_region *r, char *why, size_t whylen)
 {
@@ -199,5 +210,6 @@ const struct backend_ops backend_cuda = {
 	.host_unregister = cuda_unregister,
 	.append = cuda_append,
 	.attend = cuda_attend,
+	.append_attend = cuda_append_attend,
 	.lost = cuda_lost,
 };

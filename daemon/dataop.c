@@ -414,9 +414,24 @@ static int layer_calibrate(struct kv_layer *L, const void *k, const void *v, con
 
 /* The append proper; kv->lock held, codecs present, no page spilled.
  * q, n_q: the queries that came with the tokens (APPEND_ATTEND), or NULL. */
+/* An attention that runs with an append in one call of the pool's
+ * (pool_append_attend: one layer's decode step on a GPU pool): its
+ * parameters, every one but the page table (the layer's with the new
+ * tokens) and, with a K/V transform, the queries' (taken through it once
+ * the append has calibrated it); where the transformed K/V go so that the
+ * device reads them in place; and what became of it. */
+struct fused_attn {
+	const struct tq_attn_params *ap;
+	float *qx;               /* [n_q][n_q_heads][dim]: the transformed queries  */
+	float *xpin;             /* DATAOP_XPIN_BYTES registered with the pool       */
+	int ran;                 /* 1: it ran, with result rc (te: why not 0)       */
+	int rc;
+	tq_error te;
+};
+
 static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l,
 			 const void *k, const void *v, enum tq_dtype dtype, uint32_t n,
-			 const void *q, uint32_t n_q, struct dataop_res *r)
+			 const void *q, uint32_t n_q, struct fused_attn *fu, struct dataop_res *r)
 {
 	struct kv_layer *L = &kv->layer[l];
 	const struct tq_page_geom *g = &kv->geom;
@@ -425,6 +440,7 @@ static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *
 	uint64_t new_len = (uint64_t)L->n_tokens + n;
 	uint32_t added, tail = L->n_tokens / g->page_tokens, on_cpu = n;
 	float *xk = NULL, *xv = NULL;   /* transformed rows (the codec's input) */
+	float *xk_mem = NULL;           /* xk when allocated here              */
 	int calibrated = 0;
 	tq_error te;
 	int e;
@@ -437,8 +453,10 @@ static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *
 		if (calibrated && kv->p && (e = kvp_journal_xform(ks, s, kv, l, r)) < 0)
 			goto fail_xf;
 		/* the GPU's kernels take all n rows at once; the CPU one token's */
-		size_t rows = pool_has_kernels(ks->pool) ? n : 1;
-		if (!(xk = malloc(2 * rows * kv_row * sizeof(float)))) {
+		size_t rows = pool_has_kernels(ks->pool) ? n : 1, xb = 2 * rows * kv_row * sizeof(float);
+		if (fu && fu->xpin && xb <= DATAOP_XPIN_BYTES) {
+			xk = fu->xpin; /* the device reads them where they are */
+		} else if (!(xk = xk_mem = malloc(xb))) {
 			dataop_res_set(r, -ENOMEM, TQKV_ST_NOMEM, 0);
 			e = r->res;
 			goto fail_xf;
@@ -473,7 +491,31 @@ static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *
 			a.v = xv;
 			a.dtype = TQ_DTYPE_F32;
 		}
-		if ((e = pool_append(ks->pool, &a, &bad, &te)) < 0) {
+		if (fu && !xk_mem) {
+			/* the attention over the layer with these tokens, queued
+			 * behind their append */
+			struct tq_page_table apt = pt;
+			struct tq_attn_params fap = *fu->ap;
+			int stage = TQC_STAGE_APPEND;
+
+			apt.n_tokens = (uint32_t)new_len;
+			fap.kv = &apt;
+			if (L->xf && tq_xf_touches_queries(L->xf)) {
+				tq_xf_queries(L->xf, fap.q, fap.q_dtype, (uint32_t)fap.n_q, fu->qx);
+				fap.q = fu->qx;
+				fap.q_dtype = TQ_DTYPE_F32;
+			}
+			e = pool_append_attend(ks->pool, &a, &fap, &bad, &stage, &te);
+			if (e == 0 || stage == TQC_STAGE_ATTEND) {
+				fu->ran = 1; /* the append is good: the attention's result is the caller's */
+				fu->rc = e;
+				fu->te = te;
+				e = 0;
+			}
+		} else {
+			e = pool_append(ks->pool, &a, &bad, &te);
+		}
+		if (e < 0) {
 			dataop_layer_shrink(ks, s, L, added);
 			dataop_res_set(r, e, e == -EINVAL || e == -ERANGE ? TQKV_ST_NONFINITE : dataop_kernel_status(e),
 				       e == -EINVAL || e == -ERANGE ? bad : 0);
@@ -509,8 +551,8 @@ static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *
 			}
 		}
 	}
-	free(xk);
-	xk = NULL;
+	free(xk_mem);
+	xk_mem = NULL;
 	/* A persistent session's journal has the tokens before they count. */
 	if (kv->p && (e = kvp_journal_append(ks, s, kv, l, L->n_tokens, n, r)) < 0) {
 		dataop_layer_shrink(ks, s, L, added);
@@ -524,7 +566,7 @@ static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *
 		kvp_write_through(ks, kv, l, tail, L->n_tokens / g->page_tokens);
 	return 0;
 fail_xf:
-	free(xk);
+	free(xk_mem);
 	if (calibrated)
 		tq_xf_reset(L->xf);   /* the layer holds no token of this calibration */
 	return e;
@@ -1083,7 +1125,7 @@ void dataop_append(struct kvstore *ks, struct session *s, uint32_t layer, const 
 		return;
 	pthread_mutex_lock(&kv->lock);
 	if (layer_codecs(ks, kv, layer, r) == 0 && dataop_restore_layer_locked(ks, s, kv, layer, r) == 0 &&
-	    append_locked(ks, s, kv, layer, k, v, dtype, n, NULL, 0, r) == 0)
+	    append_locked(ks, s, kv, layer, k, v, dtype, n, NULL, 0, NULL, r) == 0)
 		dataop_res_set(r, (int)n, TQKV_ST_OK, 0);
 	r->n_tokens = kv->layer[layer].n_tokens;
 	pthread_mutex_unlock(&kv->lock);
@@ -1160,7 +1202,45 @@ static void ws_trim(struct dataop_ws *ws)
 	ws_drop((void **)&ws->pos, &ws->pos_bytes);
 }
 
-/* Queries per pass of one ATTEND: as many as their copy fits
+/* The worker's buffer for a decode step's transformed K/V on a GPU pool,
+ * registered with the pool so that the device reads it in place
+ * (DATAOP_XPIN_BYTES, made on first use), or NULL: the append then stages
+ * them and runs on its own (registration refused, which is not asked
+ * again; or a buffer registered with another pool). */
+static float *ws_xpin(struct dataop_ws *ws, struct pool *pool)
+{
+	char why[200];
+	void *p;
+
+	if (ws->xpin || ws->xpin_failed)
+		return ws->xpin_pool == pool ? ws->xpin : NULL;
+	p = mmap(NULL, DATAOP_XPIN_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED || pool_host_register(pool, p, DATAOP_XPIN_BYTES, why, sizeof(why)) < 0) {
+		if (p != MAP_FAILED)
+			munmap(p, DATAOP_XPIN_BYTES);
+		else
+			snprintf(why, sizeof(why), "mmap: %s", strerror(errno));
+		log_warning("a worker's buffer for transformed K/V could not be registered with the pool's device (%s): "
+			 "its decode steps on sessions with a K/V transform append and attend in two calls", why);
+		ws->xpin_failed = 1;
+		return NULL;
+	}
+	ws->xpin = p;
+	ws->xpin_pool = pool;
+	return ws->xpin;
+}
+
+/* Queries per pass of one ATTEND on a GPU pool: as many as their copy
+ * fits DATAOP_Q_CHUNK_BYTES (at least one).  The GPU's own passes bound
+ * its buffers; the CPU kernel's workspace (attend_chunk) is not used. */
+static uint32_t gpu_chunk(uint32_t n_q, size_t q_row_bytes)
+{
+	size_t c = DATAOP_Q_CHUNK_BYTES / q_row_bytes;
+
+	return c < 1 ? 1 : c > n_q ? n_q : (uint32_t)c;
+}
+
+/* Queries per pass of one ATTEND on the CPU: as many as their copy fits
  * DATAOP_Q_CHUNK_BYTES, halved until the kernel's workspace fits
  * DATAOP_WS_CHUNK_BYTES (at least one query per pass), so what one
  * operation takes is bounded whatever n_q and the context length.  Every
@@ -1238,15 +1318,7 @@ void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, 
 	}
 	if (layer_codecs(ks, kv, layer, r) < 0 || dataop_restore_layer_locked(ks, s, kv, layer, r) < 0)
 		goto out;
-	if (n_append && append_locked(ks, s, kv, layer, k, v, dtype, n_append, q, n_q, r) < 0)
-		goto out;
-
-	struct tq_page_table pt = {
-		.pages = (const uint8_t *const *)L->pages,
-		.n_pages = L->n_pages,
-		.n_tokens = L->n_tokens,
-		.geom = kv->geom,
-	};
+	struct tq_page_table pt; /* the layer's, once the tokens are in */
 	struct tq_attn_params ap = {
 		.k_codec = L->kc,
 		.v_codec = L->vc,
@@ -1262,43 +1334,85 @@ void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, 
 	struct tenant *tn = session_tenant(s);
 	ap.sparse_v = tenant_sparse_v(tn);
 	ap.stats = tenant_attn_stats(tn);
-	ap.q = q;               /* planning checks the first pass's queries in place */
 	ap.q_pos = ws->pos;
 	ap.out = out;
-	chunk = attend_chunk(&ap, n_q, q_row_bytes);
-	if (ws_reserve(&ws->q, &ws->q_bytes, (size_t)chunk * q_row_bytes + 1) < 0 ||
-	    (L->xf && ws_reserve((void **)&ws->qx, &ws->qx_bytes, (size_t)chunk * row * sizeof(float) + 1) < 0)) {
-		dataop_res_set(r, -ENOMEM, TQKV_ST_NOMEM, 0);
+	/* One layer's decode step on a GPU pool: the append and the attention
+	 * in one call (pool_append_attend), the attention queued behind the
+	 * append, when the queries are one pass (with a K/V transform, the
+	 * transformed K/V in the worker's registered buffer; the queries go
+	 * through the transform once the append has calibrated it) */
+	struct fused_attn fu = { .ap = &ap };
+	const bool fuse = gpu && n_append && gpu_chunk(n_q, q_row_bytes) >= n_q &&
+			  pool_has_append_attend(ks->pool) && (!L->xf || (fu.xpin = ws_xpin(ws, ks->pool)));
+	if (fuse) {
+		if (ws_reserve(&ws->q, &ws->q_bytes, (size_t)n_q * q_row_bytes + 1) < 0 ||
+		    (L->xf && ws_reserve((void **)&ws->qx, &ws->qx_bytes, (size_t)n_q * row * sizeof(float) + 1) < 0)) {
+			dataop_res_set(r, -ENOMEM, TQKV_ST_NOMEM, 0);
+			goto out;
+		}
+		fu.qx = ws->qx;
+		if ((bad = copy_finite(ws->q, q, dtype, (size_t)n_q * row, row)) >= 0) {
+			dataop_res_set(r, -EINVAL, TQKV_ST_NONFINITE, (uint32_t)bad);
+			goto out;
+		}
+		ap.n_q = (int)n_q;
+		ap.q = ws->q;
+	}
+	if (n_append && append_locked(ks, s, kv, layer, k, v, dtype, n_append, q, n_q, fuse ? &fu : NULL, r) < 0)
 		goto out;
+
+	pt = (struct tq_page_table){
+		.pages = (const uint8_t *const *)L->pages,
+		.n_pages = L->n_pages,
+		.n_tokens = L->n_tokens,
+		.geom = kv->geom,
+	};
+	if (fu.ran) {
+		chunk = n_q; /* one pass, done */
+	} else {
+		ap.q = q; /* planning checks the first pass's queries in place */
+		chunk = gpu ? gpu_chunk(n_q, q_row_bytes) : attend_chunk(&ap, n_q, q_row_bytes);
+		if (ws_reserve(&ws->q, &ws->q_bytes, (size_t)chunk * q_row_bytes + 1) < 0 ||
+		    (L->xf && ws_reserve((void **)&ws->qx, &ws->qx_bytes, (size_t)chunk * row * sizeof(float) + 1) < 0)) {
+			dataop_res_set(r, -ENOMEM, TQKV_ST_NOMEM, 0);
+			goto out;
+		}
 	}
 	for (uint32_t q0 = 0; q0 < n_q; q0 += chunk) {
 		uint32_t nq = n_q - q0 < chunk ? n_q - q0 : chunk;
 		float *o = out + (size_t)q0 * row;
 
-		if ((bad = copy_finite(ws->q, (const uint8_t *)q + (size_t)q0 * q_row_bytes, dtype,
-				       (size_t)nq * row, row)) >= 0) {
-			dataop_res_set(r, -EINVAL, TQKV_ST_NONFINITE, q0 + (uint32_t)bad);
-			goto out;
+		if (fu.ran) { /* with the append */
+			e = fu.rc;
+			te = fu.te;
+		} else {
+			if ((bad = copy_finite(ws->q, (const uint8_t *)q + (size_t)q0 * q_row_bytes, dtype,
+					       (size_t)nq * row, row)) >= 0) {
+				dataop_res_set(r, -EINVAL, TQKV_ST_NONFINITE, q0 + (uint32_t)bad);
+				goto out;
+			}
+			ap.n_q = (int)nq;
+			ap.q = ws->q;
+			if (L->xf && tq_xf_touches_queries(L->xf)) {
+				tq_xf_queries(L->xf, ws->q, dtype, nq, ws->qx);
+				ap.q = ws->qx;
+				ap.q_dtype = TQ_DTYPE_F32;
+			}
+			ap.q_pos = ws->pos + q0;
+			ap.out = o;
+			if (!gpu && ((wsb = tq_attn_workspace_bytes(&ap, &te)) < 0 ||
+				     ws_reserve(&ws->attn, &ws->attn_bytes, (size_t)wsb) < 0)) {
+				e = wsb < 0 ? (int)wsb : -ENOMEM;
+				dataop_res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_INTERNAL, 0);
+				snprintf(r->msg, sizeof(r->msg), "attention workspace: %s",
+					 wsb < 0 ? te.msg : "out of memory");
+				goto out;
+			}
+			ap.workspace = ws->attn;
+			ap.workspace_bytes = ws->attn_bytes;
+			e = gpu ? pool_attend(ks->pool, &ap, &te) : tq_attend(&ap, &te);
 		}
-		ap.n_q = (int)nq;
-		ap.q = ws->q;
-		if (L->xf && tq_xf_touches_queries(L->xf)) {
-			tq_xf_queries(L->xf, ws->q, dtype, nq, ws->qx);
-			ap.q = ws->qx;
-			ap.q_dtype = TQ_DTYPE_F32;
-		}
-		ap.q_pos = ws->pos + q0;
-		ap.out = o;
-		if (!gpu && ((wsb = tq_attn_workspace_bytes(&ap, &te)) < 0 ||
-			     ws_reserve(&ws->attn, &ws->attn_bytes, (size_t)wsb) < 0)) {
-			e = wsb < 0 ? (int)wsb : -ENOMEM;
-			dataop_res_set(r, e, e == -ENOMEM ? TQKV_ST_NOMEM : TQKV_ST_INTERNAL, 0);
-			snprintf(r->msg, sizeof(r->msg), "attention workspace: %s", wsb < 0 ? te.msg : "out of memory");
-			goto out;
-		}
-		ap.workspace = ws->attn;
-		ap.workspace_bytes = ws->attn_bytes;
-		if ((e = gpu ? pool_attend(ks->pool, &ap, &te) : tq_attend(&ap, &te)) < 0) {
+		if (e < 0) {
 			dataop_res_set(r, e, dataop_kernel_status(e), 0);
 			snprintf(r->msg, sizeof(r->msg), "attention: %s", te.msg);
 			goto out;
@@ -1418,6 +1532,10 @@ void dataop_ws_free(struct dataop_ws *ws)
 {
 	if (!ws)
 		return;
+	if (ws->xpin) {
+		pool_host_unregister(ws->xpin_pool, ws->xpin);
+		munmap(ws->xpin, DATAOP_XPIN_BYTES);
+	}
 	ws_drop(&ws->attn, &ws->attn_bytes);
 	ws_drop(&ws->q, &ws->q_bytes);
 	ws_drop((void **)&ws->pos, &ws->pos_bytes);

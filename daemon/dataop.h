@@ -40,6 +40,9 @@ struct kvstore;
 #define DATAOP_Q_CHUNK_BYTES  ((size_t)4 << 20)
 #define DATAOP_WS_CHUNK_BYTES ((size_t)16 << 20)
 #define DATAOP_WS_KEEP        ((size_t)8 << 20)
+/* A decode step's transformed K/V on a GPU pool: up to 16 tokens of 8 KV
+ * heads of d 256 in one registered buffer per worker (more are staged). */
+#define DATAOP_XPIN_BYTES     ((size_t)256 << 10)
 
 struct dataop_ws {
 	tq_threads *threads;     /* attention pool of this worker (NULL: caller only) */
@@ -51,6 +54,11 @@ struct dataop_ws {
 	size_t pos_bytes;
 	float *qx;               /* the queries through the layer's transform          */
 	size_t qx_bytes;
+	/* a GPU pool's decode step: the K/V through the layer's transform, in
+	 * DATAOP_XPIN_BYTES registered with xpin_pool (dataop.c: ws_xpin) */
+	float *xpin;
+	struct pool *xpin_pool;
+	int xpin_failed;         /* its registration was refused: not tried again      */
 };
 
 struct dataop_res {

@@ -218,6 +218,17 @@ int pool_attend(struct pool *p, const struct tq_attn_params *a, tq_error *err)
 	return p->be->attend(&p->region, a, err);
 }
 
+bool pool_has_append_attend(const struct pool *p)
+{
+	return pool_has_kernels(p) && p->be->append_attend;
+}
+
+int pool_append_attend(struct pool *p, const struct tqc_append *a, const struct tq_attn_params *ap, uint32_t *bad,
+		       int *stage, tq_error *err)
+{
+	return p->be->append_attend(&p->region, a, ap, bad, stage, err);
+}
+
 int pool_spill_copy(void *pool, void *dst, const void *src, size_t n, char *why, size_t whylen)
 {
 	return pool_copy(pool, dst, src, n, why, whylen);

@@ -88,5 +88,10 @@ bool pool_lost(struct pool *p, char *why, size_t whylen);
 /* The backend's kernels (only when pool_has_kernels). */
 int pool_append(struct pool *p, const struct tqc_append *a, uint32_t *bad, tq_error *err);
 int pool_attend(struct pool *p, const struct tq_attn_params *a, tq_error *err);
+/* The backend takes an append and the attention after it in one call
+ * (pool_append_attend); else pool_append, then pool_attend. */
+bool pool_has_append_attend(const struct pool *p);
+int pool_append_attend(struct pool *p, const struct tqc_append *a, const struct tq_attn_params *ap, uint32_t *bad,
+		       int *stage, tq_error *err);
 
 #endif

@@ -507,6 +507,9 @@ struct tqc_ctx {
 	uint32_t plan_len;       /* tqc_ctx_last_attn_plan into attn_plan           */
 	int plan_shared;         /* planned as sharing the GPU (att_inflight)       */
 	int plan_batch;          /* sessions in the last launch (tqc_attend_batch)  */
+	int ev0_kept;            /* attend: the GPU time's start is recorded (by    */
+				 /* tqc_append_attend's queued append)             */
+	int last_fused;          /* tqc_ctx_last_fused                              */
 	struct bat_call *bat;    /* tqc_attend_batch's calls, bat_cap of them       */
 	int bat_cap;
 	char attn_plan[160];
@@ -963,13 +966,57 @@ static int call_failed(tqc_ctx *x, const char *who, const char *what, cudaError_
 
 /* ---- quantize-append -------------------------------------------------------------- */
 
-int tqc_append(tqc_ctx *x, const struct tqc_append *a, uint32_t *bad, tq_error *err)
+/* The encoder's report of the launch of tokens [t0, ...) (read once the
+ * stream finished): 0, or the first failing vector (token-major, K before
+ * V, then head) as tqc_append's error. */
+static int enc_report(tqc_ctx *x, uint32_t t0, uint32_t n_kv, const tq_codec *kc, const tq_codec *vc,
+		      uint32_t *bad, tq_error *err)
+{
+	const unsigned long long st = *(volatile unsigned long long *)x->report;
+
+	if (st == ~0ull)
+		return 0;
+	const uint32_t vec = (uint32_t)(st >> 32), code = (uint32_t)st;
+	const uint32_t t = t0 + vec / (2u * n_kv), side = vec / n_kv % 2u, head = vec % n_kv;
+	if (bad)
+		*bad = t;
+	if (code & TQC_ST_NONFINITE) {
+		if (err)
+			snprintf(err->msg, sizeof(err->msg), "token %u %s head %u: NaN or Inf at element %u", t,
+				 side ? "V" : "K", head, code & TQC_ST_ELEM_MASK);
+		return -EINVAL;
+	}
+	if (err)
+		snprintf(err->msg, sizeof(err->msg), "token %u %s head %u: %s", t, side ? "V" : "K", head,
+			 (side ? vc : kc)->id == TQ_CODEC_F16
+				 ? "a value is beyond the fp16 range"
+				 : "values too large to encode (norm or range overflows fp32/fp16)");
+	return -ERANGE;
+}
+
+/* An append whose stream work is queued and not waited for (append_run
+ * with a pending): its report is read by enc_report once the stream has
+ * finished. */
+struct enc_pending {
+	int on;
+	uint32_t t0, n_kv;
+	const tq_codec *kc, *vc;
+};
+
+/* tqc_append.  With pd: when the append is one launch that uses none of
+ * the context's scratch or staging (inputs in place, its pages in the
+ * launch's arguments), it returns after queueing it, with pd->on = 1 and
+ * the GPU time's start event recorded; otherwise (pd->on = 0) as
+ * tqc_append. */
+static int append_run(tqc_ctx *x, const struct tqc_append *a, uint32_t *bad, struct enc_pending *pd, tq_error *err)
 {
 	struct tqc_enc_args args;
 	const char *what = "";
 	cudaError_t e;
 	int rc;
 
+	if (pd)
+		pd->on = 0;
 	if (bad)
 		*bad = UINT32_MAX; /* no failing token */
 	if ((rc = lost_err(err)) < 0)
@@ -1063,36 +1110,28 @@ int tqc_append(tqc_ctx *x, const struct tqc_append *a, uint32_t *bad, tq_error *
 		*(volatile unsigned long long *)x->report = ~0ull; /* the kernel's last CTA writes it */
 		x->last_enc = tqc_enc_reg_dim(&args) ? "reg" : "general";
 		CK("encode kernel launch", (cudaError_t)tqc_launch_encode(&args, x->stream));
+		if (pd && nt == a->n && dtop == 0 && ptop == 0) {
+			/* queued, nothing of the context's to keep alive: the
+			 * caller's next stream work follows it */
+			*pd = (struct enc_pending){ .on = 1, .t0 = 0, .n_kv = n_kv, .kc = kc, .vc = vc };
+			return 0;
+		}
 		CK("cudaEventRecord", cudaEventRecord(x->ev1, x->stream));
 		CK("encode kernel", cudaStreamSynchronize(x->stream));
-
-		const unsigned long long st = *(volatile unsigned long long *)x->report;
-		if (st != ~0ull) {
-			/* the first failing vector (token-major, K before V, then
-			 * head) of the first launch with one */
-			const uint32_t vec = (uint32_t)(st >> 32), code = (uint32_t)st;
-			const uint32_t t = t0 + vec / (2u * n_kv), side = vec / n_kv % 2u, head = vec % n_kv;
+		if ((rc = enc_report(x, t0, n_kv, kc, vc, bad, err)) < 0) {
 			timing_done(x);
-			if (bad)
-				*bad = t;
-			if (code & TQC_ST_NONFINITE) {
-				if (err)
-					snprintf(err->msg, sizeof(err->msg), "token %u %s head %u: NaN or Inf at element %u",
-						 t, side ? "V" : "K", head, code & TQC_ST_ELEM_MASK);
-				return -EINVAL;
-			}
-			if (err)
-				snprintf(err->msg, sizeof(err->msg), "token %u %s head %u: %s", t, side ? "V" : "K", head,
-					 (side ? vc : kc)->id == TQ_CODEC_F16
-						 ? "a value is beyond the fp16 range"
-						 : "values too large to encode (norm or range overflows fp32/fp16)");
-			return -ERANGE;
+			return rc; /* the first launch with a failing vector */
 		}
 	}
 	timing_done(x);
 	return 0;
 cuda_err:
 	return call_failed(x, "append", what, e, err);
+}
+
+int tqc_append(tqc_ctx *x, const struct tqc_append *a, uint32_t *bad, tq_error *err)
+{
+	return append_run(x, a, bad, NULL, err);
 }
 
 /* ---- attention -------------------------------------------------------------------- */
@@ -1385,7 +1424,7 @@ static int attend(tqc_ctx *x, const struct tq_attn_params *p, int shared, tq_err
 		 * and planning (host time after the event is GPU time: the stream
 		 * idles until the launch) */
 		const size_t c0 = q0 == 0 ? o_pages : o_q, c1 = p->causal ? o_pos + nq * sizeof(int32_t) : o_q + bytes;
-		if (q0 == 0)
+		if (q0 == 0 && !x->ev0_kept)
 			CK("cudaEventRecord", cudaEventRecord(x->ev0, x->stream));
 		if (q0 == 0 && sparse)
 			CK("sparse-V counts", cudaMemsetAsync(x->dev + d_sv, 0, sv_bytes, x->stream));
@@ -1425,6 +1464,63 @@ int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err)
 
 	__atomic_fetch_sub(n, 1, __ATOMIC_RELAXED);
 	return rc;
+}
+
+/* ---- one layer's decode step: append, then attention (tqc_append_attend) ---------- */
+
+int tqc_append_attend(tqc_ctx *x, const struct tqc_append *a, const struct tq_attn_params *p, uint32_t *bad,
+		      int *stage, tq_error *err)
+{
+	struct enc_pending pd;
+	tq_error e2;
+	cudaError_t e;
+	int rc, r2;
+
+	if (stage)
+		*stage = TQC_STAGE_APPEND;
+	if (x)
+		x->last_fused = 0;
+	if ((rc = append_run(x, a, bad, &pd, err)) < 0)
+		return rc;
+	/* not queued (staged inputs, a page table or several launches): it
+	 * has finished; the attention's GPU time adds to its */
+	const double us_append = pd.on ? 0.0 : x->last_us;
+	memset(&e2, 0, sizeof(e2));
+	x->ev0_kept = pd.on;
+	r2 = tqc_attend(x, p, &e2);
+	x->ev0_kept = 0;
+	if (pd.on) {
+		/* the attention waited for the stream, unless it failed before
+		 * queueing anything: wait here (at once when it did) */
+		if ((e = cudaStreamSynchronize(x->stream)) != cudaSuccess) {
+			if (r2 < 0) { /* the attention's failure says it (a lost device) */
+				(void)cudaGetLastError();
+				if (err)
+					*err = e2;
+				return r2;
+			}
+			return call_failed(x, "append", "encode kernel", e, err);
+		}
+		if ((rc = enc_report(x, pd.t0, pd.n_kv, pd.kc, pd.vc, bad, err)) < 0)
+			return rc; /* its attention ran on tokens that do not count */
+		x->last_fused = 1;
+	}
+	if (r2 < 0) {
+		if (stage)
+			*stage = TQC_STAGE_ATTEND;
+		if (err)
+			*err = e2;
+		return r2;
+	}
+	if (stage)
+		*stage = TQC_STAGE_NONE;
+	x->last_us += us_append;
+	return 0;
+}
+
+int tqc_ctx_last_fused(const tqc_ctx *x)
+{
+	return x ? x->last_fused : 0;
 }
 
 /* ---- several sessions' decode in one launch (tqc_attend_batch) --------------------- */

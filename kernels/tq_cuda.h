@@ -205,6 +205,32 @@ int tqc_append(tqc_ctx *x, const struct tqc_append *a, uint32_t *bad, tq_error *
  * Returns after the stream finished. */
 int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err);
 
+/* One layer's decode step: tqc_append of a, then tqc_attend of p over the
+ * layer with a's tokens (p->kv: a's pages, n_tokens = a->pos + a->n), on
+ * the context's stream.  When the append is a single launch that needs
+ * none of the context's staging (k and v device, registered, managed or
+ * mapped pinned memory; its pages few enough to ride in the launch's
+ * arguments, as a decode token's do; one pass), the attention is queued
+ * behind it and the host waits once, for both: the append adds its
+ * kernel's time and not a launch and a wait of its own
+ * (tqc_ctx_last_fused: 1).  Otherwise the two run one after the other, as
+ * the two calls would (tqc_ctx_last_fused: 0).  Either way:
+ *   - 0 when both succeeded, after the stream finished; tqc_ctx_last_us is
+ *     the GPU time of both;
+ *   - else the error of the first part that failed, *stage saying which
+ *     (TQC_STAGE_APPEND: with *bad and err as tqc_append's, and the
+ *     tokens must not be committed; TQC_STAGE_ATTEND: the append
+ *     succeeded, err is the attention's).  A queued append's failure is
+ *     found after the attention has run over its slots: the output is then
+ *     meaningless, as after any failed call.
+ * TQC_STAGE_* are for *stage (may be NULL). */
+enum { TQC_STAGE_NONE = 0, TQC_STAGE_APPEND = 1, TQC_STAGE_ATTEND = 2 };
+int tqc_append_attend(tqc_ctx *x, const struct tqc_append *a, const struct tq_attn_params *p, uint32_t *bad,
+		      int *stage, tq_error *err);
+/* 1 when the last tqc_append_attend on x queued its attention behind its
+ * append with no wait between (and succeeded), else 0. */
+int tqc_ctx_last_fused(const tqc_ctx *x);
+
 /* n calls of tqc_attend, of different sessions, as few launches as they
  * allow: exact calls (sparse_v 0) the tiled kernel takes in one pass
  * (decode, and prefill of up to 4 Mi query floats) with the same head dim,

@@ -75,6 +75,16 @@ int tqc_append(tqc_ctx *x, const struct tqc_append *a, uint32_t *bad, tq_error *
 
 int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err) { return none_err(err); }
 
+int tqc_append_attend(tqc_ctx *x, const struct tqc_append *a, const struct tq_attn_params *p, uint32_t *bad,
+		      int *stage, tq_error *err)
+{
+	if (stage)
+		*stage = TQC_STAGE_APPEND;
+	return none_err(err);
+}
+
+int tqc_ctx_last_fused(const tqc_ctx *x) { return 0; }
+
 int tqc_attend_batch(tqc_ctx *x, const struct tq_attn_params *const *ps, int n, int *rcs, tq_error *err)
 {
 	for (int i = 0; rcs && i < n; i++)

@@ -18,6 +18,7 @@ struct sim {
 
 static struct devsim_stats st;
 static uint64_t fail_nth;
+static uint64_t fail_att;
 static int fail_reg;
 static char lost_why[200]; /* set before lost (release), read after it (acquire) */
 static int lost;
@@ -42,13 +43,18 @@ void devsim_stats(struct devsim_stats *out)
 	/* the counters move under the daemon's workers: read each atomically */
 #define LD(f) out->f = __atomic_load_n(&st.f, __ATOMIC_RELAXED)
 	LD(copies_to_dev); LD(copies_from_dev); LD(copy_bytes);
-	LD(appends); LD(attends); LD(registered); LD(registers);
+	LD(appends); LD(attends); LD(append_attends); LD(registered); LD(registers);
 #undef LD
 }
 
 void devsim_fail_register(int on)
 {
 	__atomic_store_n(&fail_reg, on, __ATOMIC_SEQ_CST);
+}
+
+void devsim_fail_attend(uint64_t nth)
+{
+	__atomic_store_n(&fail_att, nth, __ATOMIC_SEQ_CST);
 }
 
 void devsim_fail_copy(uint64_t nth)
@@ -235,6 +241,12 @@ static int sim_attend(const struct backend_region *r, const struct tq_attn_param
 		return -EINVAL;
 	}
 	__atomic_add_fetch(&st.attends, 1, __ATOMIC_RELAXED);
+	uint64_t n = __atomic_load_n(&fail_att, __ATOMIC_SEQ_CST);
+	if (n && __atomic_sub_fetch(&fail_att, 1, __ATOMIC_SEQ_CST) == 0) {
+		free(pages);
+		snprintf(err->msg, sizeof(err->msg), "devsim: an injected launch failure");
+		return -EIO;
+	}
 	pt.pages = pages;
 	ap.kv = &pt;
 	ap.workspace = NULL; /* the GPU path ignores the caller's CPU workspace */
@@ -242,6 +254,31 @@ static int sim_attend(const struct backend_region *r, const struct tq_attn_param
 	e = tq_attend(&ap, err);
 	free(pages);
 	return e;
+}
+
+/* As a GPU's queued append: the attention runs over the slots whatever the
+ * append found, and the append's failure is the one reported. */
+static int sim_append_attend(const struct backend_region *r, const struct tqc_append *a,
+			     const struct tq_attn_params *p, uint32_t *bad, int *stage, tq_error *err)
+{
+	tq_error e2;
+	int e1, r2;
+
+	*stage = TQC_STAGE_APPEND;
+	if ((e1 = sim_append(r, a, bad, err)) == -ENOTRECOVERABLE)
+		return e1;
+	__atomic_add_fetch(&st.append_attends, 1, __ATOMIC_RELAXED);
+	memset(&e2, 0, sizeof(e2));
+	r2 = sim_attend(r, p, &e2);
+	if (e1 < 0)
+		return e1;
+	if (r2 < 0) {
+		*stage = TQC_STAGE_ATTEND;
+		*err = e2;
+		return r2;
+	}
+	*stage = TQC_STAGE_NONE;
+	return 0;
 }
 
 const struct backend_ops backend_devsim = {
@@ -254,5 +291,6 @@ const struct backend_ops backend_devsim = {
 	.host_unregister = sim_unregister,
 	.append = sim_append,
 	.attend = sim_attend,
+	.append_attend = sim_append_attend,
 	.lost = sim_lost,
 };

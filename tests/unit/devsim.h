@@ -23,13 +23,17 @@ extern const struct backend_ops backend_devsim;
 
 struct devsim_stats {
 	uint64_t copies_to_dev, copies_from_dev, copy_bytes;
-	uint64_t appends, attends;
+	uint64_t appends, attends;   /* append_attend counts in both, and in: */
+	uint64_t append_attends;
 	int64_t registered;          /* host_register minus host_unregister */
 	uint64_t registers;
 };
 void devsim_stats(struct devsim_stats *out);
 /* Make the nth copy from now on (1 = the next) fail with -EIO; 0: none. */
 void devsim_fail_copy(uint64_t nth);
+/* Make the nth attention from now on (1 = the next) fail with -EIO, as a
+ * kernel's launch might; 0: none. */
+void devsim_fail_attend(uint64_t nth);
 /* 1: every host_register fails (-ENOMEM, as a memlock limit would); 0: none. */
 void devsim_fail_register(int on);
 /* The device fails for good, as a CUDA context lost to a sticky error

@@ -1812,6 +1812,225 @@ void fake_cuda_fault(long after) __attribute__((weak));
  * call that would touch the device fails at once with the same reason,
  * whatever its arguments.  Runs last: nothing on the device works after it
  * (on the emulator only: a real GPU has no fault to inject). */
+/* Device pages against the host pages (the reference's bytes): 0 when equal. */
+static int pages_match(const struct layer *L, const char *what)
+{
+	uint8_t *got = malloc(L->page_bytes);
+	int rc = got ? 0 : -1;
+
+	for (uint32_t i = 0; i < L->n_pages && !rc; i++) {
+		if (buf_read(&(struct buf){ .p = (void *)L->dpages[i] }, got, L->page_bytes))
+			rc = -1;
+		else if (memcmp(got, L->hpages[i], L->page_bytes)) {
+			fprintf(stderr, "  %s: page %u differs from the reference encoder's\n", what, i);
+			rc = -1;
+		}
+	}
+	free(got);
+	return rc;
+}
+
+/* One tqc_append_attend case on layer L (length len, room after it): n
+ * tokens of f32 K/V in `mem` memory appended at len, n_q queries at the
+ * last n_q positions (causal); then the same attention alone.  Checks: the
+ * result and stage, tqc_ctx_last_fused == fused, the pages byte for byte
+ * the reference encoder's, the output bit for bit the attention alone's and
+ * within TOL of the oracle.  0 when all hold. */
+static int aa_case(struct layer *L, uint32_t len, uint32_t n, int n_q, int group, enum mem mem, int fused,
+		   const char *what)
+{
+	const int H = (int)L->g.n_kv_heads, d = L->dim, nqh = H * group;
+	const size_t tok = (size_t)H * d, rows = (size_t)n_q * nqh, ob = rows * d * sizeof(float);
+	float *k = malloc(sizeof(float) * tok * n), *v = malloc(sizeof(float) * tok * n);
+	float *q = make_q(n_q, nqh, d), *out = malloc(ob + 4), *alone = malloc(ob + 4), *ref = malloc(ob + 4);
+	int32_t *pos = malloc(sizeof(int32_t) * (size_t)n_q + 4);
+	struct buf kb = { 0 }, vb = { 0 };
+	tq_error err;
+	uint32_t bad = 7;
+	int stage = -1, rc = -1;
+
+	if (!k || !v || !q || !out || !alone || !ref || !pos)
+		goto out;
+	for (size_t i = 0; i < tok * n; i++) {
+		k[i] = gauss() + 0.3f * (float)(i % 7);
+		v[i] = gauss();
+	}
+	for (int i = 0; i < n_q; i++)
+		pos[i] = (int32_t)(len + n) - n_q + i;
+	/* the expected bytes: the reference encoder into the host pages */
+	for (uint32_t t = 0; t < n; t++)
+		for (int h = 0; h < H; h++) {
+			uint32_t s = len + t, pg = s / L->g.page_tokens, sl = s % L->g.page_tokens;
+			if (tq_encode_ref(L->kc, k + t * tok + (size_t)h * d, TQ_DTYPE_F32, 1,
+					  L->hpages[pg] + tq_page_k_off(&L->g, (uint32_t)h, sl), &err) ||
+			    tq_encode_ref(L->vc, v + t * tok + (size_t)h * d, TQ_DTYPE_F32, 1,
+					  L->hpages[pg] + tq_page_v_off(&L->g, (uint32_t)h, sl), &err)) {
+				fprintf(stderr, "  %s: reference: %s\n", what, err.msg);
+				goto out;
+			}
+		}
+	if (buf_new(&kb, mem, sizeof(float) * tok * n, k) || buf_new(&vb, mem, sizeof(float) * tok * n, v))
+		goto out;
+	layer_set_len(L, len);
+	struct tqc_append a = { .k_codec = L->kc, .v_codec = L->vc, .kv = &L->dt, .pos = len, .n = n, .k = kb.p,
+				.v = vb.p, .dtype = TQ_DTYPE_F32 };
+	struct tq_page_table at = L->dt;
+	at.n_tokens = len + n;
+	struct tq_attn_params p = { .k_codec = L->kc, .v_codec = L->vc, .n_q_heads = nqh, .kv = &at, .n_q = n_q,
+				    .q = q, .q_dtype = TQ_DTYPE_F32, .q_pos = pos, .causal = 1, .out = out };
+	memset(out, 0xFF, ob);
+	int r = tqc_append_attend(ctx, &a, &p, &bad, &stage, &err);
+	if (r || stage != TQC_STAGE_NONE || bad != UINT32_MAX) {
+		fprintf(stderr, "  %s: rc %d stage %d bad %u: %s\n", what, r, stage, bad, r ? err.msg : "");
+		goto out;
+	}
+	if (tqc_ctx_last_fused(ctx) != fused) {
+		fprintf(stderr, "  %s: fused %d, expected %d\n", what, tqc_ctx_last_fused(ctx), fused);
+		goto out;
+	}
+	if (pages_match(L, what))
+		goto out;
+	layer_set_len(L, len + n);
+	p.out = alone;
+	if (tqc_attend(ctx, &p, &err)) {
+		fprintf(stderr, "  %s: tqc_attend: %s\n", what, err.msg);
+		goto out;
+	}
+	if (memcmp(out, alone, ob)) {
+		fprintf(stderr, "  %s: the output differs from the attention alone's\n", what);
+		goto out;
+	}
+	p.kv = &L->ht;
+	p.out = ref;
+	if (tq_attend_ref(&p, &err)) {
+		fprintf(stderr, "  %s: oracle: %s\n", what, err.msg);
+		goto out;
+	}
+	double e = row_err(out, ref, rows, d);
+	if (!(e <= TOL)) {
+		fprintf(stderr, "  %s: error %.3g against the oracle\n", what, e);
+		goto out;
+	}
+	rc = 0;
+out:
+	buf_free(&kb);
+	buf_free(&vb);
+	free(k);
+	free(v);
+	free(q);
+	free(out);
+	free(alone);
+	free(ref);
+	free(pos);
+	return rc;
+}
+
+/* tqc_append_attend: one layer's decode step.  The append is queued ahead
+ * of the attention where it needs no staging (inputs in device or unified
+ * memory, a page table that rides in the launch); otherwise the two run in
+ * turn.  Either way the pages are the reference encoder's and the output
+ * the attention alone's, bit for bit; a failure names its part. */
+static void test_append_attend(void)
+{
+	enum { H = 2, G = 4, D = 128 };
+	const uint32_t pt = 64, len = 300;
+	struct layer L;
+	tq_error err;
+	uint32_t bad;
+	int stage;
+
+	rng_state = t_seed() ^ 0xAA;
+	/* room for 300 + 600 tokens */
+	T_ASSERT(layer_new(&L, TQ_CODEC_TQ4, TQ_CODEC_TQ3, D, H, pt, (len + 600 + pt - 1) / pt, t_seed(), MEM_DEVICE) ==
+		 0);
+	T_ASSERT(layer_fill(&L, len, 1, t_seed()) == 0);
+	uint32_t at = len;
+	T_EQ(aa_case(&L, at, 1, 1, G, MEM_DEVICE, 1, "decode token, inputs on the device"), 0);
+	at += 1;
+	T_EQ(aa_case(&L, at, 1, 1, G, MEM_UNIFIED, 1, "decode token, inputs in unified memory"), 0);
+	at += 1;
+	T_EQ(aa_case(&L, at, 1, 1, G, MEM_HOST, 0, "decode token, inputs in plain host memory (staged)"), 0);
+	at += 1;
+	/* 3 tokens across a page boundary (slots 318..320), 3 queries */
+	at = 318;
+	T_EQ(aa_case(&L, at, 3, 3, G, MEM_DEVICE, 1, "3 tokens across a page boundary"), 0);
+	at += 3;
+	/* 580 tokens: 10 pages, more than a launch's arguments carry */
+	T_EQ(aa_case(&L, at, 580, 2, G, MEM_DEVICE, 0, "580 tokens (a page table)"), 0);
+	at += 580;
+
+	/* failures: a NaN in the second token's V (the attention has run over
+	 * the slots when it is found) */
+	{
+		const size_t tok = (size_t)H * D;
+		struct buf kb, vb;
+		float *kv = malloc(sizeof(float) * tok * 2), *q = make_q(1, H * G, D), *out = malloc(sizeof(float) * H * G * D);
+		T_ASSERT(kv && q && out);
+		for (size_t i = 0; i < tok * 2; i++)
+			kv[i] = gauss();
+		T_ASSERT(buf_new(&kb, MEM_DEVICE, sizeof(float) * tok * 2, kv) == 0);
+		kv[tok + D + 5] = NAN; /* token 1, head 1, element 5 */
+		T_ASSERT(buf_new(&vb, MEM_DEVICE, sizeof(float) * tok * 2, kv) == 0);
+		const uint32_t base = 100; /* rewrite slots 100, 101 of the 881 */
+		layer_set_len(&L, base);
+		struct tqc_append a = { .k_codec = L.kc, .v_codec = L.vc, .kv = &L.dt, .pos = base, .n = 2, .k = kb.p,
+					.v = vb.p, .dtype = TQ_DTYPE_F32 };
+		struct tq_page_table t2 = L.dt;
+		t2.n_tokens = base + 2;
+		int32_t qp = (int32_t)base + 1;
+		struct tq_attn_params p = { .k_codec = L.kc, .v_codec = L.vc, .n_q_heads = H * G, .kv = &t2, .n_q = 1,
+					    .q = q, .q_dtype = TQ_DTYPE_F32, .q_pos = &qp, .causal = 1, .out = out };
+		T_EQ(tqc_append_attend(ctx, &a, &p, &bad, &stage, &err), -EINVAL);
+		T_EQ(stage, TQC_STAGE_APPEND);
+		T_EQ(bad, 1);
+		T_EQ(tqc_ctx_last_fused(ctx), 0);
+		if (!strstr(err.msg, "token 1 V head 1: NaN or Inf at element 5"))
+			T_FAIL("the append's error: %s", err.msg);
+		/* the attention fails (a position past the layer) after a good
+		 * append: its error, and the append's tokens are written */
+		buf_free(&vb);
+		for (size_t i = 0; i < tok * 2; i++)
+			kv[i] = gauss();
+		T_ASSERT(buf_new(&vb, MEM_DEVICE, sizeof(float) * tok * 2, kv) == 0);
+		a.v = vb.p;
+		qp = (int32_t)base + 2;
+		T_EQ(tqc_append_attend(ctx, &a, &p, &bad, &stage, &err), -EINVAL);
+		T_EQ(stage, TQC_STAGE_ATTEND);
+		T_EQ(bad, UINT32_MAX);
+		if (!strstr(err.msg, "position"))
+			T_FAIL("the attention's error: %s", err.msg);
+		/* both fail: the append's is the one reported */
+		kv[3] = INFINITY;
+		buf_free(&kb);
+		T_ASSERT(buf_new(&kb, MEM_DEVICE, sizeof(float) * tok * 2, kv) == 0);
+		a.k = kb.p;
+		T_EQ(tqc_append_attend(ctx, &a, &p, &bad, &stage, &err), -EINVAL);
+		T_EQ(stage, TQC_STAGE_APPEND);
+		T_EQ(bad, 0);
+		if (!strstr(err.msg, "token 0 K head 0: NaN or Inf at element 3"))
+			T_FAIL("the append's error: %s", err.msg);
+		/* no query: the append alone, still queued ahead */
+		kv[3] = 0.5f;
+		buf_free(&kb);
+		T_ASSERT(buf_new(&kb, MEM_DEVICE, sizeof(float) * tok * 2, kv) == 0);
+		a.k = kb.p;
+		p.n_q = 0;
+		T_EQ(tqc_append_attend(ctx, &a, &p, &bad, &stage, &err), 0);
+		T_EQ(stage, TQC_STAGE_NONE);
+		T_EQ(tqc_ctx_last_fused(ctx), 1);
+		/* arguments */
+		T_ASSERT(tqc_append_attend(NULL, &a, &p, &bad, &stage, &err) == -EINVAL && stage == TQC_STAGE_APPEND);
+		T_ASSERT(tqc_append_attend(ctx, NULL, &p, NULL, NULL, &err) == -EINVAL);
+		T_ASSERT(tqc_append_attend(ctx, &a, NULL, &bad, &stage, &err) == -EINVAL && stage == TQC_STAGE_ATTEND);
+		buf_free(&kb);
+		buf_free(&vb);
+		free(kv);
+		free(q);
+		free(out);
+	}
+	layer_free(&L);
+}
+
 static void test_device_lost(void)
 {
 	enum { H = 2, G = 4, D = 64 };
@@ -1853,6 +2072,10 @@ static void test_device_lost(void)
 	T_EQ(tqc_append(ctx, &a, &bad, &err), -ENOTRECOVERABLE);
 	T_ASSERT(strcmp(err.msg, why) == 0);
 	T_EQ(bad, UINT32_MAX);
+	int stage = -1;
+	memset(&err, 0, sizeof(err));
+	T_EQ(tqc_append_attend(ctx, &a, &p, &bad, &stage, &err), -ENOTRECOVERABLE);
+	T_ASSERT(stage == TQC_STAGE_APPEND && strcmp(err.msg, why) == 0);
 	uint8_t host[64] = { 0 };
 	T_EQ(tqc_copy(dev, (void *)L.dpages[0], host, sizeof(host), w2, sizeof(w2)), -ENOTRECOVERABLE);
 	T_ASSERT(strcmp(w2, why) == 0);
@@ -2242,6 +2465,7 @@ int main(void)
 	T_RUN(test_attn_shared_gpu);
 	T_RUN(test_attn_batch);
 	T_RUN(test_attn_batch_random);
+	T_RUN(test_append_attend);
 	T_RUN(test_attn_sharp);
 	T_RUN(test_attn_sparse_v);
 	T_RUN(test_attn_phases);

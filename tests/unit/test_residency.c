@@ -4,6 +4,7 @@
  * copy reported to its own session only, a full tier. */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -471,6 +472,107 @@ static void test_device_tier(void)
 	kvfix_stop(&f);
 }
 
+/* One decode step (APPEND_ATTEND) of layer l on session id: n tokens of k/v,
+ * n_q queries at the last n_q positions; the result's status, the output
+ * in out. */
+static uint32_t step(struct kvfix *f, uint64_t id, uint32_t l, const float *k, const float *v, uint32_t n,
+		     const float *q, uint32_t n_q, uint32_t len, float *out, struct dataop_res *r)
+{
+	struct dataop_ws ws = { 0 };
+	struct session *s;
+	int32_t pos[4];
+
+	for (uint32_t i = 0; i < n_q; i++)
+		pos[i] = (int32_t)(len + n - n_q + i);
+	MUST(session_acquire(f->st, id, 0, &s) == 0);
+	dataop_attend(f->ks, s, &ws, l, k, v, n, q, pos, n_q, TQ_DTYPE_F32, out, r);
+	session_release(s);
+	dataop_ws_free(&ws);
+	return r->status;
+}
+
+/* One layer's decode step on a device pool: APPEND_ATTEND runs as one
+ * call of the backend's (pool_append_attend; on a GPU the attention is
+ * queued behind the append).  The answers and lengths are a host pool's,
+ * bit for bit; a bad token fails the step with nothing appended; an
+ * attention that fails after a good append keeps the tokens, as on the
+ * CPU, and the layer goes on. */
+static void test_device_decode_steps(void)
+{
+	struct kvfix hf, df;
+	struct dataop_res hr, dr;
+	struct devsim_stats ds0, ds1;
+	static float k[3 * 2 * 64], v[3 * 2 * 64], q[2 * 4 * 64], hout[4 * 4 * 64], dout[4 * 4 * 64];
+	uint32_t len[3] = { 300, 300, 300 };
+	uint64_t rs = 0x5eed;
+
+	fix_start(&hf, 64);
+	kvfix_backend = &backend_devsim;
+	fix_start(&df, 64);
+	kvfix_backend = NULL;
+	T_ASSERT(pool_has_append_attend(df.pool) && !pool_has_append_attend(hf.pool));
+	uint64_t hid = open_filled(&hf, len[0], 41), did = open_filled(&df, len[0], 41);
+	devsim_stats(&ds0);
+	for (int i = 0; i < 12; i++) {
+		const uint32_t l = (uint32_t)i % 3, n = i % 4 == 3 ? 3 : 1, n_q = i % 5 == 4 ? 2 : 1;
+		for (size_t j = 0; j < sizeof(k) / sizeof(k[0]); j++) {
+			rs = rs * 6364136223846793005ull + 1442695040888963407ull;
+			k[j] = (float)(rs >> 40) / (float)(1 << 24) - 0.5f;
+			v[j] = (float)(rs >> 20 & 0xfffff) / (float)(1 << 20) - 0.5f;
+		}
+		for (size_t j = 0; j < sizeof(q) / sizeof(q[0]); j++)
+			q[j] = (float)(((size_t)i * 131 + j * 37) % 101) / 50.0f - 1.0f;
+		T_EQ(step(&hf, hid, l, k, v, n, q, n_q, len[l], hout, &hr), TQKV_ST_OK);
+		T_EQ(step(&df, did, l, k, v, n, q, n_q, len[l], dout, &dr), TQKV_ST_OK);
+		T_EQ(dr.n_tokens, len[l] + n);
+		T_EQ(hr.n_tokens, dr.n_tokens);
+		T_ASSERT(memcmp(hout, dout, (size_t)n_q * 4 * 64 * sizeof(float)) == 0);
+		len[l] += n;
+	}
+	devsim_stats(&ds1);
+	T_EQ(ds1.append_attends - ds0.append_attends, 12);
+	T_EQ(ds1.appends - ds0.appends, 12);
+	T_EQ(ds1.attends - ds0.attends, 12);
+
+	/* a NaN in token 1's V: the step fails, nothing is appended (the
+	 * attention ran over the slots, as a queued GPU append's does) */
+	v[1 * 2 * 64 + 64 + 9] = NAN;
+	T_EQ(step(&df, did, 0, k, v, 2, q, 1, len[0], dout, &dr), TQKV_ST_NONFINITE);
+	T_EQ(dr.detail, 1);
+	T_EQ(dr.n_tokens, len[0]);
+	v[1 * 2 * 64 + 64 + 9] = 0.25f;
+	/* the layer goes on as if the step never came */
+	T_EQ(step(&hf, hid, 0, k, v, 2, q, 1, len[0], hout, &hr), TQKV_ST_OK);
+	T_EQ(step(&df, did, 0, k, v, 2, q, 1, len[0], dout, &dr), TQKV_ST_OK);
+	T_ASSERT(memcmp(hout, dout, 4 * 64 * sizeof(float)) == 0);
+	len[0] += 2;
+
+	T_EQ(attend(&hf, hid, 1, len[1], hout, &hr), 4);
+	T_EQ(attend(&df, did, 1, len[1], dout, &dr), 4);
+	T_ASSERT(memcmp(hout, dout, 4 * 4 * 64 * sizeof(float)) == 0);
+	/* the attention fails after a good append: the step's error, the
+	 * token kept (the CQE's length says so) */
+	devsim_fail_attend(1);
+	T_EQ(step(&df, did, 1, k, v, 1, q, 1, len[1], dout, &dr), TQKV_ST_INTERNAL);
+	T_ASSERT(strstr(dr.msg, "injected"));
+	T_EQ(dr.n_tokens, len[1] + 1);
+	devsim_fail_attend(0);
+	struct session *s;
+	MUST(session_acquire(hf.st, hid, 0, &s) == 0);
+	dataop_append(hf.ks, s, 1, k, v, TQ_DTYPE_F32, 1, &hr);
+	session_release(s);
+	T_EQ(hr.status, TQKV_ST_OK);
+	len[1] += 1;
+	T_EQ(attend(&hf, hid, 1, len[1], hout, &hr), 4);
+	T_EQ(attend(&df, did, 1, len[1], dout, &dr), 4);
+	T_ASSERT(memcmp(hout, dout, 4 * 4 * 64 * sizeof(float)) == 0);
+
+	T_EQ(session_close(hf.st, hid, NULL), 0);
+	T_EQ(session_close(df.st, did, NULL), 0);
+	kvfix_stop(&hf);
+	kvfix_stop(&df);
+}
+
 /* The device fails for good (a CUDA context lost to a sticky error; devsim
  * plays it): attention and append fail with DEVICE_LOST, -ENOTRECOVERABLE
  * and the device's reason, the append adds nothing, and pool_lost reports
@@ -518,6 +620,7 @@ int main(void)
 	T_RUN(test_readahead);
 	T_RUN(test_slow_disk);
 	T_RUN(test_device_tier);
+	T_RUN(test_device_decode_steps);
 	T_RUN(test_device_lost);
 	return t_done();
 }

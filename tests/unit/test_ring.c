@@ -909,6 +909,8 @@ static void test_device_tier(void)
 	T_EQ(d2.registers, d1.registers);
 	T_EQ(d2.registered, d0.registered);
 	T_ASSERT(d2.appends > d1.appends && d2.attends > d1.attends);
+	/* the decode steps of sessions without K/V transforms: one call each */
+	T_ASSERT(d1.append_attends > d0.append_attends);
 }
 
 static void test_four_clients(void)
