@@ -28,6 +28,13 @@
  *                     (relative error of the output norm; the contract is
  *                     1e-3), and session 0's output after each concurrent
  *                     run against the same reference.
+ *   decode step       per context, session 0's last token appended again
+ *                     and the attention after it (batch 1), as two calls and
+ *                     as one tqc_append_attend (the attention queued behind
+ *                     the append): GPU and wall time of each, and the GPU
+ *                     time the append adds to the attention in the one call
+ *                     (the target: <= 10 us a layer); the outputs of both
+ *                     must be the same bits.
  *   quantize-append   tqc_append of one decode token into each layer of a
  *                     --layers model (GPU µs per layer; the target is
  *                     <= 10 µs) and of --bulk tokens at once (vectors/s),
@@ -987,6 +994,118 @@ out:
 
 /* ---- one context --------------------------------------------------------------- */
 
+/* One layer's decode step of session 0 at context T, batch 1: its last
+ * token appended again (the same K/V: the same blocks, so its pages do not
+ * change) and the attention over the T tokens, as two calls (tqc_append,
+ * tqc_attend) and as one (tqc_append_attend: the attention queued behind
+ * the append), alternated.  Prints both, and what the append adds to the
+ * attention's GPU time in the one call (the issue's target: <= 10 us a
+ * layer).  ref: the CPU oracle's output for the step, or NULL.  0 or -1. */
+static int run_step(struct bench *b, uint32_t T, const float *ref)
+{
+	const struct attn_cuda_opts *o = b->o;
+	const int reps = o->reps, dev = o->device;
+	struct sess *s = &b->s[0];
+	tqc_ctx *x = s->x;
+	const size_t tok = (size_t)NKV * DIM, ob = sizeof(float) * NQH * DIM;
+	int kp = 0, vp = 0, rc = -1, fused = 1;
+	float *kin = host_alloc(dev, tok * sizeof(float), &kp), *vin = host_alloc(dev, tok * sizeof(float), &vp);
+	float *out2 = malloc(ob), *out1 = malloc(ob);
+	double *g2 = malloc(sizeof(double) * reps), *w2 = malloc(sizeof(double) * reps);
+	double *g1 = malloc(sizeof(double) * reps), *w1 = malloc(sizeof(double) * reps);
+	double *ga = malloc(sizeof(double) * reps), *ge = malloc(sizeof(double) * reps);
+	tq_error e;
+	uint32_t bad;
+	int stage;
+
+	if (!kin || !vin || !out2 || !out1 || !g2 || !w2 || !g1 || !w1 || !ga || !ge) {
+		fprintf(stderr, "tqbench attn: step: out of host memory\n");
+		goto out;
+	}
+	for (uint32_t h = 0; h < NKV; h++) { /* token T - 1, [NKV][DIM] */
+		memcpy(kin + (size_t)h * DIM, b->d.k + ((size_t)h * b->d.tmax + T - 1) * DIM, DIM * sizeof(float));
+		memcpy(vin + (size_t)h * DIM, b->d.v + ((size_t)h * b->d.tmax + T - 1) * DIM, DIM * sizeof(float));
+	}
+	struct tq_page_table at = s->t; /* the append's view: T - 1 tokens */
+	at.n_tokens = T - 1;
+	struct tqc_append a = { .k_codec = s->kc, .v_codec = s->vc, .kv = &at, .pos = T - 1, .n = 1, .k = kin,
+				.v = vin, .dtype = TQ_DTYPE_F32 };
+	struct tq_attn_params p2 = attn_params(s, &s->t, out2), p1 = attn_params(s, &s->t, out1);
+	p2.sparse_v = p1.sparse_v = 0.0f; /* exact */
+	p2.stats = p1.stats = NULL;
+	for (int i = 0; i < WARMUP + reps; i++) {
+		double t0 = bench_now();
+		if (tqc_append(x, &a, &bad, &e) < 0)
+			goto fail;
+		const double ua = tqc_ctx_last_us(x);
+		if (tqc_attend(x, &p2, &e) < 0)
+			goto fail;
+		const double t1 = bench_now(), ue = tqc_ctx_last_us(x);
+		if (tqc_append_attend(x, &a, &p1, &bad, &stage, &e) < 0)
+			goto fail;
+		const double t2 = bench_now();
+		fused &= tqc_ctx_last_fused(x);
+		if (i >= WARMUP) {
+			const int k = i - WARMUP;
+			ga[k] = ua;
+			ge[k] = ue;
+			g2[k] = ua + ue;
+			w2[k] = (t1 - t0) * 1e6;
+			g1[k] = tqc_ctx_last_us(x);
+			w1[k] = (t2 - t1) * 1e6;
+		}
+	}
+	const int same = memcmp(out1, out2, ob) == 0;
+	const double err = ref ? rel_err(out1, ref, (size_t)NQH * DIM) : NAN;
+	const int ok = same && (!ref || err <= CHECK_TOL);
+	const double ma = median(ga, reps), me = median(ge, reps), m2 = median(g2, reps), mw2 = median(w2, reps);
+	const double m1 = median(g1, reps), mw1 = median(w1, reps), adds = m1 - me;
+	if (o->json) {
+		printf("{\"suite\":\"attn\",\"backend\":\"cuda\",\"mode\":\"decode-step\",\"ctx\":%u,\"batch\":1,"
+		       "\"k\":\"%s\",\"v\":\"%s\",\"input\":\"%s\",\"fused\":%s", T, tq_codec_name(o->k),
+		       tq_codec_name(o->v), kp && vp ? "pinned" : "pageable", fused ? "true" : "false");
+		jnum("two_calls_gpu_us", m2, 1);
+		jnum("append_gpu_us", ma, 1);
+		jnum("attend_gpu_us", me, 1);
+		jnum("two_calls_wall_us", mw2, 1);
+		jnum("one_call_gpu_us", m1, 1);
+		jnum("one_call_wall_us", mw1, 1);
+		jnum("one_vs_two_wall", mw1 / mw2, 1);
+		jnum("append_adds_gpu_us", adds, 1);
+		printf(",\"target_us_per_layer\":%.0f,\"target_met\":%s", APPEND_TARGET_US,
+		       adds <= APPEND_TARGET_US ? "true" : "false");
+		jnum("rel_err", err, ref != NULL);
+		printf(",\"check\":\"%s\"}\n", ok ? "ok" : "fail");
+	} else {
+		printf("  decode step of one layer (one token appended, then attention; batch 1, medians of %d):\n", reps);
+		printf("    two calls: GPU %.2f us (append %.2f + attention %.2f), wall %.2f us\n", m2, ma, me, mw2);
+		printf("    one call (tqc_append_attend, %s): GPU %.2f us, wall %.2f us: %.3f x the two calls' wall\n",
+		       fused ? "attention queued behind the append" : "NOT queued: two calls", m1, mw1, mw1 / mw2);
+		printf("    the append adds %.2f us of GPU time to the attention (target <= %.0f us a layer: %s)\n", adds,
+		       APPEND_TARGET_US, adds <= APPEND_TARGET_US ? "met" : "MISSED");
+		printf("    output: one call against two %s", same ? "identical" : "DIFFERENT");
+		if (ref)
+			printf("; against the CPU reference %.2e", err);
+		printf(" (%s)\n", ok ? "ok" : "FAILED");
+	}
+	rc = ok && fused ? 0 : -1;
+	goto out;
+fail:
+	fprintf(stderr, "tqbench attn: step at ctx %u: %s\n", T, e.msg);
+out:
+	host_free(kin, kp);
+	host_free(vin, vp);
+	free(out1);
+	free(out2);
+	free(g2);
+	free(w2);
+	free(g1);
+	free(w1);
+	free(ga);
+	free(ge);
+	return rc;
+}
+
 static void run_ctx(struct bench *b, uint32_t T)
 {
 	const struct attn_cuda_opts *o = b->o;
@@ -1198,6 +1317,8 @@ static void run_ctx(struct bench *b, uint32_t T)
 			run_sparse(b, B, gpu_ms, round_ms, T);
 		fflush(stdout);
 	}
+	if (run_step(b, T, check ? ref : NULL) < 0)
+		b->failed = 1;
 	if (o->phases > 0)
 		run_phases(b, T);
 out:
