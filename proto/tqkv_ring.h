@@ -113,7 +113,8 @@ enum tqkv_op {
  *   Q:     [n_q][n_q_heads][head_dim] of dtype
  *   pos:   [n_q] int32 absolute positions, each < the layer's length after
  *          the append (query i sees keys 0..pos[i])
- *   out:   [n_q][n_q_heads][head_dim] float32, written by the daemon
+ *   out:   [n_q][n_q_heads][head_dim] float32, written by the daemon (after a
+ *          failed operation its contents are unspecified)
  * Offsets are aligned to their element size.  Unused fields and `reserved`
  * must be zero. */
 struct tqkv_sqe {
