@@ -59,8 +59,10 @@ static const enum tq_dtype dtypes[] = { TQ_DTYPE_F32, TQ_DTYPE_F16, TQ_DTYPE_BF1
 
 /* ---- memory on the device ------------------------------------------------------- */
 
-enum mem { MEM_HOST = 0, MEM_DEVICE = 1, MEM_UNIFIED = 2 };
-static const char *mem_name[] = { "host", "device", "unified" };
+/* MEM_REGISTERED: host memory pinned by tqc_host_register (as tqkvd pins a
+ * client's arena); the loops over the first three leave it out */
+enum mem { MEM_HOST = 0, MEM_DEVICE = 1, MEM_UNIFIED = 2, MEM_REGISTERED = 3 };
+static const char *mem_name[] = { "host", "device", "unified", "registered" };
 
 struct buf {
 	enum mem kind;
@@ -76,11 +78,20 @@ static int buf_new(struct buf *b, enum mem kind, size_t bytes, const void *src)
 	b->kind = kind;
 	b->bytes = bytes;
 	b->p = NULL;
-	if (kind == MEM_HOST) {
-		b->p = malloc(bytes ? bytes : 1);
+	if (kind == MEM_HOST || kind == MEM_REGISTERED) {
+		const size_t n = (bytes + 4095) & ~(size_t)4095;
+		b->p = kind == MEM_HOST ? malloc(bytes ? bytes : 1) : aligned_alloc(4096, n ? n : 4096);
 		if (b->p && src)
 			memcpy(b->p, src, bytes);
-		return b->p ? 0 : -ENOMEM;
+		if (!b->p)
+			return -ENOMEM;
+		if (kind == MEM_REGISTERED && tqc_host_register(dev, b->p, n ? n : 4096, why, sizeof(why)) < 0) {
+			fprintf(stderr, "  register %zu bytes: %s\n", n, why);
+			free(b->p);
+			b->p = NULL;
+			return -EIO;
+		}
+		return 0;
 	}
 	int rc = tqc_region_alloc(dev, bytes ? bytes : 1, kind == MEM_UNIFIED, &b->p, why, sizeof(why));
 	if (rc) {
@@ -96,7 +107,9 @@ static int buf_new(struct buf *b, enum mem kind, size_t bytes, const void *src)
 
 static void buf_free(struct buf *b)
 {
-	if (b->kind == MEM_HOST)
+	if (b->kind == MEM_REGISTERED && b->p)
+		tqc_host_unregister(dev, b->p);
+	if (b->kind == MEM_HOST || b->kind == MEM_REGISTERED)
 		free(b->p);
 	else if (b->p)
 		tqc_region_free(dev, b->p, b->kind == MEM_UNIFIED);
@@ -1950,6 +1963,8 @@ static void test_append_attend(void)
 	T_EQ(aa_case(&L, at, 1, 1, G, MEM_UNIFIED, 1, "decode token, inputs in unified memory"), 0);
 	at += 1;
 	T_EQ(aa_case(&L, at, 1, 1, G, MEM_HOST, 0, "decode token, inputs in plain host memory (staged)"), 0);
+	at += 1;
+	T_EQ(aa_case(&L, at, 1, 1, G, MEM_REGISTERED, 1, "decode token, inputs in registered host memory"), 0);
 	at += 1;
 	/* 3 tokens across a page boundary (slots 318..320), 3 queries */
 	at = 318;
