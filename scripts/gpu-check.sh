@@ -7,7 +7,7 @@
 #
 #   scripts/gpu-check.sh [STEP...]     steps: smi test quick backend benchsmall bench
 #                                      benchq8 benchtqo bench8 general ncu sanitize probe
-#                                      sparse phases fault shared launch (default: smi test
+#                                      sparse phases fault shared launch step (default: smi test
 #                                      backend benchsmall bench)
 set -u
 cd "$(dirname "$0")/.."
@@ -75,6 +75,10 @@ for s in "${steps[@]}"; do
 	                 --reps 20 --check-max 32768 --layers 1 --bulk 64
 	            step bench_launch_8k 150 env TQ_CUDA_SPLIT_MIN=8192 "$B/bin/tqbench" attn --backend cuda \
 	                 --ctx 32768,131072 --batch 16 --reps 20 --no-baseline --check-max 32768 --layers 1 --bulk 64 ;;
+	step)       # a layer's decode step as two calls and as one (tqc_append_attend), and a
+	            # decode token's append alone into each of 32 layers
+	            step bench_step 150 "$B/bin/tqbench" attn --backend cuda --ctx 8192,32768,131072 --batch 1 \
+	                 --reps 50 --no-baseline --check-max 32768 --layers 32 --bulk 64 ;;
 	phases)     # where attn_mma's time goes (tqbench-phases, `make phases`: kernels with the phase clocks)
 	            if [ -x "$B/bin/tqbench-phases" ]; then
 	                step phases 200 "$B/bin/tqbench-phases" attn --backend cuda --ctx 8192,32768,131072 --batch 1 \
