@@ -556,8 +556,14 @@ static int cmd_stats(struct ctx *x, int argc, char **argv)
 			printf("pages:             %u free of %u, %s each (%s, NUMA node %d%s)\n", s->pages_free,
 			       s->pages_total, sz(s->page_bytes, a, sizeof(a)), s->pool_backend, s->numa_node,
 			       s->hugepages ? ", huge pages" : "");
-			if (strcmp(s->pool_backend, "host") != 0)
+			if (strcmp(s->pool_backend, "host") != 0) {
 				printf("pool memory:       %s\n", s->pool_memory);
+				printf("GPU kernels:       %" PRIu64 " appends, %" PRIu64 " attentions, %" PRIu64
+				       " decode steps in one call (%" PRIu64 " with one wait), %" PRIu64
+				       " failed; %.3f s of GPU time\n", s->gpu_appends, s->gpu_attentions,
+				       s->gpu_decode_steps, s->gpu_decode_steps_one_wait, s->gpu_kernel_failures,
+				       (double)s->gpu_busy_us / 1e6);
+			}
 			printf("data clients:      %u connected, %" PRIu64 " ops (%" PRIu64 " failed), %s mapped\n",
 			       s->data_clients, s->data_ops_total, s->data_op_errors_total,
 			       sz(s->data_arena_bytes, b, sizeof(b)));
@@ -1388,7 +1394,10 @@ static const struct cmd cmds[] = {
 	  "(percent of the pool: spill above the first down to the second), bytes it\n"
 	  "spilled and in how many passes, its rate (those bytes over the time it spent\n"
 	  "spilling; '-' before it ran), spills that failed, allocations that waited\n"
-	  "for it, and sessions evicted under pressure (pool.pressure_action = evict).", true, cmd_stats },
+	  "for it, and sessions evicted under pressure (pool.pressure_action = evict).\n"
+	  "On a GPU pool also its kernel calls: appends, attentions, decode steps\n"
+	  "(APPEND_ATTEND) in one call and how many of them waited once (the attention\n"
+	  "queued behind the append), failures, and the GPU time they took.", true, cmd_stats },
 	{ "sessions", "[--tenant TENANT]", "list sessions (ListSessions)",
 	  "One row per session: id, name, tenant, owner uid, state, geometry\n"
 	  "(layers x kv heads / query heads x head dim), K/V codecs, tokens, resident and\n"

@@ -86,6 +86,11 @@ struct backend_ops {
 	 * then attend. */
 	int (*append_attend)(const struct backend_region *r, const struct tqc_append *a,
 			     const struct tq_attn_params *p, uint32_t *bad, int *stage, tq_error *err);
+	/* What the calling thread's last append / attend / append_attend
+	 * cost: its GPU time by the stream's events (microseconds) and, for
+	 * append_attend, whether the attention was queued behind the append
+	 * (one wait).  Optional within the optional operations. */
+	void (*last_call)(const struct backend_region *r, double *gpu_us, int *one_wait);
 	/* 1 with why once the device failed for good (a CUDA context lost to
 	 * a sticky error: tqc_device_lost; its operations then fail with
 	 * -ENOTRECOVERABLE), else 0. */

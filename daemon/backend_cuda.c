@@ -194,6 +194,14 @@ static int cuda_append_attend(const struct backend_region *r, const struct tqc_a
 	return e < 0 ? e : tqc_append_attend(x, a, p, bad, stage, err);
 }
 
+static void cuda_last_call(const struct backend_region *r, double *gpu_us, int *one_wait)
+{
+	tqc_ctx *x = ctx_key_err ? NULL : pthread_getspecific(ctx_key);
+
+	*gpu_us = x ? tqc_ctx_last_us(x) : 0.0;
+	*one_wait = x ? tqc_ctx_last_fused(x) : 0;
+}
+
 /* process-wide: one CUDA context a device per process (the runtime's) */
 static int cuda_lost(const struct backend_region *r, char *why, size_t whylen)
 {
@@ -211,5 +219,6 @@ const struct backend_ops backend_cuda = {
 	.append = cuda_append,
 	.attend = cuda_attend,
 	.append_attend = cuda_append_attend,
+	.last_call = cuda_last_call,
 	.lost = cuda_lost,
 };

@@ -21,6 +21,9 @@ struct pool {
 	uint8_t *in_use;            /* [n_pages] 0/1: catches double frees */
 	uint64_t allocs_total;
 	uint64_t alloc_failures;
+
+	struct pool_kernel_stats ks;   /* atomics: the backend's kernels */
+	uint64_t ks_gpu_ns;            /* GPU time, nanoseconds (atomic) */
 };
 
 int pool_new(struct pool **out, const struct pool_params *pp, char *why, size_t whylen)
@@ -208,14 +211,38 @@ bool pool_lost(struct pool *p, char *why, size_t whylen)
 	return p->be->lost && p->be->lost(&p->region, why, whylen) > 0;
 }
 
+/* After a kernel call of the backend's: its count, failure and GPU time */
+static void kern_count(struct pool *p, uint64_t *calls, int rc)
+{
+	double us = 0.0;
+	int one = 0;
+
+	__atomic_add_fetch(calls, 1, __ATOMIC_RELAXED);
+	if (rc < 0)
+		__atomic_add_fetch(&p->ks.failures, 1, __ATOMIC_RELAXED);
+	if (p->be->last_call) {
+		p->be->last_call(&p->region, &us, &one);
+		if (rc == 0 && us > 0.0 && us < 1e9)
+			__atomic_add_fetch(&p->ks_gpu_ns, (uint64_t)(us * 1e3), __ATOMIC_RELAXED);
+		if (rc == 0 && one && calls == &p->ks.steps)
+			__atomic_add_fetch(&p->ks.steps_one_wait, 1, __ATOMIC_RELAXED);
+	}
+}
+
 int pool_append(struct pool *p, const struct tqc_append *a, uint32_t *bad, tq_error *err)
 {
-	return p->be->append(&p->region, a, bad, err);
+	int rc = p->be->append(&p->region, a, bad, err);
+
+	kern_count(p, &p->ks.appends, rc);
+	return rc;
 }
 
 int pool_attend(struct pool *p, const struct tq_attn_params *a, tq_error *err)
 {
-	return p->be->attend(&p->region, a, err);
+	int rc = p->be->attend(&p->region, a, err);
+
+	kern_count(p, &p->ks.attends, rc);
+	return rc;
 }
 
 bool pool_has_append_attend(const struct pool *p)
@@ -226,7 +253,20 @@ bool pool_has_append_attend(const struct pool *p)
 int pool_append_attend(struct pool *p, const struct tqc_append *a, const struct tq_attn_params *ap, uint32_t *bad,
 		       int *stage, tq_error *err)
 {
-	return p->be->append_attend(&p->region, a, ap, bad, stage, err);
+	int rc = p->be->append_attend(&p->region, a, ap, bad, stage, err);
+
+	kern_count(p, &p->ks.steps, rc);
+	return rc;
+}
+
+void pool_kernel_stats(struct pool *p, struct pool_kernel_stats *out)
+{
+	out->appends = __atomic_load_n(&p->ks.appends, __ATOMIC_RELAXED);
+	out->attends = __atomic_load_n(&p->ks.attends, __ATOMIC_RELAXED);
+	out->steps = __atomic_load_n(&p->ks.steps, __ATOMIC_RELAXED);
+	out->steps_one_wait = __atomic_load_n(&p->ks.steps_one_wait, __ATOMIC_RELAXED);
+	out->failures = __atomic_load_n(&p->ks.failures, __ATOMIC_RELAXED);
+	out->gpu_us = __atomic_load_n(&p->ks_gpu_ns, __ATOMIC_RELAXED) / 1000u;
 }
 
 int pool_spill_copy(void *pool, void *dst, const void *src, size_t n, char *why, size_t whylen)

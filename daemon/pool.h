@@ -88,6 +88,18 @@ bool pool_lost(struct pool *p, char *why, size_t whylen);
 /* The backend's kernels (only when pool_has_kernels). */
 int pool_append(struct pool *p, const struct tqc_append *a, uint32_t *bad, tq_error *err);
 int pool_attend(struct pool *p, const struct tq_attn_params *a, tq_error *err);
+/* The backend's kernel calls since start (a pool without kernels: zeros). */
+struct pool_kernel_stats {
+	uint64_t appends;                /* pool_append                                 */
+	uint64_t attends;                /* pool_attend                                 */
+	uint64_t steps;                  /* pool_append_attend: a layer's decode step   */
+	uint64_t steps_one_wait;         /* of which the attention was queued behind    */
+					 /* the append (tqc_append_attend)             */
+	uint64_t failures;               /* calls of the three that failed             */
+	uint64_t gpu_us;                 /* the successful calls' GPU time (events)     */
+};
+void pool_kernel_stats(struct pool *p, struct pool_kernel_stats *out);
+
 /* The backend takes an append and the attention after it in one call
  * (pool_append_attend); else pool_append, then pool_attend. */
 bool pool_has_append_attend(const struct pool *p);

@@ -270,6 +270,14 @@ static void h_get_stats(struct rpc_server *srv, const struct peer *peer,
 		r.pool_memory = (char *)ps.desc;
 		r.numa_node = ps.numa_node;
 		r.hugepages = ps.hugepages;
+		struct pool_kernel_stats pk;
+		pool_kernel_stats(pool, &pk);
+		r.gpu_appends = pk.appends;
+		r.gpu_attentions = pk.attends;
+		r.gpu_decode_steps = pk.steps;
+		r.gpu_decode_steps_one_wait = pk.steps_one_wait;
+		r.gpu_kernel_failures = pk.failures;
+		r.gpu_busy_us = pk.gpu_us;
 	}
 	if (ring) {
 		struct ring_stats rs;

@@ -39,6 +39,21 @@ esac
 # 1. bit-exact through the daemon, sessions over the control channel
 PAGE=$(gstat page_bytes)
 "$CLIENT" --client exact-ctl "$T/run" 77 25 "$PAGE" || fail "results through tqkvd differ from the kernels"
+# the GPU kernels' counters: the client's decode steps (APPEND_ATTEND) ran as
+# one call each, the attention queued behind the append where it could be
+if [ "$BACKEND" = cuda ]; then
+	steps=$(gstat gpu_decode_steps) one=$(gstat gpu_decode_steps_one_wait)
+	[ "$steps" -gt 0 ] && [ "$one" -gt 0 ] && [ "$one" -le "$steps" ] ||
+		fail "GetStats: $steps decode steps in one call, $one with one wait"
+	[ "$(gstat gpu_busy_us)" -gt 0 ] && [ "$(gstat gpu_kernel_failures)" = 0 ] ||
+		fail "GetStats: GPU time $(gstat gpu_busy_us) us, $(gstat gpu_kernel_failures) failures"
+	ctl stats | grep -q "^GPU kernels: .* decode steps in one call ($one with one wait)" ||
+		fail "tqctl stats lacks the GPU kernels line: $(ctl stats)"
+	echo "GPU kernels: $steps decode steps in one call, $one with one wait"
+else
+	[ "$(gstat gpu_decode_steps)" = 0 ] && [ "$(gstat gpu_appends)" = 0 ] || fail "GPU counters on a host pool"
+	ctl stats | grep -q "^GPU kernels" && fail "tqctl stats shows GPU kernels on a host pool"
+fi
 wait_stat data_clients 0
 wait_stat used_bytes 0
 wait_stat pages_free "$TOTAL"

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 struct sim {
@@ -256,6 +257,44 @@ static int sim_attend(const struct backend_region *r, const struct tq_attn_param
 	return e;
 }
 
+/* the calling thread's last call: its time on the CPU stands for GPU time */
+static __thread double last_us;
+static __thread int last_one;
+
+static double now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static int sim_append_timed(const struct backend_region *r, const struct tqc_append *a, uint32_t *bad, tq_error *err)
+{
+	double t0 = now_us();
+	int e = sim_append(r, a, bad, err);
+
+	last_us = now_us() - t0;
+	last_one = 0;
+	return e;
+}
+
+static int sim_attend_timed(const struct backend_region *r, const struct tq_attn_params *p, tq_error *err)
+{
+	double t0 = now_us();
+	int e = sim_attend(r, p, err);
+
+	last_us = now_us() - t0;
+	last_one = 0;
+	return e;
+}
+
+static void sim_last_call(const struct backend_region *r, double *gpu_us, int *one_wait)
+{
+	*gpu_us = last_us;
+	*one_wait = last_one;
+}
+
 /* As a GPU's queued append: the attention runs over the slots whatever the
  * append found, and the append's failure is the one reported. */
 static int sim_append_attend(const struct backend_region *r, const struct tqc_append *a,
@@ -263,13 +302,16 @@ static int sim_append_attend(const struct backend_region *r, const struct tqc_ap
 {
 	tq_error e2;
 	int e1, r2;
+	double t0 = now_us();
 
+	last_one = 0;
 	*stage = TQC_STAGE_APPEND;
 	if ((e1 = sim_append(r, a, bad, err)) == -ENOTRECOVERABLE)
 		return e1;
 	__atomic_add_fetch(&st.append_attends, 1, __ATOMIC_RELAXED);
 	memset(&e2, 0, sizeof(e2));
 	r2 = sim_attend(r, p, &e2);
+	last_us = now_us() - t0;
 	if (e1 < 0)
 		return e1;
 	if (r2 < 0) {
@@ -278,6 +320,7 @@ static int sim_append_attend(const struct backend_region *r, const struct tqc_ap
 		return r2;
 	}
 	*stage = TQC_STAGE_NONE;
+	last_one = 1;
 	return 0;
 }
 
@@ -289,8 +332,9 @@ const struct backend_ops backend_devsim = {
 	.copy = sim_copy,
 	.host_register = sim_register,
 	.host_unregister = sim_unregister,
-	.append = sim_append,
-	.attend = sim_attend,
+	.append = sim_append_timed,
+	.attend = sim_attend_timed,
 	.append_attend = sim_append_attend,
+	.last_call = sim_last_call,
 	.lost = sim_lost,
 };

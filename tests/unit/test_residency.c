@@ -502,6 +502,7 @@ static void test_device_decode_steps(void)
 	struct kvfix hf, df;
 	struct dataop_res hr, dr;
 	struct devsim_stats ds0, ds1;
+	struct pool_kernel_stats pk0, pk1;
 	static float k[3 * 2 * 64], v[3 * 2 * 64], q[2 * 4 * 64], hout[4 * 4 * 64], dout[4 * 4 * 64];
 	uint32_t len[3] = { 300, 300, 300 };
 	uint64_t rs = 0x5eed;
@@ -513,6 +514,8 @@ static void test_device_decode_steps(void)
 	T_ASSERT(pool_has_append_attend(df.pool) && !pool_has_append_attend(hf.pool));
 	uint64_t hid = open_filled(&hf, len[0], 41), did = open_filled(&df, len[0], 41);
 	devsim_stats(&ds0);
+	pool_kernel_stats(df.pool, &pk0);
+	T_EQ(pk0.appends, 3); /* open_filled's, a layer each */
 	for (int i = 0; i < 12; i++) {
 		const uint32_t l = (uint32_t)i % 3, n = i % 4 == 3 ? 3 : 1, n_q = i % 5 == 4 ? 2 : 1;
 		for (size_t j = 0; j < sizeof(k) / sizeof(k[0]); j++) {
@@ -533,6 +536,14 @@ static void test_device_decode_steps(void)
 	T_EQ(ds1.append_attends - ds0.append_attends, 12);
 	T_EQ(ds1.appends - ds0.appends, 12);
 	T_EQ(ds1.attends - ds0.attends, 12);
+	/* the pool's counters (tqctl stats) */
+	pool_kernel_stats(df.pool, &pk1);
+	T_EQ(pk1.steps - pk0.steps, 12);
+	T_EQ(pk1.steps_one_wait - pk0.steps_one_wait, 12);
+	T_EQ(pk1.appends - pk0.appends, 0);
+	T_EQ(pk1.attends - pk0.attends, 0);
+	T_EQ(pk1.failures, 0);
+	T_ASSERT(pk1.gpu_us >= pk0.gpu_us);
 
 	/* a NaN in token 1's V: the step fails, nothing is appended (the
 	 * attention ran over the slots, as a queued GPU append's does) */
@@ -566,6 +577,15 @@ static void test_device_decode_steps(void)
 	T_EQ(attend(&hf, hid, 1, len[1], hout, &hr), 4);
 	T_EQ(attend(&df, did, 1, len[1], dout, &dr), 4);
 	T_ASSERT(memcmp(hout, dout, 4 * 4 * 64 * sizeof(float)) == 0);
+	/* two failed steps (the NaN, the injected failure), one good */
+	pool_kernel_stats(df.pool, &pk0);
+	T_EQ(pk0.steps - pk1.steps, 3);
+	T_EQ(pk0.steps_one_wait - pk1.steps_one_wait, 1);
+	T_EQ(pk0.failures, 2);
+	T_EQ(pk0.attends - pk1.attends, 2); /* the ATTENDs just now */
+	struct pool_kernel_stats hk;
+	pool_kernel_stats(hf.pool, &hk); /* a host pool: none */
+	T_ASSERT(hk.appends == 0 && hk.attends == 0 && hk.steps == 0 && hk.gpu_us == 0);
 
 	T_EQ(session_close(hf.st, hid, NULL), 0);
 	T_EQ(session_close(df.st, did, NULL), 0);
