@@ -412,8 +412,6 @@ static int layer_calibrate(struct kv_layer *L, const void *k, const void *v, con
 	return 1;
 }
 
-/* The append proper; kv->lock held, codecs present, no page spilled.
- * q, n_q: the queries that came with the tokens (APPEND_ATTEND), or NULL. */
 /* An attention that runs with an append in one call of the pool's
  * (pool_append_attend: one layer's decode step on a GPU pool): its
  * parameters, every one but the page table (the layer's with the new
@@ -429,6 +427,10 @@ struct fused_attn {
 	tq_error te;
 };
 
+/* The append proper; kv->lock held, codecs present, no page spilled.
+ * q, n_q: the queries that came with the tokens (APPEND_ATTEND), or NULL.
+ * fu (a GPU pool; NULL: none): the attention to run in the same call of
+ * the pool's when it can (fu->ran says whether it did). */
 static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l,
 			 const void *k, const void *v, enum tq_dtype dtype, uint32_t n,
 			 const void *q, uint32_t n_q, struct fused_attn *fu, struct dataop_res *r)
