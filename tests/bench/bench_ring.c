@@ -16,6 +16,13 @@
  * one thread without the ring, for the decode step.
  * --workers / --attn-threads set the daemon's data_workers and
  * attention_threads (defaults: one worker per CPU, 1 thread per call).
+ * --backend cuda [--device N] puts the daemon's pool on GPU N (the GPU's
+ * kernels run every append and attention); the decode step's baseline is
+ * then the same work on the same GPU in a process of its own, no ring, as
+ * two calls (tqc_append, tqc_attend) and as one (tqc_append_attend: the
+ * attention queued behind the append, what tqkvd's workers call), and the
+ * daemon's GetStats says how many of its steps waited once.  Without a
+ * usable GPU it says why (tqkvd --gpus) and exits 77.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -34,11 +41,13 @@
 #include "bench.h"
 #include "tq_attn.h"
 #include "tq_codec.h"
+#include "tq_cuda.h"
 #include "tq_page.h"
 #include "tqkv.h"
 
 struct opts {
 	int clients, iters, ctx, json, workers, attn_threads;
+	int cuda, device;          /* --backend cuda, --device */
 };
 
 static int cmp_double(const void *a, const void *b)
@@ -99,17 +108,26 @@ static double futex_pingpong_p50(int iters, double *p99)
 static char run_dir[64];
 static pid_t daemon_pid;
 
+/* A program next to this one (build/bin), in out. */
+static int sibling(const char *name, char *out, size_t n)
+{
+	char exe[PATH_MAX];
+	ssize_t l = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+
+	if (l <= 0)
+		return -1;
+	exe[l] = 0;
+	*strrchr(exe, '/') = 0;
+	return snprintf(out, n, "%s/%s", exe, name) < (int)n ? 0 : -1;
+}
+
 static int daemon_start(const struct opts *o)
 {
-	char exe[PATH_MAX], bin[PATH_MAX + 16], conf[128], spill[96];
-	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	char bin[PATH_MAX + 16], conf[128], spill[96];
 	FILE *f;
 
-	if (n <= 0)
+	if (sibling("tqkvd", bin, sizeof(bin)) < 0)
 		return -1;
-	exe[n] = 0;
-	*strrchr(exe, '/') = 0;
-	snprintf(bin, sizeof(bin), "%s/tqkvd", exe);
 	snprintf(run_dir, sizeof(run_dir), "/tmp/tqbench-ring.XXXXXX");
 	if (!mkdtemp(run_dir))
 		return -1;
@@ -119,7 +137,10 @@ static int daemon_start(const struct opts *o)
 	if (!f)
 		return -1;
 	fprintf(f, "[daemon]\nlog_level = warning\ndata_workers = %d\nattention_threads = %d\n"
-		   "[pool]\npool_bytes = 2G\n[tenant default]\nallow_uids = *\n", o->workers, o->attn_threads);
+		   "[pool]\npool_bytes = 2G\n", o->workers, o->attn_threads);
+	if (o->cuda)
+		fprintf(f, "backend = cuda\ndevice = %d\n", o->device);
+	fprintf(f, "[tenant default]\nallow_uids = *\n");
 	fclose(f);
 	fflush(stdout);
 	daemon_pid = fork();
@@ -324,6 +345,144 @@ out:
 	return p50;
 }
 
+/* The baseline of the decode step on a GPU: the same work (1 token's f16
+ * K/V appended after a ctx-token tq4/tq3 cache in device memory, 1 query
+ * attended) on GPU dev, no ring, one thread, as two calls (tqc_append,
+ * tqc_attend) and as one (tqc_append_attend), alternated; inputs and output
+ * in pinned memory, as a client's registered arena.  In a process of its
+ * own, so that this one, which forks the clients, never initializes CUDA.
+ * p50s in µs into two[0] / one[0] (the one call's fused flag in one[1]),
+ * or -1 with the reason on stderr. */
+static int gpu_append_attend_p50(const struct opts *o, double *two, double *one)
+{
+	double *res = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	pid_t pid;
+	int st;
+
+	if (res == MAP_FAILED)
+		return -1;
+	res[0] = res[1] = res[2] = -1;
+	fflush(stdout);
+	if ((pid = fork()) == 0) {
+		struct tq_codec_params kp = { TQ_CODEC_TQ4, D, 11, TQ_ISA_AUTO }, vp = { TQ_CODEC_TQ3, D, 12, TQ_ISA_AUTO };
+		tq_codec *kc = NULL, *vc = NULL;
+		struct tq_page_geom g = { NKV, 256, 0, 0 };
+		tqc_ctx *x = NULL;
+		tq_error e;
+		char why[256];
+		void *mem = NULL;
+		const uint32_t cap = (uint32_t)o->ctx + 64, chunk = 512;
+		const int iters = o->iters;
+		uint16_t *k = tqc_pinned_alloc(o->device, sizeof(uint16_t) * chunk * NKV * D);
+		uint16_t *v = tqc_pinned_alloc(o->device, sizeof(uint16_t) * chunk * NKV * D);
+		uint16_t *q = tqc_pinned_alloc(o->device, sizeof(uint16_t) * NQ * D);
+		float *out = tqc_pinned_alloc(o->device, sizeof(float) * NQ * D);
+		double *l2 = malloc(sizeof(double) * (size_t)iters), *l1 = malloc(sizeof(double) * (size_t)iters);
+		uint32_t bad;
+		int stage, fused = 1;
+
+		if (!k || !v || !q || !out || !l2 || !l1 || tq_codec_new(&kc, NULL, &kp, &e) < 0 ||
+		    tq_codec_new(&vc, NULL, &vp, &e) < 0 || tqc_ctx_new(&x, o->device, &e) < 0) {
+			fprintf(stderr, "tqbench ring: GPU baseline: %s\n", k && v && q && out ? e.msg : "no pinned memory");
+			_exit(1);
+		}
+		g.k_block_bytes = (uint32_t)tq_codec_block_bytes(kc);
+		g.v_block_bytes = (uint32_t)tq_codec_block_bytes(vc);
+		const uint32_t n_pages = tq_page_count(&g, cap);
+		const size_t pb = tq_page_bytes(&g);
+		const uint8_t **pages = calloc(n_pages, sizeof(*pages));
+		if (!pages || tqc_region_alloc(o->device, (uint64_t)pb * n_pages, 0, &mem, why, sizeof(why)) < 0) {
+			fprintf(stderr, "tqbench ring: GPU baseline: %s\n", pages ? why : "out of memory");
+			_exit(1);
+		}
+		for (uint32_t i = 0; i < n_pages; i++)
+			pages[i] = (const uint8_t *)mem + (size_t)i * pb;
+		struct tq_page_table pt = { pages, n_pages, 0, g };
+		for (uint32_t t = 0; t < (uint32_t)o->ctx; t += chunk) { /* the cache, by the GPU's encoder */
+			uint32_t n = (uint32_t)o->ctx - t < chunk ? (uint32_t)o->ctx - t : chunk;
+			fill_f16(k, (size_t)n * NKV * D, 1u + t);
+			fill_f16(v, (size_t)n * NKV * D, 2u + t);
+			struct tqc_append a = { .k_codec = kc, .v_codec = vc, .kv = &pt, .pos = t, .n = n, .k = k, .v = v,
+						.dtype = TQ_DTYPE_F16 };
+			if (tqc_append(x, &a, &bad, &e) < 0) {
+				fprintf(stderr, "tqbench ring: GPU baseline: %s\n", e.msg);
+				_exit(1);
+			}
+		}
+		fill_f16(k, NKV * D, 5u);
+		fill_f16(v, NKV * D, 6u);
+		fill_f16(q, NQ * D, 3u);
+		for (int i = 0; i < iters + 20; i++) {
+			const uint32_t t = (uint32_t)o->ctx + (uint32_t)(i % 64);
+			int32_t pos = (int32_t)t;
+			struct tq_page_table at = { pages, n_pages, t, g }, qt = { pages, n_pages, t + 1, g };
+			struct tqc_append a = { .k_codec = kc, .v_codec = vc, .kv = &at, .pos = t, .n = 1, .k = k, .v = v,
+						.dtype = TQ_DTYPE_F16 };
+			struct tq_attn_params ap = { .k_codec = kc, .v_codec = vc, .n_q_heads = NQ, .kv = &qt, .n_q = 1,
+						     .q = q, .q_dtype = TQ_DTYPE_F16, .q_pos = &pos, .causal = 1,
+						     .out = out };
+			double t0 = bench_now();
+			if (tqc_append(x, &a, &bad, &e) < 0 || tqc_attend(x, &ap, &e) < 0)
+				break;
+			double t1 = bench_now();
+			if (tqc_append_attend(x, &a, &ap, &bad, &stage, &e) < 0)
+				break;
+			double t2 = bench_now();
+			fused &= tqc_ctx_last_fused(x);
+			if (i >= 20) {
+				l2[i - 20] = (t1 - t0) * 1e6;
+				l1[i - 20] = (t2 - t1) * 1e6;
+			}
+			if (i == iters + 19) {
+				res[0] = pct(l2, iters, 0.5);
+				res[1] = pct(l1, iters, 0.5);
+				res[2] = fused;
+			}
+		}
+		if (res[0] < 0)
+			fprintf(stderr, "tqbench ring: GPU baseline: %s\n", e.msg);
+		_exit(res[0] < 0);
+	}
+	if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st)) {
+		munmap(res, 4096);
+		return -1;
+	}
+	two[0] = res[0];
+	one[0] = res[1];
+	one[1] = res[2];
+	munmap(res, 4096);
+	return 0;
+}
+
+/* The daemon's GetStats field `key` (tqctl next to this program, a process
+ * of its own: gRPC stays out of this one), or -1. */
+static double daemon_stat(const char *key)
+{
+	char ctl[PATH_MAX + 16], cmd[PATH_MAX + 256], line[8192];
+	double v = -1;
+	FILE *p;
+
+	if (sibling("tqctl", ctl, sizeof(ctl)) < 0)
+		return -1;
+	snprintf(cmd, sizeof(cmd), "'%s' --socket '%s/control.sock' stats --json 2>/dev/null", ctl, run_dir);
+	fflush(stdout);
+	if (!(p = popen(cmd, "r")))
+		return -1;
+	size_t n = fread(line, 1, sizeof(line) - 1, p);
+	line[n] = 0;
+	pclose(p);
+	char pat[96];
+	snprintf(pat, sizeof(pat), "\"%s\":", key);
+	const char *at = strstr(line, pat);
+	if (at) {
+		at += strlen(pat);
+		while (*at == ' ' || *at == '"')
+			at++;
+		v = strtod(at, NULL);
+	}
+	return v;
+}
+
 /* N clients in N processes; results in shared memory. */
 static int run_clients(const struct opts *o, int op, int n, double *p50, double *p99, double *ops)
 {
@@ -396,17 +555,42 @@ static int bench_ring_main(int argc, char **argv)
 			o.workers = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--attn-threads") && i + 1 < argc)
 			o.attn_threads = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--backend") && i + 1 < argc && (!strcmp(argv[i + 1], "host") ||
+									    !strcmp(argv[i + 1], "cuda")))
+			o.cuda = !strcmp(argv[++i], "cuda");
+		else if (!strcmp(argv[i], "--device") && i + 1 < argc)
+			o.device = atoi(argv[++i]);
 		else {
 			fprintf(stderr, "usage: tqbench ring [--clients N] [--iters N] [--ctx T] [--workers W] "
-					"[--attn-threads A] [--json]\n");
+					"[--attn-threads A] [--backend host|cuda] [--device N] [--json]\n");
 			return strcmp(argv[i], "--help") ? 2 : 0;
 		}
 	}
 	if (o.clients < 1 || o.clients > 64 || o.iters < 10 || o.ctx < 1 || o.ctx > 1 << 20 ||
-	    o.workers < 0 || o.workers > 256 || o.attn_threads < 1 || o.attn_threads > 256) {
+	    o.workers < 0 || o.workers > 256 || o.attn_threads < 1 || o.attn_threads > 256 || o.device < 0 ||
+	    o.device > 255) {
 		fprintf(stderr, "tqbench ring: --clients 1..64, --iters >= 10, --ctx 1..2^20, "
-				"--workers 0..256, --attn-threads 1..256\n");
+				"--workers 0..256, --attn-threads 1..256, --device 0..255\n");
 		return 2;
+	}
+	if (o.cuda) { /* a usable GPU, as tqkvd finds it (this process stays CUDA-free) */
+		char bin[PATH_MAX + 16], cmd[PATH_MAX + 64], why[512] = "";
+		FILE *p;
+		int st = -1;
+		if (sibling("tqkvd", bin, sizeof(bin)) == 0) {
+			snprintf(cmd, sizeof(cmd), "'%s' --gpus 2>&1", bin);
+			fflush(stdout);
+			if ((p = popen(cmd, "r"))) {
+				size_t n = fread(why, 1, sizeof(why) - 1, p);
+				why[n] = 0;
+				st = pclose(p);
+			}
+		}
+		if (st != 0) {
+			why[strcspn(why, "\n")] = 0;
+			fprintf(stderr, "tqbench ring: --backend cuda: %s\n", *why ? why : "tqkvd --gpus did not run");
+			return 77;
+		}
 	}
 	barrier = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	double fx99, fx50 = futex_pingpong_p50(o.iters, &fx99);
@@ -417,7 +601,11 @@ static int bench_ring_main(int argc, char **argv)
 	}
 	if (!o.json) {
 		/* the daemon's kernels pick the same ISA (TQ_ISA caps both) */
-		printf("ISA %s (the daemon's kernels and the in-process baseline)\n", tq_isa_name(tq_isa_best()));
+		if (o.cuda)
+			printf("pool on GPU %d (the daemon's kernels and the baseline of the decode step run there)\n",
+			       o.device);
+		else
+			printf("ISA %s (the daemon's kernels and the in-process baseline)\n", tq_isa_name(tq_isa_best()));
 		printf("futex ping-pong between two processes (the floor): p50 %.2f us, p99 %.2f us\n", fx50, fx99);
 		printf("%-14s %7s %9s %9s %12s   %s\n", "op", "clients", "p50_us", "p99_us", "ops_per_s",
 		       "p50 vs baseline");
@@ -431,13 +619,24 @@ static int bench_ring_main(int argc, char **argv)
 		if (op == 1 && !iters_set)
 			oo.iters = 2000;
 		int ns[2] = { 1, o.clients };
-		double base50 = -1;
-		if (op == 1 && (base50 = inproc_append_attend_p50(&oo)) < 0) {
+		double base50 = -1, two50 = -1, one[2] = { -1, 0 };
+		if (op == 1 && o.cuda) {
+			if (gpu_append_attend_p50(&oo, &two50, one) < 0) {
+				fprintf(stderr, "tqbench ring: the GPU baseline failed\n");
+				rc = 1;
+				break;
+			}
+			base50 = one[0];
+			if (!o.json)
+				printf("(baseline of append_attend on the GPU, no ring, 1 thread: one call p50 %.2f us%s, "
+				       "two calls p50 %.2f us)\n", one[0], one[1] > 0 ? "" : " (NOT queued: two calls)",
+				       two50);
+		} else if (op == 1 && (base50 = inproc_append_attend_p50(&oo)) < 0) {
 			fprintf(stderr, "tqbench ring: the in-process baseline failed\n");
 			rc = 1;
 			break;
 		}
-		if (op == 1 && !o.json)
+		if (op == 1 && !o.cuda && !o.json)
 			printf("(in-process baseline of append_attend, no ring, 1 thread: p50 %.2f us)\n", base50);
 		for (int k = 0; k < (o.clients > 1 ? 2 : 1); k++) {
 			double p50, p99, ops;
@@ -451,23 +650,42 @@ static int bench_ring_main(int argc, char **argv)
 			/* the ratio to this run's baseline: the futex floor for NOP,
 			 * the same work in-process for the decode step */
 			double base = op ? base50 : fx50;
-			if (o.json)
+			if (o.json) {
 				printf("{\"suite\":\"ring\",\"op\":\"%s\",\"clients\":%d,\"p50_us\":%.3f,\"p99_us\":%.3f,"
 				       "\"ops_per_s\":%.0f,\"futex_pingpong_p50_us\":%.3f,\"%s\":%.3f,\"p50_vs_baseline\":%.3f,"
 				       "\"ctx\":%d,\"k_codec\":\"tq4\",\"v_codec\":\"tq3\",\"q_heads\":%d,\"kv_heads\":%d,"
-				       "\"head_dim\":%d,\"workers\":%d,\"attn_threads\":%d,\"isa\":\"%s\"}\n",
+				       "\"head_dim\":%d,\"workers\":%d,\"attn_threads\":%d,\"isa\":\"%s\",\"backend\":\"%s\"",
 				       name, ns[k], p50, p99, ops, fx50, op ? "inproc_p50_us" : "baseline_p50_us", base,
 				       p50 / base, op ? o.ctx : 0, NQ, NKV, D, o.workers, o.attn_threads,
-				       tq_isa_name(tq_isa_best()));
-			else
+				       tq_isa_name(tq_isa_best()), o.cuda ? "cuda" : "host");
+				if (op == 1 && o.cuda)
+					printf(",\"gpu_two_calls_p50_us\":%.3f,\"gpu_one_call_queued\":%s", two50,
+					       one[1] > 0 ? "true" : "false");
+				printf("}\n");
+			} else {
 				printf("%-14s %7d %9.2f %9.2f %12.0f   %.3f x %s\n", name, ns[k], p50, p99, ops, p50 / base,
-				       op ? "in-process" : "futex floor");
+				       !op ? "futex floor" : o.cuda ? "the GPU call, no ring" : "in-process");
+			}
 			fflush(stdout);
 		}
+	}
+	if (!rc && o.cuda) { /* the daemon's side: did its decode steps wait once? */
+		double steps = daemon_stat("gpu_decode_steps"), one = daemon_stat("gpu_decode_steps_one_wait");
+		double fails = daemon_stat("gpu_kernel_failures"), busy = daemon_stat("gpu_busy_us");
+		if (o.json)
+			printf("{\"suite\":\"ring\",\"op\":\"gpu_stats\",\"backend\":\"cuda\",\"decode_steps\":%.0f,"
+			       "\"decode_steps_one_wait\":%.0f,\"kernel_failures\":%.0f,\"gpu_busy_us\":%.0f}\n", steps,
+			       one, fails, busy);
+		else
+			printf("tqkvd: %.0f decode steps in one call, %.0f of them with one wait; %.0f kernel failures; "
+			       "%.3f s of GPU time\n", steps, one, fails, busy / 1e6);
+		if (steps <= 0 || one != steps || fails != 0)
+			rc = 1; /* every step is a decode token's: each must have waited once */
 	}
 	daemon_stop();
 	return rc;
 }
 
-TQ_BENCH_SUITE(ring, "ring [--clients N] [--iters N] [--ctx T] [--workers W] [--attn-threads A] [--json]",
+TQ_BENCH_SUITE(ring, "ring [--clients N] [--iters N] [--ctx T] [--workers W] [--attn-threads A] "
+		     "[--backend host|cuda] [--device N] [--json]",
 	       bench_ring_main)
