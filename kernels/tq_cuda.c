@@ -1503,7 +1503,7 @@ int tqc_append_attend(tqc_ctx *x, const struct tqc_append *a, const struct tq_at
 		}
 		if ((rc = enc_report(x, pd.t0, pd.n_kv, pd.kc, pd.vc, bad, err)) < 0)
 			return rc; /* its attention ran on tokens that do not count */
-		x->last_fused = 1;
+		x->last_fused = r2 == 0;
 	}
 	if (r2 < 0) {
 		if (stage)

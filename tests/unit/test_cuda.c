@@ -2012,6 +2012,7 @@ static void test_append_attend(void)
 		T_EQ(tqc_append_attend(ctx, &a, &p, &bad, &stage, &err), -EINVAL);
 		T_EQ(stage, TQC_STAGE_ATTEND);
 		T_EQ(bad, UINT32_MAX);
+		T_EQ(tqc_ctx_last_fused(ctx), 0); /* queued, but it failed */
 		if (!strstr(err.msg, "position"))
 			T_FAIL("the attention's error: %s", err.msg);
 		/* both fail: the append's is the one reported */
