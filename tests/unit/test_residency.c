@@ -628,6 +628,12 @@ static void test_device_lost(void)
 	T_EQ(r.status, TQKV_ST_DEVICE_LOST);
 	T_EQ(r.n_tokens, tokens); /* nothing added */
 	T_ASSERT(strstr(r.msg, reason) != NULL);
+	/* a decode step (APPEND_ATTEND: one call of the pool's) as well */
+	static float q[4 * 64];
+	T_EQ(step(&f, id, 2, kv, kv, 1, q, 1, tokens, out, &r), TQKV_ST_DEVICE_LOST);
+	T_EQ(r.res, -ENOTRECOVERABLE);
+	T_EQ(r.n_tokens, tokens);
+	T_ASSERT(strstr(r.msg, reason) != NULL);
 	devsim_lose(NULL);
 	T_EQ(session_close(f.st, id, NULL), 0);
 	kvfix_stop(&f);
