@@ -8,7 +8,8 @@
 # Without a usable GPU (as tqkvd --gpus finds it, or a build without CUDA):
 #   2. tqbench attn --backend cuda --ctx 8192 exits 77 (skipped, for scripts)
 #      with "no usable CUDA device: <why>" on stderr, the same reason as
-#      tqkvd --gpus, and nothing on stdout (also with --json);
+#      tqkvd --gpus, and nothing on stdout (also with --json); tqbench ring
+#      --backend cuda the same;
 # With one: 3. a small run (ctx 8192, batch 1 and 2, no PyTorch baseline)
 #   passes its checks: JSON lines, the device first, every decode case
 #   (and batch 2 as one launch) within the kernels' contract of tq_attend_ref, the decode step in
@@ -72,8 +73,16 @@ if [ "$rc" -eq 77 ]; then
 				fail "tqbench's reason differs from tqkvd --gpus': $(cat "$T/err") vs $gpus" ;;
 		esac
 	done
+	# tqbench ring on a GPU pool: the same skip, tqkvd's reason
+	"$TQBENCH" ring --backend cuda --iters 10 >"$T/out" 2>"$T/err" </dev/null; rc=$?
+	[ "$rc" -eq 77 ] || fail "tqbench ring --backend cuda without a GPU: exit $rc, not 77: $(cat "$T/err")"
+	grep -q '^tqbench ring: --backend cuda: no usable CUDA device: .' "$T/err" ||
+		fail "tqbench ring's skip does not say why: $(cat "$T/err")"
+	[ -s "$T/out" ] && fail "tqbench ring's skip printed on stdout: $(cat "$T/out")"
+	"$TQBENCH" ring --backend gpu >/dev/null 2>&1; rc=$?
+	[ "$rc" -eq 2 ] || fail "tqbench ring --backend gpu: exit $rc, not 2"
 	dt=$(awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')
-	echo "no usable GPU: tqbench attn --backend cuda skips with the reason (exit 77, ${dt} s)"
+	echo "no usable GPU: tqbench attn and ring --backend cuda skip with the reason (exit 77, ${dt} s)"
 	exit 0
 fi
 [ "$have_gpu" = 0 ] && fail "tqkvd --gpus finds no GPU but tqbench did not skip (exit $rc): $(cat "$T/err")"
