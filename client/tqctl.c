@@ -1025,6 +1025,7 @@ struct top {
 	/* the previous refresh, for the rates: counters at the daemon's uptime prev_ms */
 	bool have_prev;
 	uint64_t prev_ms, prev_reclaim, prev_busy_us, prev_read, prev_written, prev_ops;
+	uint64_t prev_gpu_us, prev_steps, prev_one;
 	struct top_tok *tok;    /* [n_tok], sorted by id */
 	size_t n_tok;
 };
@@ -1128,6 +1129,24 @@ static void top_header(struct top *tp, const Tqkv__V1__Stats *s)
 		snprintf(c, sizeof(c), "-");
 	top_line(tp, "data:     %u client%s, %s ops/s; sessions %u open, %u evicted", s->data_clients,
 		 s->data_clients == 1 ? "" : "s", c, s->sessions_open, s->sessions_evicted);
+	if (s->pool_backend && strcmp(s->pool_backend, "host") != 0) {
+		/* the GPU's kernels: busy share, decode steps and how many waited once */
+		const double steps = delta(s->gpu_decode_steps, tp->prev_steps);
+		if (dt > 0) {
+			snprintf(a, sizeof(a), "%.0f%%", 100.0 * delta(s->gpu_busy_us, tp->prev_gpu_us) / (dt * 1e6));
+			snprintf(c, sizeof(c), "%.0f", steps / dt);
+			if (steps > 0)
+				snprintf(d, sizeof(d), "%.0f%%", 100.0 * delta(s->gpu_decode_steps_one_wait, tp->prev_one) / steps);
+			else
+				snprintf(d, sizeof(d), "-");
+		} else {
+			snprintf(a, sizeof(a), "-");
+			snprintf(c, sizeof(c), "-");
+			snprintf(d, sizeof(d), "-");
+		}
+		top_line(tp, "gpu:      busy %s; %s decode steps/s (%s with one wait); %" PRIu64 " kernel failures",
+			 a, c, d, s->gpu_kernel_failures);
+	}
 }
 
 /* The tenants table without ALLOWED (static, and the widest cell).  On a
@@ -1299,6 +1318,9 @@ static int top_refresh(struct ctx *x, struct top *tp)
 	tp->prev_read = s->spill_bytes_read;
 	tp->prev_written = s->spill_bytes_written;
 	tp->prev_ops = s->data_ops_total;
+	tp->prev_gpu_us = s->gpu_busy_us;
+	tp->prev_steps = s->gpu_decode_steps;
+	tp->prev_one = s->gpu_decode_steps_one_wait;
 out:
 	if (srep)
 		protobuf_c_message_free_unpacked(srep, NULL);
@@ -1468,7 +1490,8 @@ static const struct cmd cmds[] = {
 	  "  watermarks and free pages; spill tier use; since the previous refresh\n"
 	  "  ('-' on the first), the reclaimer's rate and busy share, spill reads and\n"
 	  "  writes per second and data-path operations per second; since start, what\n"
-	  "  the reclaimer spilled and its failures;\n"
+	  "  the reclaimer spilled and its failures; on a GPU pool, the GPU's busy share,\n"
+	  "  decode steps per second and the share that waited once, kernel failures;\n"
 	  "  the tenants table of `tqctl tenants` without ALLOWED (on a terminal too\n"
 	  "  narrow for it: use, spilled, waits, refusals and evictions only);\n"
 	  "  the busiest sessions, by tokens appended per second (TOK/S), then by the\n"

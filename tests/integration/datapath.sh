@@ -49,10 +49,14 @@ if [ "$BACKEND" = cuda ]; then
 		fail "GetStats: GPU time $(gstat gpu_busy_us) us, $(gstat gpu_kernel_failures) failures"
 	ctl stats | grep -q "^GPU kernels: .* decode steps in one call ($one with one wait)" ||
 		fail "tqctl stats lacks the GPU kernels line: $(ctl stats)"
+	top=$(ctl top -n 2 --interval 0.2)
+	[ "$(grep -c '^gpu: .*busy .*decode steps/s (.* with one wait); 0 kernel failures$' <<<"$top")" = 2 ] ||
+		fail "tqctl top lacks the gpu line: $top"
 	echo "GPU kernels: $steps decode steps in one call, $one with one wait"
 else
 	[ "$(gstat gpu_decode_steps)" = 0 ] && [ "$(gstat gpu_appends)" = 0 ] || fail "GPU counters on a host pool"
 	ctl stats | grep -q "^GPU kernels" && fail "tqctl stats shows GPU kernels on a host pool"
+	ctl top -n 1 | grep -q "^gpu: " && fail "tqctl top shows a gpu line on a host pool"
 fi
 wait_stat data_clients 0
 wait_stat used_bytes 0
