@@ -211,7 +211,8 @@ bool pool_lost(struct pool *p, char *why, size_t whylen)
 	return p->be->lost && p->be->lost(&p->region, why, whylen) > 0;
 }
 
-/* After a kernel call of the backend's: its count, failure and GPU time */
+/* After a kernel call of the backend's: its count, failure and GPU time
+ * (and for a decode step, whether it waited once) */
 static void kern_count(struct pool *p, uint64_t *calls, int rc)
 {
 	double us = 0.0;
@@ -224,7 +225,7 @@ static void kern_count(struct pool *p, uint64_t *calls, int rc)
 		p->be->last_call(&p->region, &us, &one);
 		if (rc == 0 && us > 0.0 && us < 1e9)
 			__atomic_add_fetch(&p->ks_gpu_ns, (uint64_t)(us * 1e3), __ATOMIC_RELAXED);
-		if (rc == 0 && one && calls == &p->ks.steps)
+		if (rc == 0 && one && calls == &p->ks.steps) /* only append_attend says one */
 			__atomic_add_fetch(&p->ks.steps_one_wait, 1, __ATOMIC_RELAXED);
 	}
 }

@@ -1489,6 +1489,8 @@ int tqc_append_attend(tqc_ctx *x, const struct tqc_append *a, const struct tq_at
 	x->ev0_kept = pd.on;
 	r2 = tqc_attend(x, p, &e2);
 	x->ev0_kept = 0;
+	if (pd.on && r2 == 0 && p->n_q == 0 && cudaEventRecord(x->ev1, x->stream) != cudaSuccess)
+		(void)cudaGetLastError(); /* no query, no attention: the GPU time is the append's */
 	if (pd.on) {
 		/* the attention waited for the stream, unless it failed before
 		 * queueing anything: wait here (at once when it did) */
@@ -1504,6 +1506,8 @@ int tqc_append_attend(tqc_ctx *x, const struct tqc_append *a, const struct tq_at
 		if ((rc = enc_report(x, pd.t0, pd.n_kv, pd.kc, pd.vc, bad, err)) < 0)
 			return rc; /* its attention ran on tokens that do not count */
 		x->last_fused = r2 == 0;
+		if (r2 == 0 && p->n_q == 0)
+			timing_done(x);
 	}
 	if (r2 < 0) {
 		if (stage)
