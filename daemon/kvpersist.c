@@ -1024,13 +1024,44 @@ static int build_tables(struct kvstore *ks, struct session *s, struct kv_sess *k
 	return 0;
 }
 
-/* One manifest: the session back in the table, or dropped.  1 restored,
- * 0 dropped. */
-static int recover_one(struct kvstore *ks, struct session_table *st, struct tenant_table *tt, uint64_t id,
-		       uint64_t slot_bytes, uint64_t *max_id)
+/* A manifest set aside: why, in the log. */
+static void recover_drop(struct kvstore *ks, uint64_t id, const struct persist_manifest *m, const char *why, bool keep)
+{
+	if (!keep)
+		persist_set_aside(ks->persist->dirfd, id);
+	log_warning("persistent session %" PRIu64 "%s%s%s dropped: %s (manifest kept as %s/%" PRIu64 ".tqm.dropped)",
+		    id, m->tenant[0] ? " (tenant " : "", m->tenant, m->tenant[0] ? ")" : "", why, PERSIST_SUBDIR, id);
+}
+
+/* Recovery's first pass, one manifest: read, checked, its slots claimed.
+ * 0 (m read and kept), or dropped (-1: m freed, the log says why).  Every
+ * manifest's slots are claimed before any session is replayed: a replay's
+ * checkpoint and spill take free slots, which must not be slots a manifest
+ * not yet read names. */
+static int recover_claim(struct kvstore *ks, struct tenant_table *tt, uint64_t id, uint64_t slot_bytes,
+			 uint64_t *max_id, struct persist_manifest *m)
+{
+	char why[512] = "";
+
+	memset(m, 0, sizeof(*m));
+	if (id > *max_id)
+		*max_id = id;
+	if (persist_manifest_read(ks->persist->dirfd, id, m, why, sizeof(why)) < 0 ||
+	    manifest_misfit(ks, m, slot_bytes, tt, why, sizeof(why)) || claim_slots(ks, m, why, sizeof(why)) < 0) {
+		recover_drop(ks, id, m, why, false);
+		persist_manifest_free(m);
+		return -1;
+	}
+	return 0;
+}
+
+/* Recovery's second pass, one manifest whose slots are claimed: the
+ * session back in the table (its journal replayed), or dropped (its slots
+ * given back).  Frees m.  1 restored, 0 dropped. */
+static int recover_adopt(struct kvstore *ks, struct session_table *st, struct tenant_table *tt, uint64_t id,
+			 struct persist_manifest *m)
 {
 	struct kvpersist *kp = ks->persist;
-	struct persist_manifest m;
 	struct session *s = NULL;
 	struct kv_sess *kv;
 	struct replay rp = { .ks = ks };
@@ -1039,39 +1070,35 @@ static int recover_one(struct kvstore *ks, struct session_table *st, struct tena
 	uint64_t spilled;
 	int r;
 
-	if (id > *max_id)
-		*max_id = id;
-	if ((r = persist_manifest_read(kp->dirfd, id, &m, why, sizeof(why))) < 0)
-		goto drop;
-	if (manifest_misfit(ks, &m, slot_bytes, tt, why, sizeof(why)))
-		goto drop;
-	if (claim_slots(ks, &m, why, sizeof(why)) < 0)
-		goto drop;
-	if (session_adopt(st, tenant_find(tt, m.tenant), m.name, (uid_t)m.owner_uid, &m.geom, m.seed,
-			  SESSION_PERSISTENT, m.id, m.created_ms, (uint64_t)time(NULL) * 1000u, why, sizeof(why)) < 0 ||
+	if (session_adopt(st, tenant_find(tt, m->tenant), m->name, (uid_t)m->owner_uid, &m->geom, m->seed,
+			  SESSION_PERSISTENT, m->id, m->created_ms, (uint64_t)time(NULL) * 1000u, why, sizeof(why)) < 0 ||
 	    session_acquire(st, id, 0, &s) < 0 || dataop_kv_get(ks, s, &kv) < 0 || !kv->p) {
 		if (!why[0])
 			snprintf(why, sizeof(why), "cannot re-create the session (out of memory?)");
-		release_slots(ks, &m, UINT32_MAX, 0);
+		release_slots(ks, m, UINT32_MAX, 0);
 		if (s) {
 			session_release(s);
 			session_close(st, id, NULL);
 		}
-		goto drop;
+		recover_drop(ks, id, m, why, false);
+		persist_manifest_free(m);
+		return 0;
 	}
 	pthread_mutex_lock(&kv->lock);
-	if ((r = build_tables(ks, s, kv, &m)) < 0) {
+	if ((r = build_tables(ks, s, kv, m)) < 0) {
 		pthread_mutex_unlock(&kv->lock);
 		snprintf(why, sizeof(why), "out of memory");
 		session_release(s);
 		kp->shutdown = true; /* keep its files: nothing is wrong with them */
 		session_close(st, id, NULL);
 		kp->shutdown = false;
-		goto drop_keep;
+		recover_drop(ks, id, m, why, true);
+		persist_manifest_free(m);
+		return 0;
 	}
 	rp.s = s;
 	rp.kv = kv;
-	r = persist_journal_replay(kp->dirfd, id, id, m.epoch, replay_rec, &rp, &n_rec, jwhy, sizeof(jwhy));
+	r = persist_journal_replay(kp->dirfd, id, id, m->epoch, replay_rec, &rp, &n_rec, jwhy, sizeof(jwhy));
 	if (r > 0 || (r < 0 && r != -ENOENT))
 		log_warning("session %" PRIu64 ": journal replay stopped after %u record(s): %s; the changes after "
 			    "it are dropped", id, n_rec, rp.why[0] ? rp.why : jwhy);
@@ -1098,19 +1125,19 @@ static int recover_one(struct kvstore *ks, struct session_table *st, struct tena
 	}
 	spilled = __atomic_load_n(&kv->n_spilled, __ATOMIC_RELAXED);
 	log_info("session %" PRIu64 " '%s' (tenant %s, uid %u) restored from disk: %" PRIu64 " tokens, %" PRIu64
-		 " page(s) spilled%s%s", id, m.name, m.tenant, m.owner_uid, kv->max_len, spilled,
+		 " page(s) spilled%s%s", id, m->name, m->tenant, m->owner_uid, kv->max_len, spilled,
 		 n_rec ? ", journal replayed" : "", kv->n_pages - spilled > 0 ? ", some pages lost" : "");
 	pthread_mutex_unlock(&kv->lock);
 	session_release(s);
-	persist_manifest_free(&m);
+	persist_manifest_free(m);
 	return 1;
-drop:
-	persist_set_aside(kp->dirfd, id);
-drop_keep:
-	log_warning("persistent session %" PRIu64 "%s%s%s dropped: %s (manifest kept as %s/%" PRIu64 ".tqm.dropped)",
-		    id, m.tenant[0] ? " (tenant " : "", m.tenant, m.tenant[0] ? ")" : "", why, PERSIST_SUBDIR, id);
-	persist_manifest_free(&m);
-	return 0;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
 }
 
 int kvstore_recover(struct kvstore *ks, struct session_table *st, struct tenant_table *tt, uint64_t *max_id)
@@ -1130,12 +1157,28 @@ int kvstore_recover(struct kvstore *ks, struct session_table *st, struct tenant_
 		return r;
 	}
 	spill_stats(ks->spill, &sst);
+	if (n > 1) /* in the order they were opened: the same log lines every start */
+		qsort(ids, n, sizeof(*ids), cmp_u64);
+	struct persist_manifest *ms = n ? calloc(n, sizeof(*ms)) : NULL;
+	int *ok = n ? calloc(n, sizeof(*ok)) : NULL;
+	if (n && (!ms || !ok)) {
+		free(ms);
+		free(ok);
+		free(ids);
+		log_err("persistent sessions: out of memory reading %zu manifests", n);
+		return -ENOMEM;
+	}
+	/* every manifest's slots first, then the sessions (recover_claim) */
+	for (size_t i = 0; i < n; i++)
+		ok[i] = recover_claim(ks, tt, ids[i], sst.slot_bytes, max_id, &ms[i]) == 0;
 	for (size_t i = 0; i < n; i++) {
-		if (recover_one(ks, st, tt, ids[i], sst.slot_bytes, max_id))
+		if (ok[i] && recover_adopt(ks, st, tt, ids[i], &ms[i]))
 			kp->restored++;
 		else
 			kp->dropped++;
 	}
+	free(ms);
+	free(ok);
 	free(ids);
 	if (n || removed)
 		log_notice("persistent sessions: %" PRIu64 " restored (spilled; restored on first use), %" PRIu64

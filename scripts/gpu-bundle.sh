@@ -24,7 +24,7 @@ B=${B:-build}
 rm -rf .gpu
 mkdir -p .gpu/build/bin .gpu/build/tests .gpu/build/lib .gpu/sys
 for f in "$B"/bin/*; do strip -o ".gpu/build/bin/${f##*/}" "$f"; done
-for f in test_cuda test_cuda_fault test_ring launch_probe; do strip -o ".gpu/build/tests/$f" "$B/tests/$f"; done
+for f in test_cuda test_cuda_fault test_ring launch_probe tqsoak; do strip -o ".gpu/build/tests/$f" "$B/tests/$f"; done
 cp -a "$B"/lib/. .gpu/build/lib/
 for f in .gpu/build/bin/* .gpu/build/tests/*; do ldd "$f"; done |
 	awk '/=>/ { print $3 }' | sort -u |

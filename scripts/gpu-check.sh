@@ -7,7 +7,7 @@
 #
 #   scripts/gpu-check.sh [STEP...]     steps: smi test quick backend benchsmall bench
 #                                      benchq8 benchtqo bench8 general ncu sanitize probe
-#                                      sparse phases fault shared launch step ring (default: smi test
+#                                      sparse phases fault shared launch step ring soak (default: smi test
 #                                      backend benchsmall bench)
 set -u
 cd "$(dirname "$0")/.."
@@ -78,6 +78,8 @@ for s in "${steps[@]}"; do
 	ring)       # the decode step through tqkvd on a GPU pool against the same call with no ring
 	            step ring_8k 120 "$B/bin/tqbench" ring --backend cuda --ctx 8192 --clients 8 --iters 2000
 	            step ring_32k 120 "$B/bin/tqbench" ring --backend cuda --ctx 32768 --clients 8 --iters 1000 ;;
+	soak)       # the chaos soak on a GPU pool (outputs within the GPU kernels' contract)
+	            step soak_gpu 240 env TQ_POOL_BACKEND=cuda SOAK_SECONDS=150 SOAK_CLIENTS=4 bash tests/soak/soak.sh ;;
 	step)       # a layer's decode step as two calls and as one (tqc_append_attend), and a
 	            # decode token's append alone into each of 32 layers
 	            step bench_step 150 "$B/bin/tqbench" attn --backend cuda --ctx 8192,32768,131072 --batch 1 \

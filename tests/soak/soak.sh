@@ -19,6 +19,11 @@
 #   (persistent sessions must come back bit for bit) — restarts only in
 #   the first half of the run, so the last daemon instance's memory can be
 #   compared between warm-up and the end.
+# TQ_POOL_BACKEND=cuda puts the pool on the GPU (tqkvd-simt, TQKVD=..., on
+# the emulator; `scripts/gpu-check.sh soak` on a GPU): the clients then hold
+# attention outputs to the in-process kernels' within the GPU kernels'
+# contract instead of bit for bit (TQ_EXPECT_GPU=1), and the decode steps
+# run as one call of the GPU's (tqc_append_attend).
 # At the end: every client's counters and errors; no session but the
 # persistent ones left, every pool page free once those are spilled,
 # every spill slot free once they are closed; daemon RSS (plain and UBSan
@@ -33,12 +38,18 @@ TQSOAK=${TQ_BUILD:-$PWD/build}/tests/tqsoak
 [ -x "$TQSOAK" ] || { echo "tqsoak not built (make)"; exit 77; }
 
 DUR=${SOAK_SECONDS:-40}
+BACKEND=${TQ_POOL_BACKEND:-host}
+BACKEND_LINE=
+if [ "$BACKEND" = cuda ]; then
+	BACKEND_LINE="backend = cuda"
+	export TQ_EXPECT_GPU=1
+fi
 NCLI=${SOAK_CLIENTS:-4}
 SEED=${SOAK_SEED:-$(( $(date +%s%N) / 1000 % 1000000007 ))}
 KEEP=${TQ_BUILD:-$PWD/build}/soak-last
 PAGE=16384
 RANDOM=$SEED
-echo "soak: seed $SEED, $DUR s, $NCLI clients (SOAK_SEED=$SEED reproduces the chaos schedule)"
+echo "soak: seed $SEED, $DUR s, $NCLI clients, $BACKEND pool (SOAK_SEED=$SEED reproduces the chaos schedule)"
 
 STATE=$T/state
 CHAOS=$T/chaos.log
@@ -70,6 +81,7 @@ log_level = info
 data_workers = 1
 attention_threads = 1
 [pool]
+$BACKEND_LINE
 pool_bytes = 4M
 page_bytes = 16K
 spill_bytes = 4M
@@ -96,6 +108,7 @@ CONF
 conf 2M 1536K 1536K >"$T/good-a.conf"
 conf 3M 1M 2M >"$T/good-b.conf"
 conf 3M 1M 2M "max_sessions = lots" >"$T/broken.conf"
+BROKEN_LINE=$(grep -n '^max_sessions = lots$' "$T/broken.conf" | cut -d: -f1)
 declare -A FILE_LIMITS=([a]="2097152 1572864 1572864" [b]="3145728 1048576 2097152")
 CUR=a
 cp "$T/good-a.conf" "$T/tqkvd.conf"
@@ -169,7 +182,8 @@ hup_broken() {
 	for _ in $(seq 50); do [ "$(log_count "keeping the running configuration")" -gt "$before" ] && break; sleep 0.1; done
 	[ "$(log_count "keeping the running configuration")" -gt "$before" ] ||
 		violation "SIGHUP (broken file): no 'keeping the running configuration' in the log"
-	grep -q "tqkvd.conf:25: .*max_sessions" "$LOG" || violation "SIGHUP (broken file): the log does not name tqkvd.conf:25"
+	grep -q "tqkvd.conf:$BROKEN_LINE: .*max_sessions" "$LOG" ||
+		violation "SIGHUP (broken file): the log does not name tqkvd.conf:$BROKEN_LINE"
 	lim1=$(limits_now)
 	[ "$lim0" = "$lim1" ] || violation "a broken SIGHUP changed the tenants' limits: '$lim0' -> '$lim1'"
 	kill -0 "$DAEMON_PID" 2>/dev/null || violation "tqkvd died on a broken SIGHUP"

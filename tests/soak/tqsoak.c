@@ -31,6 +31,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -60,14 +61,14 @@
 enum {
 	C_OPEN, C_APPEND, C_APPEND_ATTEND, C_ATTEND, C_TRUNCATE, C_DETACH, C_CLOSE,
 	C_ATTACH_ID, C_ATTACH_NAME, C_PROBE, C_RECOVER, C_RESOLVE,
-	C_CHECK_EXACT, C_CHECK_LEN, C_CHECK_PROBE, C_CHECK_GONE,
+	C_CHECK_EXACT, C_CHECK_LEN, C_CHECK_PROBE, C_CHECK_GONE, /* output: bit for bit (a GPU pool: GPU_TOL) */
 	C_ERR_CONN, C_ERR_GONE, C_ERR_BUSY_RETRY, C_VIOLATION,
 	C__COUNT
 };
 static const char *const c_names[C__COUNT] = {
 	"open", "append", "append_attend", "attend", "truncate", "detach", "close",
 	"attach_by_id", "attach_by_name", "probe_other_session", "recoveries", "uncertain_ops_resolved",
-	"check_bit_exact", "check_length", "check_probe_refused", "check_closed_gone",
+	"check_output", "check_length", "check_probe_refused", "check_closed_gone",
 	"err_connection", "err_session_gone", "err_busy_retried", "VIOLATIONS",
 };
 struct counters {
@@ -343,6 +344,33 @@ static const char *state_dir;
 static char cdir[512];
 static const char *run_dir;
 static uint32_t page_bytes;
+/* TQ_EXPECT_GPU=1: the daemon's pool is a GPU's (soak.sh with
+ * TQ_POOL_BACKEND=cuda): its kernels' outputs are held to the in-process
+ * kernels' within GPU_TOL of each row's norm (tq_cuda.h: 1e-3 of the
+ * oracle), not bit for bit; the blocks they append are the CPU's bytes, so
+ * every later check still compares against the same cache */
+static int expect_gpu;
+#define GPU_TOL 2e-3
+
+/* The worst row's max |a - b| over its norm in b (NaN counts as huge). */
+static double worst_row_err(const float *a, const float *b, size_t rows, size_t dim)
+{
+	double worst = 0.0;
+
+	for (size_t r = 0; r < rows; r++) {
+		double n2 = 0.0, mx = 0.0;
+		for (size_t j = 0; j < dim; j++) {
+			const double bj = b[r * dim + j], d = fabs((double)a[r * dim + j] - bj);
+			n2 += bj * bj;
+			if (!(d <= mx))
+				mx = d;
+		}
+		const double e = mx / (sqrt(n2) + 1e-12);
+		if (!(e <= worst))
+			worst = e;
+	}
+	return worst;
+}
 static tqkv *conn;
 static struct slot S[NSLOT];
 static uint64_t rng;
@@ -916,7 +944,15 @@ static int do_data(int k, bool append, bool attend)
 		size_t on = (size_t)o.n_q * g->n_q * g->dim;
 		if (ref_attend(&sl->ref, o.layer, o.q, o.pos, o.n_q, o.dt, want) < 0)
 			exit(3);
-		if (memcmp(out, want, on * sizeof(float)) != 0) {
+		double ge = 0.0;
+		if (expect_gpu && (ge = worst_row_err(out, want, (size_t)o.n_q * g->n_q, g->dim)) <= GPU_TOL) {
+			K->c[C_CHECK_EXACT]++; /* within the GPU kernels' contract */
+		} else if (expect_gpu) {
+			event("VIOLATION", sl->id, "layer %u (%u tokens, xform %s, geo %d): the GPU's attention is %.3g "
+			      "of a row's norm from the in-process reference (contract %.0e)", o.layer,
+			      sl->ref.L[o.layer].n, XFORMS[sl->xi] ? XFORMS[sl->xi] : "(daemon default)", sl->gi, ge,
+			      GPU_TOL);
+		} else if (memcmp(out, want, on * sizeof(float)) != 0) {
 			size_t j = 0;
 			while (j < on && !memcmp(&out[j], &want[j], sizeof(float)))
 				j++;
@@ -1150,6 +1186,7 @@ static int client_main(int argc, char **argv)
 	}
 	run_dir = argv[2];
 	state_dir = argv[3];
+	expect_gpu = getenv("TQ_EXPECT_GPU") && atoi(getenv("TQ_EXPECT_GPU"));
 	cidx = atoi(argv[4]);
 	page_bytes = (uint32_t)strtoul(argv[6], NULL, 0);
 	snprintf(cdir, sizeof(cdir), "%s/c%d", state_dir, cidx);
