@@ -7,6 +7,16 @@
  * never run a new job's task with the old job's function.  `done` counts
  * finished tasks; the worker finishing the last one wakes the caller if it
  * went to sleep.
+ *
+ * A worker late for job g reads fn/arg/n_tasks, then claims with g.  If it
+ * read the next job's n_tasks (larger) while `claim` still held g's
+ * exhausted count, it could claim "task n_g" of g and run the next job's
+ * function on it, a task that job then runs again (and count it in `done`
+ * after the caller reset it).  So the caller first closes g's claims
+ * (claim = the new generation with no task left, seq_cst), then publishes
+ * fn/arg/n_tasks with release stores that the workers read with acquire:
+ * a worker that read any of the new values also sees the closed claim word,
+ * and its compare-and-swap with g fails.
  */
 #include <errno.h>
 #include <limits.h>
@@ -19,6 +29,8 @@
 #include <unistd.h>
 
 #include "tq_threads.h"
+
+void (*tq_threads_test_pause)(void);
 
 #define SPIN_ITERS 20000  /* ~40-80 us of polling before a futex sleep */
 
@@ -112,9 +124,9 @@ static void *worker_main(void *p)
 		/* fn/arg/n_tasks were published before gen (release/acquire);
 		 * if a newer job replaced them meanwhile, its generation differs
 		 * and run_tasks claims nothing with the stale copy. */
-		tq_task_fn fn = atomic_load_explicit(&t->fn, memory_order_relaxed);
-		void *arg = atomic_load_explicit(&t->arg, memory_order_relaxed);
-		int n_tasks = atomic_load_explicit(&t->n_tasks, memory_order_relaxed);
+		tq_task_fn fn = atomic_load_explicit(&t->fn, memory_order_acquire);
+		void *arg = atomic_load_explicit(&t->arg, memory_order_acquire);
+		int n_tasks = atomic_load_explicit(&t->n_tasks, memory_order_acquire);
 		uint64_t c = atomic_load_explicit(&t->claim, memory_order_acquire);
 		if ((uint32_t)(c >> 32) == g)
 			run_tasks(t, g, fn, arg, n_tasks, self);
@@ -195,11 +207,15 @@ int tq_threads_run(tq_threads *t, tq_task_fn fn, void *arg, int n_tasks)
 		return 0;
 	}
 	pthread_mutex_lock(&t->run_lock);
-	atomic_store_explicit(&t->fn, fn, memory_order_relaxed);
-	atomic_store_explicit(&t->arg, arg, memory_order_relaxed);
-	atomic_store_explicit(&t->n_tasks, n_tasks, memory_order_relaxed);
-	atomic_store_explicit(&t->done, 0, memory_order_relaxed);
 	uint32_t g = atomic_load_explicit(&t->gen, memory_order_relaxed) + 1;
+	/* the last job's claims closed before its parameters change (above) */
+	atomic_store(&t->claim, (uint64_t)g << 32 | (uint64_t)INT32_MAX); /* no task left */
+	atomic_store_explicit(&t->fn, fn, memory_order_release);
+	atomic_store_explicit(&t->arg, arg, memory_order_release);
+	atomic_store_explicit(&t->n_tasks, n_tasks, memory_order_release);
+	atomic_store_explicit(&t->done, 0, memory_order_relaxed);
+	if (tq_threads_test_pause)
+		tq_threads_test_pause();
 	atomic_store_explicit(&t->claim, (uint64_t)g << 32, memory_order_release);
 	atomic_store(&t->gen, g); /* seq_cst: pairs with the sleepers check */
 	if (atomic_load(&t->sleepers) > 0)

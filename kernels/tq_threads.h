@@ -39,6 +39,12 @@ int tq_threads_count(const tq_threads *t);
  * thread 0).  Returns 0, or -EINVAL when n_tasks < 0 or fn is NULL. */
 int tq_threads_run(tq_threads *t, tq_task_fn fn, void *arg, int n_tasks);
 
+/* For tests: when set, tq_threads_run calls it after publishing a job and
+ * before opening its tasks to the workers (a preemption there: the window
+ * a worker late for the previous job must not slip through).  NULL by
+ * default; set it only while no pool runs a job. */
+extern void (*tq_threads_test_pause)(void);
+
 #ifdef __cplusplus
 }
 #endif
