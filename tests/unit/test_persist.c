@@ -680,18 +680,15 @@ static void test_recover_two_sessions(void)
 			  sizeof(why)), 0);
 	T_ASSERT(sa.id < sb.id);
 	/* a's pages in the first slots, b's in the next ones */
-	MUST(session_acquire(f.st, sa.id, 0, &s) == 0);
-	T_EQ(dataop_persist_init(f.ks, s, why, sizeof(why)), 0);
-	xfill(&f, s, 0, 60, 0);
-	xfill(&f, s, 1, 60, 0);
-	T_EQ(dataop_checkpoint(f.ks, s, why, sizeof(why)), 0);
-	session_release(s);
-	MUST(session_acquire(f.st, sb.id, 0, &s) == 0);
-	T_EQ(dataop_persist_init(f.ks, s, why, sizeof(why)), 0);
-	xfill(&f, s, 0, 60, 1);
-	xfill(&f, s, 1, 60, 1);
-	T_EQ(dataop_checkpoint(f.ks, s, why, sizeof(why)), 0);
-	session_release(s);
+	const uint64_t ids[2] = { sa.id, sb.id };
+	for (uint32_t k = 0; k < 2; k++) {
+		MUST(session_acquire(f.st, ids[k], 0, &s) == 0);
+		T_EQ(dataop_persist_init(f.ks, s, why, sizeof(why)), 0);
+		xfill(&f, s, 0, 60, k);
+		xfill(&f, s, 1, 60, k);
+		T_EQ(dataop_checkpoint(f.ks, s, why, sizeof(why)), 0);
+		session_release(s);
+	}
 	/* a grows after its checkpoint: only its journal has these */
 	MUST(session_acquire(f.st, sa.id, 0, &s) == 0);
 	xfill(&f, s, 0, 50, 2);
