@@ -9,6 +9,7 @@
 # TQ_TEST_ONLY (comma-separated case names not to run / the only ones to
 # run) and TQ_TEST_SEED (its random cases' seed), e.g.
 #   TQ_TEST_ONLY=test_device_lost_restart build/tests/test_persist
+# TQ_TEST_TIMEOUT (seconds, default 600): a test still running then fails.
 set -u
 cd "$(dirname "$0")/.."
 B=${B:-build}
@@ -31,6 +32,9 @@ if [ -z "$pattern" ] || [[ "test_bpe test_gguf gguf_ref smollm2" == *"$pattern"*
 		echo "(models: $(tail -n 1 "$logdir/get-models.log"))"
 fi
 
+# seconds one test may run (the longest take about a minute, three under
+# a sanitizer)
+limit=${TQ_TEST_TIMEOUT:-600}
 pass=0 fail=0 skip=0 failed=()
 run_one() {
 	local name=$1; shift
@@ -41,12 +45,20 @@ run_one() {
 	fi
 	local log="$logdir/$name.log" t0 t1 rc
 	t0=$EPOCHREALTIME
-	"$@" >"$log" 2>&1
+	# stdin is not the terminal's (a test reading it would stop the run),
+	# and no test runs past TQ_TEST_TIMEOUT: timeout(1) gives the test a
+	# process group of its own and signals all of it, so a hang fails that
+	# test and the run goes on, where it would hold CI until its deadline
+	timeout -k 10 "$limit" "$@" </dev/null >"$log" 2>&1
 	rc=$?
 	t1=$EPOCHREALTIME
 	local dt
 	dt=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
 	case $rc in
+	124|137)
+	    fail=$((fail + 1)); failed+=("$name")
+	    printf 'FAIL  %-40s (timed out after %s s: TQ_TEST_TIMEOUT)\n' "$name" "$limit"
+	    sed 's/^/      | /' "$log" | tail -n 40 ;;
 	0)  pass=$((pass + 1)); printf 'PASS  %-40s %6ss\n' "$name" "$dt" ;;
 	77) skip=$((skip + 1)); printf 'SKIP  %-40s %s\n' "$name" "$(tail -n 1 "$log")" ;;
 	*)  fail=$((fail + 1)); failed+=("$name")

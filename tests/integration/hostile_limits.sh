@@ -41,10 +41,15 @@ echo "tqctl open: $out"
 ctl health >/dev/null || fail "the daemon does not answer at the cap"
 D1=$(client digest "$ID") || fail "the good client at the cap: $D1"
 [ "$D0" = "$D1" ] || fail "the good session changed: $D0 / $D1"
-# connections: max_clients_per_uid (3): the sessions client holds one
+# connections: max_clients_per_uid (3): the sessions client holds one.  The
+# digest client above has exited, but the daemon notices its hang-up on its
+# own time: until it has, that connection still counts against the cap
+wait_stat data_clients 1 50 "the digest client's connection is still counted"
 exec 4> >(client sessions 0 >"$T/c2.out" 2>&1)
 exec 5> >(client sessions 0 >"$T/c3.out" 2>&1)
 for _ in $(seq 100); do grep -q opened "$T/c2.out" && grep -q opened "$T/c3.out" && break; sleep 0.1; done
+grep -q opened "$T/c2.out" && grep -q opened "$T/c3.out" ||
+	fail "the 2nd and 3rd connections: $(cat "$T/c2.out" "$T/c3.out")"
 out=$(client digest "$ID" 2>&1) && fail "a 4th data connection got in: $out"
 grep -q "has 3 data connections already (daemon.max_clients_per_uid)" <<<"$out" || fail "4th connection: $out"
 echo "4th connection: $out"

@@ -15,6 +15,11 @@ NOTIFY_LOG=$T/notify.log
 LOG=$T/tqkvd.log
 
 cleanup() {
+	# the test's own pipes first (exec 3> >(client ...), a fifo's writer): a
+	# child reading one to its end, as a client holding sessions until its
+	# stdin closes does, would keep the `wait` below waiting for ever when a
+	# test fails before closing them
+	exec 3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&-
 	[ -n "$DAEMON_PID" ] && kill -KILL "$DAEMON_PID" 2>/dev/null
 	[ -n "$NOTIFY_PID" ] && kill -KILL "$NOTIFY_PID" 2>/dev/null
 	wait 2>/dev/null
