@@ -30,7 +30,10 @@ done | xargs -P "$jobs" -I{} sh -c '$0 $1 -c "$2" -o "$3/$(basename "$2" .c).o"'
 rm -f "$out/libk.a"
 aarch64-linux-gnu-ar rcs "$out/libk.a" $(ls "$out"/*.o | grep -v "harness\|tietest")
 if [ "${TQ_AARCH64_QUICK:-0}" = 1 ]; then
-	export TQ_TEST_SKIP=test_mse_paper_d128,test_mse_codebook_theory,test_codec_mse_norm_corrected,test_norm_preserved,test_rotation_orthogonal
+	# test_h16_scale: a property of the codebooks' FP16 tables (the same
+	# code on every machine; the golden hashes pin the codebooks' bits), the
+	# codebooks of 8 bits at d 512 built under emulation take most of a minute
+	export TQ_TEST_SKIP=test_mse_paper_d128,test_mse_codebook_theory,test_codec_mse_norm_corrected,test_norm_preserved,test_rotation_orthogonal,test_h16_scale
 fi
 rc=0
 tests="test_codec test_codec_simd test_attn test_xform"
@@ -38,11 +41,27 @@ for t in $tests; do
 	$CC $FLAGS -Itests/unit -c "tests/unit/$t.c" -o "$out/$t.o"
 	$CC -static -o "$out/$t" "$out/$t.o" "$out/harness.o" "$out/tietest.o" "$out/libk.a" -lm -pthread
 done
-# the longest first; at most $jobs at once; each one's status in $out/$t.rc
-printf '%s\n' test_attn test_codec_simd test_codec test_xform |
-	xargs -P "$jobs" -I{} sh -c '"$0" "$1/$2" >"$1/$2.log" 2>&1; echo $? >"$1/$2.rc"' "$QEMU" "$out" {}
+# the longest first; at most $jobs at once.  test_attn runs as two
+# processes (its four longest cases, then the rest: about 95 and 20 s
+# under qemu on a Zen 3) so that the two cores finish together; each part's
+# log in $out/$t.N.log, its status in $out/$t.N.rc
+rm -f "$out"/*.rc "$out"/*.log
+attn_long=test_plan_n_q,test_sparse_v,test_all_pairs_d128,test_dims_and_groups
+printf '%s\n' "test_attn 1 TQ_TEST_ONLY=$attn_long" "test_codec_simd 1" "test_attn 2 TQ_TEST_SKIP=$attn_long" \
+	"test_codec 1" "test_xform 1" |
+	xargs -P "$jobs" -L 1 sh -c 't=$2 n=$3; [ -n "${4:-}" ] && export "$4"; "$0" "$1/$t" >"$1/$t.$n.log" 2>&1; echo $? >"$1/$t.$n.rc"' "$QEMU" "$out"
 for t in $tests; do
-	if [ "$(cat "$out/$t.rc")" = 0 ]; then
+	# one status and one log per test: a failure wins over a skip (77),
+	# a skip over a pass
+	st=0
+	for n in 1 2; do
+		[ -f "$out/$t.$n.rc" ] || continue
+		r=$(cat "$out/$t.$n.rc")
+		if [ "$r" != 0 ] && { [ "$st" = 0 ] || [ "$st" = 77 ]; }; then st=$r; fi
+	done
+	cat "$out/$t".[12].log >"$out/$t.log"
+	echo "$st" >"$out/$t.rc"
+	if [ "$st" = 0 ]; then
 		echo "PASS  $t (aarch64, qemu)"
 		case $t in
 		test_codec_simd) want="^ *neon: tested" ;;

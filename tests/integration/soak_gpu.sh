@@ -2,7 +2,7 @@
 # The chaos soak on a GPU pool, without a GPU: tqkvd-simt (tqkvd whose GPU
 # pool is the SIMT emulator's: the real tq_cuda.c and backend_cuda.c, the
 # kernels' device code on the CPU) under tests/soak/soak.sh for
-# SOAK_SECONDS (default 30) with SOAK_CLIENTS (default 2) clients, outputs
+# SOAK_SECONDS (default 20) with SOAK_CLIENTS (default 2) clients, outputs
 # held to the GPU kernels' contract.  It found that a persistent session
 # could be dropped at a restart (ARCHITECTURE.md §5b, Recovery).  Skipped
 # where the emulator is not built (aarch64, sanitizer builds, no CUDA).
@@ -13,5 +13,5 @@ if [ ! -x "$SIMT_TQKVD" ] || [ -n "${SANITIZER:-}" ]; then
 fi
 export LD_LIBRARY_PATH=$(dirname "$SIMT_TQKVD")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export TQKVD=$SIMT_TQKVD TQ_POOL_BACKEND=cuda
-export SOAK_SECONDS=${SOAK_SECONDS:-30} SOAK_CLIENTS=${SOAK_CLIENTS:-2}
+export SOAK_SECONDS=${SOAK_SECONDS:-20} SOAK_CLIENTS=${SOAK_CLIENTS:-2}
 exec bash "$(dirname "$0")/../soak/soak.sh"
