@@ -63,7 +63,7 @@ else ifneq ($(SANITIZER),)
   $(error SANITIZER must be address, undefined, address+undefined or thread)
 endif
 
-ALL_CFLAGS  = $(BASE_CFLAGS) $(SAN_FLAGS) $(if $(SANITIZER),-DTQ_SANITIZER=1) $(CFLAGS) $(EXTRA_CFLAGS)
+ALL_CFLAGS  = $(BASE_CFLAGS) $(SAN_FLAGS) $(if $(SANITIZER),-DTQ_SANITIZER='"$(SANITIZER)"') $(CFLAGS) $(EXTRA_CFLAGS)
 ALL_LDFLAGS = $(SAN_FLAGS) $(LDFLAGS)
 
 # Per-ISA flags for the SIMD translation units (x86-64 only; elsewhere those

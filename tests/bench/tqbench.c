@@ -32,6 +32,13 @@ int main(int argc, char **argv)
 		usage(argc < 2 ? stderr : stdout);
 		return argc < 2 ? 2 : 0;
 	}
+#ifdef TQ_SANITIZER
+	/* a sanitized build's binaries replace build/bin's (make check
+	 * SANITIZER=...): its figures are several times slower than the
+	 * product's, so say so before any */
+	fprintf(stderr, "tqbench: WARNING: this is a SANITIZER=%s build: its timings mean nothing "
+			"(a plain `make` rebuilds build/bin without it)\n", TQ_SANITIZER);
+#endif
 	for (struct bench_suite *s = suites; s; s = s->next)
 		if (!strcmp(s->name, argv[1]))
 			return s->main(argc - 1, argv + 1);
