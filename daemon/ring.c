@@ -1160,7 +1160,7 @@ static void accept_one(struct ring_server *rs)
 	struct ucred cred;
 	socklen_t cl = sizeof(cred);
 	char why[160] = "";
-	uint32_t mine = 0, cap_all, cap_uid;
+	uint32_t mine = 0, alive = 0, cap_all, cap_uid;
 	pthread_attr_t attr;
 	int fd, r;
 
@@ -1188,15 +1188,22 @@ static void accept_one(struct ring_server *rs)
 	cap_uid = __atomic_load_n(&rs->max_clients_per_uid, __ATOMIC_RELAXED);
 	pthread_mutex_lock(&rs->lock);
 	c->id = ++rs->next_client_id;
-	for (struct ring_client *o = rs->clients; o; o = o->next)
+	/* a client whose ring thread has finished (its sessions closed or
+	 * detached) is gone: this thread frees it on the wake-up it sent,
+	 * and a client reconnecting at its cap must not wait for that */
+	for (struct ring_client *o = rs->clients; o; o = o->next) {
+		if (__atomic_load_n(&o->done, __ATOMIC_ACQUIRE))
+			continue;
+		alive++;
 		mine += o->uid == c->uid;
+	}
 	if (cap_uid && mine >= cap_uid) {
 		r = -EUSERS;
 		snprintf(why, sizeof(why), "uid %u has %u data connections already (daemon.max_clients_per_uid)",
 			 (unsigned)c->uid, mine);
-	} else if (rs->n_clients >= cap_all) {
+	} else if (alive >= cap_all) {
 		r = -EUSERS;
-		snprintf(why, sizeof(why), "%u data clients already connected (daemon.max_clients)", rs->n_clients);
+		snprintf(why, sizeof(why), "%u data clients already connected (daemon.max_clients)", alive);
 	} else {
 		/* counted from now on: pending handshakes count too */
 		r = 0;

@@ -14,6 +14,14 @@
 TQBENCH=$TQ_BIN/tqbench
 [ -x "$TQBENCH" ] || { echo "tqbench not built"; exit 77; }
 
+# the first line of a run's output, less a sanitizer build's warning
+# (SANITIZER=... make check runs this on the sanitized tqbench)
+first() { grep -v '^tqbench: WARNING: this is a SANITIZER=' | head -n 1; }
+if [ -n "${SANITIZER:-}" ]; then
+	"$TQBENCH" kern --isa scalar --reps 1 2>&1 >/dev/null | grep -q "^tqbench: WARNING: this is a SANITIZER=$SANITIZER build" ||
+		fail "a SANITIZER=$SANITIZER build of tqbench does not warn that its timings mean nothing"
+fi
+
 ran=0
 for isa in scalar avx2 avx512 neon; do
 	out=$("$TQBENCH" kern --isa "$isa" --reps 1 2>&1); rc=$?
@@ -22,7 +30,7 @@ for isa in scalar avx2 avx512 neon; do
 		continue
 	fi
 	[ "$rc" -eq 0 ] || fail "kern --isa $isa: exit $rc: $out"
-	head -1 <<<"$out" | grep -Eq "isa $isa(\+[a-z]+)? " || fail "kern --isa $isa: the first line does not name the ISA: $out"
+	first <<<"$out" | grep -Eq "isa $isa(\+[a-z]+)? " || fail "kern --isa $isa: the first line does not name the ISA: $out"
 	for c in tq4 tq3 tq2 q8 f16 tq4o tq3o; do
 		grep -Eq "^  $c +[0-9.]+ +[0-9.]+ +[0-9.]+ +as K and V: [0-9.]+ ns, [0-9.]+ x f16$" <<<"$out" ||
 			fail "kern --isa $isa: no row for $c: $out"
@@ -59,10 +67,10 @@ bad attn "--resident wants a page count >= 1" --resident 0
 bad attn "--resident wants a page count >= 1" --resident 2x
 
 out=$("$TQBENCH" attn --ctx 1024 --reps 1 --threads 1 --q-scale 8 --sparse 0.01 2>&1) || fail "attn --q-scale 8 --sparse 0.01: $out"
-head -1 <<<"$out" | grep -q "sparse-V on" || fail "attn --sparse: not marked in the first line: $out"
+first <<<"$out" | grep -q "sparse-V on" || fail "attn --sparse: not marked in the first line: $out"
 grep -Eq "^  fused +[0-9.]+ ms" <<<"$out" || fail "attn --q-scale: no fused time: $out"
 out=$("$TQBENCH" attn --ctx 2048 --reps 1 --threads 1 --resident 2 2>&1) || fail "attn --resident 2: $out"
-head -1 <<<"$out" | grep -Eq "resident: 2 of 8 pages \([0-9.]+ MB; fp16 [0-9.]+ MB\)" ||
+first <<<"$out" | grep -Eq "resident: 2 of 8 pages \([0-9.]+ MB; fp16 [0-9.]+ MB\)" ||
 	fail "attn --resident: not in the first line: $out"
 cs=$(sed -n 's/.*cos vs exact \([0-9.]*\).*/\1/p' <<<"$out")
 awk -v c="$cs" 'BEGIN { exit !(c > 0.95) }' || fail "attn --resident: cos vs exact '$cs' (the oracle did not cycle alike?): $out"
