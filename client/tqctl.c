@@ -497,6 +497,8 @@ static void print_session_detail(const Tqkv__V1__Session *s)
 	printf("kv transform:    %s\n", s->kv_transform[0] ? s->kv_transform : "?");
 	printf("rotation seed:   0x%016" PRIx64 "\n", s->rotation_seed);
 	printf("bytes per token: %s\n", sz(s->bytes_per_token, a, sizeof(a)));
+	if (s->page_tokens)
+		printf("tokens a page:   %u\n", s->page_tokens);
 	printf("tokens:          %" PRIu64 " of %" PRIu64 "\n", s->tokens, s->max_tokens);
 	printf("resident:        %s\n", sz(s->resident_bytes, a, sizeof(a)));
 	printf("spilled:         %s\n", sz(s->spilled_bytes, a, sizeof(a)));
@@ -556,6 +558,9 @@ static int cmd_stats(struct ctx *x, int argc, char **argv)
 			printf("pages:             %u free of %u, %s each (%s, NUMA node %d%s)\n", s->pages_free,
 			       s->pages_total, sz(s->page_bytes, a, sizeof(a)), s->pool_backend, s->numa_node,
 			       s->hugepages ? ", huge pages" : "");
+			if (s->page_tokens_align)
+				printf("tokens a page:     a multiple of %u (the GPU kernels' tile)\n",
+				       s->page_tokens_align);
 			if (strcmp(s->pool_backend, "host") != 0) {
 				printf("pool memory:       %s\n", s->pool_memory);
 				printf("GPU kernels:       %" PRIu64 " appends, %" PRIu64 " attentions, %" PRIu64

@@ -56,6 +56,11 @@ struct backend_stats {
 
 struct backend_ops {
 	const char *name;        /* "host", "cuda" */
+	/* Pages of a multiple of this many tokens suit the backend's kernels
+	 * (cuda: TQC_PAGE_TOKENS_ALIGN, the tiled attention's tile); a
+	 * session's pages are cut to it where one holds at least that many.
+	 * 0: any number (the CPU kernels). */
+	uint32_t page_tokens_align;
 	/* 0, or -EINVAL (params), -ENOMEM, -ENODEV (node absent) with why set. */
 	int (*region_alloc)(const struct backend_params *p, struct backend_region *out,
 			    char *why, size_t whylen);

@@ -210,6 +210,7 @@ static int cuda_lost(const struct backend_region *r, char *why, size_t whylen)
 
 const struct backend_ops backend_cuda = {
 	.name = "cuda",
+	.page_tokens_align = TQC_PAGE_TOKENS_ALIGN,
 	.region_alloc = cuda_alloc,
 	.region_free = cuda_free,
 	.stats = cuda_stats,

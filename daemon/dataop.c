@@ -147,7 +147,7 @@ void kvstore_stats(struct kvstore *ks, struct kvstore_stats *out)
 	pthread_mutex_unlock(&ks->lock);
 }
 
-static int geom_of(uint32_t page_bytes, const struct session_geom *g, struct tq_page_geom *pg)
+static int geom_of(uint32_t page_bytes, uint32_t align, const struct session_geom *g, struct tq_page_geom *pg)
 {
 	tq_error te;
 	long kb = tq_block_bytes(g->k_codec, (int)g->head_dim, &te);
@@ -171,14 +171,28 @@ static int geom_of(uint32_t page_bytes, const struct session_geom *g, struct tq_
 	}
 	if (pt == 0)
 		return -E2BIG;
+	/* cut to what the pool's kernels read fastest (fewer tokens fit too) */
+	if (align > 1 && pt >= align)
+		pg->page_tokens = pt -= pt % align;
 	return (int)pt;
 }
 
-int dataop_page_tokens(uint32_t page_bytes, const struct session_geom *g)
+uint64_t dataop_page_bytes_min(uint32_t tokens, const struct session_geom *g)
+{
+	tq_error te;
+	long kb = tq_block_bytes(g->k_codec, (int)g->head_dim, &te);
+	long vb = tq_block_bytes(g->v_codec, (int)g->head_dim, &te);
+	struct tq_page_geom pg = { g->n_kv_heads, tokens, (uint32_t)(kb > 0 ? kb : 0), (uint32_t)(vb > 0 ? vb : 0) };
+
+	/* what page_bytes (a multiple of 4 KiB) must be */
+	return ((uint64_t)tq_page_bytes(&pg) + 4095u) / 4096u * 4096u;
+}
+
+int dataop_page_tokens(uint32_t page_bytes, uint32_t align, const struct session_geom *g)
 {
 	struct tq_page_geom pg;
 
-	return geom_of(page_bytes, g, &pg);
+	return geom_of(page_bytes, align, g, &pg);
 }
 
 /* The KV state of s, created on first use. */
@@ -203,7 +217,7 @@ int dataop_kv_get(struct kvstore *ks, struct session *s, struct kv_sess **out)
 		r = -ENOMEM;
 		goto fail;
 	}
-	if ((r = geom_of(ks->page_bytes, g, &kv->geom)) < 0)
+	if ((r = geom_of(ks->page_bytes, pool_page_tokens_align(ks->pool), g, &kv->geom)) < 0)
 		goto fail;
 	pthread_mutex_init(&kv->lock, NULL);
 	kv->id = id;

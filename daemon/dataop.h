@@ -126,10 +126,15 @@ int dataop_restore(struct kvstore *ks, struct session *s, char *why, size_t whyl
 /* The same as a ring operation (PREFETCH): the first failure in r. */
 void dataop_prefetch(struct kvstore *ks, struct session *s, struct dataop_res *r);
 /* Tokens per page of page_bytes for a geometry (the most that fit with the
- * K and V regions rounded up to TQ_PAGE_ALIGN): > 0, or -E2BIG when one
- * token of all KV heads does not fit a page, -EINVAL on a bad geometry.
- * A pure function: clients use it to lay out a reference cache. */
-int dataop_page_tokens(uint32_t page_bytes, const struct session_geom *g);
+ * K and V regions rounded up to TQ_PAGE_ALIGN, cut to a multiple of align
+ * where at least align fit: pool_page_tokens_align, 0 for any): > 0, or
+ * -E2BIG when one token of all KV heads does not fit a page, -EINVAL on a
+ * bad geometry.  A pure function: tests use it to lay out a reference
+ * cache. */
+int dataop_page_tokens(uint32_t page_bytes, uint32_t align, const struct session_geom *g);
+/* The smallest pool.page_bytes (a multiple of 4 KiB) whose pages hold
+ * `tokens` tokens of geometry g. */
+uint64_t dataop_page_bytes_min(uint32_t tokens, const struct session_geom *g);
 
 /* Append n tokens to `layer`.  k, v: [n][n_kv_heads][head_dim] of dtype.
  * All or nothing: on any error the layer is as before. */

@@ -931,10 +931,10 @@ static const char *manifest_misfit(struct kvstore *ks, const struct persist_mani
 		snprintf(buf, n, "tenant '%s' is no longer configured", m->tenant);
 	else if (session_geom_check(&m->geom, &bpt, why, sizeof(why)) < 0)
 		snprintf(buf, n, "geometry: %s", why);
-	else if (dataop_page_tokens(ks->page_bytes, &m->geom) < 0)
+	else if (dataop_page_tokens(ks->page_bytes, pool_page_tokens_align(ks->pool), &m->geom) < 0)
 		snprintf(buf, n, "one token does not fit a page");
 	else {
-		pg.page_tokens = (uint32_t)dataop_page_tokens(ks->page_bytes, &m->geom);
+		pg.page_tokens = (uint32_t)dataop_page_tokens(ks->page_bytes, pool_page_tokens_align(ks->pool), &m->geom);
 		for (uint32_t l = 0; l < m->geom.n_layers; l++) {
 			const struct persist_layer *L = &m->layers[l];
 			uint64_t want = ((uint64_t)L->n_tokens + pg.page_tokens - 1) / pg.page_tokens;

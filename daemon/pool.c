@@ -181,6 +181,11 @@ bool pool_has_kernels(const struct pool *p)
 	return p->be->append && p->be->attend;
 }
 
+uint32_t pool_page_tokens_align(const struct pool *p)
+{
+	return p->be->page_tokens_align;
+}
+
 int pool_copy(struct pool *p, void *dst, const void *src, size_t n, char *why, size_t whylen)
 {
 	if (!p->be->copy) {

@@ -71,6 +71,9 @@ bool pool_host_accessible(const struct pool *p);
 /* The backend runs append and attention itself (pool_append, pool_attend);
  * else the data path runs the CPU kernels on the pages. */
 bool pool_has_kernels(const struct pool *p);
+/* Pages of a multiple of this many tokens suit the pool's kernels (0: any;
+ * backend.h's page_tokens_align). */
+uint32_t pool_page_tokens_align(const struct pool *p);
 /* Copy n bytes between host memory and pages (either side): 0, or -EIO. */
 int pool_copy(struct pool *p, void *dst, const void *src, size_t n, char *why, size_t whylen);
 /* Pin a client arena for the backend's kernels: 1 registered, 0 nothing to

@@ -263,6 +263,7 @@ static void h_get_stats(struct rpc_server *srv, const struct peer *peer,
 		struct pool_stats ps;
 		pool_stats(pool, &ps);
 		r.page_bytes = ps.page_bytes;
+		r.page_tokens_align = pool_page_tokens_align(pool);
 		r.pages_total = ps.pages_total;
 		r.pages_free = ps.pages_free;
 		r.pool_resident_bytes = ps.resident_bytes;
@@ -353,8 +354,17 @@ static const char *xf_name(uint32_t mode)
 #define XF_MODES_HELP "none, default, or parts joined by '+': k-center, k-sink, v-center, v-eq, k-eq-qk, k-eq-k, k-unshrink, k-order; " \
 		      "at most one k-eq-* and one of k-center, k-sink"
 
+/* Tokens a page of the pool holds for a session of geometry g (0: no pool). */
+static uint32_t page_tokens_of(struct rpc_server *srv, const struct session_geom *g)
+{
+	struct pool *pool = __atomic_load_n(&srv->pool, __ATOMIC_ACQUIRE);
+	int pt = pool ? dataop_page_tokens(pool_page_bytes(pool), pool_page_tokens_align(pool), g) : 0;
+
+	return pt > 0 ? (uint32_t)pt : 0;
+}
+
 /* The message's strings point into `si` (and static tables). */
-static void session_to_msg(struct session_info *si, Tqkv__V1__Session *m)
+static void session_to_msg(struct rpc_server *srv, struct session_info *si, Tqkv__V1__Session *m)
 {
 	tqkv__v1__session__init(m);
 	m->id = si->id;
@@ -379,13 +389,14 @@ static void session_to_msg(struct session_info *si, Tqkv__V1__Session *m)
 	m->evict_reason = si->state == SESSION_EVICTED ? si->evict_why : (char *)"";
 	m->bytes_per_token = si->bytes_per_token;
 	m->kv_transform = (char *)xf_name(si->geom.kv_xform);
+	m->page_tokens = page_tokens_of(srv, &si->geom);
 }
 
-static void rep_session(struct reply *rep, struct session_info *si)
+static void rep_session(struct rpc_server *srv, struct reply *rep, struct session_info *si)
 {
 	Tqkv__V1__Session m;
 
-	session_to_msg(si, &m);
+	session_to_msg(srv, si, &m);
 	rep_ok(rep, &m.base);
 }
 
@@ -649,7 +660,8 @@ static void h_open_session(struct rpc_server *srv, const struct peer *peer,
 	/* One token of every KV head must fit a pool page (the geometry's other
 	 * checks are session_open's; this one needs the pool). */
 	struct pool *pool = __atomic_load_n(&srv->pool, __ATOMIC_ACQUIRE);
-	if (pool && dataop_page_tokens(pool_page_bytes(pool), &g) < 0) {
+	const int page_tokens = pool ? dataop_page_tokens(pool_page_bytes(pool), pool_page_tokens_align(pool), &g) : 0;
+	if (page_tokens < 0) {
 		rep_error(rep, GRPC_STATUS_INVALID_ARGUMENT,
 			  "one token of %u KV heads (%s/%s, head_dim %u) does not fit a pool page of %u bytes "
 			  "(pool.page_bytes)", g.n_kv_heads, tq_codec_name(g.k_codec), tq_codec_name(g.v_codec),
@@ -672,7 +684,14 @@ static void h_open_session(struct rpc_server *srv, const struct peer *peer,
 			 !q->data_client ? ", not attached" : q->detached || q->persistent ? ", attached (detached)"
 							     : ", attached",
 			 q->persistent ? ", persistent" : "");
-		rep_session(rep, &si);
+		/* pages the GPU's fast attention kernel cannot read: said once */
+		if (pool && pool_page_tokens_align(pool) && page_tokens % (int)pool_page_tokens_align(pool))
+			log_warning("session %" PRIu64 ": a page of %u bytes (pool.page_bytes) holds %d of its tokens, "
+				    "fewer than %u: its attention runs on the GPU's general kernel, several times "
+				    "slower; pages of %" PRIu64 " bytes or more hold %u", si.id, pool_page_bytes(pool),
+				    page_tokens, pool_page_tokens_align(pool),
+				    dataop_page_bytes_min(pool_page_tokens_align(pool), &g), pool_page_tokens_align(pool));
+		rep_session(srv, rep, &si);
 		return;
 	case -EINVAL:
 	case -EOVERFLOW:
@@ -791,7 +810,7 @@ static void h_get_session(struct rpc_server *srv, const struct peer *peer,
 
 	if (!own_session(srv, peer, q->id, &si, rep))
 		return;
-	session_to_msg(&si, &m);
+	session_to_msg(srv, &si, &m);
 	if ((r = layer_transforms(srv, si.id, si.geom.n_layers, &m, &lt, &plt)) == -ENOMEM)
 		rep_error(rep, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
 	else if (r < 0)
@@ -827,7 +846,7 @@ static void h_list_sessions(struct rpc_server *srv, const struct peer *peer,
 	for (size_t i = 0; i < n; i++) {
 		if (!peer->operator_ && v[i].owner_uid != (uint32_t)peer->cred.uid)
 			continue; /* a client sees its own sessions only */
-		session_to_msg(&v[i], &m[k]);
+		session_to_msg(srv, &v[i], &m[k]);
 		pm[k] = &m[k];
 		k++;
 	}
@@ -864,7 +883,7 @@ static void h_evict_session(struct rpc_server *srv, const struct peer *peer,
 	}
 	log_notice("session %" PRIu64 " (tenant %s, uid %u) evicted by %s", si.id, si.tenant,
 		   si.owner_uid, peer->desc);
-	rep_session(rep, &si);
+	rep_session(srv, rep, &si);
 }
 
 enum disk_op { OP_SPILL, OP_RESTORE, OP_CHECKPOINT };
@@ -919,7 +938,7 @@ static void disk_op(struct rpc_server *srv, const struct peer *peer, uint64_t id
 	else
 		log_info("session %" PRIu64 " (tenant %s) restored by %s; %" PRIu64 " resident", id, si.tenant,
 			 peer->desc, si.resident_bytes);
-	rep_session(rep, &si);
+	rep_session(srv, rep, &si);
 }
 
 static void h_spill_session(struct rpc_server *srv, const struct peer *peer,

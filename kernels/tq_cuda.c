@@ -28,6 +28,8 @@
 #include "tq_cuda.h"
 #include "tq_cuda_internal.h"
 
+_Static_assert(TQC_TILE == TQC_PAGE_TOKENS_ALIGN, "tq_cuda.h promises the tiled kernel pages of this many tokens");
+
 #define REGION_ALIGN   ((size_t)2 << 20)   /* tqc_region_alloc: 2 MiB             */
 #define SCRATCH_ALIGN  256u                /* every scratch / staging sub-buffer  */
 #define ROT_CACHE      8                   /* dense rotations kept per context    */
@@ -129,8 +131,8 @@ static void lost_note(const char *what, cudaError_t e)
 	pthread_mutex_lock(&lost_mu);
 	if (!__atomic_load_n(&lost_flag, __ATOMIC_RELAXED)) {
 		snprintf(lost_why, sizeof(lost_why),
-			 "CUDA device %d failed (%s: %s, %s): its context is lost, and with it what its memory "
-			 "held; every later GPU call fails until the process restarts", dev, what,
+			 "CUDA device %d failed (%s: %s, %s): its context is lost and its memory with it; "
+			 "GPU calls fail until a restart", dev, what,
 			 cudaGetErrorString(e), cudaGetErrorName(e));
 		__atomic_store_n(&lost_flag, 1, __ATOMIC_RELEASE);
 	}

@@ -205,6 +205,15 @@ int tqc_append(tqc_ctx *x, const struct tqc_append *a, uint32_t *bad, tq_error *
  * Returns after the stream finished. */
 int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err);
 
+/* The tiled attention kernel (decode) reads a layer in tiles of this many
+ * tokens, each inside one page: it serves pages whose page_tokens is a
+ * multiple of it (and head_dim 64, 128 or 256 with codecs it decodes);
+ * other pages go to the general kernel, several times slower (an H200 at
+ * 8k context: 68-token pages made tqkvd's decode step about 8 x slower
+ * than 64-token ones).  A GPU pool cuts its pages to a multiple of it
+ * (backend.h's page_tokens_align). */
+#define TQC_PAGE_TOKENS_ALIGN 32u
+
 /* One layer's decode step: tqc_append of a, then tqc_attend of p over the
  * layer with a's tokens (p->kv: a's pages, n_tokens = a->pos + a->n), on
  * the context's stream.  When the append is a single launch that needs

@@ -13,6 +13,9 @@
 #                             libnuma, libsystemd, libinih, ...), copied from
 #                             this machine; scripts/gpu-check.sh puts them on
 #                             LD_LIBRARY_PATH
+# .gpu/data/                  the shared test model, tokenizer and text
+#                             (../shared/data), for gpu_backend.sh's sparse-V
+#                             check (TQ_DATA)
 # The CUDA runtime is linked statically (cudart_static): only the driver's
 # libcuda.so.1 comes from the GPU machine.  Then run there (the device tool:
 # carry .gpu):  scripts/gpu-check.sh
@@ -30,6 +33,11 @@ for f in .gpu/build/bin/* .gpu/build/tests/*; do ldd "$f"; done |
 	awk '/=>/ { print $3 }' | sort -u |
 	grep -v -E '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libstdc\+\+|libgcc_s|libcuda)\.so' |
 	while read -r l; do cp -L "$l" .gpu/sys/; done
+D=${TQ_DATA:-../shared/data}
+if [ -f "$D/stories260K.bin" ]; then
+	mkdir -p .gpu/data
+	cp "$D/stories260K.bin" "$D/tok512.bin" "$D/tinystories-dev.txt" .gpu/data/
+fi
 # the binaries carry kernels for every CUDA_ARCHS: xz keeps the bundle within
 # what a device call takes along (64 MiB)
 tar -C .gpu -cf - build | xz -T2 -3 >.gpu/build.tar.xz

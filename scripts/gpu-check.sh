@@ -7,7 +7,7 @@
 #
 #   scripts/gpu-check.sh [STEP...]     steps: smi test quick backend benchsmall bench
 #                                      benchq8 benchtqo bench8 general ncu sanitize probe
-#                                      sparse phases fault shared launch step ring soak (default: smi test
+#                                      sparse phases fault shared launch step ring pages soak (default: smi test
 #                                      backend benchsmall bench)
 set -u
 cd "$(dirname "$0")/.."
@@ -19,6 +19,7 @@ if [ -z "${B:-}" ] && [ -d .gpu/build ]; then
 	export LD_LIBRARY_PATH=$PWD/.gpu/sys${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 B=${B:-build}
+[ -z "${TQ_DATA:-}" ] && [ -f .gpu/data/stories260K.bin ] && export TQ_DATA=$PWD/.gpu/data
 export TQ_BUILD=$PWD/$B TQ_BIN=$PWD/$B/bin TQ_SRC=$PWD
 LOGS=${OUT:-$PWD/build/gpu-logs}
 mkdir -p "$LOGS"
@@ -75,6 +76,14 @@ for s in "${steps[@]}"; do
 	                 --reps 20 --check-max 32768 --layers 1 --bulk 64
 	            step bench_launch_8k 150 env TQ_CUDA_SPLIT_MIN=8192 "$B/bin/tqbench" attn --backend cuda \
 	                 --ctx 32768,131072 --batch 16 --reps 20 --no-baseline --check-max 32768 --layers 1 --bulk 64 ;;
+	pages)      # the tiled kernel on 64-token pages (tqkvd's at 64 KiB pages, 8 KV heads, tq4/tq3)
+	            # against 256-token ones, alternated twice
+	            for i in 1 2; do
+	                for pt in 64 256; do
+	                    step "pages_${pt}_$i" 120 "$B/bin/tqbench" attn --backend cuda --ctx 8192,32768,131072 \
+	                         --batch 1 --page-tokens $pt --reps 50 --no-baseline --check-max 32768 --layers 1 --bulk 64
+	                done
+	            done ;;
 	ring)       # the decode step through tqkvd on a GPU pool against the same call with no ring
 	            step ring_8k 120 "$B/bin/tqbench" ring --backend cuda --ctx 8192 --clients 8 --iters 2000
 	            step ring_32k 120 "$B/bin/tqbench" ring --backend cuda --ctx 32768 --clients 8 --iters 1000 ;;
@@ -93,7 +102,7 @@ for s in "${steps[@]}"; do
 	            fi ;;
 	sanitize)   step sanitize 300 compute-sanitizer --tool memcheck --leak-check full \
 	                 env TQ_CUDA_QUICK=1 "$B/tests/test_cuda" ;;
-	*) echo "gpu-check: unknown step '$s' (smi test quick backend benchsmall bench benchq8 benchtqo bench8 general ncu sanitize probe sparse phases fault shared launch)" >&2; exit 2 ;;
+	*) echo "gpu-check: unknown step '$s' (smi test quick backend benchsmall bench benchq8 benchtqo bench8 general ncu sanitize probe sparse phases fault shared launch step ring pages soak)" >&2; exit 2 ;;
 	esac
 done
 exit $status

@@ -306,8 +306,8 @@ static double reclaim_rate(struct world *w, uint32_t window, uint64_t *freed)
 	char why[256];
 	uint64_t ids[4096];
 	uint32_t n = 0, total = pool_pages_total(w->pool);
-	uint32_t per = (window + (uint32_t)dataop_page_tokens(64 << 10, &geom) - 1) /
-		       (uint32_t)dataop_page_tokens(64 << 10, &geom) * geom.n_layers;
+	uint32_t per = (window + (uint32_t)dataop_page_tokens(64 << 10, 0, &geom) - 1) /
+		       (uint32_t)dataop_page_tokens(64 << 10, 0, &geom) * geom.n_layers;
 
 	reclaim_set_params(w->rc, &hold, why, sizeof(why));
 	while (n < 4096 && pool_pages_free_count(w->pool) >= per + total / 50) {
@@ -387,7 +387,7 @@ static int bench_pressure_main(int argc, char **argv)
 	pin(1); /* this thread and the ones it starts: reclaimer, spill I/O */
 
 	geom = (struct session_geom){ o.layers, 8, 32, 128, TQ_CODEC_Q8, TQ_CODEC_TQ4, 1, 0 };
-	int pt = dataop_page_tokens(64 << 10, &geom);
+	int pt = dataop_page_tokens(64 << 10, 0, &geom);
 	uint64_t page = 64 << 10;
 	uint64_t sess_bytes = ((uint64_t)o.window + (uint64_t)pt - 1) / (uint64_t)pt * o.layers * page;
 	uint64_t set = sess_bytes * o.sessions;

@@ -214,7 +214,7 @@ static int bench_spill_main(int argc, char **argv)
 	/* the session of the throughput measures: about mib MiB; the one of
 	 * restore + attend: ctx tokens */
 	const struct session_geom g0 = { 32, 8, 32, 128, TQ_CODEC_Q8, TQ_CODEC_TQ4, 1, 0 };
-	int pt = dataop_page_tokens(page, &g0);
+	int pt = dataop_page_tokens(page, 0, &g0);
 	uint64_t pages_per_layer = mib * MiB / page / 32;
 	uint32_t tokens = (uint32_t)(pages_per_layer * (uint64_t)pt);
 	uint64_t ctx_pages = ((uint64_t)ctx + (uint64_t)pt - 1) / (uint64_t)pt * 32;

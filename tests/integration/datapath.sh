@@ -38,7 +38,12 @@ esac
 
 # 1. bit-exact through the daemon, sessions over the control channel
 PAGE=$(gstat page_bytes)
-"$CLIENT" --client exact-ctl "$T/run" 77 25 "$PAGE" || fail "results through tqkvd differ from the kernels"
+ALIGN=$(gstat page_tokens_align)
+case $BACKEND:$ALIGN in
+host:0 | cuda:32) ;;
+*) fail "GetStats page_tokens_align is $ALIGN on a $BACKEND pool" ;;
+esac
+"$CLIENT" --client exact-ctl "$T/run" 77 25 "$PAGE" "$ALIGN" || fail "results through tqkvd differ from the kernels"
 # the GPU kernels' counters: the client's decode steps (APPEND_ATTEND) ran as
 # one call each, the attention queued behind the append where it could be
 if [ "$BACKEND" = cuda ]; then

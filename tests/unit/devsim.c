@@ -326,6 +326,7 @@ static int sim_append_attend(const struct backend_region *r, const struct tqc_ap
 
 const struct backend_ops backend_devsim = {
 	.name = "devsim",
+	.page_tokens_align = TQC_PAGE_TOKENS_ALIGN,
 	.region_alloc = sim_alloc,
 	.region_free = sim_free,
 	.stats = sim_stats,

@@ -134,7 +134,7 @@ static int ref_build(struct ref *rf, struct fix *f, struct session *s, const str
 				      .seed = tqkv_seed_derive(session_seed(s), 0, 0) };
 	struct tq_codec_params vp = { .id = g->v_codec, .dim = (int)g->head_dim,
 				      .seed = tqkv_seed_derive(session_seed(s), 0, 1) };
-	int pt = dataop_page_tokens(pool_page_bytes(f->pool), g);
+	int pt = dataop_page_tokens(pool_page_bytes(f->pool), pool_page_tokens_align(f->pool), g);
 	size_t row = g->head_dim;
 	tq_error te;
 
@@ -679,7 +679,7 @@ static void test_kv_transform(void)
 			T_EQ(tq_codec_new(&x[l].kc, NULL, &kp, &te), 0);
 			T_EQ(tq_codec_new(&x[l].vc, NULL, &vp, &te), 0);
 			T_EQ(tq_xf_new(&x[l].xf, modes[m], XKV, XQ, XD, x[l].kc, &te), 0);
-			x[l].g = (struct tq_page_geom){ XKV, (uint32_t)dataop_page_tokens(64 << 10, &g),
+			x[l].g = (struct tq_page_geom){ XKV, (uint32_t)dataop_page_tokens(64 << 10, 0, &g),
 							(uint32_t)tq_codec_block_bytes(x[l].kc),
 							(uint32_t)tq_codec_block_bytes(x[l].vc) };
 		}

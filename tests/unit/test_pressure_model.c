@@ -935,7 +935,7 @@ static void step_open(struct model *m)
 	ms->g = g;
 	ms->seed = seed;
 	ms->max_len = g.max_tokens < INT32_MAX ? g.max_tokens : INT32_MAX;
-	int pt = dataop_page_tokens(PAGE, &g);
+	int pt = dataop_page_tokens(PAGE, pool_page_tokens_align(m->kv.pool), &g);
 	CHECK(pt > 0, "page tokens %d", pt);
 	ms->pg = (struct tq_page_geom){ g.n_kv_heads, (uint32_t)pt,
 					(uint32_t)tq_block_bytes(g.k_codec, (int)g.head_dim, &te),

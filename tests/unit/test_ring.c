@@ -86,7 +86,7 @@ static uint64_t srv_open(struct srv *s, const char *tenant, uid_t owner, const s
 static int page_tokens_of(struct srv *s, const struct sgeom *g)
 {
 	struct session_geom sg = sg_of(g, 1);
-	return dataop_page_tokens(pool_page_bytes(s->pool), &sg);
+	return dataop_page_tokens(pool_page_bytes(s->pool), pool_page_tokens_align(s->pool), &sg);
 }
 
 /* ---- client processes ---------------------------------------------------------- */
@@ -650,15 +650,17 @@ static int client_main(int argc, char **argv)
 		return client_threads(dir, n, ids, gi, seeds, pt);
 	}
 	if (!strcmp(mode, "exact-ctl") && argc > 6) {
-		/* exact-ctl DIR DATA_SEED STEPS PAGE_BYTES: every geometry of G[] through a
-		 * real tqkvd, sessions opened over the control channel */
+		/* exact-ctl DIR DATA_SEED STEPS PAGE_BYTES [ALIGN]: every geometry of G[]
+		 * through a real tqkvd, sessions opened over the control channel; ALIGN:
+		 * GetStats' page_tokens_align (a GPU pool's) */
 		uint64_t ids[NG] = { 0 }, seeds[NG];
 		int gi[NG], pt[NG];
 		for (int i = 0; i < (int)NG; i++) {
 			struct session_geom sg = sg_of(&G[i], 1);
 			gi[i] = i;
 			seeds[i] = 0xabc0 + (uint64_t)i;
-			pt[i] = dataop_page_tokens((uint32_t)strtoul(argv[6], NULL, 0), &sg);
+			pt[i] = dataop_page_tokens((uint32_t)strtoul(argv[6], NULL, 0),
+						   argc > 7 ? (uint32_t)strtoul(argv[7], NULL, 0) : 0, &sg);
 		}
 		return client_exact(dir, NG, ids, gi, seeds, pt, strtoull(argv[4], NULL, 0), atoi(argv[5]), 1);
 	}

@@ -204,6 +204,47 @@ static void test_health_device_lost(void)
 	pool_free(dp);
 }
 
+/* A session's pages: GetSession's page_tokens and GetStats'
+ * page_tokens_align, on a host pool (the most tokens that fit) and on a
+ * pool whose kernels read tiles of 32 tokens (devsim, as cuda: a multiple
+ * of 32, and the daemon logs a session whose page holds fewer). */
+static void test_page_tokens(void)
+{
+	Tqkv__V1__GetStatsRequest sq = TQKV__V1__GET_STATS_REQUEST__INIT;
+	const struct session_geom g = { .n_layers = 4, .n_kv_heads = 2, .n_q_heads = 8, .head_dim = 128,
+					.k_codec = TQ_CODEC_Q8, .v_codec = TQ_CODEC_TQ4, .max_tokens = 1000 };
+	const struct backend_ops *bes[2] = { &backend_host, &backend_devsim };
+	struct ctl_status st;
+	char err[256];
+
+	/* 4 KiB pages at 400 bytes a token (2 heads x (132 + 68)): 10 tokens, below 32 */
+	T_EQ(dataop_page_tokens(4096, 32, &g), 10);
+	T_EQ(dataop_page_tokens(4096, 0, &g), 10);
+	T_EQ(dataop_page_bytes_min(32, &g), 16384u);
+	T_EQ(dataop_page_tokens(16384, 32, &g), 32);
+	for (int b = 0; b < 2; b++) {
+		struct pool *p;
+		struct pool_params pp = { .bytes = 4 << 20, .page_bytes = 64 << 10, .numa_node = -1,
+					  .backend = bes[b] };
+		Tqkv__V1__Session *s;
+		ProtobufCMessage *rep;
+
+		T_EQ(pool_new(&p, &pp, err, sizeof(err)), 0);
+		rpc_set_datapath(srv, p, NULL);
+		T_EQ(ctl_call(cl, "GetStats", &sq.base, &rep, 5000, &st), 0);
+		T_EQ(((Tqkv__V1__Stats *)rep)->page_tokens_align, b ? 32u : 0u);
+		protobuf_c_message_free_unpacked(rep, NULL);
+		T_EQ(open_session(cl, "", "pages", 128, 1000, &s, &st), 0);
+		/* 64 KiB at 400 bytes a token: 163 fit; 160 in tiles of 32 */
+		T_EQ(s->page_tokens, b ? 160u : 163u);
+		T_EQ(s->page_tokens, (uint32_t)dataop_page_tokens(64 << 10, b ? 32 : 0, &g));
+		protobuf_c_message_free_unpacked(&s->base, NULL);
+		close_all();
+		rpc_set_datapath(srv, NULL, NULL);
+		pool_free(p);
+	}
+}
+
 static void test_open_defaults_and_owner(void)
 {
 	Tqkv__V1__Session *s;
@@ -724,6 +765,7 @@ int main(int argc, char **argv)
 	T_RUN(test_health);
 	T_RUN(test_health_device_lost);
 	T_RUN(test_open_defaults_and_owner);
+	T_RUN(test_page_tokens);
 	T_RUN(test_open_rejections);
 	T_RUN(test_names_and_limits);
 	T_RUN(test_tenants_and_budget);
