@@ -572,6 +572,10 @@ static int cmd_stats(struct ctx *x, int argc, char **argv)
 			printf("data clients:      %u connected, %" PRIu64 " ops (%" PRIu64 " failed), %s mapped\n",
 			       s->data_clients, s->data_ops_total, s->data_op_errors_total,
 			       sz(s->data_arena_bytes, b, sizeof(b)));
+			if (s->data_ops_run)
+				printf("worker ops:        %" PRIu64 ", on average %.1f us queued and %.1f us running\n",
+				       s->data_ops_run, (double)s->data_op_queue_us / (double)s->data_ops_run,
+				       (double)s->data_op_run_us / (double)s->data_ops_run);
 		}
 		if (s->spill_capacity_bytes) {
 			char c[32], d[32];

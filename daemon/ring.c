@@ -46,6 +46,7 @@ struct ring_client;
 struct op {
 	struct op *next;
 	struct tqkv_sqe e;                 /* the private copy, validated */
+	uint64_t t_queued;                 /* CLOCK_MONOTONIC ns, when queued */
 };
 
 /* A session attached to one connection. */
@@ -145,6 +146,7 @@ struct ring_server {
 	/* counters (atomic) */
 	uint64_t clients_total, handshakes_failed, ops_total, op_errors_total, ops_dropped,
 		rings_broken, sessions_closed_on_eof, arena_bytes;
+	uint64_t ops_run, op_queue_ns, op_run_ns; /* the workers' ops: queued, then run */
 };
 
 /* ---- small helpers ------------------------------------------------------------ */
@@ -570,6 +572,7 @@ static void dispatch(struct ring_client *c, const struct tqkv_sqe *e)
 		return cq_post(c, e, -ENOMEM, TQKV_ST_NOMEM, 0, 0, NULL);
 	o->next = NULL;
 	o->e = *e;
+	o->t_queued = now_mono_ns();
 	pthread_mutex_lock(&rs->lock);
 	b = *map_slot(rs, e->session);
 	if (b && (b->c != c || b->detached))
@@ -890,10 +893,15 @@ static void *worker_main(void *arg)
 
 		/* A departed client's queued work is dropped, but never a CLOSE:
 		 * once sent, a close completes whatever the client does next. */
-		if (__atomic_load_n(&c->closing, __ATOMIC_ACQUIRE) && o->e.opcode != TQKV_OP_CLOSE)
+		if (__atomic_load_n(&c->closing, __ATOMIC_ACQUIRE) && o->e.opcode != TQKV_OP_CLOSE) {
 			__atomic_add_fetch(&rs->ops_dropped, 1, __ATOMIC_RELAXED);
-		else
+		} else {
+			const uint64_t t0 = now_mono_ns();
 			run_op(rs, w, b, &o->e);
+			__atomic_add_fetch(&rs->op_queue_ns, t0 - o->t_queued, __ATOMIC_RELAXED);
+			__atomic_add_fetch(&rs->op_run_ns, now_mono_ns() - t0, __ATOMIC_RELAXED);
+			__atomic_add_fetch(&rs->ops_run, 1, __ATOMIC_RELAXED);
+		}
 		free(o);
 
 		pthread_mutex_lock(&rs->lock);
@@ -1527,6 +1535,9 @@ void ring_server_stats(struct ring_server *rs, struct ring_stats *out)
 	out->rings_broken = __atomic_load_n(&rs->rings_broken, __ATOMIC_RELAXED);
 	out->sessions_closed_on_eof = __atomic_load_n(&rs->sessions_closed_on_eof, __ATOMIC_RELAXED);
 	out->arena_bytes = __atomic_load_n(&rs->arena_bytes, __ATOMIC_RELAXED);
+	out->ops_run = __atomic_load_n(&rs->ops_run, __ATOMIC_RELAXED);
+	out->op_queue_us = __atomic_load_n(&rs->op_queue_ns, __ATOMIC_RELAXED) / 1000u;
+	out->op_run_us = __atomic_load_n(&rs->op_run_ns, __ATOMIC_RELAXED) / 1000u;
 }
 
 void ring_server_set_limits(struct ring_server *rs, uint32_t max_clients, uint32_t max_clients_per_uid,

@@ -59,6 +59,10 @@ struct ring_stats {
 	uint64_t rings_broken;            /* corrupted indices                 */
 	uint64_t sessions_closed_on_eof;  /* ephemeral sessions closed         */
 	uint64_t arena_bytes;             /* mapped client memory now          */
+	uint64_t ops_run;                 /* ops a worker ran (not NOP/ATTACH,  */
+					  /* which the ring thread answers)    */
+	uint64_t op_queue_us;             /* their time queued for a worker     */
+	uint64_t op_run_us;               /* their time in a worker             */
 };
 
 /* Binds <run_dir>/data.sock and starts the threads.  0, or a negative

@@ -286,6 +286,9 @@ static void h_get_stats(struct rpc_server *srv, const struct peer *peer,
 		r.data_clients = rs.clients;
 		r.data_ops_total = rs.ops_total;
 		r.data_op_errors_total = rs.op_errors_total;
+		r.data_ops_run = rs.ops_run;
+		r.data_op_queue_us = rs.op_queue_us;
+		r.data_op_run_us = rs.op_run_us;
 		r.data_arena_bytes = rs.arena_bytes;
 	}
 	struct spill *sp = __atomic_load_n(&srv->spill, __ATOMIC_ACQUIRE);
