@@ -1151,23 +1151,9 @@ void dataop_append(struct kvstore *ks, struct session *s, uint32_t layer, const 
  * Inf, or -1. */
 static long first_nonfinite(const void *buf, enum tq_dtype dtype, size_t n, size_t row)
 {
-	const void *dst = buf;
+	const long i = tq_first_nonfinite(buf, dtype, n);
 
-	for (size_t i = 0; i < n; i++) {
-		bool bad;
-		if (dtype == TQ_DTYPE_F32) {
-			uint32_t b;
-			memcpy(&b, (const uint8_t *)dst + 4 * i, 4);
-			bad = (b & 0x7f800000u) == 0x7f800000u;
-		} else {
-			uint16_t h;
-			memcpy(&h, (const uint8_t *)dst + 2 * i, 2);
-			bad = dtype == TQ_DTYPE_F16 ? (h & 0x7c00u) == 0x7c00u : (h & 0x7f80u) == 0x7f80u;
-		}
-		if (bad)
-			return (long)(i / row);
-	}
-	return -1;
+	return i < 0 ? -1 : (long)((size_t)i / row);
 }
 
 /* Copy n values of dtype from src (shared memory) to dst and check that

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 struct pool {
 	const struct backend_ops *be;
@@ -24,6 +25,7 @@ struct pool {
 
 	struct pool_kernel_stats ks;   /* atomics: the backend's kernels */
 	uint64_t ks_gpu_ns;            /* GPU time, nanoseconds (atomic) */
+	uint64_t ks_call_ns;           /* the calls' wall time, nanoseconds (atomic) */
 };
 
 int pool_new(struct pool **out, const struct pool_params *pp, char *why, size_t whylen)
@@ -216,9 +218,18 @@ bool pool_lost(struct pool *p, char *why, size_t whylen)
 	return p->be->lost && p->be->lost(&p->region, why, whylen) > 0;
 }
 
-/* After a kernel call of the backend's: its count, failure and GPU time
- * (and for a decode step, whether it waited once) */
-static void kern_count(struct pool *p, uint64_t *calls, int rc)
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* After a kernel call of the backend's that began at t0 (mono_ns): its
+ * count, failure, wall and GPU time (and for a decode step, whether it
+ * waited once) */
+static void kern_count(struct pool *p, uint64_t *calls, int rc, uint64_t t0)
 {
 	double us = 0.0;
 	int one = 0;
@@ -226,6 +237,8 @@ static void kern_count(struct pool *p, uint64_t *calls, int rc)
 	__atomic_add_fetch(calls, 1, __ATOMIC_RELAXED);
 	if (rc < 0)
 		__atomic_add_fetch(&p->ks.failures, 1, __ATOMIC_RELAXED);
+	if (rc == 0)
+		__atomic_add_fetch(&p->ks_call_ns, mono_ns() - t0, __ATOMIC_RELAXED);
 	if (p->be->last_call) {
 		p->be->last_call(&p->region, &us, &one);
 		if (rc == 0 && us > 0.0 && us < 1e9)
@@ -237,17 +250,19 @@ static void kern_count(struct pool *p, uint64_t *calls, int rc)
 
 int pool_append(struct pool *p, const struct tqc_append *a, uint32_t *bad, tq_error *err)
 {
+	const uint64_t t0 = mono_ns();
 	int rc = p->be->append(&p->region, a, bad, err);
 
-	kern_count(p, &p->ks.appends, rc);
+	kern_count(p, &p->ks.appends, rc, t0);
 	return rc;
 }
 
 int pool_attend(struct pool *p, const struct tq_attn_params *a, tq_error *err)
 {
+	const uint64_t t0 = mono_ns();
 	int rc = p->be->attend(&p->region, a, err);
 
-	kern_count(p, &p->ks.attends, rc);
+	kern_count(p, &p->ks.attends, rc, t0);
 	return rc;
 }
 
@@ -259,9 +274,10 @@ bool pool_has_append_attend(const struct pool *p)
 int pool_append_attend(struct pool *p, const struct tqc_append *a, const struct tq_attn_params *ap, uint32_t *bad,
 		       int *stage, tq_error *err)
 {
+	const uint64_t t0 = mono_ns();
 	int rc = p->be->append_attend(&p->region, a, ap, bad, stage, err);
 
-	kern_count(p, &p->ks.steps, rc);
+	kern_count(p, &p->ks.steps, rc, t0);
 	return rc;
 }
 
@@ -273,6 +289,7 @@ void pool_kernel_stats(struct pool *p, struct pool_kernel_stats *out)
 	out->steps_one_wait = __atomic_load_n(&p->ks.steps_one_wait, __ATOMIC_RELAXED);
 	out->failures = __atomic_load_n(&p->ks.failures, __ATOMIC_RELAXED);
 	out->gpu_us = __atomic_load_n(&p->ks_gpu_ns, __ATOMIC_RELAXED) / 1000u;
+	out->call_us = __atomic_load_n(&p->ks_call_ns, __ATOMIC_RELAXED) / 1000u;
 }
 
 int pool_spill_copy(void *pool, void *dst, const void *src, size_t n, char *why, size_t whylen)

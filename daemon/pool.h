@@ -100,6 +100,7 @@ struct pool_kernel_stats {
 					 /* the append (tqc_append_attend)             */
 	uint64_t failures;               /* calls of the three that failed             */
 	uint64_t gpu_us;                 /* the successful calls' GPU time (events)     */
+	uint64_t call_us;                /* and their wall time, the host's side too    */
 };
 void pool_kernel_stats(struct pool *p, struct pool_kernel_stats *out);
 

@@ -279,6 +279,7 @@ static void h_get_stats(struct rpc_server *srv, const struct peer *peer,
 		r.gpu_decode_steps_one_wait = pk.steps_one_wait;
 		r.gpu_kernel_failures = pk.failures;
 		r.gpu_busy_us = pk.gpu_us;
+		r.gpu_call_us = pk.call_us;
 	}
 	if (ring) {
 		struct ring_stats rs;

@@ -88,39 +88,20 @@ int tqa_validate(const struct tq_attn_params *p, struct tqa_shape *sh, tq_error 
 				return tq_fail(err, "attention: query %d at position %d, cache holds %u tokens",
 					       i, (int)p->q_pos[i], kv->n_tokens);
 
-	size_t n = (size_t)p->n_q * (size_t)p->n_q_heads * (size_t)dim;
-	for (size_t i = 0; i < n; i++) {
-		float v;
-		switch (p->q_dtype) {
-		case TQ_DTYPE_F16: v = tq_f16_to_f32(((const uint16_t *)p->q)[i]); break;
-		case TQ_DTYPE_BF16: v = tq_bf16_to_f32(((const uint16_t *)p->q)[i]); break;
-		default: memcpy(&v, (const char *)p->q + 4 * i, 4); break;
-		}
-		if (!isfinite(v))
-			return tq_fail(err, "attention: query %zu head %zu element %zu is not finite",
-				       i / ((size_t)p->n_q_heads * dim), i / dim % (size_t)p->n_q_heads,
-				       i % (size_t)dim);
+	const long bad = tq_first_nonfinite(p->q, p->q_dtype, (size_t)p->n_q * (size_t)p->n_q_heads * (size_t)dim);
+	if (bad >= 0) {
+		const size_t i = (size_t)bad;
+		return tq_fail(err, "attention: query %zu head %zu element %zu is not finite",
+			       i / ((size_t)p->n_q_heads * dim), i / dim % (size_t)p->n_q_heads, i % (size_t)dim);
 	}
 	return 0;
 }
 
 void tqa_q_row(const struct tq_attn_params *p, int dim, size_t row, float *dst)
 {
-	size_t base = row * (size_t)dim;
+	const size_t base = row * (size_t)dim;
 
-	switch (p->q_dtype) {
-	case TQ_DTYPE_F16:
-		for (int j = 0; j < dim; j++)
-			dst[j] = tq_f16_to_f32(((const uint16_t *)p->q)[base + j]);
-		break;
-	case TQ_DTYPE_BF16:
-		for (int j = 0; j < dim; j++)
-			dst[j] = tq_bf16_to_f32(((const uint16_t *)p->q)[base + j]);
-		break;
-	default:
-		memcpy(dst, (const char *)p->q + 4 * base, 4 * (size_t)dim);
-		break;
-	}
+	tq_to_f32((const uint8_t *)p->q + base * tq_dtype_size(p->q_dtype), p->q_dtype, (size_t)dim, dst);
 }
 
 /* ---- portable ops ------------------------------------------------------------ */

@@ -368,6 +368,90 @@ float tq_f16_to_f32(uint16_t h)
 	return f;
 }
 
+/* tq_f16_to_f32 without branches (the exponent's three cases selected):
+ * normal  (e in 1..30): bits << 13 with the exponent rebased by 127 - 15;
+ * Inf/NaN (e = 31): rebased once more, to 255;
+ * zero / subnormal (e = 0): the mantissa as a float of exponent 2^-14's
+ *   ulp, by (magic + m) - magic, exact. */
+static inline float f16_to_f32_nb(uint16_t h)
+{
+	const uint32_t em = (uint32_t)(h & 0x7fffu) << 13, sign = (uint32_t)(h & 0x8000u) << 16;
+	const uint32_t e = em & 0x0f800000u, magic_bits = 113u << 23;
+	uint32_t sub = em + magic_bits, bits;
+	float fs, magic, f;
+
+	memcpy(&fs, &sub, 4);
+	memcpy(&magic, &magic_bits, 4);
+	fs -= magic;
+	memcpy(&sub, &fs, 4);
+	/* masks, not branches: every case computed, one kept */
+	const uint32_t special = 0u - (uint32_t)(e == 0x0f800000u), zero = 0u - (uint32_t)(e == 0);
+	bits = ((em + (224u << 23)) & special) | (sub & zero) | ((em + (112u << 23)) & ~(special | zero));
+	bits |= sign;
+	memcpy(&f, &bits, 4);
+	return f;
+}
+
+/* Blocks of a constant length, so that -O2's cheap vectorizer takes the
+ * loops (no epilogue to cost), then the tail element by element. */
+#define ROW_BLOCK 32u
+
+void tq_to_f32(const void *src, enum tq_dtype dtype, size_t n, float *dst)
+{
+	const uint16_t *h = src;
+	size_t i = 0;
+
+	switch (dtype) {
+	case TQ_DTYPE_F16:
+		for (; i + ROW_BLOCK <= n; i += ROW_BLOCK)
+			for (size_t j = 0; j < ROW_BLOCK; j++)
+				dst[i + j] = f16_to_f32_nb(h[i + j]);
+		for (; i < n; i++)
+			dst[i] = f16_to_f32_nb(h[i]);
+		break;
+	case TQ_DTYPE_BF16:
+		for (; i + ROW_BLOCK <= n; i += ROW_BLOCK)
+			for (size_t j = 0; j < ROW_BLOCK; j++)
+				dst[i + j] = tq_bf16_to_f32(h[i + j]);
+		for (; i < n; i++)
+			dst[i] = tq_bf16_to_f32(h[i]);
+		break;
+	default:
+		memcpy(dst, src, n * sizeof(float));
+		break;
+	}
+}
+
+/* exponent all ones: Inf or NaN.  Whole blocks are OR-reduced (the
+ * compiler vectorizes it); the block that has one, or the tail, is looked
+ * at element by element. */
+#define NF_BLOCK 128u
+#define NF_SCAN(T, mask)                                                    \
+	do {                                                                \
+		const T *x = src;                                           \
+		size_t b = 0;                                               \
+		for (; b + NF_BLOCK <= n; b += NF_BLOCK) {                  \
+			T any = 0;                                          \
+			for (size_t i = 0; i < NF_BLOCK; i++)               \
+				any |= (T)((x[b + i] & (mask)) == (mask));  \
+			if (any)                                            \
+				break;                                      \
+		}                                                           \
+		for (size_t i = b; i < n; i++)                              \
+			if ((x[i] & (mask)) == (mask))                      \
+				return (long)i;                             \
+	} while (0)
+
+long tq_first_nonfinite(const void *src, enum tq_dtype dtype, size_t n)
+{
+	switch (dtype) {
+	case TQ_DTYPE_F16: NF_SCAN(uint16_t, 0x7c00u); break;
+	case TQ_DTYPE_BF16: NF_SCAN(uint16_t, 0x7f80u); break;
+	default: NF_SCAN(uint32_t, 0x7f800000u); break;
+	}
+	return -1;
+}
+
 uint16_t tq_f32_to_f16(float f)
 {
 	uint32_t x, sign, exp, man;

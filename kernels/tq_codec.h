@@ -166,6 +166,14 @@ static inline float tq_bf16_to_f32(uint16_t h) /* exact; inline: the key scorers
 	return f;
 }
 uint16_t tq_f32_to_bf16(float f);     /* round to nearest even */
+/* n elements of dtype (f32, f16, bf16) to float: tq_f16_to_f32's and
+ * tq_bf16_to_f32's bits, a row at a time and branch-free (the compiler
+ * vectorizes it; the data path converts every query and K/V row). */
+void tq_to_f32(const void *src, enum tq_dtype dtype, size_t n, float *dst);
+/* The index of the first of n elements of dtype that is Inf or NaN, or -1:
+ * by their exponent bits (what isfinite says of the converted value), in
+ * blocks the compiler vectorizes before looking for the element. */
+long tq_first_nonfinite(const void *src, enum tq_dtype dtype, size_t n);
 
 #ifdef __cplusplus
 }

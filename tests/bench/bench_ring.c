@@ -486,7 +486,8 @@ static double daemon_stat(const char *key)
 /* N clients in N processes; results in shared memory. */
 /* side (NULL: not read): the daemon's counters of the data path's time once
  * the clients are set up, just before they start (daemon_side's order) */
-static const char *const daemon_side[4] = { "data_ops_run", "data_op_queue_us", "data_op_run_us", "gpu_busy_us" };
+static const char *const daemon_side[5] = { "data_ops_run", "data_op_queue_us", "data_op_run_us", "gpu_busy_us",
+					    "gpu_call_us" };
 
 static int run_clients(const struct opts *o, int op, int n, double *p50, double *p99, double *ops, double *side)
 {
@@ -512,7 +513,7 @@ static int run_clients(const struct opts *o, int op, int n, double *p50, double 
 		}
 		usleep(1000);
 	}
-	for (int i = 0; side && i < 4; i++)
+	for (int i = 0; side && i < 5; i++)
 		side[i] = daemon_stat(daemon_side[i]);
 	__atomic_store_n(&barrier[16], 1, __ATOMIC_RELEASE);
 	for (int i = 0; i < n; i++) {
@@ -647,7 +648,7 @@ static int bench_ring_main(int argc, char **argv)
 		for (int k = 0; k < (o.clients > 1 ? 2 : 1); k++) {
 			double p50, p99, ops;
 			/* the daemon's side of the decode steps: queued, in a worker, on the GPU */
-			double d0[4] = { -1, -1, -1, -1 }, d1[4];
+			double d0[5] = { -1, -1, -1, -1, -1 }, d1[5];
 			if (run_clients(&oo, op, ns[k], &p50, &p99, &ops, op ? d0 : NULL) < 0) {
 				fprintf(stderr, "tqbench ring: a client failed (%s, %d clients)\n",
 					op ? "append_attend" : "nop", ns[k]);
@@ -674,22 +675,23 @@ static int bench_ring_main(int argc, char **argv)
 				printf("%-14s %7d %9.2f %9.2f %12.0f   %.3f x %s\n", name, ns[k], p50, p99, ops, p50 / base,
 				       !op ? "futex floor" : o.cuda ? "the GPU call, no ring" : "in-process");
 			}
-			for (int i = 0; i < 4; i++)
+			for (int i = 0; i < 5; i++)
 				d1[i] = op ? daemon_stat(daemon_side[i]) : -1;
 			const double nrun = d1[0] - d0[0];
 			if (op == 1 && nrun > 0 && d0[0] >= 0 && d0[1] >= 0 && d0[2] >= 0) {
 				/* means over the timed steps, their warm-up, the truncates and closes */
 				const double qd = (d1[1] - d0[1]) / nrun, rn = (d1[2] - d0[2]) / nrun;
 				const double gp = o.cuda && d0[3] >= 0 ? (d1[3] - d0[3]) / nrun : -1;
+				const double gc = o.cuda && d0[4] >= 0 ? (d1[4] - d0[4]) / nrun : -1;
 				if (o.json)
 					printf("{\"suite\":\"ring\",\"op\":\"daemon_side\",\"clients\":%d,\"ops_run\":%.0f,"
-					       "\"queued_us_mean\":%.3f,\"worker_us_mean\":%.3f,\"gpu_us_mean\":%.3f}\n",
-					       ns[k], nrun, qd, rn, gp);
+					       "\"queued_us_mean\":%.3f,\"worker_us_mean\":%.3f,\"gpu_call_us_mean\":%.3f,"
+					       "\"gpu_us_mean\":%.3f}\n", ns[k], nrun, qd, rn, gc, gp);
 				else
 					printf("    in tqkvd, means of %.0f ops: %.2f us queued for a worker, %.2f us in one%s",
 					       nrun, qd, rn, gp >= 0 ? "" : "\n");
 				if (!o.json && gp >= 0)
-					printf(" (%.2f us of it GPU time)\n", gp);
+					printf(": %.2f us in the GPU call, %.2f us of it GPU time\n", gc, gp);
 			}
 			fflush(stdout);
 		}

@@ -449,6 +449,59 @@ static void test_codec_accuracy(void)
 		}
 }
 
+/* tq_to_f32 (rows, branch-free) against tq_f16_to_f32 / tq_bf16_to_f32 on
+ * every 16-bit pattern, bit for bit (NaNs' payloads too); tq_first_nonfinite
+ * against isfinite of the converted values, with one bad element at every
+ * place around its blocks' edges and none. */
+static void test_row_conversion_and_finite(void)
+{
+	static uint16_t h[0x10000];
+	static float f[0x10000];
+	static uint32_t u[1100];
+
+	for (uint32_t i = 0; i < 0x10000; i++)
+		h[i] = (uint16_t)i;
+	for (int bf = 0; bf < 2; bf++) {
+		tq_to_f32(h, bf ? TQ_DTYPE_BF16 : TQ_DTYPE_F16, 0x10000, f);
+		for (uint32_t i = 0; i < 0x10000; i++) {
+			const float r = bf ? tq_bf16_to_f32((uint16_t)i) : tq_f16_to_f32((uint16_t)i);
+			uint32_t rb, fb;
+			memcpy(&rb, &r, 4);
+			memcpy(&fb, &f[i], 4);
+			if (rb != fb) {
+				fprintf(stderr, "%s 0x%04x: row %08x, element %08x\n", bf ? "bf16" : "f16", i, fb, rb);
+				T_ASSERT(0);
+			}
+		}
+		/* every pattern's verdict: the first non-finite of the whole table */
+		long first = -1;
+		for (uint32_t i = 0; i < 0x10000 && first < 0; i++)
+			if (!isfinite(bf ? tq_bf16_to_f32((uint16_t)i) : tq_f16_to_f32((uint16_t)i)))
+				first = (long)i;
+		T_EQ(tq_first_nonfinite(h, bf ? TQ_DTYPE_BF16 : TQ_DTYPE_F16, 0x10000), first);
+	}
+	const uint32_t bad[4] = { 0x7f800000u, 0xff800000u, 0x7fc00001u, 0xffffffffu };
+	const size_t lens[] = { 0, 1, 255, 256, 257, 511, 512, 513, 1100 };
+	for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
+		const size_t n = lens[li];
+		for (size_t i = 0; i < n; i++)
+			u[i] = 0x3f800000u ^ (uint32_t)(i * 2654435761u & 0x807fffffu); /* finite, both signs */
+		T_EQ(tq_first_nonfinite(u, TQ_DTYPE_F32, n), -1);
+		for (size_t at = 0; at < n; at += at < 300 ? 1 : 97) {
+			const uint32_t keep = u[at];
+			u[at] = bad[at % 4];
+			T_EQ(tq_first_nonfinite(u, TQ_DTYPE_F32, n), (long)at);
+			if (at + 1 < n) { /* a second one later does not matter */
+				const uint32_t k2 = u[n - 1];
+				u[n - 1] = bad[0];
+				T_EQ(tq_first_nonfinite(u, TQ_DTYPE_F32, n), (long)at);
+				u[n - 1] = k2;
+			}
+			u[at] = keep;
+		}
+	}
+}
+
 static void test_f16_conversion(void)
 {
 	/* every half round-trips; every midpoint rounds to the even neighbour */
@@ -619,6 +672,7 @@ int main(void)
 	T_RUN(test_block_sizes);
 	T_RUN(test_detmath);
 	T_RUN(test_f16_conversion);
+	T_RUN(test_row_conversion_and_finite);
 	T_RUN(test_pack_exhaustive);
 	T_RUN(test_bad_params);
 	T_RUN(test_bad_vectors);
