@@ -335,16 +335,16 @@ int tq_decode_ref(const tq_codec *c, const void *src, size_t n, float *dst)
 
 void tq_rotate(const tq_codec *c, const float *x, float *y)
 {
-	tq_rotation_apply_ref(&c->rot, x, y);
+	tq_rotation_apply(&c->rot, x, y);
 	if (c->half)
-		tq_rotation_apply_ref(&c->rot_b, x + c->half, y + c->half);
+		tq_rotation_apply(&c->rot_b, x + c->half, y + c->half);
 }
 
 void tq_unrotate(const tq_codec *c, const float *y, float *x)
 {
-	tq_rotation_inverse_ref(&c->rot, y, x);
+	tq_rotation_inverse(&c->rot, y, x);
 	if (c->half)
-		tq_rotation_inverse_ref(&c->rot_b, y + c->half, x + c->half);
+		tq_rotation_inverse(&c->rot_b, y + c->half, x + c->half);
 }
 
 /* ---- element conversions ----------------------------------------------------- */

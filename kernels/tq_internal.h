@@ -51,6 +51,15 @@ void tq_rotation_apply_ref(const struct tq_rotation *r, const float *x, float *y
 void tq_rotation_inverse_ref(const struct tq_rotation *r, const float *y, float *x);
 /* In-place unnormalized Walsh–Hadamard transform of n (power of two) floats. */
 void tq_fwht_ref(float *v, int n);
+/* The same butterflies in the same stages, so the same bits (each element's
+ * sums do not depend on the order of a stage's independent butterflies),
+ * written for the compiler's vectorizer: the first two stages on quads,
+ * the rest four butterflies at a time.  And the rotations on it (tq_rotate,
+ * tq_unrotate: the CPU attention's query rows and output rows).  The dense
+ * rotation is the reference's.  test_codec compares them bit for bit. */
+void tq_fwht(float *v, int n);
+void tq_rotation_apply(const struct tq_rotation *r, const float *x, float *y);
+void tq_rotation_inverse(const struct tq_rotation *r, const float *y, float *x);
 
 /* Pack / unpack index planes (tq_layout.h).  idx: [dim] values < 2^bits. */
 void tq_pack_planes(const uint8_t *idx, int dim, int bits, uint8_t *out);

@@ -28,6 +28,30 @@ void tq_fwht_ref(float *v, int n)
 			}
 }
 
+void tq_fwht(float *v, int n)
+{
+	if (n < 8 || (n & (n - 1))) {
+		tq_fwht_ref(v, n);
+		return;
+	}
+	for (int i = 0; i < n; i += 4) { /* h = 1, then h = 2 */
+		const float b0 = v[i] + v[i + 1], b1 = v[i] - v[i + 1];
+		const float b2 = v[i + 2] + v[i + 3], b3 = v[i + 2] - v[i + 3];
+		v[i] = b0 + b2;
+		v[i + 1] = b1 + b3;
+		v[i + 2] = b0 - b2;
+		v[i + 3] = b1 - b3;
+	}
+	for (int h = 4; h < n; h <<= 1)
+		for (int i = 0; i < n; i += 2 * h)
+			for (int j = i; j < i + h; j += 4)
+				for (int k = 0; k < 4; k++) {
+					const float a = v[j + k], b = v[j + k + h];
+					v[j + k] = a + b;
+					v[j + k + h] = a - b;
+				}
+}
+
 static int dense_init(struct tq_rotation *r, struct tq_rng *rng)
 {
 	int d = r->dim;
@@ -146,6 +170,38 @@ void tq_rotation_apply_ref(const struct tq_rotation *r, const float *x, float *y
 		memmove(y, x, sizeof(float) * (size_t)d);
 		break;
 	}
+}
+
+void tq_rotation_apply(const struct tq_rotation *r, const float *x, float *y)
+{
+	const int d = r->dim;
+	float tmp[TQ_DIM_MAX];
+
+	if (r->kind != TQ_ROT_HADAMARD) {
+		tq_rotation_apply_ref(r, x, y);
+		return;
+	}
+	for (int i = 0; i < d; i++)
+		tmp[i] = x[i] * r->sign[i];
+	tq_fwht(tmp, d);
+	for (int i = 0; i < d; i++)
+		y[i] = tmp[i] * r->inv_sqrt_dim;
+}
+
+void tq_rotation_inverse(const struct tq_rotation *r, const float *y, float *x)
+{
+	const int d = r->dim;
+	float tmp[TQ_DIM_MAX];
+
+	if (r->kind != TQ_ROT_HADAMARD) {
+		tq_rotation_inverse_ref(r, y, x);
+		return;
+	}
+	for (int i = 0; i < d; i++)
+		tmp[i] = y[i] * r->inv_sqrt_dim;
+	tq_fwht(tmp, d);
+	for (int i = 0; i < d; i++)
+		x[i] = tmp[i] * r->sign[i];
 }
 
 void tq_rotation_inverse_ref(const struct tq_rotation *r, const float *y, float *x)

@@ -502,6 +502,47 @@ static void test_row_conversion_and_finite(void)
 	}
 }
 
+/* tq_fwht and the rotations on it against the reference, bit for bit:
+ * every power of two up to TQ_DIM_MAX, other dims (the dense rotation),
+ * several seeds, values of mixed signs and magnitudes, in place too. */
+static void test_fast_rotation(void)
+{
+	static float x[TQ_DIM_MAX], a[TQ_DIM_MAX], b[TQ_DIM_MAX];
+	uint64_t s = 0x5eed;
+	tq_error err;
+
+	for (int n = 1; n <= TQ_DIM_MAX; n *= 2)
+		for (int rep = 0; rep < 20; rep++) {
+			for (int i = 0; i < n; i++) {
+				s = s * 6364136223846793005ull + 1442695040888963407ull;
+				x[i] = (float)((int64_t)(s >> 11) - (int64_t)(1ll << 52)) * 0x1p-52f *
+				       (float)(1u << (s >> 60)); /* ±[0, 2^15) */
+			}
+			memcpy(a, x, sizeof(float) * (size_t)n);
+			memcpy(b, x, sizeof(float) * (size_t)n);
+			tq_fwht_ref(a, n);
+			tq_fwht(b, n);
+			T_ASSERT(memcmp(a, b, sizeof(float) * (size_t)n) == 0);
+		}
+	const int dims[] = { 8, 16, 32, 48, 64, 96, 128, 256, 512 };
+	for (size_t di = 0; di < sizeof(dims) / sizeof(dims[0]); di++)
+		for (uint64_t seed = 1; seed <= 3; seed++) {
+			struct tq_rotation r;
+			const int d = dims[di];
+			T_EQ(tq_rotation_init(&r, d, seed * 0x9e3779b97f4a7c15ull, &err), 0);
+			for (int i = 0; i < d; i++)
+				x[i] = (float)((i * 37 + (int)seed * 11) % 29) - 14.25f;
+			tq_rotation_apply_ref(&r, x, a);
+			tq_rotation_apply(&r, x, b);
+			T_ASSERT(memcmp(a, b, sizeof(float) * (size_t)d) == 0);
+			tq_rotation_inverse_ref(&r, a, x);
+			memcpy(b, a, sizeof(float) * (size_t)d);
+			tq_rotation_inverse(&r, b, b); /* in place */
+			T_ASSERT(memcmp(x, b, sizeof(float) * (size_t)d) == 0);
+			tq_rotation_destroy(&r);
+		}
+}
+
 static void test_f16_conversion(void)
 {
 	/* every half round-trips; every midpoint rounds to the even neighbour */
@@ -673,6 +714,7 @@ int main(void)
 	T_RUN(test_detmath);
 	T_RUN(test_f16_conversion);
 	T_RUN(test_row_conversion_and_finite);
+	T_RUN(test_fast_rotation);
 	T_RUN(test_pack_exhaustive);
 	T_RUN(test_bad_params);
 	T_RUN(test_bad_vectors);
