@@ -67,6 +67,28 @@ wait_stat data_clients 0
 wait_stat used_bytes 0
 wait_stat pages_free "$TOTAL"
 
+# tokens a page: all that fit on a host pool, a multiple of 32 on a GPU pool
+# (the tiled kernel's tile), and a session whose page holds fewer than 32 on
+# a GPU pool is logged with the page_bytes that would do
+sid_of() { python3 -c 'import json, sys; print(json.load(sys.stdin)["id"])'; }
+A=$(ctl open --tenant default --layers 1 --kv-heads 8 --q-heads 32 --head-dim 128 --max-tokens 64 \
+	--k-codec tq4 --v-codec tq3 --json | sid_of) || fail "open 8 x 128 tq4/tq3"
+B=$(ctl open --tenant default --layers 1 --kv-heads 32 --q-heads 32 --head-dim 256 --max-tokens 64 \
+	--k-codec q8 --v-codec q8 --json | sid_of) || fail "open 32 x 256 q8/q8"
+pa=$(ctl session "$A" | sed -n 's/^tokens a page: *//p') pb=$(ctl session "$B" | sed -n 's/^tokens a page: *//p')
+case $BACKEND:$pa:$pb in
+host:68:3 | cuda:64:3) ;;
+*) fail "tokens a page on a $BACKEND pool: $pa (8 x 128 tq4/tq3) and $pb (32 x 256 q8/q8)" ;;
+esac
+if [ "$BACKEND" = cuda ]; then
+	grep -q "session $B: a page of 65536 bytes (pool.page_bytes) holds 3 of its tokens, fewer than 32: .* pages of 532480 bytes or more hold 32" "$LOG" ||
+		fail "no warning for session $B's 3-token pages: $(grep "session $B" "$LOG")"
+	grep -q "session $A: a page of" "$LOG" && fail "a warning for session $A, whose pages hold 64 tokens"
+else
+	grep -q "fewer than 32" "$LOG" && fail "a host pool warned of the GPU kernel's tile"
+fi
+ctl close "$A" >/dev/null && ctl close "$B" >/dev/null || fail "close $A, $B"
+
 # 2. SIGKILL in the middle of operations: everything comes back
 "$CLIENT" --client hold "$T/run" ephemeral >"$T/hold.out" 2>&1 &
 HOLD=$!
