@@ -195,8 +195,21 @@ int dataop_page_tokens(uint32_t page_bytes, uint32_t align, const struct session
 	return geom_of(page_bytes, align, g, &pg);
 }
 
+static int kv_get(struct kvstore *ks, struct session *s, uint32_t page_tokens, struct kv_sess **out);
+
 /* The KV state of s, created on first use. */
 int dataop_kv_get(struct kvstore *ks, struct session *s, struct kv_sess **out)
+{
+	return kv_get(ks, s, 0, out);
+}
+
+int dataop_kv_get_paged(struct kvstore *ks, struct session *s, uint32_t page_tokens, struct kv_sess **out)
+{
+	return kv_get(ks, s, page_tokens, out);
+}
+
+/* page_tokens: 0 for the pool's rule (geom_of), else the pages' own. */
+static int kv_get(struct kvstore *ks, struct session *s, uint32_t page_tokens, struct kv_sess **out)
 {
 	const struct session_geom *g = session_geom(s);
 	uint64_t id = session_id(s);
@@ -219,6 +232,15 @@ int dataop_kv_get(struct kvstore *ks, struct session *s, struct kv_sess **out)
 	}
 	if ((r = geom_of(ks->page_bytes, pool_page_tokens_align(ks->pool), g, &kv->geom)) < 0)
 		goto fail;
+	if (page_tokens) { /* the pages' own number of tokens, if a page holds them */
+		struct tq_page_geom pg = kv->geom;
+		pg.page_tokens = page_tokens;
+		if (page_tokens > TQ_PAGE_TOKENS_MAX || tq_page_bytes(&pg) > ks->page_bytes) {
+			r = -E2BIG;
+			goto fail;
+		}
+		kv->geom = pg;
+	}
 	pthread_mutex_init(&kv->lock, NULL);
 	kv->id = id;
 	kv->n_layers = g->n_layers;
@@ -1497,6 +1519,20 @@ void dataop_truncate(struct kvstore *ks, struct session *s, uint32_t layer, int 
 out:
 	r->n_tokens = all_layers ? kv->max_len : kv->layer[layer].n_tokens;
 	pthread_mutex_unlock(&kv->lock);
+}
+
+uint32_t dataop_session_page_tokens(struct kvstore *ks, uint64_t id)
+{
+	uint32_t pt = 0;
+
+	pthread_mutex_lock(&ks->lock); /* kv leaves the table, and is freed, under it */
+	for (struct kv_sess *kv = ks->bucket[id & (N_BUCKETS - 1)]; kv; kv = kv->next)
+		if (kv->id == id) {
+			pt = kv->geom.page_tokens; /* set once, at creation */
+			break;
+		}
+	pthread_mutex_unlock(&ks->lock);
+	return pt;
 }
 
 int dataop_xf_summary(struct kvstore *ks, struct session *s, struct tq_xf_summary *out, uint32_t n_layers)

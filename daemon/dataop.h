@@ -125,6 +125,10 @@ void kvstore_set_reclaim(struct kvstore *ks, struct reclaim *rc);
 int dataop_restore(struct kvstore *ks, struct session *s, char *why, size_t whylen);
 /* The same as a ring operation (PREFETCH): the first failure in r. */
 void dataop_prefetch(struct kvstore *ks, struct session *s, struct dataop_res *r);
+/* Tokens a page of session id's pages holds, or 0 when it has no KV state
+ * yet (a persistent session written by another kind of pool keeps its
+ * own number: dataop_kv_get_paged). */
+uint32_t dataop_session_page_tokens(struct kvstore *ks, uint64_t id);
 /* Tokens per page of page_bytes for a geometry (the most that fit with the
  * K and V regions rounded up to TQ_PAGE_ALIGN, cut to a multiple of align
  * where at least align fit: pool_page_tokens_align, 0 for any): > 0, or

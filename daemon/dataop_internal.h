@@ -109,6 +109,11 @@ void dataop_layer_shrink(struct kvstore *ks, struct session *s, struct kv_layer 
 void dataop_truncate_layer(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l, uint64_t pos);
 void dataop_update_tokens(struct session *s, struct kv_sess *kv);
 int dataop_kv_get(struct kvstore *ks, struct session *s, struct kv_sess **out);
+/* dataop_kv_get for a session whose pages hold page_tokens tokens, not the
+ * pool's number (a persistent session written by another kind of pool:
+ * host pools fill a page, GPU pools cut it to a multiple of 32 tokens):
+ * -E2BIG when they do not fit a page. */
+int dataop_kv_get_paged(struct kvstore *ks, struct session *s, uint32_t page_tokens, struct kv_sess **out);
 /* Spill every resident page of kv (kv->lock held). */
 int dataop_spill_locked(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint64_t want,
 			uint64_t *spilled, char *why, size_t whylen);

@@ -295,6 +295,7 @@ static int checkpoint_locked(struct kvstore *ks, struct session *s, struct kv_se
 	m.seed = kv->seed;
 	m.created_ms = si.created_ms;
 	m.page_bytes = ks->page_bytes;
+	m.page_tokens = kv->geom.page_tokens;
 	m.layout_id = TQ_PAGE_LAYOUT_ID;
 	{
 		struct spill_stats st;
@@ -914,6 +915,20 @@ static const char *xf_misfit(const struct persist_manifest *m, char *buf, size_t
 	return bad;
 }
 
+/* How many tokens the session's pages hold: a manifest of format 3 says;
+ * formats 1 and 2 (page_tokens 0) were written before GPU pools cut their
+ * pages to a multiple of TQC_PAGE_TOKENS_ALIGN, when every pool's page held
+ * all that fit.  The session keeps its number whatever pool reopens it
+ * (dataop_kv_get_paged): its tokens are where they were written.  -1 when
+ * they would not fit a page of this pool. */
+static int manifest_page_tokens(const struct kvstore *ks, const struct persist_manifest *m)
+{
+	const int pt = m->page_tokens ? (int)m->page_tokens : dataop_page_tokens(m->page_bytes, 0, &m->geom);
+	const int most = dataop_page_tokens(ks->page_bytes, 0, &m->geom);
+
+	return pt > 0 && most > 0 && pt <= most ? pt : -1;
+}
+
 /* Why a manifest cannot be used here, or NULL. */
 static const char *manifest_misfit(struct kvstore *ks, const struct persist_manifest *m, uint64_t slot_bytes,
 				   struct tenant_table *tt, char *buf, size_t n)
@@ -933,8 +948,10 @@ static const char *manifest_misfit(struct kvstore *ks, const struct persist_mani
 		snprintf(buf, n, "geometry: %s", why);
 	else if (dataop_page_tokens(ks->page_bytes, pool_page_tokens_align(ks->pool), &m->geom) < 0)
 		snprintf(buf, n, "one token does not fit a page");
+	else if (manifest_page_tokens(ks, m) < 0)
+		snprintf(buf, n, "%u tokens a page do not fit a page", m->page_tokens);
 	else {
-		pg.page_tokens = (uint32_t)dataop_page_tokens(ks->page_bytes, pool_page_tokens_align(ks->pool), &m->geom);
+		pg.page_tokens = (uint32_t)manifest_page_tokens(ks, m);
 		for (uint32_t l = 0; l < m->geom.n_layers; l++) {
 			const struct persist_layer *L = &m->layers[l];
 			uint64_t want = ((uint64_t)L->n_tokens + pg.page_tokens - 1) / pg.page_tokens;
@@ -1072,7 +1089,8 @@ static int recover_adopt(struct kvstore *ks, struct session_table *st, struct te
 
 	if (session_adopt(st, tenant_find(tt, m->tenant), m->name, (uid_t)m->owner_uid, &m->geom, m->seed,
 			  SESSION_PERSISTENT, m->id, m->created_ms, (uint64_t)time(NULL) * 1000u, why, sizeof(why)) < 0 ||
-	    session_acquire(st, id, 0, &s) < 0 || dataop_kv_get(ks, s, &kv) < 0 || !kv->p) {
+	    session_acquire(st, id, 0, &s) < 0 ||
+	    dataop_kv_get_paged(ks, s, (uint32_t)manifest_page_tokens(ks, m), &kv) < 0 || !kv->p) {
 		if (!why[0])
 			snprintf(why, sizeof(why), "cannot re-create the session (out of memory?)");
 		release_slots(ks, m, UINT32_MAX, 0);
@@ -1084,6 +1102,11 @@ static int recover_adopt(struct kvstore *ks, struct session_table *st, struct te
 		persist_manifest_free(m);
 		return 0;
 	}
+	const uint32_t align = pool_page_tokens_align(ks->pool);
+	if (align && kv->geom.page_tokens % align)
+		log_warning("persistent session %" PRIu64 ": its pages hold %u tokens (written by a host pool, or "
+			    "before GPU pools cut pages to a multiple of %u): its attention runs on the GPU's general "
+			    "kernel, several times slower", id, kv->geom.page_tokens, align);
 	pthread_mutex_lock(&kv->lock);
 	if ((r = build_tables(ks, s, kv, m)) < 0) {
 		pthread_mutex_unlock(&kv->lock);

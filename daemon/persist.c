@@ -50,7 +50,8 @@ static uint64_t get64(const uint8_t *p)
  *  48 seed  56 created_ms  64 max_tokens  72 slot_bytes  80 page_bytes
  *  84 layout_id  88 owner_uid  92 n_layers  96 n_kv_heads  100 n_q_heads
  * 104 head_dim  108 k_codec  109 v_codec  112 tenant[64]  176 name[64]
- * 240 kv_xform (format 2; zero in format 1)  244..255 zero.  Then n_layers
+ * 240 kv_xform (format 2; zero in format 1)  244 page_tokens (format 3; zero
+ * before)  248..255 zero.  Then n_layers
  * x (n_tokens, n_pages: u32), then every layer's pages in order, (slot,
  * gen: u64) each; format 2 then has, per layer in order, xf_bytes (u32)
  * and that many bytes of transform statistics (no padding).  The crc
@@ -59,7 +60,7 @@ enum {
 	M_MAGIC = 0, M_FORMAT = 8, M_CRC = 12, M_BYTES = 16, M_ID = 24, M_EPOCH = 32, M_GEN = 40,
 	M_SEED = 48, M_CREATED = 56, M_MAXTOK = 64, M_SLOTB = 72, M_PAGEB = 80, M_LAYOUT = 84,
 	M_OWNER = 88, M_LAYERS = 92, M_KVH = 96, M_QH = 100, M_DIM = 104, M_KC = 108, M_VC = 109,
-	M_TENANT = 112, M_NAME = 176, M_XFORM = 240,
+	M_TENANT = 112, M_NAME = 176, M_XFORM = 240, M_PTOK = 244,
 };
 
 uint8_t *persist_manifest_encode(const struct persist_manifest *m, size_t *len)
@@ -98,6 +99,7 @@ uint8_t *persist_manifest_encode(const struct persist_manifest *m, size_t *len)
 	memcpy(b + M_TENANT, m->tenant, strnlen(m->tenant, CONFIG_NAME_MAX - 1));
 	memcpy(b + M_NAME, m->name, strnlen(m->name, CONFIG_NAME_MAX - 1));
 	put32(b + M_XFORM, m->geom.kv_xform);
+	put32(b + M_PTOK, m->page_tokens);
 	off = PERSIST_MAN_HDR;
 	for (uint32_t l = 0; l < nl; l++, off += 8) {
 		put32(b + off, m->layers[l].n_tokens);
@@ -199,7 +201,12 @@ int persist_manifest_decode(const uint8_t *b, size_t len, struct persist_manifes
 	m->geom.v_codec = (enum tq_codec_id)b[M_VC];
 	m->geom.max_tokens = get64(b + M_MAXTOK);
 	m->geom.kv_xform = format >= 2 ? get32(b + M_XFORM) : 0;
+	m->page_tokens = format >= 3 ? get32(b + M_PTOK) : 0;
 	m->format = format;
+	if (m->page_tokens > 65536u) { /* TQ_PAGE_TOKENS_MAX; 0: not said (all that fit) */
+		snprintf(why, whylen, "manifest has %u tokens a page", m->page_tokens);
+		return -EBADMSG;
+	}
 	if (m->id == 0 || get_name(m->tenant, b + M_TENANT, 0) < 0 || get_name(m->name, b + M_NAME, 1) < 0) {
 		snprintf(why, whylen, "manifest has a bad id, tenant or session name");
 		return -EBADMSG;
@@ -212,7 +219,7 @@ int persist_manifest_decode(const uint8_t *b, size_t len, struct persist_manifes
 		snprintf(why, whylen, "manifest has an unknown kv transform mode 0x%x", m->geom.kv_xform);
 		return -EBADMSG;
 	}
-	for (off = format >= 2 ? M_XFORM + 4 : M_XFORM; off < PERSIST_MAN_HDR; off++)
+	for (off = format >= 3 ? M_PTOK + 4 : format >= 2 ? M_XFORM + 4 : M_XFORM; off < PERSIST_MAN_HDR; off++)
 		if (b[off]) {
 			snprintf(why, whylen, "manifest header byte %zu is not zero", off);
 			return -EBADMSG;
@@ -541,8 +548,8 @@ int persist_scan(int dirfd, uint64_t **ids, size_t *n, uint32_t *removed)
 }
 
 /* ---- journal ---------------------------------------------------------------- */
-/* Header: 0 magic, 8 format (2 written; 1 read too: it has no XFORM
- * records, the record format is the same), 12 crc32c (of the 64 bytes, this field 0),
+/* Header: 0 magic, 8 format (3 written, as the manifest's; 1 and 2 read
+ * too: 1 has no XFORM records, the record format is the same), 12 crc32c (of the 64 bytes, this field 0),
  * 16 session id, 24 epoch, 32..63 zero. */
 int persist_journal_reset(int dirfd, uint64_t id, uint64_t epoch, char *why, size_t whylen)
 {

@@ -41,7 +41,7 @@
 #define PERSIST_MAN_MAGIC  0x314e414d564b5154ull   /* "TQKVMAN1" */
 #define PERSIST_JNL_MAGIC  0x314c4e4a564b5154ull   /* "TQKVJNL1" */
 #define PERSIST_REC_MAGIC  0x4345524au             /* "JREC"     */
-#define PERSIST_FORMAT     2u                      /* written; 1 and 2 are read */
+#define PERSIST_FORMAT     3u                      /* written; 1 to 3 are read */
 #define PERSIST_FORMAT_MIN 1u
 #define PERSIST_MAN_HDR    256u                    /* fixed part of a manifest */
 #define PERSIST_JNL_HDR    64u
@@ -88,6 +88,9 @@ struct persist_manifest {
 	uint64_t epoch;           /* checkpoint number: journal records carry it */
 	uint64_t gen_next;        /* page generations continue above this */
 	uint32_t format;          /* the format decoded (encode writes PERSIST_FORMAT) */
+	uint32_t page_tokens;     /* format 3: the session's tokens a page; 0 (always in
+				   * formats 1 and 2, written before GPU pools cut pages
+				   * to a multiple of 32 tokens): all that fit page_bytes */
 	struct persist_layer *layers;  /* [geom.n_layers] */
 };
 

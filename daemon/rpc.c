@@ -358,13 +358,17 @@ static const char *xf_name(uint32_t mode)
 #define XF_MODES_HELP "none, default, or parts joined by '+': k-center, k-sink, v-center, v-eq, k-eq-qk, k-eq-k, k-unshrink, k-order; " \
 		      "at most one k-eq-* and one of k-center, k-sink"
 
-/* Tokens a page of the pool holds for a session of geometry g (0: no pool). */
-static uint32_t page_tokens_of(struct rpc_server *srv, const struct session_geom *g)
+/* Tokens a page of session id's holds: its pages' own number once it has
+ * KV state (a persistent session keeps the number it was written with),
+ * else the pool's for its geometry g (0: no pool). */
+static uint32_t page_tokens_of(struct rpc_server *srv, uint64_t id, const struct session_geom *g)
 {
 	struct pool *pool = __atomic_load_n(&srv->pool, __ATOMIC_ACQUIRE);
+	struct kvstore *ks = __atomic_load_n(&srv->kv, __ATOMIC_ACQUIRE);
+	uint32_t have = ks ? dataop_session_page_tokens(ks, id) : 0;
 	int pt = pool ? dataop_page_tokens(pool_page_bytes(pool), pool_page_tokens_align(pool), g) : 0;
 
-	return pt > 0 ? (uint32_t)pt : 0;
+	return have ? have : pt > 0 ? (uint32_t)pt : 0;
 }
 
 /* The message's strings point into `si` (and static tables). */
@@ -393,7 +397,7 @@ static void session_to_msg(struct rpc_server *srv, struct session_info *si, Tqkv
 	m->evict_reason = si->state == SESSION_EVICTED ? si->evict_why : (char *)"";
 	m->bytes_per_token = si->bytes_per_token;
 	m->kv_transform = (char *)xf_name(si->geom.kv_xform);
-	m->page_tokens = page_tokens_of(srv, &si->geom);
+	m->page_tokens = page_tokens_of(srv, si->id, &si->geom);
 }
 
 static void rep_session(struct rpc_server *srv, struct reply *rep, struct session_info *si)

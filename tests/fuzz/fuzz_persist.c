@@ -1,7 +1,7 @@
 /* fuzz_persist — persistent sessions' files (daemon/persist.c), the bytes a
  * disk hands back after a crash or a bit flip.  A manifest either decodes
- * into one that encodes back to the same bytes (format 2; a format 1 one
- * into a format 2 one that decodes to the same), or fails with a reason; a
+ * into one that encodes back to the same bytes (format 3; a format 1 or 2
+ * one into a format 3 one that decodes to the same), or fails with a reason; a
  * journal replays only records whose sizes fit the bytes and whose
  * sequence numbers follow each other.  The first byte picks the reader
  * (even: manifest, odd: journal of session 1, checkpoint 1). */
@@ -50,7 +50,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			if (persist_manifest_decode(b, len, &m2, why, sizeof(why)) != 0)
 				abort();
 			if (m2.id != m.id || m2.epoch != m.epoch || m2.geom.n_layers != m.geom.n_layers ||
-			    m2.geom.kv_xform != m.geom.kv_xform)
+			    m2.geom.kv_xform != m.geom.kv_xform || m2.page_tokens != m.page_tokens)
 				abort();
 			for (uint32_t l = 0; l < m.geom.n_layers; l++)
 				if (m2.layers[l].n_tokens != m.layers[l].n_tokens ||

@@ -32,6 +32,7 @@
 #include "kvfix.h"
 #include "kvpersist.h"
 #include "persist.h"
+#include "tq_cuda.h"
 #include "tq_xform.h"
 #include "tqkv.h"
 #include "tqkv_ring.h"
@@ -55,6 +56,7 @@ static void sample_manifest(struct persist_manifest *m, struct persist_layer *L,
 	m->seed = 0x1234567890abcdefull;
 	m->created_ms = 1700000000000ull;
 	m->page_bytes = 65536;
+	m->page_tokens = 240;
 	m->layout_id = 1;
 	m->slot_bytes = 65536 + 4096;
 	m->epoch = 7;
@@ -96,6 +98,7 @@ static void test_manifest_roundtrip(void)
 	T_EQ(len, PERSIST_MAN_HDR + 2 * 8 + 3 * 16 + 2 * 4 + XF_SAMPLE_BYTES);
 	T_EQ(persist_manifest_decode(b, len, &d, why, sizeof(why)), 0);
 	T_EQ(d.format, PERSIST_FORMAT);
+	T_EQ(d.page_tokens, 240);
 	T_EQ(d.geom.kv_xform, TQ_XF_DEFAULT);
 	T_EQ(d.layers[0].xf_bytes, XF_SAMPLE_BYTES);
 	T_ASSERT(d.layers[0].xf && !memcmp(d.layers[0].xf, xf_sample, XF_SAMPLE_BYTES));
@@ -171,14 +174,16 @@ static void test_manifest_v1(void)
 	T_EQ(len, PERSIST_MAN_HDR + 2 * 8 + 3 * 16 + 2 * 4);
 	len -= 2 * 4;
 	b[8] = 1;
+	memset(b + 244, 0, 4); /* format 3's tokens a page */
 	reseal(b, len);
 	T_EQ(persist_manifest_decode(b, len, &d, why, sizeof(why)), 0);
 	T_EQ(d.format, 1);
+	T_EQ(d.page_tokens, 0);
 	T_EQ(d.geom.kv_xform, 0);
 	T_EQ(d.layers[0].n_tokens, 300);
 	T_EQ(d.layers[0].pages[1].gen, 51);
 	T_ASSERT(!d.layers[0].xf_bytes && !d.layers[1].xf_bytes && !d.layers[0].xf);
-	/* what it encodes to is format 2, and reads back the same */
+	/* what it encodes to is format 3, and reads back the same */
 	size_t len2;
 	uint8_t *b2 = persist_manifest_encode(&d, &len2);
 	persist_manifest_free(&d);
@@ -200,10 +205,10 @@ static void test_manifest_v1(void)
 	reseal(b3, len + 8);
 	T_ASSERT(persist_manifest_decode(b3, len + 8, &d, why, sizeof(why)) == -EBADMSG);
 	/* an unknown format */
-	b[8] = 3;
+	b[8] = 4;
 	reseal(b, len);
 	T_EQ(persist_manifest_decode(b, len, &d, why, sizeof(why)), -EPROTO);
-	T_ASSERT(strstr(why, "format 3"));
+	T_ASSERT(strstr(why, "format 4"));
 	free(b3);
 	free(b);
 }
@@ -788,6 +793,88 @@ static void test_device_lost_restart(void)
 	T_EQ(system(cmd), 0);
 }
 
+/* A session persisted by a host pool, reopened by a pool whose pages hold a
+ * multiple of 32 tokens (devsim, as a GPU pool) at the same page_bytes, and
+ * back: it keeps its pages' number of tokens wherever it is reopened (its
+ * tokens are where they were written), its tokens and their bits the same;
+ * a session opened on that pool has the pool's number, and keeps it on a
+ * host pool. */
+static void test_page_tokens_moved(void)
+{
+	struct kvfix f;
+	struct session_info si, si2;
+	struct session *s;
+	struct kv_sess *kv;
+	static struct xsnap a, b;
+	char why[512], path[600];
+	uint32_t page = 0;
+	int host = 0, gpu = 0;
+	struct session_geom g = XG;
+
+	g.k_codec = TQ_CODEC_Q8; /* 192 bytes a token: XG's 128 make every 4 KiB 32 tokens */
+	/* a page size whose pages hold other than a multiple of 32 tokens of g */
+	for (uint32_t p = 12u << 10; p <= (64u << 10) && host == gpu; p += 4096u) {
+		page = p;
+		host = dataop_page_tokens(p, 0, &g);
+		gpu = dataop_page_tokens(p, TQC_PAGE_TOKENS_ALIGN, &g);
+	}
+	T_ASSERT(host > 0 && gpu > 0 && host != gpu && gpu % 32 == 0);
+	kvfix_start(&f, XCONF, 16u << 20, page, 256);
+	xpersist_up(&f);
+	T_EQ(session_open(f.st, tenant_find(f.tt, "t"), "moved", 1000, &g, 79, SESSION_PERSISTENT, 0, &si, why,
+			  sizeof(why)), 0);
+	MUST(session_acquire(f.st, si.id, 0, &s) == 0);
+	T_EQ(dataop_persist_init(f.ks, s, why, sizeof(why)), 0);
+	xfill(&f, s, 0, 64, 0);
+	xfill(&f, s, 0, 60, 1);
+	T_EQ(dataop_checkpoint(f.ks, s, why, sizeof(why)), 0);
+	xfill(&f, s, 1, 50, 0); /* after the checkpoint: in the journal only */
+	session_release(s);
+	xsnapshot(&f, si.id, &a);
+	kvstore_persist_stop(f.ks, f.st);
+	for (int round = 0; round < 2; round++) { /* onto the GPU-like pool, then back */
+		kvfix_backend = round == 0 ? &backend_devsim : NULL;
+		kvfix_restart(&f);
+		xpersist_up(&f);
+		MUST(session_acquire(f.st, si.id, 0, &s) == 0);
+		MUST(dataop_kv_get(f.ks, s, &kv) == 0);
+		T_EQ(kv->geom.page_tokens, (uint32_t)host);
+		session_release(s);
+		xsnapshot(&f, si.id, &b);
+		xsame(&a, &b);
+		T_EQ(b.n_tokens[0], 124);
+		T_EQ(b.n_tokens[1], 50);
+		kvstore_persist_stop(f.ks, f.st);
+	}
+	/* opened on the GPU-like pool: its number, kept on a host pool */
+	kvfix_backend = &backend_devsim;
+	kvfix_restart(&f);
+	xpersist_up(&f);
+	T_EQ(session_open(f.st, tenant_find(f.tt, "t"), "stays", 1000, &g, 80, SESSION_PERSISTENT, 0, &si2, why,
+			  sizeof(why)), 0);
+	MUST(session_acquire(f.st, si2.id, 0, &s) == 0);
+	T_EQ(dataop_persist_init(f.ks, s, why, sizeof(why)), 0);
+	xfill(&f, s, 0, 40, 0);
+	T_EQ(dataop_checkpoint(f.ks, s, why, sizeof(why)), 0);
+	session_release(s);
+	xsnapshot(&f, si2.id, &a);
+	kvstore_persist_stop(f.ks, f.st);
+	kvfix_backend = NULL;
+	kvfix_restart(&f);
+	xpersist_up(&f);
+	MUST(session_acquire(f.st, si2.id, 0, &s) == 0);
+	MUST(dataop_kv_get(f.ks, s, &kv) == 0);
+	T_EQ(kv->geom.page_tokens, (uint32_t)gpu);
+	session_release(s);
+	xsnapshot(&f, si2.id, &b);
+	xsame(&a, &b);
+	T_EQ(session_close(f.st, si.id, NULL), 0);
+	T_EQ(session_close(f.st, si2.id, NULL), 0);
+	kvfix_stop(&f);
+	snprintf(path, sizeof(path), "rm -rf %s", f.dir);
+	T_EQ(system(path), 0);
+}
+
 /* Statistics that do not parse, or tokens without statistics: the session
  * is dropped with its manifest set aside, the others stay. */
 static void test_xform_damage(void)
@@ -1182,8 +1269,9 @@ static int write_seeds(const char *dir)
 	L[0].xf_bytes = 0;
 	if (!(b = persist_manifest_encode(&m, &len)))
 		return 1;
-	len -= 2 * 4; /* format 1: no statistics, no mode */
+	len -= 2 * 4; /* format 1: no statistics, no mode, no tokens a page */
 	b[8] = 1;
+	memset(b + 244, 0, 4);
 	reseal(b, len);
 	if (write_seed(dir, "manifest_v1", 0, b, len))
 		return 1;
@@ -1250,6 +1338,7 @@ int main(int argc, char **argv)
 	T_RUN(test_recover_two_sessions);
 	T_RUN(test_xform_damage);
 	T_RUN(test_device_lost_restart);
+	T_RUN(test_page_tokens_moved);
 	T_RUN(test_config_change);
 	return t_done();
 }
