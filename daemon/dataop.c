@@ -147,22 +147,32 @@ void kvstore_stats(struct kvstore *ks, struct kvstore_stats *out)
 	pthread_mutex_unlock(&ks->lock);
 }
 
-static int geom_of(uint32_t page_bytes, uint32_t align, const struct session_geom *g, struct tq_page_geom *pg)
+/* pg's heads and block sizes for geometry g (its page_tokens left): 0, or
+ * -EINVAL on a bad geometry. */
+static int blocks_of(const struct session_geom *g, struct tq_page_geom *pg)
 {
 	tq_error te;
 	long kb = tq_block_bytes(g->k_codec, (int)g->head_dim, &te);
 	long vb = tq_block_bytes(g->v_codec, (int)g->head_dim, &te);
-	uint64_t per_token;
-	uint32_t pt;
 
 	if (kb <= 0 || vb <= 0 || g->n_kv_heads < 1 || g->n_kv_heads > TQ_KV_HEADS_MAX)
 		return -EINVAL;
-	per_token = (uint64_t)g->n_kv_heads * (uint64_t)(kb + vb);
-	pt = (uint32_t)(page_bytes / per_token < TQ_PAGE_TOKENS_MAX ? page_bytes / per_token
-								    : TQ_PAGE_TOKENS_MAX);
 	pg->n_kv_heads = g->n_kv_heads;
 	pg->k_block_bytes = (uint32_t)kb;
 	pg->v_block_bytes = (uint32_t)vb;
+	return 0;
+}
+
+static int geom_of(uint32_t page_bytes, uint32_t align, const struct session_geom *g, struct tq_page_geom *pg)
+{
+	uint64_t per_token;
+	uint32_t pt;
+
+	if (blocks_of(g, pg) < 0)
+		return -EINVAL;
+	per_token = (uint64_t)pg->n_kv_heads * ((uint64_t)pg->k_block_bytes + pg->v_block_bytes);
+	pt = (uint32_t)(page_bytes / per_token < TQ_PAGE_TOKENS_MAX ? page_bytes / per_token
+								    : TQ_PAGE_TOKENS_MAX);
 	/* The K and V regions are each rounded up to TQ_PAGE_ALIGN. */
 	for (; pt > 0; pt--) {
 		pg->page_tokens = pt;
@@ -179,11 +189,10 @@ static int geom_of(uint32_t page_bytes, uint32_t align, const struct session_geo
 
 uint64_t dataop_page_bytes_min(uint32_t tokens, const struct session_geom *g)
 {
-	tq_error te;
-	long kb = tq_block_bytes(g->k_codec, (int)g->head_dim, &te);
-	long vb = tq_block_bytes(g->v_codec, (int)g->head_dim, &te);
-	struct tq_page_geom pg = { g->n_kv_heads, tokens, (uint32_t)(kb > 0 ? kb : 0), (uint32_t)(vb > 0 ? vb : 0) };
+	struct tq_page_geom pg = { .page_tokens = tokens };
 
+	if (blocks_of(g, &pg) < 0)
+		return 0;
 	/* what page_bytes (a multiple of 4 KiB) must be */
 	return ((uint64_t)tq_page_bytes(&pg) + 4095u) / 4096u * 4096u;
 }
@@ -195,21 +204,14 @@ int dataop_page_tokens(uint32_t page_bytes, uint32_t align, const struct session
 	return geom_of(page_bytes, align, g, &pg);
 }
 
-static int kv_get(struct kvstore *ks, struct session *s, uint32_t page_tokens, struct kv_sess **out);
-
 /* The KV state of s, created on first use. */
 int dataop_kv_get(struct kvstore *ks, struct session *s, struct kv_sess **out)
 {
-	return kv_get(ks, s, 0, out);
-}
-
-int dataop_kv_get_paged(struct kvstore *ks, struct session *s, uint32_t page_tokens, struct kv_sess **out)
-{
-	return kv_get(ks, s, page_tokens, out);
+	return dataop_kv_get_paged(ks, s, 0, out);
 }
 
 /* page_tokens: 0 for the pool's rule (geom_of), else the pages' own. */
-static int kv_get(struct kvstore *ks, struct session *s, uint32_t page_tokens, struct kv_sess **out)
+int dataop_kv_get_paged(struct kvstore *ks, struct session *s, uint32_t page_tokens, struct kv_sess **out)
 {
 	const struct session_geom *g = session_geom(s);
 	uint64_t id = session_id(s);

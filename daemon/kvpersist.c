@@ -936,6 +936,7 @@ static const char *manifest_misfit(struct kvstore *ks, const struct persist_mani
 	struct tq_page_geom pg;
 	uint64_t bpt;
 	char why[256];
+	int mpt;
 
 	if (m->layout_id != TQ_PAGE_LAYOUT_ID)
 		snprintf(buf, n, "page layout %u, this tqkvd uses %u", m->layout_id, TQ_PAGE_LAYOUT_ID);
@@ -946,12 +947,13 @@ static const char *manifest_misfit(struct kvstore *ks, const struct persist_mani
 		snprintf(buf, n, "tenant '%s' is no longer configured", m->tenant);
 	else if (session_geom_check(&m->geom, &bpt, why, sizeof(why)) < 0)
 		snprintf(buf, n, "geometry: %s", why);
-	else if (dataop_page_tokens(ks->page_bytes, pool_page_tokens_align(ks->pool), &m->geom) < 0)
+	else if (dataop_page_tokens(ks->page_bytes, 0, &m->geom) < 0)
 		snprintf(buf, n, "one token does not fit a page");
-	else if (manifest_page_tokens(ks, m) < 0)
-		snprintf(buf, n, "%u tokens a page do not fit a page", m->page_tokens);
+	else if ((mpt = manifest_page_tokens(ks, m)) < 0)
+		snprintf(buf, n, "its pages hold %u tokens, more than a page of %u bytes holds", m->page_tokens,
+			 ks->page_bytes);
 	else {
-		pg.page_tokens = (uint32_t)manifest_page_tokens(ks, m);
+		pg.page_tokens = (uint32_t)mpt;
 		for (uint32_t l = 0; l < m->geom.n_layers; l++) {
 			const struct persist_layer *L = &m->layers[l];
 			uint64_t want = ((uint64_t)L->n_tokens + pg.page_tokens - 1) / pg.page_tokens;

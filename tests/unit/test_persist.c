@@ -504,6 +504,21 @@ static void xpersist_up(struct kvfix *f)
 	MUST(kvstore_recover(f->ks, f->st, f->tt, &max_id) == 0);
 }
 
+/* A persistent session of geometry g in tenant t, acquired, its files
+ * started (dataop_persist_init); si filled. */
+static struct session *xopen(struct kvfix *f, const struct session_geom *g, const char *name, uint64_t seed,
+			     struct session_info *si)
+{
+	struct session *s;
+	char why[512];
+
+	MUST(session_open(f->st, tenant_find(f->tt, "t"), name, 1000, g, seed, SESSION_PERSISTENT, 0, si, why,
+			  sizeof(why)) == 0);
+	MUST(session_acquire(f->st, si->id, 0, &s) == 0);
+	MUST(dataop_persist_init(f->ks, s, why, sizeof(why)) == 0);
+	return s;
+}
+
 /* A SIGKILL: nothing checkpointed, the files as they are; then a start. */
 static void xcrash(struct kvfix *f)
 {
@@ -608,10 +623,7 @@ static void test_xform_restart(void)
 
 	kvfix_start(&f, XCONF, 16u << 20, XPAGE, 256);
 	xpersist_up(&f);
-	T_EQ(session_open(f.st, tenant_find(f.tt, "t"), "xf", 1000, &XG, 77, SESSION_PERSISTENT, 0, &si, why,
-			  sizeof(why)), 0);
-	MUST(session_acquire(f.st, si.id, 0, &s) == 0);
-	T_EQ(dataop_persist_init(f.ks, s, why, sizeof(why)), 0);
+	s = xopen(&f, &XG, "xf", 77, &si);
 	xfill(&f, s, 0, 40, 0);
 	xfill(&f, s, 1, 30, 0);
 	xfill(&f, s, 0, 5, 0);
@@ -743,10 +755,7 @@ static void test_device_lost_restart(void)
 	kvfix_start(&f, XCONF, 16u << 20, XPAGE, 256);
 	xpersist_up(&f);
 	T_ASSERT(!pool_host_accessible(f.pool));
-	T_EQ(session_open(f.st, tenant_find(f.tt, "t"), "gpu", 1000, &XG, 78, SESSION_PERSISTENT, 0, &si, why,
-			  sizeof(why)), 0);
-	MUST(session_acquire(f.st, si.id, 0, &s) == 0);
-	T_EQ(dataop_persist_init(f.ks, s, why, sizeof(why)), 0);
+	s = xopen(&f, &XG, "gpu", 78, &si);
 	xfill(&f, s, 0, 40, 0);
 	T_EQ(dataop_checkpoint(f.ks, s, why, sizeof(why)), 0);
 	xfill(&f, s, 1, 30, 0); /* after the checkpoint: in the journal only */
@@ -821,10 +830,7 @@ static void test_page_tokens_moved(void)
 	T_ASSERT(host > 0 && gpu > 0 && host != gpu && gpu % 32 == 0);
 	kvfix_start(&f, XCONF, 16u << 20, page, 256);
 	xpersist_up(&f);
-	T_EQ(session_open(f.st, tenant_find(f.tt, "t"), "moved", 1000, &g, 79, SESSION_PERSISTENT, 0, &si, why,
-			  sizeof(why)), 0);
-	MUST(session_acquire(f.st, si.id, 0, &s) == 0);
-	T_EQ(dataop_persist_init(f.ks, s, why, sizeof(why)), 0);
+	s = xopen(&f, &g, "moved", 79, &si);
 	xfill(&f, s, 0, 64, 0);
 	xfill(&f, s, 0, 60, 1);
 	T_EQ(dataop_checkpoint(f.ks, s, why, sizeof(why)), 0);
@@ -850,10 +856,7 @@ static void test_page_tokens_moved(void)
 	kvfix_backend = &backend_devsim;
 	kvfix_restart(&f);
 	xpersist_up(&f);
-	T_EQ(session_open(f.st, tenant_find(f.tt, "t"), "stays", 1000, &g, 80, SESSION_PERSISTENT, 0, &si2, why,
-			  sizeof(why)), 0);
-	MUST(session_acquire(f.st, si2.id, 0, &s) == 0);
-	T_EQ(dataop_persist_init(f.ks, s, why, sizeof(why)), 0);
+	s = xopen(&f, &g, "stays", 80, &si2);
 	xfill(&f, s, 0, 40, 0);
 	T_EQ(dataop_checkpoint(f.ks, s, why, sizeof(why)), 0);
 	session_release(s);
