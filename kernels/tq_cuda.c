@@ -508,12 +508,9 @@ struct tqc_ctx {
 	int plan_warps, plan_per_sm, plan_splits; /* the last pass's, in words by */
 	uint32_t plan_len;       /* tqc_ctx_last_attn_plan into attn_plan           */
 	int plan_shared;         /* planned as sharing the GPU (att_inflight)       */
-	int plan_batch;          /* sessions in the last launch (tqc_attend_batch)  */
 	int ev0_kept;            /* attend: the GPU time's start is recorded (by    */
 				 /* tqc_append_attend's queued append)             */
 	int last_fused;          /* tqc_ctx_last_fused                              */
-	struct bat_call *bat;    /* tqc_attend_batch's calls, bat_cap of them       */
-	int bat_cap;
 	char attn_plan[160];
 	cudaStream_t stream;
 	cudaEvent_t ev0, ev1;
@@ -620,7 +617,6 @@ void tqc_ctx_free(tqc_ctx *x)
 		(void)cudaFree(x->att_cnt);
 	if (x->report)
 		(void)cudaFreeHost(x->report);
-	free(x->bat);
 	if (x->ev0)
 		(void)cudaEventDestroy(x->ev0);
 	if (x->ev1)
@@ -657,12 +653,6 @@ const char *tqc_ctx_last_attn_plan(tqc_ctx *x)
 		return "";
 	if (!x->plan_splits) /* no attention yet */
 		x->attn_plan[0] = '\0';
-	else if (x->plan_warps && x->plan_batch > 1)
-		snprintf(x->attn_plan, sizeof(x->attn_plan),
-			 "mma: %d warps x %d CTA%s/SM, up to %d split%s of %u keys (GPU shared), one launch of %d "
-			 "sessions",
-			 x->plan_warps, x->plan_per_sm, x->plan_per_sm > 1 ? "s" : "", x->plan_splits,
-			 x->plan_splits > 1 ? "s" : "", x->plan_len, x->plan_batch);
 	else if (x->plan_warps)
 		snprintf(x->attn_plan, sizeof(x->attn_plan), "mma: %d warps x %d CTA%s/SM, %d split%s of %u keys%s",
 			 x->plan_warps, x->plan_per_sm, x->plan_per_sm > 1 ? "s" : "", x->plan_splits,
@@ -1410,7 +1400,6 @@ static int attend(tqc_ctx *x, const struct tq_attn_params *p, int shared, tq_err
 		x->plan_splits = pl.n_split;
 		x->plan_len = pl.split_len;
 		x->plan_shared = pl.shared;
-		x->plan_batch = 1;
 		args.rows_blk = pl.rows_blk;
 		args.rows_ph = pl.rows_ph;
 		args.n_rb = pl.n_rb;
@@ -1527,274 +1516,4 @@ int tqc_append_attend(tqc_ctx *x, const struct tqc_append *a, const struct tq_at
 int tqc_ctx_last_fused(const tqc_ctx *x)
 {
 	return x ? x->last_fused : 0;
-}
-
-/* ---- several sessions' decode in one launch (tqc_attend_batch) --------------------- */
-
-/* One call of a batch: its checked shape, its pass's arguments (the device
- * addresses filled once the scratch is reserved) and plan, and where its
- * buffers go in the scratch (d_*: device only; o_*: mirrored in the
- * staging, copied with the group's one copy; h_*: staging only). */
-struct bat_call {
-	const struct tq_attn_params *p;
-	struct tqa_shape sh;
-	struct tqc_attn_args args;
-	struct att_plan pl;
-	uint32_t n_pages;
-	enum where ow;
-	float *od;               /* the output in place, or NULL: staged          */
-	int state;               /* BAT_*                                          */
-	size_t q_bytes;          /* its queries' (and outputs') bytes, fp32        */
-	size_t o_pages, o_q, o_pos, d_qrot, d_acc, d_ml, d_out, h_out, cnt;
-};
-
-enum { BAT_DONE, BAT_ALONE, BAT_ONE_LAUNCH };
-
-/* A batch's calls in one launch at most (its grid's z: calls x KV heads
- * <= 65535 as well) */
-#define BAT_LAUNCH_MAX 256
-
-/* The checks, descriptors and plan of call c, as attend's for a single
- * pass: BAT_ONE_LAUNCH where attn_mma_many may take it, BAT_ALONE where it
- * runs as a call of its own (another kernel, a dense rotation, several
- * passes), BAT_DONE with c->state's result in *rc (an error in err, or 0:
- * no query). */
-static int bat_prepare(tqc_ctx *x, struct bat_call *c, tq_error *err, int *rc)
-{
-	const struct tq_attn_params *p = c->p;
-
-	if ((*rc = attn_validate(p, &c->sh, err)) < 0 || p->n_q == 0)
-		return BAT_DONE;
-	if (p->k_codec->rot.kind == TQ_ROT_DENSE || p->v_codec->rot.kind == TQ_ROT_DENSE || p->sparse_v > 0.0f ||
-	    (size_t)p->n_q * (size_t)p->n_q_heads * (size_t)c->sh.dim > ATT_PASS_FLOATS)
-		return BAT_ALONE; /* not the tiled kernel / attn_mma_many has no sparse-V build / more than one pass */
-	c->n_pages = tq_page_count(&p->kv->geom, p->kv->n_tokens);
-	if ((*rc = check_pages(p->kv, 0, c->n_pages, "attention", err)) < 0)
-		return BAT_DONE;
-	memset(&c->args, 0, sizeof(c->args));
-	if ((*rc = desc_make(x, p->k_codec, &c->args.kc, err)) < 0 || (*rc = desc_make(x, p->v_codec, &c->args.vc, err)) < 0)
-		return BAT_DONE;
-	c->args.geom = p->kv->geom;
-	c->q_bytes = (size_t)p->n_q * (size_t)p->n_q_heads * (size_t)c->sh.dim * sizeof(float);
-	att_plan_make(x, &c->sh, &c->args, (size_t)p->n_q, 1, &c->pl);
-	return c->pl.tiled ? BAT_ONE_LAUNCH : BAT_ALONE;
-}
-
-/* Calls a and b take the same attn_mma_many build and grid rows
- * (tq_cuda_attn.cu: many_grid checks it again) */
-static int bat_same(const struct bat_call *a, const struct bat_call *b)
-{
-	return a->sh.dim == b->sh.dim && a->sh.n_kv == b->sh.n_kv && a->pl.n_rb == b->pl.n_rb &&
-	       a->pl.mma_warps == b->pl.mma_warps && a->args.kc.id == b->args.kc.id && a->args.vc.id == b->args.vc.id &&
-	       a->args.geom.k_block_bytes == b->args.geom.k_block_bytes &&
-	       a->args.geom.v_block_bytes == b->args.geom.v_block_bytes;
-}
-
-/* The m calls of g (prepared, BAT_ONE_LAUNCH, bat_same) in one launch of
- * attn_mma_many: one copy in (the arguments, page tables, queries and
- * positions of all), the launch, the staged outputs out.  0 or an error
- * for all of them. */
-static int bat_launch(tqc_ctx *x, struct bat_call *const *g, int m, tq_error *err)
-{
-	const char *what = "";
-	cudaError_t e;
-	size_t dtop = 0, n_cnt = 0;
-	int rc, ns = 0;
-
-	if ((rc = set_ctx_device(x->device, err)) < 0)
-		return rc;
-	/* the copy's part first: the arguments, then each call's inputs */
-	const size_t o_args = carve(&dtop, (size_t)m * sizeof(struct tqc_attn_args));
-	for (int i = 0; i < m; i++) {
-		struct bat_call *c = g[i];
-		c->o_pages = carve(&dtop, sizeof(void *) * c->n_pages);
-		c->o_q = carve(&dtop, c->q_bytes);
-		c->o_pos = carve(&dtop, (size_t)c->p->n_q * sizeof(int32_t));
-	}
-	const size_t in_end = dtop;
-	size_t ptop = dtop;
-	for (int i = 0; i < m; i++) {
-		struct bat_call *c = g[i];
-		void *odp;
-		c->ow = locate(x, c->p->out, &odp);
-		c->od = odp;
-		c->d_qrot = carve(&dtop, c->q_bytes);
-		c->d_acc = carve(&dtop, c->pl.part_rows * (size_t)c->sh.dim * sizeof(float));
-		c->d_ml = carve(&dtop, c->pl.part_rows * 2 * sizeof(float));
-		c->d_out = carve(&dtop, c->od ? 0 : c->q_bytes);
-		c->h_out = carve(&ptop, c->ow == W_HOST ? c->q_bytes : 0);
-		c->cnt = n_cnt;
-		n_cnt += (size_t)c->sh.n_kv * (size_t)c->pl.n_rb;
-		ns = c->pl.n_split > ns ? c->pl.n_split : ns;
-	}
-	if ((rc = reserve(x, dtop, ptop, err)) < 0)
-		return rc;
-	CK("attention counts", att_counters(x, n_cnt));
-
-	struct tqc_attn_args *as = (struct tqc_attn_args *)(void *)(x->pin + o_args);
-	for (int i = 0; i < m; i++) {
-		struct bat_call *c = g[i];
-		const struct tq_attn_params *p = c->p;
-		struct tqc_attn_args *a = &as[i];
-		const size_t rows = (size_t)p->n_q * (size_t)p->n_q_heads;
-
-		*a = c->args;
-		a->pages = (const uint8_t *const *)(void *)(x->dev + c->o_pages);
-		a->kv_len = c->sh.kv_len;
-		a->n_q = p->n_q;
-		a->n_q_heads = p->n_q_heads;
-		a->group = c->sh.group;
-		a->n_kv = c->sh.n_kv;
-		a->causal = p->causal ? 1 : 0;
-		a->scale2 = (float)((double)c->sh.scale * LOG2E);
-		a->rows_ph = c->pl.rows_ph;
-		a->rows_blk = c->pl.rows_blk;
-		a->n_rb = c->pl.n_rb;
-		a->rows_pad = c->pl.n_rb * c->pl.rows_blk;
-		a->n_split = c->pl.n_split;
-		a->split_len = c->pl.split_len;
-		a->tiled = 1;
-		a->mma_warps = c->pl.mma_warps;
-		a->sparse_v = 0.0f; /* exact (bat_prepare) */
-		a->q_pos = (const int32_t *)(void *)(x->dev + c->o_pos);
-		a->q = (const float *)(void *)(x->dev + c->o_q);
-		a->qrot = (float *)(void *)(x->dev + c->d_qrot);
-		a->part_acc = (float *)(void *)(x->dev + c->d_acc);
-		a->part_ml = (float *)(void *)(x->dev + c->d_ml);
-		a->out = c->od ? c->od : (float *)(void *)(x->dev + c->d_out);
-		a->counters = x->att_cnt + c->cnt;
-		if (c->n_pages)
-			memcpy(x->pin + c->o_pages, p->kv->pages, sizeof(void *) * c->n_pages);
-		for (size_t r = 0; r < rows; r++)
-			tqa_q_row(p, c->sh.dim, r, (float *)(void *)(x->pin + c->o_q) + r * (size_t)c->sh.dim);
-		if (p->causal)
-			memcpy(x->pin + c->o_pos, p->q_pos, (size_t)p->n_q * sizeof(int32_t));
-	}
-	x->last_attn = "mma";
-	x->plan_warps = g[0]->pl.mma_warps;
-	x->plan_per_sm = x->mc_per_sm;
-	x->plan_splits = ns;
-	x->plan_len = g[0]->pl.split_len;
-	x->plan_shared = 1;
-	x->plan_batch = m;
-
-	CK("cudaEventRecord", cudaEventRecord(x->ev0, x->stream));
-	CK("query copy", cudaMemcpyAsync(x->dev, x->pin, in_end, cudaMemcpyHostToDevice, x->stream));
-	CK("kernel launch", (cudaError_t)tqc_launch_attend_many(as, (const struct tqc_attn_args *)(void *)(x->dev + o_args),
-								 m, x->stream));
-	for (int i = 0; i < m; i++) {
-		struct bat_call *c = g[i];
-		if (c->ow == W_HOST)
-			CK("output copy", cudaMemcpyAsync(x->pin + c->h_out, x->dev + c->d_out, c->q_bytes,
-							  cudaMemcpyDeviceToHost, x->stream));
-		else if (c->ow == W_PEER)
-			CK("output copy", cudaMemcpyAsync(c->p->out, x->dev + c->d_out, c->q_bytes, cudaMemcpyDefault,
-							  x->stream));
-	}
-	CK("cudaEventRecord", cudaEventRecord(x->ev1, x->stream));
-	CK("kernels", cudaStreamSynchronize(x->stream));
-	for (int i = 0; i < m; i++) {
-		struct bat_call *c = g[i];
-		if (c->ow == W_HOST)
-			memcpy(c->p->out, x->pin + c->h_out, c->q_bytes);
-	}
-	timing_done(x);
-	return 0;
-cuda_err:
-	return call_failed(x, "attention", what, e, err);
-}
-
-/* err of call i's failure, once: the first one's, prefixed with its index */
-static void bat_err(tq_error *err, int *first, int i, const tq_error *e)
-{
-	if (err && !*first) {
-		char m[sizeof(e->msg) - 40];
-		const size_t l = strnlen(e->msg, sizeof(m) - 1); /* the prefix fits: cut the reason's end */
-		memcpy(m, e->msg, l);
-		m[l] = '\0';
-		snprintf(err->msg, sizeof(err->msg), "call %d of the batch: %s", i, m);
-		*first = 1;
-	}
-}
-
-static int bat_fail_all(int *rcs, int n, int rc)
-{
-	for (int i = 0; i < n; i++)
-		rcs[i] = rc;
-	return rc;
-}
-
-int tqc_attend_batch(tqc_ctx *x, const struct tq_attn_params *const *ps, int n, int *rcs, tq_error *err)
-{
-	struct bat_call *g[BAT_LAUNCH_MAX];
-	tq_error e1;
-	int rc, first = 0, ret = 0;
-
-	if (n < 0 || (n > 0 && (!ps || !rcs)))
-		return tq_fail(err, "attention batch: %d calls, params %p, results %p", n, (const void *)ps, (void *)rcs);
-	/* a failure before the calls is each call's */
-	if ((rc = lost_err(err)) < 0)
-		return bat_fail_all(rcs, n, rc);
-	if (!x)
-		return bat_fail_all(rcs, n, tq_fail(err, "attention: NULL GPU context"));
-	if (n > x->bat_cap) {
-		struct bat_call *nb = realloc(x->bat, (size_t)n * sizeof(*nb));
-		if (!nb) {
-			tq_fail(err, "attention batch of %d calls: out of memory", n);
-			return bat_fail_all(rcs, n, -ENOMEM);
-		}
-		x->bat = nb;
-		x->bat_cap = n;
-	}
-	int *const inf = inflight_of(x->device);
-	const int others = __atomic_fetch_add(inf, 1, __ATOMIC_RELAXED);
-	for (int i = 0; i < n; i++) {
-		struct bat_call *c = &x->bat[i];
-		memset(&e1, 0, sizeof(e1));
-		c->p = ps[i];
-		c->state = bat_prepare(x, c, &e1, &rcs[i]);
-		if (rcs[i] < 0) {
-			bat_err(err, &first, i, &e1);
-			ret = ret ? ret : rcs[i];
-		}
-	}
-	/* the one-launch calls in groups of bat_same, in order of their first */
-	for (int i = 0; i < n; i++) {
-		if (x->bat[i].state != BAT_ONE_LAUNCH)
-			continue;
-		int m = 0;
-		for (int j = i; j < n && m < BAT_LAUNCH_MAX; j++) {
-			struct bat_call *c = &x->bat[j];
-			if (c->state == BAT_ONE_LAUNCH && bat_same(&x->bat[i], c) &&
-			    (size_t)(m + 1) * (size_t)c->sh.n_kv <= 65535u) {
-				g[m++] = c;
-				c->state = BAT_DONE;
-			}
-		}
-		if (m == 1) { /* alone after all: the single launch */
-			g[0]->state = BAT_ALONE;
-			continue;
-		}
-		memset(&e1, 0, sizeof(e1));
-		rc = bat_launch(x, g, m, &e1);
-		for (int k = 0; k < m; k++)
-			rcs[g[k] - x->bat] = rc;
-		if (rc < 0) {
-			bat_err(err, &first, (int)(g[0] - x->bat), &e1);
-			ret = ret ? ret : rc;
-		}
-	}
-	/* the rest, a call each */
-	for (int i = 0; i < n; i++) {
-		if (x->bat[i].state != BAT_ALONE)
-			continue;
-		memset(&e1, 0, sizeof(e1));
-		rcs[i] = attend(x, ps[i], others > 0 || n > 1, &e1);
-		if (rcs[i] < 0) {
-			bat_err(err, &first, i, &e1);
-			ret = ret ? ret : rcs[i];
-		}
-	}
-	__atomic_fetch_sub(inf, 1, __ATOMIC_RELAXED);
-	return ret;
 }

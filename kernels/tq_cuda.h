@@ -240,23 +240,6 @@ int tqc_append_attend(tqc_ctx *x, const struct tqc_append *a, const struct tq_at
  * append with no wait between (and succeeded), else 0. */
 int tqc_ctx_last_fused(const tqc_ctx *x);
 
-/* n calls of tqc_attend, of different sessions, as few launches as they
- * allow: exact calls (sparse_v 0) the tiled kernel takes in one pass
- * (decode, and prefill of up to 4 Mi query floats) with the same head dim,
- * KV heads, rows per KV head and K and V codecs share one launch of attn_mma_many
- * (one copy in of all their page tables and queries, one grid over all
- * their KV heads and splits, each call planned as on a shared GPU), at most
- * 256 a launch; any other call runs as tqc_attend would.  rcs[i] is call
- * i's result (0 or a negative errno, as tqc_attend's; a launch's failure is
- * each of its calls'); the return is 0 when all succeeded, else the first
- * failure's, with err naming that call ("call i of the batch: ...").  Each
- * output is what tqc_attend gives with the same plan (tqc_ctx_last_attn_plan
- * says it, with ", one launch of N sessions"), within the same 1e-3.
- * tqc_ctx_last_us is the last launch's GPU time.  Returns after the stream
- * finished.  Not yet used by tqkvd: the benchmark measures it against
- * concurrent calls (BENCHMARKS.md 2b). */
-int tqc_attend_batch(tqc_ctx *x, const struct tq_attn_params *const *ps, int n, int *rcs, tq_error *err);
-
 /* ---- profiling: where the tiled kernel's time goes ---------------------------
  * In a build of tq_cuda_attn.cu with TQC_PHASES (`make phases`:
  * build/bin/tqbench-phases, for `tqbench attn --backend cuda --phases N`;

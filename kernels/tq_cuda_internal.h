@@ -270,11 +270,6 @@ struct tqc_attn_args {
 };
 
 int tqc_launch_attend(const struct tqc_attn_args *a, void *stream);
-/* n tiled passes of different sessions in one launch of attn_mma_many
- * (tqc_attend_batch): as[n] on the host, checked (each as tqc_launch_attend
- * would, and all of one build, KV heads and row blocks), dev_as the same
- * array in device memory, which the kernel reads.  0 or a cudaError_t. */
-int tqc_launch_attend_many(const struct tqc_attn_args *as, const struct tqc_attn_args *dev_as, int n, void *stream);
 /* CTAs of attn_mma<dim> (ko: its build for tq3o / tq4o keys) with `warps`
  * warps and `smem` bytes of dynamic shared memory that run at once on one SM
  * of the current device (registers and shared memory); 0 if the runtime

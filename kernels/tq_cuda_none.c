@@ -85,13 +85,6 @@ int tqc_append_attend(tqc_ctx *x, const struct tqc_append *a, const struct tq_at
 
 int tqc_ctx_last_fused(const tqc_ctx *x) { return 0; }
 
-int tqc_attend_batch(tqc_ctx *x, const struct tq_attn_params *const *ps, int n, int *rcs, tq_error *err)
-{
-	for (int i = 0; rcs && i < n; i++)
-		rcs[i] = -ENOSYS;
-	return none_err(err);
-}
-
 int tqc_phases_arm(int device, uint32_t max_ctas, char *why, size_t whylen) { return none(why, whylen); }
 int tqc_phases_take(struct tqc_phase_rec *out, uint32_t max, uint32_t *n, char *why, size_t whylen)
 {

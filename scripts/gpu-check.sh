@@ -7,7 +7,7 @@
 #
 #   scripts/gpu-check.sh [STEP...]     steps: smi test quick backend benchsmall bench
 #                                      benchq8 benchtqo bench8 general ncu sanitize probe
-#                                      sparse phases fault shared launch step ring pages soak (default: smi test
+#                                      sparse phases fault shared step ring pages soak (default: smi test
 #                                      backend benchsmall bench)
 set -u
 cd "$(dirname "$0")/.."
@@ -70,12 +70,6 @@ for s in "${steps[@]}"; do
 	                         --no-baseline --check-max 32768 --layers 1 --bulk 64
 	                done
 	            done ;;
-	launch)     # 16 sessions' decode as concurrent calls, then as one launch (tqc_attend_batch), against SDPA;
-	            # then with splits of at least 8192 keys (fewer CTAs, longer tile loops: one launch fills the GPU)
-	            step bench_launch 240 "$B/bin/tqbench" attn --backend cuda --ctx 8192,32768,131072 --batch 4,16 \
-	                 --reps 20 --check-max 32768 --layers 1 --bulk 64
-	            step bench_launch_8k 150 env TQ_CUDA_SPLIT_MIN=8192 "$B/bin/tqbench" attn --backend cuda \
-	                 --ctx 32768,131072 --batch 16 --reps 20 --no-baseline --check-max 32768 --layers 1 --bulk 64 ;;
 	pages)      # the tiled kernel on 64-token pages (tqkvd's at 64 KiB pages, 8 KV heads, tq4/tq3)
 	            # against 256-token ones, alternated twice
 	            for i in 1 2; do
@@ -102,7 +96,7 @@ for s in "${steps[@]}"; do
 	            fi ;;
 	sanitize)   step sanitize 300 compute-sanitizer --tool memcheck --leak-check full \
 	                 env TQ_CUDA_QUICK=1 "$B/tests/test_cuda" ;;
-	*) echo "gpu-check: unknown step '$s' (smi test quick backend benchsmall bench benchq8 benchtqo bench8 general ncu sanitize probe sparse phases fault shared launch step ring pages soak)" >&2; exit 2 ;;
+	*) echo "gpu-check: unknown step '$s' (smi test quick backend benchsmall bench benchq8 benchtqo bench8 general ncu sanitize probe sparse phases fault shared step ring pages soak)" >&2; exit 2 ;;
 	esac
 done
 exit $status

@@ -12,11 +12,6 @@
  *                     the compressed bytes a call must read (K and V blocks
  *                     of every KV head over the context, tq_block_bytes) /
  *                     time, and its share of the device's peak.
- *   one launch        at B > 1, the same B calls again as one
- *                     tqc_attend_batch (one launch of attn_mma_many, from one
- *                     host thread): its wall and GPU time a step against the
- *                     round of concurrent calls and against SDPA, and every
- *                     session's output against its concurrent call's.
  *   baseline          PyTorch scaled_dot_product_attention over a bf16 cache
  *                     of the same shape on the same GPU, batch B in one call
  *                     (scripts/bench-sdpa.py, run before any of our device
@@ -652,104 +647,6 @@ static void run_sparse(struct bench *b, int B, double gpu_ms, double round_ms, u
 	free(exact);
 }
 
-/* The B sessions again as one tqc_attend_batch call (one launch of
- * attn_mma_many, one host thread: session 0's context), after the
- * concurrent calls (round_ms): the wall time of a call (a step of all B
- * sessions) and its GPU time, medians of --reps; session 0's output against
- * the CPU reference (ref, NULL: not checked) and every session's against
- * its output of the concurrent run, which used the same split plan
- * (planned as shared) or another (alone): not bit for bit, but within twice
- * the contract's 1e-3 of each other.  -1 on a failed call. */
-static int run_launch(struct bench *b, int B, double round_ms, const float *ref, const struct sdpa_case *sc,
-		      uint32_t T)
-{
-	const struct attn_cuda_opts *o = b->o;
-	const int reps = o->reps;
-	struct tq_attn_params *p = calloc((size_t)B, sizeof(*p));
-	const struct tq_attn_params **pp = calloc((size_t)B, sizeof(*pp));
-	int *rcs = calloc((size_t)B, sizeof(*rcs));
-	float *conc = malloc(sizeof(float) * NQH * DIM * (size_t)B);
-	double *wall = malloc(sizeof(double) * (size_t)reps), *gpu = malloc(sizeof(double) * (size_t)reps);
-	tq_error err;
-	int rc = -1;
-
-	if (!p || !pp || !rcs || !conc || !wall || !gpu) {
-		fprintf(stderr, "tqbench attn: out of memory\n");
-		goto out;
-	}
-	for (int i = 0; i < B; i++) {
-		memcpy(conc + (size_t)i * NQH * DIM, b->s[i].out, sizeof(float) * NQH * DIM);
-		p[i] = attn_params(&b->s[i], &b->s[i].t, b->s[i].out);
-		pp[i] = &p[i];
-	}
-	tqc_ctx *x = b->s[0].x;
-	for (int i = 0; i < WARMUP + reps; i++) {
-		const double t = bench_now();
-		if (tqc_attend_batch(x, pp, B, rcs, &err) < 0) {
-			fprintf(stderr, "tqbench attn: tqc_attend_batch of %d sessions: %s\n", B, err.msg);
-			goto out;
-		}
-		if (i >= WARMUP) {
-			wall[i - WARMUP] = (bench_now() - t) * 1e3;
-			gpu[i - WARMUP] = tqc_ctx_last_us(x) / 1e3;
-		}
-	}
-	const double wall_ms = median(wall, (size_t)reps), gpu_ms = median(gpu, (size_t)reps);
-	double worst = 0.0;
-	for (int i = 0; i < B; i++) {
-		const double e = rel_err(b->s[i].out, conc + (size_t)i * NQH * DIM, (size_t)NQH * DIM);
-		worst = !(e <= worst) ? e : worst;
-	}
-	const double err0 = ref ? rel_err(b->s[0].out, ref, (size_t)NQH * DIM) : NAN;
-	/* both within CHECK_TOL of the oracle: within twice it of each other */
-	const int ok = worst <= 2 * CHECK_TOL && (!ref || err0 <= CHECK_TOL);
-	if (!ok)
-		b->failed = 1;
-	const int have_sdpa = sc && sc->ok;
-	const double bytes = b->kv_bytes_per_token * (double)T * (double)B, peak = b->dev.peak_gbps;
-	if (o->json) {
-		printf("{\"suite\":\"attn\",\"backend\":\"cuda\",\"mode\":\"decode-one-launch\",\"ctx\":%u,"
-		       "\"batch\":%d,\"k\":\"%s\",\"v\":\"%s\",\"plan\":", T, B, tq_codec_name(o->k),
-		       tq_codec_name(o->v));
-		json_str(tqc_ctx_last_attn_plan(x));
-		jnum("wall_ms", wall_ms, 1);
-		jnum("gpu_ms", gpu_ms, 1);
-		jnum("concurrent_round_ms", round_ms, 1);
-		jnum("vs_concurrent", wall_ms / round_ms, 1);
-		jnum("all_gbps", bytes / (wall_ms * 1e-3) / 1e9, 1);
-		jnum("all_vs_peak", bytes / (wall_ms * 1e-3) / 1e9 / peak, peak > 0);
-		jnum("rel_err", err0, ref != NULL);
-		jnum("vs_concurrent_outputs", worst, 1);
-		jnum("sdpa_ms", have_sdpa ? sc->ms : NAN, have_sdpa);
-		jnum("speedup", have_sdpa ? sc->ms / wall_ms : NAN, have_sdpa);
-		jnum("speedup_gpu", have_sdpa ? sc->ms / gpu_ms : NAN, have_sdpa);
-		printf(",\"check\":\"%s\"}\n", ok ? "ok" : "fail");
-	} else {
-		printf("  one launch of %d sessions (tqc_attend_batch, one thread): wall %.4f ms, GPU %.4f ms a step "
-		       "(median of %d): %.3f x the round of concurrent calls; all sessions %.1f GB/s, %.1f %% of peak\n",
-		       B, wall_ms, gpu_ms, reps, wall_ms / round_ms, bytes / (wall_ms * 1e-3) / 1e9,
-		       peak > 0 ? 100.0 * bytes / (wall_ms * 1e-3) / 1e9 / peak : NAN);
-		printf("    kernel: %s\n", tqc_ctx_last_attn_plan(x));
-		if (have_sdpa) /* SDPA's batch is one call too, timed by CUDA events */
-			printf("    sdpa bf16 (%s): %.4f ms/step;  one launch / sdpa %.3f (wall), speedup %.2fx; "
-			       "GPU time against GPU time %.2fx\n",
-			       sc->variant, sc->ms, wall_ms / sc->ms, sc->ms / wall_ms, sc->ms / gpu_ms);
-		printf("    every session's output against its concurrent call's: worst %.2e of the norm", worst);
-		if (ref)
-			printf("; session 0's against the CPU reference %.2e", err0);
-		printf(" (%s)\n", ok ? "ok" : "FAILED");
-	}
-	rc = 0;
-out:
-	free(p);
-	free(pp);
-	free(rcs);
-	free(conc);
-	free(wall);
-	free(gpu);
-	return rc;
-}
-
 /* ---- --phases: where the tiled kernel's time goes ------------------------------ */
 
 /* The per-call figures of --phases (ns), medians over the calls. */
@@ -1311,8 +1208,6 @@ static void run_ctx(struct bench *b, uint32_t T)
 			else if (check && checkc < 0)
 				printf("    the output of the last timed call: rel err %.2e (FAILED)\n", errc);
 		}
-		if (B > 1 && run_launch(b, B, round_ms, check ? ref : NULL, have_sdpa ? sc : NULL, T) < 0)
-			b->failed = 1;
 		if (o->sparse > 0.0f)
 			run_sparse(b, B, gpu_ms, round_ms, T);
 		fflush(stdout);
