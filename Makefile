@@ -182,9 +182,9 @@ deps:
 	@scripts/install-deps.sh
 	@scripts/install-cuda.sh
 
-# the build on every CPU (nvcc's attention kernels take about two and a
+# the build on every CPU (nvcc's attention kernels take about three and a
 # half minutes of CPU, in NVCC_THREADS threads: the rest builds beside
-# them), the tests one after another
+# them), then the tests, as many at once as there are CPUs (tests/run.sh)
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) all

@@ -10,6 +10,10 @@
 # run) and TQ_TEST_SEED (its random cases' seed), e.g.
 #   TQ_TEST_ONLY=test_device_lost_restart build/tests/test_persist
 # TQ_TEST_TIMEOUT (seconds, default 600): a test still running then fails.
+# TQ_TEST_JOBS (default: the CPUs, at most 4): tests run at once.  Every
+# test has its own temporary directory, daemon, sockets and spill files,
+# so two never share state; the longest start first, and a line is printed
+# as each test ends.  TQ_TEST_JOBS=1 runs them one after another.
 set -u
 cd "$(dirname "$0")/.."
 B=${B:-build}
@@ -35,25 +39,59 @@ fi
 # seconds one test may run (the longest take about two minutes on a Zen 3
 # VM)
 limit=${TQ_TEST_TIMEOUT:-600}
-pass=0 fail=0 skip=0 failed=()
-run_one() {
-	local name=$1; shift
+njobs=${TQ_TEST_JOBS:-$(nproc 2>/dev/null || echo 2)}
+[ "$njobs" -gt 4 ] 2>/dev/null && [ -z "${TQ_TEST_JOBS:-}" ] && njobs=4
+[ "$njobs" -ge 1 ] 2>/dev/null || { echo "run.sh: TQ_TEST_JOBS must be a positive number" >&2; exit 2; }
+
+# The tests, the longest first (about a minute or more each on a 2-core
+# Zen 3: started first, the rest fill the other cores beside them), then
+# the unit binaries and the integration scripts in name order.
+first="aarch64 cuda_simt smollm2 gguf_ref soak soak_gpu test_pressure_model test_hostile gpu_backend test_codec pressure datapath persist"
+names=() cmds=()
+add() { # name command...: queued when it matches a pattern
+	local name=$1 p hit=; shift
 	if [ ${#patterns[@]} -gt 0 ]; then
-		local p hit=
 		for p in "${patterns[@]}"; do [[ $name == *"$p"* ]] && hit=1; done
-		[ -n "$hit" ] || return
+		[ -n "$hit" ] || return 0
 	fi
+	local n
+	for n in "${names[@]}"; do [ "$n" = "$name" ] && return 0; done
+	names+=("$name")
+	cmds+=("$(printf '%q ' "$@")")
+}
+all_tests() { # name path... of every test, in name order
+	local t
+	for t in "$B"/tests/test_*; do [ -x "$t" ] && echo "$(basename "$t") $t"; done
+	for t in tests/integration/*.sh; do [ -f "$t" ] && echo "$(basename "$t" .sh) bash $t"; done
+}
+mapfile -t every < <(all_tests)
+for f in $first; do
+	for e in "${every[@]}"; do [ "${e%% *}" = "$f" ] && add ${e}; done
+done
+for e in "${every[@]}"; do add ${e}; done
+
+# one test, in the background: its output in its log, its status and
+# seconds in $logdir/NAME.rc and NAME.dt
+run_one() {
+	local name=$1 cmd=$2
 	local log="$logdir/$name.log" t0 t1 rc
 	t0=$EPOCHREALTIME
 	# stdin is not the terminal's (a test reading it would stop the run),
 	# and no test runs past TQ_TEST_TIMEOUT: timeout(1) gives the test a
 	# process group of its own and signals all of it, so a hang fails that
 	# test and the run goes on, where it would hold CI until its deadline
-	timeout -k 10 "$limit" "$@" </dev/null >"$log" 2>&1
+	eval "timeout -k 10 $limit $cmd" </dev/null >"$log" 2>&1
 	rc=$?
 	t1=$EPOCHREALTIME
-	local dt
-	dt=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
+	awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f\n", b - a }' >"$logdir/$name.dt"
+	echo "$rc" >"$logdir/$name.rc"
+}
+
+pass=0 fail=0 skip=0 failed=()
+report() { # the line of a test that has ended
+	local name=$1 rc dt
+	rc=$(cat "$logdir/$name.rc" 2>/dev/null) || rc=1 # none: its runner was killed
+	dt=$(cat "$logdir/$name.dt" 2>/dev/null) || dt=0
 	# timeout(1)'s 124 (137 after its SIGKILL) is a time-out only when the
 	# limit has passed: a test may exit so itself
 	local why="exit $rc"
@@ -62,21 +100,40 @@ run_one() {
 	fi
 	case $rc in
 	0)  pass=$((pass + 1)); printf 'PASS  %-40s %6ss\n' "$name" "$dt" ;;
-	77) skip=$((skip + 1)); printf 'SKIP  %-40s %s\n' "$name" "$(tail -n 1 "$log")" ;;
+	77) skip=$((skip + 1)); printf 'SKIP  %-40s %s\n' "$name" "$(tail -n 1 "$logdir/$name.log")" ;;
 	*)  fail=$((fail + 1)); failed+=("$name")
 	    printf 'FAIL  %-40s (%s)\n' "$name" "$why"
-	    sed 's/^/      | /' "$log" | tail -n 40 ;;
+	    sed 's/^/      | /' "$logdir/$name.log" | tail -n 40 ;;
 	esac
 }
 
-for t in "$B"/tests/test_*; do
-	[ -x "$t" ] || continue
-	run_one "$(basename "$t")" "$t"
+# at most $njobs at once; as each ends, its line
+declare -A pid_of=()
+reap() { # wait for one test to end and report it
+	local n
+	wait -n 2>/dev/null
+	for n in "${!pid_of[@]}"; do
+		if ! kill -0 "${pid_of[$n]}" 2>/dev/null; then
+			wait "${pid_of[$n]}" 2>/dev/null
+			unset "pid_of[$n]"
+			report "$n"
+		fi
+	done
+}
+# interrupted: the running tests' timeout(1)s pass the signal on to them
+stop_all() {
+	local n
+	for n in "${!pid_of[@]}"; do pkill -TERM -P "${pid_of[$n]}" 2>/dev/null; kill "${pid_of[$n]}" 2>/dev/null; done
+}
+trap 'stop_all; exit 130' INT TERM
+for i in "${!names[@]}"; do
+	while [ ${#pid_of[@]} -ge "$njobs" ]; do reap; done
+	rm -f "$logdir/${names[$i]}.rc" "$logdir/${names[$i]}.dt"
+	run_one "${names[$i]}" "${cmds[$i]}" &
+	pid_of[${names[$i]}]=$!
 done
-for t in tests/integration/*.sh; do
-	[ -f "$t" ] || continue
-	run_one "$(basename "$t" .sh)" bash "$t"
-done
+while [ ${#pid_of[@]} -gt 0 ]; do reap; done
+trap - INT TERM
 
 echo
 [ ${#failed[@]} -gt 0 ] && echo "failed: ${failed[*]}"

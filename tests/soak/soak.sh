@@ -30,7 +30,8 @@
 # builds; ASan and TSan keep memory of their own) within 10 % of
 # its warm-up sample and its fds back to an idle daemon's; every error a
 # client saw explained by the daemon's log or by a chaos action.  Exit 1
-# on any violation.  The logs stay in $TQ_BUILD/soak-last/.
+# on any violation.  The logs stay in $TQ_BUILD/soak-last/ (soak-last-cuda/
+# for a GPU pool).
 set -u
 cd "$(dirname "$0")/../.."
 . tests/integration/lib/daemon.bash
@@ -46,7 +47,8 @@ if [ "$BACKEND" = cuda ]; then
 fi
 NCLI=${SOAK_CLIENTS:-4}
 SEED=${SOAK_SEED:-$(( $(date +%s%N) / 1000 % 1000000007 ))}
-KEEP=${TQ_BUILD:-$PWD/build}/soak-last
+# (a directory per pool kind: make test runs both soaks at once)
+KEEP=${TQ_BUILD:-$PWD/build}/soak-last$([ "$BACKEND" = host ] || echo "-$BACKEND")
 PAGE=16384
 RANDOM=$SEED
 echo "soak: seed $SEED, $DUR s, $NCLI clients, $BACKEND pool (SOAK_SEED=$SEED reproduces the chaos schedule)"
