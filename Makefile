@@ -155,7 +155,7 @@ include tests/module.mk
 .PHONY: all deps test test-faults soak run install clean demo coverage phases FORCE
 .DEFAULT_GOAL := all
 # nvcc's attention kernels first: four GPU architectures are the build's
-# critical path (about 5 of its 7 minutes on a 2-core Zen 3), and the rest
+# critical path (about 3 minutes of its 4 on a 2-core Zen 3), and the rest
 # builds beside them
 all: $(filter %/tq_cuda_attn.cu.o,$(KERNELS_OBJ)) $(ALL_TARGETS)
 
@@ -172,7 +172,7 @@ $(OBJ)/%.o: $(GEN)/%.c $(OBJ_STAMP)
 	$(CC) $(ALL_CFLAGS) $(PBC_CFLAGS) -Wno-shadow -c $< -o $@
 
 # nvcc compiles a file's GPU architectures in NVCC_THREADS threads (the same
-# code as one at a time: the attention kernels' four take ~150 s of CPU)
+# code as one at a time: the attention kernels' four take ~215 s of CPU)
 NVCC_THREADS ?= $(shell nproc 2>/dev/null || echo 2)
 $(OBJ)/%.cu.o: %.cu $(OBJ_STAMP)
 	@mkdir -p $(dir $@)
