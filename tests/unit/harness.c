@@ -2,6 +2,7 @@
 
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 int t_case_failed;
 static int n_pass, n_fail;
@@ -70,4 +71,59 @@ uint64_t t_seed(void)
 {
 	const char *s = getenv("TQ_TEST_SEED");
 	return s ? strtoull(s, NULL, 0) : 0x5eed1234abcdULL;
+}
+
+static FILE *cap_file; /* the capture's file, NULL when none */
+static int cap_saved = -1; /* the real standard error meanwhile */
+
+/* The captured text, and standard error back. */
+static char *cap_stop(void)
+{
+	char *text = NULL;
+	long n;
+
+	if (!cap_file)
+		return NULL;
+	fflush(stderr);
+	dup2(cap_saved, STDERR_FILENO);
+	close(cap_saved);
+	cap_saved = -1;
+	if (fseek(cap_file, 0, SEEK_END) == 0 && (n = ftell(cap_file)) >= 0 && fseek(cap_file, 0, SEEK_SET) == 0 &&
+	    (text = malloc((size_t)n + 1)) != NULL) {
+		text[fread(text, 1, (size_t)n, cap_file)] = '\0';
+		fputs(text, stderr);
+	}
+	fclose(cap_file);
+	cap_file = NULL;
+	return text;
+}
+
+static void cap_at_exit(void)
+{
+	free(cap_stop());
+}
+
+void t_stderr_begin(void)
+{
+	static int registered;
+
+	if (cap_file)
+		return;
+	if (!registered && atexit(cap_at_exit) == 0)
+		registered = 1;
+	fflush(stderr);
+	if (!(cap_file = tmpfile()))
+		return;
+	if ((cap_saved = dup(STDERR_FILENO)) < 0 || dup2(fileno(cap_file), STDERR_FILENO) < 0) {
+		if (cap_saved >= 0)
+			close(cap_saved);
+		cap_saved = -1;
+		fclose(cap_file);
+		cap_file = NULL;
+	}
+}
+
+char *t_stderr_end(void)
+{
+	return cap_stop();
 }

@@ -18,6 +18,13 @@ int t_done(void);
 void t_run(const char *name, void (*fn)(void));
 _Noreturn void t_skip(const char *why);
 uint64_t t_seed(void);
+/* What the code under test writes to standard error (fd 2: the daemon's
+ * log) from t_stderr_begin to t_stderr_end: the text, NUL-terminated, to
+ * free(), and written to the real standard error too; NULL if it could
+ * not be captured.  One capture at a time; an exit() in between prints
+ * what was captured. */
+void t_stderr_begin(void);
+char *t_stderr_end(void);
 
 #define T_RUN(fn) t_run(#fn, fn)
 

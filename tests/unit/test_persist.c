@@ -841,7 +841,15 @@ static void test_page_tokens_moved(void)
 	for (int round = 0; round < 2; round++) { /* onto the GPU-like pool, then back */
 		kvfix_backend = round == 0 ? &backend_devsim : NULL;
 		kvfix_restart(&f);
+		t_stderr_begin();
 		xpersist_up(&f);
+		char *log = t_stderr_end();
+		T_ASSERT(log);
+		/* the GPU pool's tiled kernel cannot read its pages: said once, on that pool only */
+		snprintf(path, sizeof(path), "persistent session %" PRIu64 ": its pages hold %d tokens", si.id, host);
+		const int said = strstr(log, path) != NULL && strstr(log, "the GPU's general kernel") != NULL;
+		free(log);
+		T_EQ(said, round == 0);
 		MUST(session_acquire(f.st, si.id, 0, &s) == 0);
 		MUST(dataop_kv_get(f.ks, s, &kv) == 0);
 		T_EQ(kv->geom.page_tokens, (uint32_t)host);
