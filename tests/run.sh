@@ -43,9 +43,10 @@ njobs=${TQ_TEST_JOBS:-$(nproc 2>/dev/null || echo 2)}
 [ "$njobs" -gt 4 ] 2>/dev/null && [ -z "${TQ_TEST_JOBS:-}" ] && njobs=4
 [ "$njobs" -ge 1 ] 2>/dev/null || { echo "run.sh: TQ_TEST_JOBS must be a positive number" >&2; exit 2; }
 
-# The tests, the longest first (about a minute or more each on a 2-core
-# Zen 3: started first, the rest fill the other cores beside them), then
-# the unit binaries and the integration scripts in name order.
+# The tests: the longest first (`first`: 10 s to 3 minutes each on a
+# 2-core Zen 3, started first so that the short ones fill the cores beside
+# them at the end), then the unit binaries and the integration scripts in
+# name order.
 first="aarch64 cuda_simt smollm2 gguf_ref soak soak_gpu test_pressure_model test_hostile gpu_backend test_codec pressure datapath persist"
 names=() cmds=()
 add() { # name command...: queued when it matches a pattern
