@@ -25,16 +25,28 @@ simt_switch:
 	popq %r12
 	popq %rbx
 	popq %rbp
-	ret
+	popq %rax
+	jmpq *%rax
 )");
 
-#define STACK (256 * 1024)
+/* Each thread's stack: STACK_USE bytes below its top, the top STACK_SKEW(i)
+ * below the end of its allocation.  Allocations of this size are
+ * page-aligned, so tops at the same offset in every one would share their
+ * L1 and L2 cache sets: a switch to another thread then missed on that
+ * thread's saved registers nearly every time (most of the emulator's time
+ * at 128 threads and more).  Skewed, the tops fall in different sets. */
+#define STACK_USE (256 * 1024)
+#define STACK_SKEW(i) ((uintptr_t)(i) * 17u * 64u % (64u * 1024u))
+#define STACK (STACK_USE + 64 * 1024)
 static void *sched_sp;
 static std::vector<simt_thread> th;
 static const std::function<void()> *cur_body;
-struct warp_state { unsigned arrived, gen; uint64_t buf[32]; unsigned long ncoll; };
+/* n_done: the warp's lanes that have exited (counted, so that a collective
+ * need not look at all 32 lanes each time: it ran once per lane and
+ * collective, the emulator's hottest loop) */
+struct warp_state { unsigned arrived, gen, n_done; uint64_t buf[32]; unsigned long ncoll; };
 static std::vector<warp_state> warps;
-static unsigned b_arrived, b_gen;
+static unsigned b_arrived, b_gen, b_done; /* b_done: the block's threads that exited */
 static unsigned long b_ncoll;
 static unsigned long spins;
 
@@ -61,6 +73,8 @@ static void tramp(void)
 {
 	(*cur_body)();
 	simt_cur->done = true;
+	warps[simt_cur->warp].n_done++;
+	b_done++;
 	simt_switch(&simt_cur->sp, sched_sp);
 	die("resumed a finished thread");
 }
@@ -72,11 +86,8 @@ void simt_wbar(void)
 	simt_thread *t = simt_cur;
 	warp_state &w = warps[t->warp];
 	t->ncoll++;
-	for (int l = 0; l < 32; l++) {
-		simt_thread &o = th[t->warp * 32 + l];
-		if (o.done)
-			die("warp collective after a lane of the warp exited");
-	}
+	if (w.n_done)
+		die("warp collective after a lane of the warp exited");
 	if (w.arrived == 0)
 		w.ncoll = t->ncoll;
 	else if (w.ncoll != t->ncoll)
@@ -97,9 +108,8 @@ void simt_bbar(void)
 	simt_thread *t = simt_cur;
 	unsigned n = (unsigned)th.size();
 	t->nbar++;
-	for (auto &o : th)
-		if (o.done)
-			die("__syncthreads after a thread of the block exited");
+	if (b_done)
+		die("__syncthreads after a thread of the block exited");
 	if (b_arrived == 0)
 		b_ncoll = t->nbar;
 	else if (b_ncoll != t->nbar)
@@ -162,8 +172,9 @@ void simt_run(unsigned gx, unsigned gy, unsigned gz, int nthreads, const std::fu
 		const unsigned x = (unsigned)(ci % gx), y = (unsigned)(ci / gx % gy), z = (unsigned)(ci / gx / gy);
 		simt_block = { x, y, z };
 		b_arrived = 0;
+		b_done = 0;
 		for (auto &w : warps)
-			w.arrived = 0;
+			w.arrived = w.n_done = 0;
 		for (int i = 0; i < nthreads; i++) {
 			simt_thread &t = th[i];
 			t.tidx = { (unsigned)i, 0, 0 };
@@ -172,7 +183,7 @@ void simt_run(unsigned gx, unsigned gy, unsigned gz, int nthreads, const std::fu
 			t.done = false;
 			t.ncoll = 0;
 			t.nbar = 0;
-			uintptr_t top = ((uintptr_t)t.stack + STACK) & ~(uintptr_t)15;
+			uintptr_t top = ((uintptr_t)t.stack + STACK - STACK_SKEW(i)) & ~(uintptr_t)15;
 			void **s = (void **)top;
 			*--s = nullptr;           /* tramp's return address */
 			*--s = (void *)tramp;     /* ret target */
