@@ -19,6 +19,9 @@ if [ ! -x "$SIM" ]; then
 	echo "skipped: the SIMT emulator is built only in x86-64 builds with CUDA (make USE_CUDA=yes)"
 	exit 77
 fi
+# the emulator's own checks first: one that no longer fired would let the
+# suite pass kernels that hang or read garbage on a GPU
+"$B/tests/simt/simt_selftest" || { echo "FAIL: the SIMT emulator's self-test"; exit 1; }
 export LD_LIBRARY_PATH=$B/tests/simt${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export TQ_CUDA_QUICK=${TQ_CUDA_QUICK:-1}
 # Three runs of one thread each, side by side (each into its own log,

@@ -45,10 +45,16 @@ $(SIMT_TQKVD): $(OBJ)/daemon/main.o $(DAEMON_OBJS) $(PROTO_OBJ) $(filter-out %.c
 	@mkdir -p $(dir $@)
 	$(CXX) $(ALL_LDFLAGS) -o $@ $(filter %.o,$^) $(DAEMON_LIBS) $(filter-out $(CUDA_LIBS),$(LDLIBS_BASE)) -ldl -lm -pthread
 
+# the emulator's own checks (cuda_simt.sh runs it first)
+SIMT_SELFTEST := $(B)/tests/simt/simt_selftest
+$(SIMT_SELFTEST): $(SIMT_OBJ)/simt.o $(SIMT_OBJ)/simt_selftest.o $(STAMP)
+	@mkdir -p $(dir $@)
+	$(CXX) $(ALL_LDFLAGS) -o $@ $(filter %.o,$^) -lm -pthread
+
 # a libcuda.so.1 for tq_cuda.c's driver probe (dlopen) to find
 $(SIMT_LIBCUDA):
 	@mkdir -p $(dir $@)
 	$(CC) -shared -o $@ -x c /dev/null
 
-ALL_TARGETS += $(SIMT_BIN) $(SIMT_BIN_CPA) $(SIMT_LIBCUDA) $(SIMT_TQKVD)
+ALL_TARGETS += $(SIMT_BIN) $(SIMT_BIN_CPA) $(SIMT_LIBCUDA) $(SIMT_TQKVD) $(SIMT_SELFTEST)
 endif

@@ -99,8 +99,12 @@ void simt_wbar(void)
 		spins = 0;
 		return;
 	}
-	while (w.gen == g)
+	while (w.gen == g) {
 		yield_();
+		/* a lane that exited meanwhile will never arrive */
+		if (w.gen == g && w.n_done)
+			die("warp collective after a lane of the warp exited");
+	}
 }
 
 void simt_bbar(void)
@@ -121,8 +125,12 @@ void simt_bbar(void)
 		spins = 0;
 		return;
 	}
-	while (b_gen == g)
+	while (b_gen == g) {
 		yield_();
+		/* a thread that exited meanwhile will never arrive */
+		if (b_gen == g && b_done)
+			die("__syncthreads after a thread of the block exited");
+	}
 }
 
 #include <time.h>
