@@ -42,7 +42,7 @@ for t in $tests; do
 	$CC -static -o "$out/$t" "$out/$t.o" "$out/harness.o" "$out/tietest.o" "$out/libk.a" -lm -pthread
 done
 # the longest first; at most $jobs at once.  test_attn runs as two
-# processes (its four longest cases, then the rest: about 95 and 40 s
+# processes (its four longest cases, then the rest: about 83 and 34 s
 # under qemu on a Zen 3) so that the two cores finish together; each part's
 # log in $out/$t.N.log, its status in $out/$t.N.rc
 rm -f "$out"/*.rc "$out"/*.log
