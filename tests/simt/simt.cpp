@@ -44,10 +44,9 @@ static const std::function<void()> *cur_body;
 /* n_done: the warp's lanes that have exited (counted, so that a collective
  * need not look at all 32 lanes each time: it ran once per lane and
  * collective, the emulator's hottest loop) */
-struct warp_state { unsigned arrived, gen, n_done; uint64_t buf[32]; unsigned long ncoll; };
+struct warp_state { unsigned arrived, gen, n_done; uint64_t buf[32]; };
 static std::vector<warp_state> warps;
 static unsigned b_arrived, b_gen, b_done; /* b_done: the block's threads that exited */
-static unsigned long b_ncoll;
 static unsigned long spins;
 
 static void die(const char *m)
@@ -83,15 +82,9 @@ uint64_t *simt_wbuf(void) { return warps[simt_cur->warp].buf; }
 
 void simt_wbar(void)
 {
-	simt_thread *t = simt_cur;
-	warp_state &w = warps[t->warp];
-	t->ncoll++;
+	warp_state &w = warps[simt_cur->warp];
 	if (w.n_done)
 		die("warp collective after a lane of the warp exited");
-	if (w.arrived == 0)
-		w.ncoll = t->ncoll;
-	else if (w.ncoll != t->ncoll)
-		die("divergent warp collective (lanes at different collectives)");
 	unsigned g = w.gen;
 	if (++w.arrived == 32) {
 		w.arrived = 0;
@@ -109,15 +102,9 @@ void simt_wbar(void)
 
 void simt_bbar(void)
 {
-	simt_thread *t = simt_cur;
 	unsigned n = (unsigned)th.size();
-	t->nbar++;
 	if (b_done)
 		die("__syncthreads after a thread of the block exited");
-	if (b_arrived == 0)
-		b_ncoll = t->nbar;
-	else if (b_ncoll != t->nbar)
-		die("divergent __syncthreads");
 	unsigned g = b_gen;
 	if (++b_arrived == n) {
 		b_arrived = 0;
@@ -189,12 +176,10 @@ void simt_run(unsigned gx, unsigned gy, unsigned gz, int nthreads, const std::fu
 			t.warp = i / 32;
 			t.lane = i % 32;
 			t.done = false;
-			t.ncoll = 0;
-			t.nbar = 0;
 			uintptr_t top = ((uintptr_t)t.stack + STACK - STACK_SKEW(i)) & ~(uintptr_t)15;
 			void **s = (void **)top;
 			*--s = nullptr;           /* tramp's return address */
-			*--s = (void *)tramp;     /* ret target */
+			*--s = (void *)tramp;     /* simt_switch's jump target */
 			for (int r = 0; r < 6; r++)
 				*--s = nullptr;
 			t.sp = s;

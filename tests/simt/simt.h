@@ -1,7 +1,10 @@
 /* simt.h — run CUDA kernels' device code on the CPU for testing: every
  * thread of a block is a coroutine; warp collectives and barriers are
- * cooperative barriers that check convergence (all 32 lanes at the same
- * collective count) and that no lane of a warp exited. */
+ * cooperative barriers that need every lane (thread) of the warp (block):
+ * lanes that diverge either wait for ever (the scheduler aborts: a
+ * deadlock) or reach a collective after another lane exited (aborted at
+ * once).  A count of collectives per lane could not tell more: a barrier
+ * completes only when all its lanes arrive, so their counts always agree. */
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -42,8 +45,6 @@ struct simt_thread {
 	simt_dim tidx;
 	int warp, lane;
 	bool done;
-	unsigned long ncoll;   /* warp collectives (barrier arrivals) so far */
-	unsigned long nbar;    /* block barriers so far */
 	char *stack;
 };
 extern simt_thread *simt_cur;

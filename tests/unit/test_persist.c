@@ -492,6 +492,16 @@ static const struct session_geom XG = { .n_layers = 2, .n_kv_heads = 2, .n_q_hea
 					.k_codec = TQ_CODEC_TQ4O, .v_codec = TQ_CODEC_TQ3, .max_tokens = 4096,
 					.kv_xform = TQ_XF_DEFAULT }; /* tq4o: K order stored too */
 
+/* The fixture stopped and its directory removed: system()'s status. */
+static int xfinish(struct kvfix *f)
+{
+	char cmd[128];
+
+	kvfix_stop(f);
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", f->dir);
+	return system(cmd);
+}
+
 static void xpersist_up(struct kvfix *f)
 {
 	char why[512];
@@ -619,7 +629,7 @@ static void test_xform_restart(void)
 	static struct xsnap a, b, c;
 	uint8_t first1[4096];
 	uint32_t first1_bytes;
-	char why[512], cmd[128];
+	char why[512];
 
 	kvfix_start(&f, XCONF, 16u << 20, XPAGE, 256);
 	xpersist_up(&f);
@@ -668,9 +678,7 @@ static void test_xform_restart(void)
 	T_EQ(b.n_tokens[0], a.n_tokens[0]);
 	T_ASSERT(!memcmp(b.out[0], a.out[0], sizeof(a.out[0])));
 	T_EQ(session_close(f.st, si.id, NULL), 0);
-	kvfix_stop(&f);
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", f.dir);
-	T_EQ(system(cmd), 0);
+	T_EQ(xfinish(&f), 0);
 }
 
 /* Two persistent sessions, the first with journaled tokens after its last
@@ -687,7 +695,7 @@ static void test_recover_two_sessions(void)
 	struct session *s;
 	struct kvpersist_stats ps;
 	static struct xsnap a0, b0, a1, b1;
-	char why[512], cmd[128];
+	char why[512];
 
 	kvfix_start(&f, XCONF, 16u << 20, XPAGE, 256);
 	xpersist_up(&f);
@@ -729,9 +737,7 @@ static void test_recover_two_sessions(void)
 	xsame(&b0, &b1);
 	T_EQ(session_close(f.st, sa.id, NULL), 0);
 	T_EQ(session_close(f.st, sb.id, NULL), 0);
-	kvfix_stop(&f);
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", f.dir);
-	T_EQ(system(cmd), 0);
+	T_EQ(xfinish(&f), 0);
 }
 
 /* The pool's GPU lost (devsim plays a CUDA context lost to a sticky error,
@@ -749,7 +755,7 @@ static void test_device_lost_restart(void)
 	static struct xsnap a, b;
 	static float q[QH * DIM], out[QH * DIM];
 	int32_t pos = 0;
-	char why[512], cmd[128];
+	char why[512];
 
 	kvfix_backend = &backend_devsim;
 	kvfix_start(&f, XCONF, 16u << 20, XPAGE, 256);
@@ -796,10 +802,8 @@ static void test_device_lost_restart(void)
 	T_EQ(b.n_tokens[0], 47);
 	T_EQ(b.n_tokens[1], 30);
 	T_EQ(session_close(f.st, si.id, NULL), 0);
-	kvfix_stop(&f);
 	kvfix_backend = NULL;
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", f.dir);
-	T_EQ(system(cmd), 0);
+	T_EQ(xfinish(&f), 0);
 }
 
 /* A session persisted by a host pool, reopened by a pool whose pages hold a
@@ -881,9 +885,7 @@ static void test_page_tokens_moved(void)
 	xsame(&a, &b);
 	T_EQ(session_close(f.st, si.id, NULL), 0);
 	T_EQ(session_close(f.st, si2.id, NULL), 0);
-	kvfix_stop(&f);
-	snprintf(path, sizeof(path), "rm -rf %s", f.dir);
-	T_EQ(system(path), 0);
+	T_EQ(xfinish(&f), 0);
 }
 
 /* Statistics that do not parse, or tokens without statistics: the session
@@ -967,9 +969,7 @@ static void test_xform_damage(void)
 		T_EQ(access(path, F_OK), 0);
 	}
 	T_EQ(session_close(f.st, si[2].id, NULL), 0);
-	kvfix_stop(&f);
-	snprintf(path, sizeof(path), "rm -rf %s", f.dir);
-	T_EQ(system(path), 0);
+	T_EQ(xfinish(&f), 0);
 }
 
 /* The configuration changed between two runs, as an operator may change it:
@@ -1090,9 +1090,7 @@ static void test_config_change(void)
 	spill_stats(f.sp, &ss);
 	T_EQ(ss.slots_used, 0);
 
-	kvfix_stop(&f);
-	snprintf(why, sizeof(why), "rm -rf %s", f.dir);
-	T_EQ(system(why), 0);
+	T_EQ(xfinish(&f), 0);
 }
 
 /* ---- the integration client ---------------------------------------------------- */
