@@ -1468,8 +1468,9 @@ static const struct cmd cmds[] = {
 	  "  REFUSED   allocations refused on a full pool (POOL_FULL)\n"
 	  "  EVICTED   sessions evicted under pressure (pool.pressure_action = evict)\n"
 	  "its sessions' sparse-V (tenant.sparse_v; 0: off) and, since start, the\n"
-	  "share of value chunks (up to 32 keys of a KV head) their CPU attention\n"
-	  "skipped (V-SKIP; '-' before any attention);\n"
+	  "share of value chunks (up to 32 keys of a KV head) their attention\n"
+	  "skipped (V-SKIP; '-' before any attention; on a cuda pool the chunks are\n"
+	  "counted only while sparse_v > 0);\n"
 	  "and the users/groups allowed to open sessions.", true, cmd_tenants },
 	{ "budget", "set TENANT [--limit SIZE] [--guaranteed SIZE]", "change a tenant's budget (SetTenantBudget)",
 	  "SIZE: an integer with an optional binary unit: 4096, 512M, 2GiB, 1T.\n"
@@ -1477,11 +1478,12 @@ static const struct cmd cmds[] = {
 	  "SIGHUP (reload) restores the config file's values.", true, cmd_budget },
 	{ "config", "", "the daemon's effective configuration (GetConfig)",
 	  "Every option with its value, default and whether SIGHUP reloads it.", true, cmd_config },
-	{ "open", "--tenant T --layers N --kv-heads N --q-heads N --head-dim D --max-tokens N\n"
+	{ "open", "[--tenant T] --layers N --kv-heads N --q-heads N --head-dim D --max-tokens N\n"
 	  "                 [--k-codec C] [--v-codec C] [--name NAME] [--seed S] [--persistent]\n"
 	  "                 [--kv-transform MODE]",
 	  "admit a session owned by you (OpenSession)",
 	  "For operators and tests; inference processes open sessions through libtqkv.\n"
+	  "--tenant: default the tenant \"default\".\n"
 	  "Codecs: f16 f32 q8 q4a tq2 tq3 tq4, and tq3o tq4o (keys with outlier\n"
 	  "channels at one bit more); default q8 (K) and tq4 (V).\n"
 	  "The session is not tied to any connection: it stays until closed or\n"

@@ -16,6 +16,7 @@
 #include <sys/un.h>
 
 #include "log.h"
+#include "spill.h" /* SPILL_HDR_BYTES: a spill slot's header */
 #include "tq_size.h"
 #include "tq_xform.h"
 
@@ -448,7 +449,7 @@ static int opt_parse(const struct opt *o, void *base, const char *value, char *w
 	case OPT_XFORM:
 		if (tq_xf_mode_parse(value, (uint32_t *)(void *)f) < 0) {
 			snprintf(why, whylen, "'%s' is not a transform mode (none, default, or parts joined by "
-				 "'+': k-center, k-sink, v-center, v-eq, k-eq-qk, k-eq-k, k-unshrink; at most one k-eq-* and one of k-center, k-sink)", value);
+				 "'+': k-center, k-sink, v-center, v-eq, k-eq-qk, k-eq-k, k-unshrink, k-order; at most one k-eq-* and one of k-center, k-sink)", value);
 			return -EINVAL;
 		}
 		return 0;
@@ -776,7 +777,7 @@ static int validate(const struct config *c, struct errbuf *e)
 	const char *file = c->path[0] ? c->path : "(defaults)";
 	int n0 = e->n;
 	uint64_t sum = 0;
-	int li_pool = 0, li_page = 0, li_low = 0;
+	int li_pool = 0, li_page = 0, li_low = 0, li_spill = 0;
 
 	for (size_t i = 0; i < N_OPTS; i++) {
 		if (strcmp(opts[i].name, "pool_bytes") == 0)
@@ -785,6 +786,8 @@ static int validate(const struct config *c, struct errbuf *e)
 			li_page = c->opt_line[i];
 		if (strcmp(opts[i].name, "low_watermark") == 0)
 			li_low = c->opt_line[i];
+		if (strcmp(opts[i].name, "spill_bytes") == 0)
+			li_spill = c->opt_line[i];
 	}
 	if (c->low_watermark >= c->high_watermark)
 		err_add(e, "%s:%d: pool.low_watermark: %" PRIu32 "%% must be below pool.high_watermark (%" PRIu32 "%%)",
@@ -794,6 +797,13 @@ static int validate(const struct config *c, struct errbuf *e)
 		err_add(e, "%s:%d: pool.page_bytes: %" PRIu64 " is not a multiple of 4KiB", file, li_page, c->page_bytes);
 	if (c->pool_bytes < c->page_bytes)
 		err_add(e, "%s:%d: pool.pool_bytes: smaller than one page (pool.page_bytes)", file, li_pool);
+	/* a spill slot is a page behind its header: a file of less holds none */
+	if (c->spill_bytes && c->spill_bytes < c->page_bytes + SPILL_HDR_BYTES) {
+		char b[32];
+		config_format_size(c->page_bytes + SPILL_HDR_BYTES, b, sizeof(b));
+		err_add(e, "%s:%d: pool.spill_bytes: holds no spill slot (0 for the default, or at least %s: "
+			   "pool.page_bytes and a 4KiB header)", file, li_spill, b);
+	}
 	/* sun_path holds 108 bytes including the NUL */
 	if (strlen(c->run_dir) + 1 + strlen(CONFIG_CONTROL_SOCK) >= sizeof(((struct sockaddr_un *)0)->sun_path))
 		err_add(e, "%s:%d: daemon.run_dir: '%s' is too long for a unix socket path (at most %zu characters)",

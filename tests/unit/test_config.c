@@ -160,6 +160,9 @@ static void test_errors_name_file_and_line(void)
 	T_ASSERT(load_fails("[daemon]\nlog_level = info\nlog_level = debug\n", "t.conf:3:", "first at line 2"));
 	T_ASSERT(load_fails("[pool]\n\npage_bytes = 5000\n", "t.conf:3:", "not a multiple of 4KiB"));
 	T_ASSERT(load_fails("[pool]\npool_bytes = 16M\npage_bytes = 32M\n", "t.conf:2:", "smaller than one page"));
+	/* a spill file must hold one slot: a page behind its 4 KiB header */
+	T_ASSERT(load_fails("[pool]\n\nspill_bytes = 64KiB\n", "t.conf:3:", "at least 68KiB"));
+	T_ASSERT(load_fails("[pool]\npage_bytes = 1M\nspill_bytes = 1M\n", "t.conf:3:", "holds no spill slot"));
 	T_ASSERT(load_fails("[daemon\n", "t.conf:1:", "syntax"));
 	T_ASSERT(load_fails("[daemon]\njust words\n", "t.conf:2:", "syntax"));
 	T_ASSERT(load_fails("[daemon]\nrun_dir = /a/very/long/path/that/will/never/fit/into/a/unix/socket/address/because/"
