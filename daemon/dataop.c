@@ -481,6 +481,7 @@ static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *
 	uint32_t added, tail = L->n_tokens / g->page_tokens, on_cpu = n;
 	float *xk = NULL, *xv = NULL;   /* transformed rows (the codec's input) */
 	float *xk_mem = NULL;           /* xk when allocated here              */
+	uint32_t xrows = 0;             /* the tokens xk, xv hold              */
 	int calibrated = 0;
 	tq_error te;
 	int e;
@@ -492,19 +493,30 @@ static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *
 		 * tokens encoded through them */
 		if (calibrated && kv->p && (e = kvp_journal_xform(ks, s, kv, l, r)) < 0)
 			goto fail_xf;
-		/* the GPU's kernels take all n rows at once; the CPU one token's */
-		size_t rows = pool_has_kernels(ks->pool) ? n : 1, xb = 2 * rows * kv_row * sizeof(float);
-		if (fu && fu->xpin && xb <= DATAOP_XPIN_BYTES) {
-			xk = fu->xpin; /* the device reads them where they are */
-		} else if (!(xk = xk_mem = malloc(xb))) {
+	}
+	if ((e = dataop_layer_grow(ks, s, kv, l, new_len, &added, r)) < 0)
+		goto fail_xf;
+	if (L->xf && n) {
+		/* the transformed rows, once the tokens are admitted (max_tokens,
+		 * the tenant's budget): the CPU encodes a token at a time; the
+		 * GPU's kernels take a decode step's tokens where the device reads
+		 * them in place (the worker's registered buffer), else passes of
+		 * DATAOP_XF_PASS_BYTES */
+		const size_t tok_x = 2 * (size_t)kv_row * sizeof(float); /* a token's K and V */
+		const bool in_pin = pool_has_kernels(ks->pool) && fu && fu->xpin && n * tok_x <= DATAOP_XPIN_BYTES;
+		size_t rows = !pool_has_kernels(ks->pool) ? 1 : in_pin ? n : DATAOP_XF_PASS_BYTES / tok_x;
+		rows = rows < 1 ? 1 : rows > n ? n : rows;
+		if (in_pin) {
+			xk = fu->xpin;
+		} else if (!(xk = xk_mem = malloc(rows * tok_x))) {
+			dataop_layer_shrink(ks, s, L, added);
 			dataop_res_set(r, -ENOMEM, TQKV_ST_NOMEM, 0);
 			e = r->res;
 			goto fail_xf;
 		}
 		xv = xk + rows * kv_row;
+		xrows = (uint32_t)rows;
 	}
-	if ((e = dataop_layer_grow(ks, s, kv, l, new_len, &added, r)) < 0)
-		goto fail_xf;
 	/* The tail page changes: a copy of it in a slot is stale now. */
 	if (n && tail < L->n_pages && L->meta[tail].clean) {
 		dataop_slot_release(ks, kv, L->meta[tail].slot);
@@ -524,7 +536,7 @@ static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *
 		};
 		uint32_t bad = 0;
 
-		if (xk) {
+		if (xk && !xk_mem) { /* all n in the registered buffer */
 			tq_xf_keys(L->xf, k, dtype, n, xk);
 			tq_xf_values(L->xf, v, dtype, n, xv);
 			a.k = xk;
@@ -552,8 +564,24 @@ static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *
 				fu->te = te;
 				e = 0;
 			}
-		} else {
+		} else if (!xk_mem) {
 			e = pool_append(ks->pool, &a, &bad, &te);
+		} else {
+			/* passes of xrows tokens through the transform */
+			e = 0;
+			for (uint32_t c0 = 0; c0 < n && e == 0; c0 += xrows) {
+				const uint32_t nc = n - c0 < xrows ? n - c0 : xrows;
+				const size_t at = (size_t)c0 * g->n_kv_heads * row;
+				tq_xf_keys(L->xf, (const uint8_t *)k + at, dtype, nc, xk);
+				tq_xf_values(L->xf, (const uint8_t *)v + at, dtype, nc, xv);
+				a.pos = L->n_tokens + c0;
+				a.n = nc;
+				a.k = xk;
+				a.v = xv;
+				a.dtype = TQ_DTYPE_F32;
+				if ((e = pool_append(ks->pool, &a, &bad, &te)) < 0 && bad != UINT32_MAX)
+					bad += c0; /* counted from the APPEND's first token */
+			}
 		}
 		if (e < 0) {
 			dataop_layer_shrink(ks, s, L, added);

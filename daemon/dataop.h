@@ -43,6 +43,9 @@ struct kvstore;
 /* A decode step's transformed K/V on a GPU pool: up to 16 tokens of 8 KV
  * heads of d 256 in one registered buffer per worker (more are staged). */
 #define DATAOP_XPIN_BYTES     ((size_t)256 << 10)
+/* An append's transformed K/V on a GPU pool otherwise: passes of at most
+ * this many bytes (so one APPEND of many tokens allocates no more). */
+#define DATAOP_XF_PASS_BYTES  ((size_t)4 << 20)
 
 struct dataop_ws {
 	tq_threads *threads;     /* attention pool of this worker (NULL: caller only) */

@@ -179,7 +179,9 @@ struct tqc_append {
  * (-EINVAL) or a vector the codec cannot represent (-ERANGE, as
  * tq_encode_ref) fails the call, *bad = the first failing token and err
  * names the token, the K or V side, the head and (NaN/Inf) the element.
- * On failure blocks of any token may have been written: slots at or past
+ * On failure blocks of any token may have been written, and a failing
+ * vector's block is zeroed (never left with the slot's earlier bytes,
+ * which may be another session's: see tqc_append_attend): slots at or past
  * the layer's committed length carry no meaning (tq_page.h), so the caller
  * keeps the layer as it was by not committing the tokens.  The kernel: a
  * register-resident one for head dims 64 / 128 / 256 with K and V codecs
@@ -231,7 +233,10 @@ int tqc_attend(tqc_ctx *x, const struct tq_attn_params *p, tq_error *err);
  *     tokens must not be committed; TQC_STAGE_ATTEND: the append
  *     succeeded, err is the attention's).  A queued append's failure is
  *     found after the attention has run over its slots: the output is then
- *     meaningless, as after any failed call.
+ *     meaningless, as after any failed call, but made of this call's own
+ *     inputs and the layer's tokens only (a failing vector's block is
+ *     zeroed before the attention reads it: the pages' earlier contents
+ *     never reach out).
  * TQC_STAGE_* are for *stage (may be NULL). */
 enum { TQC_STAGE_NONE = 0, TQC_STAGE_APPEND = 1, TQC_STAGE_ATTEND = 2 };
 int tqc_append_attend(tqc_ctx *x, const struct tqc_append *a, const struct tq_attn_params *p, uint32_t *bad,

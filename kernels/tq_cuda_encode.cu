@@ -24,8 +24,12 @@
  * with the Hadamard rotation, aligned rows), keeps it in registers and is
  * about a third faster for a decode token (BENCHMARKS 2b).  Both write the
  * same bytes; test_cuda checks each against the reference.  A vector whose
- * input has a NaN/Inf or that the codec cannot represent writes nothing and
- * reports itself in the status word (tq_cuda_internal.h).
+ * input has a NaN/Inf or that the codec cannot represent reports itself in
+ * the status word (tq_cuda_internal.h) and its block is zeroed (a zero
+ * vector in every codec): the slot never keeps the bytes it held before —
+ * a page's earlier owner's, another session's perhaps — for the attention
+ * that a decode step queues behind the append (tqc_append_attend) reads
+ * the slot before the host has seen the status.
  */
 #include "tq_cuda_device.cuh"
 
@@ -158,7 +162,22 @@ static __device__ void warp_zero_block(uint8_t *blk, uint32_t bytes, int lane)
 		blk[j] = 0;
 }
 
-/* ---- the codecs: 0, or TQC_ST_RANGE (nothing written) ------------------------ */
+/* Vector vec's block in the pages (token vec / 2 n_kv, K or V, KV head),
+ * and its size into *bytes unless NULL. */
+static __device__ __forceinline__ uint8_t *vec_block(const struct tqc_enc_args &a, uint32_t vec, uint32_t *bytes)
+{
+	const struct tq_page_geom &g = a.geom;
+	const uint32_t n_kv = g.n_kv_heads;
+	const uint32_t t = vec / (2u * n_kv), side = vec / n_kv % 2u, head = vec % n_kv;
+	const uint32_t s = a.slot0 + t, pi = s / g.page_tokens, sl = s % g.page_tokens;
+	const uint8_t *pg = a.pages ? a.pages[pi] : a.page_inline[pi];
+
+	if (bytes)
+		*bytes = side ? g.v_block_bytes : g.k_block_bytes;
+	return (uint8_t *)pg + (side ? tq_page_v_off(&g, head, sl) : tq_page_k_off(&g, head, sl));
+}
+
+/* ---- the codecs: 0, or TQC_ST_RANGE (nothing written; the kernel zeroes the block) */
 
 /* quantize() of tq_codec_ref.c without the packing: one TurboQuant vector
  * — a tq block, or half B (0 or 1) of a tq*o one — of the `d` values at x,
@@ -437,11 +456,7 @@ static __device__ uint32_t enc_vector(const struct tqc_enc_args &a, uint32_t vec
 	if (bad != 0xffffffffu)
 		return TQC_ST_NONFINITE | bad;
 
-	const struct tq_page_geom g = a.geom;
-	const uint32_t s = a.slot0 + t, pi = s / g.page_tokens;
-	const uint8_t *pg = a.pages ? a.pages[pi] : a.page_inline[pi];
-	const uint64_t off = side ? tq_page_v_off(&g, head, s % g.page_tokens) : tq_page_k_off(&g, head, s % g.page_tokens);
-	uint8_t *blk = (uint8_t *)pg + off;
+	uint8_t *blk = vec_block(a, vec, nullptr);
 
 	switch (cd->id) {
 	case TQ_CODEC_TQ2:
@@ -501,8 +516,12 @@ __global__ void __launch_bounds__(TQC_WARPS * 32) enc_kernel(const __grid_consta
 
 	if (vec < a.n_tok * 2u * a.geom.n_kv_heads) { /* the whole warp */
 		const uint32_t r = enc_vector(a, vec, s_x[warp], s_u[warp], s_ib[warp], s_tab[warp], lane);
-		if (r)
+		if (r) {
+			uint32_t bytes;
+			uint8_t *blk = vec_block(a, vec, &bytes);
+			warp_zero_block(blk, bytes, lane); /* the slot keeps nothing */
 			st = (unsigned long long)vec << 32 | r;
+		}
 	}
 	enc_finish(a, st, s_st);
 }
@@ -782,14 +801,12 @@ __global__ void __launch_bounds__(TQC_WARPS * 32) enc_reg(const __grid_constant_
 		const uint8_t *row = (side ? a.v : a.k) + ((size_t)t * n_kv + head) * (size_t)D * esz;
 		float x[D / 32];
 		uint32_t r = reg_load<D>(row, a.dtype, x, lane);
+		uint32_t blk_bytes;
+		uint8_t *blk = vec_block(a, vec, &blk_bytes);
 
 		if (r != ~0u) {
 			r |= TQC_ST_NONFINITE;
 		} else {
-			const struct tq_page_geom &g = a.geom;
-			const uint32_t s = a.slot0 + t, pi = s / g.page_tokens, sl = s % g.page_tokens;
-			const uint8_t *pg = a.pages ? a.pages[pi] : a.page_inline[pi];
-			uint8_t *blk = (uint8_t *)pg + (side ? tq_page_v_off(&g, head, sl) : tq_page_k_off(&g, head, sl));
 			if (cd->id == TQ_CODEC_Q8) {
 				r = reg_q8<D>(cd, x, blk, lane);
 			} else {
@@ -799,8 +816,10 @@ __global__ void __launch_bounds__(TQC_WARPS * 32) enc_reg(const __grid_constant_
 					r = reg_tq<D>(cd, x, blk, lane);
 			}
 		}
-		if (r)
+		if (r) {
+			warp_zero_block(blk, blk_bytes, lane); /* the slot keeps nothing */
 			st = (unsigned long long)vec << 32 | r;
+		}
 	}
 	enc_finish(a, st, s_st);
 }

@@ -232,6 +232,31 @@ static int layer_download(struct layer *L)
 	return 0;
 }
 
+/* A failing vector's block is zeroed by the encoder, never left with the
+ * slot's earlier bytes (another session's, in a pool): the blocks (slot, 0
+ * K / 1 V, KV head) of bl are all zero on the device; 0, or how many are
+ * not (-1: a copy failed).  They get 0xA5 again for the next call. */
+static int failed_blocks_zeroed(struct layer *L, const uint32_t (*bl)[3], int n)
+{
+	int dirty = 0;
+
+	if (layer_download(L))
+		return -1;
+	for (int i = 0; i < n; i++) {
+		const uint32_t slot = bl[i][0], pi = slot / L->g.page_tokens, sl = slot % L->g.page_tokens;
+		const uint64_t off = bl[i][1] ? tq_page_v_off(&L->g, bl[i][2], sl) : tq_page_k_off(&L->g, bl[i][2], sl);
+		const uint32_t bytes = bl[i][1] ? L->g.v_block_bytes : L->g.k_block_bytes;
+		uint8_t *b = L->hpages[pi] + off;
+		for (uint32_t j = 0; j < bytes; j++)
+			if (b[j]) {
+				dirty++;
+				break;
+			}
+		memset(b, 0xA5, bytes);
+	}
+	return layer_upload(L) ? -1 : dirty;
+}
+
 /* ---- inputs ----------------------------------------------------------------------- */
 
 static uint64_t rng_state;
@@ -739,6 +764,12 @@ static void test_encode_errors(void)
 						T_FAIL("%s %s kind %d %s: rc %d (want %d) bad %u: '%s' (want '%s')",
 						       tq_codec_name(id), tq_dtype_name(dt), kind, mem_name[m], r, want_rc, bad,
 						       err.msg, want);
+					/* token 3 (slot 5) K head 1 and V head 0, token 5 (slot 7) K head 0 */
+					static const uint32_t failed[3][3] = { { 5, 0, 1 }, { 5, 1, 0 }, { 7, 0, 0 } };
+					const int dirty = failed_blocks_zeroed(&L, failed, 3);
+					if (dirty)
+						T_FAIL("%s %s kind %d %s: %d failed vectors' blocks not zeroed", tq_codec_name(id),
+						       tq_dtype_name(dt), kind, mem_name[m], dirty);
 				}
 			}
 			/* K before V of the same token; V head 0 before K of a later token */
@@ -1726,6 +1757,11 @@ static void test_append_attend(void)
 		T_ASSERT(buf_new(&vb, MEM_DEVICE, sizeof(float) * tok * 2, kv) == 0);
 		const uint32_t base = 100; /* rewrite slots 100, 101 of the 881 */
 		layer_set_len(&L, base);
+		/* the failing vector's slot holds another session's bytes (0xA5,
+		 * as far as the kernels know): the encoder zeroes it before the
+		 * attention queued behind it reads it */
+		static const uint32_t failed[1][3] = { { 101, 1, 1 } };
+		T_EQ(failed_blocks_zeroed(&L, failed, 1), 1); /* it was the layer's token 101: not zero */
 		struct tqc_append a = { .k_codec = L.kc, .v_codec = L.vc, .kv = &L.dt, .pos = base, .n = 2, .k = kb.p,
 					.v = vb.p, .dtype = TQ_DTYPE_F32 };
 		struct tq_page_table t2 = L.dt;
@@ -1739,6 +1775,7 @@ static void test_append_attend(void)
 		T_EQ(tqc_ctx_last_fused(ctx), 0);
 		if (!strstr(err.msg, "token 1 V head 1: NaN or Inf at element 5"))
 			T_FAIL("the append's error: %s", err.msg);
+		T_EQ(failed_blocks_zeroed(&L, failed, 1), 0);
 		/* the attention fails (a position past the layer) after a good
 		 * append: its error, and the append's tokens are written */
 		buf_free(&vb);

@@ -23,6 +23,7 @@
 #include "spill.h"
 #include "tenant.h"
 #include "tqkv_ring.h"
+#include "tq_xform.h"
 
 #define MiB (1ull << 20)
 /* in helpers that return a value (T_* return from the caller) */
@@ -493,6 +494,76 @@ static uint32_t step(struct kvfix *f, uint64_t id, uint32_t l, const float *k, c
 	return r->status;
 }
 
+/* One APPEND of many tokens through a K/V transform on a GPU-like pool:
+ * transformed in passes of DATAOP_XF_PASS_BYTES (not one buffer of the
+ * whole append: a client's huge APPEND would make the daemon allocate as
+ * much before its budget is checked), each pass one append of the pool's;
+ * the attention the host pool's bits; a NaN in a later pass names its
+ * token counted from the APPEND's first, as on the host pool, and leaves
+ * the layer and the tenant's bytes as they were. */
+static void test_device_transform_passes(void)
+{
+	enum { NKV = 2, D = 64, N = 9000, BAD = 5000, PRE = 100 };
+	const struct session_geom gx = { 1, NKV, 4, D, TQ_CODEC_TQ4, TQ_CODEC_TQ3, 10000, TQ_XF_DEFAULT };
+	const uint32_t per_pass = (uint32_t)(DATAOP_XF_PASS_BYTES / (2 * NKV * D * sizeof(float)));
+	static float host[4 * 4 * D], out[4 * 4 * D];
+	float *k = malloc(sizeof(float) * N * NKV * D), *v = malloc(sizeof(float) * N * NKV * D);
+	uint32_t detail[2] = { 0, 0 };
+
+	T_ASSERT(k && v);
+	T_ASSERT(N > 2 * per_pass && BAD > per_pass && BAD < 2 * per_pass);
+	for (int dev = 0; dev < 2; dev++) {
+		struct kvfix f;
+		struct session_info si;
+		struct session *s;
+		struct dataop_res r;
+		struct devsim_stats d0, d1;
+		char why[200];
+
+		kvfix_backend = dev ? &backend_devsim : NULL;
+		fix_start(&f, 64);
+		kvfix_backend = NULL;
+		T_EQ(pool_has_kernels(f.pool), dev);
+		/* a calibrated layer (its first tokens), then one big APPEND */
+		T_ASSERT(session_open(f.st, tenant_find(f.tt, "t"), "", 1000, &gx, 77, 0, 0, &si, why, sizeof(why)) == 0);
+		T_ASSERT(session_acquire(f.st, si.id, 0, &s) == 0);
+		uint64_t seed = 5;
+		for (size_t i = 0; i < (size_t)N * NKV * D; i++) {
+			seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+			k[i] = (float)(seed >> 40) / (float)(1 << 24) - 0.5f + (i % D == 3 ? 2.0f : 0.0f);
+			v[i] = (float)(seed >> 20 & 0xfffff) / (float)(1 << 20) - 0.5f;
+		}
+		dataop_append(f.ks, s, 0, k, v, TQ_DTYPE_F32, PRE, &r);
+		T_EQ(r.status, TQKV_ST_OK);
+		uint64_t used = tenant_table_used(f.tt);
+		/* a NaN in the second pass: nothing of the APPEND stays */
+		v[(size_t)BAD * NKV * D + D + 7] = NAN;
+		devsim_stats(&d0);
+		dataop_append(f.ks, s, 0, k, v, TQ_DTYPE_F32, N, &r);
+		T_EQ(r.status, TQKV_ST_NONFINITE);
+		detail[dev] = r.detail;
+		T_EQ(r.n_tokens, PRE);
+		T_EQ(tenant_table_used(f.tt), used);
+		v[(size_t)BAD * NKV * D + D + 7] = 0.25f;
+		dataop_append(f.ks, s, 0, k, v, TQ_DTYPE_F32, N, &r);
+		T_EQ(r.status, TQKV_ST_OK);
+		T_EQ(r.n_tokens, PRE + N);
+		devsim_stats(&d1);
+		if (dev) /* two passes up to the NaN's, then all three */
+			T_EQ(d1.appends - d0.appends, 2 + (N + per_pass - 1) / per_pass);
+		session_release(s);
+		T_EQ(attend(&f, si.id, 0, PRE + N, dev ? out : host, &r), 4);
+		if (dev && memcmp(out, host, sizeof(out)))
+			T_FAIL("the GPU-like pool's attention differs from the host pool's");
+		T_EQ(session_close(f.st, si.id, NULL), 0);
+		kvfix_stop(&f);
+	}
+	T_EQ(detail[0], BAD);
+	T_EQ(detail[1], BAD);
+	free(k);
+	free(v);
+}
+
 /* One layer's decode step on a device pool: APPEND_ATTEND runs as one
  * call of the backend's (pool_append_attend; on a GPU the attention is
  * queued behind the append).  The answers and lengths are a host pool's,
@@ -649,6 +720,7 @@ int main(void)
 	T_RUN(test_slow_disk);
 	T_RUN(test_device_tier);
 	T_RUN(test_device_decode_steps);
+	T_RUN(test_device_transform_passes);
 	T_RUN(test_device_lost);
 	return t_done();
 }
