@@ -212,6 +212,13 @@ int spill_hdr_check(const void *hdr_bytes, const void *payload, uint32_t page_by
 			 ", expected session %" PRIu64 " layer %u page %u generation %" PRIu64,
 			 h.session_id, h.layer, h.page_index, h.generation, e->session_id, e->layer,
 			 e->page_index, e->generation);
+	/* a page's copy holds at least the tokens its layer counts in it (a
+	 * truncate only lowers the count; an append drops the tail page's
+	 * copy first): fewer, and the reader would take slots the session
+	 * never wrote — bytes of the page's earlier owner */
+	else if (h.n_tokens < e->n_tokens)
+		snprintf(why, whylen, "holds %u tokens of page %u, the session counts %u there", h.n_tokens,
+			 h.page_index, e->n_tokens);
 	else
 		return 0;
 	return -EBADMSG;

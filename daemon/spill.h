@@ -80,7 +80,8 @@ void spill_hdr_seal(struct spill_page_hdr *h, const void *payload, uint32_t page
 /* The checks a read makes (fuzzed by tests/fuzz/fuzz_spillhdr.c): the
  * header's first sizeof(struct spill_page_hdr) bytes, as read from disk,
  * and the payload (page_bytes) against what the reader expects (only
- * session_id, layer, page_index and generation of e are looked at).  0:
+ * session_id, layer, page_index and generation of e are looked at, and
+ * n_tokens: the page must hold at least that many).  0:
  * the page is the one expected, sealed by spill_hdr_seal and unchanged
  * since; else -EBADMSG with why.  A pure function. */
 int spill_hdr_check(const void *hdr_bytes, const void *payload, uint32_t page_bytes,
