@@ -1397,7 +1397,9 @@ static void *slow_main(void *arg)
 	return NULL;
 }
 
-/* 0: the call's thread owns req and replies; else rep says why not. */
+/* 0: the call's thread owns req and replies; -EBUSY: refused (rep says
+ * why: as many run already); another negative errno: no thread for it (the
+ * caller runs it inline). */
 static int call_async(struct rpc_server *srv, struct call *c, const struct peer *peer, ProtobufCMessage *req,
 		      struct reply *rep)
 {
@@ -1408,8 +1410,8 @@ static int call_async(struct rpc_server *srv, struct call *c, const struct peer 
 
 	if (__atomic_add_fetch(&srv->slow_calls, 1, __ATOMIC_ACQ_REL) > SLOW_CALLS_MAX) {
 		__atomic_sub_fetch(&srv->slow_calls, 1, __ATOMIC_RELEASE);
-		rep_error(rep, GRPC_STATUS_RESOURCE_EXHAUSTED, "%d spill/restore calls are running already; "
-			  "try again when one is done", SLOW_CALLS_MAX);
+		rep_error(rep, GRPC_STATUS_RESOURCE_EXHAUSTED, "%d spill/restore/checkpoint calls are running "
+			  "already; try again when one is done", SLOW_CALLS_MAX);
 		return -EBUSY;
 	}
 	if (!(sc = malloc(sizeof(*sc)))) {
@@ -1474,10 +1476,15 @@ static void call_handle(struct rpc_server *srv, struct call *c)
 			;
 		else if (req && (code = rpc_request_check((unsigned)c->method, req, why, sizeof(why))) != 0)
 			rep_error(&rep, (grpc_status_code)code, "%s", why);
-		else if (req && methods[c->method].slow && call_async(srv, c, &peer, req, &rep) == 0)
-			return; /* its thread replies */
-		else if (req)
+		else if (req && methods[c->method].slow) {
+			const int ar = call_async(srv, c, &peer, req, &rep);
+			if (ar == 0)
+				return; /* its thread replies */
+			if (ar != -EBUSY) /* no thread to be had: here, as a last resort */
+				methods[c->method].fn(srv, &peer, req, &rep);
+		} else if (req) {
 			methods[c->method].fn(srv, &peer, req, &rep);
+		}
 	}
 	if (req)
 		protobuf_c_message_free_unpacked(req, NULL);

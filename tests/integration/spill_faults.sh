@@ -91,6 +91,23 @@ wait $SP || fail "the slow spill: $(cat "$T/spill.out")"
 t1=$(date +%s%N)
 [ $(( (h1 - h0) / 1000000 )) -lt 1000 ] || fail "health took $(( (h1 - h0) / 1000000 )) ms during a spill"
 [ $(( (t1 - t0) / 1000000 )) -ge 2000 ] || fail "the spill did not wait for the slow disk"
+# at most 4 disk-bound control calls at once: a fifth is refused at once
+# (RESOURCE_EXHAUSTED), not run on the control plane's thread.  C is
+# resident again; the first of four spills of it waits on the slow disk
+# (2 s), the other three on its lock
+ctl restore "$C" >/dev/null || fail "restore C"
+SPS=()
+for i in 1 2 3 4; do
+	ctl --timeout 20000 spill "$C" >"$T/spill$i.out" 2>&1 &
+	SPS+=($!)
+done
+sleep 0.5
+f0=$(date +%s%N)
+out=$(ctl spill "$C" 2>&1) && fail "a fifth concurrent spill was not refused: $out"
+f1=$(date +%s%N)
+grep -q "4 spill/restore/checkpoint calls are running already" <<<"$out" || fail "the fifth spill: $out"
+[ $(( (f1 - f0) / 1000000 )) -lt 1000 ] || fail "the fifth spill's refusal took $(( (f1 - f0) / 1000000 )) ms"
+for p in "${SPS[@]}"; do wait "$p" || fail "a spill of four: $(cat "$T"/spill?.out)"; done
 stop_daemon
 [ "$STOP_RC" = 0 ] || fail "exit $STOP_RC"
 
