@@ -1412,6 +1412,17 @@ void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, 
 		ap.n_q = (int)n_q;
 		ap.q = ws->q;
 	}
+	/* the queries' scratch for the largest pass (a CPU plan only halves
+	 * it), before the append: once its tokens are in, the operation no
+	 * longer fails for want of memory */
+	if (n_append && !fuse) {
+		const uint32_t c0 = gpu_chunk(n_q, q_row_bytes);
+		if (ws_reserve(&ws->q, &ws->q_bytes, (size_t)c0 * q_row_bytes + 1) < 0 ||
+		    (L->xf && ws_reserve((void **)&ws->qx, &ws->qx_bytes, (size_t)c0 * row * sizeof(float) + 1) < 0)) {
+			dataop_res_set(r, -ENOMEM, TQKV_ST_NOMEM, 0);
+			goto out;
+		}
+	}
 	if (n_append && append_locked(ks, s, kv, layer, k, v, dtype, n_append, q, n_q, fuse ? &fu : NULL, r) < 0)
 		goto out;
 
@@ -1426,6 +1437,7 @@ void dataop_attend(struct kvstore *ks, struct session *s, struct dataop_ws *ws, 
 	} else {
 		ap.q = q; /* planning checks the first pass's queries in place */
 		chunk = gpu ? gpu_chunk(n_q, q_row_bytes) : attend_chunk(&ap, n_q, q_row_bytes);
+		/* reserved above when this call appended: no failure here then */
 		if (ws_reserve(&ws->q, &ws->q_bytes, (size_t)chunk * q_row_bytes + 1) < 0 ||
 		    (L->xf && ws_reserve((void **)&ws->qx, &ws->qx_bytes, (size_t)chunk * row * sizeof(float) + 1) < 0)) {
 			dataop_res_set(r, -ENOMEM, TQKV_ST_NOMEM, 0);

@@ -110,17 +110,26 @@ void kvp_sess_free(struct kvstore *ks, struct kv_sess *kv)
 
 	if (!p)
 		return;
+	/* Its slots go back only once no manifest names them: closed or
+	 * evicted, the copy on disk goes first (so a crash in between never
+	 * finds a manifest naming free slots); a manifest that could not be
+	 * removed, or that is kept (the daemon's shutdown, or a session
+	 * recovery keeps for the next start), keeps them used until restart. */
+	bool keep = ks->persist != NULL;
 	if (ks->persist && !ks->persist->shutdown) {
-		/* closed or evicted: the copy on disk goes too (files first, so
-		 * a crash in between never finds a manifest naming free slots) */
 		int r = persist_remove(ks->persist->dirfd, kv->id);
-		if (r < 0)
-			log_err("session %" PRIu64 ": removing its persistent copy (%s/%" PRIu64 ".tqm): %s", kv->id,
-				PERSIST_SUBDIR, kv->id, strerror(-r));
-		else
+		if (r < 0) {
+			log_err("session %" PRIu64 ": removing its persistent copy (%s/%" PRIu64 ".tqm): %s; its spill "
+				"slots stay used until restart", kv->id, PERSIST_SUBDIR, kv->id, strerror(-r));
+		} else {
 			log_info("session %" PRIu64 ": persistent copy removed", kv->id);
+			keep = false;
+		}
 	}
-	free_deferred(ks, p);
+	if (keep)
+		p->n_dfree = 0;
+	else
+		free_deferred(ks, p);
 	if (p->jfd >= 0)
 		close(p->jfd);
 	free(p->dfree);
@@ -858,8 +867,10 @@ static int replay_rec(void *ctx, const struct persist_rec *rec, const uint8_t *p
 		return -EBADMSG;
 	}
 	uint32_t added, tail = L->n_tokens / g->page_tokens;
-	if (L->n_tokens % g->page_tokens && restore_page(ks, rp->s, kv, rec->layer, tail, rp->why, sizeof(rp->why)) < 0)
-		return -EIO;
+	int rr;
+	if (L->n_tokens % g->page_tokens &&
+	    (rr = restore_page(ks, rp->s, kv, rec->layer, tail, rp->why, sizeof(rp->why))) < 0)
+		return rr == -EBADMSG ? -EBADMSG : -EIO; /* a lost page, or room and I/O */
 	if (dataop_layer_grow(ks, rp->s, kv, rec->layer, (uint64_t)L->n_tokens + rec->n, &added, &r) < 0) {
 		snprintf(rp->why, sizeof(rp->why), "applying an append to layer %u: %s%s%s", rec->layer,
 			 tqkv_status_str(r.status), r.msg[0] ? ": " : "", r.msg);
@@ -1046,10 +1057,43 @@ static int build_tables(struct kvstore *ks, struct session *s, struct kv_sess *k
 /* A manifest set aside: why, in the log. */
 static void recover_drop(struct kvstore *ks, uint64_t id, const struct persist_manifest *m, const char *why, bool keep)
 {
-	if (!keep)
+	if (!keep) {
 		persist_set_aside(ks->persist->dirfd, id);
-	log_warning("persistent session %" PRIu64 "%s%s%s dropped: %s (manifest kept as %s/%" PRIu64 ".tqm.dropped)",
-		    id, m->tenant[0] ? " (tenant " : "", m->tenant, m->tenant[0] ? ")" : "", why, PERSIST_SUBDIR, id);
+		log_warning("persistent session %" PRIu64 "%s%s%s dropped: %s (manifest kept as %s/%" PRIu64
+			    ".tqm.dropped)", id, m->tenant[0] ? " (tenant " : "", m->tenant, m->tenant[0] ? ")" : "",
+			    why, PERSIST_SUBDIR, id);
+	} else {
+		log_err("persistent session %" PRIu64 "%s%s%s not served in this run: %s (its files and spill slots "
+			"are kept as they are: the next start tries again)", id, m->tenant[0] ? " (tenant " : "",
+			m->tenant, m->tenant[0] ? ")" : "", why);
+	}
+}
+
+/* A session recovery cannot take back now (out of memory, the tier, the
+ * tenant's limit), though nothing is wrong with its files: out of the
+ * table again with its files untouched and its slots still claimed
+ * (kvp_sess_free keeps them while shutdown is set). */
+static void recover_keep(struct kvstore *ks, struct session_table *st, struct session *s, uint64_t id,
+			 const struct persist_manifest *m, const char *why)
+{
+	struct kvpersist *kp = ks->persist;
+
+	session_release(s);
+	kp->shutdown = true;
+	session_close(st, id, NULL);
+	kp->shutdown = false;
+	recover_drop(ks, id, m, why, true);
+}
+
+/* The pages recovery found lost (their copies failed their checks). */
+static uint64_t lost_pages(const struct kv_sess *kv)
+{
+	uint64_t n = 0;
+
+	for (uint32_t l = 0; l < kv->n_layers; l++)
+		for (uint32_t i = 0; i < kv->layer[l].n_pages; i++)
+			n += kv->layer[l].meta[i].state == PG_LOST;
+	return n;
 }
 
 /* Recovery's first pass, one manifest: read, checked, its slots claimed.
@@ -1112,18 +1156,25 @@ static int recover_adopt(struct kvstore *ks, struct session_table *st, struct te
 	pthread_mutex_lock(&kv->lock);
 	if ((r = build_tables(ks, s, kv, m)) < 0) {
 		pthread_mutex_unlock(&kv->lock);
-		snprintf(why, sizeof(why), "out of memory");
-		session_release(s);
-		kp->shutdown = true; /* keep its files: nothing is wrong with them */
-		session_close(st, id, NULL);
-		kp->shutdown = false;
-		recover_drop(ks, id, m, why, true);
+		recover_keep(ks, st, s, id, m, "out of memory");
 		persist_manifest_free(m);
 		return 0;
 	}
 	rp.s = s;
 	rp.kv = kv;
 	r = persist_journal_replay(kp->dirfd, id, id, m->epoch, replay_rec, &rp, &n_rec, jwhy, sizeof(jwhy));
+	if (r < 0 && r != -ENOENT && r != -EBADMSG) {
+		/* not a damaged record: the journal could not be read, or a
+		 * record not applied for want of memory, pool pages, the
+		 * tenant's room or a good read — a checkpoint or a journal reset
+		 * now would lose appends the client was told had succeeded */
+		snprintf(why, sizeof(why), "its journal could not be replayed past record %u: %s", n_rec,
+			 rp.why[0] ? rp.why : jwhy);
+		pthread_mutex_unlock(&kv->lock);
+		recover_keep(ks, st, s, id, m, why);
+		persist_manifest_free(m);
+		return 0;
+	}
 	if (r > 0 || (r < 0 && r != -ENOENT))
 		log_warning("session %" PRIu64 ": journal replay stopped after %u record(s): %s; the changes after "
 			    "it are dropped", id, n_rec, rp.why[0] ? rp.why : jwhy);
@@ -1140,8 +1191,9 @@ static int recover_adopt(struct kvstore *ks, struct session_table *st, struct te
 		__atomic_store_n(&kv->p->dirty, true, __ATOMIC_RELAXED);
 		if (checkpoint_or_count(ks, s, kv, why, sizeof(why)) < 0)
 			log_err("session %" PRIu64 ": checkpoint after replay failed: %s (the journal is kept)", id, why);
-		else
-			dataop_spill_locked(ks, s, kv, UINT64_MAX, &out, why, sizeof(why));
+		else if (dataop_spill_locked(ks, s, kv, UINT64_MAX, &out, why, sizeof(why)) < 0)
+			log_warning("session %" PRIu64 ": spilling it after replay: %s (its pages stay resident)", id,
+				    why);
 	} else {
 		kv->p->jfd = persist_journal_reset(kp->dirfd, id, kv->p->epoch, jwhy, sizeof(jwhy));
 		__atomic_store_n(&kv->p->joff, PERSIST_JNL_HDR, __ATOMIC_RELAXED);
@@ -1149,9 +1201,13 @@ static int recover_adopt(struct kvstore *ks, struct session_table *st, struct te
 			log_err("session %" PRIu64 ": journal: %s (the first append checkpoints first)", id, jwhy);
 	}
 	spilled = __atomic_load_n(&kv->n_spilled, __ATOMIC_RELAXED);
+	const uint64_t lost = lost_pages(kv);
+	char lbuf[48] = "";
+	if (lost)
+		snprintf(lbuf, sizeof(lbuf), ", %" PRIu64 " page(s) lost", lost);
 	log_info("session %" PRIu64 " '%s' (tenant %s, uid %u) restored from disk: %" PRIu64 " tokens, %" PRIu64
 		 " page(s) spilled%s%s", id, m->name, m->tenant, m->owner_uid, kv->max_len, spilled,
-		 n_rec ? ", journal replayed" : "", kv->n_pages - spilled > 0 ? ", some pages lost" : "");
+		 n_rec ? ", journal replayed" : "", lbuf);
 	pthread_mutex_unlock(&kv->lock);
 	session_release(s);
 	persist_manifest_free(m);

@@ -442,10 +442,15 @@ int persist_remove(int dirfd, uint64_t id)
 	char name[64];
 	int r = 0;
 
-	fname(name, sizeof(name), id, "tqj");
-	if (unlinkat(dirfd, name, 0) < 0 && errno != ENOENT)
-		r = -errno;
+	/* the manifest first: without it the session is gone at the next
+	 * start (persist_scan removes a journal alone); a journal removed
+	 * first and a crash before the manifest would bring a closed session
+	 * back.  A manifest that stays keeps its journal too. */
 	fname(name, sizeof(name), id, "tqm");
+	if (unlinkat(dirfd, name, 0) < 0 && errno != ENOENT)
+		return -errno;
+	fsync(dirfd);
+	fname(name, sizeof(name), id, "tqj");
 	if (unlinkat(dirfd, name, 0) < 0 && errno != ENOENT)
 		r = -errno;
 	fsync(dirfd);

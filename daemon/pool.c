@@ -49,8 +49,10 @@ int pool_new(struct pool **out, const struct pool_params *pp, char *why, size_t 
 		return -EINVAL;
 	}
 	p = calloc(1, sizeof(*p));
-	if (!p)
+	if (!p) {
+		snprintf(why, whylen, "out of memory");
 		return -ENOMEM;
+	}
 	pthread_mutex_init(&p->lock, NULL);
 	p->region.numa_node = -1;
 	p->be = pp->backend ? pp->backend : &backend_host;

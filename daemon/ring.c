@@ -1376,8 +1376,10 @@ int ring_server_new(struct ring_server **out, const struct ring_params *p,
 		return -EINVAL;
 	}
 	rs = calloc(1, sizeof(*rs));
-	if (!rs)
+	if (!rs) {
+		snprintf(why, whylen, "out of memory");
 		return -ENOMEM;
+	}
 	rs->p = *p;
 	rs->p.run_dir = NULL;
 	rs->max_clients = p->max_clients;

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1009,6 +1010,72 @@ static uint64_t slot_range(const char *dir, uint64_t id, uint64_t *lo, uint64_t 
 	return n;
 }
 
+/* A journal that cannot be replayed now — its next append needs a pool
+ * page and the pool (one page, after a restart on a smaller pool) has
+ * none — is not a damaged one: the session is not served in that run,
+ * its files stay as they are and its spill slots claimed (nobody else's
+ * pages may land there), and the next start on a pool with room brings it
+ * back with every acknowledged append.  (Checkpointing or resetting the
+ * journal there lost the appends after the checkpoint.) */
+static void test_replay_cannot_apply(void)
+{
+	struct kvfix f;
+	struct session_info si, got;
+	struct spill_stats ss;
+	struct kvpersist_stats ps;
+	static struct xsnap before, after;
+	char why[512], path[256];
+	uint64_t lo, hi;
+
+	kvfix_start(&f, XCONF, 16u << 20, XPAGE, 256);
+	xpersist_up(&f);
+	struct session *s = xopen(&f, &XG, "cannot", 61, &si);
+	xfill(&f, s, 0, 60, 0);
+	xfill(&f, s, 0, 55, 1);
+	xfill(&f, s, 1, 30, 2);
+	T_EQ(dataop_checkpoint(f.ks, s, why, sizeof(why)), 0);
+	/* journaled after the checkpoint: layer 0's tail page fills, and the
+	 * append goes on into a page of its own */
+	struct kv_sess *kv;
+	MUST(dataop_kv_get(f.ks, s, &kv) == 0);
+	const uint32_t pt = kv->geom.page_tokens;
+	T_ASSERT(115 < pt && pt < 115 + 30);
+	xfill(&f, s, 0, 30, 3);
+	session_release(s);
+	xsnapshot(&f, si.id, &before);
+	const uint64_t n_slots = slot_range(f.dir, si.id, &lo, &hi);
+	T_ASSERT(n_slots >= 2);
+
+	/* a SIGKILL, then a start on a pool of one page */
+	kvstore_persist_stop(f.ks, NULL);
+	f.pool_bytes = XPAGE;
+	kvfix_restart(&f);
+	xpersist_up(&f);
+	T_EQ(session_get_info(f.st, si.id, &got), -ENOENT);
+	kvstore_persist_stats(f.ks, &ps);
+	T_EQ(ps.restored, 0);
+	snprintf(path, sizeof(path), "%s/%s/%" PRIu64 ".tqm", f.dir, PERSIST_SUBDIR, si.id);
+	T_EQ(access(path, F_OK), 0);
+	snprintf(path, sizeof(path), "%s/%s/%" PRIu64 ".tqj", f.dir, PERSIST_SUBDIR, si.id);
+	struct stat st;
+	T_EQ(stat(path, &st), 0);
+	T_ASSERT(st.st_size > PERSIST_JNL_HDR); /* its records are still there */
+	spill_stats(f.sp, &ss);
+	T_EQ(ss.slots_used, n_slots);
+
+	/* room again: every token back, bit for bit */
+	kvstore_persist_stop(f.ks, NULL);
+	f.pool_bytes = 16u << 20;
+	kvfix_restart(&f);
+	xpersist_up(&f);
+	kvstore_persist_stats(f.ks, &ps);
+	T_EQ(ps.restored, 1);
+	xsnapshot(&f, si.id, &after);
+	xsame(&before, &after);
+	T_EQ(after.n_tokens[0], 145);
+	T_EQ(xfinish(&f), 0);
+}
+
 /* A restart (persistence stopped first) on f's changed config: session
  * `dropped` is gone with its manifest set aside, and the start counted
  * `restored` sessions back and one dropped. */
@@ -1349,5 +1416,6 @@ int main(int argc, char **argv)
 	T_RUN(test_device_lost_restart);
 	T_RUN(test_page_tokens_moved);
 	T_RUN(test_config_change);
+	T_RUN(test_replay_cannot_apply);
 	return t_done();
 }
