@@ -967,8 +967,11 @@ EXPORT int tqkv_session_attach_name(tqkv *c, const char *tenant, const char *nam
 		return r;
 	const Tqkv__V1__ListSessionsReply *l = (const void *)rep;
 	const Tqkv__V1__Session *m = NULL;
+	/* the caller's own: names are per owner, and an operator's list holds
+	 * every user's sessions */
+	const uid_t me = geteuid();
 	for (size_t i = 0; i < l->n_sessions && !m; i++)
-		if (!strcmp(l->sessions[i]->name, name))
+		if (!strcmp(l->sessions[i]->name, name) && l->sessions[i]->owner_uid == (uint32_t)me)
 			m = l->sessions[i];
 	if (!m) {
 		r = fail(-ENOENT, "no session named '%s' in tenant '%s' that you may use", name, q.tenant);

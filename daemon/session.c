@@ -301,7 +301,11 @@ static int session_new(struct tenant *t, const char *name, uid_t owner, const st
 	return 0;
 }
 
-/* Is `name` free in t?  Table lock held; *mine counts owner's sessions. */
+/* Is `name` free for owner in t?  Names are the owner's: another user's
+ * session of the same name in the same tenant neither clashes nor shows
+ * (a clash told any user of the tenant that it existed, and its id, and
+ * let one take the names another's service uses).  Table lock held;
+ * *mine counts owner's sessions. */
 static int name_free(struct session_table *st, struct tenant *t, const char *name, uid_t owner,
 		     uint32_t *mine, char *why, size_t whylen)
 {
@@ -309,7 +313,7 @@ static int name_free(struct session_table *st, struct tenant *t, const char *nam
 	for (size_t b = 0; b < N_BUCKETS; b++) {
 		for (struct session *o = st->bucket[b]; o; o = o->next) {
 			*mine += o->owner == owner;
-			if (name[0] && o->tenant == t && strcmp(o->name, name) == 0) {
+			if (name[0] && o->owner == owner && o->tenant == t && strcmp(o->name, name) == 0) {
 				snprintf(why, whylen, "tenant '%s' has a session named '%s' already (id %llu)",
 					 tenant_name(t), name, (unsigned long long)o->id);
 				return -EEXIST;

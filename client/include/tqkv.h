@@ -109,7 +109,7 @@ uint64_t tqkv_client_id(const tqkv *c);
 
 struct tqkv_session_params {
 	const char *tenant;       /* NULL or "": "default"                                   */
-	const char *name;         /* optional, unique per tenant                             */
+	const char *name;         /* optional, unique per tenant and owner                   */
 	uint32_t n_layers;
 	uint32_t n_kv_heads;
 	uint32_t n_q_heads;       /* a multiple of n_kv_heads                                */

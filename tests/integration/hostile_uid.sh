@@ -70,8 +70,13 @@ expect_refused "is for operators" spill "$ID"
 expect_refused "is for operators" restore "$ID"
 expect_refused "is for operators" budget set default --limit 1M
 expect_refused "is for operators" config
-expect_refused "has a session named '$NAME' already" open --tenant default --name "$NAME" --layers 2 \
-	--kv-heads 2 --q-heads 8 --head-dim 128 --max-tokens 64
+# names are per owner: the second uid's open under the first's session's
+# name makes a session of its own (the first's neither clashes nor shows)
+out=$(uctl $UB open --tenant default --name "$NAME" --layers 2 --kv-heads 2 --q-heads 8 --head-dim 128 \
+	--max-tokens 64 2>&1) || fail "$UB could not open a session of its own named $NAME: $out"
+BID=$(awk '$1 == "id:" {print $2}' <<<"$out")
+[ -n "$BID" ] && [ "$BID" != "$ID" ] || fail "$UB's open under $UA's session's name: id '$BID' ($UA's: $ID): $out"
+uctl $UB close "$BID" >/dev/null || fail "$UB could not close its own session $BID ($out)"
 uctl $UB sessions --json | grep -q "$NAME" && fail "$UB sees $UA's session in its list"
 uctl $UB sessions --json | grep -q "\"id\": *\"\?$ID\b" && fail "$UB sees $UA's session id in its list"
 

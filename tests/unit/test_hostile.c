@@ -1288,11 +1288,27 @@ static int client_intrude(const char *dir, uint64_t id, const char *name)
 		tqkv_session_detach(ss);
 	e = tqkv_session_drop(c, id);
 	EXPECT("tqkv_session_drop", e == -EPERM, e < 0 ? tqkv_last_error() : "dropped");
+	/* names are per owner: a session of its own under the same name, which
+	 * is what attach by that name then finds, never the other's */
 	p.name = name;
 	e = tqkv_session_open(c, &p, &ss);
-	EXPECT("tqkv_session_open under its name", e < 0, e < 0 ? tqkv_last_error() : "opened");
-	if (e == 0)
+	EXPECT("tqkv_session_open under its name (its own)", e == 0, e < 0 ? tqkv_last_error() : "opened");
+	if (e == 0) {
+		const uint64_t mine = tqkv_session_id(ss);
+		EXPECT("its own session, not the other's", mine != id, "the other's id");
 		tqkv_session_close(ss);
+		e = tqkv_session_open(c, &p, &ss); /* the name is free again */
+		EXPECT("tqkv_session_open under its name again", e == 0, e < 0 ? tqkv_last_error() : "opened");
+		if (e == 0) {
+			const uint64_t again = tqkv_session_id(ss);
+			tqkv_session_detach(ss);
+			e = tqkv_session_attach_name(c, "default", name, TQKV_SESSION_DETACHED, &ss);
+			EXPECT("tqkv_session_attach_name finds its own", e == 0 && tqkv_session_id(ss) == again,
+			       e < 0 ? tqkv_last_error() : "another session");
+			if (e == 0)
+				tqkv_session_close(ss);
+		}
+	}
 	tqkv_disconnect(c);
 #undef EXPECT
 	return fails ? 1 : 0;
