@@ -1173,8 +1173,24 @@ static void accept_one(struct ring_server *rs)
 	int fd, r;
 
 	fd = accept4(rs->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-	if (fd < 0)
+	if (fd < 0) {
+		if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+			/* out of descriptors or memory: the connection stays queued
+			 * and the listening socket readable (level-triggered), so
+			 * back off rather than spin; said once every 10 s */
+			static uint64_t said_ms;
+			struct timespec now, pause = { 0, 100 * 1000 * 1000 };
+			clock_gettime(CLOCK_MONOTONIC, &now);
+			const uint64_t ms = (uint64_t)now.tv_sec * 1000u + (uint64_t)now.tv_nsec / 1000000u;
+			if (!said_ms || ms - said_ms >= 10000) {
+				log_warning("data socket: accept: %s (new clients wait until descriptors are free)",
+					    strerror(errno));
+				said_ms = ms;
+			}
+			nanosleep(&pause, NULL);
+		}
 		return; /* EAGAIN, or the client gave up: nothing to do */
+	}
 	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0) {
 		log_warning("data socket: peer credentials: %s", strerror(errno));
 		close(fd);
