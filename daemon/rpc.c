@@ -1205,14 +1205,30 @@ int rpc_wire_check(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t
 
 /* ---- peers ------------------------------------------------------------------------ */
 /* The peer's supplementary groups as the kernel saw them at connect time
- * (SO_PEERGROUPS, Linux 4.13); without it, the user database's. */
+ * (SO_PEERGROUPS, Linux 4.13; ascending).  A process of more than
+ * PEER_GROUPS_MAX groups counts its first PEER_GROUPS_MAX (logged): never
+ * the user database's, which may name groups the process dropped.  Only a
+ * kernel without SO_PEERGROUPS falls back to the database. */
 static int peer_groups_of(int fd, const struct ucred *cred, gid_t *groups)
 {
 	socklen_t len = PEER_GROUPS_MAX * sizeof(gid_t);
 
 	if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) == 0)
 		return (int)(len / sizeof(gid_t));
-	return peer_groups(cred->uid, cred->gid, groups, PEER_GROUPS_MAX);
+	if (errno == ENOPROTOOPT)
+		return peer_groups(cred->uid, cred->gid, groups, PEER_GROUPS_MAX);
+	gid_t *all = errno == ERANGE && len > PEER_GROUPS_MAX * sizeof(gid_t) ? malloc(len) : NULL;
+	int n = 0;
+	if (all && getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, all, &len) == 0) {
+		n = (int)(len / sizeof(gid_t)) < PEER_GROUPS_MAX ? (int)(len / sizeof(gid_t)) : PEER_GROUPS_MAX;
+		memcpy(groups, all, (size_t)n * sizeof(gid_t));
+		if (len / sizeof(gid_t) > PEER_GROUPS_MAX)
+			log_warning("control socket: uid %u pid %d has %zu supplementary groups; the first %d (by gid) "
+				    "count for operator_group and allow_gids", (unsigned)cred->uid, (int)cred->pid,
+				    (size_t)(len / sizeof(gid_t)), PEER_GROUPS_MAX);
+	}
+	free(all);
+	return n; /* none but its primary group where they could not be read */
 }
 static void peer_record(struct rpc_server *srv, int fd, const struct ucred *cred, ino_t ino,
 			const gid_t *groups, int n_groups)

@@ -571,7 +571,11 @@ static int rights_child(const char *sock, uint64_t roots, int operator_)
 }
 
 /* fork, drop to uid 65534 (with the operator group or not), exec the copy. */
-static int run_as_65534(const char *exe, uint64_t roots, bool operator_)
+/* operator_: 0 a client, 1 an operator (the group "users" its one
+ * supplementary group), 2 an operator among 80 groups (more than the
+ * daemon keeps a peer's: the first 64 by gid, "users" among them; the user
+ * database, which the daemon read instead, names none for uid 65534) */
+static int run_as_65534(const char *exe, uint64_t roots, int operator_)
 {
 	char idbuf[32], sock[128];
 	pid_t pid;
@@ -581,8 +585,11 @@ static int run_as_65534(const char *exe, uint64_t roots, bool operator_)
 	snprintf(sock, sizeof(sock), "unix:%s/control.sock", dir);
 	pid = fork();
 	if (pid == 0) {
-		gid_t g = getgrnam("users")->gr_gid;
-		if (setgroups(operator_ ? 1 : 0, &g) < 0 || setgid(65534) < 0 || setuid(65534) < 0)
+		gid_t g[80];
+		g[0] = getgrnam("users")->gr_gid;
+		for (int i = 1; i < 80; i++)
+			g[i] = 40000 + (gid_t)i;
+		if (setgroups(operator_ == 2 ? 80 : operator_ ? 1 : 0, g) < 0 || setgid(65534) < 0 || setuid(65534) < 0)
 			_exit(99);
 		execl(exe, exe, "--rights-child", sock, idbuf, operator_ ? "1" : "0", (char *)NULL);
 		_exit(98);
@@ -612,11 +619,20 @@ static void test_rights(void)
 	T_EQ(open_session(cl, "default", "roots", 64, 100, &s, &st), 0);
 	uint64_t id = s->id;
 	protobuf_c_message_free_unpacked(&s->base, NULL);
-	T_EQ(run_as_65534(exe, id, false), 0);   /* a client */
-	T_EQ(run_as_65534(exe, id, true), 0);    /* an operator (operator_group) */
+	T_EQ(run_as_65534(exe, id, 0), 0);   /* a client */
+	T_EQ(run_as_65534(exe, id, 1), 0);   /* an operator (operator_group) */
 	Tqkv__V1__SessionRef ref = TQKV__V1__SESSION_REF__INIT;
 	ProtobufCMessage *rep;
 	ref.id = id;
+	T_EQ(ctl_call(cl, "CloseSession", &ref.base, &rep, 5000, &st), 0);
+	protobuf_c_message_free_unpacked(rep, NULL);
+	/* the same among 80 groups, on a session of root's of its own (the
+	 * operator's run evicted the first) */
+	close_all();
+	T_EQ(open_session(cl, "default", "roots2", 64, 100, &s, &st), 0);
+	ref.id = s->id;
+	protobuf_c_message_free_unpacked(&s->base, NULL);
+	T_EQ(run_as_65534(exe, ref.id, 2), 0);
 	T_EQ(ctl_call(cl, "CloseSession", &ref.base, &rep, 5000, &st), 0);
 	protobuf_c_message_free_unpacked(rep, NULL);
 	unlink(exe);
