@@ -724,7 +724,10 @@ int main(int argc, char **argv)
 		rc = 0;
 	notify_stopping();
 	/* data path first: running operations finish, queued ones are dropped,
-	 * ephemeral sessions close */
+	 * ephemeral sessions close; the control plane, still answering, lets
+	 * go of the data server first (a GetStats or OpenSession of a data
+	 * connection in flight finishes with it) */
+	rpc_set_datapath(d.rpc, d.pool, NULL);
 	ring_server_free(d.ring);
 	d.ring = NULL;
 	rpc_stop(d.rpc, DRAIN_MS);
@@ -733,6 +736,8 @@ int main(int argc, char **argv)
 	kvstore_persist_stop(d.kv, d.sessions);
 	log_notice("stopped");
 fail:
+	if (d.rpc)
+		rpc_set_datapath(d.rpc, d.pool, NULL);
 	ring_server_free(d.ring);
 	rpc_stop(d.rpc, 0);
 	if (d.kv)

@@ -121,6 +121,8 @@ struct rpc_server {
 	struct tenant_table *tenants;
 	struct pool *pool;              /* atomic pointers: rpc_set_datapath */
 	struct ring_server *ring;
+	pthread_mutex_t ring_lock;      /* held while a handler uses ring: rpc_set_datapath
+					 * waits for it, so the data server can go first */
 	struct spill *spill;            /* atomic pointers: rpc_set_spill */
 	struct kvstore *kv;
 	struct reclaim *reclaim;        /* atomic pointer: rpc_set_reclaim */
@@ -138,6 +140,7 @@ struct rpc_server {
 	pthread_t rpc_thread;
 	bool rpc_thread_started;
 	int stopping;                   /* atomic: set by rpc_stop */
+	int slow_closed;                /* atomic: rpc_stop takes no more slow calls */
 	int drain_ms;
 	int shutdown_tag;               /* its address is the shutdown tag */
 	bool started, server_destroyed;
@@ -258,7 +261,8 @@ static void h_get_stats(struct rpc_server *srv, const struct peer *peer,
 	r.rpc_errors_total = __atomic_load_n(&srv->errors, __ATOMIC_RELAXED);
 	r.tenants = tenant_count(srv->tenants);
 	struct pool *pool = __atomic_load_n(&srv->pool, __ATOMIC_ACQUIRE);
-	struct ring_server *ring = __atomic_load_n(&srv->ring, __ATOMIC_ACQUIRE);
+	pthread_mutex_lock(&srv->ring_lock);
+	struct ring_server *ring = srv->ring;
 	if (pool) {
 		struct pool_stats ps;
 		pool_stats(pool, &ps);
@@ -292,6 +296,7 @@ static void h_get_stats(struct rpc_server *srv, const struct peer *peer,
 		r.data_op_run_us = rs.op_run_us;
 		r.data_arena_bytes = rs.arena_bytes;
 	}
+	pthread_mutex_unlock(&srv->ring_lock);
 	struct spill *sp = __atomic_load_n(&srv->spill, __ATOMIC_ACQUIRE);
 	if (sp) {
 		struct spill_stats st;
@@ -457,9 +462,10 @@ static int bind_new_session(struct rpc_server *srv, const struct peer *peer,
 			    const Tqkv__V1__OpenSessionRequest *q, struct session_info *si,
 			    struct reply *rep)
 {
-	struct ring_server *ring = __atomic_load_n(&srv->ring, __ATOMIC_ACQUIRE);
-	int r = ring ? ring_server_bind(ring, q->data_client, peer->cred.uid, si->id, &si->geom,
-					q->detached || q->persistent) : -ENOENT;
+	pthread_mutex_lock(&srv->ring_lock);
+	int r = srv->ring ? ring_server_bind(srv->ring, q->data_client, peer->cred.uid, si->id, &si->geom,
+					     q->detached || q->persistent) : -ENOENT;
+	pthread_mutex_unlock(&srv->ring_lock);
 
 	if (r == 0)
 		return 0;
@@ -1424,6 +1430,10 @@ static int call_async(struct rpc_server *srv, struct call *c, const struct peer 
 	pthread_t th;
 	int r;
 
+	if (__atomic_load_n(&srv->slow_closed, __ATOMIC_ACQUIRE)) {
+		rep_error(rep, GRPC_STATUS_UNAVAILABLE, "tqkvd is stopping");
+		return -EBUSY;
+	}
 	if (__atomic_add_fetch(&srv->slow_calls, 1, __ATOMIC_ACQ_REL) > SLOW_CALLS_MAX) {
 		__atomic_sub_fetch(&srv->slow_calls, 1, __ATOMIC_RELEASE);
 		rep_error(rep, GRPC_STATUS_RESOURCE_EXHAUSTED, "%d spill/restore/checkpoint calls are running "
@@ -1689,6 +1699,7 @@ int rpc_start(struct rpc_server **out, const struct config *cfg,
 	srv->start_ms = now_realtime_ms();
 	srv->start_mono_ms = now_mono_ms();
 	pthread_mutex_init(&srv->cfg_lock, NULL);
+	pthread_mutex_init(&srv->ring_lock, NULL);
 	pthread_mutex_init(&srv->peer_lock, NULL);
 	srv->cfg = malloc(sizeof(*srv->cfg));
 	if (!srv->cfg) {
@@ -1792,7 +1803,10 @@ void rpc_stop(struct rpc_server *srv, int drain_ms)
 	if (srv->wake_fd >= 0)
 		close(srv->wake_fd);
 	/* Spill/restore calls on their own threads use the page tables and the
-	 * spill store, which go after this returns: let them finish (and reply). */
+	 * spill store, which go after this returns: let them finish (and reply).
+	 * No new one starts meanwhile (a client calling them in a loop would
+	 * hold the stop off for good). */
+	__atomic_store_n(&srv->slow_closed, 1, __ATOMIC_RELEASE);
 	for (int i = 0; __atomic_load_n(&srv->slow_calls, __ATOMIC_ACQUIRE); i++) {
 		if (i == 0)
 			log_notice("waiting for %u spill/restore call(s) to finish",
@@ -1817,6 +1831,7 @@ void rpc_stop(struct rpc_server *srv, int drain_ms)
 		grpc_shutdown_blocking();
 	pthread_mutex_destroy(&srv->peer_lock);
 	pthread_mutex_destroy(&srv->cfg_lock);
+	pthread_mutex_destroy(&srv->ring_lock);
 	free(srv->peers);
 	free(srv->cfg);
 	free(srv);
@@ -1836,7 +1851,9 @@ void rpc_set_config(struct rpc_server *srv, const struct config *cfg)
 void rpc_set_datapath(struct rpc_server *srv, struct pool *pool, struct ring_server *ring)
 {
 	__atomic_store_n(&srv->pool, pool, __ATOMIC_RELEASE);
-	__atomic_store_n(&srv->ring, ring, __ATOMIC_RELEASE);
+	pthread_mutex_lock(&srv->ring_lock);
+	srv->ring = ring;
+	pthread_mutex_unlock(&srv->ring_lock);
 }
 
 void rpc_set_reclaim(struct rpc_server *srv, struct reclaim *rc)
