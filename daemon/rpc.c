@@ -119,8 +119,8 @@ struct peer_slot {
 struct rpc_server {
 	struct session_table *sessions;
 	struct tenant_table *tenants;
-	struct pool *pool;              /* atomic pointers: rpc_set_datapath */
-	struct ring_server *ring;
+	struct pool *pool;              /* atomic pointer: rpc_set_datapath */
+	struct ring_server *ring;       /* under ring_lock: rpc_set_datapath */
 	pthread_mutex_t ring_lock;      /* held while a handler uses ring: rpc_set_datapath
 					 * waits for it, so the data server can go first */
 	struct spill *spill;            /* atomic pointers: rpc_set_spill */
@@ -1802,14 +1802,14 @@ void rpc_stop(struct rpc_server *srv, int drain_ms)
 	}
 	if (srv->wake_fd >= 0)
 		close(srv->wake_fd);
-	/* Spill/restore calls on their own threads use the page tables and the
+	/* Slow calls on their own threads use the page tables and the
 	 * spill store, which go after this returns: let them finish (and reply).
 	 * No new one starts meanwhile (a client calling them in a loop would
 	 * hold the stop off for good). */
 	__atomic_store_n(&srv->slow_closed, 1, __ATOMIC_RELEASE);
 	for (int i = 0; __atomic_load_n(&srv->slow_calls, __ATOMIC_ACQUIRE); i++) {
 		if (i == 0)
-			log_notice("waiting for %u spill/restore call(s) to finish",
+			log_notice("waiting for %u spill/restore/checkpoint call(s) to finish",
 				   __atomic_load_n(&srv->slow_calls, __ATOMIC_ACQUIRE));
 		usleep(10000);
 	}
