@@ -371,7 +371,7 @@ int dataop_layer_grow(struct kvstore *ks, struct session *s, struct kv_sess *kv,
 	char why[200];
 	if ((e = pages_get(ks, s, need, L->pages + old_pages, why, sizeof(why))) < 0) {
 		session_uncharge(s, charge);
-		dataop_res_set(r, e, TQKV_ST_POOL_FULL, 0);
+		dataop_res_set(r, e, e == -ESTALE ? TQKV_ST_EVICTED : TQKV_ST_POOL_FULL, 0);
 		snprintf(r->msg, sizeof(r->msg), "%u new page(s): %s", need, why);
 		return e;
 	}
@@ -756,7 +756,7 @@ static int reads_start(struct kvstore *ks, struct session *s, struct kv_sess *kv
 	if ((e = r ? pages_get(ks, s, n, ra->fresh, why, sizeof(why)) : pool_pages_alloc(ks->pool, n, ra->fresh)) < 0) {
 		session_spill_move(s, (uint64_t)n * ks->page_bytes); /* undo */
 		if (r) {
-			dataop_res_set(r, e, TQKV_ST_POOL_FULL, 0);
+			dataop_res_set(r, e, e == -ESTALE ? TQKV_ST_EVICTED : TQKV_ST_POOL_FULL, 0);
 			snprintf(r->msg, sizeof(r->msg), "restoring %u spilled page(s) of layer %u: %s", n, l, why);
 		}
 		ra_free(ra);
@@ -930,7 +930,8 @@ void kvstore_set_reclaim(struct kvstore *ks, struct reclaim *rc)
 }
 
 /* n pool pages for s, whose tenant is charged for them already: at once,
- * or after the reclaimer made room (bounded wait), or -ENOSPC with why. */
+ * or after the reclaimer made room (bounded wait), or -ENOSPC with why
+ * (-ESTALE: s was evicted or closed while it waited). */
 static int pages_get(struct kvstore *ks, struct session *s, uint32_t n, uint8_t **pages, char *why,
 		     size_t whylen)
 {

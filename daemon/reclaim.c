@@ -105,7 +105,8 @@ static int by_last_access(const void *a, const void *b)
 /* What spilling from a tenant came to. */
 struct spill_res {
 	uint64_t got;             /* bytes spilled                                 */
-	uint32_t busy;            /* sessions skipped: an operation held them      */
+	uint32_t busy;            /* sessions skipped: an operation held them (or  */
+	                          /* holds an evicted one's memory a while yet)    */
 	int err;                  /* the first hard failure: -ENOSPC (tier full),  */
 	char why[512];            /* -EIO, -EOPNOTSUPP (no tier); 0: none          */
 };
@@ -172,6 +173,10 @@ static void spill_scan(struct reclaim *rc, struct tenant *t, uint64_t want, uint
 			struct session *s;
 			struct dataop_spill_op *op;
 			uint64_t take = want - planned;
+			if (si[i].state == SESSION_EVICTED && si[i].resident_bytes) {
+				res->busy++; /* its memory comes back when its operation returns */
+				continue;
+			}
 			if (si[i].state != SESSION_OPEN || !si[i].resident_bytes ||
 			    (skip && si[i].id == session_id(skip)))
 				continue;
@@ -333,12 +338,16 @@ uint64_t reclaim_pass(struct reclaim *rc)
 }
 
 /* pool.pressure_action = evict: the least recently used session (not
- * `skip`, not persistent) of the first tenant in c that has one.  1 when
- * one was evicted (its id in *evicted), else 0. */
+ * `skip`, not persistent, not itself waiting for pool pages) of the first
+ * tenant in c that has one.  1 when one was evicted (its id in *evicted);
+ * -EBUSY when the only ones left are waiting for pages (they may be
+ * evictable once they have given up) or were evicted already and give
+ * their memory back when their operation returns: try again; 0: none. */
 static int evict_one(struct reclaim *rc, const struct cand *c, size_t nc, const struct session *skip,
 		     const char *need, uint64_t *evicted)
 {
 	char why[1024], b1[32];
+	bool waiting = false;
 
 	for (size_t k = 0; k < nc; k++) {
 		struct session_info *si = NULL, info;
@@ -347,12 +356,17 @@ static int evict_one(struct reclaim *rc, const struct cand *c, size_t nc, const 
 			continue;
 		qsort(si, n, sizeof(*si), by_last_access);
 		for (size_t i = 0; i < n; i++) {
+			/* evicted (by anyone) while an operation still holds it:
+			 * its memory comes back when that returns */
+			waiting |= si[i].state == SESSION_EVICTED && si[i].resident_bytes;
 			if (si[i].state != SESSION_OPEN || si[i].persistent || !si[i].resident_bytes ||
 			    (skip && si[i].id == session_id(skip)))
 				continue;
 			snprintf(why, sizeof(why), "evicted under memory pressure: %s (pool.pressure_action = evict)",
 				 need);
-			if (session_evict_why(rc->st, si[i].id, TQKV_EVICT_PRESSURE, why, &info) < 0)
+			int e = session_evict_pressure(rc->st, si[i].id, why, &info);
+			waiting |= e == -EBUSY;
+			if (e < 0)
 				continue;
 			tq_size_format_human(si[i].resident_bytes + si[i].spilled_bytes, b1, sizeof(b1));
 			log_warning("reclaim: evicted session %" PRIu64 " of tenant '%s' (priority %d, %s): %s",
@@ -367,7 +381,7 @@ static int evict_one(struct reclaim *rc, const struct cand *c, size_t nc, const 
 		}
 		free(si);
 	}
-	return 0;
+	return waiting ? -EBUSY : 0;
 }
 
 /* Has the memory of an evicted session been given back yet? */
@@ -395,9 +409,17 @@ int reclaim_admit(struct reclaim *rc, struct session *s, uint32_t n, uint8_t **p
 		snprintf(why, whylen, "the pool is full (and the daemon is out of memory)");
 		goto out;
 	}
+	session_admit_begin(s);
 	for (;;) {
 		if (pool_pages_alloc(rc->pool, n, pages) == 0) {
 			r = 0;
+			break;
+		}
+		if (!session_is_open(s)) {
+			/* evicted (an operator, or pressure before it waited) or
+			 * closed meanwhile: the pages are no longer its to take */
+			snprintf(why, whylen, "the session was evicted or closed while it waited for pool pages");
+			r = -ESTALE;
 			break;
 		}
 		size_t nc = victims(rc, t, (uint64_t)n * page, c);
@@ -441,11 +463,15 @@ int reclaim_admit(struct reclaim *rc, struct session *s, uint32_t n, uint8_t **p
 				if (!evicted || released(rc, evicted)) {
 					char e[768];
 					snprintf(e, sizeof(e), "%s and nothing could be spilled (%s)", need, res.why);
-					if (evict_one(rc, c, nc, s, e, &evicted))
+					int ev = evict_one(rc, c, nc, s, e, &evicted);
+					if (ev > 0)
 						continue;
-					snprintf(why, whylen, "the pool is full, nothing could be spilled (%s) and no "
-						 "session could be evicted", res.why);
-					break;
+					if (ev == 0) {
+						snprintf(why, whylen, "the pool is full, nothing could be spilled (%s) "
+							 "and no session could be evicted", res.why);
+						break;
+					}
+					/* the only candidates wait for pages themselves */
 				}
 			} else {
 				snprintf(why, whylen, "the pool is full and nothing could be spilled: %s "
@@ -457,6 +483,7 @@ int reclaim_admit(struct reclaim *rc, struct session *s, uint32_t n, uint8_t **p
 		 * session's are on their way back): try again shortly */
 		usleep(500);
 	}
+	session_admit_end(s);
 out:
 	if (waited)
 		tenant_note_wait(t, mono_us() - t0);

@@ -25,9 +25,16 @@
  * When nothing can be spilled (the tier is full or failing),
  * pool.pressure_action says what happens: fail (POOL_FULL, with why) or
  * evict (the least recently used session of the lowest-priority tenant
- * above its guarantee is evicted, never a persistent one, and its owner
- * gets EVICTED with TQKV_EVICT_PRESSURE).  Waits, refusals and evictions
- * are counted per tenant (tenant_info.pressure).
+ * above its guarantee is evicted, never a persistent one nor one that
+ * waits for pages itself, and its owner gets EVICTED with
+ * TQKV_EVICT_PRESSURE; a session evicted in the middle of an operation
+ * gives its memory back when the operation returns, which the requester
+ * waits for).  Two sessions that wait at once therefore never evict each
+ * other (each would hold on to the memory the other waits for until
+ * admission_wait ran out, and both would be lost), and a waiter that is
+ * evicted or closed meanwhile stops waiting at once (-ESTALE: its
+ * operation fails with EVICTED).  Waits, refusals and evictions are
+ * counted per tenant (tenant_info.pressure).
  *
  * Threads: the reclaimer's own thread (reclaim_start) sleeps until
  * reclaim_kick (an allocation took the pool above the high mark, a budget
@@ -88,7 +95,8 @@ void reclaim_kick(struct reclaim *rc);
 void reclaim_note_alloc(struct reclaim *rc);
 /* Admission: n pool pages for session s (in an operation, its tenant
  * already charged for them) after pool_pages_alloc found the pool full.
- * 0 with pages[0..n), or -ENOSPC with why (nothing taken). */
+ * 0 with pages[0..n), or -ENOSPC with why (nothing taken), or -ESTALE
+ * when s was evicted or closed while it waited. */
 struct session;
 int reclaim_admit(struct reclaim *rc, struct session *s, uint32_t n, uint8_t **pages, char *why, size_t whylen);
 /* One pass on the calling thread (the reclaimer's thread, and tests):

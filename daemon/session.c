@@ -33,6 +33,7 @@ struct session {
 	pthread_mutex_t lock;        /* guards the fields below */
 	enum session_state state;
 	uint32_t ops;                /* operations in flight */
+	uint32_t admitting;          /* of them, waiting for pool pages (reclaim_admit) */
 	bool released;               /* memory given back */
 	uint64_t tokens;
 	uint64_t resident_bytes;
@@ -456,9 +457,10 @@ int session_list(struct session_table *st, const struct tenant *t,
 }
 
 /* Evict `id`.  idle_ttl_ms != 0: only if it is still OPEN, idle for that
- * long and without an operation in flight (the idle timer's case). */
+ * long and without an operation in flight (the idle timer's case).
+ * spare_waiting: not while it waits for pool pages itself (-EBUSY). */
 static int evict_id(struct session_table *st, uint64_t id, uint64_t now_ms, uint64_t idle_ttl_ms,
-		    uint32_t reason, const char *why, struct session_info *out)
+		    bool spare_waiting, uint32_t reason, const char *why, struct session_info *out)
 {
 	struct session *s;
 	bool run_release = false;
@@ -481,6 +483,8 @@ static int evict_id(struct session_table *st, uint64_t id, uint64_t now_ms, uint
 	} else if (idle_ttl_ms && (s->ops > 0 || now_ms < s->last_access_ms ||
 				   now_ms - s->last_access_ms < idle_ttl_ms)) {
 		r = -EBUSY;
+	} else if (spare_waiting && s->admitting) {
+		r = -EBUSY;
 	} else {
 		s->state = SESSION_EVICTED;
 		s->evicted_ms = now_ms;
@@ -498,19 +502,22 @@ static int evict_id(struct session_table *st, uint64_t id, uint64_t now_ms, uint
 	return r;
 }
 
-int session_evict_why(struct session_table *st, uint64_t id, uint32_t reason, const char *why,
-		      struct session_info *out)
+static uint64_t real_now_ms(void)
 {
 	struct timespec ts;
 
 	clock_gettime(CLOCK_REALTIME, &ts);
-	return evict_id(st, id, (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000, 0, reason, why,
-			out);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+int session_evict_pressure(struct session_table *st, uint64_t id, const char *why, struct session_info *out)
+{
+	return evict_id(st, id, real_now_ms(), 0, true, TQKV_EVICT_PRESSURE, why, out);
 }
 
 int session_evict(struct session_table *st, uint64_t id, struct session_info *out)
 {
-	return session_evict_why(st, id, TQKV_EVICT_OPERATOR, "evicted by an operator", out);
+	return evict_id(st, id, real_now_ms(), 0, false, TQKV_EVICT_OPERATOR, "evicted by an operator", out);
 }
 
 uint32_t session_evict_reason(struct session_table *st, uint64_t id)
@@ -587,7 +594,7 @@ uint32_t session_table_expire(struct session_table *st, uint64_t now_ms, uint64_
 	}
 	pthread_mutex_unlock(&st->lock);
 	for (uint32_t i = 0; i < n_evict; i++)
-		if (evict_id(st, evict[i], now_ms, ttl_ms, TQKV_EVICT_IDLE, "idle past daemon.session_idle_ttl",
+		if (evict_id(st, evict[i], now_ms, ttl_ms, false, TQKV_EVICT_IDLE, "idle past daemon.session_idle_ttl",
 			     NULL) == 0)
 			changed++;
 	for (uint32_t i = 0; i < n_drop; i++)
@@ -639,6 +646,32 @@ void session_release(struct session *s)
 	if (run_release)
 		do_release(s);
 	session_unref(s);
+}
+
+void session_admit_begin(struct session *s)
+{
+	pthread_mutex_lock(&s->lock);
+	assert(s->ops > s->admitting && "session_admit_begin outside an operation");
+	s->admitting++;
+	pthread_mutex_unlock(&s->lock);
+}
+
+void session_admit_end(struct session *s)
+{
+	pthread_mutex_lock(&s->lock);
+	assert(s->admitting > 0 && "session_admit_end without session_admit_begin");
+	s->admitting--;
+	pthread_mutex_unlock(&s->lock);
+}
+
+bool session_is_open(struct session *s)
+{
+	bool open;
+
+	pthread_mutex_lock(&s->lock);
+	open = s->state == SESSION_OPEN;
+	pthread_mutex_unlock(&s->lock);
+	return open;
 }
 
 int session_charge(struct session *s, uint64_t bytes)

@@ -142,10 +142,12 @@ int session_list(struct session_table *st, const struct tenant *t,
 /* -ENOENT, -EALREADY (already evicted), -ESHUTDOWN (closing).  An
  * operator's eviction (TQKV_EVICT_OPERATOR). */
 int session_evict(struct session_table *st, uint64_t id, struct session_info *out);
-/* The same with the reason (enum tqkv_evict_reason) and its words, which
- * the owner's next call and GetSession report. */
-int session_evict_why(struct session_table *st, uint64_t id, uint32_t reason, const char *why,
-		      struct session_info *out);
+/* pool.pressure_action = evict (TQKV_EVICT_PRESSURE, with why in words,
+ * which the owner's next call and GetSession report): the same, but
+ * -EBUSY while the session is waiting for pool pages itself
+ * (session_admit_begin): two sessions waiting on a full pool would evict
+ * each other, and neither one's memory comes back until both give up. */
+int session_evict_pressure(struct session_table *st, uint64_t id, const char *why, struct session_info *out);
 /* The reason of an evicted session (TQKV_EVICT_UNKNOWN if not evicted). */
 uint32_t session_evict_reason(struct session_table *st, uint64_t id);
 /* Removes the session; *released = the bytes it held.  -ENOENT. */
@@ -163,6 +165,12 @@ void session_release(struct session *s);
  * the session was evicted or closed meanwhile.  Only inside an operation. */
 int session_charge(struct session *s, uint64_t bytes);
 void session_uncharge(struct session *s, uint64_t bytes);
+/* An operation waiting for pool pages (reclaim_admit) brackets the wait:
+ * meanwhile pressure does not evict the session (session_evict_pressure). */
+void session_admit_begin(struct session *s);
+void session_admit_end(struct session *s);
+/* Still OPEN?  An operation that waits learns it was evicted or closed. */
+bool session_is_open(struct session *s);
 /* The spill tier's transitions: resident -> spilled (the tenant is
  * uncharged: a spilled page holds no pool memory), spilled -> resident
  * (charged again: -ENOSPC over the tenant's limit, nothing moved), and

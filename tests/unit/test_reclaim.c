@@ -6,12 +6,16 @@
  * enforced by spilling; what was spilled comes back bit-identical;
  * admission on a full pool: a tenant within its guarantee waits while a
  * lower tenant is spilled, a tenant above it never takes from a higher
- * priority, and pool.pressure_action (fail / evict) when the tier is full. */
+ * priority, and pool.pressure_action (fail / evict) when the tier is full;
+ * with evict, two sessions waiting at once never evict each other, and a
+ * waiter evicted meanwhile stops waiting at once. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -219,9 +223,15 @@ static void test_thread_acts_on_kick(void)
 	struct fix f;
 
 	fix_start(&f);
+	/* marks out of reach while the pool fills: the thread's 1 s tick must
+	 * not act before the check (filling takes longer under TSan) */
+	struct reclaim_params rp, hold = { 100, 99, 2000, CONFIG_PRESSURE_FAIL };
+	reclaim_get_params(f.rc, &rp);
+	MUST(reclaim_set_params(f.rc, &hold, (char[64]){ 0 }, 64) == 0);
 	for (int i = 0; i < 6; i++)
 		open_filled(&f, "batch", TOK, 20 + (uint64_t)i, 100 + (uint64_t)i);
 	T_ASSERT(pool_used_bytes(&f) * 100 > 16 * MiB * 75);
+	MUST(reclaim_set_params(f.rc, &rp, (char[64]){ 0 }, 64) == 0); /* a reload: kicks the thread */
 	reclaim_kick(f.rc);
 	for (int i = 0; i < 1000 && pool_used_bytes(&f) * 100 > 16 * MiB * 51; i++)
 		usleep(10000);
@@ -394,6 +404,220 @@ static void test_pressure_action(void)
 	}
 }
 
+static uint64_t mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Two batch sessions of 7,000 tokens (about 5.3 MiB each, room left for
+ * 400 more), the rest of the pool held by prod within its guarantee (no
+ * candidate for batch's admission): each batch session is the other's
+ * only candidate.  No waiting while they fill it. */
+static void fill_with_two(struct fix *f, uint64_t *x, uint64_t *y)
+{
+	struct reclaim_params rp;
+
+	reclaim_get_params(f->rc, &rp);
+	struct reclaim_params nowait = rp;
+	nowait.admission_wait_ms = 0;
+	MUST(reclaim_set_params(f->rc, &nowait, (char[64]){ 0 }, 64) == 0);
+	*x = open_empty(f, "batch");
+	*y = open_empty(f, "batch");
+	MUST(append_more(f, *x, 7000, 11, NULL, 0) == TQKV_ST_OK);
+	MUST(append_more(f, *y, 7000, 12, NULL, 0) == TQKV_ST_OK);
+	uint64_t p = open_empty(f, "prod");
+	while (append_more(f, p, 64, 13, NULL, 0) == TQKV_ST_OK) {
+	}
+	while (append_more(f, p, 1, 13, NULL, 0) == TQKV_ST_OK) {
+	}
+	MUST(pool_pages_free_count(f->kv.pool) < 8);
+	MUST(tenant_used_of(f, "prod") <= 6 * MiB);
+	MUST(reclaim_set_params(f->rc, &rp, (char[64]){ 0 }, 64) == 0);
+}
+
+/* One operation that needs new pages on the full pool, on its own thread:
+ * the session is acquired first (an operation in flight), then it waits
+ * at the barrier (if any), then appends 400 tokens to each layer. */
+struct racer {
+	struct fix *f;
+	uint64_t id;
+	pthread_barrier_t *bar;
+	pthread_t thread;
+	uint32_t status;
+	uint64_t ms;              /* how long the append took */
+	int done;                 /* atomic */
+	char msg[256];
+};
+
+static void *racer_main(void *arg)
+{
+	struct racer *r = arg;
+	enum { NTOK = 400 };
+	const size_t n = (size_t)NTOK * 2 * 128;
+	float *k = malloc(n * 4), *v = malloc(n * 4);
+	struct dataop_res res = { 0 };
+	struct session *s;
+	uint64_t seed = r->id;
+
+	MUST(k && v);
+	for (size_t i = 0; i < n; i++) {
+		seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+		k[i] = (float)(seed >> 40) / (float)(1 << 24) - 0.5f;
+		v[i] = (float)(seed >> 20 & 0xfffff) / (float)(1 << 20) - 0.5f;
+	}
+	int e = session_acquire(r->f->kv.st, r->id, 6000, &s);
+	if (r->bar)
+		pthread_barrier_wait(r->bar);
+	if (e < 0) {
+		r->status = e == -ESTALE ? TQKV_ST_EVICTED : TQKV_ST_NO_SESSION;
+	} else {
+		uint64_t t0 = mono_ms();
+		for (uint32_t l = 0; l < G.n_layers && res.status == TQKV_ST_OK; l++)
+			dataop_append(r->f->kv.ks, s, l, k, v, TQ_DTYPE_F32, NTOK, &res);
+		r->ms = mono_ms() - t0;
+		session_release(s);
+		r->status = res.status;
+		snprintf(r->msg, sizeof(r->msg), "%s", res.msg);
+	}
+	free(k);
+	free(v);
+	__atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+static bool racer_done(struct racer *r)
+{
+	return __atomic_load_n(&r->done, __ATOMIC_ACQUIRE) != 0;
+}
+
+/* pressure_action = evict without a spill tier.  A session waiting for
+ * pages evicts the only other one, which an operation holds (its memory
+ * comes back only when that operation returns); meanwhile an operator
+ * evicts the waiter: it must stop waiting at once (EVICTED), not sit out
+ * admission_wait and then take pages for an evicted session. */
+static void test_waiter_evicted(void)
+{
+	struct fix f;
+	uint64_t x, y;
+	struct session *held;
+
+	fix_start_with(&f, (struct reclaim_params){ 100, 99, 3000, CONFIG_PRESSURE_EVICT }, 8, true);
+	fill_with_two(&f, &x, &y);
+	kvstore_set_spill(f.kv.ks, NULL); /* a tqkvd without a spill tier */
+	MUST(session_acquire(f.kv.st, y, 0, &held) == 0); /* y: an operation in flight */
+	struct racer rx = { .f = &f, .id = x };
+	MUST(pthread_create(&rx.thread, NULL, racer_main, &rx) == 0);
+	/* x evicts y (busy, but not waiting) and waits for its memory */
+	for (int i = 0; i < 200 && info(&f, y).state == SESSION_OPEN; i++)
+		usleep(5000);
+	T_EQ(info(&f, y).state, SESSION_EVICTED);
+	T_EQ(info(&f, y).evict_reason, TQKV_EVICT_PRESSURE);
+	usleep(100000);
+	T_ASSERT(!racer_done(&rx)); /* y's operation still holds its pages */
+	uint64_t t0 = mono_ms();
+	T_EQ(session_evict(f.kv.st, x, NULL), 0);
+	for (int i = 0; i < 400 && !racer_done(&rx); i++)
+		usleep(5000);
+	uint64_t waited = mono_ms() - t0;
+	fprintf(stderr, "    the evicted waiter returned %u after %llu ms (%s)\n", rx.status,
+		(unsigned long long)waited, rx.msg);
+	T_ASSERT(racer_done(&rx) && waited < 1000);
+	session_release(held);
+	pthread_join(rx.thread, NULL);
+	T_EQ(rx.status, TQKV_ST_EVICTED);
+	T_ASSERT(strstr(rx.msg, "evicted or closed while it waited"));
+	T_EQ(info(&f, x).evict_reason, TQKV_EVICT_OPERATOR);
+	/* both gave their memory back; nothing was charged for the failed append */
+	T_EQ(info(&f, x).resident_bytes, 0);
+	T_EQ(info(&f, y).resident_bytes, 0);
+	T_EQ(tenant_used_of(&f, "batch"), 0);
+	T_EQ(pool_used_bytes(&f), tenant_used_of(&f, "prod"));
+	fix_stop(&f);
+}
+
+/* pool.pressure_action = fail: the only pages to take belong to a session
+ * an operator evicted while an operation held it; they come back when it
+ * returns, so a waiter waits for them rather than being refused at once. */
+static void test_waits_for_evicted_memory(void)
+{
+	struct fix f;
+	uint64_t x, y;
+	struct session *held;
+
+	fix_start_with(&f, (struct reclaim_params){ 100, 99, 3000, CONFIG_PRESSURE_FAIL }, 512, true);
+	fill_with_two(&f, &x, &y);
+	MUST(session_acquire(f.kv.st, x, 0, &held) == 0);
+	T_EQ(session_evict(f.kv.st, x, NULL), 0);
+	T_ASSERT(info(&f, x).resident_bytes > 0); /* not yet: the operation holds it */
+	struct racer ry = { .f = &f, .id = y };
+	MUST(pthread_create(&ry.thread, NULL, racer_main, &ry) == 0);
+	usleep(150000);
+	T_ASSERT(!racer_done(&ry)); /* waiting, not refused */
+	session_release(held);
+	pthread_join(ry.thread, NULL);
+	fprintf(stderr, "    the waiter returned %u after %llu ms %s\n", ry.status, (unsigned long long)ry.ms,
+		ry.msg);
+	T_EQ(ry.status, TQKV_ST_OK);
+	T_EQ(info(&f, x).resident_bytes, 0);
+	fix_stop(&f);
+}
+
+/* pressure_action = evict without a spill tier: two sessions that hold the
+ * pool between them both need pages at once.  Each is the other's only
+ * candidate.  They must never evict each other (each would hold the
+ * memory the other waits for until admission_wait ran out: both lost,
+ * both refused): one is evicted and the other gets its pages, or both
+ * wait, neither evicted, until an operator evicts one. */
+static void test_two_waiters(void)
+{
+	int both_waited = 0;
+
+	for (int round = 0; round < 4; round++) {
+		struct fix f;
+		uint64_t x, y;
+		pthread_barrier_t bar;
+
+		fix_start_with(&f, (struct reclaim_params){ 100, 99, 3000, CONFIG_PRESSURE_EVICT }, 8, true);
+		fill_with_two(&f, &x, &y);
+		kvstore_set_spill(f.kv.ks, NULL);
+		uint64_t tx = info(&f, x).tokens, ty = info(&f, y).tokens;
+		MUST(pthread_barrier_init(&bar, NULL, 2) == 0);
+		struct racer r[2] = { { .f = &f, .id = x, .bar = &bar }, { .f = &f, .id = y, .bar = &bar } };
+		for (int i = 0; i < 2; i++)
+			MUST(pthread_create(&r[i].thread, NULL, racer_main, &r[i]) == 0);
+		for (int i = 0; i < 100 && !(racer_done(&r[0]) && racer_done(&r[1])); i++)
+			usleep(5000);
+		if (!racer_done(&r[0]) && !racer_done(&r[1])) {
+			/* both wait: neither may have evicted the other */
+			both_waited++;
+			T_EQ(info(&f, x).state, SESSION_OPEN);
+			T_EQ(info(&f, y).state, SESSION_OPEN);
+			T_EQ(session_evict(f.kv.st, x, NULL), 0);
+		}
+		for (int i = 0; i < 2; i++)
+			pthread_join(r[i].thread, NULL);
+		pthread_barrier_destroy(&bar);
+		fprintf(stderr, "    round %d: x %u after %llu ms, y %u after %llu ms%s\n", round, r[0].status,
+			(unsigned long long)r[0].ms, r[1].status, (unsigned long long)r[1].ms,
+			r[0].status == TQKV_ST_OK || r[1].status == TQKV_ST_OK ? "" : " (both refused)");
+		if (r[0].status != TQKV_ST_OK && r[1].status != TQKV_ST_OK)
+			fprintf(stderr, "    x: %s\n    y: %s\n", r[0].msg, r[1].msg);
+		/* one got its pages, the other was evicted, well before admission_wait */
+		T_ASSERT((r[0].status == TQKV_ST_OK && r[1].status == TQKV_ST_EVICTED) ||
+			 (r[1].status == TQKV_ST_OK && r[0].status == TQKV_ST_EVICTED));
+		T_ASSERT(r[0].ms < 2000 && r[1].ms < 2000);
+		uint64_t ok = r[0].status == TQKV_ST_OK ? x : y, gone = ok == x ? y : x;
+		T_EQ(info(&f, ok).state, SESSION_OPEN);
+		T_EQ(info(&f, gone).state, SESSION_EVICTED);
+		T_EQ(info(&f, gone).resident_bytes, 0);
+		T_EQ(info(&f, ok).tokens, (ok == x ? tx : ty) + 400);
+		fix_stop(&f);
+	}
+	fprintf(stderr, "    %d of 4 rounds had both waiting at once\n", both_waited);
+}
+
 int main(void)
 {
 	log_set_level(LOG_WARNING);
@@ -403,5 +627,8 @@ int main(void)
 	T_RUN(test_admission_within_guarantee);
 	T_RUN(test_admission_respects_priority);
 	T_RUN(test_pressure_action);
+	T_RUN(test_waiter_evicted);
+	T_RUN(test_two_waiters);
+	T_RUN(test_waits_for_evicted_memory);
 	return t_done();
 }
