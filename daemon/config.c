@@ -772,12 +772,23 @@ static int handler(void *user, const char *section, const char *name, const char
 	return 1;
 }
 
+/* "file:line", or "file" for an option left at its default (line 0). */
+static const char *at(char *buf, size_t n, const char *file, int line)
+{
+	if (line > 0)
+		snprintf(buf, n, "%s:%d", file, line);
+	else
+		snprintf(buf, n, "%s", file);
+	return buf;
+}
+
 static int validate(const struct config *c, struct errbuf *e)
 {
 	const char *file = c->path[0] ? c->path : "(defaults)";
+	char where[CONFIG_DIR_MAX + 16];
 	int n0 = e->n;
 	uint64_t sum = 0;
-	int li_pool = 0, li_page = 0, li_low = 0, li_spill = 0;
+	int li_pool = 0, li_page = 0, li_low = 0, li_high = 0, li_spill = 0, li_guar = 0;
 
 	for (size_t i = 0; i < N_OPTS; i++) {
 		if (strcmp(opts[i].name, "pool_bytes") == 0)
@@ -786,12 +797,15 @@ static int validate(const struct config *c, struct errbuf *e)
 			li_page = c->opt_line[i];
 		if (strcmp(opts[i].name, "low_watermark") == 0)
 			li_low = c->opt_line[i];
+		if (strcmp(opts[i].name, "high_watermark") == 0)
+			li_high = c->opt_line[i];
 		if (strcmp(opts[i].name, "spill_bytes") == 0)
 			li_spill = c->opt_line[i];
 	}
 	if (c->low_watermark >= c->high_watermark)
-		err_add(e, "%s:%d: pool.low_watermark: %" PRIu32 "%% must be below pool.high_watermark (%" PRIu32 "%%)",
-			file, li_low, c->low_watermark, c->high_watermark);
+		err_add(e, "%s: pool.low_watermark: %" PRIu32 "%% must be below pool.high_watermark (%" PRIu32 "%%)",
+			at(where, sizeof(where), file, li_low ? li_low : li_high), c->low_watermark,
+			c->high_watermark);
 	/* the pool maps whole pages of the machine's 4 KiB granularity */
 	if (c->page_bytes % 4096u)
 		err_add(e, "%s:%d: pool.page_bytes: %" PRIu64 " is not a multiple of 4KiB", file, li_page, c->page_bytes);
@@ -831,8 +845,8 @@ static int validate(const struct config *c, struct errbuf *e)
 			char a[32], b[32];
 			config_format_size(t->limit, a, sizeof(a));
 			config_format_size(c->pool_bytes, b, sizeof(b));
-			err_add(e, "%s:%d: tenant '%s': limit %s is larger than pool.pool_bytes %s",
-				file, t->line, t->name, a, b);
+			err_add(e, "%s: tenant '%s': limit %s is larger than pool.pool_bytes %s",
+				at(where, sizeof(where), file, t->line), t->name, a, b);
 		}
 		if (t->guaranteed > t->limit) {
 			char a[32], b[32];
@@ -845,13 +859,15 @@ static int validate(const struct config *c, struct errbuf *e)
 			err_add(e, "%s:%d: tenant '%s': nobody may use it: set allow_uids and/or allow_gids "
 				"(allow_uids = * allows everyone)", file, t->line, t->name);
 		sum += t->guaranteed;
+		if (t->guaranteed && !li_guar)
+			li_guar = t->line;
 	}
 	if (sum > c->pool_bytes) {
 		char a[32], b[32];
 		config_format_size(sum, a, sizeof(a));
 		config_format_size(c->pool_bytes, b, sizeof(b));
-		err_add(e, "%s:%d: the tenants' guarantees add up to %s, more than pool.pool_bytes %s",
-			file, li_pool, a, b);
+		err_add(e, "%s: the tenants' guarantees add up to %s, more than pool.pool_bytes %s",
+			at(where, sizeof(where), file, li_pool ? li_pool : li_guar), a, b);
 	}
 	return e->n > n0 ? -EINVAL : 0;
 }
@@ -935,19 +951,41 @@ const struct tenant_conf *config_tenant(const struct config *c, const char *name
 }
 
 /* ---- reload -------------------------------------------------------------------- */
-int config_apply_reload(struct config *live, const struct config *next, char *notes, size_t noteslen)
+/* "section.name: old -> new" (tenant options: "tenant.T.name") into e. */
+static void note_change(struct errbuf *e, const struct opt *o, const char *tenant, const void *from, const void *to)
 {
-	struct errbuf e = { notes, noteslen, 0, 0 };
+	char a[256], b[256];
+
+	if (!e->buf)
+		return;
+	opt_format(o, from, a, sizeof(a));
+	opt_format(o, to, b, sizeof(b));
+	if (tenant)
+		err_add(e, "tenant.%s.%s: %s -> %s", tenant, o->name, a, b);
+	else
+		err_add(e, "%s.%s: %s -> %s", o->section, o->name, a, b);
+}
+
+int config_apply_reload(struct config *live, const struct config *next, char *notes, size_t noteslen,
+			char *changes, size_t changeslen)
+{
+	struct errbuf e = { notes, noteslen, 0, 0 }, ch = { changes, changeslen, 0, 0 };
+	const struct opt *lim = opt_find("tenant", "limit", SCOPE_TENANT);
+	const uint32_t lim_bit = 1u << (int)(lim - opts - first_tenant_opt());
 	int changed = 0;
 
 	if (notes && noteslen)
 		notes[0] = '\0';
+	if (changes && changeslen)
+		changes[0] = '\0';
 	for (size_t i = 0; i < N_OPTS; i++) {
 		const struct opt *o = &opts[i];
 		if (o->scope != SCOPE_GLOBAL || opt_equal(o, live, next))
 			continue;
 		if (o->reloadable) {
+			note_change(&ch, o, NULL, live, next);
 			opt_copy(o, live, next);
+			live->opt_line[i] = next->opt_line[i]; /* errors name the file as it is now */
 			changed++;
 		} else {
 			err_add(&e, "%s.%s changed in the file; it takes effect after a restart",
@@ -956,19 +994,27 @@ int config_apply_reload(struct config *live, const struct config *next, char *no
 	}
 	for (uint32_t t = 0; t < live->n_tenants; t++) {
 		struct tenant_conf *lt = &live->tenant[t];
-		const struct tenant_conf *nt = config_tenant(next, lt->name);
-		if (!nt) {
+		const struct tenant_conf *found = config_tenant(next, lt->name);
+		if (!found) {
 			err_add(&e, "tenant '%s' is gone from the file; tenants change after a restart", lt->name);
 			continue;
 		}
+		/* no limit in the file: the pool's size, which is the running
+		 * pool's (pool_bytes takes a restart), not the file's */
+		struct tenant_conf nt = *found;
+		if (!(nt.set & lim_bit))
+			nt.limit = live->pool_bytes;
 		for (size_t i = 0; i < N_OPTS; i++) {
 			const struct opt *o = &opts[i];
-			if (o->scope != SCOPE_TENANT || opt_equal(o, lt, nt))
+			if (o->scope != SCOPE_TENANT || opt_equal(o, lt, &nt))
 				continue;
-			opt_copy(o, lt, nt); /* every tenant option reloads */
+			note_change(&ch, o, lt->name, lt, &nt);
+			opt_copy(o, lt, &nt); /* every tenant option reloads */
 			changed++;
 		}
-		lt->line = nt->line;
+		lt->line = nt.line;
+		lt->set = nt.set;
+		memcpy(lt->opt_line, nt.opt_line, sizeof(lt->opt_line));
 	}
 	for (uint32_t t = 0; t < next->n_tenants; t++)
 		if (!config_tenant(live, next->tenant[t].name))

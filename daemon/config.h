@@ -109,10 +109,13 @@ int config_validate(const struct config *c, char *err, size_t errlen);
 
 /* Reload: copy the reloadable options of `next` into `live`.  Options
  * that cannot change at run time and differ are left as they are and
- * listed in `notes` (one per line) for the caller to log.  `next` must be
- * valid; returns the number of options changed. */
+ * listed in `notes` (one per line) for the caller to log; `changes` (may
+ * be NULL) gets one line per option changed, "name: old -> new".  A tenant
+ * without a limit in the file gets the running pool's size (pool_bytes
+ * takes a restart).  `next` must be valid; returns the number of options
+ * changed. */
 int config_apply_reload(struct config *live, const struct config *next,
-			char *notes, size_t noteslen);
+			char *notes, size_t noteslen, char *changes, size_t changeslen);
 
 const struct tenant_conf *config_tenant(const struct config *c, const char *name);
 

@@ -225,7 +225,7 @@ static void status_line(struct daemon *d, char *buf, size_t n)
 static void reload(struct daemon *d)
 {
 	struct config *next = malloc(sizeof(*next));
-	char notes[CONFIG_ERR_MAX], err[CONFIG_ERR_MAX], status[256];
+	char notes[CONFIG_ERR_MAX], err[CONFIG_ERR_MAX], changes[CONFIG_ERR_MAX], status[256];
 	int changed;
 
 	notify_reloading();
@@ -250,16 +250,21 @@ static void reload(struct daemon *d)
 		goto done;
 	}
 	memcpy(merged, d->cfg, sizeof(*merged));
-	changed = config_apply_reload(merged, next, notes, sizeof(notes));
+	changed = config_apply_reload(merged, next, notes, sizeof(notes), changes, sizeof(changes));
+	/* what stays as it runs first: a refusal below may be about it (a
+	 * tenant gone from the file keeps its guarantee until a restart) */
+	for (char *line = strtok(notes, "\n"); line; line = strtok(NULL, "\n"))
+		log_warning("reload: %s", line);
 	if (config_validate(merged, err, sizeof(err)) < 0) {
 		for (char *line = strtok(err, "\n"); line; line = strtok(NULL, "\n"))
 			log_err("reload: %s", line);
-		log_err("reload: keeping the running configuration");
+		log_err("reload: keeping the running configuration (what the file changes, %d option%s, is not "
+			"applied)", changed, changed == 1 ? "" : "s");
 		free(merged);
 		goto done;
 	}
-	for (char *line = strtok(notes, "\n"); line; line = strtok(NULL, "\n"))
-		log_warning("reload: %s", line);
+	for (char *line = strtok(changes, "\n"); line; line = strtok(NULL, "\n"))
+		log_notice("reload: %s", line);
 	memcpy(d->cfg, merged, sizeof(*merged));
 	free(merged);
 	log_set_level(d->cfg->log_level);

@@ -37,6 +37,7 @@ awk '/^RELOADING=1/{r=NR} /^READY=1/{if (r && NR > r) ok=1} END{exit !ok}' "$NOT
 	|| fail "expected RELOADING=1 then READY=1, got: $(tr '\n' ' ' <"$NOTIFY_LOG")"
 grep -q '^MONOTONIC_USEC=' "$NOTIFY_LOG" || fail "RELOADING=1 without MONOTONIC_USEC"
 [ "$(limit)" = $((192 << 20)) ] || fail "reload did not change the limit: $(limit)"
+grep -q 'reload: tenant.prod.limit: 128MiB -> 192MiB' "$LOG" || fail "the reload does not say what it changed"
 [ "$(ctl stats --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["reloads_total"])')" = 1 ] \
 	|| fail "reloads_total"
 
@@ -48,6 +49,27 @@ wait_for '^READY=1' "$NOTIFY_LOG"
 grep -q "tqkvd.conf:7: unknown option 'pool_bytes'" "$LOG" || fail "reload error does not name file:line"
 grep -q 'keeping the running configuration' "$LOG" || fail "bad reload not reported"
 [ "$(limit)" = $((192 << 20)) ] || fail "a bad reload changed the limit"
+
+# a bigger pool staged in the file for the next restart: said, not applied,
+# and it does not block what does reload (a tenant without a limit has the
+# running pool's, not the file's: the reload was refused as "limit larger
+# than the pool")
+cat >"$T/tqkvd.conf" <<CONF
+[daemon]
+log_level = debug
+[pool]
+pool_bytes = 1G
+[tenant prod]
+guaranteed = 64M
+allow_uids = *
+CONF
+: >"$NOTIFY_LOG"
+kill -HUP "$DAEMON_PID"
+wait_for '^READY=1' "$NOTIFY_LOG"
+grep -q 'reload: pool.pool_bytes changed in the file; it takes effect after a restart' "$LOG" \
+	|| fail "the staged pool_bytes was not reported"
+grep -q 'reload: daemon.log_level: info -> debug' "$LOG" || fail "the reload with a staged pool_bytes: $(grep reload: "$LOG" | tail -4)"
+[ "$(limit)" = $((256 << 20)) ] || fail "the unset limit is $(limit), not the running pool's 256 MiB"
 
 : >"$NOTIFY_LOG"
 stop_daemon TERM

@@ -227,7 +227,7 @@ static void test_kv_transform(void)
 	/* a reload applies it (to the sessions opened after) */
 	T_EQ(config_load_string(c, "t.conf", "[daemon]\nkv_transform = default\n", err, sizeof(err)), 0);
 	T_EQ(config_load_string(next, "t.conf", "[daemon]\nkv_transform = none\n", err, sizeof(err)), 0);
-	T_EQ(config_apply_reload(c, next, notes, sizeof(notes)), 1);
+	T_EQ(config_apply_reload(c, next, notes, sizeof(notes), NULL, 0), 1);
 	T_EQ(c->kv_transform, 0);
 	T_ASSERT(notes[0] == '\0');
 	free(c);
@@ -345,8 +345,13 @@ static void test_reload_merge(void)
 
 	T_EQ(config_load_string(live, "a.conf", t1, err, sizeof(err)), 0);
 	T_EQ(config_load_string(next, "a.conf", t2, err, sizeof(err)), 0);
-	int n = config_apply_reload(live, next, notes, sizeof(notes));
+	char changes[CONFIG_ERR_MAX];
+	int n = config_apply_reload(live, next, notes, sizeof(notes), changes, sizeof(changes));
 	T_EQ(n, 5); /* log_level, max_sessions, a.limit, a.guaranteed, a.sparse_v */
+	/* each change named, with both values, for the log */
+	T_ASSERT(strstr(changes, "daemon.log_level: info -> debug\n"));
+	T_ASSERT(strstr(changes, "tenant.a.limit: 1GiB -> 512MiB\n"));
+	T_ASSERT(!strstr(changes, "pool_bytes"));
 	T_EQ(live->log_level, 7);
 	T_EQ(live->max_sessions, 5);
 	T_EQ(live->pool_bytes, 2ull << 30); /* does not reload */
@@ -357,8 +362,59 @@ static void test_reload_merge(void)
 	T_ASSERT(strstr(notes, "pool.pool_bytes changed"));
 	T_ASSERT(strstr(notes, "tenant 'b' is new"));
 	T_EQ(config_validate(live, err, sizeof(err)), 0);
+
+	/* A tenant without a limit in the file is limited by the pool, and the
+	 * pool keeps its size until a restart: a pool_bytes staged in the file
+	 * neither lowers such a limit at once nor makes every reload fail
+	 * ("limit larger than the pool") until the restart.  With tenants and
+	 * with the embedded default tenant. */
+	static const char *const unlimited[2][3] = {
+		{ "[pool]\npool_bytes = 2G\n[tenant a]\nguaranteed = 1G\nallow_uids = *\n",
+		  "[pool]\npool_bytes = 4G\n[tenant a]\nguaranteed = 1G\nallow_uids = *\n",
+		  "[pool]\npool_bytes = 1G\n[tenant a]\nguaranteed = 512M\nallow_uids = *\n" },
+		{ "[pool]\npool_bytes = 2G\n", "[daemon]\nlog_level = debug\n[pool]\npool_bytes = 4G\n",
+		  "[pool]\npool_bytes = 1G\n" },
+	};
+	for (int k = 0; k < 2; k++) {
+		const char *tn = k ? "default" : "a";
+		T_EQ(config_load_string(live, "u.conf", unlimited[k][0], err, sizeof(err)), 0);
+		for (int step = 1; step < 3; step++) {
+			T_EQ(config_load_string(next, "u.conf", unlimited[k][step], err, sizeof(err)), 0);
+			config_apply_reload(live, next, notes, sizeof(notes), changes, sizeof(changes));
+			T_EQ(live->pool_bytes, 2ull << 30);
+			T_EQ(config_tenant(live, tn)->limit, 2ull << 30);
+			T_ASSERT(strstr(notes, "pool.pool_bytes changed in the file; it takes effect after a restart"));
+			T_ASSERT(!strstr(changes, ".limit"));
+			if (config_validate(live, err, sizeof(err)) != 0)
+				T_FAIL("case %d step %d: %s", k, step, err);
+		}
+		if (k == 1)
+			T_EQ(live->log_level, 6); /* the second file's debug, back to info: applied */
+	}
+	/* a limit the file sets still reloads */
+	T_EQ(config_load_string(next, "u.conf", "[pool]\npool_bytes = 2G\n[tenant default]\nlimit = 1G\n"
+				"allow_uids = *\n", err, sizeof(err)), 0);
+	T_EQ(config_apply_reload(live, next, notes, sizeof(notes), changes, sizeof(changes)), 1);
+	T_EQ(config_tenant(live, "default")->limit, 1ull << 30);
 	free(live);
 	free(next);
+}
+
+/* A cross-option error about an option left at its default names the
+ * file (and the line of one that was set), never "file:0". */
+static void test_error_lines(void)
+{
+	T_ASSERT(load_fails("[pool]\nhigh_watermark = 50\n", "t.conf:2: pool.low_watermark: 80%", "below"));
+	T_ASSERT(load_fails("[pool]\npage_bytes = 64K\n[tenant a]\nguaranteed = 1P\nlimit = 1P\nallow_uids = *\n",
+			    "t.conf:3: tenant 'a': limit", "larger than pool.pool_bytes"));
+	T_ASSERT(load_fails("[tenant a]\nguaranteed = 700G\nlimit = 900G\nallow_uids = *\n"
+			    "[tenant b]\nguaranteed = 700G\nlimit = 900G\nallow_uids = *\n"
+			    "[pool]\npool_bytes = 1T\n",
+			    "t.conf:10: the tenants' guarantees add up to", "more than pool.pool_bytes"));
+	/* pool_bytes left at its 1 GiB: the first tenant that guarantees */
+	T_ASSERT(load_fails("[daemon]\nlog_level = info\n[tenant a]\nallow_uids = *\n[tenant b]\nguaranteed = 600M\n"
+			    "allow_uids = *\n[tenant c]\nguaranteed = 600M\nallow_uids = *\n",
+			    "t.conf:5: the tenants' guarantees add up to 1200MiB", "more than pool.pool_bytes 1GiB"));
 }
 
 static void test_names(void)
@@ -387,6 +443,7 @@ int main(void)
 	T_RUN(test_tenants);
 	T_RUN(test_shipped_file_is_the_defaults);
 	T_RUN(test_reload_merge);
+	T_RUN(test_error_lines);
 	T_RUN(test_names);
 	return t_done();
 }

@@ -1514,7 +1514,7 @@ static void step_reload(struct model *m)
 	CHECK((e == 0) == load_ok, "config_load_string: %d (%s)", e, err);
 	if (e == 0) {
 		memcpy(&merged, &m->live, sizeof(merged));
-		config_apply_reload(&merged, &next, notes, sizeof(notes));
+		config_apply_reload(&merged, &next, notes, sizeof(notes), NULL, 0);
 		e = config_validate(&merged, err, sizeof(err));
 		CHECK((e == 0) == !bad_sum, "config_validate of the merged config: %d (%s)", e, err);
 	}
