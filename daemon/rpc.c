@@ -1062,9 +1062,21 @@ static void h_set_tenant_budget(struct rpc_server *srv, const struct peer *peer,
 		return;
 	}
 	/* a lowered limit: the reclaimer brings the tenant down to it now */
-	if (srv->reclaim)
-		reclaim_kick(srv->reclaim);
+	struct reclaim *rc = __atomic_load_n(&srv->reclaim, __ATOMIC_ACQUIRE);
+	if (rc)
+		reclaim_kick(rc);
 	tenant_get_info(t, &ti);
+	/* GetConfig (tqctl config) shows what runs, until a reload puts the
+	 * file's budgets back */
+	pthread_mutex_lock(&srv->cfg_lock);
+	for (uint32_t i = 0; i < srv->cfg->n_tenants; i++) {
+		struct tenant_conf *tc = &srv->cfg->tenant[i];
+		if (strcmp(tc->name, ti.name) == 0) {
+			tc->limit = ti.limit;
+			tc->guaranteed = ti.guaranteed;
+		}
+	}
+	pthread_mutex_unlock(&srv->cfg_lock);
 	config_format_size(ti.limit, a, sizeof(a));
 	config_format_size(ti.guaranteed, b, sizeof(b));
 	log_notice("tenant %s: budget set by %s: limit %s, guaranteed %s", ti.name, peer->desc, a, b);
@@ -1430,11 +1442,16 @@ static int call_async(struct rpc_server *srv, struct call *c, const struct peer 
 	pthread_t th;
 	int r;
 
-	if (__atomic_load_n(&srv->slow_closed, __ATOMIC_ACQUIRE)) {
+	/* counted first, then the stop checked (rpc_stop does the two the
+	 * other way round, all seq_cst): either the stop sees this call and
+	 * waits for it, or this call sees the stop */
+	uint32_t n = __atomic_add_fetch(&srv->slow_calls, 1, __ATOMIC_SEQ_CST);
+	if (__atomic_load_n(&srv->slow_closed, __ATOMIC_SEQ_CST)) {
+		__atomic_sub_fetch(&srv->slow_calls, 1, __ATOMIC_RELEASE);
 		rep_error(rep, GRPC_STATUS_UNAVAILABLE, "tqkvd is stopping");
 		return -EBUSY;
 	}
-	if (__atomic_add_fetch(&srv->slow_calls, 1, __ATOMIC_ACQ_REL) > SLOW_CALLS_MAX) {
+	if (n > SLOW_CALLS_MAX) {
 		__atomic_sub_fetch(&srv->slow_calls, 1, __ATOMIC_RELEASE);
 		rep_error(rep, GRPC_STATUS_RESOURCE_EXHAUSTED, "%d spill/restore/checkpoint calls are running "
 			  "already; try again when one is done", SLOW_CALLS_MAX);
@@ -1806,8 +1823,8 @@ void rpc_stop(struct rpc_server *srv, int drain_ms)
 	 * spill store, which go after this returns: let them finish (and reply).
 	 * No new one starts meanwhile (a client calling them in a loop would
 	 * hold the stop off for good). */
-	__atomic_store_n(&srv->slow_closed, 1, __ATOMIC_RELEASE);
-	for (int i = 0; __atomic_load_n(&srv->slow_calls, __ATOMIC_ACQUIRE); i++) {
+	__atomic_store_n(&srv->slow_closed, 1, __ATOMIC_SEQ_CST);
+	for (int i = 0; __atomic_load_n(&srv->slow_calls, __ATOMIC_SEQ_CST); i++) {
 		if (i == 0)
 			log_notice("waiting for %u spill/restore/checkpoint call(s) to finish",
 				   __atomic_load_n(&srv->slow_calls, __ATOMIC_ACQUIRE));

@@ -91,6 +91,8 @@ expect 0 budget set locked --guaranteed 8MiB --json; [ "$(json 'd["guaranteed_by
 expect 1 budget set locked --limit 1T;  has 'INVALID_ARGUMENT'
 expect 1 budget set nobody --limit 1M;  has "unknown tenant 'nobody'"
 expect 0 config;                 has '^KEY  *VALUE  *DEFAULT  *RELOAD'; has '^pool.pool_bytes  *512MiB  *1GiB  *no'
+# the budget that runs (budget set), not the file's, until a reload
+has '^tenant.locked.limit  *32MiB '; has '^tenant.locked.guaranteed  *8MiB '
 expect 0 config --json;          [ "$(json '[e["value"] for e in d["entries"] if e["key"]=="tenant.locked.allow_uids"][0]')" = 4242 ] || fail "config --json"
 
 # top without a terminal: -n plain snapshots, no escape codes; rates and
