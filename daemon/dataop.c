@@ -486,6 +486,9 @@ static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *
 	tq_error te;
 	int e;
 
+	/* a persistent session: its journal open before anything changes */
+	if (kv->p && n && (e = kvp_journal_open(ks, s, kv, r)) < 0)
+		return e;
 	if (L->xf && n) {
 		if ((calibrated = layer_calibrate(L, k, v, q, n, n_q, kv->n_q_heads * kv->dim, kv_row, dtype, r)) < 0)
 			return calibrated;

@@ -409,18 +409,31 @@ int dataop_persist_init(struct kvstore *ks, struct session *s, char *why, size_t
 }
 
 /* ---- the journal ---------------------------------------------------------------------- */
-/* The journal is usable (else a checkpoint makes a new one): 0 or an error in r. */
-static int journal_ready(struct kvstore *ks, struct session *s, struct kv_sess *kv, struct dataop_res *r)
+/* The journal is usable (else, where the session's pages are as its
+ * counts say, a checkpoint makes a new one): 0 or an error in r. */
+static int journal_ready(struct kvstore *ks, struct session *s, struct kv_sess *kv, bool may_checkpoint,
+			 struct dataop_res *r)
 {
 	char why[256] = "";
 
 	if (kv->p->jfd >= 0)
 		return 0;
+	if (!may_checkpoint) {
+		/* a record of this append failed to reach the journal already */
+		dataop_res_set(r, -EIO, TQKV_ST_SPILL_IO, 0);
+		snprintf(r->msg, sizeof(r->msg), "persistent session: its journal failed during the operation");
+		return r->res;
+	}
 	if (checkpoint_or_count(ks, s, kv, why, sizeof(why)) == 0 && kv->p->jfd >= 0)
 		return 0;
 	dataop_res_set(r, -EIO, TQKV_ST_SPILL_IO, 0);
 	snprintf(r->msg, sizeof(r->msg), "persistent session: no journal for the operation: %.180s", why);
 	return r->res;
+}
+
+int kvp_journal_open(struct kvstore *ks, struct session *s, struct kv_sess *kv, struct dataop_res *r)
+{
+	return journal_ready(ks, s, kv, true, r);
 }
 
 static int journal_put(struct kvstore *ks, struct kv_sess *kv, struct persist_rec *rec, const void *p1, size_t n1,
@@ -476,7 +489,7 @@ int kvp_journal_append(struct kvstore *ks, struct session *s, struct kv_sess *kv
 			 PERSIST_REC_MAX);
 		return r->res;
 	}
-	if ((e = journal_ready(ks, s, kv, r)) < 0)
+	if ((e = journal_ready(ks, s, kv, false, r)) < 0)
 		return e;
 	if (p->buf_cap < kpart + vpart) {
 		uint8_t *nb = malloc(kpart + vpart);
@@ -527,7 +540,7 @@ int kvp_journal_truncate(struct kvstore *ks, struct session *s, struct kv_sess *
 			changes = true;
 	if (!changes)
 		return 0;
-	if ((e = journal_ready(ks, s, kv, r)) < 0)
+	if ((e = journal_ready(ks, s, kv, true, r)) < 0) /* before the truncation changes anything */
 		return e;
 	return journal_put(ks, kv, &rec, NULL, 0, NULL, 0, r);
 }
@@ -545,7 +558,7 @@ int kvp_journal_xform(struct kvstore *ks, struct session *s, struct kv_sess *kv,
 		snprintf(r->msg, sizeof(r->msg), "persistent session: layer %u's transform is not calibrated", l);
 		return r->res;
 	}
-	if ((e = journal_ready(ks, s, kv, r)) < 0)
+	if ((e = journal_ready(ks, s, kv, false, r)) < 0)
 		return e;
 	if (!(blob = malloc(xb))) {
 		dataop_res_set(r, -ENOMEM, TQKV_ST_NOMEM, 0);

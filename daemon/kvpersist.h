@@ -79,6 +79,12 @@ struct dataop_res;
 int kvp_sess_new(struct kvstore *ks, struct kv_sess *kv);
 void kvp_sess_free(struct kvstore *ks, struct kv_sess *kv);
 void kvp_defer_free(struct kv_sess *kv, uint64_t slot);
+/* Before an append changes anything: the journal is open (after a failed
+ * journal write, a checkpoint makes a new one).  0, or an error in r.  The
+ * records the append then writes never checkpoint: a checkpoint in the
+ * middle of an append would copy its half-changed tail page and call the
+ * page clean with fewer tokens than the layer is about to count. */
+int kvp_journal_open(struct kvstore *ks, struct session *s, struct kv_sess *kv, struct dataop_res *r);
 /* Journal tokens [first, first + n) of layer l, already encoded in its
  * pages (L->pages holds the new ones already): 0, or an error in r. */
 int kvp_journal_append(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l, uint32_t first,

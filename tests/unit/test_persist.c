@@ -1391,6 +1391,59 @@ static int write_seeds(const char *dir)
 	return system(path) != 0;
 }
 
+/* After the journal was lost (a failed journal write, or a checkpoint
+ * whose new journal could not be made), the next append makes a new one
+ * (a checkpoint) before it changes anything.  It checkpointed from the
+ * middle of the append: the tail page, already holding the new tokens,
+ * was copied with the old token count and called clean, so a spill kept
+ * that short copy (DATA_LOSS on read-back) and a restart lost the page. */
+static void test_append_after_journal_loss(void)
+{
+	for (int restart = 0; restart < 2; restart++) {
+		struct kvfix f;
+		struct session_info si;
+		static struct xsnap a, b;
+		char why[512], path[512];
+		uint64_t out;
+
+		kvfix_start(&f, XCONF, 16u << 20, XPAGE, 256);
+		xpersist_up(&f);
+		struct session *s = xopen(&f, &XG, "jl", 61, &si);
+		xfill(&f, s, 0, 50, 0);
+		T_EQ(dataop_checkpoint(f.ks, s, why, sizeof(why)), 0);
+		xfill(&f, s, 0, 10, 1);
+		/* the checkpoint's new journal cannot be made: none after it */
+		snprintf(path, sizeof(path), "%s/%s/%" PRIu64 ".tqj", f.dir, PERSIST_SUBDIR, si.id);
+		T_EQ(unlink(path), 0);
+		T_EQ(mkdir(path, 0700), 0);
+		dataop_checkpoint(f.ks, s, why, sizeof(why));
+		T_EQ(rmdir(path), 0);
+		xfill(&f, s, 0, 10, 2); /* into the partly filled tail page */
+		struct kv_sess *kv;
+		MUST(dataop_kv_get(f.ks, s, &kv) == 0);
+		T_ASSERT(kv->layer[0].n_tokens < kv->geom.page_tokens); /* still the first page */
+		session_release(s);
+		xsnapshot(&f, si.id, &a);
+		T_EQ(a.n_tokens[0], 70);
+		if (restart) {
+			/* another layer's checkpoint names the tail page's slot */
+			MUST(session_acquire(f.st, si.id, 0, &s) == 0);
+			xfill(&f, s, 1, 20, 3);
+			T_EQ(dataop_checkpoint(f.ks, s, why, sizeof(why)), 0);
+			session_release(s);
+			xsnapshot(&f, si.id, &a);
+			xcrash(&f);
+		} else {
+			MUST(session_acquire(f.st, si.id, 0, &s) == 0);
+			T_EQ(dataop_spill(f.ks, s, UINT64_MAX, &out, why, sizeof(why)), 0);
+			session_release(s);
+		}
+		xsnapshot(&f, si.id, &b); /* every page read back (exits on DATA_LOSS) */
+		xsame(&a, &b);
+		T_EQ(xfinish(&f), 0);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	if (argc == 3 && !strcmp(argv[1], "--write-seeds"))
@@ -1417,5 +1470,6 @@ int main(int argc, char **argv)
 	T_RUN(test_page_tokens_moved);
 	T_RUN(test_config_change);
 	T_RUN(test_replay_cannot_apply);
+	T_RUN(test_append_after_journal_loss);
 	return t_done();
 }
