@@ -182,6 +182,11 @@ static void reap_locked(tqkv *c)
 {
 	uint32_t tail = __atomic_load_n(&c->hdr->cq_tail, __ATOMIC_ACQUIRE);
 
+	if (tail - c->cq_head > c->cq_entries) {
+		/* more completions than the ring holds: not a daemon's ring any more */
+		mark_dead(c, -EPROTO);
+		return;
+	}
 	while (c->cq_head != tail) {
 		struct tqkv_cqe e;
 		memcpy(&e, c->cq + (size_t)(c->cq_head & (c->cq_entries - 1)) * sizeof(e), sizeof(e));
@@ -296,6 +301,7 @@ static void req_free_locked(tqkv *c, struct tqkv_req *q)
 	for (uint32_t i = 0; i < q->n_slots; i++)
 		c->slot_used[q->slot0 + i] = 0;
 	q->in_use = false;
+	q->abandoned = false; /* the next operation in this slot is waited for */
 	c->free_reqs[c->n_free++] = q->idx;
 	pthread_cond_broadcast(&c->cond);
 }
@@ -305,19 +311,26 @@ static void req_free_locked(tqkv *c, struct tqkv_req *q)
 static int submit(tqkv *c, struct tqkv_sqe *e, struct in_buf *in, int n_in, float *out,
 		  size_t out_bytes, uint64_t *out_off, tqkv_req **reqp)
 {
-	uint64_t total = 0, off, deadline;
+	uint64_t total = 0, off, deadline, need64;
 	uint32_t need, first = 0;
 	struct tqkv_req *q;
 	int r;
 
 	*reqp = NULL;
-	for (int i = 0; i < n_in; i++)
-		total += (in[i].bytes + 63) & ~(uint64_t)63;
-	total += (out_bytes + 63) & ~(uint64_t)63;
-	need = total ? (uint32_t)((total + c->slot_bytes - 1) / c->slot_bytes) : 0;
-	if (need > c->n_slots)
+	/* each part at most the arena (the sum then cannot wrap), the slot
+	 * count checked before it is narrowed */
+	for (int i = 0; i <= n_in; i++) {
+		uint64_t b = i < n_in ? in[i].bytes : out_bytes;
+		if (b > c->arena_bytes)
+			return fail(-E2BIG, "operation needs more than the connection's %llu bytes of arena",
+				    (unsigned long long)c->arena_bytes);
+		total += (b + 63) & ~(uint64_t)63;
+	}
+	need64 = (total + c->slot_bytes - 1) / c->slot_bytes;
+	if (need64 > c->n_slots)
 		return fail(-E2BIG, "operation needs %llu bytes of arena, the connection has %llu",
 			    (unsigned long long)total, (unsigned long long)c->arena_bytes);
+	need = (uint32_t)need64;
 
 	deadline = c->op_timeout_ms > 0 ? now_ns() + (uint64_t)c->op_timeout_ms * 1000000u : 0;
 	pthread_mutex_lock(&c->lock);
@@ -339,6 +352,7 @@ static int submit(tqkv *c, struct tqkv_sqe *e, struct in_buf *in, int n_in, floa
 	q = &c->reqs[c->free_reqs[--c->n_free]];
 	q->in_use = true;
 	q->done = false;
+	q->abandoned = false;
 	q->gen++;
 	q->slot0 = first;
 	q->n_slots = need;
@@ -418,6 +432,18 @@ static size_t dsize(enum tqkv_dtype dt)
 	return dt == TQKV_F32 ? 4 : dt == TQKV_F16 || dt == TQKV_BF16 ? 2 : 0;
 }
 
+/* a * b * c * d bytes, or -E2BIG when that does not fit a size_t */
+static int bytes_of(uint64_t a, uint64_t b, uint64_t c, uint64_t d, size_t *out)
+{
+	uint64_t x;
+
+	if (__builtin_mul_overflow(a, b, &x) || __builtin_mul_overflow(x, c, &x) ||
+	    __builtin_mul_overflow(x, d, &x) || x > SIZE_MAX)
+		return -E2BIG;
+	*out = (size_t)x;
+	return 0;
+}
+
 static int check_dtype(enum tqkv_dtype dt)
 {
 	return dsize(dt) ? 0 : fail(-EINVAL, "unknown dtype %d", (int)dt);
@@ -430,14 +456,18 @@ EXPORT int tqkv_submit_append_attend(tqkv_session *s, uint32_t layer, const void
 	struct tqkv_sqe e;
 	struct in_buf in[4];
 	int n_in = 0, r;
-	size_t es = dsize(dtype);
-	size_t kvb = (size_t)n_tokens * s->n_kv_heads * s->head_dim * es;
-	size_t qb = (size_t)n_q * s->n_q_heads * s->head_dim * es;
-	size_t ob = (size_t)n_q * s->n_q_heads * s->head_dim * sizeof(float);
+	size_t es = dsize(dtype), kvb, qb, ob;
 
 	*req = NULL;
 	if ((r = check_dtype(dtype)) < 0)
 		return r;
+	/* a session attached with the caller's geometry: its shape is the
+	 * caller's word, so the sizes are checked, not trusted to fit */
+	if (bytes_of(n_tokens, s->n_kv_heads, s->head_dim, es, &kvb) < 0 ||
+	    bytes_of(n_q, s->n_q_heads, s->head_dim, es, &qb) < 0 ||
+	    bytes_of(n_q, s->n_q_heads, s->head_dim, sizeof(float), &ob) < 0)
+		return fail(-E2BIG, "operation too large (%u tokens, %u queries of %u x %u)", n_tokens, n_q,
+			    s->n_q_heads, s->head_dim);
 	if ((n_tokens && (!k || !v)) || (n_q && (!q || !pos || !out)) || (!n_tokens && !n_q))
 		return fail(-EINVAL, "NULL buffer or nothing to do");
 	memset(&e, 0, sizeof(e));

@@ -135,6 +135,8 @@ ctl tenants --json | python3 -c 'import json,sys; t=json.load(sys.stdin)["tenant
 # a client's prefetch reads them back (asynchronously: it watches them come)
 out=$("$CLIENT" --client prefetch "$T/run" "$ID" 2>&1) || fail "prefetch: $out"
 grep -q "^after: resident [1-9][0-9]* spilled 0$" <<<"$out" || fail "prefetch: $out"
+# operations far too big for the connection's arena: -E2BIG, no crash
+out=$("$CLIENT" --client huge "$T/run" "$ID" 2>&1) || fail "huge operations: $out"
 out=$(ctl spill "$ID") || fail "tqctl spill $ID (again): $out"
 out=$(ctl restore "$ID") || fail "tqctl restore $ID: $out"
 ctl session "$ID" --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert int(d["spilled_bytes"]) == 0 and int(d["resident_bytes"]) > 0, d' \

@@ -718,8 +718,11 @@ static int client_main(int argc, char **argv)
 	if (!strcmp(mode, "stall") && argc > 4)
 		return client_stall(dir, atoi(argv[4]));
 	if (!strcmp(mode, "prefetch") && argc > 4) {
-		/* prefetch DIR ID: attach (G[0]), prefetch, watch the spilled bytes go */
-		struct tqkv_connect_opts o = { .run_dir = dir };
+		/* prefetch DIR ID: attach (G[0]), prefetch, watch the spilled bytes go;
+		 * then rounds of operations in flight together on the connection:
+		 * the prefetch's request (abandoned: nobody waits for it) is used
+		 * again and must be waited for like any other */
+		struct tqkv_connect_opts o = { .run_dir = dir, .op_timeout_ms = 3000 };
 		struct tqkv_session_params p = { .n_layers = G[0].n_layers, .n_kv_heads = G[0].n_kv,
 						 .n_q_heads = G[0].n_q, .head_dim = G[0].dim };
 		struct tqkv_session_info si;
@@ -740,9 +743,72 @@ static int client_main(int argc, char **argv)
 			usleep(10000);
 		printf("after: resident %llu spilled %llu\n", (unsigned long long)si.resident_bytes,
 		       (unsigned long long)si.spilled_bytes);
+		int bad = 0;
+		for (int round = 0; round < 4; round++) {
+			/* more each round: the requests freed last are used first,
+			 * so each round reaches past the ones the round before used */
+			const int nr = 4 * (round + 1);
+			tqkv_req *rq[16];
+			struct timespec t0, t1;
+			clock_gettime(CLOCK_MONOTONIC, &t0);
+			for (int i = 0; i < nr; i++)
+				if (tqkv_submit_nop(c, &rq[i]) < 0) {
+					printf("nop: %s\n", tqkv_last_error());
+					return 5;
+				}
+			for (int i = 0; i < nr; i++) {
+				int r = tqkv_wait(rq[i], NULL);
+				if (r < 0) {
+					printf("round %d, operation %d: %s\n", round, i, tqkv_last_error());
+					bad++;
+				}
+			}
+			clock_gettime(CLOCK_MONOTONIC, &t1);
+			long ms = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
+			if (ms > 1000) {
+				printf("round %d took %ld ms\n", round, ms);
+				bad++;
+			}
+		}
 		tqkv_session_detach(s);
 		tqkv_disconnect(c);
-		return si.spilled_bytes ? 4 : 0;
+		return si.spilled_bytes ? 4 : bad ? 6 : 0;
+	}
+	if (!strcmp(mode, "huge") && argc > 4) {
+		/* huge DIR ID: operations far larger than a 4 KiB arena, some
+		 * whose sizes do not fit 64 bits: -E2BIG, nothing copied */
+		struct tqkv_connect_opts o = { .run_dir = dir, .queue_depth = 1, .arena_bytes = 4096 };
+		/* a geometry given with the id is the caller's word (the daemon
+		 * checks its own): here one whose rows are 4 GiB */
+		struct tqkv_session_params p = { .n_layers = 2, .n_kv_heads = 1024, .n_q_heads = 1024,
+						 .head_dim = 1u << 20 };
+		static float k[1024], v[1024], q[2048], out[2048];
+		static int32_t pos[2];
+		tqkv *c;
+		tqkv_session *s;
+		tqkv_req *rq;
+		if (tqkv_connect(&c, &o) < 0 ||
+		    tqkv_session_attach(c, strtoull(argv[4], NULL, 0), &p, TQKV_SESSION_DETACHED, &s) < 0) {
+			printf("huge: %s\n", tqkv_last_error());
+			return 2;
+		}
+		static const uint32_t n[] = { 1u << 31, 0xffffffffu, 1u << 20, 1 };
+		for (int i = 0; i < 4; i++) {
+			int r1 = tqkv_submit_append(s, 0, k, v, n[i], TQKV_F32, &rq);
+			int r2 = tqkv_submit_attend(s, 0, q, pos, n[i], TQKV_F32, out, &rq);
+			if (r1 != -E2BIG || r2 != -E2BIG) {
+				printf("huge: %u tokens: append %d, attend %d (%s)\n", n[i], r1, r2, tqkv_last_error());
+				return 3;
+			}
+		}
+		/* the connection still works */
+		if (tqkv_submit_nop(c, &rq) < 0 || tqkv_wait(rq, NULL) < 0) {
+			printf("huge: nop: %s\n", tqkv_last_error());
+			return 4;
+		}
+		tqkv_session_detach(s);
+		tqkv_disconnect(c);
+		return 0;
 	}
 	if (!strcmp(mode, "attach-name") && argc > 4) {
 		/* attach-name DIR NAME: a worker finding its detached session again */
