@@ -43,7 +43,7 @@ struct fix {
 /* 16 MiB pool: prod guaranteed 6 MiB (priority 90), batch 0 (priority 10),
  * test 0 (priority 50); rp: watermarks, admission; spill_slots: the tier's
  * size in pages. */
-static void fix_start_with(struct fix *f, struct reclaim_params rp, uint64_t spill_slots, bool admit)
+static void fix_start_opts(struct fix *f, struct reclaim_params rp, uint64_t spill_slots, bool admit, bool manual)
 {
 	char why[512];
 
@@ -51,7 +51,8 @@ static void fix_start_with(struct fix *f, struct reclaim_params rp, uint64_t spi
 		    "[tenant prod]\nguaranteed = 6M\nlimit = 16M\npriority = 90\nallow_uids = *\n"
 		    "[tenant test]\nlimit = 16M\npriority = 50\nallow_uids = *\n"
 		    "[tenant batch]\nlimit = 16M\npriority = 10\nallow_uids = *\n", 16 * MiB, PAGE, spill_slots);
-	if (reclaim_start(&f->rc, f->kv.pool, f->kv.tt, f->kv.st, f->kv.ks, &rp, why, sizeof(why)) < 0) {
+	if ((manual ? reclaim_start_manual : reclaim_start)(&f->rc, f->kv.pool, f->kv.tt, f->kv.st, f->kv.ks, &rp, why,
+							     sizeof(why)) < 0) {
 		fprintf(stderr, "setup failed: %s\n", why);
 		exit(1);
 	}
@@ -59,10 +60,16 @@ static void fix_start_with(struct fix *f, struct reclaim_params rp, uint64_t spi
 		kvstore_set_reclaim(f->kv.ks, f->rc);
 }
 
-/* watermarks 75 % / 50 %; the thread acts only when called or kicked */
+static void fix_start_with(struct fix *f, struct reclaim_params rp, uint64_t spill_slots, bool admit)
+{
+	fix_start_opts(f, rp, spill_slots, admit, false);
+}
+
+/* watermarks 75 % / 50 %, no thread: passes run when the test calls them
+ * (the thread's 1 s tick would also act while a slow run fills the pool) */
 static void fix_start(struct fix *f)
 {
-	fix_start_with(f, (struct reclaim_params){ 75, 50, 2000, CONFIG_PRESSURE_FAIL }, 512, false);
+	fix_start_opts(f, (struct reclaim_params){ 75, 50, 2000, CONFIG_PRESSURE_FAIL }, 512, false, true);
 }
 
 static void fix_stop(struct fix *f)
@@ -222,7 +229,7 @@ static void test_thread_acts_on_kick(void)
 {
 	struct fix f;
 
-	fix_start(&f);
+	fix_start_with(&f, (struct reclaim_params){ 75, 50, 2000, CONFIG_PRESSURE_FAIL }, 512, false);
 	/* marks out of reach while the pool fills: the thread's 1 s tick must
 	 * not act before the check (filling takes longer under TSan) */
 	struct reclaim_params rp, hold = { 100, 99, 2000, CONFIG_PRESSURE_FAIL };
