@@ -1109,8 +1109,18 @@ static uint64_t lost_pages(const struct kv_sess *kv)
 	return n;
 }
 
+/* A failure that says nothing about the files (memory, descriptors, a
+ * read error): recovery keeps them for the next start instead of setting
+ * the session aside and deleting its journal. */
+static bool passing(int e)
+{
+	return e == -ENOMEM || e == -EIO || e == -EMFILE || e == -ENFILE || e == -EAGAIN || e == -EINTR ||
+	       e == -ENOBUFS;
+}
+
 /* Recovery's first pass, one manifest: read, checked, its slots claimed.
- * 0 (m read and kept), or dropped (-1: m freed, the log says why).  Every
+ * 0 (m read and kept), or dropped (-1: m freed, the log says why), or not
+ * served in this run but kept for the next start (-2: m freed).  Every
  * manifest's slots are claimed before any session is replayed: a replay's
  * checkpoint and spill take free slots, which must not be slots a manifest
  * not yet read names. */
@@ -1122,8 +1132,16 @@ static int recover_claim(struct kvstore *ks, struct tenant_table *tt, uint64_t i
 	memset(m, 0, sizeof(*m));
 	if (id > *max_id)
 		*max_id = id;
-	if (persist_manifest_read(ks->persist->dirfd, id, m, why, sizeof(why)) < 0 ||
-	    manifest_misfit(ks, m, slot_bytes, tt, why, sizeof(why)) || claim_slots(ks, m, why, sizeof(why)) < 0) {
+	int r = persist_manifest_read(ks->persist->dirfd, id, m, why, sizeof(why));
+	if (r < 0 && passing(r)) {
+		/* nothing known to be wrong with it: its files stay for the next
+		 * start (the slots it names are not known, so not claimed: one
+		 * given to another session meanwhile fails its checks then) */
+		recover_drop(ks, id, m, why, true);
+		persist_manifest_free(m);
+		return -2;
+	}
+	if (r < 0 || manifest_misfit(ks, m, slot_bytes, tt, why, sizeof(why)) || claim_slots(ks, m, why, sizeof(why)) < 0) {
 		recover_drop(ks, id, m, why, false);
 		persist_manifest_free(m);
 		return -1;
@@ -1133,7 +1151,8 @@ static int recover_claim(struct kvstore *ks, struct tenant_table *tt, uint64_t i
 
 /* Recovery's second pass, one manifest whose slots are claimed: the
  * session back in the table (its journal replayed), or dropped (its slots
- * given back).  Frees m.  1 restored, 0 dropped. */
+ * given back), or kept for the next start (files and slots as they are).
+ * Frees m.  1 restored, 0 dropped, -1 kept. */
 static int recover_adopt(struct kvstore *ks, struct session_table *st, struct tenant_table *tt, uint64_t id,
 			 struct persist_manifest *m)
 {
@@ -1146,12 +1165,31 @@ static int recover_adopt(struct kvstore *ks, struct session_table *st, struct te
 	uint64_t spilled;
 	int r;
 
-	if (session_adopt(st, tenant_find(tt, m->tenant), m->name, (uid_t)m->owner_uid, &m->geom, m->seed,
-			  SESSION_PERSISTENT, m->id, m->created_ms, (uint64_t)time(NULL) * 1000u, why, sizeof(why)) < 0 ||
-	    session_acquire(st, id, 0, &s) < 0 ||
-	    dataop_kv_get_paged(ks, s, (uint32_t)manifest_page_tokens(ks, m), &kv) < 0 || !kv->p) {
+	r = session_adopt(st, tenant_find(tt, m->tenant), m->name, (uid_t)m->owner_uid, &m->geom, m->seed,
+			  SESSION_PERSISTENT, m->id, m->created_ms, (uint64_t)time(NULL) * 1000u, why, sizeof(why));
+	if (r == -ENOMEM || r == -EEXIST) {
+		/* out of memory, or its name (or id) taken by a session restored
+		 * before it (a session kept in a run that did not serve it, whose
+		 * name a new one took meanwhile): nothing is wrong with its
+		 * files, which stay as they are, slots claimed, for a later start */
 		if (!why[0])
-			snprintf(why, sizeof(why), "cannot re-create the session (out of memory?)");
+			snprintf(why, sizeof(why), "out of memory");
+		recover_drop(ks, id, m, why, true);
+		persist_manifest_free(m);
+		return -1;
+	}
+	if (r == 0 && (session_acquire(st, id, 0, &s) < 0 ||
+		       (r = dataop_kv_get_paged(ks, s, (uint32_t)manifest_page_tokens(ks, m), &kv)) < 0 || !kv->p)) {
+		if (s && passing(r)) {
+			recover_keep(ks, st, s, id, m, "out of memory");
+			persist_manifest_free(m);
+			return -1;
+		}
+		r = r < 0 ? r : -EPROTO;
+	}
+	if (r < 0) {
+		if (!why[0])
+			snprintf(why, sizeof(why), "cannot re-create the session: %s", strerror(-r));
 		release_slots(ks, m, UINT32_MAX, 0);
 		if (s) {
 			session_release(s);
@@ -1171,7 +1209,7 @@ static int recover_adopt(struct kvstore *ks, struct session_table *st, struct te
 		pthread_mutex_unlock(&kv->lock);
 		recover_keep(ks, st, s, id, m, "out of memory");
 		persist_manifest_free(m);
-		return 0;
+		return -1;
 	}
 	rp.s = s;
 	rp.kv = kv;
@@ -1186,7 +1224,7 @@ static int recover_adopt(struct kvstore *ks, struct session_table *st, struct te
 		pthread_mutex_unlock(&kv->lock);
 		recover_keep(ks, st, s, id, m, why);
 		persist_manifest_free(m);
-		return 0;
+		return -1;
 	}
 	if (r > 0 || (r < 0 && r != -ENOENT))
 		log_warning("session %" PRIu64 ": journal replay stopped after %u record(s): %s; the changes after "
@@ -1263,21 +1301,27 @@ int kvstore_recover(struct kvstore *ks, struct session_table *st, struct tenant_
 		return -ENOMEM;
 	}
 	/* every manifest's slots first, then the sessions (recover_claim) */
-	for (size_t i = 0; i < n; i++)
-		ok[i] = recover_claim(ks, tt, ids[i], sst.slot_bytes, max_id, &ms[i]) == 0;
+	uint64_t kept = 0;
 	for (size_t i = 0; i < n; i++) {
-		if (ok[i] && recover_adopt(ks, st, tt, ids[i], &ms[i]))
-			kp->restored++;
-		else
-			kp->dropped++;
+		ok[i] = recover_claim(ks, tt, ids[i], sst.slot_bytes, max_id, &ms[i]);
+		kept += ok[i] == -2;
+		kp->dropped += ok[i] == -1;
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (ok[i] != 0)
+			continue;
+		int a = recover_adopt(ks, st, tt, ids[i], &ms[i]);
+		kp->restored += a == 1;
+		kp->dropped += a == 0;
+		kept += a == -1;
 	}
 	free(ms);
 	free(ok);
 	free(ids);
 	if (n || removed)
 		log_notice("persistent sessions: %" PRIu64 " restored (spilled; restored on first use), %" PRIu64
-			   " dropped%s; %u leftover file(s) removed; spilled pages of other sessions from before "
-			   "the restart are discarded", kp->restored, kp->dropped, kp->dropped ? " (see above)" : "",
-			   removed);
+			   " not served in this run (kept for the next start), %" PRIu64 " dropped%s; %u leftover "
+			   "file(s) removed; spilled pages of other sessions from before the restart are discarded",
+			   kp->restored, kept, kp->dropped, kp->dropped || kept ? " (see above)" : "", removed);
 	return 0;
 }

@@ -1054,6 +1054,7 @@ static void test_replay_cannot_apply(void)
 	T_EQ(session_get_info(f.st, si.id, &got), -ENOENT);
 	kvstore_persist_stats(f.ks, &ps);
 	T_EQ(ps.restored, 0);
+	T_EQ(ps.dropped, 0); /* kept, not dropped */
 	snprintf(path, sizeof(path), "%s/%s/%" PRIu64 ".tqm", f.dir, PERSIST_SUBDIR, si.id);
 	T_EQ(access(path, F_OK), 0);
 	snprintf(path, sizeof(path), "%s/%s/%" PRIu64 ".tqj", f.dir, PERSIST_SUBDIR, si.id);
@@ -1062,8 +1063,18 @@ static void test_replay_cannot_apply(void)
 	T_ASSERT(st.st_size > PERSIST_JNL_HDR); /* its records are still there */
 	spill_stats(f.sp, &ss);
 	T_EQ(ss.slots_used, n_slots);
+	/* meanwhile a new persistent session takes the name (the old one is
+	 * not in the table) and gets tokens */
+	struct session_info si2;
+	static struct xsnap before2, after2;
+	s = xopen(&f, &XG, "cannot", 62, &si2);
+	xfill(&f, s, 0, 5, 4);
+	session_release(s);
+	xsnapshot(&f, si2.id, &before2);
 
-	/* room again: every token back, bit for bit */
+	/* room again: every token back, bit for bit; the newer session of the
+	 * same name cannot be served beside it, and is kept, not set aside
+	 * with its journal deleted */
 	kvstore_persist_stop(f.ks, NULL);
 	f.pool_bytes = 16u << 20;
 	kvfix_restart(&f);
@@ -1073,6 +1084,22 @@ static void test_replay_cannot_apply(void)
 	xsnapshot(&f, si.id, &after);
 	xsame(&before, &after);
 	T_EQ(after.n_tokens[0], 145);
+	T_EQ(ps.dropped, 0);
+	T_EQ(session_get_info(f.st, si2.id, &got), -ENOENT);
+	snprintf(path, sizeof(path), "%s/%s/%" PRIu64 ".tqm", f.dir, PERSIST_SUBDIR, si2.id);
+	T_EQ(access(path, F_OK), 0);
+	snprintf(path, sizeof(path), "%s/%s/%" PRIu64 ".tqj", f.dir, PERSIST_SUBDIR, si2.id);
+	T_EQ(stat(path, &st), 0);
+	T_ASSERT(st.st_size > PERSIST_JNL_HDR);
+	/* once the first is closed, the next start serves the second */
+	T_EQ(session_close(f.st, si.id, NULL), 0);
+	kvstore_persist_stop(f.ks, NULL);
+	kvfix_restart(&f);
+	xpersist_up(&f);
+	kvstore_persist_stats(f.ks, &ps);
+	T_EQ(ps.restored, 1);
+	xsnapshot(&f, si2.id, &after2);
+	xsame(&before2, &after2);
 	T_EQ(xfinish(&f), 0);
 }
 
