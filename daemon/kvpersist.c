@@ -347,8 +347,16 @@ static int checkpoint_locked(struct kvstore *ks, struct session *s, struct kv_se
 	persist_manifest_free(&m);
 	if (r < 0)
 		return r;
-	/* The manifest is on disk: the old journal and the slots only the old
-	 * manifest named are history. */
+	/* The manifest is in place (a restart reads it): the old journal is
+	 * history, and its records would be skipped as already in it.  The
+	 * slots only the old manifest named are history too once the
+	 * directory is synced: not before (a power loss may bring the old
+	 * manifest back), so after a failed sync they wait for the next
+	 * checkpoint. */
+	const bool synced = r == 0;
+	char sync_why[256] = "";
+	if (!synced)
+		snprintf(sync_why, sizeof(sync_why), "%s", why);
 	p->epoch++;
 	if (p->jfd >= 0)
 		close(p->jfd);
@@ -357,6 +365,13 @@ static int checkpoint_locked(struct kvstore *ks, struct session *s, struct kv_se
 		log_err("session %" PRIu64 ": new journal: %s (the next append checkpoints again)", kv->id, why);
 	__atomic_store_n(&p->joff, PERSIST_JNL_HDR, __ATOMIC_RELAXED);
 	p->jseq = 0;
+	if (!synced) {
+		/* dirty: the next checkpoint syncs again (and frees the slots) */
+		snprintf(why, whylen, "%s (the checkpoint is in place; the slots it let go wait for the next one)",
+			 sync_why);
+		log_err("session %" PRIu64 ": checkpoint: %s", kv->id, why);
+		return -EIO;
+	}
 	free_deferred(ks, p);
 	__atomic_store_n(&p->dirty, false, __ATOMIC_RELAXED);
 	__atomic_store_n(&p->last_ckpt_ms, mono_ms(), __ATOMIC_RELAXED);
@@ -424,7 +439,8 @@ static int journal_ready(struct kvstore *ks, struct session *s, struct kv_sess *
 		snprintf(r->msg, sizeof(r->msg), "persistent session: its journal failed during the operation");
 		return r->res;
 	}
-	if (checkpoint_or_count(ks, s, kv, why, sizeof(why)) == 0 && kv->p->jfd >= 0)
+	checkpoint_or_count(ks, s, kv, why, sizeof(why));
+	if (kv->p->jfd >= 0) /* (also after a checkpoint whose directory sync failed: it is in place) */
 		return 0;
 	dataop_res_set(r, -EIO, TQKV_ST_SPILL_IO, 0);
 	snprintf(r->msg, sizeof(r->msg), "persistent session: no journal for the operation: %.180s", why);

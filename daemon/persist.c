@@ -334,6 +334,26 @@ static int write_all(int fd, const uint8_t *p, size_t n, off_t off)
 	return 0;
 }
 
+static uint32_t dirsync_faults; /* atomic: persist_fault_dirsync */
+
+void persist_fault_dirsync(uint32_t n)
+{
+	__atomic_store_n(&dirsync_faults, n, __ATOMIC_RELAXED);
+}
+
+/* fsync of the directory after a manifest's rename (or a test's EIO) */
+static int dirsync(int dirfd)
+{
+	uint32_t f = __atomic_load_n(&dirsync_faults, __ATOMIC_RELAXED);
+
+	if (f && __atomic_compare_exchange_n(&dirsync_faults, &f, f - 1, false, __ATOMIC_RELAXED,
+					     __ATOMIC_RELAXED)) {
+		errno = EIO;
+		return -1;
+	}
+	return fsync(dirfd);
+}
+
 int persist_manifest_write(int dirfd, const struct persist_manifest *m, char *why, size_t whylen)
 {
 	char tmp[64], dst[64];
@@ -358,9 +378,10 @@ int persist_manifest_write(int dirfd, const struct persist_manifest *m, char *wh
 	} else if (renameat(dirfd, tmp, dirfd, dst) < 0) {
 		r = -errno;
 		snprintf(why, whylen, "renaming %s/%s: %s", PERSIST_SUBDIR, tmp, strerror(-r));
-	} else if (fsync(dirfd) < 0) {
-		r = -errno;
-		snprintf(why, whylen, "syncing %s/: %s", PERSIST_SUBDIR, strerror(-r));
+	} else if (dirsync(dirfd) < 0) {
+		/* renamed: published whatever the sync says */
+		snprintf(why, whylen, "syncing %s/ after replacing %s: %s", PERSIST_SUBDIR, dst, strerror(errno));
+		r = 1;
 	}
 	close(fd);
 	if (r < 0)

@@ -48,7 +48,7 @@
 #define PERSIST_REC_HDR    48u
 #define PERSIST_SLOT_LOST  UINT64_MAX              /* a page whose copy failed its checks */
 /* A journal record's payload is at most this (one append's K and V blocks
- * of one layer: larger appends are journaled in several records). */
+ * of one layer: a persistent session refuses a larger append, E2BIG). */
 #define PERSIST_REC_MAX    ((uint32_t)32 << 20)
 /* A layer's transform statistics are at most this many bytes (a 32-byte
  * header and five [n_kv_heads][head_dim] arrays of 4-byte entries: the K
@@ -130,8 +130,13 @@ int persist_manifest_decode(const uint8_t *buf, size_t len, struct persist_manif
 void persist_manifest_free(struct persist_manifest *m);
 
 /* Atomically replace ID.tqm (tmp, fdatasync, rename, fsync of the
- * directory): 0 or -errno with why. */
+ * directory): 0, or -errno with why (the old manifest stands), or 1 with
+ * why: the new one is in place (a restart reads it) but the directory's
+ * fsync failed, so a power loss may bring the old one back. */
 int persist_manifest_write(int dirfd, const struct persist_manifest *m, char *why, size_t whylen);
+/* Tests: the next n fsyncs of the directory after a manifest's rename fail
+ * with EIO. */
+void persist_fault_dirsync(uint32_t n);
 /* Read and decode ID.tqm. */
 int persist_manifest_read(int dirfd, uint64_t id, struct persist_manifest *m, char *why, size_t whylen);
 /* Remove ID.tqm and ID.tqj (a closed session): 0 or -errno. */

@@ -1471,6 +1471,47 @@ static void test_append_after_journal_loss(void)
 	}
 }
 
+/* A checkpoint whose manifest was renamed into place but whose directory
+ * fsync failed: a restart reads the new manifest, so the session goes on
+ * with the new journal.  It went on appending to the old one (epoch
+ * behind the manifest), whose records a restart skips as already in the
+ * manifest: every append since was lost after a SIGKILL. */
+static void test_dirsync_fails(void)
+{
+	struct kvfix f;
+	struct session_info si;
+	struct spill_stats ss0, ss1;
+	static struct xsnap a, b;
+	char why[512];
+
+	kvfix_start(&f, XCONF, 16u << 20, XPAGE, 256);
+	xpersist_up(&f);
+	struct session *s = xopen(&f, &XG, "dirsync", 63, &si);
+	xfill(&f, s, 0, 60, 0);
+	T_EQ(dataop_checkpoint(f.ks, s, why, sizeof(why)), 0);
+	xfill(&f, s, 0, 50, 1);
+	spill_stats(f.sp, &ss0);
+	persist_fault_dirsync(1);
+	T_EQ(dataop_checkpoint(f.ks, s, why, sizeof(why)), -EIO);
+	T_ASSERT(strstr(why, "syncing sessions/") && strstr(why, "the checkpoint is in place"));
+	xfill(&f, s, 0, 20, 2); /* journaled after it */
+	xfill(&f, s, 1, 10, 3);
+	session_release(s);
+	xsnapshot(&f, si.id, &a);
+	T_EQ(a.n_tokens[0], 130);
+	xcrash(&f);
+	xsnapshot(&f, si.id, &b);
+	xsame(&a, &b);
+	/* the next good checkpoint lets the old slots go */
+	MUST(session_acquire(f.st, si.id, 0, &s) == 0);
+	xfill(&f, s, 1, 5, 4);
+	T_EQ(dataop_checkpoint(f.ks, s, why, sizeof(why)), 0);
+	session_release(s);
+	spill_stats(f.sp, &ss1);
+	T_ASSERT(ss1.slots_used <= ss0.slots_used + 4);
+	T_EQ(xfinish(&f), 0);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc == 3 && !strcmp(argv[1], "--write-seeds"))
@@ -1498,5 +1539,6 @@ int main(int argc, char **argv)
 	T_RUN(test_config_change);
 	T_RUN(test_replay_cannot_apply);
 	T_RUN(test_append_after_journal_loss);
+	T_RUN(test_dirsync_fails);
 	return t_done();
 }
