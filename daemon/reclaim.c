@@ -384,12 +384,16 @@ static int evict_one(struct reclaim *rc, const struct cand *c, size_t nc, const 
 	return waiting ? -EBUSY : 0;
 }
 
-/* Has the memory of an evicted session been given back yet? */
+/* Has the memory of an evicted session been given back yet?  (Closed
+ * meanwhile, it is out of the table: then whether any session's memory is
+ * still on its way back.) */
 static bool released(struct reclaim *rc, uint64_t id)
 {
 	struct session_info si;
 
-	return session_get_info(rc->st, id, &si) < 0 || (si.resident_bytes == 0 && si.spilled_bytes == 0);
+	if (session_get_info(rc->st, id, &si) < 0)
+		return session_table_pending_release(rc->st) == 0;
+	return si.resident_bytes == 0 && si.spilled_bytes == 0;
 }
 
 int reclaim_admit(struct reclaim *rc, struct session *s, uint32_t n, uint8_t **pages, char *why, size_t whylen)
@@ -452,6 +456,9 @@ int reclaim_admit(struct reclaim *rc, struct session *s, uint32_t n, uint8_t **p
 		reclaim_kick(rc); /* the background pass takes the pool to the low mark */
 		if (res.got)
 			continue;
+		/* memory of sessions evicted or closed in an operation comes
+		 * back when it returns (they are out of the table once closed) */
+		res.busy += session_table_pending_release(rc->st);
 		if (!res.err && !res.busy && (!evicted || released(rc, evicted))) {
 			snprintf(why, whylen, "the pool is full, and the only pages above a guarantee that this "
 				 "tenant may take are the requesting session's own");
@@ -466,7 +473,7 @@ int reclaim_admit(struct reclaim *rc, struct session *s, uint32_t n, uint8_t **p
 					int ev = evict_one(rc, c, nc, s, e, &evicted);
 					if (ev > 0)
 						continue;
-					if (ev == 0) {
+					if (ev == 0 && !session_table_pending_release(rc->st)) {
 						snprintf(why, whylen, "the pool is full, nothing could be spilled (%s) "
 							 "and no session could be evicted", res.why);
 						break;

@@ -35,6 +35,7 @@ struct session {
 	uint32_t ops;                /* operations in flight */
 	uint32_t admitting;          /* of them, waiting for pool pages (reclaim_admit) */
 	bool released;               /* memory given back */
+	bool release_pending;        /* no longer OPEN, memory not yet given back */
 	uint64_t tokens;
 	uint64_t resident_bytes;
 	uint64_t spilled_bytes;
@@ -58,6 +59,7 @@ struct session_table {
 	void *release_ctx;
 	/* counters (atomic) */
 	uint64_t opened_total, closed_total, evictions_total;
+	uint32_t pending_release;    /* atomic: sessions with release_pending */
 };
 
 static struct session **slot_of(struct session_table *st, uint64_t id)
@@ -94,6 +96,17 @@ static bool release_due(struct session *s)
 	return true;
 }
 
+/* The session left OPEN while an operation holds it (s->lock held): its
+ * memory comes back when that returns; until then the table counts it
+ * (session_table_pending_release), for admission to wait for. */
+static void note_pending(struct session *s, bool run_release)
+{
+	if (!run_release && !s->released && !s->release_pending) {
+		s->release_pending = true;
+		__atomic_add_fetch(&s->st->pending_release, 1, __ATOMIC_SEQ_CST);
+	}
+}
+
 static void do_release(struct session *s)
 {
 	struct session_table *st = s->st;
@@ -106,11 +119,20 @@ static void do_release(struct session *s)
 	uint64_t spilled = s->spilled_bytes;
 	s->resident_bytes = 0;
 	s->spilled_bytes = 0;
+	bool pending = s->release_pending;
+	s->release_pending = false;
 	pthread_mutex_unlock(&s->lock);
 	if (bytes)
 		tenant_uncharge(s->tenant, bytes);
 	if (spilled)
 		tenant_spilled_add(s->tenant, -(int64_t)spilled);
+	if (pending) /* after the pages are back */
+		__atomic_sub_fetch(&st->pending_release, 1, __ATOMIC_SEQ_CST);
+}
+
+uint32_t session_table_pending_release(struct session_table *st)
+{
+	return __atomic_load_n(&st->pending_release, __ATOMIC_SEQ_CST);
 }
 
 int session_table_new(struct session_table **out, uint32_t max_sessions,
@@ -491,6 +513,7 @@ static int evict_id(struct session_table *st, uint64_t id, uint64_t now_ms, uint
 		s->evict_reason = reason;
 		snprintf(s->evict_why, sizeof(s->evict_why), "%s", why ? why : "");
 		run_release = release_due(s);
+		note_pending(s, run_release);
 		__atomic_add_fetch(&st->evictions_total, 1, __ATOMIC_RELAXED);
 	}
 	pthread_mutex_unlock(&s->lock);
@@ -561,6 +584,7 @@ int session_close(struct session_table *st, uint64_t id, uint64_t *released)
 		*released = s->resident_bytes + s->spilled_bytes;
 	s->state = SESSION_CLOSING;
 	run_release = release_due(s);
+	note_pending(s, run_release);
 	pthread_mutex_unlock(&s->lock);
 	if (run_release)
 		do_release(s);

@@ -171,6 +171,9 @@ void session_admit_begin(struct session *s);
 void session_admit_end(struct session *s);
 /* Still OPEN?  An operation that waits learns it was evicted or closed. */
 bool session_is_open(struct session *s);
+/* Sessions evicted or closed while an operation held them whose memory
+ * has not come back yet (it does when the operation returns). */
+uint32_t session_table_pending_release(struct session_table *st);
 /* The spill tier's transitions: resident -> spilled (the tenant is
  * uncharged: a spilled page holds no pool memory), spilled -> resident
  * (charged again: -ENOSPC over the tenant's limit, nothing moved), and

@@ -571,6 +571,39 @@ static void test_waits_for_evicted_memory(void)
 	fix_stop(&f);
 }
 
+/* The same, but the evicted session is closed while its operation still
+ * holds it: out of the table, its memory still on its way back.  The
+ * waiter waits for it (it took "not in the table" for "given back" and
+ * was refused at once: no session left to evict). */
+static void test_waits_for_closed_memory(void)
+{
+	struct fix f;
+	uint64_t x, y;
+	struct session *held;
+	struct session_info si;
+
+	fix_start_with(&f, (struct reclaim_params){ 100, 99, 3000, CONFIG_PRESSURE_EVICT }, 8, true);
+	fill_with_two(&f, &x, &y);
+	kvstore_set_spill(f.kv.ks, NULL);
+	MUST(session_acquire(f.kv.st, y, 0, &held) == 0);
+	struct racer rx = { .f = &f, .id = x };
+	MUST(pthread_create(&rx.thread, NULL, racer_main, &rx) == 0);
+	for (int i = 0; i < 200 && info(&f, y).state == SESSION_OPEN; i++)
+		usleep(5000);
+	T_EQ(info(&f, y).state, SESSION_EVICTED);
+	T_EQ(session_close(f.kv.st, y, NULL), 0); /* its owner closes it; the operation still runs */
+	T_EQ(session_get_info(f.kv.st, y, &si), -ENOENT);
+	usleep(150000);
+	T_ASSERT(!racer_done(&rx)); /* waiting for y's memory, not refused */
+	session_release(held);
+	pthread_join(rx.thread, NULL);
+	fprintf(stderr, "    the waiter returned %u after %llu ms %s\n", rx.status, (unsigned long long)rx.ms, rx.msg);
+	T_EQ(rx.status, TQKV_ST_OK);
+	T_EQ(info(&f, x).state, SESSION_OPEN);
+	T_EQ(session_table_pending_release(f.kv.st), 0);
+	fix_stop(&f);
+}
+
 /* pressure_action = evict without a spill tier: two sessions that hold the
  * pool between them both need pages at once.  Each is the other's only
  * candidate.  They must never evict each other (each would hold the
@@ -637,5 +670,6 @@ int main(void)
 	T_RUN(test_waiter_evicted);
 	T_RUN(test_two_waiters);
 	T_RUN(test_waits_for_evicted_memory);
+	T_RUN(test_waits_for_closed_memory);
 	return t_done();
 }
