@@ -54,6 +54,10 @@
  * connection, and — because gRPC does not survive fork() — must not call
  * libtqkv at all if the parent opened a connection with the control
  * channel; exec() first (TQKV_CONNECT_NO_CONTROL connections use no gRPC).
+ * A child that does not exec() holds the connection's socket: the daemon
+ * sees the connection end, and closes its ephemeral sessions, only when
+ * every process holding it has exited (or the parent called
+ * tqkv_disconnect).  The descriptors are close-on-exec.
  */
 #ifndef TQKV_H
 #define TQKV_H
