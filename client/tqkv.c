@@ -649,8 +649,12 @@ EXPORT void tqkv_disconnect(tqkv *c)
 {
 	if (!c)
 		return;
-	if (c->fd >= 0)
+	if (c->fd >= 0) {
+		/* the end for the daemon even where a forked child holds the
+		 * socket too (close alone ends it only with the last holder) */
+		shutdown(c->fd, SHUT_RDWR);
 		close(c->fd);
+	}
 	if (c->map)
 		munmap(c->map, c->map_bytes);
 	ctl_close(c->ctl);
