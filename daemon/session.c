@@ -46,7 +46,8 @@ struct session {
 };
 
 struct session_table {
-	pthread_mutex_t lock;        /* guards buckets, counts, next_id */
+	pthread_mutex_t lock;        /* guards buckets, counts, next_id, reserved */
+	pthread_mutex_t reserve_lock;/* one reserve() at a time, without `lock` (it fsyncs) */
 	struct session *bucket[N_BUCKETS];
 	uint32_t n;                  /* listed: open + evicted */
 	uint32_t max_sessions;
@@ -144,6 +145,7 @@ int session_table_new(struct session_table **out, uint32_t max_sessions,
 	if (!st)
 		return -ENOMEM;
 	pthread_mutex_init(&st->lock, NULL);
+	pthread_mutex_init(&st->reserve_lock, NULL);
 	st->max_sessions = max_sessions;
 	st->next_id = 1;
 	st->release = release;
@@ -161,6 +163,7 @@ void session_table_free(struct session_table *st)
 			session_close(st, st->bucket[b]->id, NULL);
 	}
 	pthread_mutex_destroy(&st->lock);
+	pthread_mutex_destroy(&st->reserve_lock);
 	free(st);
 }
 
@@ -370,24 +373,38 @@ int session_open(struct session_table *st, struct tenant *t, const char *name, u
 	if ((r = session_new(t, name, owner, g, seed, flags, now_ms, now_ms, &s, why, whylen)) < 0)
 		return r;
 	pthread_mutex_lock(&st->lock);
-	if (st->n >= st->max_sessions) {
-		snprintf(why, whylen, "%u sessions already (daemon.max_sessions)", st->n);
-		r = -EUSERS;
-		goto fail;
-	}
-	if ((r = name_free(st, t, name, owner, &mine, why, whylen)) < 0)
-		goto fail;
-	if (st->max_per_uid && mine >= st->max_per_uid) {
-		snprintf(why, whylen, "uid %u holds %u sessions already (daemon.max_sessions_per_uid)",
-			 (unsigned)owner, mine);
-		r = -EUSERS;
-		goto fail;
-	}
-	if (st->reserve && st->next_id > st->reserved) {
-		uint64_t through = st->next_id + SESSION_ID_BLOCK - 1;
-		if ((r = st->reserve(st->reserve_ctx, through, why, whylen)) < 0)
+	for (;;) {
+		if (st->n >= st->max_sessions) {
+			snprintf(why, whylen, "%u sessions already (daemon.max_sessions)", st->n);
+			r = -EUSERS;
 			goto fail;
-		st->reserved = through;
+		}
+		if ((r = name_free(st, t, name, owner, &mine, why, whylen)) < 0)
+			goto fail;
+		if (st->max_per_uid && mine >= st->max_per_uid) {
+			snprintf(why, whylen, "uid %u holds %u sessions already (daemon.max_sessions_per_uid)",
+				 (unsigned)owner, mine);
+			r = -EUSERS;
+			goto fail;
+		}
+		if (!st->reserve || st->next_id <= st->reserved)
+			break;
+		/* The next block of ids on disk (a write and two fsyncs) without
+		 * the table lock, which every data operation takes; then the
+		 * checks again, since other opens and closes ran meanwhile. */
+		pthread_mutex_unlock(&st->lock);
+		pthread_mutex_lock(&st->reserve_lock);
+		pthread_mutex_lock(&st->lock);
+		const bool need = st->next_id > st->reserved;
+		const uint64_t through = st->next_id + SESSION_ID_BLOCK - 1;
+		pthread_mutex_unlock(&st->lock);
+		r = need ? st->reserve(st->reserve_ctx, through, why, whylen) : 0;
+		pthread_mutex_lock(&st->lock);
+		if (r == 0 && through > st->reserved)
+			st->reserved = through;
+		pthread_mutex_unlock(&st->reserve_lock);
+		if (r < 0)
+			goto fail;
 	}
 	s->id = st->next_id++;
 	insert(st, s);

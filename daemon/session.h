@@ -92,8 +92,9 @@ struct session_table;
 typedef void (*session_release_fn)(void *ctx, struct session *s);
 
 /* Persists that ids up to `through` may be handed out: 0, or a negative
- * errno (the open that needed it then fails with why set).  Called under
- * the table's lock, once per SESSION_ID_BLOCK ids. */
+ * errno (the open that needed it then fails with why set).  Called once
+ * per SESSION_ID_BLOCK ids, one call at a time, without the table's lock
+ * (it fsyncs; every data operation takes that lock). */
 typedef int (*session_reserve_fn)(void *ctx, uint64_t through, char *why, size_t whylen);
 #define SESSION_ID_BLOCK 1024
 
