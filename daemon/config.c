@@ -212,7 +212,9 @@ int config_parse_duration_ms(const char *s, uint64_t *out)
 			return -ERANGE;
 		v = v * 10 + (uint64_t)(*p - '0');
 	}
-	if (strcmp(p, "ms") == 0)
+	while (isspace((unsigned char)*p)) /* "2 s", as sizes take "16 G" */
+		p++;
+	if (strncmp(p, "ms", 2) == 0)
 		mul = 1, p += 2;
 	else if (*p == 's')
 		mul = 1000, p++;

@@ -90,6 +90,15 @@ static void test_durations(void)
 	T_EQ(v, 7200000);
 	T_EQ(config_parse_duration_ms("1d", &v), 0);
 	T_EQ(v, 86400000);
+	/* a space before the unit, or after it, as sizes take "16 G" */
+	T_EQ(config_parse_duration_ms("2 s", &v), 0);
+	T_EQ(v, 2000);
+	T_EQ(config_parse_duration_ms("500ms ", &v), 0);
+	T_EQ(v, 500);
+	T_EQ(config_parse_duration_ms(" 3 ms", &v), 0);
+	T_EQ(v, 3);
+	T_ASSERT(config_parse_duration_ms("2 s s", &v) < 0);
+	T_ASSERT(config_parse_duration_ms("5 m s", &v) < 0);
 	T_ASSERT(config_parse_duration_ms("1w", &v) < 0);
 	T_ASSERT(config_parse_duration_ms("m", &v) < 0);
 	T_ASSERT(config_parse_duration_ms("-1s", &v) < 0);
