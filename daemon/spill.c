@@ -64,6 +64,8 @@ struct spill {
 
 	pthread_mutex_t lock;        /* the slot bitmap, stats, faults */
 	pthread_cond_t done_cond;    /* fallback engine: broadcast after each completion */
+	pthread_cond_t reap_cond;    /* io_uring: broadcast after each reap (CLOCK_MONOTONIC) */
+	uint64_t reap_passes;        /* counted under lock */
 	uint64_t *bitmap;            /* [n_slots/64] used slots */
 	uint64_t used, hint;
 	uint64_t fault_nth[2];
@@ -419,6 +421,16 @@ static void pump_locked(struct spill *sp)
 		ring_submit(sp);
 }
 
+/* Callbacks ran, or the reaper left: the waiters that do not reap look
+ * at their requests again (spill_wait). */
+static void reaped(struct spill *sp)
+{
+	pthread_mutex_lock(&sp->lock);
+	sp->reap_passes++;
+	pthread_cond_broadcast(&sp->reap_cond);
+	pthread_mutex_unlock(&sp->lock);
+}
+
 /* Hand back every completion there is (cq_lock held): callbacks, then the
  * staging slots go back and queued requests take them.  Returns how many. */
 static unsigned reap_locked(struct spill *sp)
@@ -429,9 +441,16 @@ static unsigned reap_locked(struct spill *sp)
 
 	io_uring_for_each_cqe(&sp->ring, head, cqe) {
 		uint64_t tag = io_uring_cqe_get_data64(cqe);
-		struct req *q = __atomic_exchange_n(&sp->inflight[tag], NULL, __ATOMIC_ACQUIRE);
-		complete(sp, q, sp->staging + (size_t)tag * sp->slot_bytes, cqe->res);
-		done[n++] = (uint32_t)tag;
+		if (tag >= sp->qd || !__atomic_load_n(&sp->inflight[tag], __ATOMIC_ACQUIRE)) {
+			/* not one of ours (liburing's own, on a kernel start_uring
+			 * refuses): nothing to hand back */
+			log_err("spill: a completion with tag %" PRIu64 " that is not in flight (ignored)", tag);
+			done[n++] = UINT32_MAX;
+		} else {
+			struct req *q = __atomic_exchange_n(&sp->inflight[tag], NULL, __ATOMIC_ACQUIRE);
+			complete(sp, q, sp->staging + (size_t)tag * sp->slot_bytes, cqe->res);
+			done[n++] = (uint32_t)tag;
+		}
 		if (n == sizeof(done) / sizeof(done[0]))
 			break;
 	}
@@ -439,9 +458,11 @@ static unsigned reap_locked(struct spill *sp)
 	if (n) {
 		pthread_mutex_lock(&sp->sq_lock);
 		for (unsigned i = 0; i < n; i++)
-			sp->free_stage[sp->n_free_stage++] = done[i];
+			if (done[i] != UINT32_MAX)
+				sp->free_stage[sp->n_free_stage++] = done[i];
 		pump_locked(sp);
 		pthread_mutex_unlock(&sp->sq_lock);
+		reaped(sp);
 	}
 	return n;
 }
@@ -591,8 +612,24 @@ void spill_wait(struct spill *sp, bool (*done)(void *arg), void *arg)
 		return;
 	/* Drive the ring from here until done: reap, and sleep in
 	 * io_uring_enter for the next completion.  A thread already doing so
-	 * reaps ours too; we take over when it leaves. */
-	pthread_mutex_lock(&sp->cq_lock);
+	 * reaps ours too: we look at ours after each of its passes (a short
+	 * read must not wait out another's batch of thousands of writes), and
+	 * take over when it leaves. */
+	while (pthread_mutex_trylock(&sp->cq_lock) != 0) {
+		struct timespec ts;
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		ts.tv_nsec += 5 * 1000000; /* a safety net: the reaper's leaving broadcasts too */
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		pthread_mutex_lock(&sp->lock);
+		if (!done(arg)) /* a pass that ran our callback holds `lock` to say so: none is missed */
+			pthread_cond_timedwait(&sp->reap_cond, &sp->lock, &ts);
+		pthread_mutex_unlock(&sp->lock);
+		if (done(arg))
+			return;
+	}
 	/* nobody else reaps meanwhile: the I/O thread need not wake */
 	bool toggled = io_uring_cq_eventfd_toggle(&sp->ring, false) == 0;
 	while (!done(arg)) {
@@ -617,6 +654,7 @@ void spill_wait(struct spill *sp, bool (*done)(void *arg), void *arg)
 	 * (read under cq_lock: another waiter's reap moves the CQ head) */
 	bool pending = io_uring_cq_ready(&sp->ring) > 0;
 	pthread_mutex_unlock(&sp->cq_lock);
+	reaped(sp); /* a waiter takes over */
 	if (pending)
 		kick(sp->efd);
 }
@@ -766,7 +804,7 @@ static void uring_why(int err, char *buf, size_t len)
 		fclose(f);
 	}
 	if (err == ENOSYS)
-		snprintf(buf, len, "io_uring is not available: the kernel lacks it (ENOSYS; Linux >= 5.6 needed)");
+		snprintf(buf, len, "io_uring is not available: the kernel lacks it (ENOSYS; Linux >= 5.11 needed)");
 	else if (err == EPERM && disabled)
 		snprintf(buf, len, "io_uring is disabled by kernel.io_uring_disabled = %d (EPERM)", disabled);
 	else if (err == EPERM)
@@ -786,6 +824,14 @@ static int start_uring(struct spill *sp, char *why, size_t whylen)
 	if ((r = io_uring_queue_init(sp->qd, &sp->ring, 0)) < 0) {
 		uring_why(-r, why, whylen);
 		return r;
+	}
+	/* Before Linux 5.11 a wait with a timeout queues a timeout SQE of
+	 * liburing's own: from the waiter's thread, beside the submitters, and
+	 * its completion comes back among ours.  Not on such a kernel. */
+	if (!(sp->ring.features & IORING_FEAT_EXT_ARG) || getenv("TQKVD_TEST_URING_OLD")) {
+		snprintf(why, whylen, "io_uring is too old here (no IORING_FEAT_EXT_ARG: Linux >= 5.11 needed)");
+		io_uring_queue_exit(&sp->ring);
+		return -EOPNOTSUPP;
 	}
 	if ((r = io_uring_register_files(&sp->ring, &sp->fd, 1)) < 0 ||
 	    (r = io_uring_register_buffers(&sp->ring, &iov, 1)) < 0) {
@@ -870,6 +916,7 @@ static void spill_free(struct spill *sp)
 	pthread_mutex_destroy(&sp->cq_lock);
 	pthread_cond_destroy(&sp->cond);
 	pthread_cond_destroy(&sp->done_cond);
+	pthread_cond_destroy(&sp->reap_cond);
 	free(sp);
 }
 
@@ -898,6 +945,13 @@ int spill_open(struct spill **out, const struct spill_params *p, char *why, size
 	pthread_mutex_init(&sp->cq_lock, NULL);
 	pthread_cond_init(&sp->cond, NULL);
 	pthread_cond_init(&sp->done_cond, NULL);
+	{
+		pthread_condattr_t ca;
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+		pthread_cond_init(&sp->reap_cond, &ca);
+		pthread_condattr_destroy(&ca);
+	}
 	sp->page_bytes = p->page_bytes;
 	sp->slot_bytes = (uint64_t)SPILL_HDR_BYTES + p->page_bytes;
 	sp->n_slots = p->bytes / sp->slot_bytes;
