@@ -47,6 +47,7 @@
  * block sizes multiples of 16 bytes).
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -2110,11 +2111,33 @@ static bool mma_ko(const struct tqc_codec_desc &kc)
 
 /* Let kernel k ask for smem bytes of dynamic shared memory.  Past 48 KiB a
  * kernel must: until it has, its launch fails and the occupancy query counts
- * 0 CTAs (the runtime's rules; the emulator's fake runtime keeps them). */
+ * 0 CTAs (the runtime's rules; the emulator's fake runtime keeps them).
+ * The limit is the kernel's, for every thread, and layouts of one kernel
+ * need different sizes: a worker setting a lower one would fail another's
+ * launch between that one's own set and launch.  So it only ever rises (a
+ * launch that needs less runs under a higher limit). */
 static cudaError_t mma_smem_allow(const void *k, size_t smem)
 {
-	return smem > (48u << 10) ? cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
-				  : cudaSuccess;
+	static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+	static struct { const void *k; size_t smem; } set[64]; /* the limits set */
+	static int n_set;
+	cudaError_t e = cudaSuccess;
+	int i;
+
+	if (smem <= (48u << 10))
+		return cudaSuccess;
+	pthread_mutex_lock(&lock);
+	for (i = 0; i < n_set && set[i].k != k; i++) {
+	}
+	if (i == n_set || set[i].smem < smem) {
+		e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+		if (e == cudaSuccess && i < n_set)
+			set[i].smem = smem;
+		else if (e == cudaSuccess && n_set < (int)(sizeof(set) / sizeof(set[0])))
+			set[n_set++] = { k, smem };
+	}
+	pthread_mutex_unlock(&lock);
+	return e;
 }
 
 extern "C" int tqc_attn_mma_ctas_per_sm(int dim, size_t smem, int warps, int ko)

@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <unistd.h>
 #include <cstring>
 #include <cstdint>
 #include <deque>
@@ -144,10 +145,17 @@ cudaError_t cudaGetLastError(void)
 
 cudaError_t cudaFuncSetAttribute(const void *f, enum cudaFuncAttribute a, int v)
 {
-	LOCKED;
-	if (!f || a != cudaFuncAttributeMaxDynamicSharedMemorySize || v < 0 || v > (227 << 10))
-		return ret(cudaErrorInvalidValue);
-	func_smem_max[f] = v;
+	{
+		LOCKED;
+		if (!f || a != cudaFuncAttributeMaxDynamicSharedMemorySize || v < 0 || v > (227 << 10))
+			return ret(cudaErrorInvalidValue);
+		func_smem_max[f] = v;
+	}
+	/* TQ_FAKE_SETATTR_US: a slow call, for tests of what another thread
+	 * does between it and the launch that relies on it */
+	const char *delay = getenv("TQ_FAKE_SETATTR_US");
+	if (delay && atoi(delay) > 0)
+		usleep((useconds_t)atoi(delay));
 	return cudaSuccess;
 }
 /* an H100's SM: 228 KiB of shared memory (1 KiB reserved per CTA; the
@@ -383,6 +391,8 @@ cudaError_t cudaStreamDestroy(cudaStream_t s)
 cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
 	LOCKED;
+	if (s == cudaStreamLegacy || s == nullptr) /* its copies ran when they were made */
+		return sticky ? ret(sticky) : cudaSuccess;
 	stream *x = (stream *)(void *)s;
 	while (!x->q.empty()) {
 		if (fault_in == 0) { /* an illegal address in this work: the rest never runs */

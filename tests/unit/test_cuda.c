@@ -1278,6 +1278,98 @@ static void *inflight_run(void *arg)
 	return NULL;
 }
 
+/* Two workers on layouts that need different shared memory from the same
+ * tiled kernel (d 128: q8 / q8 and tq4 / q8), at once: the kernel's limit
+ * is the process's, so one setting it lower for its own launch failed the
+ * other's (cudaErrorInvalidValue: INTERNAL to a client, under load only).
+ * On the emulator TQ_FAKE_SETATTR_US widens the window between a set and
+ * the launch that relies on it. */
+struct smem_racer {
+	tqc_ctx *x;
+	struct tq_attn_params p;
+	const float *ref;
+	int rows, dim, n, fails;
+	char msg[200];
+};
+
+static void *smem_race_run(void *arg)
+{
+	struct smem_racer *r = arg;
+	float *got = malloc(sizeof(float) * (size_t)r->rows * r->dim);
+	tq_error err;
+
+	for (int i = 0; i < r->n; i++) {
+		r->p.out = got;
+		if (tqc_attend(r->x, &r->p, &err) != 0) {
+			if (!r->fails++)
+				snprintf(r->msg, sizeof(r->msg), "call %d: %.160s", i, err.msg);
+		} else if (!(row_err(got, r->ref, (size_t)r->rows, r->dim) <= TOL)) {
+			if (!r->fails++)
+				snprintf(r->msg, sizeof(r->msg), "call %d: wrong output", i);
+		}
+	}
+	free(got);
+	return NULL;
+}
+
+static void test_attn_smem_race(void)
+{
+	static const enum tq_codec_id kc[2] = { TQ_CODEC_Q8, TQ_CODEC_TQ4 };
+	struct layer L[2];
+	struct smem_racer r[2];
+	pthread_t th[2];
+	tqc_ctx *xc[2] = { NULL, NULL };
+	float *q = make_q(1, 8, 128), *ref[2] = { NULL, NULL };
+	int32_t last = 127;
+	size_t smem[2];
+	int ok = 1;
+
+	setenv("TQ_FAKE_SETATTR_US", "300", 1);
+	for (int i = 0; i < 2; i++) {
+		tq_error err;
+		if (tqc_ctx_new(&xc[i], dev, &err) || !layer_build(&L[i], kc[i], TQ_CODEC_Q8, 128, 2, 64, 128, 1, t_seed())) {
+			ok = 0;
+			continue;
+		}
+		smem[i] = tqc_attn_mma_smem(128, L[i].g.k_block_bytes, L[i].g.v_block_bytes,
+					    tqc_attn_mma_warps(128, L[i].g.k_block_bytes, L[i].g.v_block_bytes,
+							       (size_t)smem_optin));
+		ref[i] = malloc(sizeof(float) * 8 * 128);
+		r[i] = (struct smem_racer){ .x = xc[i], .ref = ref[i], .rows = 8, .dim = 128, .n = 40 };
+		r[i].p = (struct tq_attn_params){ .k_codec = L[i].kc, .v_codec = L[i].vc, .n_q_heads = 8, .kv = &L[i].ht,
+						  .n_q = 1, .q = q, .q_dtype = TQ_DTYPE_F32, .q_pos = &last, .causal = 1,
+						  .out = ref[i] };
+		if (tq_attend_ref(&r[i].p, &err))
+			ok = 0;
+		r[i].p.kv = &L[i].dt;
+	}
+	if (!ok)
+		T_FAIL("smem race: contexts or layers");
+	if (!tiled_expected(&L[0]) || !tiled_expected(&L[1]) || smem[0] == smem[1] || smem[0] <= (48u << 10)) {
+		fprintf(stderr, "    (not two tiled layouts of different shared memory here: %zu, %zu bytes)\n", smem[0],
+			smem[1]);
+	} else {
+		for (int i = 0; i < 2; i++)
+			if (pthread_create(&th[i], NULL, smem_race_run, &r[i]) != 0)
+				T_FAIL("pthread_create");
+		for (int i = 0; i < 2; i++)
+			pthread_join(th[i], NULL);
+		for (int i = 0; i < 2; i++)
+			if (r[i].fails)
+				T_FAIL("%s keys (%zu bytes of shared memory): %d of %d calls failed: %s",
+				       tq_codec_name(kc[i]), smem[i], r[i].fails, r[i].n, r[i].msg);
+		fprintf(stderr, "    %d + %d calls at once, %zu and %zu bytes of shared memory: every one within %.0e\n",
+			r[0].n, r[1].n, smem[0], smem[1], TOL);
+	}
+	unsetenv("TQ_FAKE_SETATTR_US");
+	for (int i = 0; i < 2; i++) {
+		layer_free(&L[i]);
+		tqc_ctx_free(xc[i]);
+		free(ref[i]);
+	}
+	free(q);
+}
+
 static void test_attn_shared_gpu(void)
 {
 	const uint32_t len = 2048;
@@ -2104,6 +2196,17 @@ static void test_device(void)
 	T_ASSERT(strstr(why, "there are") != NULL);
 	T_EQ(tqc_ctx_device(ctx), dev);
 	T_ASSERT(tqc_built() == 1);
+	/* unified memory: an integrated GPU, or one that reads pageable memory
+	 * through the host's own page tables (Grace); not HMM's mirror on an
+	 * x86 server (its pool belongs in the GPU's memory) */
+	struct tqc_device_info u = { 0 };
+	T_EQ(tqc_device_unified(&u), 0);
+	u.pageable_access = 1;
+	T_EQ(tqc_device_unified(&u), 0); /* HMM */
+	u.host_page_tables = 1;
+	T_EQ(tqc_device_unified(&u), 1); /* ATS: GH200, GB10 */
+	u = (struct tqc_device_info){ .integrated = 1 };
+	T_EQ(tqc_device_unified(&u), 1);
 }
 
 static void test_memory(void)
@@ -2249,6 +2352,7 @@ int main(void)
 	T_RUN(test_attn_split_k);
 	T_RUN(test_attn_waves);
 	T_RUN(test_attn_shared_gpu);
+	T_RUN(test_attn_smem_race);
 	T_RUN(test_append_attend);
 	T_RUN(test_attn_sharp);
 	T_RUN(test_attn_sparse_v);
