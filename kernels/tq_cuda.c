@@ -289,6 +289,7 @@ int tqc_device_query(int device, struct tqc_device_info *out, char *why, size_t 
 	out->sms = pr.multiProcessorCount;
 	out->integrated = attr(cudaDevAttrIntegrated, device);
 	out->pageable_access = attr(cudaDevAttrPageableMemoryAccess, device);
+	out->host_page_tables = attr(cudaDevAttrPageableMemoryAccessUsesHostPageTables, device);
 	out->host_register = attr(cudaDevAttrHostRegisterSupported, device);
 	out->managed = attr(cudaDevAttrManagedMemory, device);
 	out->smem_block_optin = attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
@@ -310,7 +311,10 @@ int tqc_device_query(int device, struct tqc_device_info *out, char *why, size_t 
 
 int tqc_device_unified(const struct tqc_device_info *d)
 {
-	return d && (d->integrated || d->pageable_access);
+	/* HMM (an x86 host with the open kernel modules) also reads pageable
+	 * memory, through a mirror of the host's page tables: a pool there
+	 * would sit in host DRAM behind PCIe, not in the GPU's memory */
+	return d && (d->integrated || (d->pageable_access && d->host_page_tables));
 }
 
 /* ---- memory --------------------------------------------------------------------- */
@@ -455,7 +459,11 @@ int tqc_copy(int device, void *dst, const void *src, size_t bytes, char *why, si
 		return say(why, whylen, "copy: NULL pointer"), -EINVAL;
 	if ((rc = lost_fail(why, whylen)) < 0 || (rc = set_device(device, why, whylen)) < 0)
 		return rc;
-	if ((e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault)) != cudaSuccess)
+	/* From pageable host memory cudaMemcpy may return once the bytes are
+	 * staged, before they land; the workers' streams do not wait for the
+	 * legacy stream: the copy is synchronized before a kernel can read it */
+	if ((e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault)) != cudaSuccess ||
+	    (e = cudaStreamSynchronize(cudaStreamLegacy)) != cudaSuccess)
 		return (rc = cuda_fail(why, whylen, "copy: cudaMemcpy", e)) == -ENOTRECOVERABLE ? rc : -EIO;
 	return 0;
 }

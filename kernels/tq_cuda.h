@@ -57,8 +57,11 @@ struct tqc_device_info {
 	int sms;                     /* multiprocessors                                 */
 	int integrated;              /* cudaDevAttrIntegrated: shares the host's DRAM   */
 	int pageable_access;         /* cudaDevAttrPageableMemoryAccess: the GPU reads  */
-				     /* pageable host memory through the host's page    */
-				     /* tables (Grace: GH200, GB10)                     */
+				     /* pageable host memory (ATS on Grace; HMM on x86)  */
+	int host_page_tables;        /* ...PageableMemoryAccessUsesHostPageTables: through */
+				     /* the host's own page tables (Grace: GH200, GB10), */
+				     /* not HMM's mirror of them (an x86 server's GPU:   */
+				     /* its pool belongs in its own memory)              */
 	int host_register;           /* cudaDevAttrHostRegisterSupported                */
 	int managed;                 /* cudaDevAttrManagedMemory                        */
 	uint64_t total_bytes;        /* device memory                                   */
