@@ -588,8 +588,10 @@ static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *
 		}
 		if (e < 0) {
 			dataop_layer_shrink(ks, s, L, added);
-			dataop_res_set(r, e, e == -EINVAL || e == -ERANGE ? TQKV_ST_NONFINITE : dataop_kernel_status(e),
-				       e == -EINVAL || e == -ERANGE ? bad : 0);
+			/* a vector the codec refused (bad: its token), else the
+			 * call itself (its arguments: an internal error) */
+			const bool refused = (e == -EINVAL || e == -ERANGE) && bad != UINT32_MAX;
+			dataop_res_set(r, e, refused ? TQKV_ST_NONFINITE : dataop_kernel_status(e), refused ? bad : 0);
 			snprintf(r->msg, sizeof(r->msg), "%s", te.msg);
 			goto fail_xf;
 		}

@@ -237,7 +237,9 @@ static void kern_count(struct pool *p, uint64_t *calls, int rc, uint64_t t0)
 	int one = 0;
 
 	__atomic_add_fetch(calls, 1, __ATOMIC_RELAXED);
-	if (rc < 0)
+	/* the device's failures, not a client's values refused (NaN, out of
+	 * range: -EINVAL / -ERANGE, counted as such by the data path) */
+	if (rc < 0 && rc != -EINVAL && rc != -ERANGE)
 		__atomic_add_fetch(&p->ks.failures, 1, __ATOMIC_RELAXED);
 	if (rc == 0)
 		__atomic_add_fetch(&p->ks_call_ns, mono_ns() - t0, __ATOMIC_RELAXED);

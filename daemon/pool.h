@@ -98,7 +98,8 @@ struct pool_kernel_stats {
 	uint64_t steps;                  /* pool_append_attend: a layer's decode step   */
 	uint64_t steps_one_wait;         /* of which the attention was queued behind    */
 					 /* the append (tqc_append_attend)             */
-	uint64_t failures;               /* calls of the three that failed             */
+	uint64_t failures;               /* calls of the three that failed (not counting */
+					 /* a client's values refused: NaN, range)    */
 	uint64_t gpu_us;                 /* the successful calls' GPU time (events)     */
 	uint64_t call_us;                /* and their wall time, the host's side too    */
 };
