@@ -490,6 +490,11 @@ int reclaim_admit(struct reclaim *rc, struct session *s, uint32_t n, uint8_t **p
 		 * session's are on their way back): try again shortly */
 		usleep(500);
 	}
+	/* a release that ended after the loop's allocation (and before what
+	 * made it give up: no more memory on its way back) has put its pages
+	 * in the pool: one more try */
+	if (r == -ENOSPC && pool_pages_alloc(rc->pool, n, pages) == 0)
+		r = 0;
 	session_admit_end(s);
 out:
 	if (waited)
