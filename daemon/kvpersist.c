@@ -366,7 +366,9 @@ static int checkpoint_locked(struct kvstore *ks, struct session *s, struct kv_se
 	__atomic_store_n(&p->joff, PERSIST_JNL_HDR, __ATOMIC_RELAXED);
 	p->jseq = 0;
 	if (!synced) {
-		/* dirty: the next checkpoint syncs again (and frees the slots) */
+		/* dirty: the next checkpoint (the periodic one too) syncs again
+		 * and frees the slots */
+		__atomic_store_n(&p->dirty, true, __ATOMIC_RELAXED);
 		snprintf(why, whylen, "%s (the checkpoint is in place; the slots it let go wait for the next one)",
 			 sync_why);
 		log_err("session %" PRIu64 ": checkpoint: %s", kv->id, why);
@@ -1135,8 +1137,9 @@ static bool passing(int e)
 }
 
 /* Recovery's first pass, one manifest: read, checked, its slots claimed.
- * 0 (m read and kept), or dropped (-1: m freed, the log says why), or not
- * served in this run but kept for the next start (-2: m freed).  Every
+ * 0 (m read and kept), or dropped (-1: m freed, the log says why), or -3:
+ * it could not be read for a reason that says nothing about it (memory,
+ * descriptors, I/O): the start stops.  Every
  * manifest's slots are claimed before any session is replayed: a replay's
  * checkpoint and spill take free slots, which must not be slots a manifest
  * not yet read names. */
@@ -1150,12 +1153,15 @@ static int recover_claim(struct kvstore *ks, struct tenant_table *tt, uint64_t i
 		*max_id = id;
 	int r = persist_manifest_read(ks->persist->dirfd, id, m, why, sizeof(why));
 	if (r < 0 && passing(r)) {
-		/* nothing known to be wrong with it: its files stay for the next
-		 * start (the slots it names are not known, so not claimed: one
-		 * given to another session meanwhile fails its checks then) */
-		recover_drop(ks, id, m, why, true);
+		/* nothing known to be wrong with it, but the slots it names are
+		 * not known: a run without it would give them to other sessions
+		 * (and the next start would then drop one of the two).  The start
+		 * stops with the reason. */
+		log_err("persistent session %" PRIu64 ": %s; tqkvd does not start without it (its spill slots "
+			"are not known); move %s/%" PRIu64 ".tqm away to drop that session", id, why, PERSIST_SUBDIR,
+			id);
 		persist_manifest_free(m);
-		return -2;
+		return -3;
 	}
 	if (r < 0 || manifest_misfit(ks, m, slot_bytes, tt, why, sizeof(why)) || claim_slots(ks, m, why, sizeof(why)) < 0) {
 		recover_drop(ks, id, m, why, false);
@@ -1257,7 +1263,8 @@ static int recover_adopt(struct kvstore *ks, struct session_table *st, struct te
 		uint64_t out;
 		__atomic_store_n(&kv->p->dirty, true, __ATOMIC_RELAXED);
 		if (checkpoint_or_count(ks, s, kv, why, sizeof(why)) < 0)
-			log_err("session %" PRIu64 ": checkpoint after replay failed: %s (the journal is kept)", id, why);
+			log_err("session %" PRIu64 ": checkpoint after replay failed: %s%s", id, why,
+				kv->p->jfd >= 0 ? "" : " (the journal is kept)");
 		else if (dataop_spill_locked(ks, s, kv, UINT64_MAX, &out, why, sizeof(why)) < 0)
 			log_warning("session %" PRIu64 ": spilling it after replay: %s (its pages stay resident)", id,
 				    why);
@@ -1318,10 +1325,22 @@ int kvstore_recover(struct kvstore *ks, struct session_table *st, struct tenant_
 	}
 	/* every manifest's slots first, then the sessions (recover_claim) */
 	uint64_t kept = 0;
+	int stop = 0;
 	for (size_t i = 0; i < n; i++) {
 		ok[i] = recover_claim(ks, tt, ids[i], sst.slot_bytes, max_id, &ms[i]);
-		kept += ok[i] == -2;
 		kp->dropped += ok[i] == -1;
+		stop |= ok[i] == -3;
+	}
+	if (stop) {
+		for (size_t i = 0; i < n; i++)
+			if (ok[i] == 0) {
+				release_slots(ks, &ms[i], UINT32_MAX, 0);
+				persist_manifest_free(&ms[i]);
+			}
+		free(ms);
+		free(ok);
+		free(ids);
+		return -EIO;
 	}
 	for (size_t i = 0; i < n; i++) {
 		if (ok[i] != 0)

@@ -335,19 +335,30 @@ static int write_all(int fd, const uint8_t *p, size_t n, off_t off)
 }
 
 static uint32_t dirsync_faults; /* atomic: persist_fault_dirsync */
+static uint32_t read_faults;    /* atomic: persist_fault_manifest_read */
 
 void persist_fault_dirsync(uint32_t n)
 {
 	__atomic_store_n(&dirsync_faults, n, __ATOMIC_RELAXED);
 }
 
+void persist_fault_manifest_read(uint32_t n)
+{
+	__atomic_store_n(&read_faults, n, __ATOMIC_RELAXED);
+}
+
+/* Take one injected fault of *counter: true when this call fails. */
+static bool fault_take(uint32_t *counter)
+{
+	uint32_t f = __atomic_load_n(counter, __ATOMIC_RELAXED);
+
+	return f && __atomic_compare_exchange_n(counter, &f, f - 1, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+}
+
 /* fsync of the directory after a manifest's rename (or a test's EIO) */
 static int dirsync(int dirfd)
 {
-	uint32_t f = __atomic_load_n(&dirsync_faults, __ATOMIC_RELAXED);
-
-	if (f && __atomic_compare_exchange_n(&dirsync_faults, &f, f - 1, false, __ATOMIC_RELAXED,
-					     __ATOMIC_RELAXED)) {
+	if (fault_take(&dirsync_faults)) {
 		errno = EIO;
 		return -1;
 	}
@@ -444,7 +455,7 @@ int persist_manifest_read(int dirfd, uint64_t id, struct persist_manifest *m, ch
 
 	memset(m, 0, sizeof(*m));
 	fname(name, sizeof(name), id, "tqm");
-	if ((r = read_file_at(dirfd, name, MAN_MAX_BYTES, &b, &len)) < 0) {
+	if ((r = fault_take(&read_faults) ? -EIO : read_file_at(dirfd, name, MAN_MAX_BYTES, &b, &len)) < 0) {
 		snprintf(why, whylen, "%s/%s: %s", PERSIST_SUBDIR, name, strerror(-r));
 		return r;
 	}

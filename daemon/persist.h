@@ -135,8 +135,9 @@ void persist_manifest_free(struct persist_manifest *m);
  * fsync failed, so a power loss may bring the old one back. */
 int persist_manifest_write(int dirfd, const struct persist_manifest *m, char *why, size_t whylen);
 /* Tests: the next n fsyncs of the directory after a manifest's rename fail
- * with EIO. */
+ * with EIO; the next n manifest reads fail with EIO. */
 void persist_fault_dirsync(uint32_t n);
+void persist_fault_manifest_read(uint32_t n);
 /* Read and decode ID.tqm. */
 int persist_manifest_read(int dirfd, uint64_t id, struct persist_manifest *m, char *why, size_t whylen);
 /* Remove ID.tqm and ID.tqj (a closed session): 0 or -errno. */

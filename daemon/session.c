@@ -47,7 +47,8 @@ struct session {
 
 struct session_table {
 	pthread_mutex_t lock;        /* guards buckets, counts, next_id, reserved */
-	pthread_mutex_t reserve_lock;/* one reserve() at a time, without `lock` (it fsyncs) */
+	pthread_mutex_t reserve_lock;/* one reserve() at a time, without `lock` (it fsyncs); */
+				     /* taken before `lock` */
 	struct session *bucket[N_BUCKETS];
 	uint32_t n;                  /* listed: open + evicted */
 	uint32_t max_sessions;
@@ -400,7 +401,7 @@ int session_open(struct session_table *st, struct tenant *t, const char *name, u
 		pthread_mutex_unlock(&st->lock);
 		r = need ? st->reserve(st->reserve_ctx, through, why, whylen) : 0;
 		pthread_mutex_lock(&st->lock);
-		if (r == 0 && through > st->reserved)
+		if (need && r == 0) /* (another open's reserve made room already: nothing new on disk) */
 			st->reserved = through;
 		pthread_mutex_unlock(&st->reserve_lock);
 		if (r < 0)

@@ -1512,6 +1512,47 @@ static void test_dirsync_fails(void)
 	T_EQ(xfinish(&f), 0);
 }
 
+/* A manifest that cannot be read for a reason that says nothing about it
+ * (here an injected EIO): the start stops with the reason, the files as
+ * they are (it was set aside, its journal deleted; keeping it unread
+ * would let a run give its slots to other sessions); the next start gets
+ * every token back. */
+static void test_manifest_unreadable(void)
+{
+	struct kvfix f;
+	struct session_info si;
+	static struct xsnap a, b;
+	char why[512], path[256];
+	uint64_t max_id;
+
+	kvfix_start(&f, XCONF, 16u << 20, XPAGE, 256);
+	xpersist_up(&f);
+	struct session *s = xopen(&f, &XG, "unreadable", 64, &si);
+	xfill(&f, s, 0, 40, 0);
+	T_EQ(dataop_checkpoint(f.ks, s, why, sizeof(why)), 0);
+	xfill(&f, s, 1, 20, 1); /* journaled */
+	session_release(s);
+	xsnapshot(&f, si.id, &a);
+	kvstore_persist_stop(f.ks, NULL);
+	kvfix_restart(&f);
+	MUST(kvstore_persist_open(f.ks, f.dir, 3600000, why, sizeof(why)) == 0);
+	persist_fault_manifest_read(1);
+	T_ASSERT(kvstore_recover(f.ks, f.st, f.tt, &max_id) < 0);
+	struct session_info got;
+	T_EQ(session_get_info(f.st, si.id, &got), -ENOENT);
+	snprintf(path, sizeof(path), "%s/%s/%" PRIu64 ".tqm", f.dir, PERSIST_SUBDIR, si.id);
+	T_EQ(access(path, F_OK), 0);
+	snprintf(path, sizeof(path), "%s/%s/%" PRIu64 ".tqj", f.dir, PERSIST_SUBDIR, si.id);
+	T_EQ(access(path, F_OK), 0);
+	/* the next start */
+	kvstore_persist_stop(f.ks, NULL);
+	kvfix_restart(&f);
+	xpersist_up(&f);
+	xsnapshot(&f, si.id, &b);
+	xsame(&a, &b);
+	T_EQ(xfinish(&f), 0);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc == 3 && !strcmp(argv[1], "--write-seeds"))
@@ -1540,5 +1581,6 @@ int main(int argc, char **argv)
 	T_RUN(test_replay_cannot_apply);
 	T_RUN(test_append_after_journal_loss);
 	T_RUN(test_dirsync_fails);
+	T_RUN(test_manifest_unreadable);
 	return t_done();
 }

@@ -457,12 +457,15 @@ static void test_concurrent_evict_close(void)
 /* A reserve hook as slow as a busy disk's two fsyncs: it runs without
  * the table lock (every data operation takes that lock: they would all
  * stall behind it), once for opens that need the same block. */
-static uint32_t slow_reserves;
+static uint32_t slow_reserves, reserve_sleep_us = 300000;
+static uint64_t persisted; /* the highest `through` the hook was given */
 static int slow_reserve(void *ctx, uint64_t through, char *why, size_t whylen)
 {
-	(void)ctx, (void)through, (void)why, (void)whylen;
+	(void)ctx, (void)why, (void)whylen;
 	__atomic_add_fetch(&slow_reserves, 1, __ATOMIC_RELAXED);
-	usleep(300000);
+	usleep(__atomic_load_n(&reserve_sleep_us, __ATOMIC_RELAXED));
+	if (through > __atomic_load_n(&persisted, __ATOMIC_RELAXED))
+		__atomic_store_n(&persisted, through, __ATOMIC_RELAXED);
 	return 0;
 }
 
@@ -522,6 +525,21 @@ static void test_reserve_off_lock(void)
 	T_EQ(o[1].r, 0);
 	T_ASSERT(o[0].id != o[1].id && o[0].id > si.id && o[1].id > si.id);
 	T_EQ(__atomic_load_n(&slow_reserves, __ATOMIC_RELAXED), 1); /* one block for both */
+	/* no id beyond what the hook persisted, ever: through the next
+	 * blocks (the second opener above must not have moved the mark) */
+	__atomic_store_n(&reserve_sleep_us, 0, __ATOMIC_RELAXED);
+	T_EQ(session_close(st, o[0].id, NULL), 0);
+	T_EQ(session_close(st, o[1].id, NULL), 0);
+	uint64_t beyond = 0;
+	for (int i = 0; i < 2 * SESSION_ID_BLOCK + 10; i++) {
+		struct session_info sj;
+		T_EQ(session_open(st, b, "", 1, &g_small, 1, 0, 1, &sj, why, sizeof(why)), 0);
+		if (sj.id > __atomic_load_n(&persisted, __ATOMIC_RELAXED) && !beyond++)
+			fprintf(stderr, "    id %llu handed out, only %llu persisted\n", (unsigned long long)sj.id,
+				(unsigned long long)persisted);
+		T_EQ(session_close(st, sj.id, NULL), 0);
+	}
+	T_EQ(beyond, 0);
 	session_table_free(st);
 	tenant_table_free(tt);
 	free(c);
