@@ -537,7 +537,7 @@ static int append_locked(struct kvstore *ks, struct session *s, struct kv_sess *
 			.k_codec = L->kc, .v_codec = L->vc, .kv = &pt,
 			.pos = L->n_tokens, .n = n, .k = k, .v = v, .dtype = dtype,
 		};
-		uint32_t bad = 0;
+		uint32_t bad = UINT32_MAX; /* a vector's token only where the codec refused one */
 
 		if (xk && !xk_mem) { /* all n in the registered buffer */
 			tq_xf_keys(L->xf, k, dtype, n, xk);

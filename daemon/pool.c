@@ -231,15 +231,16 @@ static uint64_t mono_ns(void)
 /* After a kernel call of the backend's that began at t0 (mono_ns): its
  * count, failure, wall and GPU time (and for a decode step, whether it
  * waited once) */
-static void kern_count(struct pool *p, uint64_t *calls, int rc, uint64_t t0)
+static void kern_count(struct pool *p, uint64_t *calls, int rc, const uint32_t *bad, uint64_t t0)
 {
 	double us = 0.0;
 	int one = 0;
 
 	__atomic_add_fetch(calls, 1, __ATOMIC_RELAXED);
 	/* the device's failures, not a client's values refused (NaN, out of
-	 * range: -EINVAL / -ERANGE, counted as such by the data path) */
-	if (rc < 0 && rc != -EINVAL && rc != -ERANGE)
+	 * range: -EINVAL / -ERANGE with the token in *bad, counted as such by
+	 * the data path) */
+	if (rc < 0 && !((rc == -EINVAL || rc == -ERANGE) && bad && *bad != UINT32_MAX))
 		__atomic_add_fetch(&p->ks.failures, 1, __ATOMIC_RELAXED);
 	if (rc == 0)
 		__atomic_add_fetch(&p->ks_call_ns, mono_ns() - t0, __ATOMIC_RELAXED);
@@ -257,7 +258,7 @@ int pool_append(struct pool *p, const struct tqc_append *a, uint32_t *bad, tq_er
 	const uint64_t t0 = mono_ns();
 	int rc = p->be->append(&p->region, a, bad, err);
 
-	kern_count(p, &p->ks.appends, rc, t0);
+	kern_count(p, &p->ks.appends, rc, bad, t0);
 	return rc;
 }
 
@@ -266,7 +267,7 @@ int pool_attend(struct pool *p, const struct tq_attn_params *a, tq_error *err)
 	const uint64_t t0 = mono_ns();
 	int rc = p->be->attend(&p->region, a, err);
 
-	kern_count(p, &p->ks.attends, rc, t0);
+	kern_count(p, &p->ks.attends, rc, NULL, t0);
 	return rc;
 }
 
@@ -281,7 +282,7 @@ int pool_append_attend(struct pool *p, const struct tqc_append *a, const struct 
 	const uint64_t t0 = mono_ns();
 	int rc = p->be->append_attend(&p->region, a, ap, bad, stage, err);
 
-	kern_count(p, &p->ks.steps, rc, t0);
+	kern_count(p, &p->ks.steps, rc, bad, t0);
 	return rc;
 }
 

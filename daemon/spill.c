@@ -481,6 +481,8 @@ static void *uring_main(void *arg)
 		if (pthread_mutex_trylock(&sp->cq_lock) == 0) {
 			n = reap_locked(sp);
 			pthread_mutex_unlock(&sp->cq_lock);
+			if (!n)
+				reaped(sp); /* a waiter that found the lock taken takes over now */
 		}
 		pthread_mutex_lock(&sp->sq_lock);
 		uint32_t was_free = sp->n_free_stage;

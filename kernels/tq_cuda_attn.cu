@@ -2119,22 +2119,32 @@ static bool mma_ko(const struct tqc_codec_desc &kc)
 static cudaError_t mma_smem_allow(const void *k, size_t smem)
 {
 	static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-	static struct { const void *k; size_t smem; } set[64]; /* the limits set */
+	/* the limits set, per device (the attribute is the device's) and
+	 * kernel; past the table a limit is never lowered either: raised to
+	 * the device's most, once */
+	static struct { const void *k; int dev; size_t smem; } set[256];
 	static int n_set;
 	cudaError_t e = cudaSuccess;
-	int i;
+	int i, dev = 0;
 
 	if (smem <= (48u << 10))
 		return cudaSuccess;
+	if ((e = cudaGetDevice(&dev)) != cudaSuccess)
+		return e;
 	pthread_mutex_lock(&lock);
-	for (i = 0; i < n_set && set[i].k != k; i++) {
+	for (i = 0; i < n_set && !(set[i].k == k && set[i].dev == dev); i++) {
 	}
-	if (i == n_set || set[i].smem < smem) {
+	if (i == n_set && n_set == (int)(sizeof(set) / sizeof(set[0]))) {
+		int most = 0;
+		if ((e = cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)) == cudaSuccess)
+			e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+						 most > (int)smem ? most : (int)smem);
+	} else if (i == n_set || set[i].smem < smem) {
 		e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
 		if (e == cudaSuccess && i < n_set)
 			set[i].smem = smem;
-		else if (e == cudaSuccess && n_set < (int)(sizeof(set) / sizeof(set[0])))
-			set[n_set++] = { k, smem };
+		else if (e == cudaSuccess)
+			set[n_set++] = { k, dev, smem };
 	}
 	pthread_mutex_unlock(&lock);
 	return e;

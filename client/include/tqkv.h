@@ -56,8 +56,9 @@
  * channel; exec() first (TQKV_CONNECT_NO_CONTROL connections use no gRPC).
  * A child that does not exec() holds the connection's socket: the daemon
  * sees the connection end, and closes its ephemeral sessions, only when
- * every process holding it has exited (or the parent called
- * tqkv_disconnect).  The descriptors are close-on-exec.
+ * every process holding it has exited, or when one of them calls
+ * tqkv_disconnect (which shuts the socket down for all: a child must not
+ * call it on the parent's connection).  The descriptors are close-on-exec.
  */
 #ifndef TQKV_H
 #define TQKV_H
