@@ -481,10 +481,6 @@ static void *uring_main(void *arg)
 		if (pthread_mutex_trylock(&sp->cq_lock) == 0) {
 			n = reap_locked(sp);
 			pthread_mutex_unlock(&sp->cq_lock);
-			/* a waiter that found the lock taken (its broadcast from
-			 * reap_locked came while this thread still held it) takes
-			 * over now, not at its 5 ms safety net */
-			reaped(sp);
 		}
 		pthread_mutex_lock(&sp->sq_lock);
 		uint32_t was_free = sp->n_free_stage;
@@ -619,26 +615,17 @@ void spill_wait(struct spill *sp, bool (*done)(void *arg), void *arg)
 	 * reaps ours too: we look at ours after each of its passes (a short
 	 * read must not wait out another's batch of thousands of writes), and
 	 * take over when it leaves. */
-	for (;;) {
-		/* the pass count before the try: a pass (or the reaper's
-		 * leaving) after it is not waited for */
-		pthread_mutex_lock(&sp->lock);
-		const uint64_t seen = sp->reap_passes;
-		pthread_mutex_unlock(&sp->lock);
-		if (pthread_mutex_trylock(&sp->cq_lock) == 0)
-			break;
+	while (pthread_mutex_trylock(&sp->cq_lock) != 0) {
 		struct timespec ts;
 		clock_gettime(CLOCK_MONOTONIC, &ts);
-		ts.tv_nsec += 5 * 1000000; /* a safety net */
+		ts.tv_nsec += 5 * 1000000; /* a safety net: the reaper's leaving broadcasts too */
 		if (ts.tv_nsec >= 1000000000) {
 			ts.tv_sec++;
 			ts.tv_nsec -= 1000000000;
 		}
 		pthread_mutex_lock(&sp->lock);
-		/* a pass that ran our callback counts under `lock`: none is missed */
-		while (!done(arg) && sp->reap_passes == seen &&
-		       pthread_cond_timedwait(&sp->reap_cond, &sp->lock, &ts) == 0) {
-		}
+		if (!done(arg)) /* a pass that ran our callback holds `lock` to say so: none is missed */
+			pthread_cond_timedwait(&sp->reap_cond, &sp->lock, &ts);
 		pthread_mutex_unlock(&sp->lock);
 		if (done(arg))
 			return;
