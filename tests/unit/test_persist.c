@@ -1093,9 +1093,7 @@ static void test_replay_cannot_apply(void)
 	T_ASSERT(st.st_size > PERSIST_JNL_HDR);
 	/* once the first is closed, the next start serves the second */
 	T_EQ(session_close(f.st, si.id, NULL), 0);
-	kvstore_persist_stop(f.ks, NULL);
-	kvfix_restart(&f);
-	xpersist_up(&f);
+	xcrash(&f);
 	kvstore_persist_stats(f.ks, &ps);
 	T_EQ(ps.restored, 1);
 	xsnapshot(&f, si2.id, &after2);
@@ -1544,10 +1542,7 @@ static void test_manifest_unreadable(void)
 	T_EQ(access(path, F_OK), 0);
 	snprintf(path, sizeof(path), "%s/%s/%" PRIu64 ".tqj", f.dir, PERSIST_SUBDIR, si.id);
 	T_EQ(access(path, F_OK), 0);
-	/* the next start */
-	kvstore_persist_stop(f.ks, NULL);
-	kvfix_restart(&f);
-	xpersist_up(&f);
+	xcrash(&f); /* the next start */
 	xsnapshot(&f, si.id, &b);
 	xsame(&a, &b);
 	T_EQ(xfinish(&f), 0);
