@@ -322,6 +322,22 @@ void dataop_update_tokens(struct session *s, struct kv_sess *kv)
 static int pages_get(struct kvstore *ks, struct session *s, uint32_t n, uint8_t **pages, char *why,
 		     size_t whylen);
 
+/* Charge s's tenant `bytes` with `charge` (session_charge or
+ * session_restore_move): at once, or once the tenant's other sessions
+ * were spilled to keep it within its limit (reclaim_charge: bounded
+ * wait), or -ENOSPC with why ("" when there is no spill tier), or -ESTALE. */
+static int charge_get(struct kvstore *ks, struct session *s, uint64_t bytes,
+		      int (*charge)(struct session *, uint64_t), char *why, size_t whylen)
+{
+	struct reclaim *rc = __atomic_load_n(&ks->reclaim, __ATOMIC_ACQUIRE);
+	int e = charge(s, bytes);
+
+	why[0] = 0;
+	if (e == -ENOSPC && rc && ks->spill)
+		e = reclaim_charge(rc, s, bytes, charge, why, whylen);
+	return e;
+}
+
 int dataop_layer_grow(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l, uint64_t new_len,
 		      uint32_t *added, struct dataop_res *r)
 {
@@ -358,17 +374,17 @@ int dataop_layer_grow(struct kvstore *ks, struct session *s, struct kv_sess *kv,
 	if (!need)
 		return 0;
 	charge = (uint64_t)need * ks->page_bytes;
-	if ((e = session_charge(s, charge)) < 0) {
+	char why[200];
+	if ((e = charge_get(ks, s, charge, session_charge, why, sizeof(why))) < 0) {
 		struct tenant *t = session_tenant(s);
 		dataop_res_set(r, e, e == -ENOSPC ? TQKV_ST_TENANT_LIMIT : TQKV_ST_EVICTED, 0);
 		if (e == -ENOSPC)
-			snprintf(r->msg, sizeof(r->msg),
-				 "%u new page(s) of %u bytes; tenant '%s' holds %llu of %llu bytes",
-				 need, ks->page_bytes, tenant_name(t), (unsigned long long)tenant_used(t),
-				 (unsigned long long)tenant_limit(t));
+			snprintf(r->msg, sizeof(r->msg), "%u new page(s) of %u bytes; tenant '%s' holds %llu of "
+				 "%llu bytes%s%.160s", need, ks->page_bytes, tenant_name(t),
+				 (unsigned long long)tenant_used(t), (unsigned long long)tenant_limit(t),
+				 why[0] ? ": " : "", why);
 		return e;
 	}
-	char why[200];
 	if ((e = pages_get(ks, s, need, L->pages + old_pages, why, sizeof(why))) < 0) {
 		session_uncharge(s, charge);
 		dataop_res_set(r, e, e == -ESTALE ? TQKV_ST_EVICTED : TQKV_ST_POOL_FULL, 0);
@@ -745,19 +761,21 @@ static int reads_start(struct kvstore *ks, struct session *s, struct kv_sess *kv
 			dataop_res_set(r, -ENOMEM, TQKV_ST_NOMEM, 0);
 		return -ENOMEM;
 	}
-	if ((e = session_restore_move(s, (uint64_t)n * ks->page_bytes)) < 0) {
+	/* read-ahead never waits for the reclaimer: it tries once */
+	char why[200];
+	why[0] = 0;
+	if ((e = r ? charge_get(ks, s, (uint64_t)n * ks->page_bytes, session_restore_move, why, sizeof(why))
+		   : session_restore_move(s, (uint64_t)n * ks->page_bytes)) < 0) {
 		if (r) {
 			struct tenant *t = session_tenant(s);
-			dataop_res_set(r, e, TQKV_ST_TENANT_LIMIT, 0);
+			dataop_res_set(r, e, e == -ESTALE ? TQKV_ST_EVICTED : TQKV_ST_TENANT_LIMIT, 0);
 			snprintf(r->msg, sizeof(r->msg), "restoring %u spilled page(s) of layer %u; tenant '%s' holds "
-				 "%llu of %llu bytes", n, l, tenant_name(t), (unsigned long long)tenant_used(t),
-				 (unsigned long long)tenant_limit(t));
+				 "%llu of %llu bytes%s%.150s", n, l, tenant_name(t), (unsigned long long)tenant_used(t),
+				 (unsigned long long)tenant_limit(t), why[0] ? ": " : "", why);
 		}
 		ra_free(ra);
 		return e;
 	}
-	/* read-ahead never waits for the reclaimer: it tries once */
-	char why[200];
 	if ((e = r ? pages_get(ks, s, n, ra->fresh, why, sizeof(why)) : pool_pages_alloc(ks->pool, n, ra->fresh)) < 0) {
 		session_spill_move(s, (uint64_t)n * ks->page_bytes); /* undo */
 		if (r) {

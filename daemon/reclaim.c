@@ -509,6 +509,84 @@ out:
 	return r;
 }
 
+int reclaim_charge(struct reclaim *rc, struct session *s, uint64_t bytes, int (*charge)(struct session *, uint64_t),
+		   char *why, size_t whylen)
+{
+	struct tenant *t = session_tenant(s);
+	uint32_t page = pool_page_bytes(rc->pool);
+	struct reclaim_params p = params_of(rc);
+	uint64_t t0 = mono_us(), deadline = t0 + p.admission_wait_ms * 1000u;
+	bool waited = false;
+	char b1[32], b2[32], b3[32];
+	int r;
+
+	session_admit_begin(s);
+	for (;;) {
+		if ((r = charge(s, bytes)) != -ENOSPC)
+			break; /* charged, or -ESTALE: evicted or closed meanwhile */
+		if (!session_is_open(s)) {
+			snprintf(why, whylen, "the session was evicted or closed while it waited");
+			r = -ESTALE;
+			break;
+		}
+		struct session_info own;
+		uint64_t used = tenant_used(t), limit = tenant_limit(t);
+		session_info_of(s, &own);
+		tq_size_format_human(limit, b2, sizeof(b2));
+		if (used + bytes <= limit)
+			continue; /* another session gave pages back meanwhile */
+		uint64_t over = used + bytes - limit;
+		uint64_t others = used > own.resident_bytes ? used - own.resident_bytes : 0;
+		tq_size_format_human(others, b1, sizeof(b1));
+		if (others < over) {
+			snprintf(why, whylen, "its other sessions hold %s, less than the %" PRIu64 " bytes these pages "
+				 "would take it over its limit of %s", b1, over, b2);
+			break;
+		}
+		if (!p.admission_wait_ms) {
+			snprintf(why, whylen, "its limit is %s (pool.admission_wait = 0: no waiting while its other "
+				 "sessions' pages are spilled)", b2);
+			break;
+		}
+		if (mono_us() >= deadline) {
+			snprintf(why, whylen, "its limit is %s: waited %" PRIu64 " ms (pool.admission_wait) while its "
+				 "other sessions' pages were in use", b2, (mono_us() - t0) / 1000);
+			break;
+		}
+		waited = true;
+		/* its own least recently used sessions give pages up (its
+		 * guarantee is no floor here: it protects the tenant from
+		 * others, and these stay its own, on the tier) */
+		struct spill_res res = { 0 };
+		uint64_t want = over > (uint64_t)ADMIT_BATCH_PAGES * page ? over : (uint64_t)ADMIT_BATCH_PAGES * page;
+		char reason[256];
+		tq_size_format_human(used, b3, sizeof(b3));
+		snprintf(reason, sizeof(reason), "tenant '%s' holds %s, and %" PRIu64 " more bytes would take it above its "
+			 "limit of %s", tenant_name(t), b3, bytes, b2);
+		want += (page - want % page) % page; /* whole pages, at least what it is over */
+		spill_tenant(rc, t, want, s, reason, &res);
+		if (res.got)
+			continue;
+		if (res.err) {
+			snprintf(why, whylen, "its limit is %s and its other sessions' pages could not be spilled: %s",
+				 b2, res.why);
+			break;
+		}
+		if (!res.busy) {
+			snprintf(why, whylen, "its limit is %s, and its other sessions have no pages left to spill", b2);
+			break;
+		}
+		usleep(500); /* the pages to spill are in use right now: shortly */
+	}
+	session_admit_end(s);
+	if (waited)
+		tenant_note_wait(t, mono_us() - t0);
+	pthread_mutex_lock(&rc->lock);
+	rc->stats.admission_waits += waited;
+	pthread_mutex_unlock(&rc->lock);
+	return r;
+}
+
 static bool above_low(struct reclaim *rc)
 {
 	uint64_t total, used = pool_used(rc, &total);

@@ -36,6 +36,11 @@
  * operation fails with EVICTED).  Waits, refusals and evictions are
  * counted per tenant (tenant_info.pressure).
  *
+ * At the limit (reclaim_charge): a charge that would take a tenant above
+ * its limit spills the tenant's own least recently used other sessions
+ * first, for pool.admission_wait at most (TENANT_LIMIT only when they hold
+ * too little or cannot be spilled).
+ *
  * Threads: the reclaimer's own thread (reclaim_start) sleeps until
  * reclaim_kick (an allocation took the pool above the high mark, a budget
  * changed) or a 1 s tick, then runs passes while use stays above the low
@@ -99,6 +104,16 @@ void reclaim_note_alloc(struct reclaim *rc);
  * when s was evicted or closed while it waited. */
 struct session;
 int reclaim_admit(struct reclaim *rc, struct session *s, uint32_t n, uint8_t **pages, char *why, size_t whylen);
+/* Admission to a tenant's limit: `charge` (session_charge or
+ * session_restore_move) found that `bytes` more would take s's tenant
+ * above its limit.  Spills the tenant's own least recently used other
+ * sessions (never s; the tenant's guarantee is no floor here) until the
+ * charge fits, for pool.admission_wait at most, then charges.  0: charged;
+ * -ENOSPC with why: the other sessions hold too little, nothing could be
+ * spilled (no tier, full, failing), or the wait ran out; -ESTALE: s was
+ * evicted or closed meanwhile. */
+int reclaim_charge(struct reclaim *rc, struct session *s, uint64_t bytes, int (*charge)(struct session *, uint64_t),
+		   char *why, size_t whylen);
 /* One pass on the calling thread (the reclaimer's thread, and tests):
  * the bytes it spilled. */
 uint64_t reclaim_pass(struct reclaim *rc);

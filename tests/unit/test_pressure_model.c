@@ -46,6 +46,9 @@
  *     of its priority or lower and itself (less the pages asked for, its
  *     requesting session excluded) — holds less than a whole page above
  *     its guarantee; or the tier is full and pressure_action = fail;
+ *   - TENANT_LIMIT only when the tenant's other sessions hold less than
+ *     the charge would take it over its limit (they are spilled for it
+ *     first: reclaim_charge), or the tier is full;
  *   - TENANT_LIMIT, MAX_TOKENS, NONFINITE, BAD_LAYER, BAD_POSITION exactly
  *     when they apply; a failed operation changes no token; explicit
  *     spills move exactly the pages they can;
@@ -216,6 +219,7 @@ struct model {
 	bool check_all;               /* TQ_MODEL_CHECK_ALL=1: the store's counts every step */
 	uint64_t held_sum, held_max;  /* pages (resident + spilled) over the steps    */
 	uint64_t pages_compared, attends_compared, within_refusals, tier_full_steps, over_limit_set;
+	uint64_t limit_refusals_tier; /* TENANT_LIMIT that spilling the others would have met: tier full */
 	uint64_t pressure_evictions, pass_bytes;
 };
 
@@ -710,6 +714,27 @@ static void check_refusal(struct model *m, uint64_t req, int rt, uint64_t n_page
 	}
 }
 
+/* A TENANT_LIMIT for session req of tenant rt that asked for `bytes`:
+ * allowed only when its other sessions hold less than the charge would
+ * take the tenant over its limit (reclaim_charge spills them, least
+ * recently used first, for admission_wait, before it refuses), or the
+ * tier is full. */
+static void check_limit_refusal(struct model *m, uint64_t req, int rt, uint64_t bytes)
+{
+	const struct snap *b = &m->post;
+	uint64_t others = 0, over = b->t[rt].used + bytes - b->t[rt].limit;
+
+	for (uint32_t i = 0; i < b->n; i++)
+		if (b->s[i].tenant == rt && b->s[i].id != req)
+			others += b->s[i].resident;
+	if (others >= over)
+		m->limit_refusals_tier++;
+	CHECK(others < over || tier_full(b) || tier_could_fill(m), "tenant %s refused %" PRIu64 " bytes at its "
+	      "limit %" PRIu64 " (used %" PRIu64 ") while its other sessions held %" PRIu64 " resident bytes (tier "
+	      "%" PRIu64 "/%" PRIu64 " slots)", TNAME[rt], bytes, b->t[rt].limit, b->t[rt].used, others,
+	      b->slots_used, b->slots_total);
+}
+
 /* Compare the committed token blocks of page p of layer l with the model's. */
 static void page_compare(struct model *m, struct msess *ms, struct kv_sess *kv, uint32_t l, uint32_t p)
 {
@@ -1041,6 +1066,7 @@ static void check_append_result(struct model *m, struct msess *ms, uint32_t l, u
 		else
 			CHECK(new_len <= ms->max_len && t->used + need * PAGE > t->limit, "TENANT_LIMIT for %" PRIu64
 			      " new pages: used %" PRIu64 " limit %" PRIu64, need, t->used, t->limit);
+		check_limit_refusal(m, ms->id, ms->tenant, (spilled_l ? spilled_l : need) * PAGE);
 		break;
 	case TQKV_ST_POOL_FULL:
 		CHECK(spilled_l || new_len <= ms->max_len, "POOL_FULL past max_tokens");
@@ -1757,11 +1783,12 @@ static void run_model(const struct backend_ops *be, uint64_t default_ops)
 		if (m->ctl_fail[i])
 			n += snprintf(line + n, sizeof(line) - (size_t)n, " %s %" PRIu64, OPNAME[i], m->ctl_fail[i]);
 	snprintf(line + n, sizeof(line) - (size_t)n, "; spilled %.1f MiB (passes %.1f MiB), restored %.1f MiB; "
-		 "admission waits %" PRIu64 ", refusals %" PRIu64 " (%" PRIu64 " within the guarantee), pressure "
+		 "admission waits %" PRIu64 ", refusals %" PRIu64 " (%" PRIu64 " within the guarantee; TENANT_LIMIT "
+		 "with the tier full %" PRIu64 "), pressure "
 		 "evictions %" PRIu64 "; limits lowered below use %" PRIu64 "; steps with the tier full %" PRIu64
 		 "; pages held (pool + tier) mean %" PRIu64 ", max %" PRIu64 "; pages compared %" PRIu64
 		 ", attentions compared %" PRIu64 "; %.1f s", (double)sp / MiB,
-		 (double)m->pass_bytes / MiB, (double)rs / MiB, waits, refusals, m->within_refusals,
+		 (double)m->pass_bytes / MiB, (double)rs / MiB, waits, refusals, m->within_refusals, m->limit_refusals_tier,
 		 m->pressure_evictions, m->over_limit_set, m->tier_full_steps,
 		 m->n_steps ? m->held_sum / m->n_steps : 0, m->held_max, m->pages_compared,
 		 m->attends_compared, dt);

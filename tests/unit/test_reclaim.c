@@ -305,6 +305,77 @@ static void fill_with_batch(struct fix *f, uint64_t *ids, int n_ids)
 	MUST(reclaim_set_params(f->rc, &rp, (char[64]){ 0 }, 64) == 0);
 }
 
+/* A tenant at its limit makes room by spilling its own least recently
+ * used other sessions, within admission_wait, instead of being refused
+ * (appends and spilled pages coming back alike); it never goes above the
+ * limit, and is refused with the reason only when its other sessions hold
+ * too little, without spilling them for nothing. */
+static void test_limit_spills_own(void)
+{
+	struct fix f;
+	static float before[2][OUT], after[OUT];
+	char msg[256];
+
+	fix_start_opts(&f, (struct reclaim_params){ 100, 99, 2000, CONFIG_PRESSURE_FAIL }, 512, true, true);
+	/* (sessions open before the limit is lowered below what one may hold) */
+	uint64_t t3 = open_empty(&f, "test");
+	uint64_t t1 = open_filled(&f, "test", TOK, 11, 100), t2 = open_filled(&f, "test", TOK, 12, 200);
+	attend(&f, t1, TOK, before[0]);
+	attend(&f, t2, TOK, before[1]);
+	struct tenant *tt = tenant_find(f.kv.tt, "test");
+	uint64_t used0 = tenant_used(tt), limit = used0 + 4 * PAGE;
+	T_EQ(tenant_set_budget(f.kv.tt, tt, true, limit, false, 0, NULL, 0), 0);
+	/* a third session grows past the limit: t1 (least recently used) goes
+	 * to the tier for it, t2 stays */
+	T_EQ(append_more(&f, t3, 1600, 13, msg, sizeof(msg)), TQKV_ST_OK);
+	T_ASSERT(tenant_used(tt) <= limit);
+	T_ASSERT(info(&f, t1).spilled_bytes > 0);
+	T_EQ(info(&f, t2).spilled_bytes, 0);
+	struct tenant_info ti;
+	tenant_get_info(tt, &ti);
+	T_ASSERT(ti.pressure.waits >= 1 && ti.pressure.refusals == 0);
+	/* t1's pages come back (t2 and t3 make room), bit-identical; then t2's */
+	attend(&f, t1, TOK, after);
+	T_ASSERT(memcmp(before[0], after, sizeof(after)) == 0);
+	T_ASSERT(tenant_used(tt) <= limit);
+	attend(&f, t2, TOK, after);
+	T_ASSERT(memcmp(before[1], after, sizeof(after)) == 0);
+	T_ASSERT(tenant_used(tt) <= limit);
+	/* t3 alone would go over a limit lowered to its size: refused at
+	 * once, with why, and the others are not spilled for nothing */
+	T_EQ(tenant_set_budget(f.kv.tt, tt, true, info(&f, t3).resident_bytes + 2 * PAGE, false, 0, NULL, 0), 0);
+	tenant_get_info(tt, &ti);
+	uint64_t spilled = ti.pressure.spilled_bytes, used1 = tenant_used(tt);
+	T_EQ(append_more(&f, t3, 1600, 14, msg, sizeof(msg)), TQKV_ST_TENANT_LIMIT);
+	if (!strstr(msg, "its other sessions hold"))
+		fprintf(stderr, "    %s\n", msg);
+	T_ASSERT(strstr(msg, "its other sessions hold"));
+	tenant_get_info(tt, &ti);
+	T_EQ(ti.pressure.spilled_bytes, spilled);
+	T_EQ(tenant_used(tt), used1);
+	fix_stop(&f);
+}
+
+/* With admission_wait 0, or no spill tier, a tenant at its limit is
+ * refused at once (TENANT_LIMIT), as before: nothing is spilled. */
+static void test_limit_no_wait(void)
+{
+	struct fix f;
+	char msg[256];
+
+	fix_start_opts(&f, (struct reclaim_params){ 100, 99, 0, CONFIG_PRESSURE_FAIL }, 512, true, true);
+	uint64_t t2 = open_empty(&f, "test");
+	open_filled(&f, "test", TOK, 11, 100);
+	struct tenant *tt = tenant_find(f.kv.tt, "test");
+	T_EQ(tenant_set_budget(f.kv.tt, tt, true, tenant_used(tt) + PAGE, false, 0, NULL, 0), 0);
+	T_EQ(append_more(&f, t2, 1600, 13, msg, sizeof(msg)), TQKV_ST_TENANT_LIMIT);
+	T_ASSERT(strstr(msg, "admission_wait = 0"));
+	struct tenant_info ti;
+	tenant_get_info(tt, &ti);
+	T_EQ(ti.pressure.spilled_bytes, 0);
+	fix_stop(&f);
+}
+
 /* A tenant within its guarantee gets its pages on a full pool: the
  * lower-priority tenant above its guarantee is spilled for it, and the
  * wait is counted. */
@@ -349,7 +420,10 @@ static void test_admission_respects_priority(void)
 	struct fix f;
 	char msg[256];
 
-	fix_start_with(&f, (struct reclaim_params){ 100, 99, 2000, CONFIG_PRESSURE_FAIL }, 512, true);
+	/* admission_wait 0: prod's last append that would take it past its
+	 * limit (the whole pool) is refused, not made room for by spilling
+	 * its own other sessions (test_limit_spills_own) */
+	fix_start_with(&f, (struct reclaim_params){ 100, 99, 0, CONFIG_PRESSURE_FAIL }, 512, true);
 	/* prod fills the pool, far above its 6 MiB guarantee */
 	uint64_t p[6];
 	for (int i = 0; i < 6; i++)
@@ -669,6 +743,8 @@ int main(void)
 	T_RUN(test_thread_acts_on_kick);
 	T_RUN(test_admission_within_guarantee);
 	T_RUN(test_admission_respects_priority);
+	T_RUN(test_limit_spills_own);
+	T_RUN(test_limit_no_wait);
 	T_RUN(test_pressure_action);
 	T_RUN(test_waiter_evicted);
 	T_RUN(test_two_waiters);
