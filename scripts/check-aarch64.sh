@@ -9,8 +9,10 @@
 # step installs); takes about 3 minutes under emulation.  `make test` runs it
 # with TQ_AARCH64_QUICK=1 (tests/integration/aarch64.sh), which leaves out
 # test_codec's long statistical cases (the paper's MSE figures, the same
-# code on every machine) and keeps every bit-exactness and golden case and
-# all of test_attn: about a minute.
+# code on every machine) and test_attn's scalar path (TQ_TEST_ISAS=neon:
+# the same C code the native run tests), and keeps every bit-exactness and
+# golden case and every NEON attention case: about 85 s on a 2-core Zen 3
+# (170 s before the scalar path was left out).
 set -eu
 cd "$(dirname "$0")/.."
 CC=${CC_AARCH64:-aarch64-linux-gnu-gcc}
@@ -34,6 +36,10 @@ if [ "${TQ_AARCH64_QUICK:-0}" = 1 ]; then
 	# code on every machine; the golden hashes pin the codebooks' bits), the
 	# codebooks of 8 bits at d 512 built under emulation take most of a minute
 	export TQ_TEST_SKIP=test_mse_paper_d128,test_mse_codebook_theory,test_codec_mse_norm_corrected,test_norm_preserved,test_rotation_orthogonal,test_h16_scale
+	# test_attn's cases run the NEON path against the oracle, not the
+	# scalar path too: that is the same C code the native run tests, and
+	# emulating it took more than half of test_attn's time
+	export TQ_TEST_ISAS=neon
 fi
 rc=0
 tests="test_codec test_codec_simd test_attn test_xform"
@@ -41,14 +47,18 @@ for t in $tests; do
 	$CC $FLAGS -Itests/unit -c "tests/unit/$t.c" -o "$out/$t.o"
 	$CC -static -o "$out/$t" "$out/$t.o" "$out/harness.o" "$out/tietest.o" "$out/libk.a" -lm -pthread
 done
-# the longest first; at most $jobs at once.  test_attn runs as two
-# processes (its four longest cases, then the rest: about 83 and 34 s
-# under qemu on a Zen 3) so that the two cores finish together; each part's
-# log in $out/$t.N.log, its status in $out/$t.N.rc
+# the longest first; at most $jobs at once.  test_codec_simd and test_attn
+# run as two processes each (quick, under qemu on a Zen 3: test_codec_simd
+# 34 + 30 s, test_attn 40 + 35 s, test_xform 4 s, test_codec 3 s) so that
+# the two cores finish together; each part's log in $out/$t.N.log, its
+# status in $out/$t.N.rc.  A part's TQ_TEST_SKIP adds to the quick run's.
 rm -f "$out"/*.rc "$out"/*.log
-attn_long=test_plan_n_q,test_sparse_v,test_all_pairs_d128,test_dims_and_groups
-printf '%s\n' "test_attn 1 TQ_TEST_ONLY=$attn_long" "test_codec_simd 1" "test_attn 2 TQ_TEST_SKIP=$attn_long" \
-	"test_codec 1" "test_xform 1" |
+simd_long=test_all_dims,test_encode_decode
+attn_long=test_tile_decoders,test_all_pairs_d128,test_sparse_v
+skip0=${TQ_TEST_SKIP:-}
+printf '%s\n' "test_codec_simd 1 TQ_TEST_ONLY=$simd_long" "test_codec_simd 2 TQ_TEST_SKIP=$simd_long${skip0:+,$skip0}" \
+	"test_attn 1 TQ_TEST_ONLY=$attn_long" "test_attn 2 TQ_TEST_SKIP=$attn_long${skip0:+,$skip0}" \
+	"test_xform 1" "test_codec 1" |
 	xargs -P "$jobs" -L 1 sh -c 't=$2 n=$3; [ -n "${4:-}" ] && export "$4"; "$0" "$1/$t" >"$1/$t.$n.log" 2>&1; echo $? >"$1/$t.$n.rc"' "$QEMU" "$out"
 for t in $tests; do
 	# one status and one log per test: a failure wins over a skip (77),
