@@ -64,6 +64,8 @@ struct spill {
 
 	pthread_mutex_t lock;        /* the slot bitmap, stats, faults */
 	pthread_cond_t done_cond;    /* fallback engine: broadcast after each completion */
+	pthread_cond_t reap_cond;    /* io_uring: broadcast after each reap (CLOCK_MONOTONIC) */
+	uint64_t reap_passes;        /* counted under lock */
 	uint64_t *bitmap;            /* [n_slots/64] used slots */
 	uint64_t used, hint;
 	uint64_t fault_nth[2];
@@ -419,6 +421,16 @@ static void pump_locked(struct spill *sp)
 		ring_submit(sp);
 }
 
+/* Callbacks ran, or the reaper left: the waiters that do not reap look
+ * at their requests again (spill_wait). */
+static void reaped(struct spill *sp)
+{
+	pthread_mutex_lock(&sp->lock);
+	sp->reap_passes++;
+	pthread_cond_broadcast(&sp->reap_cond);
+	pthread_mutex_unlock(&sp->lock);
+}
+
 /* Hand back every completion there is (cq_lock held): callbacks, then the
  * staging slots go back and queued requests take them.  Returns how many. */
 static unsigned reap_locked(struct spill *sp)
@@ -450,6 +462,7 @@ static unsigned reap_locked(struct spill *sp)
 				sp->free_stage[sp->n_free_stage++] = done[i];
 		pump_locked(sp);
 		pthread_mutex_unlock(&sp->sq_lock);
+		reaped(sp);
 	}
 	return n;
 }
@@ -468,6 +481,10 @@ static void *uring_main(void *arg)
 		if (pthread_mutex_trylock(&sp->cq_lock) == 0) {
 			n = reap_locked(sp);
 			pthread_mutex_unlock(&sp->cq_lock);
+			/* a waiter that found the lock taken (its broadcast from
+			 * reap_locked came while this thread still held it) takes
+			 * over now, not at its 5 ms safety net */
+			reaped(sp);
 		}
 		pthread_mutex_lock(&sp->sq_lock);
 		uint32_t was_free = sp->n_free_stage;
@@ -599,8 +616,33 @@ void spill_wait(struct spill *sp, bool (*done)(void *arg), void *arg)
 		return;
 	/* Drive the ring from here until done: reap, and sleep in
 	 * io_uring_enter for the next completion.  A thread already doing so
-	 * reaps ours too; we take over when it leaves. */
-	pthread_mutex_lock(&sp->cq_lock);
+	 * reaps ours too: we look at ours after each of its passes (a short
+	 * read must not wait out another's batch of thousands of writes), and
+	 * take over when it leaves. */
+	for (;;) {
+		/* the pass count before the try: a pass (or the reaper's
+		 * leaving) after it is not waited for */
+		pthread_mutex_lock(&sp->lock);
+		const uint64_t seen = sp->reap_passes;
+		pthread_mutex_unlock(&sp->lock);
+		if (pthread_mutex_trylock(&sp->cq_lock) == 0)
+			break;
+		struct timespec ts;
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		ts.tv_nsec += 5 * 1000000; /* a safety net */
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		pthread_mutex_lock(&sp->lock);
+		/* a pass that ran our callback counts under `lock`: none is missed */
+		while (!done(arg) && sp->reap_passes == seen &&
+		       pthread_cond_timedwait(&sp->reap_cond, &sp->lock, &ts) == 0) {
+		}
+		pthread_mutex_unlock(&sp->lock);
+		if (done(arg))
+			return;
+	}
 	/* nobody else reaps meanwhile: the I/O thread need not wake */
 	bool toggled = io_uring_cq_eventfd_toggle(&sp->ring, false) == 0;
 	while (!done(arg)) {
@@ -625,6 +667,7 @@ void spill_wait(struct spill *sp, bool (*done)(void *arg), void *arg)
 	 * (read under cq_lock: another waiter's reap moves the CQ head) */
 	bool pending = io_uring_cq_ready(&sp->ring) > 0;
 	pthread_mutex_unlock(&sp->cq_lock);
+	reaped(sp); /* a waiter takes over */
 	if (pending)
 		kick(sp->efd);
 }
@@ -886,6 +929,7 @@ static void spill_free(struct spill *sp)
 	pthread_mutex_destroy(&sp->cq_lock);
 	pthread_cond_destroy(&sp->cond);
 	pthread_cond_destroy(&sp->done_cond);
+	pthread_cond_destroy(&sp->reap_cond);
 	free(sp);
 }
 
@@ -914,6 +958,13 @@ int spill_open(struct spill **out, const struct spill_params *p, char *why, size
 	pthread_mutex_init(&sp->cq_lock, NULL);
 	pthread_cond_init(&sp->cond, NULL);
 	pthread_cond_init(&sp->done_cond, NULL);
+	{
+		pthread_condattr_t ca;
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+		pthread_cond_init(&sp->reap_cond, &ca);
+		pthread_condattr_destroy(&ca);
+	}
 	sp->page_bytes = p->page_bytes;
 	sp->slot_bytes = (uint64_t)SPILL_HDR_BYTES + p->page_bytes;
 	sp->n_slots = p->bytes / sp->slot_bytes;

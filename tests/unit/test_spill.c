@@ -423,6 +423,87 @@ static void test_no_room(void)
 	rm_tmp();
 }
 
+/* A waiter whose read is done returns at once, not after another waiter
+ * that drives the ring for a long wait (a big spill): it waited for that
+ * one's lock.  Here the other waits for a flag a timer sets after 1 s. */
+static int flag_set_;
+static bool flag_set(void *arg)
+{
+	(void)arg;
+	return __atomic_load_n(&flag_set_, __ATOMIC_ACQUIRE) != 0;
+}
+
+static void *long_waiter(void *arg)
+{
+	spill_wait(arg, flag_set, NULL);
+	return NULL;
+}
+
+static void *timer_1s(void *arg)
+{
+	(void)arg;
+	usleep(1000000);
+	__atomic_store_n(&flag_set_, 1, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+struct one_done {
+	int done, res;
+};
+
+static void one_cb(void *ctx, int res, const char *why)
+{
+	struct one_done *d = ctx;
+	(void)why;
+	d->res = res;
+	__atomic_store_n(&d->done, 1, __ATOMIC_RELEASE);
+}
+
+static bool one_is_done(void *arg)
+{
+	return __atomic_load_n(&((struct one_done *)arg)->done, __ATOMIC_ACQUIRE) != 0;
+}
+
+static double mono_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void test_waiter_not_behind_another(void)
+{
+	struct spill *sp = open_uring_store();
+	if (!sp)
+		return;
+	uint8_t *base, *pages = pages_of(&base, 2, true);
+	uint64_t slot;
+	char why[512];
+	struct spill_page_hdr h = hdr_of(21, 0, 0, 1);
+	fill(pages, PAGE, 77);
+	T_EQ(spill_slot_alloc(sp, &slot), 0);
+	T_EQ(spill_write_sync(sp, slot, &h, pages, why, sizeof(why)), 0);
+	pthread_t a, t;
+	__atomic_store_n(&flag_set_, 0, __ATOMIC_RELEASE);
+	T_EQ(pthread_create(&a, NULL, long_waiter, sp), 0);
+	T_EQ(pthread_create(&t, NULL, timer_1s, NULL), 0);
+	usleep(50000); /* it drives the ring now */
+	struct one_done d = { 0, 0 };
+	double t0 = mono_s();
+	T_EQ(spill_read(sp, slot, &h, pages + PAGE, one_cb, &d, 0), 0);
+	spill_wait(sp, one_is_done, &d);
+	double took = mono_s() - t0;
+	pthread_join(t, NULL);
+	pthread_join(a, NULL);
+	fprintf(stderr, "    a read beside a waiter driving the ring returned after %.1f ms\n", took * 1e3);
+	T_EQ(d.res, 0);
+	T_ASSERT(memcmp(pages, pages + PAGE, PAGE) == 0);
+	T_ASSERT(took < 0.5);
+	spill_close(sp);
+	free(base);
+	rm_tmp();
+}
+
 /* A kernel whose io_uring lacks IORING_FEAT_EXT_ARG (Linux < 5.11): a wait
  * with a timeout queues liburing's own SQE from the waiter's thread and its
  * completion comes back among the store's (a crash on the first wait that
@@ -457,6 +538,7 @@ int main(void)
 	T_RUN(test_roundtrip_fallback);
 	T_RUN(test_corruption_and_faults);
 	T_RUN(test_concurrent_waiters);
+	T_RUN(test_waiter_not_behind_another);
 	T_RUN(test_old_uring_refused);
 	T_RUN(test_no_room);
 	return t_done();
