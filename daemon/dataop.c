@@ -383,6 +383,8 @@ int dataop_layer_grow(struct kvstore *ks, struct session *s, struct kv_sess *kv,
 				 "%llu bytes%s%.160s", need, ks->page_bytes, tenant_name(t),
 				 (unsigned long long)tenant_used(t), (unsigned long long)tenant_limit(t),
 				 why[0] ? ": " : "", why);
+		else if (why[0])
+			snprintf(r->msg, sizeof(r->msg), "%u new page(s): %s", need, why);
 		return e;
 	}
 	if ((e = pages_get(ks, s, need, L->pages + old_pages, why, sizeof(why))) < 0) {
@@ -1173,8 +1175,15 @@ void dataop_prefetch(struct kvstore *ks, struct session *s, struct dataop_res *r
 	pthread_mutex_lock(&kv->lock);
 	for (uint32_t l = 0; l < kv->n_layers; l++) {
 		memset(&lr, 0, sizeof(lr));
-		if (dataop_restore_layer_locked(ks, s, kv, l, &lr) < 0 && r->res == 0)
-			*r = lr; /* the first failure; the other layers still come back */
+		if (dataop_restore_layer_locked(ks, s, kv, l, &lr) < 0) {
+			if (r->res == 0)
+				*r = lr; /* the first failure; the other layers still come back */
+			/* ...unless memory was short: each would wait as long
+			 * (pool.admission_wait) and fail alike */
+			if (lr.status == TQKV_ST_TENANT_LIMIT || lr.status == TQKV_ST_POOL_FULL ||
+			    lr.status == TQKV_ST_EVICTED)
+				break;
+		}
 	}
 	r->n_tokens = kv->max_len;
 	pthread_mutex_unlock(&kv->lock);

@@ -481,7 +481,10 @@ int persist_remove(int dirfd, uint64_t id)
 	fname(name, sizeof(name), id, "tqm");
 	if (unlinkat(dirfd, name, 0) < 0 && errno != ENOENT)
 		return -errno;
-	fsync(dirfd);
+	/* not on disk yet, a crash could bring the manifest back: its slots
+	 * must not go to other sessions (the caller keeps them until restart) */
+	if (dirsync(dirfd) < 0)
+		return -errno;
 	fname(name, sizeof(name), id, "tqj");
 	if (unlinkat(dirfd, name, 0) < 0 && errno != ENOENT)
 		r = -errno;

@@ -140,7 +140,9 @@ void persist_fault_dirsync(uint32_t n);
 void persist_fault_manifest_read(uint32_t n);
 /* Read and decode ID.tqm. */
 int persist_manifest_read(int dirfd, uint64_t id, struct persist_manifest *m, char *why, size_t whylen);
-/* Remove ID.tqm and ID.tqj (a closed session): 0 or -errno. */
+/* Remove ID.tqm and ID.tqj (a closed session): 0 or -errno (also when the
+ * directory could not be synced after the manifest went: a crash could
+ * bring it back, so its slots must stay used). */
 int persist_remove(int dirfd, uint64_t id);
 /* Keep a manifest that could not be used for the operator to look at:
  * ID.tqm -> ID.tqm.dropped (ID.tqj removed). */

@@ -107,6 +107,8 @@ struct spill_res {
 	uint64_t got;             /* bytes spilled                                 */
 	uint32_t busy;            /* sessions skipped: an operation held them (or  */
 	                          /* holds an evicted one's memory a while yet)    */
+	bool skip_waiters;        /* in: a held session that waits for memory     */
+	                          /* itself is not counted busy (reclaim_charge)   */
 	int err;                  /* the first hard failure: -ENOSPC (tier full),  */
 	char why[512];            /* -EIO, -EOPNOTSUPP (no tier); 0: none          */
 };
@@ -187,7 +189,7 @@ static void spill_scan(struct reclaim *rc, struct tenant *t, uint64_t want, uint
 			int e = dataop_spill_start(rc->ks, s, take, &op, why, sizeof(why));
 			if (e < 0) {
 				session_release(s);
-				if (e == -EBUSY)
+				if (e == -EBUSY && !(res->skip_waiters && si[i].waiting))
 					res->busy++;
 				else
 					spilled_one(rc, t, &si[i], e, 0, why, reason, now, res);
@@ -509,6 +511,26 @@ out:
 	return r;
 }
 
+/* Of tenant t's `used` bytes, those no spill can take for s: its own, and
+ * those of its other sessions that wait for memory themselves (each would
+ * wait for the other's until admission_wait ran out).  At most used. */
+static uint64_t held_back(struct reclaim *rc, struct session *s, struct tenant *t, uint64_t used)
+{
+	struct session_info own, *si = NULL;
+	uint64_t held;
+	size_t n = 0;
+
+	session_info_of(s, &own);
+	held = own.resident_bytes;
+	if (session_list(rc->st, t, &si, &n) == 0) {
+		for (size_t i = 0; i < n; i++)
+			if (si[i].id != own.id && si[i].waiting)
+				held += si[i].resident_bytes;
+		free(si);
+	}
+	return held < used ? held : used;
+}
+
 int reclaim_charge(struct reclaim *rc, struct session *s, uint64_t bytes, int (*charge)(struct session *, uint64_t),
 		   char *why, size_t whylen)
 {
@@ -529,14 +551,12 @@ int reclaim_charge(struct reclaim *rc, struct session *s, uint64_t bytes, int (*
 			r = -ESTALE;
 			break;
 		}
-		struct session_info own;
 		uint64_t used = tenant_used(t), limit = tenant_limit(t);
-		session_info_of(s, &own);
 		tq_size_format_human(limit, b2, sizeof(b2));
-		if (used + bytes <= limit)
+		if (used + bytes <= limit && mono_us() < deadline)
 			continue; /* another session gave pages back meanwhile */
-		uint64_t over = used + bytes - limit;
-		uint64_t others = used > own.resident_bytes ? used - own.resident_bytes : 0;
+		uint64_t over = used + bytes > limit ? used + bytes - limit : 0;
+		uint64_t others = used - held_back(rc, s, t, used);
 		tq_size_format_human(others, b1, sizeof(b1));
 		if (others < over) {
 			snprintf(why, whylen, "its other sessions hold %s, less than the %" PRIu64 " bytes these pages "
@@ -557,7 +577,7 @@ int reclaim_charge(struct reclaim *rc, struct session *s, uint64_t bytes, int (*
 		/* its own least recently used sessions give pages up (its
 		 * guarantee is no floor here: it protects the tenant from
 		 * others, and these stay its own, on the tier) */
-		struct spill_res res = { 0 };
+		struct spill_res res = { .skip_waiters = true };
 		uint64_t want = over > (uint64_t)ADMIT_BATCH_PAGES * page ? over : (uint64_t)ADMIT_BATCH_PAGES * page;
 		char reason[256];
 		tq_size_format_human(used, b3, sizeof(b3));
@@ -572,12 +592,18 @@ int reclaim_charge(struct reclaim *rc, struct session *s, uint64_t bytes, int (*
 				 b2, res.why);
 			break;
 		}
+		/* a session closed in an operation holds its charge until that
+		 * returns (it is out of the table: spill_scan cannot see it) */
+		res.busy += session_table_pending_release(rc->st);
 		if (!res.busy) {
 			snprintf(why, whylen, "its limit is %s, and its other sessions have no pages left to spill", b2);
 			break;
 		}
 		usleep(500); /* the pages to spill are in use right now: shortly */
 	}
+	/* a release that ended after the last try gave its bytes back */
+	if (r == -ENOSPC && charge(s, bytes) == 0)
+		r = 0;
 	session_admit_end(s);
 	if (waited)
 		tenant_note_wait(t, mono_us() - t0);

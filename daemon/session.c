@@ -279,6 +279,7 @@ static void fill_info(struct session *s, struct session_info *out)
 	out->state = s->state;
 	out->evict_reason = s->evict_reason;
 	memcpy(out->evict_why, s->evict_why, sizeof(out->evict_why));
+	out->waiting = s->admitting > 0;
 	pthread_mutex_unlock(&s->lock);
 	out->persistent = (s->flags & SESSION_PERSISTENT) != 0;
 }

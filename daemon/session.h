@@ -77,6 +77,8 @@ struct session_info {
 	bool persistent;             /* survives restarts (SESSION_PERSISTENT) */
 	uint32_t evict_reason;       /* EVICTED: enum tqkv_evict_reason */
 	char evict_why[200];         /* EVICTED: the reason in words ("" if none given) */
+	bool waiting;                /* an operation of it waits for pool pages or room */
+	                             /* under its tenant's limit (session_admit_begin) */
 };
 
 struct session_stats {

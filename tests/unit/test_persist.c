@@ -1510,6 +1510,32 @@ static void test_dirsync_fails(void)
 	T_EQ(xfinish(&f), 0);
 }
 
+/* A closed session whose manifest's removal could not be synced (the
+ * directory's fsync failed): a crash could bring the manifest back, so
+ * its slots stay used until restart instead of going to other sessions
+ * (which a manifest come back would then name too). */
+static void test_remove_dirsync_fails(void)
+{
+	struct kvfix f;
+	struct session_info si;
+	struct spill_stats ss0, ss1;
+	char why[512];
+
+	kvfix_start(&f, XCONF, 16u << 20, XPAGE, 256);
+	xpersist_up(&f);
+	struct session *s = xopen(&f, &XG, "rmsync", 65, &si);
+	xfill(&f, s, 0, 60, 0);
+	T_EQ(dataop_checkpoint(f.ks, s, why, sizeof(why)), 0);
+	session_release(s);
+	spill_stats(f.sp, &ss0);
+	T_ASSERT(ss0.slots_used > 0);
+	persist_fault_dirsync(1);
+	T_EQ(session_close(f.st, si.id, NULL), 0);
+	spill_stats(f.sp, &ss1);
+	T_EQ(ss1.slots_used, ss0.slots_used);
+	T_EQ(xfinish(&f), 0);
+}
+
 /* A manifest that cannot be read for a reason that says nothing about it
  * (here an injected EIO): the start stops with the reason, the files as
  * they are (it was set aside, its journal deleted; keeping it unread
@@ -1576,6 +1602,7 @@ int main(int argc, char **argv)
 	T_RUN(test_replay_cannot_apply);
 	T_RUN(test_append_after_journal_loss);
 	T_RUN(test_dirsync_fails);
+	T_RUN(test_remove_dirsync_fails);
 	T_RUN(test_manifest_unreadable);
 	return t_done();
 }

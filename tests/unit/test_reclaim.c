@@ -20,6 +20,7 @@
 
 #include "config.h"
 #include "dataop.h"
+#include "dataop_internal.h" /* white-box: a session's operation lock */
 #include "harness.h"
 #include "kvfix.h"
 #include "log.h"
@@ -735,6 +736,134 @@ static void test_two_waiters(void)
 	fprintf(stderr, "    %d of 4 rounds had both waiting at once\n", both_waited);
 }
 
+static struct kv_sess *kv_of(struct fix *f, uint64_t id)
+{
+	struct kv_sess *kv = f->kv.ks->bucket[id & (N_BUCKETS - 1)];
+
+	while (kv && kv->id != id)
+		kv = kv->next;
+	MUST(kv);
+	return kv;
+}
+
+/* Tenant test at its limit; x's 400-token append (a racer) can only get
+ * room from y's pages.  y = 3,000 tokens, x = 1,000; the limit 1 page
+ * above their use. */
+static void limit_two(struct fix *f, uint64_t *x, uint64_t *y)
+{
+	fix_start_opts(f, (struct reclaim_params){ 100, 99, 3000, CONFIG_PRESSURE_FAIL }, 512, true, true);
+	*x = open_empty(f, "test");
+	*y = open_empty(f, "test");
+	MUST(append_more(f, *y, 3000, 21, NULL, 0) == TQKV_ST_OK);
+	MUST(append_more(f, *x, 1000, 22, NULL, 0) == TQKV_ST_OK);
+	struct tenant *t = tenant_find(f->kv.tt, "test");
+	MUST(tenant_set_budget(f->kv.tt, t, true, tenant_used(t) + PAGE, false, 0, NULL, 0) == 0);
+}
+
+/* At its limit, a session waits for a sibling whose pages an operation
+ * holds (busy: they become spillable when it returns), and for the charge
+ * of a sibling closed in an operation (out of the table until it
+ * returns): it was refused at once ("no pages left to spill"). */
+static void test_limit_waits_for_busy_and_closed(void)
+{
+	for (int closed = 0; closed < 2; closed++) {
+		struct fix f;
+		uint64_t x, y;
+		struct session *held = NULL;
+		struct kv_sess *ky = NULL;
+
+		limit_two(&f, &x, &y);
+		if (closed) {
+			MUST(session_acquire(f.kv.st, y, 0, &held) == 0);
+			T_EQ(session_close(f.kv.st, y, NULL), 0);
+		} else {
+			ky = kv_of(&f, y);
+			pthread_mutex_lock(&ky->lock); /* y: an operation in flight */
+		}
+		struct racer rx = { .f = &f, .id = x };
+		MUST(pthread_create(&rx.thread, NULL, racer_main, &rx) == 0);
+		usleep(150000);
+		T_ASSERT(!racer_done(&rx)); /* waiting, not refused */
+		if (closed)
+			session_release(held);
+		else
+			pthread_mutex_unlock(&ky->lock);
+		pthread_join(rx.thread, NULL);
+		fprintf(stderr, "    %s sibling: the append returned %u after %llu ms %s\n", closed ? "closed" : "busy",
+			rx.status, (unsigned long long)rx.ms, rx.msg);
+		T_EQ(rx.status, TQKV_ST_OK);
+		T_ASSERT(rx.ms < 2500);
+		T_ASSERT(tenant_used_of(&f, "test") <= tenant_limit(tenant_find(f.kv.tt, "test")));
+		if (!closed)
+			T_ASSERT(info(&f, y).spilled_bytes > 0);
+		fix_stop(&f);
+	}
+}
+
+/* ...but not for a sibling that itself waits for memory in its operation:
+ * each would wait for the other's pages until admission_wait ran out (two
+ * ring workers stalled for it).  With only a waiter's pages to take, the
+ * append is refused at once, with why. */
+static void test_limit_not_behind_waiter(void)
+{
+	struct fix f;
+	uint64_t x, y;
+	struct session *sy;
+
+	limit_two(&f, &x, &y);
+	struct kv_sess *ky = kv_of(&f, y);
+	MUST(session_acquire(f.kv.st, y, 0, &sy) == 0);
+	pthread_mutex_lock(&ky->lock);
+	session_admit_begin(sy); /* y's operation waits for memory */
+	struct racer rx = { .f = &f, .id = x };
+	MUST(pthread_create(&rx.thread, NULL, racer_main, &rx) == 0);
+	for (int i = 0; i < 200 && !racer_done(&rx); i++)
+		usleep(5000);
+	T_ASSERT(racer_done(&rx));
+	session_admit_end(sy);
+	pthread_mutex_unlock(&ky->lock);
+	session_release(sy);
+	pthread_join(rx.thread, NULL);
+	fprintf(stderr, "    the append returned %u after %llu ms: %s\n", rx.status, (unsigned long long)rx.ms, rx.msg);
+	T_EQ(rx.status, TQKV_ST_TENANT_LIMIT);
+	T_ASSERT(rx.ms < 1000);
+	T_ASSERT(strstr(rx.msg, "its other sessions hold"));
+	T_EQ(info(&f, y).spilled_bytes, 0);
+	fix_stop(&f);
+}
+
+/* A prefetch that meets the limit with nothing to take but a busy
+ * sibling's pages waits admission_wait once, not once per layer (an
+ * 80-layer session's OP_RESTORE would have held its worker 80 x 2 s). */
+static void test_prefetch_waits_once(void)
+{
+	struct fix f;
+	struct session *s;
+	struct dataop_res r;
+	uint64_t spilled;
+	char why[256];
+
+	fix_start_opts(&f, (struct reclaim_params){ 100, 99, 600, CONFIG_PRESSURE_FAIL }, 512, true, true);
+	uint64_t x = open_filled(&f, "test", TOK, 31, 100), y = open_filled(&f, "test", TOK, 32, 200);
+	MUST(session_acquire(f.kv.st, x, 0, &s) == 0);
+	MUST(dataop_spill(f.kv.ks, s, UINT64_MAX, &spilled, why, sizeof(why)) == 0 && spilled > 0);
+	session_release(s);
+	struct tenant *t = tenant_find(f.kv.tt, "test");
+	T_EQ(tenant_set_budget(f.kv.tt, t, true, tenant_used(t) + PAGE, false, 0, NULL, 0), 0);
+	struct kv_sess *ky = kv_of(&f, y);
+	pthread_mutex_lock(&ky->lock); /* y: an operation in flight all along */
+	MUST(session_acquire(f.kv.st, x, 0, &s) == 0);
+	uint64_t t0 = mono_ms();
+	dataop_prefetch(f.kv.ks, s, &r);
+	uint64_t took = mono_ms() - t0;
+	session_release(s);
+	pthread_mutex_unlock(&ky->lock);
+	fprintf(stderr, "    prefetch of 2 layers: %u after %llu ms: %s\n", r.status, (unsigned long long)took, r.msg);
+	T_EQ(r.status, TQKV_ST_TENANT_LIMIT);
+	T_ASSERT(took >= 550 && took < 1000);
+	fix_stop(&f);
+}
+
 int main(void)
 {
 	log_set_level(LOG_WARNING);
@@ -745,6 +874,9 @@ int main(void)
 	T_RUN(test_admission_respects_priority);
 	T_RUN(test_limit_spills_own);
 	T_RUN(test_limit_no_wait);
+	T_RUN(test_limit_waits_for_busy_and_closed);
+	T_RUN(test_limit_not_behind_waiter);
+	T_RUN(test_prefetch_waits_once);
 	T_RUN(test_pressure_action);
 	T_RUN(test_waiter_evicted);
 	T_RUN(test_two_waiters);
