@@ -37,7 +37,8 @@ void rpc_stop(struct rpc_server *srv, int drain_ms);
 /* A reloaded configuration (what GetConfig shows). */
 void rpc_set_config(struct rpc_server *srv, const struct config *cfg);
 /* The data path whose figures GetStats reports (may be set after
- * rpc_start, from the main thread; NULL: not reported). */
+ * rpc_start, from the main thread; NULL: not reported).  A pool once set
+ * is freed only after rpc_stop: a handler may still be reading it. */
 struct pool;
 struct ring_server;
 void rpc_set_datapath(struct rpc_server *srv, struct pool *pool, struct ring_server *ring);
