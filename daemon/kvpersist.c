@@ -119,8 +119,9 @@ void kvp_sess_free(struct kvstore *ks, struct kv_sess *kv)
 	if (ks->persist && !ks->persist->shutdown) {
 		int r = persist_remove(ks->persist->dirfd, kv->id);
 		if (r < 0) {
-			log_err("session %" PRIu64 ": removing its persistent copy (%s/%" PRIu64 ".tqm): %s; its spill "
-				"slots stay used until restart", kv->id, PERSIST_SUBDIR, kv->id, strerror(-r));
+			log_err("session %" PRIu64 ": removing its persistent copy (%s/%" PRIu64 ".tqm, then syncing "
+				"the directory): %s; its spill slots stay used until restart", kv->id, PERSIST_SUBDIR,
+				kv->id, strerror(-r));
 		} else {
 			log_info("session %" PRIu64 ": persistent copy removed", kv->id);
 			keep = false;

@@ -107,8 +107,10 @@ struct spill_res {
 	uint64_t got;             /* bytes spilled                                 */
 	uint32_t busy;            /* sessions skipped: an operation held them (or  */
 	                          /* holds an evicted one's memory a while yet)    */
-	bool skip_waiters;        /* in: a held session that waits for memory     */
-	                          /* itself is not counted busy (reclaim_charge)   */
+	uint64_t limit_wait_us;   /* in (reclaim_charge): a held session waiting  */
+	uint64_t limit_wait_id;   /* at the limit since before this one (id to    */
+	                          /* break ties) is not counted busy: it waits for */
+	                          /* the requester's pages, or gives up            */
 	int err;                  /* the first hard failure: -ENOSPC (tier full),  */
 	char why[512];            /* -EIO, -EOPNOTSUPP (no tier); 0: none          */
 };
@@ -150,6 +152,16 @@ static void spilled_one(struct reclaim *rc, struct tenant *t, const struct sessi
 			 reason);
 }
 
+/* Does session si wait for room under its tenant's limit since before a
+ * requester waiting since us (ties: the lower id first)?  us 0: no
+ * requester (not reclaim_charge). */
+static bool waits_before(const struct session_info *si, uint64_t us, uint64_t id)
+{
+	if (!us || !si->limit_wait_us || si->state != SESSION_OPEN)
+		return false;
+	return si->limit_wait_us < us || (si->limit_wait_us == us && si->id < id);
+}
+
 /* Sessions whose writes are in flight together: one session's batch
  * alone would let the disk's queue run dry at its end. */
 #define SPILL_INFLIGHT 8
@@ -189,10 +201,10 @@ static void spill_scan(struct reclaim *rc, struct tenant *t, uint64_t want, uint
 			int e = dataop_spill_start(rc->ks, s, take, &op, why, sizeof(why));
 			if (e < 0) {
 				session_release(s);
-				if (e == -EBUSY && !(res->skip_waiters && si[i].waiting))
-					res->busy++;
-				else
+				if (e != -EBUSY)
 					spilled_one(rc, t, &si[i], e, 0, why, reason, now, res);
+				else if (!waits_before(&si[i], res->limit_wait_us, res->limit_wait_id))
+					res->busy++;
 				continue;
 			}
 			fl[nf].s = s;
@@ -511,24 +523,32 @@ out:
 	return r;
 }
 
-/* Of tenant t's `used` bytes, those no spill can take for s: its own, and
- * those of its other sessions that wait for memory themselves (each would
- * wait for the other's until admission_wait ran out).  At most used. */
-static uint64_t held_back(struct reclaim *rc, struct session *s, struct tenant *t, uint64_t used)
+/* Tenant t (using `used` bytes) as requester s, waiting at its limit
+ * since `since`, sees it: *reach, the bytes a spill could take for s (not
+ * s's own, nor those of a sibling waiting at the limit since before s:
+ * that one waits for s's pages, and would until admission_wait ran out if
+ * s waited for its in turn); *unlisted, bytes charged to sessions no
+ * longer in the table (closed in an operation: given back when it
+ * returns), or charged a moment before the session counts them. */
+static void tenant_view(struct reclaim *rc, struct session *s, struct tenant *t, uint64_t used, uint64_t since,
+			uint64_t *reach, uint64_t *unlisted)
 {
-	struct session_info own, *si = NULL;
-	uint64_t held;
+	struct session_info *si = NULL;
+	uint64_t listed = 0, held = 0, sid = session_id(s);
 	size_t n = 0;
 
-	session_info_of(s, &own);
-	held = own.resident_bytes;
-	if (session_list(rc->st, t, &si, &n) == 0) {
-		for (size_t i = 0; i < n; i++)
-			if (si[i].id != own.id && si[i].waiting)
-				held += si[i].resident_bytes;
-		free(si);
+	*reach = 0;
+	*unlisted = 0;
+	if (session_list(rc->st, t, &si, &n) < 0)
+		return;
+	for (size_t i = 0; i < n; i++) {
+		listed += si[i].resident_bytes;
+		if (si[i].id == sid || waits_before(&si[i], since, sid))
+			held += si[i].resident_bytes;
 	}
-	return held < used ? held : used;
+	free(si);
+	*unlisted = used > listed ? used - listed : 0;
+	*reach = used > held ? used - held : 0;
 }
 
 int reclaim_charge(struct reclaim *rc, struct session *s, uint64_t bytes, int (*charge)(struct session *, uint64_t),
@@ -543,9 +563,13 @@ int reclaim_charge(struct reclaim *rc, struct session *s, uint64_t bytes, int (*
 	int r;
 
 	session_admit_begin(s);
+	session_set_limit_wait(s, t0 ? t0 : 1);
 	for (;;) {
-		if ((r = charge(s, bytes)) != -ENOSPC)
-			break; /* charged, or -ESTALE: evicted or closed meanwhile */
+		if ((r = charge(s, bytes)) != -ENOSPC) {
+			if (r == -ESTALE) /* evicted or closed meanwhile */
+				snprintf(why, whylen, "the session was evicted or closed while it waited");
+			break;
+		}
 		if (!session_is_open(s)) {
 			snprintf(why, whylen, "the session was evicted or closed while it waited");
 			r = -ESTALE;
@@ -555,8 +579,8 @@ int reclaim_charge(struct reclaim *rc, struct session *s, uint64_t bytes, int (*
 		tq_size_format_human(limit, b2, sizeof(b2));
 		if (used + bytes <= limit && mono_us() < deadline)
 			continue; /* another session gave pages back meanwhile */
-		uint64_t over = used + bytes > limit ? used + bytes - limit : 0;
-		uint64_t others = used - held_back(rc, s, t, used);
+		uint64_t over = used + bytes > limit ? used + bytes - limit : 0, others, unlisted;
+		tenant_view(rc, s, t, used, t0 ? t0 : 1, &others, &unlisted);
 		tq_size_format_human(others, b1, sizeof(b1));
 		if (others < over) {
 			snprintf(why, whylen, "its other sessions hold %s, less than the %" PRIu64 " bytes these pages "
@@ -577,7 +601,7 @@ int reclaim_charge(struct reclaim *rc, struct session *s, uint64_t bytes, int (*
 		/* its own least recently used sessions give pages up (its
 		 * guarantee is no floor here: it protects the tenant from
 		 * others, and these stay its own, on the tier) */
-		struct spill_res res = { .skip_waiters = true };
+		struct spill_res res = { .limit_wait_us = t0 ? t0 : 1, .limit_wait_id = session_id(s) };
 		uint64_t want = over > (uint64_t)ADMIT_BATCH_PAGES * page ? over : (uint64_t)ADMIT_BATCH_PAGES * page;
 		char reason[256];
 		tq_size_format_human(used, b3, sizeof(b3));
@@ -594,7 +618,7 @@ int reclaim_charge(struct reclaim *rc, struct session *s, uint64_t bytes, int (*
 		}
 		/* a session closed in an operation holds its charge until that
 		 * returns (it is out of the table: spill_scan cannot see it) */
-		res.busy += session_table_pending_release(rc->st);
+		res.busy += unlisted > 0;
 		if (!res.busy) {
 			snprintf(why, whylen, "its limit is %s, and its other sessions have no pages left to spill", b2);
 			break;
@@ -604,6 +628,7 @@ int reclaim_charge(struct reclaim *rc, struct session *s, uint64_t bytes, int (*
 	/* a release that ended after the last try gave its bytes back */
 	if (r == -ENOSPC && charge(s, bytes) == 0)
 		r = 0;
+	session_set_limit_wait(s, 0);
 	session_admit_end(s);
 	if (waited)
 		tenant_note_wait(t, mono_us() - t0);

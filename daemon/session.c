@@ -34,6 +34,7 @@ struct session {
 	enum session_state state;
 	uint32_t ops;                /* operations in flight */
 	uint32_t admitting;          /* of them, waiting for pool pages (reclaim_admit) */
+	uint64_t limit_wait_us;      /* session_set_limit_wait */
 	bool released;               /* memory given back */
 	bool release_pending;        /* no longer OPEN, memory not yet given back */
 	uint64_t tokens;
@@ -279,7 +280,7 @@ static void fill_info(struct session *s, struct session_info *out)
 	out->state = s->state;
 	out->evict_reason = s->evict_reason;
 	memcpy(out->evict_why, s->evict_why, sizeof(out->evict_why));
-	out->waiting = s->admitting > 0;
+	out->limit_wait_us = s->limit_wait_us;
 	pthread_mutex_unlock(&s->lock);
 	out->persistent = (s->flags & SESSION_PERSISTENT) != 0;
 }
@@ -689,6 +690,13 @@ void session_release(struct session *s)
 	if (run_release)
 		do_release(s);
 	session_unref(s);
+}
+
+void session_set_limit_wait(struct session *s, uint64_t since_us)
+{
+	pthread_mutex_lock(&s->lock);
+	s->limit_wait_us = since_us;
+	pthread_mutex_unlock(&s->lock);
 }
 
 void session_admit_begin(struct session *s)

@@ -77,8 +77,8 @@ struct session_info {
 	bool persistent;             /* survives restarts (SESSION_PERSISTENT) */
 	uint32_t evict_reason;       /* EVICTED: enum tqkv_evict_reason */
 	char evict_why[200];         /* EVICTED: the reason in words ("" if none given) */
-	bool waiting;                /* an operation of it waits for pool pages or room */
-	                             /* under its tenant's limit (session_admit_begin) */
+	uint64_t limit_wait_us;      /* an operation of it waits for room under its     */
+	                             /* tenant's limit since (CLOCK_MONOTONIC us); 0: no */
 };
 
 struct session_stats {
@@ -168,6 +168,9 @@ void session_release(struct session *s);
  * the session was evicted or closed meanwhile.  Only inside an operation. */
 int session_charge(struct session *s, uint64_t bytes);
 void session_uncharge(struct session *s, uint64_t bytes);
+/* An operation waiting for room under its tenant's limit (reclaim_charge)
+ * says since when (CLOCK_MONOTONIC us, > 0), and 0 when it stops. */
+void session_set_limit_wait(struct session *s, uint64_t since_us);
 /* An operation waiting for pool pages (reclaim_admit) brackets the wait:
  * meanwhile pressure does not evict the session (session_evict_pressure). */
 void session_admit_begin(struct session *s);
