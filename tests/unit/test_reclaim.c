@@ -851,6 +851,38 @@ static void test_limit_not_behind_waiter(void)
 	}
 }
 
+/* Two sessions of one tenant at its limit append at once, each needing
+ * the other's pages: answered within moments (the later waiter gives way,
+ * or one spills the other before it began), never after admission_wait
+ * (10 s) with both ring workers stalled; at least one gets its pages, and
+ * the tenant stays within its limit. */
+static void test_limit_two_waiters(void)
+{
+	for (int round = 0; round < 4; round++) {
+		struct fix f;
+		uint64_t x, y;
+		pthread_barrier_t bar;
+
+		limit_two(&f, &x, &y); /* either holds enough for the other's 400 tokens */
+		struct tenant *t = tenant_find(f.kv.tt, "test");
+		MUST(pthread_barrier_init(&bar, NULL, 2) == 0);
+		struct racer rx = { .f = &f, .id = x, .bar = &bar }, ry = { .f = &f, .id = y, .bar = &bar };
+		MUST(pthread_create(&rx.thread, NULL, racer_main, &rx) == 0);
+		MUST(pthread_create(&ry.thread, NULL, racer_main, &ry) == 0);
+		pthread_join(rx.thread, NULL);
+		pthread_join(ry.thread, NULL);
+		pthread_barrier_destroy(&bar);
+		fprintf(stderr, "    round %d: x %u after %llu ms, y %u after %llu ms\n", round, rx.status,
+			(unsigned long long)rx.ms, ry.status, (unsigned long long)ry.ms);
+		T_ASSERT(rx.ms < 5000 && ry.ms < 5000);
+		T_ASSERT(rx.status == TQKV_ST_OK || ry.status == TQKV_ST_OK);
+		T_ASSERT(rx.status == TQKV_ST_OK || rx.status == TQKV_ST_TENANT_LIMIT);
+		T_ASSERT(ry.status == TQKV_ST_OK || ry.status == TQKV_ST_TENANT_LIMIT);
+		T_ASSERT(tenant_used(t) <= tenant_limit(t));
+		fix_stop(&f);
+	}
+}
+
 /* A prefetch that meets the limit with nothing to take but a busy
  * sibling's pages waits admission_wait once, not once per layer (an
  * 80-layer session's OP_RESTORE would have held its worker 80 x 2 s). */
@@ -895,6 +927,7 @@ int main(void)
 	T_RUN(test_limit_no_wait);
 	T_RUN(test_limit_waits_for_busy_and_closed);
 	T_RUN(test_limit_not_behind_waiter);
+	T_RUN(test_limit_two_waiters);
 	T_RUN(test_prefetch_waits_once);
 	T_RUN(test_pressure_action);
 	T_RUN(test_waiter_evicted);
