@@ -46,9 +46,10 @@
  *     of its priority or lower and itself (less the pages asked for, its
  *     requesting session excluded) — holds less than a whole page above
  *     its guarantee; or the tier is full and pressure_action = fail;
- *   - TENANT_LIMIT only when the tenant's other sessions hold less than
- *     the charge would take it over its limit (they are spilled for it
- *     first: reclaim_charge), or the tier is full;
+ *   - TENANT_LIMIT (append, attend, prefetch) only when the tenant's
+ *     other sessions hold less than the charge would take it over its
+ *     limit (they are spilled for it first: reclaim_charge), or the tier
+ *     is full; a prefetch's POOL_FULL as an append's;
  *   - TENANT_LIMIT, MAX_TOKENS, NONFINITE, BAD_LAYER, BAD_POSITION exactly
  *     when they apply; a failed operation changes no token; explicit
  *     spills move exactly the pages they can;
@@ -1376,6 +1377,24 @@ static void step_prefetch(struct model *m)
 	if (r.status == TQKV_ST_OK && !ms->evicted) {
 		const struct ssnap *b = ssnap_of(&m->post, id);
 		CHECK(b->spilled == 0 && b->reading == 0, "prefetch OK with pages still out");
+	}
+	if (r.status == TQKV_ST_TENANT_LIMIT || r.status == TQKV_ST_POOL_FULL) {
+		/* layers come back in order and the first refused for memory
+		 * ends the prefetch: the refused one is the first still out */
+		struct kv_sess *kv = kv_find(m->kv.ks, id);
+		const struct tsnap *t = &m->post.t[ms->tenant];
+		uint32_t n = 0;
+		for (uint32_t l = 0; kv && l < kv->n_layers && !n; l++)
+			for (uint32_t p = 0; p < kv->layer[l].n_pages; p++)
+				n += kv->layer[l].meta[p].state == PG_SPILLED;
+		CHECK(n > 0, "prefetch refused (%s) with no layer left out", r.msg);
+		if (r.status == TQKV_ST_TENANT_LIMIT) {
+			CHECK(t->used + (uint64_t)n * PAGE > t->limit, "prefetch: TENANT_LIMIT restoring %u pages: used "
+			      "%" PRIu64 " limit %" PRIu64, n, t->used, t->limit);
+			check_limit_refusal(m, id, ms->tenant, (uint64_t)n * PAGE);
+		} else {
+			check_refusal(m, id, ms->tenant, n);
+		}
 	}
 	compare_session(m, ms, NULL, false);
 }
