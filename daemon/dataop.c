@@ -1173,16 +1173,23 @@ void dataop_prefetch(struct kvstore *ks, struct session *s, struct dataop_res *r
 	}
 	dataop_res_set(r, 0, TQKV_ST_OK, 0);
 	pthread_mutex_lock(&kv->lock);
+	bool short_mem = false;
 	for (uint32_t l = 0; l < kv->n_layers; l++) {
+		if (short_mem) {
+			/* memory was short: the rest come back only where they fit
+			 * at once (read-ahead's terms), each would otherwise wait
+			 * pool.admission_wait again and likely fail alike */
+			if (reads_start(ks, s, kv, l, NULL) == 0)
+				reads_finish(ks, s, kv, l, NULL);
+			continue;
+		}
 		memset(&lr, 0, sizeof(lr));
 		if (dataop_restore_layer_locked(ks, s, kv, l, &lr) < 0) {
 			if (r->res == 0)
 				*r = lr; /* the first failure; the other layers still come back */
-			/* ...unless memory was short: each would wait as long
-			 * (pool.admission_wait) and fail alike */
-			if (lr.status == TQKV_ST_TENANT_LIMIT || lr.status == TQKV_ST_POOL_FULL ||
-			    lr.status == TQKV_ST_EVICTED)
+			if (lr.status == TQKV_ST_EVICTED)
 				break;
+			short_mem |= lr.status == TQKV_ST_TENANT_LIMIT || lr.status == TQKV_ST_POOL_FULL;
 		}
 	}
 	r->n_tokens = kv->max_len;

@@ -885,7 +885,8 @@ static void test_limit_two_waiters(void)
 
 /* A prefetch that meets the limit with nothing to take but a busy
  * sibling's pages waits admission_wait once, not once per layer (an
- * 80-layer session's OP_RESTORE would have held its worker 80 x 2 s). */
+ * 80-layer session's OP_RESTORE would have held its worker 80 x 2 s);
+ * a later layer that fits at once still comes back. */
 static void test_prefetch_waits_once(void)
 {
 	struct fix f;
@@ -898,6 +899,8 @@ static void test_prefetch_waits_once(void)
 	uint64_t x = open_filled(&f, "test", TOK, 31, 100), y = open_filled(&f, "test", TOK, 32, 200);
 	MUST(session_acquire(f.kv.st, x, 0, &s) == 0);
 	MUST(dataop_spill(f.kv.ks, s, UINT64_MAX, &spilled, why, sizeof(why)) == 0 && spilled > 0);
+	dataop_truncate(f.kv.ks, s, 1, 0, 100, &r); /* layer 1: 2 pages out, layer 0: 20 */
+	MUST(r.status == TQKV_ST_OK);
 	session_release(s);
 	struct tenant *t = tenant_find(f.kv.tt, "test");
 	T_EQ(tenant_set_budget(f.kv.tt, t, true, tenant_used(t) + PAGE, false, 0, NULL, 0), 0);
@@ -912,6 +915,10 @@ static void test_prefetch_waits_once(void)
 	fprintf(stderr, "    prefetch of 2 layers: %u after %llu ms: %s\n", r.status, (unsigned long long)took, r.msg);
 	T_EQ(r.status, TQKV_ST_TENANT_LIMIT);
 	T_ASSERT(took >= 950 && took < 1900); /* once 1 s, not twice */
+	/* layer 1 fits at once: it came back; layer 0 is still out */
+	struct kv_sess *kx = kv_of(&f, x);
+	T_EQ(kx->layer[1].n_out, 0);
+	T_ASSERT(kx->layer[0].n_out > 0);
 	fix_stop(&f);
 }
 
