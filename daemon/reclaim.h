@@ -39,7 +39,10 @@
  * At the limit (reclaim_charge): a charge that would take a tenant above
  * its limit spills the tenant's own least recently used other sessions
  * first, for pool.admission_wait at most (TENANT_LIMIT only when they hold
- * too little or cannot be spilled).
+ * too little or cannot be spilled).  A sibling an operation holds is
+ * waited for, except one waiting at the limit itself since before the
+ * requester: that one waits for the requester's pages (of two such, the
+ * later gives way at once).
  *
  * Threads: the reclaimer's own thread (reclaim_start) sleeps until
  * reclaim_kick (an allocation took the pool above the high mark, a budget
