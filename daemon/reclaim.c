@@ -531,7 +531,7 @@ out:
  * longer in the table (closed in an operation: given back when it
  * returns), or charged a moment before the session counts them. */
 static void tenant_view(struct reclaim *rc, struct session *s, struct tenant *t, uint64_t used, uint64_t since,
-			uint64_t *reach, uint64_t *unlisted)
+			uint64_t *reach, uint64_t *unlisted, uint64_t *kept)
 {
 	struct session_info *si = NULL;
 	uint64_t listed = 0, held = 0, sid = session_id(s);
@@ -539,12 +539,17 @@ static void tenant_view(struct reclaim *rc, struct session *s, struct tenant *t,
 
 	*reach = 0;
 	*unlisted = 0;
+	*kept = 0;
 	if (session_list(rc->st, t, &si, &n) < 0)
 		return;
 	for (size_t i = 0; i < n; i++) {
 		listed += si[i].resident_bytes;
-		if (si[i].id == sid || waits_before(&si[i], since, sid))
+		if (si[i].id == sid) {
 			held += si[i].resident_bytes;
+		} else if (waits_before(&si[i], since, sid)) {
+			held += si[i].resident_bytes;
+			*kept += si[i].resident_bytes;
+		}
 	}
 	free(si);
 	*unlisted = used > listed ? used - listed : 0;
@@ -579,12 +584,14 @@ int reclaim_charge(struct reclaim *rc, struct session *s, uint64_t bytes, int (*
 		tq_size_format_human(limit, b2, sizeof(b2));
 		if (used + bytes <= limit && mono_us() < deadline)
 			continue; /* another session gave pages back meanwhile */
-		uint64_t over = used + bytes > limit ? used + bytes - limit : 0, others, unlisted;
-		tenant_view(rc, s, t, used, t0 ? t0 : 1, &others, &unlisted);
+		uint64_t over = used + bytes > limit ? used + bytes - limit : 0, others, unlisted, kept;
+		tenant_view(rc, s, t, used, t0 ? t0 : 1, &others, &unlisted, &kept);
 		tq_size_format_human(others, b1, sizeof(b1));
 		if (others < over) {
-			snprintf(why, whylen, "its other sessions hold %s, less than the %" PRIu64 " bytes these pages "
-				 "would take it over its limit of %s", b1, over, b2);
+			tq_size_format_human(kept, b3, sizeof(b3));
+			snprintf(why, whylen, "its other sessions hold %s%s%s%s, less than the %" PRIu64 " bytes over "
+				 "its limit of %s", b1, kept ? " (+" : "", kept ? b3 : "",
+				 kept ? " of an earlier waiter's)" : "", over, b2);
 			break;
 		}
 		if (!p.admission_wait_ms) {
