@@ -563,21 +563,20 @@ int reclaim_charge(struct reclaim *rc, struct session *s, uint64_t bytes, int (*
 	uint32_t page = pool_page_bytes(rc->pool);
 	struct reclaim_params p = params_of(rc);
 	uint64_t t0 = mono_us(), deadline = t0 + p.admission_wait_ms * 1000u;
+	const uint64_t since = t0 ? t0 : 1; /* 0 says "not waiting" */
 	bool waited = false;
 	char b1[32], b2[32], b3[32];
 	int r;
 
 	session_admit_begin(s);
-	session_set_limit_wait(s, t0 ? t0 : 1);
+	session_set_limit_wait(s, since);
 	for (;;) {
-		if ((r = charge(s, bytes)) != -ENOSPC) {
+		/* (session_restore_move does not look at the session's state) */
+		if ((r = charge(s, bytes)) == -ENOSPC && !session_is_open(s))
+			r = -ESTALE;
+		if (r != -ENOSPC) {
 			if (r == -ESTALE) /* evicted or closed meanwhile */
 				snprintf(why, whylen, "the session was evicted or closed while it waited");
-			break;
-		}
-		if (!session_is_open(s)) {
-			snprintf(why, whylen, "the session was evicted or closed while it waited");
-			r = -ESTALE;
 			break;
 		}
 		uint64_t used = tenant_used(t), limit = tenant_limit(t);
@@ -585,7 +584,7 @@ int reclaim_charge(struct reclaim *rc, struct session *s, uint64_t bytes, int (*
 		if (used + bytes <= limit && mono_us() < deadline)
 			continue; /* another session gave pages back meanwhile */
 		uint64_t over = used + bytes > limit ? used + bytes - limit : 0, others, unlisted, kept;
-		tenant_view(rc, s, t, used, t0 ? t0 : 1, &others, &unlisted, &kept);
+		tenant_view(rc, s, t, used, since, &others, &unlisted, &kept);
 		tq_size_format_human(others, b1, sizeof(b1));
 		if (others < over) {
 			tq_size_format_human(kept, b3, sizeof(b3));
@@ -608,7 +607,7 @@ int reclaim_charge(struct reclaim *rc, struct session *s, uint64_t bytes, int (*
 		/* its own least recently used sessions give pages up (its
 		 * guarantee is no floor here: it protects the tenant from
 		 * others, and these stay its own, on the tier) */
-		struct spill_res res = { .limit_wait_us = t0 ? t0 : 1, .limit_wait_id = session_id(s) };
+		struct spill_res res = { .limit_wait_us = since, .limit_wait_id = session_id(s) };
 		uint64_t want = over > (uint64_t)ADMIT_BATCH_PAGES * page ? over : (uint64_t)ADMIT_BATCH_PAGES * page;
 		char reason[256];
 		tq_size_format_human(used, b3, sizeof(b3));

@@ -33,7 +33,7 @@ struct session {
 	pthread_mutex_t lock;        /* guards the fields below */
 	enum session_state state;
 	uint32_t ops;                /* operations in flight */
-	uint32_t admitting;          /* of them, waiting for pool pages (reclaim_admit) */
+	uint32_t admitting;          /* of them, waiting for memory (reclaim_admit, reclaim_charge) */
 	uint64_t limit_wait_us;      /* session_set_limit_wait */
 	bool released;               /* memory given back */
 	bool release_pending;        /* no longer OPEN, memory not yet given back */

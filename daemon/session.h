@@ -147,7 +147,7 @@ int session_list(struct session_table *st, const struct tenant *t,
 int session_evict(struct session_table *st, uint64_t id, struct session_info *out);
 /* pool.pressure_action = evict (TQKV_EVICT_PRESSURE, with why in words,
  * which the owner's next call and GetSession report): the same, but
- * -EBUSY while the session is waiting for pool pages itself
+ * -EBUSY while the session is waiting for memory itself
  * (session_admit_begin): two sessions waiting on a full pool would evict
  * each other, and neither one's memory comes back until both give up. */
 int session_evict_pressure(struct session_table *st, uint64_t id, const char *why, struct session_info *out);
@@ -171,8 +171,9 @@ void session_uncharge(struct session *s, uint64_t bytes);
 /* An operation waiting for room under its tenant's limit (reclaim_charge)
  * says since when (CLOCK_MONOTONIC us, > 0), and 0 when it stops. */
 void session_set_limit_wait(struct session *s, uint64_t since_us);
-/* An operation waiting for pool pages (reclaim_admit) brackets the wait:
- * meanwhile pressure does not evict the session (session_evict_pressure). */
+/* An operation waiting for memory (pool pages: reclaim_admit; room under
+ * its tenant's limit: reclaim_charge) brackets the wait: meanwhile
+ * pressure does not evict the session (session_evict_pressure). */
 void session_admit_begin(struct session *s);
 void session_admit_end(struct session *s);
 /* Still OPEN?  An operation that waits learns it was evicted or closed. */
