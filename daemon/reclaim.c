@@ -102,15 +102,22 @@ static int by_last_access(const void *a, const void *b)
 	return x->id < y->id ? -1 : x->id > y->id;
 }
 
+/* An operation waiting for memory (reclaim_admit, reclaim_charge). */
+struct waiter {
+	uint64_t since_us;        /* CLOCK_MONOTONIC, > 0 */
+	uint64_t id;              /* its session */
+	struct tenant *t;         /* its session's tenant */
+};
+
 /* What spilling from a tenant came to. */
 struct spill_res {
 	uint64_t got;             /* bytes spilled                                 */
 	uint32_t busy;            /* sessions skipped: an operation held them (or  */
 	                          /* holds an evicted one's memory a while yet)    */
-	uint64_t limit_wait_us;   /* in (reclaim_charge): a held session waiting  */
-	uint64_t limit_wait_id;   /* at the limit since before this one (id to    */
-	                          /* break ties) is not counted busy: it waits for */
-	                          /* the requester's pages, or gives up            */
+	uint32_t gave_way;        /* sessions not waited for: earlier waiters that */
+	                          /* could take the requester's pages (gives_way;  */
+	                          /* one counted once per scan)                    */
+	const struct waiter *me;  /* in: the requester (NULL: the reclaimer)       */
 	int err;                  /* the first hard failure: -ENOSPC (tier full),  */
 	char why[512];            /* -EIO, -EOPNOTSUPP (no tier); 0: none          */
 };
@@ -152,14 +159,40 @@ static void spilled_one(struct reclaim *rc, struct tenant *t, const struct sessi
 			 reason);
 }
 
-/* Does session si wait for room under its tenant's limit since before a
- * requester waiting since us (ties: the lower id first)?  us 0: no
- * requester (not reclaim_charge). */
-static bool waits_before(const struct session_info *si, uint64_t us, uint64_t id)
+/* Could a wait for memory (at_limit: reclaim_charge; else reclaim_admit)
+ * of a session of tenant `from` take pages of tenant `of`?  At the limit
+ * only its own tenant's; for the pool, victims()'s rule: tenants above
+ * their guarantee, of the same or a lower priority unless `from` is within
+ * its guarantee. */
+static bool could_take(bool at_limit, struct tenant *from, struct tenant *of)
 {
-	if (!us || !si->limit_wait_us || si->state != SESSION_OPEN)
+	struct tenant_info f, o;
+
+	if (at_limit)
+		return from == of;
+	tenant_get_info(of, &o);
+	if (o.used <= o.guaranteed)
 		return false;
-	return si->limit_wait_us < us || (si->limit_wait_us == us && si->id < id);
+	if (from == of)
+		return true;
+	tenant_get_info(from, &f);
+	return f.used <= f.guaranteed || o.priority <= f.priority;
+}
+
+/* Does requester `me`, which would spill session si of tenant t, give way
+ * to it instead of waiting for it?  When si waits for memory itself since
+ * before me (ties: the lower id first) and could take me's pages: si then
+ * waits for me's pages (its operation holds si's), and each would wait
+ * for the other until admission_wait ran out.  The later of the two gives
+ * way, the earlier waits for it to give up.  (A waiter that could not
+ * take me's pages waits for someone else's: me waits for it.) */
+static bool gives_way(const struct waiter *me, const struct session_info *si, struct tenant *t)
+{
+	if (!me || !si->wait_us || si->state != SESSION_OPEN)
+		return false;
+	if (si->wait_us > me->since_us || (si->wait_us == me->since_us && si->id > me->id))
+		return false;
+	return could_take(si->wait_at_limit, t, me->t);
 }
 
 /* Sessions whose writes are in flight together: one session's batch
@@ -203,7 +236,9 @@ static void spill_scan(struct reclaim *rc, struct tenant *t, uint64_t want, uint
 				session_release(s);
 				if (e != -EBUSY)
 					spilled_one(rc, t, &si[i], e, 0, why, reason, now, res);
-				else if (!waits_before(&si[i], res->limit_wait_us, res->limit_wait_id))
+				else if (gives_way(res->me, &si[i], t))
+					res->gave_way++;
+				else
 					res->busy++;
 				continue;
 			}
@@ -417,6 +452,7 @@ int reclaim_admit(struct reclaim *rc, struct session *s, uint32_t n, uint8_t **p
 	struct cand *c = calloc(nt ? nt : 1, sizeof(*c));
 	struct reclaim_params p = params_of(rc);
 	uint64_t t0 = mono_us(), deadline = t0 + p.admission_wait_ms * 1000u, evicted = 0;
+	const struct waiter me = { t0 ? t0 : 1, session_id(s), t }; /* since 0 says "not waiting" */
 	bool waited = false;
 	char need[160];
 	int r = -ENOSPC;
@@ -427,7 +463,7 @@ int reclaim_admit(struct reclaim *rc, struct session *s, uint32_t n, uint8_t **p
 		snprintf(why, whylen, "the pool is full (and the daemon is out of memory)");
 		goto out;
 	}
-	session_admit_begin(s);
+	session_admit_begin(s, me.since_us, false);
 	for (;;) {
 		if (pool_pages_alloc(rc->pool, n, pages) == 0) {
 			r = 0;
@@ -458,7 +494,7 @@ int reclaim_admit(struct reclaim *rc, struct session *s, uint32_t n, uint8_t **p
 		}
 		waited = true;
 		/* spill for it: lowest priority first, never this session */
-		struct spill_res res = { 0 };
+		struct spill_res res = { .me = &me };
 		uint64_t want = (uint64_t)(n > ADMIT_BATCH_PAGES ? n : ADMIT_BATCH_PAGES) * page;
 		char reason[256];
 		for (size_t k = 0; k < nc && res.got < want && !res.err; k++) {
@@ -474,8 +510,12 @@ int reclaim_admit(struct reclaim *rc, struct session *s, uint32_t n, uint8_t **p
 		 * back when it returns (they are out of the table once closed) */
 		res.busy += session_table_pending_release(rc->st);
 		if (!res.err && !res.busy && (!evicted || released(rc, evicted))) {
-			snprintf(why, whylen, "the pool is full, and the only pages above a guarantee that this "
-				 "tenant may take are the requesting session's own");
+			if (res.gave_way)
+				snprintf(why, whylen, "the pool is full, and the only pages above a guarantee that this "
+					 "tenant may take are the requesting session's own or earlier waiters'");
+			else
+				snprintf(why, whylen, "the pool is full, and the only pages above a guarantee that this "
+					 "tenant may take are the requesting session's own");
 			break;
 		}
 		if (res.err) {
@@ -523,30 +563,30 @@ out:
 	return r;
 }
 
-/* Tenant t (using `used` bytes) as requester s, waiting at its limit
- * since `since`, sees it: *reach, the bytes a spill could take for s (not
- * s's own, nor those of a sibling waiting at the limit since before s:
- * that one waits for s's pages, and would until admission_wait ran out if
- * s waited for its in turn); *unlisted, bytes charged to sessions no
- * longer in the table (closed in an operation: given back when it
- * returns), or charged a moment before the session counts them. */
-static void tenant_view(struct reclaim *rc, struct session *s, struct tenant *t, uint64_t used, uint64_t since,
-			uint64_t *reach, uint64_t *unlisted, uint64_t *kept)
+/* Tenant t (using `used` bytes) as requester `me` (waiting at its limit)
+ * sees it: *reach, the bytes a spill could take for me (not me's own, nor
+ * those of a sibling it gives way to: that one waits for me's pages, and
+ * would until admission_wait ran out if me waited for its in turn;
+ * *kept); *unlisted, bytes charged to sessions no longer in the table
+ * (closed in an operation: given back when it returns), or charged a
+ * moment before the session counts them. */
+static void tenant_view(struct reclaim *rc, const struct waiter *me, uint64_t used, uint64_t *reach,
+			uint64_t *unlisted, uint64_t *kept)
 {
 	struct session_info *si = NULL;
-	uint64_t listed = 0, held = 0, sid = session_id(s);
+	uint64_t listed = 0, held = 0;
 	size_t n = 0;
 
 	*reach = 0;
 	*unlisted = 0;
 	*kept = 0;
-	if (session_list(rc->st, t, &si, &n) < 0)
+	if (session_list(rc->st, me->t, &si, &n) < 0)
 		return;
 	for (size_t i = 0; i < n; i++) {
 		listed += si[i].resident_bytes;
-		if (si[i].id == sid) {
+		if (si[i].id == me->id) {
 			held += si[i].resident_bytes;
-		} else if (waits_before(&si[i], since, sid)) {
+		} else if (gives_way(me, &si[i], me->t)) {
 			held += si[i].resident_bytes;
 			*kept += si[i].resident_bytes;
 		}
@@ -563,13 +603,12 @@ int reclaim_charge(struct reclaim *rc, struct session *s, uint64_t bytes, int (*
 	uint32_t page = pool_page_bytes(rc->pool);
 	struct reclaim_params p = params_of(rc);
 	uint64_t t0 = mono_us(), deadline = t0 + p.admission_wait_ms * 1000u;
-	const uint64_t since = t0 ? t0 : 1; /* 0 says "not waiting" */
+	const struct waiter me = { t0 ? t0 : 1, session_id(s), t }; /* since 0 says "not waiting" */
 	bool waited = false;
 	char b1[32], b2[32], b3[32];
 	int r;
 
-	session_admit_begin(s);
-	session_set_limit_wait(s, since);
+	session_admit_begin(s, me.since_us, true);
 	for (;;) {
 		/* (session_restore_move does not look at the session's state) */
 		if ((r = charge(s, bytes)) == -ENOSPC && !session_is_open(s))
@@ -584,13 +623,13 @@ int reclaim_charge(struct reclaim *rc, struct session *s, uint64_t bytes, int (*
 		if (used + bytes <= limit && mono_us() < deadline)
 			continue; /* another session gave pages back meanwhile */
 		uint64_t over = used + bytes > limit ? used + bytes - limit : 0, others, unlisted, kept;
-		tenant_view(rc, s, t, used, since, &others, &unlisted, &kept);
+		tenant_view(rc, &me, used, &others, &unlisted, &kept);
 		tq_size_format_human(others, b1, sizeof(b1));
 		if (others < over) {
 			tq_size_format_human(kept, b3, sizeof(b3));
 			snprintf(why, whylen, "its other sessions hold %s%s%s%s, less than the %" PRIu64 " bytes over "
 				 "its limit of %s", b1, kept ? " (+" : "", kept ? b3 : "",
-				 kept ? " of an earlier waiter's)" : "", over, b2);
+				 kept ? " held by earlier waiters)" : "", over, b2);
 			break;
 		}
 		if (!p.admission_wait_ms) {
@@ -607,7 +646,7 @@ int reclaim_charge(struct reclaim *rc, struct session *s, uint64_t bytes, int (*
 		/* its own least recently used sessions give pages up (its
 		 * guarantee is no floor here: it protects the tenant from
 		 * others, and these stay its own, on the tier) */
-		struct spill_res res = { .limit_wait_us = since, .limit_wait_id = session_id(s) };
+		struct spill_res res = { .me = &me };
 		uint64_t want = over > (uint64_t)ADMIT_BATCH_PAGES * page ? over : (uint64_t)ADMIT_BATCH_PAGES * page;
 		char reason[256];
 		tq_size_format_human(used, b3, sizeof(b3));
@@ -634,7 +673,6 @@ int reclaim_charge(struct reclaim *rc, struct session *s, uint64_t bytes, int (*
 	/* a release that ended after the last try gave its bytes back */
 	if (r == -ENOSPC && charge(s, bytes) == 0)
 		r = 0;
-	session_set_limit_wait(s, 0);
 	session_admit_end(s);
 	if (waited)
 		tenant_note_wait(t, mono_us() - t0);

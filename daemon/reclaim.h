@@ -39,10 +39,13 @@
  * At the limit (reclaim_charge): a charge that would take a tenant above
  * its limit spills the tenant's own least recently used other sessions
  * first, for pool.admission_wait at most (TENANT_LIMIT only when they hold
- * too little or cannot be spilled).  A sibling an operation holds is
- * waited for, except one waiting at the limit itself since before the
- * requester: that one waits for the requester's pages (of two such, the
- * later gives way at once).
+ * too little or cannot be spilled).
+ *
+ * Two waiters (both): a session an operation holds is waited for, except
+ * one waiting for memory itself since before the requester that could
+ * take the requester's pages (it waits for them): of two such, the later
+ * gives way at once (refused unless a third session's pages will do) and
+ * the earlier spills it once its operation returns.
  *
  * Threads: the reclaimer's own thread (reclaim_start) sleeps until
  * reclaim_kick (an allocation took the pool above the high mark, a budget

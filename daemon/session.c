@@ -34,7 +34,8 @@ struct session {
 	enum session_state state;
 	uint32_t ops;                /* operations in flight */
 	uint32_t admitting;          /* of them, waiting for memory (reclaim_admit, reclaim_charge) */
-	uint64_t limit_wait_us;      /* session_set_limit_wait */
+	uint64_t wait_us;            /* session_admit_begin's since (the first wait's) */
+	bool wait_at_limit;
 	bool released;               /* memory given back */
 	bool release_pending;        /* no longer OPEN, memory not yet given back */
 	uint64_t tokens;
@@ -280,7 +281,8 @@ static void fill_info(struct session *s, struct session_info *out)
 	out->state = s->state;
 	out->evict_reason = s->evict_reason;
 	memcpy(out->evict_why, s->evict_why, sizeof(out->evict_why));
-	out->limit_wait_us = s->limit_wait_us;
+	out->wait_us = s->wait_us;
+	out->wait_at_limit = s->wait_at_limit;
 	pthread_mutex_unlock(&s->lock);
 	out->persistent = (s->flags & SESSION_PERSISTENT) != 0;
 }
@@ -692,18 +694,15 @@ void session_release(struct session *s)
 	session_unref(s);
 }
 
-void session_set_limit_wait(struct session *s, uint64_t since_us)
+void session_admit_begin(struct session *s, uint64_t since_us, bool at_limit)
 {
-	pthread_mutex_lock(&s->lock);
-	s->limit_wait_us = since_us;
-	pthread_mutex_unlock(&s->lock);
-}
-
-void session_admit_begin(struct session *s)
-{
+	assert(since_us > 0);
 	pthread_mutex_lock(&s->lock);
 	assert(s->ops > s->admitting && "session_admit_begin outside an operation");
-	s->admitting++;
+	if (!s->admitting++) {
+		s->wait_us = since_us;
+		s->wait_at_limit = at_limit;
+	}
 	pthread_mutex_unlock(&s->lock);
 }
 
@@ -711,7 +710,8 @@ void session_admit_end(struct session *s)
 {
 	pthread_mutex_lock(&s->lock);
 	assert(s->admitting > 0 && "session_admit_end without session_admit_begin");
-	s->admitting--;
+	if (!--s->admitting)
+		s->wait_us = 0;
 	pthread_mutex_unlock(&s->lock);
 }
 

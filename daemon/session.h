@@ -77,8 +77,11 @@ struct session_info {
 	bool persistent;             /* survives restarts (SESSION_PERSISTENT) */
 	uint32_t evict_reason;       /* EVICTED: enum tqkv_evict_reason */
 	char evict_why[200];         /* EVICTED: the reason in words ("" if none given) */
-	uint64_t limit_wait_us;      /* an operation of it waits for room under its     */
-	                             /* tenant's limit since (CLOCK_MONOTONIC us); 0: no */
+	uint64_t wait_us;            /* an operation of it waits for memory since       */
+	                             /* (CLOCK_MONOTONIC us; the first of overlapping    */
+	                             /* waits); 0: none (session_admit_begin)            */
+	bool wait_at_limit;          /* that wait is for room under its tenant's limit   */
+	                             /* (reclaim_charge), else for pool pages            */
 };
 
 struct session_stats {
@@ -168,13 +171,13 @@ void session_release(struct session *s);
  * the session was evicted or closed meanwhile.  Only inside an operation. */
 int session_charge(struct session *s, uint64_t bytes);
 void session_uncharge(struct session *s, uint64_t bytes);
-/* An operation waiting for room under its tenant's limit (reclaim_charge)
- * says since when (CLOCK_MONOTONIC us, > 0), and 0 when it stops. */
-void session_set_limit_wait(struct session *s, uint64_t since_us);
 /* An operation waiting for memory (pool pages: reclaim_admit; room under
- * its tenant's limit: reclaim_charge) brackets the wait: meanwhile
- * pressure does not evict the session (session_evict_pressure). */
-void session_admit_begin(struct session *s);
+ * its tenant's limit: reclaim_charge, at_limit) brackets the wait and says
+ * since when (CLOCK_MONOTONIC us, > 0; session_info.wait_us, so that the
+ * later of two waiters that could take each other's pages gives way):
+ * meanwhile pressure does not evict the session (session_evict_pressure).
+ * Waits that overlap keep the first one's mark until the last ends. */
+void session_admit_begin(struct session *s, uint64_t since_us, bool at_limit);
 void session_admit_end(struct session *s);
 /* Still OPEN?  An operation that waits learns it was evicted or closed. */
 bool session_is_open(struct session *s);

@@ -824,14 +824,12 @@ static void test_limit_not_behind_waiter(void)
 		struct kv_sess *ky = kv_of(&f, y);
 		MUST(session_acquire(f.kv.st, y, 0, &sy) == 0);
 		pthread_mutex_lock(&ky->lock);
-		session_admit_begin(sy);
-		session_set_limit_wait(sy, 1); /* y waits at the limit, since long ago */
+		session_admit_begin(sy, 1, true); /* y waits at the limit, since long ago */
 		struct racer rx = { .f = &f, .id = x };
 		MUST(pthread_create(&rx.thread, NULL, racer_main, &rx) == 0);
 		for (int i = 0; i < 1000 && !racer_done(&rx); i++)
 			usleep(5000);
 		T_ASSERT(racer_done(&rx));
-		session_set_limit_wait(sy, 0);
 		session_admit_end(sy);
 		pthread_mutex_unlock(&ky->lock);
 		session_release(sy);
@@ -879,6 +877,139 @@ static void test_limit_two_waiters(void)
 		T_ASSERT(rx.status == TQKV_ST_OK || rx.status == TQKV_ST_TENANT_LIMIT);
 		T_ASSERT(ry.status == TQKV_ST_OK || ry.status == TQKV_ST_TENANT_LIMIT);
 		T_ASSERT(tenant_used(t) <= tenant_limit(t));
+		fix_stop(&f);
+	}
+}
+
+/* Every free page of the pool, taken out of it (*n of them in *pages). */
+static void take_free_pages(struct fix *f, uint8_t ***pages, uint32_t *n)
+{
+	*n = pool_pages_free_count(f->kv.pool);
+	*pages = calloc(*n ? *n : 1, sizeof(**pages));
+	MUST(*pages && (!*n || pool_pages_alloc(f->kv.pool, *n, *pages) == 0));
+}
+
+static void give_pages_back(struct fix *f, uint8_t **pages, uint32_t n)
+{
+	if (n)
+		pool_pages_free(f->kv.pool, pages, n);
+	free(pages);
+}
+
+/* Two sessions of one tenant above its guarantee append at once on a full
+ * pool, each able to take only the other's pages: both wait for pool pages
+ * (limit out of reach), or one at the limit and one for the pool (limit
+ * a few pages above their use).  Any two memory waiters that could take
+ * each other's pages used to wait for each other until admission_wait
+ * (10 s), two ring workers stalled: the later gives way now.  At least one
+ * gets its pages; the tenant stays within its limit. */
+static void test_memory_waiters_give_way(void)
+{
+	for (int round = 0; round < 8; round++) {
+		struct fix f;
+		uint64_t x, y;
+		uint8_t **held;
+		uint32_t n_held;
+		pthread_barrier_t bar;
+
+		limit_two(&f, &x, &y);
+		struct tenant *t = tenant_find(f.kv.tt, "test");
+		MUST(tenant_set_budget(f.kv.tt, t, true, round < 4 ? 16 * MiB : tenant_used(t) + 4 * PAGE, false, 0,
+				       NULL, 0) == 0);
+		take_free_pages(&f, &held, &n_held);
+		uint64_t tx = info(&f, x).tokens, ty = info(&f, y).tokens;
+		MUST(pthread_barrier_init(&bar, NULL, 2) == 0);
+		struct racer rx = { .f = &f, .id = x, .bar = &bar }, ry = { .f = &f, .id = y, .bar = &bar };
+		MUST(pthread_create(&rx.thread, NULL, racer_main, &rx) == 0);
+		MUST(pthread_create(&ry.thread, NULL, racer_main, &ry) == 0);
+		pthread_join(rx.thread, NULL);
+		pthread_join(ry.thread, NULL);
+		pthread_barrier_destroy(&bar);
+		fprintf(stderr, "    round %d (%s): x %u after %llu ms, y %u after %llu ms\n", round,
+			round < 4 ? "pool" : "limit and pool", rx.status, (unsigned long long)rx.ms, ry.status,
+			(unsigned long long)ry.ms);
+		if (rx.status != TQKV_ST_OK)
+			fprintf(stderr, "      x: %s\n", rx.msg);
+		if (ry.status != TQKV_ST_OK)
+			fprintf(stderr, "      y: %s\n", ry.msg);
+		T_ASSERT(rx.ms < 5000 && ry.ms < 5000);
+		T_ASSERT(rx.status == TQKV_ST_OK || ry.status == TQKV_ST_OK);
+		const struct racer *rr[2] = { &rx, &ry };
+		for (int i = 0; i < 2; i++) {
+			uint32_t st = rr[i]->status;
+			T_ASSERT(st == TQKV_ST_OK || st == TQKV_ST_POOL_FULL || st == TQKV_ST_TENANT_LIMIT);
+		}
+		/* an append that failed in its second layer keeps its first */
+		T_ASSERT(info(&f, x).tokens >= tx + (rx.status == TQKV_ST_OK ? 400 : 0));
+		T_ASSERT(info(&f, y).tokens >= ty + (ry.status == TQKV_ST_OK ? 400 : 0));
+		T_ASSERT(tenant_used(t) <= tenant_limit(t));
+		give_pages_back(&f, held, n_held);
+		fix_stop(&f);
+	}
+}
+
+/* The rule in each direction, y an operation held in its wait (white-box):
+ * the later waiter x gives way to y when y waits since before it and could
+ * take x's pages (refused at once, saying so), and waits for y otherwise:
+ * y waits since after x, or y waits for the pool while its tenant is within
+ * its guarantee (then it cannot take its own tenant's pages). */
+static void test_waiter_gives_way_to_earlier(void)
+{
+	enum { Y_POOL_EARLIER, Y_LIMIT_EARLIER, Y_POOL_LATER, Y_POOL_WITHIN, N_CASES };
+	static const char *const name[N_CASES] = { "x at the limit, y for the pool since before",
+						   "x for the pool, y at the limit since before",
+						   "x for the pool, y for the pool since after",
+						   "x at the limit, y for the pool within its guarantee" };
+
+	for (int c = 0; c < N_CASES; c++) {
+		struct fix f;
+		uint64_t x, y;
+		struct session *sy;
+		uint8_t **held = NULL;
+		uint32_t n_held = 0;
+
+		limit_two(&f, &x, &y); /* x at the limit of tenant test (guarantee 0) */
+		struct tenant *t = tenant_find(f.kv.tt, "test");
+		if (c == Y_POOL_WITHIN) /* within its guarantee: its waiters spill other tenants only */
+			MUST(tenant_set_budget(f.kv.tt, t, false, 0, true, tenant_limit(t), NULL, 0) == 0);
+		if (c == Y_LIMIT_EARLIER || c == Y_POOL_LATER) { /* x waits for the pool, not the limit */
+			MUST(tenant_set_budget(f.kv.tt, t, true, 16 * MiB, false, 0, NULL, 0) == 0);
+			take_free_pages(&f, &held, &n_held);
+		}
+		struct kv_sess *ky = kv_of(&f, y);
+		MUST(session_acquire(f.kv.st, y, 0, &sy) == 0);
+		pthread_mutex_lock(&ky->lock);
+		session_admit_begin(sy, c == Y_POOL_LATER ? UINT64_MAX : 1, c == Y_LIMIT_EARLIER);
+		struct racer rx = { .f = &f, .id = x };
+		MUST(pthread_create(&rx.thread, NULL, racer_main, &rx) == 0);
+		const bool waits = c == Y_POOL_LATER || c == Y_POOL_WITHIN;
+		if (waits) {
+			usleep(200000);
+			T_ASSERT(!racer_done(&rx)); /* waiting for y, not refused */
+		} else {
+			for (int i = 0; i < 1000 && !racer_done(&rx); i++)
+				usleep(5000);
+			T_ASSERT(racer_done(&rx));
+		}
+		session_admit_end(sy);
+		pthread_mutex_unlock(&ky->lock);
+		session_release(sy);
+		pthread_join(rx.thread, NULL);
+		fprintf(stderr, "    %s: the append returned %u after %llu ms: %s\n", name[c], rx.status,
+			(unsigned long long)rx.ms, rx.msg);
+		T_ASSERT(rx.ms < 5000); /* admission_wait is 10 s */
+		if (waits) {
+			T_EQ(rx.status, TQKV_ST_OK); /* y's pages, once its operation returned */
+			T_ASSERT(info(&f, y).spilled_bytes > 0);
+		} else {
+			T_EQ(info(&f, y).spilled_bytes, 0);
+			T_EQ(rx.status, c == Y_POOL_EARLIER ? TQKV_ST_TENANT_LIMIT : TQKV_ST_POOL_FULL);
+			T_ASSERT(strstr(rx.msg, c == Y_POOL_EARLIER ? "held by earlier waiters" :
+					"or earlier waiters'"));
+		}
+		T_ASSERT(tenant_used(t) <= tenant_limit(t));
+		if (held)
+			give_pages_back(&f, held, n_held);
 		fix_stop(&f);
 	}
 }
@@ -935,6 +1066,8 @@ int main(void)
 	T_RUN(test_limit_waits_for_busy_and_closed);
 	T_RUN(test_limit_not_behind_waiter);
 	T_RUN(test_limit_two_waiters);
+	T_RUN(test_memory_waiters_give_way);
+	T_RUN(test_waiter_gives_way_to_earlier);
 	T_RUN(test_prefetch_waits_once);
 	T_RUN(test_pressure_action);
 	T_RUN(test_waiter_evicted);
