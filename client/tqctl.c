@@ -731,7 +731,7 @@ static int cmd_checkpoint(struct ctx *x, int argc, char **argv)
 enum tcol {
 	TC_NAME, TC_PRIO, TC_GUAR, TC_LIMIT, TC_USED, TC_PCT, TC_SPILLED, TC_SESSIONS,
 	/* what memory pressure did to the tenant since the daemon started */
-	TC_SPILLS, TC_RESTORES, TC_WAITS, TC_WAITED, TC_MAXWAIT, TC_REFUSED, TC_EVICTED,
+	TC_SPILLS, TC_RESTORES, TC_WAITS, TC_WAITED, TC_MAXWAIT, TC_REFUSED, TC_ATLIMIT, TC_EVICTED,
 	/* sparse-V: the threshold, and the share of value chunks it skipped */
 	TC_SPARSE, TC_VSKIP,
 	TC_ALLOWED, TC_N
@@ -740,13 +740,13 @@ _Static_assert(TC_N <= MAX_COLS, "the tenants table is wider than MAX_COLS");
 
 static const char *const tcol_hdr[TC_N] = {
 	"TENANT", "PRIO", "GUARANTEED", "LIMIT", "USED", "USE%", "SPILLED", "SESSIONS",
-	"SPILLS", "RESTORES", "WAITS", "WAITED", "MAXWAIT", "REFUSED", "EVICTED", "SPARSE-V", "V-SKIP",
+	"SPILLS", "RESTORES", "WAITS", "WAITED", "MAXWAIT", "REFUSED", "AT-LIMIT", "EVICTED", "SPARSE-V", "V-SKIP",
 	"ALLOWED",
 };
 
 static const enum tcol tc_all[] = {
 	TC_NAME, TC_PRIO, TC_GUAR, TC_LIMIT, TC_USED, TC_PCT, TC_SPILLED, TC_SESSIONS,
-	TC_SPILLS, TC_RESTORES, TC_WAITS, TC_WAITED, TC_MAXWAIT, TC_REFUSED, TC_EVICTED, TC_SPARSE,
+	TC_SPILLS, TC_RESTORES, TC_WAITS, TC_WAITED, TC_MAXWAIT, TC_REFUSED, TC_ATLIMIT, TC_EVICTED, TC_SPARSE,
 	TC_VSKIP, TC_ALLOWED,
 };
 #define N_TC_ALL ((int)(sizeof(tc_all) / sizeof(tc_all[0])))
@@ -782,6 +782,7 @@ static void tenant_row(struct table *t, const enum tcol *cols, const Tqkv__V1__T
 	dur(m->wait_us, c[TC_WAITED], sizeof(c[0]));
 	dur(m->wait_max_us, c[TC_MAXWAIT], sizeof(c[0]));
 	num(m->refusals, c[TC_REFUSED], sizeof(c[0]));
+	num(m->limit_refusals, c[TC_ATLIMIT], sizeof(c[0]));
 	num(m->evictions, c[TC_EVICTED], sizeof(c[0]));
 	snprintf(c[TC_SPARSE], sizeof(c[0]), "%g", (double)m->sparse_v);
 	if (m->value_chunks)
@@ -1159,13 +1160,13 @@ static void top_header(struct top *tp, const Tqkv__V1__Stats *s)
 }
 
 /* The tenants table without ALLOWED (static, and the widest cell).  On a
- * terminal too narrow for that (it needs about 130 columns), only the columns
+ * terminal too narrow for that (it needs about 140 columns), only the columns
  * that move under pressure: use and what was done about it, which fits 80.
  * The budget (GUARANTEED, LIMIT; USE% is of the limit), SESSIONS (listed
  * below) and the totals SPILLS, RESTORES, WAITED stay in `tqctl tenants`. */
 static const enum tcol tc_top[] = {
 	TC_NAME, TC_PRIO, TC_GUAR, TC_LIMIT, TC_USED, TC_PCT, TC_SPILLED, TC_SESSIONS,
-	TC_SPILLS, TC_RESTORES, TC_WAITS, TC_WAITED, TC_MAXWAIT, TC_REFUSED, TC_EVICTED,
+	TC_SPILLS, TC_RESTORES, TC_WAITS, TC_WAITED, TC_MAXWAIT, TC_REFUSED, TC_ATLIMIT, TC_EVICTED,
 };
 static const enum tcol tc_narrow[] = {
 	TC_NAME, TC_PRIO, TC_USED, TC_PCT, TC_SPILLED, TC_WAITS, TC_MAXWAIT, TC_REFUSED, TC_EVICTED,
@@ -1466,6 +1467,7 @@ static const struct cmd cmds[] = {
 	  "  WAITS     allocations that waited on a full pool for the reclaimer\n"
 	  "  WAITED    the time they waited, all together; MAXWAIT the longest wait\n"
 	  "  REFUSED   allocations refused on a full pool (POOL_FULL)\n"
+	  "  AT-LIMIT  appends and restores refused at the tenant's limit (TENANT_LIMIT)\n"
 	  "  EVICTED   sessions evicted under pressure (pool.pressure_action = evict)\n"
 	  "its sessions' sparse-V (tenant.sparse_v; 0: off) and, since start, the\n"
 	  "share of value chunks (up to 32 keys of a KV head) their attention\n"

@@ -325,7 +325,9 @@ static int pages_get(struct kvstore *ks, struct session *s, uint32_t n, uint8_t 
 /* Charge s's tenant `bytes` with `charge` (session_charge or
  * session_restore_move): at once, or once the tenant's other sessions
  * were spilled to keep it within its limit (reclaim_charge: bounded
- * wait), or -ENOSPC with why ("" when there is no spill tier), or -ESTALE. */
+ * wait), or -ENOSPC with why ("" when there is no spill tier; counted in
+ * the tenant's limit_refusals: the caller answers TENANT_LIMIT), or
+ * -ESTALE. */
 static int charge_get(struct kvstore *ks, struct session *s, uint64_t bytes,
 		      int (*charge)(struct session *, uint64_t), char *why, size_t whylen)
 {
@@ -335,6 +337,8 @@ static int charge_get(struct kvstore *ks, struct session *s, uint64_t bytes,
 	why[0] = 0;
 	if (e == -ENOSPC && rc && ks->spill)
 		e = reclaim_charge(rc, s, bytes, charge, why, whylen);
+	if (e == -ENOSPC)
+		tenant_note(session_tenant(s), TENANT_LIMIT_REFUSALS, 1);
 	return e;
 }
 

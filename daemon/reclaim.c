@@ -148,7 +148,7 @@ static void spilled_one(struct reclaim *rc, struct tenant *t, const struct sessi
 	tq_size_format_human(done, b1, sizeof(b1));
 	tq_size_format_human(si->resident_bytes, b2, sizeof(b2));
 	if (say_no_tier)
-		log_warning("reclaim: %s; tenant '%s' %s, but nothing can be spilled", why, tenant_name(t), reason);
+		log_warning("reclaim: %s; nothing can be spilled from tenant '%s' (%s)", why, tenant_name(t), reason);
 	else if (say_fail)
 		log_warning("reclaim: tenant '%s' session %" PRIu64 ": spilled %s of %s resident, then failed: %s "
 			    "(%s; such failures are reported once per %u s)", tenant_name(t), si->id, b1, b2, why,
@@ -159,40 +159,40 @@ static void spilled_one(struct reclaim *rc, struct tenant *t, const struct sessi
 			 reason);
 }
 
-/* Could a wait for memory (at_limit: reclaim_charge; else reclaim_admit)
- * of a session of tenant `from` take pages of tenant `of`?  At the limit
- * only its own tenant's; for the pool, victims()'s rule: tenants above
- * their guarantee, of the same or a lower priority unless `from` is within
- * its guarantee. */
-static bool could_take(bool at_limit, struct tenant *from, struct tenant *of)
+/* Could wait w of a session of tenant `from` take pages of tenant `of`?
+ * At the limit only its own tenant's; for the pool, victims()'s rule:
+ * tenants above their guarantee (its own less what it asks for), of the
+ * same or a lower priority unless `from` is within its guarantee. */
+static bool could_take(const struct session_wait *w, struct tenant *from, struct tenant *of)
 {
-	struct tenant_info f, o;
-
-	if (at_limit)
+	if (w->at_limit)
 		return from == of;
-	tenant_get_info(of, &o);
-	if (o.used <= o.guaranteed)
-		return false;
+	uint64_t used = tenant_used(of);
 	if (from == of)
-		return true;
-	tenant_get_info(from, &f);
-	return f.used <= f.guaranteed || o.priority <= f.priority;
+		used -= w->bytes < used ? w->bytes : used;
+	if (used <= tenant_guaranteed(of))
+		return false;
+	return from == of || tenant_used(from) <= tenant_guaranteed(from) ||
+	       tenant_priority(of) <= tenant_priority(from);
 }
 
-/* Does requester `me`, which would spill session si of tenant t, give way
- * to it instead of waiting for it?  When si waits for memory itself since
- * before me (ties: the lower id first) and could take me's pages: si then
- * waits for me's pages (its operation holds si's), and each would wait
- * for the other until admission_wait ran out.  The later of the two gives
- * way, the earlier waits for it to give up.  (A waiter that could not
- * take me's pages waits for someone else's: me waits for it.) */
-static bool gives_way(const struct waiter *me, const struct session_info *si, struct tenant *t)
+/* Does requester `me`, which would spill (or evict) session `id` of tenant
+ * t, whose operation holds it and is in wait w, give way to it instead of
+ * waiting for it?  When w began before me (ties: the lower id first), is
+ * stuck (it waits for pages operations hold) and could take me's pages:
+ * it then waits for me's among them, and each would wait for the other
+ * until admission_wait ran out.  The later of the two gives way, the
+ * earlier waits for it to give up.  A waiter that gets pages meanwhile,
+ * or could not take me's, waits for someone else's: me waits for it.
+ * (Pairs only: a cycle of three waiters, each able to take only the next
+ * one's pages, ends at admission_wait.) */
+static bool gives_way(const struct waiter *me, uint64_t id, struct tenant *t, const struct session_wait *w)
 {
-	if (!me || !si->wait_us || si->state != SESSION_OPEN)
+	if (!me || !w->since_us || !w->stuck)
 		return false;
-	if (si->wait_us > me->since_us || (si->wait_us == me->since_us && si->id > me->id))
+	if (w->since_us > me->since_us || (w->since_us == me->since_us && id > me->id))
 		return false;
-	return could_take(si->wait_at_limit, t, me->t);
+	return could_take(w, t, me->t);
 }
 
 /* Sessions whose writes are in flight together: one session's batch
@@ -233,10 +233,12 @@ static void spill_scan(struct reclaim *rc, struct tenant *t, uint64_t want, uint
 				continue; /* gone meanwhile */
 			int e = dataop_spill_start(rc->ks, s, take, &op, why, sizeof(why));
 			if (e < 0) {
+				struct session_wait w;
+				session_wait_get(s, &w); /* now, not as listed */
 				session_release(s);
 				if (e != -EBUSY)
 					spilled_one(rc, t, &si[i], e, 0, why, reason, now, res);
-				else if (gives_way(res->me, &si[i], t))
+				else if (gives_way(res->me, si[i].id, t, &w))
 					res->gave_way++;
 				else
 					res->busy++;
@@ -391,9 +393,10 @@ uint64_t reclaim_pass(struct reclaim *rc)
  * tenant in c that has one.  1 when one was evicted (its id in *evicted);
  * -EBUSY when the only ones left are waiting for pages (they may be
  * evictable once they have given up) or were evicted already and give
- * their memory back when their operation returns: try again; 0: none. */
+ * their memory back when their operation returns: try again; 0: none
+ * (*gave_way: waiters for pages that `me` gave way to, gives_way()). */
 static int evict_one(struct reclaim *rc, const struct cand *c, size_t nc, const struct session *skip,
-		     const char *need, uint64_t *evicted)
+		     const struct waiter *me, const char *need, uint64_t *evicted, uint32_t *gave_way)
 {
 	char why[1024], b1[32];
 	bool waiting = false;
@@ -414,7 +417,12 @@ static int evict_one(struct reclaim *rc, const struct cand *c, size_t nc, const 
 			snprintf(why, sizeof(why), "evicted under memory pressure: %s (pool.pressure_action = evict)",
 				 need);
 			int e = session_evict_pressure(rc->st, si[i].id, why, &info);
-			waiting |= e == -EBUSY;
+			if (e == -EBUSY) { /* it waits for pages itself: unless me gives way to it */
+				bool gw = session_get_info(rc->st, si[i].id, &info) == 0 &&
+					  gives_way(me, si[i].id, c[k].t, &info.wait);
+				*gave_way += gw;
+				waiting |= !gw;
+			}
 			if (e < 0)
 				continue;
 			tq_size_format_human(si[i].resident_bytes + si[i].spilled_bytes, b1, sizeof(b1));
@@ -463,7 +471,7 @@ int reclaim_admit(struct reclaim *rc, struct session *s, uint32_t n, uint8_t **p
 		snprintf(why, whylen, "the pool is full (and the daemon is out of memory)");
 		goto out;
 	}
-	session_admit_begin(s, me.since_us, false);
+	session_admit_begin(s, me.since_us, false, (uint64_t)n * page);
 	for (;;) {
 		if (pool_pages_alloc(rc->pool, n, pages) == 0) {
 			r = 0;
@@ -504,8 +512,10 @@ int reclaim_admit(struct reclaim *rc, struct session *s, uint32_t n, uint8_t **p
 			spill_tenant(rc, c[k].t, c[k].excess < take ? c[k].excess : take, s, reason, &res);
 		}
 		reclaim_kick(rc); /* the background pass takes the pool to the low mark */
-		if (res.got)
+		if (res.got) {
+			session_admit_stuck(s, false);
 			continue;
+		}
 		/* memory of sessions evicted or closed in an operation comes
 		 * back when it returns (they are out of the table once closed) */
 		res.busy += session_table_pending_release(rc->st);
@@ -524,12 +534,15 @@ int reclaim_admit(struct reclaim *rc, struct session *s, uint32_t n, uint8_t **p
 				if (!evicted || released(rc, evicted)) {
 					char e[768];
 					snprintf(e, sizeof(e), "%s and nothing could be spilled (%s)", need, res.why);
-					int ev = evict_one(rc, c, nc, s, e, &evicted);
-					if (ev > 0)
+					int ev = evict_one(rc, c, nc, s, &me, e, &evicted, &res.gave_way);
+					if (ev > 0) {
+						session_admit_stuck(s, false);
 						continue;
+					}
 					if (ev == 0 && !session_table_pending_release(rc->st)) {
 						snprintf(why, whylen, "the pool is full, nothing could be spilled (%s) "
-							 "and no session could be evicted", res.why);
+							 "and no session could be evicted%s", res.why, res.gave_way ?
+							 " but earlier waiters" : "");
 						break;
 					}
 					/* the only candidates wait for pages themselves */
@@ -542,6 +555,7 @@ int reclaim_admit(struct reclaim *rc, struct session *s, uint32_t n, uint8_t **p
 		}
 		/* the pages to take are in use right now (or an evicted
 		 * session's are on their way back): try again shortly */
+		session_admit_stuck(s, true);
 		usleep(500);
 	}
 	/* a release that ended after the loop's allocation (and before what
@@ -553,11 +567,11 @@ int reclaim_admit(struct reclaim *rc, struct session *s, uint32_t n, uint8_t **p
 out:
 	if (waited)
 		tenant_note_wait(t, mono_us() - t0);
-	if (r < 0)
+	if (r == -ENOSPC) /* (-ESTALE: evicted or closed meanwhile, not refused) */
 		tenant_note(t, TENANT_REFUSALS, 1);
 	pthread_mutex_lock(&rc->lock);
 	rc->stats.admission_waits += waited;
-	rc->stats.admission_refusals += r < 0;
+	rc->stats.admission_refusals += r == -ENOSPC;
 	pthread_mutex_unlock(&rc->lock);
 	free(c);
 	return r;
@@ -586,7 +600,7 @@ static void tenant_view(struct reclaim *rc, const struct waiter *me, uint64_t us
 		listed += si[i].resident_bytes;
 		if (si[i].id == me->id) {
 			held += si[i].resident_bytes;
-		} else if (gives_way(me, &si[i], me->t)) {
+		} else if (gives_way(me, si[i].id, me->t, &si[i].wait)) {
 			held += si[i].resident_bytes;
 			*kept += si[i].resident_bytes;
 		}
@@ -608,7 +622,7 @@ int reclaim_charge(struct reclaim *rc, struct session *s, uint64_t bytes, int (*
 	char b1[32], b2[32], b3[32];
 	int r;
 
-	session_admit_begin(s, me.since_us, true);
+	session_admit_begin(s, me.since_us, true, bytes);
 	for (;;) {
 		/* (session_restore_move does not look at the session's state) */
 		if ((r = charge(s, bytes)) == -ENOSPC && !session_is_open(s))
@@ -654,8 +668,10 @@ int reclaim_charge(struct reclaim *rc, struct session *s, uint64_t bytes, int (*
 			 "limit of %s", tenant_name(t), b3, bytes, b2);
 		want += (page - want % page) % page; /* whole pages, at least what it is over */
 		spill_tenant(rc, t, want, s, reason, &res);
-		if (res.got)
+		if (res.got) {
+			session_admit_stuck(s, false);
 			continue;
+		}
 		if (res.err) {
 			snprintf(why, whylen, "its limit is %s and its other sessions' pages could not be spilled: %s",
 				 b2, res.why);
@@ -665,9 +681,11 @@ int reclaim_charge(struct reclaim *rc, struct session *s, uint64_t bytes, int (*
 		 * returns (it is out of the table: spill_scan cannot see it) */
 		res.busy += unlisted > 0;
 		if (!res.busy) {
-			snprintf(why, whylen, "its limit is %s, and its other sessions have no pages left to spill", b2);
+			snprintf(why, whylen, "its limit is %s, and its other sessions have no pages left to spill%s",
+				 b2, res.gave_way ? " but earlier waiters'" : "");
 			break;
 		}
+		session_admit_stuck(s, true);
 		usleep(500); /* the pages to spill are in use right now: shortly */
 	}
 	/* a release that ended after the last try gave its bytes back */

@@ -41,11 +41,13 @@
  * first, for pool.admission_wait at most (TENANT_LIMIT only when they hold
  * too little or cannot be spilled).
  *
- * Two waiters (both): a session an operation holds is waited for, except
- * one waiting for memory itself since before the requester that could
- * take the requester's pages (it waits for them): of two such, the later
- * gives way at once (refused unless a third session's pages will do) and
- * the earlier spills it once its operation returns.
+ * Two waiters (both, and evict's candidates): a session an operation
+ * holds is waited for, except one waiting for memory itself since before
+ * the requester, stuck (its last try found only pages operations hold),
+ * that could take the requester's pages (it waits for them): of two such,
+ * the later gives way at once (refused unless a third session's pages
+ * will do) and the earlier spills or evicts it once its operation
+ * returns.  Cycles of three or more end at admission_wait.
  *
  * Threads: the reclaimer's own thread (reclaim_start) sleeps until
  * reclaim_kick (an allocation took the pool above the high mark, a budget

@@ -1002,6 +1002,7 @@ static void tenant_to_msg(struct tenant_info *ti, Tqkv__V1__Tenant *m)
 	m->wait_max_us = ti->pressure.wait_max_us;
 	m->refusals = ti->pressure.refusals;
 	m->evictions = ti->pressure.evictions;
+	m->limit_refusals = ti->pressure.limit_refusals;
 	m->sparse_v = ti->sparse_v;
 	m->value_chunks = ti->v_chunks;
 	m->value_chunks_skipped = ti->v_skipped;

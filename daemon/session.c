@@ -34,8 +34,7 @@ struct session {
 	enum session_state state;
 	uint32_t ops;                /* operations in flight */
 	uint32_t admitting;          /* of them, waiting for memory (reclaim_admit, reclaim_charge) */
-	uint64_t wait_us;            /* session_admit_begin's since (the first wait's) */
-	bool wait_at_limit;
+	struct session_wait wait;    /* session_admit_begin (the first wait's) */
 	bool released;               /* memory given back */
 	bool release_pending;        /* no longer OPEN, memory not yet given back */
 	uint64_t tokens;
@@ -281,8 +280,7 @@ static void fill_info(struct session *s, struct session_info *out)
 	out->state = s->state;
 	out->evict_reason = s->evict_reason;
 	memcpy(out->evict_why, s->evict_why, sizeof(out->evict_why));
-	out->wait_us = s->wait_us;
-	out->wait_at_limit = s->wait_at_limit;
+	out->wait = s->wait;
 	pthread_mutex_unlock(&s->lock);
 	out->persistent = (s->flags & SESSION_PERSISTENT) != 0;
 }
@@ -694,15 +692,13 @@ void session_release(struct session *s)
 	session_unref(s);
 }
 
-void session_admit_begin(struct session *s, uint64_t since_us, bool at_limit)
+void session_admit_begin(struct session *s, uint64_t since_us, bool at_limit, uint64_t bytes)
 {
 	assert(since_us > 0);
 	pthread_mutex_lock(&s->lock);
 	assert(s->ops > s->admitting && "session_admit_begin outside an operation");
-	if (!s->admitting++) {
-		s->wait_us = since_us;
-		s->wait_at_limit = at_limit;
-	}
+	if (!s->admitting++)
+		s->wait = (struct session_wait){ since_us, bytes, at_limit, false };
 	pthread_mutex_unlock(&s->lock);
 }
 
@@ -711,7 +707,21 @@ void session_admit_end(struct session *s)
 	pthread_mutex_lock(&s->lock);
 	assert(s->admitting > 0 && "session_admit_end without session_admit_begin");
 	if (!--s->admitting)
-		s->wait_us = 0;
+		s->wait = (struct session_wait){ 0 };
+	pthread_mutex_unlock(&s->lock);
+}
+
+void session_admit_stuck(struct session *s, bool stuck)
+{
+	pthread_mutex_lock(&s->lock);
+	s->wait.stuck = stuck && s->admitting;
+	pthread_mutex_unlock(&s->lock);
+}
+
+void session_wait_get(struct session *s, struct session_wait *out)
+{
+	pthread_mutex_lock(&s->lock);
+	*out = s->wait;
 	pthread_mutex_unlock(&s->lock);
 }
 

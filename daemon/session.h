@@ -60,6 +60,16 @@ struct session_geom {
 				     /* (kernels/tq_xform.h); 0: none            */
 };
 
+/* An operation's wait for memory (session_admit_begin). */
+struct session_wait {
+	uint64_t since_us;           /* CLOCK_MONOTONIC; 0: no wait                      */
+	uint64_t bytes;              /* what it asks for                                 */
+	bool at_limit;               /* room under its tenant's limit (reclaim_charge),  */
+	                             /* else pool pages (reclaim_admit)                  */
+	bool stuck;                  /* its last try got nothing and found pages it      */
+	                             /* could take held by operations: it waits for them */
+};
+
 struct session_info {
 	uint64_t id;
 	char name[CONFIG_NAME_MAX];  /* "" when the client chose none */
@@ -77,11 +87,7 @@ struct session_info {
 	bool persistent;             /* survives restarts (SESSION_PERSISTENT) */
 	uint32_t evict_reason;       /* EVICTED: enum tqkv_evict_reason */
 	char evict_why[200];         /* EVICTED: the reason in words ("" if none given) */
-	uint64_t wait_us;            /* an operation of it waits for memory since       */
-	                             /* (CLOCK_MONOTONIC us; the first of overlapping    */
-	                             /* waits); 0: none (session_admit_begin)            */
-	bool wait_at_limit;          /* that wait is for room under its tenant's limit   */
-	                             /* (reclaim_charge), else for pool pages            */
+	struct session_wait wait;    /* its operation's wait for memory, if any          */
 };
 
 struct session_stats {
@@ -173,11 +179,17 @@ int session_charge(struct session *s, uint64_t bytes);
 void session_uncharge(struct session *s, uint64_t bytes);
 /* An operation waiting for memory (pool pages: reclaim_admit; room under
  * its tenant's limit: reclaim_charge, at_limit) brackets the wait and says
- * since when (CLOCK_MONOTONIC us, > 0; session_info.wait_us, so that the
- * later of two waiters that could take each other's pages gives way):
- * meanwhile pressure does not evict the session (session_evict_pressure).
- * Waits that overlap keep the first one's mark until the last ends. */
-void session_admit_begin(struct session *s, uint64_t since_us, bool at_limit);
+ * since when (CLOCK_MONOTONIC us, > 0) and for how many bytes, and
+ * session_admit_stuck whether it waits for pages operations hold
+ * (session_info.wait, session_wait_get: the later of two waiters that
+ * could take each other's pages gives way, reclaim.c): meanwhile pressure
+ * does not evict the session (session_evict_pressure).  One at a time in
+ * practice (the operation holds the session's kv->lock); waits that
+ * overlapped would keep the first one's mark until the last ended. */
+void session_admit_begin(struct session *s, uint64_t since_us, bool at_limit, uint64_t bytes);
+void session_admit_stuck(struct session *s, bool stuck);
+/* The wait's mark now (since_us 0: none). */
+void session_wait_get(struct session *s, struct session_wait *out);
 void session_admit_end(struct session *s);
 /* Still OPEN?  An operation that waits learns it was evicted or closed. */
 bool session_is_open(struct session *s);

@@ -144,6 +144,7 @@ void tenant_get_info(struct tenant *t, struct tenant_info *out)
 	out->pressure.wait_max_us = __atomic_load_n(&t->pr.wait_max_us, __ATOMIC_RELAXED);
 	out->pressure.refusals = __atomic_load_n(&t->pr.refusals, __ATOMIC_RELAXED);
 	out->pressure.evictions = __atomic_load_n(&t->pr.evictions, __ATOMIC_RELAXED);
+	out->pressure.limit_refusals = __atomic_load_n(&t->pr.limit_refusals, __ATOMIC_RELAXED);
 }
 
 uint64_t tenant_guaranteed(struct tenant *t)
@@ -178,7 +179,8 @@ struct tq_attn_stats *tenant_attn_stats(struct tenant *t)
 void tenant_note(struct tenant *t, enum tenant_counter c, uint64_t v)
 {
 	uint64_t *f = c == TENANT_SPILLED ? &t->pr.spilled_bytes : c == TENANT_RESTORED ? &t->pr.restored_bytes
-		    : c == TENANT_REFUSALS ? &t->pr.refusals : &t->pr.evictions;
+		    : c == TENANT_REFUSALS ? &t->pr.refusals : c == TENANT_EVICTIONS ? &t->pr.evictions
+		    : &t->pr.limit_refusals;
 	__atomic_add_fetch(f, v, __ATOMIC_RELAXED);
 }
 

@@ -31,9 +31,10 @@ struct tenant_pressure {
 	uint64_t wait_max_us;         /* the longest one                                */
 	uint64_t refusals;            /* allocations refused on a full pool (POOL_FULL) */
 	uint64_t evictions;           /* its sessions evicted by pressure               */
+	uint64_t limit_refusals;      /* charges refused at its limit (TENANT_LIMIT)    */
 };
 enum tenant_counter {
-	TENANT_SPILLED, TENANT_RESTORED, TENANT_REFUSALS, TENANT_EVICTIONS,
+	TENANT_SPILLED, TENANT_RESTORED, TENANT_REFUSALS, TENANT_EVICTIONS, TENANT_LIMIT_REFUSALS,
 };
 
 /* A consistent snapshot of one tenant. */

@@ -42,12 +42,12 @@ expect 0 stats --json;           [ "$(json 'd["tenants"]')" = 2 ] || fail "stats
 [ "$(json 'int(d["spill_capacity_bytes"]) // 2**20')" -le 2048 ] && [ "$(json 'int(d["spill_capacity_bytes"]) // 2**20')" -ge 2040 ] \
 	|| fail "stats --json: spill capacity $(json 'd["spill_capacity_bytes"]')"
 expect 0 tenants;                has '^TENANT  *PRIO'; has '^locked .*64.0 MiB'
-has '^TENANT .* USE%  *SPILLED  *SESSIONS  *SPILLS  *RESTORES  *WAITS  *WAITED  *MAXWAIT  *REFUSED  *EVICTED  *SPARSE-V  *V-SKIP  *ALLOWED$'
-has '^locked .*  0 B  *0 B  *0  *0  *0  *0  *0  *0.001  *-  *uid 4242$'
+has '^TENANT .* USE%  *SPILLED  *SESSIONS  *SPILLS  *RESTORES  *WAITS  *WAITED  *MAXWAIT  *REFUSED  *AT-LIMIT  *EVICTED  *SPARSE-V  *V-SKIP  *ALLOWED$'
+has '^locked .*  0 B  *0 B  *0  *0  *0  *0  *0  *0  *0.001  *-  *uid 4242$'
 has '^default .*  0  *-  *\*$'
 expect 0 tenants --json;         [ "$(json 'd["tenants"][1]["allow_uids"][0]')" = 4242 ] || fail "tenants --json"
 [ "$(json '[[t[k] for k in ("spilled_total_bytes", "restored_total_bytes", "waits", "wait_us", "wait_max_us",
-	"refusals", "evictions")] for t in d["tenants"]]')" = "[[0, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0]]" ] \
+	"refusals", "evictions", "limit_refusals")] for t in d["tenants"]]')" = "[[0, 0, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0, 0]]" ] \
 	|| fail "tenants --json: pressure counters"
 [ "$(json '[(round(t["sparse_v"], 6), t["value_chunks"], t["value_chunks_skipped"]) for t in d["tenants"]]')" = "[(0, 0, 0), (0.001, 0, 0)]" ] \
 	|| fail "tenants --json: sparse-V"
@@ -106,7 +106,7 @@ has '^spill: *0 B used of 2.00 GiB; read -, write -$'
 has '^spill: *0 B used of 2.00 GiB; read 0.0 MB/s, write 0.0 MB/s$'
 has '^reclaim: *-, busy -; since start 0 B in 0 passes, 0 failed$'
 has '^data: *0 clients, 0 ops/s; sessions 1 open, 0 evicted$'
-[ "$(grep -c '^TENANT  *PRIO .*MAXWAIT  *REFUSED  *EVICTED$' <<<"$OUT")" = 2 ] || fail "top: no tenants tables: $OUT"
+[ "$(grep -c '^TENANT  *PRIO .*MAXWAIT  *REFUSED  *AT-LIMIT  *EVICTED$' <<<"$OUT")" = 2 ] || fail "top: no tenants tables: $OUT"
 has '^locked  *0  *8.00 MiB  *32.0 MiB  *0 B  *0%'
 [ "$(grep -c '^sessions: 1 of 1, busiest first' <<<"$OUT")" = 2 ] || fail "top: no sessions sections: $OUT"
 SNAP1=$(awk '/^tqkvd /{n++} n==1' <<<"$OUT"); SNAP2=$(awk '/^tqkvd /{n++} n==2' <<<"$OUT")

@@ -50,6 +50,8 @@
  *     other sessions hold less than the charge would take it over its
  *     limit (they are spilled for it first: reclaim_charge), or the tier
  *     is full; a prefetch's POOL_FULL as an append's;
+ *   - each POOL_FULL answer counted once in its tenant's refusals, each
+ *     TENANT_LIMIT once in limit_refusals, and nothing else counted there;
  *   - TENANT_LIMIT, MAX_TOKENS, NONFINITE, BAD_LAYER, BAD_POSITION exactly
  *     when they apply; a failed operation changes no token; explicit
  *     spills move exactly the pages they can;
@@ -222,6 +224,8 @@ struct model {
 	uint64_t pages_compared, attends_compared, within_refusals, tier_full_steps, over_limit_set;
 	uint64_t limit_refusals_tier; /* TENANT_LIMIT that spilling the others would have met: tier full */
 	uint64_t pressure_evictions, pass_bytes;
+	int ans_tenant;               /* the step's data-path answer: to a session of */
+	uint32_t ans_status;          /* this tenant (-1: none), with this status      */
 };
 
 static struct model *M; /* for fail() */
@@ -762,6 +766,31 @@ static void page_compare(struct model *m, struct msess *ms, struct kv_sess *kv, 
 }
 
 /* The operated session's state before the step: which pages were out. */
+/* A data-path operation of session ms answered r (check_counted checks
+ * the tenants' refusal counters against it after the step). */
+static void answered(struct model *m, const struct msess *ms, const struct dataop_res *r)
+{
+	m->ans_tenant = ms->tenant;
+	m->ans_status = r->status;
+}
+
+/* Refusals are counted where they are answered: the step's POOL_FULL once
+ * in its tenant's refusals, its TENANT_LIMIT once in limit_refusals, and
+ * nothing else (a waiter evicted meanwhile answers EVICTED: no refusal). */
+static void check_counted(struct model *m)
+{
+	for (int u = 0; u < N_TEN; u++) {
+		const struct tenant_pressure *a = &m->pre.t[u].pr, *b = &m->post.t[u].pr;
+		bool mine = u == m->ans_tenant;
+		uint64_t want_full = mine && m->ans_status == TQKV_ST_POOL_FULL;
+		uint64_t want_limit = mine && m->ans_status == TQKV_ST_TENANT_LIMIT;
+		CHECK(b->refusals - a->refusals == want_full && b->limit_refusals - a->limit_refusals == want_limit,
+		      "tenant %s: refusals +%" PRIu64 ", limit_refusals +%" PRIu64 " for a step that answered %s",
+		      TNAME[u], b->refusals - a->refusals, b->limit_refusals - a->limit_refusals,
+		      m->ans_tenant < 0 ? "nothing" : tqkv_status_str(m->ans_status));
+	}
+}
+
 static void pre_states(struct model *m, struct msess *ms)
 {
 	struct kv_sess *kv = ms && !ms->evicted ? kv_find(m->kv.ks, ms->id) : NULL;
@@ -1132,6 +1161,7 @@ static void step_append(struct model *m)
 	gen_kv(m, ms, n, dt, nan_at);
 	dataop_append(m->kv.ks, s, l, m->kp, m->vp, dt, n, &r);
 	session_release(s);
+	answered(m, ms, &r);
 	m->st_count[r.status < TQKV_ST__COUNT ? r.status : TQKV_ST_INTERNAL]++;
 	if (bad_layer) {
 		CHECK(r.status == TQKV_ST_BAD_LAYER, "status %u for layer %u of %u", r.status, l, ms->g.n_layers);
@@ -1184,6 +1214,7 @@ static void step_attend(struct model *m)
 		gen_kv(m, ms, n_app, TQ_DTYPE_F32, -1);
 	dataop_attend(m->kv.ks, s, &m->ws, l, m->kp, m->vp, n_app, m->q, pos, n_q, TQ_DTYPE_F32, m->out, &r);
 	session_release(s);
+	answered(m, ms, &r);
 	m->st_count[r.status < TQKV_ST__COUNT ? r.status : TQKV_ST_INTERNAL]++;
 	uint32_t from[MAX_LAYERS] = { 0 };
 	for (uint32_t i = 0; i < MAX_LAYERS; i++)
@@ -1369,6 +1400,7 @@ static void step_prefetch(struct model *m)
 		return;
 	dataop_prefetch(m->kv.ks, s, &r);
 	session_release(s);
+	answered(m, ms, &r);
 	m->st_count[r.status < TQKV_ST__COUNT ? r.status : TQKV_ST_INTERNAL]++;
 	CHECK(r.status == TQKV_ST_OK || r.status == TQKV_ST_TENANT_LIMIT || r.status == TQKV_ST_POOL_FULL,
 	      "prefetch: status %u (%s)", r.status, r.msg);
@@ -1730,6 +1762,7 @@ static void run_model(const struct backend_ops *be, uint64_t default_ops)
 		m->ops[op]++;
 		snprintf(m->desc, sizeof(m->desc), "%s", OPNAME[op]);
 		m->snapped = false;
+		m->ans_tenant = -1;
 		double ts = now_s();
 		switch (op) {
 		case OP_OPEN: step_open(m); break;
@@ -1750,6 +1783,7 @@ static void run_model(const struct backend_ops *be, uint64_t default_ops)
 			snap_take(m, &m->post);
 			check_no_spills(m);
 		}
+		check_counted(m);
 		m->op_s[op] += now_s() - ts;
 		m->tier_full_steps += tier_full(&m->post);
 		uint64_t held = m->post.pool_used / PAGE + m->post.slots_used;

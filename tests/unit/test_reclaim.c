@@ -683,11 +683,13 @@ static void test_waits_for_closed_memory(void)
  * pool between them both need pages at once.  Each is the other's only
  * candidate.  They must never evict each other (each would hold the
  * memory the other waits for until admission_wait ran out: both lost,
- * both refused): one is evicted and the other gets its pages, or both
- * wait, neither evicted, until an operator evicts one. */
+ * both refused), nor wait for each other until admission_wait (3 s): one
+ * is evicted before it waits, or the later waiter gives way (POOL_FULL)
+ * and the earlier evicts it once its operation has returned; the other
+ * gets its pages. */
 static void test_two_waiters(void)
 {
-	int both_waited = 0;
+	int gave_way = 0;
 
 	for (int round = 0; round < 4; round++) {
 		struct fix f;
@@ -702,18 +704,6 @@ static void test_two_waiters(void)
 		struct racer r[2] = { { .f = &f, .id = x, .bar = &bar }, { .f = &f, .id = y, .bar = &bar } };
 		for (int i = 0; i < 2; i++)
 			MUST(pthread_create(&r[i].thread, NULL, racer_main, &r[i]) == 0);
-		for (int i = 0; i < 100 && !(racer_done(&r[0]) && racer_done(&r[1])); i++)
-			usleep(5000);
-		if (!racer_done(&r[0]) && !racer_done(&r[1])) {
-			/* both still in their operations (both waiting, or one
-			 * evicted before it waited and not yet scheduled since):
-			 * never both evicted; an operator evicts one still open */
-			both_waited++;
-			const bool xo = info(&f, x).state == SESSION_OPEN, yo = info(&f, y).state == SESSION_OPEN;
-			T_ASSERT(xo || yo);
-			if (xo && yo)
-				T_EQ(session_evict(f.kv.st, x, NULL), 0);
-		}
 		for (int i = 0; i < 2; i++)
 			pthread_join(r[i].thread, NULL);
 		pthread_barrier_destroy(&bar);
@@ -722,9 +712,12 @@ static void test_two_waiters(void)
 			r[0].status == TQKV_ST_OK || r[1].status == TQKV_ST_OK ? "" : " (both refused)");
 		if (r[0].status != TQKV_ST_OK && r[1].status != TQKV_ST_OK)
 			fprintf(stderr, "    x: %s\n    y: %s\n", r[0].msg, r[1].msg);
-		/* one got its pages, the other was evicted, well before admission_wait */
-		T_ASSERT((r[0].status == TQKV_ST_OK && r[1].status == TQKV_ST_EVICTED) ||
-			 (r[1].status == TQKV_ST_OK && r[0].status == TQKV_ST_EVICTED));
+		/* one got its pages, the other was evicted or gave way (and was
+		 * evicted then), well before admission_wait */
+		const int w = r[0].status == TQKV_ST_OK ? 0 : 1;
+		T_EQ(r[w].status, TQKV_ST_OK);
+		T_ASSERT(r[!w].status == TQKV_ST_EVICTED || r[!w].status == TQKV_ST_POOL_FULL);
+		gave_way += r[!w].status == TQKV_ST_POOL_FULL;
 		T_ASSERT(r[0].ms < 2000 && r[1].ms < 2000);
 		uint64_t ok = r[0].status == TQKV_ST_OK ? x : y, gone = ok == x ? y : x;
 		T_EQ(info(&f, ok).state, SESSION_OPEN);
@@ -733,7 +726,7 @@ static void test_two_waiters(void)
 		T_EQ(info(&f, ok).tokens, (ok == x ? tx : ty) + 400);
 		fix_stop(&f);
 	}
-	fprintf(stderr, "    %d of 4 rounds had both waiting at once\n", both_waited);
+	fprintf(stderr, "    %d of 4 rounds had both waiting at once (the later gave way)\n", gave_way);
 }
 
 static struct kv_sess *kv_of(struct fix *f, uint64_t id)
@@ -824,7 +817,8 @@ static void test_limit_not_behind_waiter(void)
 		struct kv_sess *ky = kv_of(&f, y);
 		MUST(session_acquire(f.kv.st, y, 0, &sy) == 0);
 		pthread_mutex_lock(&ky->lock);
-		session_admit_begin(sy, 1, true); /* y waits at the limit, since long ago */
+		session_admit_begin(sy, 1, true, PAGE); /* y waits at the limit, since long ago, */
+		session_admit_stuck(sy, true);          /* for pages operations hold */
 		struct racer rx = { .f = &f, .id = x };
 		MUST(pthread_create(&rx.thread, NULL, racer_main, &rx) == 0);
 		for (int i = 0; i < 1000 && !racer_done(&rx); i++)
@@ -949,17 +943,22 @@ static void test_memory_waiters_give_way(void)
 }
 
 /* The rule in each direction, y an operation held in its wait (white-box):
- * the later waiter x gives way to y when y waits since before it and could
- * take x's pages (refused at once, saying so), and waits for y otherwise:
- * y waits since after x, or y waits for the pool while its tenant is within
- * its guarantee (then it cannot take its own tenant's pages). */
+ * the later waiter x gives way to y when y waits since before it, is stuck
+ * (waits for pages operations hold) and could take x's pages — x is
+ * refused at once, saying so — and waits for y otherwise: y waits since
+ * after x; y still gets pages elsewhere (not stuck); y waits for the pool
+ * while its tenant is within its guarantee (less what y asks for: then it
+ * cannot take its own tenant's pages); y's tenant has a lower priority
+ * than x's (it cannot take them). */
 static void test_waiter_gives_way_to_earlier(void)
 {
-	enum { Y_POOL_EARLIER, Y_LIMIT_EARLIER, Y_POOL_LATER, Y_POOL_WITHIN, N_CASES };
+	enum { Y_POOL_EARLIER, Y_LIMIT_EARLIER, Y_POOL_LATER, Y_POOL_NOT_STUCK, Y_POOL_WITHIN, Y_LOWER_PRIO, N_CASES };
 	static const char *const name[N_CASES] = { "x at the limit, y for the pool since before",
 						   "x for the pool, y at the limit since before",
 						   "x for the pool, y for the pool since after",
-						   "x at the limit, y for the pool within its guarantee" };
+						   "x at the limit, y for the pool since before, not stuck",
+						   "x at the limit, y for the pool within its guarantee",
+						   "x for the pool, y of a lower priority for the pool since before" };
 
 	for (int c = 0; c < N_CASES; c++) {
 		struct fix f;
@@ -967,22 +966,29 @@ static void test_waiter_gives_way_to_earlier(void)
 		struct session *sy;
 		uint8_t **held = NULL;
 		uint32_t n_held = 0;
+		const bool x_pool = c == Y_LIMIT_EARLIER || c == Y_POOL_LATER || c == Y_LOWER_PRIO;
 
 		limit_two(&f, &x, &y); /* x at the limit of tenant test (guarantee 0) */
 		struct tenant *t = tenant_find(f.kv.tt, "test");
-		if (c == Y_POOL_WITHIN) /* within its guarantee: its waiters spill other tenants only */
+		if (c == Y_LOWER_PRIO) { /* y: batch's, all its pages above its guarantee (0) */
+			MUST(session_close(f.kv.st, y, NULL) == 0);
+			y = open_empty(&f, "batch");
+			MUST(append_more(&f, y, 3000, 24, NULL, 0) == TQKV_ST_OK);
+		}
+		if (c == Y_POOL_WITHIN) /* within it even with y's request: its waiters spill other tenants */
 			MUST(tenant_set_budget(f.kv.tt, t, false, 0, true, tenant_limit(t), NULL, 0) == 0);
-		if (c == Y_LIMIT_EARLIER || c == Y_POOL_LATER) { /* x waits for the pool, not the limit */
+		if (x_pool) { /* x waits for the pool, not the limit */
 			MUST(tenant_set_budget(f.kv.tt, t, true, 16 * MiB, false, 0, NULL, 0) == 0);
 			take_free_pages(&f, &held, &n_held);
 		}
 		struct kv_sess *ky = kv_of(&f, y);
 		MUST(session_acquire(f.kv.st, y, 0, &sy) == 0);
 		pthread_mutex_lock(&ky->lock);
-		session_admit_begin(sy, c == Y_POOL_LATER ? UINT64_MAX : 1, c == Y_LIMIT_EARLIER);
+		session_admit_begin(sy, c == Y_POOL_LATER ? UINT64_MAX : 1, c == Y_LIMIT_EARLIER, PAGE);
+		session_admit_stuck(sy, c != Y_POOL_NOT_STUCK);
 		struct racer rx = { .f = &f, .id = x };
 		MUST(pthread_create(&rx.thread, NULL, racer_main, &rx) == 0);
-		const bool waits = c == Y_POOL_LATER || c == Y_POOL_WITHIN;
+		const bool waits = c != Y_POOL_EARLIER && c != Y_LIMIT_EARLIER;
 		if (waits) {
 			usleep(200000);
 			T_ASSERT(!racer_done(&rx)); /* waiting for y, not refused */
@@ -1003,9 +1009,8 @@ static void test_waiter_gives_way_to_earlier(void)
 			T_ASSERT(info(&f, y).spilled_bytes > 0);
 		} else {
 			T_EQ(info(&f, y).spilled_bytes, 0);
-			T_EQ(rx.status, c == Y_POOL_EARLIER ? TQKV_ST_TENANT_LIMIT : TQKV_ST_POOL_FULL);
-			T_ASSERT(strstr(rx.msg, c == Y_POOL_EARLIER ? "held by earlier waiters" :
-					"or earlier waiters'"));
+			T_EQ(rx.status, x_pool ? TQKV_ST_POOL_FULL : TQKV_ST_TENANT_LIMIT);
+			T_ASSERT(strstr(rx.msg, x_pool ? "or earlier waiters'" : "held by earlier waiters"));
 		}
 		T_ASSERT(tenant_used(t) <= tenant_limit(t));
 		if (held)
