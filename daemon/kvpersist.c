@@ -794,7 +794,26 @@ struct replay {
 	struct session *s;
 	struct kv_sess *kv;
 	char why[320];
+	/* layers whose tail page, which their next journaled append needed,
+	 * was lost (damaged on disk): their appends are dropped until a
+	 * journaled truncation brings them back to the client's length; the
+	 * other layers replay on */
+	uint64_t damaged[SESSION_MAX_LAYERS / 64];
+	uint32_t n_damaged, skipped;   /* layers, records dropped */
 };
+
+static bool is_damaged(const struct replay *rp, uint32_t l)
+{
+	return rp->damaged[l / 64] >> (l % 64) & 1;
+}
+
+static void set_damaged(struct replay *rp, uint32_t l, bool on)
+{
+	if (on == is_damaged(rp, l))
+		return;
+	rp->damaged[l / 64] ^= 1ull << (l % 64);
+	rp->n_damaged += on ? 1 : -1;
+}
 
 /* Read page i of layer l back (only it: a journal appends to the tail). */
 static int restore_page(struct kvstore *ks, struct session *s, struct kv_sess *kv, uint32_t l, uint32_t i,
@@ -825,6 +844,13 @@ static int restore_page(struct kvstore *ks, struct session *s, struct kv_sess *k
 	if ((r = spill_read_sync(ks->spill, pm->slot, &h, pg, why, whylen)) < 0) {
 		pool_pages_free(ks->pool, &pg, 1);
 		session_spill_move(s, ks->page_bytes);
+		if (r == -EBADMSG) { /* damaged: lost, as a read at run time finds it (dataop.c) */
+			dataop_slot_release(ks, kv, pm->slot);
+			session_unspill(s, ks->page_bytes);
+			pm->state = PG_LOST;
+			kv->n_spilled--;
+			log_err("session %" PRIu64 " layer %u page %u lost: %s", kv->id, l, i, why);
+		}
 		return r;
 	}
 	L->pages[i] = pg;
@@ -864,6 +890,10 @@ static int replay_rec(void *ctx, const struct persist_rec *rec, const uint8_t *p
 
 	memset(&r, 0, sizeof(r));
 	if (rec->type == PERSIST_REC_XFORM) {
+		if (rec->layer < kv->n_layers && is_damaged(rp, rec->layer)) {
+			rp->skipped++;
+			return 0;
+		}
 		/* a calibration: of an empty layer of a session with transforms */
 		if (!kv->xform || rec->layer >= kv->n_layers || kv->layer[rec->layer].n_tokens || rec->first ||
 		    rec->n || !rec->payload_bytes ||
@@ -880,8 +910,17 @@ static int replay_rec(void *ctx, const struct persist_rec *rec, const uint8_t *p
 			return -EBADMSG;
 		}
 		for (uint32_t l = 0; l < kv->n_layers; l++)
-			if (rec->layer == PERSIST_ALL_LAYERS || l == rec->layer)
+			if (rec->layer == PERSIST_ALL_LAYERS || l == rec->layer) {
+				/* a damaged layer at or above the client's new length
+				 * is at it again: its appends apply from here */
+				if (rec->first <= kv->layer[l].n_tokens)
+					set_damaged(rp, l, false);
 				dataop_truncate_layer(ks, rp->s, kv, l, rec->first);
+			}
+		return 0;
+	}
+	if (rec->type == PERSIST_REC_APPEND && rec->layer < kv->n_layers && is_damaged(rp, rec->layer)) {
+		rp->skipped++;
 		return 0;
 	}
 	if (rec->type != PERSIST_REC_APPEND || rec->layer >= kv->n_layers || rec->n == 0 ||
@@ -901,8 +940,18 @@ static int replay_rec(void *ctx, const struct persist_rec *rec, const uint8_t *p
 	uint32_t added, tail = L->n_tokens / g->page_tokens;
 	int rr;
 	if (L->n_tokens % g->page_tokens &&
-	    (rr = restore_page(ks, rp->s, kv, rec->layer, tail, rp->why, sizeof(rp->why))) < 0)
-		return rr == -EBADMSG ? -EBADMSG : -EIO; /* a lost page, or room and I/O */
+	    (rr = restore_page(ks, rp->s, kv, rec->layer, tail, rp->why, sizeof(rp->why))) < 0) {
+		if (rr != -EBADMSG)
+			return -EIO; /* room or I/O: the journal is not at fault */
+		/* the tail page is lost: this layer's appends cannot apply
+		 * (DATA_LOSS for it, as for any lost page); the others can */
+		log_warning("session %" PRIu64 ": %s; its journaled appends from token %u on are dropped, the other "
+			    "layers' replayed", kv->id, rp->why, rec->first);
+		rp->why[0] = 0;
+		set_damaged(rp, rec->layer, true);
+		rp->skipped++;
+		return 0;
+	}
 	if (dataop_layer_grow(ks, rp->s, kv, rec->layer, (uint64_t)L->n_tokens + rec->n, &added, &r) < 0) {
 		snprintf(rp->why, sizeof(rp->why), "applying an append to layer %u: %s%s%s", rec->layer,
 			 tqkv_status_str(r.status), r.msg[0] ? ": " : "", r.msg);
@@ -1254,6 +1303,10 @@ static int recover_adopt(struct kvstore *ks, struct session_table *st, struct te
 			    "it are dropped", id, n_rec, rp.why[0] ? rp.why : jwhy);
 	else if (jwhy[0] && n_rec)
 		log_info("session %" PRIu64 ": journal: %u record(s) replayed; then %s", id, n_rec, jwhy);
+	if (rp.skipped)
+		log_warning("session %" PRIu64 ": %u journal record(s) dropped: they appended to a layer whose tail "
+			    "page was lost (%u layer(s) still without their journaled tokens: DATA_LOSS there)", id,
+			    rp.skipped, rp.n_damaged);
 	/* An empty layer is uncalibrated, as a truncation to 0 leaves it (a
 	 * calibration whose append never completed counts for nothing). */
 	for (uint32_t l = 0; l < kv->n_layers; l++)

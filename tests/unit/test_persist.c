@@ -33,6 +33,7 @@
 #include "kvfix.h"
 #include "kvpersist.h"
 #include "persist.h"
+#include "spill.h"
 #include "tq_cuda.h"
 #include "tq_xform.h"
 #include "tqkv.h"
@@ -1010,6 +1011,117 @@ static uint64_t slot_range(const char *dir, uint64_t id, uint64_t *lo, uint64_t 
 	return n;
 }
 
+/* Flip a payload byte of the slot that the manifest of session id names
+ * for page `page` of layer l (a damaged disk). */
+static void damage_page(const char *dir, uint64_t id, uint32_t l, uint32_t page)
+{
+	struct persist_manifest m;
+	char why[512], path[512];
+	int dfd = persist_dir_open(dir, why, sizeof(why));
+	uint8_t b;
+
+	MUST(dfd >= 0 && persist_manifest_read(dfd, id, &m, why, sizeof(why)) == 0);
+	MUST(l < m.geom.n_layers && page < m.layers[l].n_pages && m.layers[l].pages[page].slot != PERSIST_SLOT_LOST);
+	const off_t off = (off_t)(m.layers[l].pages[page].slot * m.slot_bytes + SPILL_HDR_BYTES + 77);
+	persist_manifest_free(&m);
+	close(dfd);
+	snprintf(path, sizeof(path), "%s/%s", dir, SPILL_FILE);
+	int fd = open(path, O_RDWR);
+	MUST(fd >= 0 && pread(fd, &b, 1, off) == 1);
+	b ^= 0x40;
+	MUST(pwrite(fd, &b, 1, off) == 1);
+	close(fd);
+}
+
+/* Layer l's attention at positions 0, n/3, n/2, n-1 (as xsnapshot): the
+ * status, out filled when OK. */
+static uint32_t xattend_layer(struct kvfix *f, uint64_t id, uint32_t l, uint32_t n, float *out)
+{
+	struct dataop_ws ws = { 0 };
+	struct dataop_res r;
+	struct session *s;
+	float q[4 * QH * DIM];
+	int32_t pos[4] = { 0, (int32_t)n / 3, (int32_t)n / 2, (int32_t)n - 1 };
+
+	for (int i = 0; i < 4 * QH * DIM; i++)
+		q[i] = val_of(5, 77, 0, (uint32_t)i, 3);
+	MUST(session_acquire(f->st, id, 0, &s) == 0);
+	dataop_attend(f->ks, s, &ws, l, NULL, NULL, 0, q, pos, 4, TQ_DTYPE_F32, out, &r);
+	session_release(s);
+	dataop_ws_free(&ws);
+	return r.status;
+}
+
+/* A checkpointed tail page damaged on disk, that a journaled append of
+ * its layer must read back at restart: that layer's appends are dropped
+ * (its page is lost: DATA_LOSS there, as for any lost page), every other
+ * layer's are replayed — replay used to stop at the first, dropping every
+ * layer's later tokens.  heal: the journal truncates the damaged layer to
+ * 0 and appends anew: those tokens come back too.  A second restart finds
+ * the same. */
+static void test_damaged_tail_others_replay(void)
+{
+	for (int heal = 0; heal < 2; heal++) {
+		struct kvfix f;
+		struct session_info si;
+		struct dataop_res r;
+		static struct xsnap before;
+		static float out[4 * QH * DIM];
+		char why[512];
+
+		kvfix_start(&f, XCONF, 16u << 20, XPAGE, 256);
+		xpersist_up(&f);
+		struct session *s = xopen(&f, &XG, "damaged", 63, &si);
+		xfill(&f, s, 0, 40, 0);
+		xfill(&f, s, 1, 30, 1);
+		T_EQ(dataop_checkpoint(f.ks, s, why, sizeof(why)), 0);
+		/* journaled: both layers' tail pages grow, layer 0's first */
+		xfill(&f, s, 0, 10, 2);
+		xfill(&f, s, 1, 10, 3);
+		if (heal) {
+			dataop_truncate(f.ks, s, 0, 0, 0, &r);
+			T_EQ(r.status, TQKV_ST_OK);
+			xfill(&f, s, 0, 12, 4);
+		}
+		xfill(&f, s, 1, 7, 5);
+		session_release(s);
+		xsnapshot(&f, si.id, &before);
+		T_EQ(before.n_tokens[0], heal ? 12 : 50);
+		T_EQ(before.n_tokens[1], 47);
+
+		kvstore_persist_stop(f.ks, NULL); /* a SIGKILL */
+		damage_page(f.dir, si.id, 0, 0);
+		for (int start = 0; start < 2; start++) {
+			kvfix_restart(&f);
+			xpersist_up(&f);
+			struct kvpersist_stats ps;
+			kvstore_persist_stats(f.ks, &ps);
+			T_EQ(ps.restored, 1);
+			/* layer 1: every acknowledged token, attention bit for bit */
+			T_EQ(xattend_layer(&f, si.id, 1, 47, out), TQKV_ST_OK);
+			if (memcmp(out, before.out[1], sizeof(out)))
+				T_FAIL("start %d: layer 1's attention differs after the restart", start);
+			uint32_t st0 = xattend_layer(&f, si.id, 0, heal ? 12 : 40, out);
+			if (heal) { /* truncated past the damage, then appended anew */
+				T_EQ(st0, TQKV_ST_OK);
+				if (memcmp(out, before.out[0], sizeof(out)))
+					T_FAIL("start %d: layer 0's attention differs after the restart", start);
+			} else {
+				T_EQ(st0, TQKV_ST_DATA_LOSS); /* never served */
+			}
+			struct session *s2;
+			struct kv_sess *kv;
+			MUST(session_acquire(f.st, si.id, 0, &s2) == 0);
+			MUST(dataop_kv_get(f.ks, s2, &kv) == 0);
+			T_EQ(kv->layer[0].n_tokens, heal ? 12 : 40);
+			T_EQ(kv->layer[1].n_tokens, 47);
+			session_release(s2);
+			kvstore_persist_stop(f.ks, NULL);
+		}
+		T_EQ(xfinish(&f), 0);
+	}
+}
+
 /* A journal that cannot be replayed now — its next append needs a pool
  * page and the pool (one page, after a restart on a smaller pool) has
  * none — is not a damaged one: the session is not served in that run,
@@ -1600,6 +1712,7 @@ int main(int argc, char **argv)
 	T_RUN(test_page_tokens_moved);
 	T_RUN(test_config_change);
 	T_RUN(test_replay_cannot_apply);
+	T_RUN(test_damaged_tail_others_replay);
 	T_RUN(test_append_after_journal_loss);
 	T_RUN(test_dirsync_fails);
 	T_RUN(test_remove_dirsync_fails);
