@@ -1163,7 +1163,8 @@ static void top_header(struct top *tp, const Tqkv__V1__Stats *s)
  * terminal too narrow for that (it needs about 140 columns), only the columns
  * that move under pressure: use and what was done about it, which fits 80.
  * The budget (GUARANTEED, LIMIT; USE% is of the limit), SESSIONS (listed
- * below) and the totals SPILLS, RESTORES, WAITED stay in `tqctl tenants`. */
+ * below), the totals SPILLS, RESTORES, WAITED and AT-LIMIT stay in
+ * `tqctl tenants`. */
 static const enum tcol tc_top[] = {
 	TC_NAME, TC_PRIO, TC_GUAR, TC_LIMIT, TC_USED, TC_PCT, TC_SPILLED, TC_SESSIONS,
 	TC_SPILLS, TC_RESTORES, TC_WAITS, TC_WAITED, TC_MAXWAIT, TC_REFUSED, TC_ATLIMIT, TC_EVICTED,
@@ -1464,10 +1465,12 @@ static const struct cmd cmds[] = {
 	  "USED), sessions; what memory pressure did to it since the daemon started:\n"
 	  "  SPILLS    bytes written to the spill tier (reclaimer, tqctl spill, ...)\n"
 	  "  RESTORES  bytes read back from it\n"
-	  "  WAITS     allocations that waited on a full pool for the reclaimer\n"
+	  "  WAITS     allocations that waited for memory (a full pool, or room under\n"
+	  "            the tenant's limit) while pages were spilled for them\n"
 	  "  WAITED    the time they waited, all together; MAXWAIT the longest wait\n"
 	  "  REFUSED   allocations refused on a full pool (POOL_FULL)\n"
-	  "  AT-LIMIT  appends and restores refused at the tenant's limit (TENANT_LIMIT)\n"
+	  "  AT-LIMIT  appends and restores refused at the tenant's limit (TENANT_LIMIT;\n"
+	  "            RestoreSession's RESOURCE_EXHAUSTED)\n"
 	  "  EVICTED   sessions evicted under pressure (pool.pressure_action = evict)\n"
 	  "its sessions' sparse-V (tenant.sparse_v; 0: off) and, since start, the\n"
 	  "share of value chunks (up to 32 keys of a KV head) their attention\n"
@@ -1506,7 +1509,8 @@ static const struct cmd cmds[] = {
 	  "  the reclaimer spilled and its failures; on a GPU pool, the GPU's busy share,\n"
 	  "  decode steps per second and the share that waited once, kernel failures;\n"
 	  "  the tenants table of `tqctl tenants` without ALLOWED (on a terminal too\n"
-	  "  narrow for it: use, spilled, waits, refusals and evictions only);\n"
+	  "  narrow for it: use, spilled, waits, refusals on a full pool and evictions\n"
+	  "  only);\n"
 	  "  the busiest sessions, by tokens appended per second (TOK/S), then by the\n"
 	  "  most recent access: as many as fit the terminal, 10 otherwise.\n"
 	  "On a terminal it redraws in place until q is pressed (any other key\n"

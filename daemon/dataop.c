@@ -326,8 +326,7 @@ static int pages_get(struct kvstore *ks, struct session *s, uint32_t n, uint8_t 
  * session_restore_move): at once, or once the tenant's other sessions
  * were spilled to keep it within its limit (reclaim_charge: bounded
  * wait), or -ENOSPC with why ("" when there is no spill tier; counted in
- * the tenant's limit_refusals: the caller answers TENANT_LIMIT), or
- * -ESTALE. */
+ * the tenant's limit_refusals), or -ESTALE. */
 static int charge_get(struct kvstore *ks, struct session *s, uint64_t bytes,
 		      int (*charge)(struct session *, uint64_t), char *why, size_t whylen)
 {
@@ -337,7 +336,7 @@ static int charge_get(struct kvstore *ks, struct session *s, uint64_t bytes,
 	why[0] = 0;
 	if (e == -ENOSPC && rc && ks->spill)
 		e = reclaim_charge(rc, s, bytes, charge, why, whylen);
-	if (e == -ENOSPC)
+	if (e == -ENOSPC && rc) /* (no reclaimer: start-up's journal replay, not a client's refusal) */
 		tenant_note(session_tenant(s), TENANT_LIMIT_REFUSALS, 1);
 	return e;
 }

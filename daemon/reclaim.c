@@ -112,6 +112,7 @@ struct waiter {
 /* What spilling from a tenant came to. */
 struct spill_res {
 	uint64_t got;             /* bytes spilled                                 */
+	uint32_t held;            /* of busy: open sessions an operation held       */
 	uint32_t busy;            /* sessions skipped: an operation held them (or  */
 	                          /* holds an evicted one's memory a while yet)    */
 	uint32_t gave_way;        /* sessions not waited for: earlier waiters that */
@@ -240,8 +241,10 @@ static void spill_scan(struct reclaim *rc, struct tenant *t, uint64_t want, uint
 					spilled_one(rc, t, &si[i], e, 0, why, reason, now, res);
 				else if (gives_way(res->me, si[i].id, t, &w))
 					res->gave_way++;
-				else
+				else {
 					res->busy++;
+					res->held++;
+				}
 				continue;
 			}
 			fl[nf].s = s;
@@ -394,9 +397,10 @@ uint64_t reclaim_pass(struct reclaim *rc)
  * -EBUSY when the only ones left are waiting for pages (they may be
  * evictable once they have given up) or were evicted already and give
  * their memory back when their operation returns: try again; 0: none
- * (*gave_way: waiters for pages that `me` gave way to, gives_way()). */
+ * (res->gave_way: waiters for pages that res->me gave way to, gives_way();
+ * res->held: those it waits for). */
 static int evict_one(struct reclaim *rc, const struct cand *c, size_t nc, const struct session *skip,
-		     const struct waiter *me, const char *need, uint64_t *evicted, uint32_t *gave_way)
+		     const char *need, uint64_t *evicted, struct spill_res *res)
 {
 	char why[1024], b1[32];
 	bool waiting = false;
@@ -417,10 +421,10 @@ static int evict_one(struct reclaim *rc, const struct cand *c, size_t nc, const 
 			snprintf(why, sizeof(why), "evicted under memory pressure: %s (pool.pressure_action = evict)",
 				 need);
 			int e = session_evict_pressure(rc->st, si[i].id, why, &info);
-			if (e == -EBUSY) { /* it waits for pages itself: unless me gives way to it */
-				bool gw = session_get_info(rc->st, si[i].id, &info) == 0 &&
-					  gives_way(me, si[i].id, c[k].t, &info.wait);
-				*gave_way += gw;
+			if (e == -EBUSY) { /* it waits for pages itself (info: now): unless me gives way to it */
+				bool gw = gives_way(res->me, si[i].id, c[k].t, &info.wait);
+				res->gave_way += gw;
+				res->held += !gw;
 				waiting |= !gw;
 			}
 			if (e < 0)
@@ -461,7 +465,7 @@ int reclaim_admit(struct reclaim *rc, struct session *s, uint32_t n, uint8_t **p
 	struct reclaim_params p = params_of(rc);
 	uint64_t t0 = mono_us(), deadline = t0 + p.admission_wait_ms * 1000u, evicted = 0;
 	const struct waiter me = { t0 ? t0 : 1, session_id(s), t }; /* since 0 says "not waiting" */
-	bool waited = false;
+	bool waited = false, stuck = false;
 	char need[160];
 	int r = -ENOSPC;
 
@@ -501,6 +505,8 @@ int reclaim_admit(struct reclaim *rc, struct session *s, uint32_t n, uint8_t **p
 			break;
 		}
 		waited = true;
+		if (stuck) /* a new try: it may get pages (from a third session) */
+			session_admit_stuck(s, stuck = false);
 		/* spill for it: lowest priority first, never this session */
 		struct spill_res res = { .me = &me };
 		uint64_t want = (uint64_t)(n > ADMIT_BATCH_PAGES ? n : ADMIT_BATCH_PAGES) * page;
@@ -512,10 +518,8 @@ int reclaim_admit(struct reclaim *rc, struct session *s, uint32_t n, uint8_t **p
 			spill_tenant(rc, c[k].t, c[k].excess < take ? c[k].excess : take, s, reason, &res);
 		}
 		reclaim_kick(rc); /* the background pass takes the pool to the low mark */
-		if (res.got) {
-			session_admit_stuck(s, false);
+		if (res.got)
 			continue;
-		}
 		/* memory of sessions evicted or closed in an operation comes
 		 * back when it returns (they are out of the table once closed) */
 		res.busy += session_table_pending_release(rc->st);
@@ -534,11 +538,9 @@ int reclaim_admit(struct reclaim *rc, struct session *s, uint32_t n, uint8_t **p
 				if (!evicted || released(rc, evicted)) {
 					char e[768];
 					snprintf(e, sizeof(e), "%s and nothing could be spilled (%s)", need, res.why);
-					int ev = evict_one(rc, c, nc, s, &me, e, &evicted, &res.gave_way);
-					if (ev > 0) {
-						session_admit_stuck(s, false);
+					int ev = evict_one(rc, c, nc, s, e, &evicted, &res);
+					if (ev > 0)
 						continue;
-					}
 					if (ev == 0 && !session_table_pending_release(rc->st)) {
 						snprintf(why, whylen, "the pool is full, nothing could be spilled (%s) "
 							 "and no session could be evicted%s", res.why, res.gave_way ?
@@ -554,8 +556,11 @@ int reclaim_admit(struct reclaim *rc, struct session *s, uint32_t n, uint8_t **p
 			}
 		}
 		/* the pages to take are in use right now (or an evicted
-		 * session's are on their way back): try again shortly */
-		session_admit_stuck(s, true);
+		 * session's are on their way back): try again shortly; stuck
+		 * when it waits for sessions that operations hold (not only for
+		 * memory on its way back) */
+		if (res.held)
+			session_admit_stuck(s, stuck = true);
 		usleep(500);
 	}
 	/* a release that ended after the loop's allocation (and before what
@@ -618,7 +623,7 @@ int reclaim_charge(struct reclaim *rc, struct session *s, uint64_t bytes, int (*
 	struct reclaim_params p = params_of(rc);
 	uint64_t t0 = mono_us(), deadline = t0 + p.admission_wait_ms * 1000u;
 	const struct waiter me = { t0 ? t0 : 1, session_id(s), t }; /* since 0 says "not waiting" */
-	bool waited = false;
+	bool waited = false, stuck = false;
 	char b1[32], b2[32], b3[32];
 	int r;
 
@@ -657,6 +662,8 @@ int reclaim_charge(struct reclaim *rc, struct session *s, uint64_t bytes, int (*
 			break;
 		}
 		waited = true;
+		if (stuck) /* a new try: it may get pages (from a third session) */
+			session_admit_stuck(s, stuck = false);
 		/* its own least recently used sessions give pages up (its
 		 * guarantee is no floor here: it protects the tenant from
 		 * others, and these stay its own, on the tier) */
@@ -668,10 +675,8 @@ int reclaim_charge(struct reclaim *rc, struct session *s, uint64_t bytes, int (*
 			 "limit of %s", tenant_name(t), b3, bytes, b2);
 		want += (page - want % page) % page; /* whole pages, at least what it is over */
 		spill_tenant(rc, t, want, s, reason, &res);
-		if (res.got) {
-			session_admit_stuck(s, false);
+		if (res.got)
 			continue;
-		}
 		if (res.err) {
 			snprintf(why, whylen, "its limit is %s and its other sessions' pages could not be spilled: %s",
 				 b2, res.why);
@@ -685,7 +690,8 @@ int reclaim_charge(struct reclaim *rc, struct session *s, uint64_t bytes, int (*
 				 b2, res.gave_way ? " but earlier waiters'" : "");
 			break;
 		}
-		session_admit_stuck(s, true);
+		if (res.held) /* (not when only a closed sibling's charge is on its way back) */
+			session_admit_stuck(s, stuck = true);
 		usleep(500); /* the pages to spill are in use right now: shortly */
 	}
 	/* a release that ended after the last try gave its bytes back */

@@ -66,8 +66,9 @@ struct session_wait {
 	uint64_t bytes;              /* what it asks for                                 */
 	bool at_limit;               /* room under its tenant's limit (reclaim_charge),  */
 	                             /* else pool pages (reclaim_admit)                  */
-	bool stuck;                  /* its last try got nothing and found pages it      */
-	                             /* could take held by operations: it waits for them */
+	bool stuck;                  /* its last try got nothing and met sessions whose  */
+	                             /* operations hold pages it could take: it waits    */
+	                             /* for them (cleared when a try begins)             */
 };
 
 struct session_info {
@@ -160,6 +161,7 @@ int session_evict(struct session_table *st, uint64_t id, struct session_info *ou
  * (session_admit_begin): two sessions waiting on a full pool would evict
  * each other, and neither one's memory comes back until both give up. */
 int session_evict_pressure(struct session_table *st, uint64_t id, const char *why, struct session_info *out);
+/* (Both fill *out, when not NULL, unless -ENOENT: as the session is after.) */
 /* The reason of an evicted session (TQKV_EVICT_UNKNOWN if not evicted). */
 uint32_t session_evict_reason(struct session_table *st, uint64_t id);
 /* Removes the session; *released = the bytes it held.  -ENOENT. */

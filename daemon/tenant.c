@@ -178,10 +178,18 @@ struct tq_attn_stats *tenant_attn_stats(struct tenant *t)
 
 void tenant_note(struct tenant *t, enum tenant_counter c, uint64_t v)
 {
-	uint64_t *f = c == TENANT_SPILLED ? &t->pr.spilled_bytes : c == TENANT_RESTORED ? &t->pr.restored_bytes
-		    : c == TENANT_REFUSALS ? &t->pr.refusals : c == TENANT_EVICTIONS ? &t->pr.evictions
-		    : &t->pr.limit_refusals;
-	__atomic_add_fetch(f, v, __ATOMIC_RELAXED);
+	uint64_t *f = NULL;
+
+	switch (c) {
+	case TENANT_SPILLED: f = &t->pr.spilled_bytes; break;
+	case TENANT_RESTORED: f = &t->pr.restored_bytes; break;
+	case TENANT_REFUSALS: f = &t->pr.refusals; break;
+	case TENANT_EVICTIONS: f = &t->pr.evictions; break;
+	case TENANT_LIMIT_REFUSALS: f = &t->pr.limit_refusals; break;
+	}
+	assert(f && "tenant_note: unknown counter");
+	if (f)
+		__atomic_add_fetch(f, v, __ATOMIC_RELAXED);
 }
 
 void tenant_note_wait(struct tenant *t, uint64_t us)

@@ -26,7 +26,7 @@ struct tenant_table;
 struct tenant_pressure {
 	uint64_t spilled_bytes;       /* pages written out to the spill tier            */
 	uint64_t restored_bytes;      /* pages read back                                */
-	uint64_t waits;               /* allocations that waited for reclaim            */
+	uint64_t waits;               /* allocations that waited for memory (pool, limit) */
 	uint64_t wait_us;             /* time they waited, all together                 */
 	uint64_t wait_max_us;         /* the longest one                                */
 	uint64_t refusals;            /* allocations refused on a full pool (POOL_FULL) */

@@ -774,9 +774,11 @@ static void answered(struct model *m, const struct msess *ms, const struct datao
 	m->ans_status = r->status;
 }
 
-/* Refusals are counted where they are answered: the step's POOL_FULL once
- * in its tenant's refusals, its TENANT_LIMIT once in limit_refusals, and
- * nothing else (a waiter evicted meanwhile answers EVICTED: no refusal). */
+/* The step's POOL_FULL is counted once in its tenant's refusals, its
+ * TENANT_LIMIT once in limit_refusals, and nothing else is (a waiter
+ * evicted meanwhile answers EVICTED: no refusal; this model's prefetch
+ * answers only OK, TENANT_LIMIT or POOL_FULL, so its later layers never
+ * meet the limit after another failure). */
 static void check_counted(struct model *m)
 {
 	for (int u = 0; u < N_TEN; u++) {

@@ -611,6 +611,9 @@ static void test_waiter_evicted(void)
 	T_EQ(rx.status, TQKV_ST_EVICTED);
 	T_ASSERT(strstr(rx.msg, "evicted or closed while it waited"));
 	T_EQ(info(&f, x).evict_reason, TQKV_EVICT_OPERATOR);
+	struct tenant_info bi;
+	tenant_get_info(tenant_find(f.kv.tt, "batch"), &bi);
+	T_EQ(bi.pressure.refusals, 0); /* evicted, not refused */
 	/* both gave their memory back; nothing was charged for the failed append */
 	T_EQ(info(&f, x).resident_bytes, 0);
 	T_EQ(info(&f, y).resident_bytes, 0);
@@ -718,6 +721,10 @@ static void test_two_waiters(void)
 		T_EQ(r[w].status, TQKV_ST_OK);
 		T_ASSERT(r[!w].status == TQKV_ST_EVICTED || r[!w].status == TQKV_ST_POOL_FULL);
 		gave_way += r[!w].status == TQKV_ST_POOL_FULL;
+		struct tenant_info bi;
+		tenant_get_info(tenant_find(f.kv.tt, "batch"), &bi);
+		T_EQ(bi.pressure.refusals, r[!w].status == TQKV_ST_POOL_FULL); /* EVICTED is none */
+		T_EQ(bi.pressure.limit_refusals, 0);
 		T_ASSERT(r[0].ms < 2000 && r[1].ms < 2000);
 		uint64_t ok = r[0].status == TQKV_ST_OK ? x : y, gone = ok == x ? y : x;
 		T_EQ(info(&f, ok).state, SESSION_OPEN);
@@ -838,6 +845,10 @@ static void test_limit_not_behind_waiter(void)
 			T_EQ(rx.status, TQKV_ST_TENANT_LIMIT);
 			T_ASSERT(strstr(rx.msg, "its other sessions hold"));
 		}
+		struct tenant_info ti;
+		tenant_get_info(tenant_find(f.kv.tt, "test"), &ti);
+		T_EQ(ti.pressure.limit_refusals, third ? 0 : 1); /* counted (limit_two's appends fit) */
+		T_EQ(ti.pressure.refusals, 0);
 		T_ASSERT(rx.ms < 2500); /* admission_wait is 10 s */
 		fix_stop(&f);
 	}
