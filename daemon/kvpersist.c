@@ -795,8 +795,8 @@ struct replay {
 	struct kv_sess *kv;
 	char why[320];
 	/* layers whose tail page, which their next journaled append needed,
-	 * was lost (damaged on disk): their appends are dropped until a
-	 * journaled truncation brings them back to the client's length; the
+	 * was lost (failed its checks: damaged on disk): their appends are
+	 * dropped until a journaled truncation cuts the lost page off; the
 	 * other layers replay on */
 	uint64_t damaged[SESSION_MAX_LAYERS / 64];
 	uint32_t n_damaged, skipped;   /* layers, records dropped */
@@ -890,10 +890,6 @@ static int replay_rec(void *ctx, const struct persist_rec *rec, const uint8_t *p
 
 	memset(&r, 0, sizeof(r));
 	if (rec->type == PERSIST_REC_XFORM) {
-		if (rec->layer < kv->n_layers && is_damaged(rp, rec->layer)) {
-			rp->skipped++;
-			return 0;
-		}
 		/* a calibration: of an empty layer of a session with transforms */
 		if (!kv->xform || rec->layer >= kv->n_layers || kv->layer[rec->layer].n_tokens || rec->first ||
 		    rec->n || !rec->payload_bytes ||
@@ -911,9 +907,11 @@ static int replay_rec(void *ctx, const struct persist_rec *rec, const uint8_t *p
 		}
 		for (uint32_t l = 0; l < kv->n_layers; l++)
 			if (rec->layer == PERSIST_ALL_LAYERS || l == rec->layer) {
-				/* a damaged layer at or above the client's new length
-				 * is at it again: its appends apply from here */
-				if (rec->first <= kv->layer[l].n_tokens)
+				/* a damaged layer cut back to the start of its lost
+				 * tail page or before is where the client's is (which
+				 * never held fewer tokens): its appends apply again */
+				const uint32_t pt = kv->geom.page_tokens;
+				if (rec->first <= kv->layer[l].n_tokens / pt * pt)
 					set_damaged(rp, l, false);
 				dataop_truncate_layer(ks, rp->s, kv, l, rec->first);
 			}
@@ -945,8 +943,8 @@ static int replay_rec(void *ctx, const struct persist_rec *rec, const uint8_t *p
 			return -EIO; /* room or I/O: the journal is not at fault */
 		/* the tail page is lost: this layer's appends cannot apply
 		 * (DATA_LOSS for it, as for any lost page); the others can */
-		log_warning("session %" PRIu64 ": %s; its journaled appends from token %u on are dropped, the other "
-			    "layers' replayed", kv->id, rp->why, rec->first);
+		log_warning("session %" PRIu64 " layer %u: %s; its journaled appends from token %u on are dropped, "
+			    "the other layers' replayed", kv->id, rec->layer, rp->why, rec->first);
 		rp->why[0] = 0;
 		set_damaged(rp, rec->layer, true);
 		rp->skipped++;
@@ -1305,8 +1303,7 @@ static int recover_adopt(struct kvstore *ks, struct session_table *st, struct te
 		log_info("session %" PRIu64 ": journal: %u record(s) replayed; then %s", id, n_rec, jwhy);
 	if (rp.skipped)
 		log_warning("session %" PRIu64 ": %u journal record(s) dropped: they appended to a layer whose tail "
-			    "page was lost (%u layer(s) still without their journaled tokens: DATA_LOSS there)", id,
-			    rp.skipped, rp.n_damaged);
+			    "page was lost; %u layer(s) end with it (DATA_LOSS there)", id, rp.skipped, rp.n_damaged);
 	/* An empty layer is uncalibrated, as a truncation to 0 leaves it (a
 	 * calibration whose append never completed counts for nothing). */
 	for (uint32_t l = 0; l < kv->n_layers; l++)

@@ -1011,20 +1011,35 @@ static uint64_t slot_range(const char *dir, uint64_t id, uint64_t *lo, uint64_t 
 	return n;
 }
 
+/* The slot that the manifest of session id names for page `page` of layer
+ * l (PERSIST_SLOT_LOST for a lost page); *slot_bytes: the store's. */
+static uint64_t manifest_slot(const char *dir, uint64_t id, uint32_t l, uint32_t page, uint64_t *slot_bytes)
+{
+	struct persist_manifest m;
+	char why[512];
+	int dfd = persist_dir_open(dir, why, sizeof(why));
+
+	MUST(dfd >= 0 && persist_manifest_read(dfd, id, &m, why, sizeof(why)) == 0);
+	MUST(l < m.geom.n_layers && page < m.layers[l].n_pages);
+	const uint64_t slot = m.layers[l].pages[page].slot;
+	if (slot_bytes)
+		*slot_bytes = m.slot_bytes;
+	persist_manifest_free(&m);
+	close(dfd);
+	return slot;
+}
+
 /* Flip a payload byte of the slot that the manifest of session id names
  * for page `page` of layer l (a damaged disk). */
 static void damage_page(const char *dir, uint64_t id, uint32_t l, uint32_t page)
 {
-	struct persist_manifest m;
-	char why[512], path[512];
-	int dfd = persist_dir_open(dir, why, sizeof(why));
+	char path[512];
+	uint64_t slot_bytes;
+	const uint64_t slot = manifest_slot(dir, id, l, page, &slot_bytes);
+	const off_t off = (off_t)(slot * slot_bytes + SPILL_HDR_BYTES + 77);
 	uint8_t b;
 
-	MUST(dfd >= 0 && persist_manifest_read(dfd, id, &m, why, sizeof(why)) == 0);
-	MUST(l < m.geom.n_layers && page < m.layers[l].n_pages && m.layers[l].pages[page].slot != PERSIST_SLOT_LOST);
-	const off_t off = (off_t)(m.layers[l].pages[page].slot * m.slot_bytes + SPILL_HDR_BYTES + 77);
-	persist_manifest_free(&m);
-	close(dfd);
+	MUST(slot != PERSIST_SLOT_LOST);
 	snprintf(path, sizeof(path), "%s/%s", dir, SPILL_FILE);
 	int fd = open(path, O_RDWR);
 	MUST(fd >= 0 && pread(fd, &b, 1, off) == 1);
@@ -1052,19 +1067,34 @@ static uint32_t xattend_layer(struct kvfix *f, uint64_t id, uint32_t l, uint32_t
 	return r.status;
 }
 
+static void xtruncate(struct kvfix *f, struct session *s, uint32_t l, int all, uint64_t pos)
+{
+	struct dataop_res r;
+
+	dataop_truncate(f->ks, s, l, all, pos, &r);
+	MUST(r.status == TQKV_ST_OK);
+}
+
 /* A checkpointed tail page damaged on disk, that a journaled append of
- * its layer must read back at restart: that layer's appends are dropped
- * (its page is lost: DATA_LOSS there, as for any lost page), every other
- * layer's are replayed — replay used to stop at the first, dropping every
- * layer's later tokens.  heal: the journal truncates the damaged layer to
- * 0 and appends anew: those tokens come back too.  A second restart finds
- * the same. */
+ * its layer must read back at restart: that page is lost (DATA_LOSS for
+ * its layer, as for any lost page: its slot given back, the next
+ * manifest names it lost) and that layer's appends are dropped, while
+ * every other layer's are replayed — replay used to stop at the first,
+ * dropping every layer's later tokens.  A journaled truncation that cuts
+ * the lost page off (of the layer, or of all layers) lets the layer's
+ * later appends apply again; one that does not (past the layer's frozen
+ * length, or into the lost page) leaves it as it was.  A second start
+ * finds what the first one's checkpoint after replay kept. */
 static void test_damaged_tail_others_replay(void)
 {
-	for (int heal = 0; heal < 2; heal++) {
+	enum { AS_IS, CUT_LAYER, CUT_PAST_THEN_ALL, CUT_INTO, N_CASES };
+	static const char *const name[N_CASES] = { "no truncation", "layer 0 cut to 0, then appended",
+						   "cut past its length, then all layers cut to 0",
+						   "cut into the lost page" };
+
+	for (int c = 0; c < N_CASES; c++) {
 		struct kvfix f;
 		struct session_info si;
-		struct dataop_res r;
 		static struct xsnap before;
 		static float out[4 * QH * DIM];
 		char why[512];
@@ -1078,16 +1108,23 @@ static void test_damaged_tail_others_replay(void)
 		/* journaled: both layers' tail pages grow, layer 0's first */
 		xfill(&f, s, 0, 10, 2);
 		xfill(&f, s, 1, 10, 3);
-		if (heal) {
-			dataop_truncate(f.ks, s, 0, 0, 0, &r);
-			T_EQ(r.status, TQKV_ST_OK);
+		if (c == CUT_LAYER) {
+			xtruncate(&f, s, 0, 0, 0);
 			xfill(&f, s, 0, 12, 4);
+		} else if (c == CUT_PAST_THEN_ALL) {
+			xtruncate(&f, s, 0, 0, 45); /* above the 40 it holds at restart */
+			xfill(&f, s, 0, 5, 6);
+			xtruncate(&f, s, 0, 1, 0);
+			xfill(&f, s, 0, 12, 4);
+			xfill(&f, s, 1, 9, 7);
+		} else if (c == CUT_INTO) {
+			xtruncate(&f, s, 0, 0, 20);
 		}
 		xfill(&f, s, 1, 7, 5);
 		session_release(s);
 		xsnapshot(&f, si.id, &before);
-		T_EQ(before.n_tokens[0], heal ? 12 : 50);
-		T_EQ(before.n_tokens[1], 47);
+		const bool healed = c == CUT_LAYER || c == CUT_PAST_THEN_ALL;
+		const uint32_t want0 = healed ? before.n_tokens[0] : c == CUT_INTO ? 20 : 40;
 
 		kvstore_persist_stop(f.ks, NULL); /* a SIGKILL */
 		damage_page(f.dir, si.id, 0, 0);
@@ -1098,24 +1135,34 @@ static void test_damaged_tail_others_replay(void)
 			kvstore_persist_stats(f.ks, &ps);
 			T_EQ(ps.restored, 1);
 			/* layer 1: every acknowledged token, attention bit for bit */
-			T_EQ(xattend_layer(&f, si.id, 1, 47, out), TQKV_ST_OK);
+			T_EQ(xattend_layer(&f, si.id, 1, before.n_tokens[1], out), TQKV_ST_OK);
 			if (memcmp(out, before.out[1], sizeof(out)))
-				T_FAIL("start %d: layer 1's attention differs after the restart", start);
-			uint32_t st0 = xattend_layer(&f, si.id, 0, heal ? 12 : 40, out);
-			if (heal) { /* truncated past the damage, then appended anew */
+				T_FAIL("%s, start %d: layer 1's attention differs", name[c], start);
+			uint32_t st0 = xattend_layer(&f, si.id, 0, want0, out);
+			if (healed) {
 				T_EQ(st0, TQKV_ST_OK);
 				if (memcmp(out, before.out[0], sizeof(out)))
-					T_FAIL("start %d: layer 0's attention differs after the restart", start);
+					T_FAIL("%s, start %d: layer 0's attention differs", name[c], start);
 			} else {
 				T_EQ(st0, TQKV_ST_DATA_LOSS); /* never served */
 			}
+			/* the lost page's slot given back, the manifest says lost */
 			struct session *s2;
 			struct kv_sess *kv;
+			struct session_info now;
+			struct spill_stats ss;
+			uint64_t lo, hi;
 			MUST(session_acquire(f.st, si.id, 0, &s2) == 0);
 			MUST(dataop_kv_get(f.ks, s2, &kv) == 0);
-			T_EQ(kv->layer[0].n_tokens, heal ? 12 : 40);
-			T_EQ(kv->layer[1].n_tokens, 47);
+			T_EQ(kv->layer[0].n_tokens, want0);
+			T_EQ(kv->layer[1].n_tokens, before.n_tokens[1]);
+			MUST(session_get_info(f.st, si.id, &now) == 0);
+			T_EQ(now.spilled_bytes, kv->n_spilled * XPAGE);
 			session_release(s2);
+			spill_stats(f.sp, &ss);
+			T_EQ(ss.slots_used, slot_range(f.dir, si.id, &lo, &hi));
+			if (!healed)
+				T_EQ(manifest_slot(f.dir, si.id, 0, 0, NULL), PERSIST_SLOT_LOST);
 			kvstore_persist_stop(f.ks, NULL);
 		}
 		T_EQ(xfinish(&f), 0);
