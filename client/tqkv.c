@@ -51,6 +51,7 @@ struct tqkv_req {
 	float *out;                   /* caller's output, or NULL */
 	uint64_t out_off;
 	size_t out_bytes;
+	uint64_t deadline;            /* op_timeout_ms from its submit (ns; 0: none) */
 	struct tqkv_result res;
 };
 
@@ -358,6 +359,7 @@ static int submit(tqkv *c, struct tqkv_sqe *e, struct in_buf *in, int n_in, floa
 	q->n_slots = need;
 	q->out = out;
 	q->out_bytes = out_bytes;
+	q->deadline = deadline; /* submit + wait: one deadline (tqkv_wait) */
 	memset(&q->res, 0, sizeof(q->res));
 	for (uint32_t i = 0; i < need; i++)
 		c->slot_used[first + i] = 1;
@@ -386,13 +388,24 @@ out:
 EXPORT int tqkv_wait_timeout(tqkv_req *q, struct tqkv_result *res, int timeout_ms)
 {
 	tqkv *c = q->c;
-	int ms = timeout_ms == TQKV_WAIT_DEFAULT ? c->op_timeout_ms : timeout_ms;
-	uint64_t deadline = ms > 0 ? now_ns() + (uint64_t)ms * 1000000u : 0;
+	const bool own = timeout_ms != TQKV_WAIT_DEFAULT;
+	/* the connection's deadline runs from the operation's submit (a
+	 * submit that waited for room leaves the wait the rest of it) */
+	uint64_t deadline = own ? (timeout_ms > 0 ? now_ns() + (uint64_t)timeout_ms * 1000000u : 0) : q->deadline;
 	int r;
 
 	pthread_mutex_lock(&c->lock);
 	while (!q->done) {
 		if (deadline && now_ns() >= deadline) {
+			/* a completion already in the queue is not late */
+			if (!c->reaping && !c->dead) {
+				uint32_t before = c->cq_head;
+				reap_locked(c);
+				if (c->cq_head != before || c->dead)
+					pthread_cond_broadcast(&c->cond);
+			}
+			if (q->done)
+				break;
 			/* Abandon it: the arena slots stay reserved until its
 			 * completion comes, since the daemon may still write them. */
 			q->abandoned = true;
@@ -401,8 +414,13 @@ EXPORT int tqkv_wait_timeout(tqkv_req *q, struct tqkv_result *res, int timeout_m
 				res->res = -ETIMEDOUT;
 			}
 			pthread_mutex_unlock(&c->lock);
-			return fail(-ETIMEDOUT, "no completion from tqkvd in %d ms; the operation was abandoned "
-				    "(it may still run: the session's state after it is unknown)", ms);
+			if (own)
+				return fail(-ETIMEDOUT, "no completion from tqkvd in %d ms; the operation was "
+					    "abandoned (it may still run: the session's state after it is unknown)",
+					    timeout_ms);
+			return fail(-ETIMEDOUT, "no completion from tqkvd within %d ms of the submit "
+				    "(op_timeout_ms); the operation was abandoned (it may still run: the session's "
+				    "state after it is unknown)", c->op_timeout_ms);
 		}
 		progress_locked(c, deadline);
 	}

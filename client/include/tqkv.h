@@ -36,8 +36,10 @@
  * there is one).  The ring's precise reason for a failed operation is in
  * struct tqkv_result.status (tqkv_status_name()).
  *
- * Deadlines: every data operation has one (op_timeout_ms, default 60 s;
- * tqkv_wait_timeout per call).  When it passes the call returns
+ * Deadlines: every data operation has one, op_timeout_ms (default 60 s)
+ * from its submit — a submit that waited for room in the ring leaves the
+ * wait what is left of it, so a synchronous call takes at most that long —
+ * or tqkv_wait_timeout's, from that call.  When it passes the call returns
  * -ETIMEDOUT and the operation is abandoned: it may still run in the
  * daemon, so the session's state after it is unknown (e.g. re-read the
  * length with a truncate to a known position).  A daemon that dies is
@@ -92,7 +94,8 @@ struct tqkv_connect_opts {
 				  /* operation's inputs and output must fit in it           */
 	uint32_t flags;           /* TQKV_CONNECT_*                                          */
 	int timeout_ms;           /* control calls (0: 10000)                                */
-	int op_timeout_ms;        /* data operations: submit + wait (0: 60000, < 0: none)    */
+	int op_timeout_ms;        /* data operations: submit + wait together (0: 60000,      */
+	                          /* < 0: none)                                             */
 				  /* (added in 0.2; a 0.1 binary gets the defaults)         */
 };
 
@@ -228,11 +231,12 @@ int tqkv_submit_append_attend(tqkv_session *s, uint32_t layer, const void *k, co
 int tqkv_submit_truncate(tqkv_session *s, uint32_t layer, uint64_t pos, tqkv_req **req);
 int tqkv_submit_nop(tqkv *c, tqkv_req **req);
 /* Wait for req, copy its output to the caller's `out`, free it.  Returns
- * the operation's result (res as above); r may be NULL.  Waits at most the
- * connection's op_timeout_ms. */
+ * the operation's result (res as above); r may be NULL.  Waits at most
+ * until the connection's op_timeout_ms from req's submit has passed (a
+ * completion that came meanwhile is still returned). */
 int tqkv_wait(tqkv_req *req, struct tqkv_result *r);
 /* The same with this call's own deadline: timeout_ms > 0, or
- * TQKV_WAIT_DEFAULT (the connection's), or TQKV_WAIT_FOREVER.  -ETIMEDOUT:
+ * TQKV_WAIT_DEFAULT (tqkv_wait's), or TQKV_WAIT_FOREVER.  -ETIMEDOUT:
  * req is abandoned and freed (do not wait for it again), `out` is not
  * written; see "Deadlines" above. */
 #define TQKV_WAIT_DEFAULT 0

@@ -7,7 +7,8 @@
 #  2. session ids never repeat across restarts (clean or SIGKILL): an id
 #     from before answers NO_SESSION, not someone else's new session;
 #  3. a data operation against a stopped daemon (SIGSTOP) returns
-#     -ETIMEDOUT after the connection's op_timeout_ms, the connection works
+#     -ETIMEDOUT after the connection's op_timeout_ms — counted from its
+#     submit, also when the wait begins later — the connection works
 #     again after SIGCONT, and a killed daemon is noticed at once.
 . "$(dirname "$0")/lib/daemon.bash"
 CLIENT=${TQ_BUILD:-$PWD/build}/tests/test_ring
@@ -84,12 +85,15 @@ answer() {
 }
 echo go >&3
 a=$(answer 1); [[ $a == "rc=1 "* ]] || fail "attend before the stop: $a"
-kill -STOP "$DAEMON_PID"
-# every thread stopped (state T) before the client asks
-for _ in $(seq 100); do
-	grep -qv '^T' <(for f in /proc/"$DAEMON_PID"/task/*/stat; do sed 's/^.*) //' "$f" | cut -c1; done) || break
-	sleep 0.01
-done
+# stop the daemon, every thread stopped (state T) before the client asks
+stop_all() {
+	kill -STOP "$DAEMON_PID"
+	for _ in $(seq 100); do
+		grep -qv '^T' <(for f in /proc/"$DAEMON_PID"/task/*/stat; do sed 's/^.*) //' "$f" | cut -c1; done) || break
+		sleep 0.01
+	done
+}
+stop_all
 echo go >&3
 a=$(answer 2)
 kill -CONT "$DAEMON_PID"
@@ -99,9 +103,21 @@ ms=$(sed 's/.*ms=\([0-9]*\).*/\1/' <<<"$a")
 grep -q "abandoned" <<<"$a" || fail "the timeout does not say what happened: $a"
 echo go >&3
 a=$(answer 3); [[ $a == "rc=1 "* ]] || fail "after SIGCONT the connection does not work: $a"
+# the deadline runs from the submit: submitted, waited for 500 ms later,
+# it times out 700 ms after the submit, not 700 ms after the wait began
+stop_all
+echo late >&3
+a=$(answer 4)
+kill -CONT "$DAEMON_PID"
+[[ $a == "rc=-110 "* ]] || fail "a late wait on a stopped daemon: $a (expected -ETIMEDOUT)"
+ms=$(sed 's/.*ms=\([0-9]*\).*/\1/' <<<"$a")
+[ "$ms" -ge 650 ] && [ "$ms" -lt 1100 ] || fail "a wait 500 ms after the submit timed out $ms ms after it (op_timeout_ms is 700)"
+grep -q "of the submit" <<<"$a" || fail "the timeout does not say the deadline is the submit's: $a"
+echo go >&3
+a=$(answer 5); [[ $a == "rc=1 "* ]] || fail "after the late timeout the connection does not work: $a"
 kill -KILL "$DAEMON_PID"; wait "$DAEMON_PID" 2>/dev/null; DAEMON_PID=
 echo go >&3
-a=$(answer 4)
+a=$(answer 6)
 [[ $a == "rc=-"* ]] || fail "a dead daemon: $a"
 ms=$(sed 's/.*ms=\([0-9]*\).*/\1/' <<<"$a")
 [ "$ms" -lt 500 ] || fail "a dead daemon was noticed after $ms ms"

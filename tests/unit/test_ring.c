@@ -574,7 +574,8 @@ static int client_conns(const char *dir, int n, bool hold)
 }
 
 /* stall DIR OP_TIMEOUT_MS: a session, then one attend per line on stdin,
- * printing "rc=R ms=T" for each (the daemon may be stopped meanwhile). */
+ * printing "rc=R ms=T" for each (the daemon may be stopped meanwhile); a
+ * line "late": submitted, then waited for 500 ms later (T from the submit). */
 static int client_stall(const char *dir, int op_timeout_ms)
 {
 	struct tqkv_connect_opts o = { .run_dir = dir, .op_timeout_ms = op_timeout_ms };
@@ -601,7 +602,16 @@ static int client_stall(const char *dir, int op_timeout_ms)
 	while (fgets(line, sizeof(line), stdin)) {
 		struct timespec t0;
 		clock_gettime(CLOCK_MONOTONIC, &t0);
-		int r = tqkv_attend(s, 0, q, &pos, 1, TQKV_F32, out);
+		int r;
+		if (!strncmp(line, "late", 4)) {
+			tqkv_req *rq;
+			if ((r = tqkv_submit_attend(s, 0, q, &pos, 1, TQKV_F32, out, &rq)) == 0) {
+				usleep(500000);
+				r = tqkv_wait(rq, NULL);
+			}
+		} else {
+			r = tqkv_attend(s, 0, q, &pos, 1, TQKV_F32, out);
+		}
 		printf("rc=%d ms=%.0f %s\n", r, ms_since(&t0), r < 0 ? tqkv_last_error() : "");
 		fflush(stdout);
 	}
