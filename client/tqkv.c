@@ -615,7 +615,8 @@ static int handshake(tqkv *c, int memfd, const struct tqkv_ring_layout *lay)
 	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf.buf,
 			      .msg_controllen = sizeof(cbuf.buf) };
 	struct cmsghdr *cm;
-	struct timeval tv = { 10, 0 };
+	/* the daemon's answer within the connection's control timeout */
+	struct timeval tv = { c->timeout_ms / 1000, (c->timeout_ms % 1000) * 1000 };
 	int send_err = 0;
 	ssize_t n;
 
@@ -650,6 +651,9 @@ static int handshake(tqkv *c, int memfd, const struct tqkv_ring_layout *lay)
 	}
 	if (n != (ssize_t)sizeof(w)) {
 		int err = send_err ? send_err : n < 0 ? errno : EPROTO;
+		if (err == EAGAIN || err == EWOULDBLOCK)
+			return fail(-ETIMEDOUT, "no answer to the ring handshake in %d ms (timeout_ms): tqkvd is "
+				    "stopped or overloaded", c->timeout_ms);
 		return fail(-err, "no answer to the ring handshake: %s", strerror(err));
 	}
 	w.msg[sizeof(w.msg) - 1] = 0;

@@ -93,7 +93,8 @@ struct tqkv_connect_opts {
 	uint64_t arena_bytes;     /* shared data arena (0: 64 MiB, at most 4 GiB); one      */
 				  /* operation's inputs and output must fit in it           */
 	uint32_t flags;           /* TQKV_CONNECT_*                                          */
-	int timeout_ms;           /* control calls (0: 10000)                                */
+	int timeout_ms;           /* control calls and the data socket's handshake          */
+	                          /* (0: 10000)                                             */
 	int op_timeout_ms;        /* data operations: submit + wait together (0: 60000,      */
 	                          /* < 0: none)                                             */
 				  /* (added in 0.2; a 0.1 binary gets the defaults)         */

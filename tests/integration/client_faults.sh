@@ -8,7 +8,8 @@
 #     from before answers NO_SESSION, not someone else's new session;
 #  3. a data operation against a stopped daemon (SIGSTOP) returns
 #     -ETIMEDOUT after the connection's op_timeout_ms — counted from its
-#     submit, also when the wait begins later — the connection works
+#     submit, also when the wait begins later — a new connection's
+#     handshake gives up after its timeout_ms, the connection works
 #     again after SIGCONT, and a killed daemon is noticed at once.
 . "$(dirname "$0")/lib/daemon.bash"
 CLIENT=${TQ_BUILD:-$PWD/build}/tests/test_ring
@@ -108,11 +109,18 @@ a=$(answer 3); [[ $a == "rc=1 "* ]] || fail "after SIGCONT the connection does n
 stop_all
 echo late >&3
 a=$(answer 4)
+# a new connection's handshake waits the connection's timeout_ms (400),
+# not a fixed 10 s
+c=$("$CLIENT" --client connect "$T/run" 400)
 kill -CONT "$DAEMON_PID"
 [[ $a == "rc=-110 "* ]] || fail "a late wait on a stopped daemon: $a (expected -ETIMEDOUT)"
 ms=$(sed 's/.*ms=\([0-9]*\).*/\1/' <<<"$a")
 [ "$ms" -ge 650 ] && [ "$ms" -lt 1100 ] || fail "a wait 500 ms after the submit timed out $ms ms after it (op_timeout_ms is 700)"
 grep -q "of the submit" <<<"$a" || fail "the timeout does not say the deadline is the submit's: $a"
+[[ $c == "rc=-110 "* ]] || fail "a connection to a stopped daemon: $c (expected -ETIMEDOUT)"
+ms=$(sed 's/.*ms=\([0-9]*\).*/\1/' <<<"$c")
+[ "$ms" -ge 350 ] && [ "$ms" -lt 3000 ] || fail "a connection's handshake timed out after $ms ms, timeout_ms is 400"
+grep -q "timeout_ms" <<<"$c" || fail "the handshake's timeout does not say which: $c"
 echo go >&3
 a=$(answer 5); [[ $a == "rc=1 "* ]] || fail "after the late timeout the connection does not work: $a"
 kill -KILL "$DAEMON_PID"; wait "$DAEMON_PID" 2>/dev/null; DAEMON_PID=

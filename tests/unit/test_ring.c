@@ -573,6 +573,21 @@ static int client_conns(const char *dir, int n, bool hold)
 	return r < 0 ? 3 : 0;
 }
 
+/* connect DIR TIMEOUT_MS: one connection without the control channel,
+ * printing "rc=R ms=T message" (the daemon may be stopped). */
+static int client_connect(const char *dir, int timeout_ms)
+{
+	struct tqkv_connect_opts o = { .run_dir = dir, .timeout_ms = timeout_ms, .flags = TQKV_CONNECT_NO_CONTROL };
+	struct timespec t0;
+	tqkv *c = NULL;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	int r = tqkv_connect(&c, &o);
+	printf("rc=%d ms=%.0f %s\n", r, ms_since(&t0), r < 0 ? tqkv_last_error() : "");
+	tqkv_disconnect(c);
+	return 0;
+}
+
 /* stall DIR OP_TIMEOUT_MS: a session, then one attend per line on stdin,
  * printing "rc=R ms=T" for each (the daemon may be stopped meanwhile); a
  * line "late": submitted, then waited for 500 ms later (T from the submit). */
@@ -727,6 +742,8 @@ static int client_main(int argc, char **argv)
 		return client_conns(dir, atoi(argv[4]), !strcmp(argv[5], "hold"));
 	if (!strcmp(mode, "stall") && argc > 4)
 		return client_stall(dir, atoi(argv[4]));
+	if (!strcmp(mode, "connect") && argc > 4)
+		return client_connect(dir, atoi(argv[4]));
 	if (!strcmp(mode, "prefetch") && argc > 4) {
 		/* prefetch DIR ID: attach (G[0]), prefetch, watch the spilled bytes go;
 		 * then rounds of operations in flight together on the connection:
