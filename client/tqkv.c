@@ -397,8 +397,10 @@ EXPORT int tqkv_wait_timeout(tqkv_req *q, struct tqkv_result *res, int timeout_m
 	pthread_mutex_lock(&c->lock);
 	while (!q->done) {
 		if (deadline && now_ns() >= deadline) {
-			/* a completion already in the queue is not late */
-			if (!c->reaping && !c->dead) {
+			/* a completion already in the queue is not late (also
+			 * while another thread is the reaper: it has let go of
+			 * the lock, and reads the queue again when it takes it) */
+			if (!c->dead) {
 				uint32_t before = c->cq_head;
 				reap_locked(c);
 				if (c->cq_head != before || c->dead)
@@ -661,8 +663,9 @@ static int handshake(tqkv *c, int memfd, const struct tqkv_ring_layout *lay)
 		return fail(-EPROTO, "the data socket's answer is not tqkvd's");
 	if (w.res < 0)
 		return fail(w.res, "tqkvd refused the data connection: %s", w.msg);
-	tv.tv_sec = 0;
+	tv = (struct timeval){ 0, 0 };
 	setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 	c->client_id = w.client_id;
 	return 0;
 }
@@ -789,8 +792,16 @@ EXPORT int tqkv_connect_0_2(tqkv **out, const struct tqkv_connect_opts *o)
 		goto fail;
 	}
 	c->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (c->fd >= 0) { /* connect (a full backlog) and the handshake: timeout_ms (handshake clears it) */
+		struct timeval tv = { c->timeout_ms / 1000, (c->timeout_ms % 1000) * 1000 };
+		setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	}
 	if (c->fd < 0 || connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		r = fail(-errno, "connecting to %s: %s", sa.sun_path, strerror(errno));
+		if (c->fd >= 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			r = fail(-ETIMEDOUT, "connecting to %s: no room in its queue for %d ms (timeout_ms): tqkvd "
+				 "is stopped or overloaded", sa.sun_path, c->timeout_ms);
+		else
+			r = fail(-errno, "connecting to %s: %s", sa.sun_path, strerror(errno));
 		goto fail;
 	}
 	if ((r = handshake(c, memfd, &lay)) < 0)

@@ -36,13 +36,16 @@
  * there is one).  The ring's precise reason for a failed operation is in
  * struct tqkv_result.status (tqkv_status_name()).
  *
- * Deadlines: every data operation has one, op_timeout_ms (default 60 s)
- * from its submit — a submit that waited for room in the ring leaves the
- * wait what is left of it, so a synchronous call takes at most that long —
- * or tqkv_wait_timeout's, from that call.  When it passes the call returns
- * -ETIMEDOUT and the operation is abandoned: it may still run in the
- * daemon, so the session's state after it is unknown (e.g. re-read the
- * length with a truncate to a known position).  A daemon that dies is
+ * Deadlines: every data operation has one, op_timeout_ms (default 60 s;
+ * negative: none) from its submit — a submit that waited for room in the
+ * ring leaves the wait what is left of it, so a synchronous call takes at
+ * most that long — or tqkv_wait_timeout's, from that call.  (Libraries
+ * before the TQKV_0.4 node counted tqkv_wait's from the wait, for every
+ * symbol version alike.)  A submit that
+ * finds no room in time returns -ETIMEDOUT with nothing submitted.  A wait
+ * that passes it returns -ETIMEDOUT and the operation is abandoned: it may
+ * still run in the daemon, so the session's state after it is unknown
+ * (e.g. re-read the length with a truncate to a known position).  A daemon that dies is
  * noticed within about 50 ms: every call then returns -ECONNRESET (or
  * -ESHUTDOWN when it stopped in order).
  *
@@ -93,8 +96,8 @@ struct tqkv_connect_opts {
 	uint64_t arena_bytes;     /* shared data arena (0: 64 MiB, at most 4 GiB); one      */
 				  /* operation's inputs and output must fit in it           */
 	uint32_t flags;           /* TQKV_CONNECT_*                                          */
-	int timeout_ms;           /* control calls and the data socket's handshake          */
-	                          /* (0: 10000)                                             */
+	int timeout_ms;           /* control calls, and connecting to the data socket       */
+	                          /* with its handshake (<= 0: 10000)                       */
 	int op_timeout_ms;        /* data operations: submit + wait together (0: 60000,      */
 	                          /* < 0: none)                                             */
 				  /* (added in 0.2; a 0.1 binary gets the defaults)         */
@@ -221,7 +224,8 @@ struct tqkv_result {
 
 /* Each copies its inputs into the arena and queues the operation; *req is
  * waited for with tqkv_wait.  Blocks only while the queue or the arena is
- * full.  -E2BIG: the operation can never fit in the arena. */
+ * full, op_timeout_ms at most (-ETIMEDOUT: nothing submitted).  -E2BIG: the
+ * operation can never fit in the arena. */
 int tqkv_submit_append(tqkv_session *s, uint32_t layer, const void *k, const void *v,
 		       uint32_t n_tokens, enum tqkv_dtype dtype, tqkv_req **req);
 int tqkv_submit_attend(tqkv_session *s, uint32_t layer, const void *q, const int32_t *pos,
@@ -237,7 +241,8 @@ int tqkv_submit_nop(tqkv *c, tqkv_req **req);
  * completion that came meanwhile is still returned). */
 int tqkv_wait(tqkv_req *req, struct tqkv_result *r);
 /* The same with this call's own deadline: timeout_ms > 0, or
- * TQKV_WAIT_DEFAULT (tqkv_wait's), or TQKV_WAIT_FOREVER.  -ETIMEDOUT:
+ * TQKV_WAIT_DEFAULT (tqkv_wait's), or TQKV_WAIT_FOREVER (any negative
+ * value).  -ETIMEDOUT:
  * req is abandoned and freed (do not wait for it again), `out` is not
  * written; see "Deadlines" above. */
 #define TQKV_WAIT_DEFAULT 0

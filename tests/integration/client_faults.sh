@@ -112,6 +112,26 @@ a=$(answer 4)
 # a new connection's handshake waits the connection's timeout_ms (400),
 # not a fixed 10 s
 c=$("$CLIENT" --client connect "$T/run" 400)
+# ... and so does connect() itself when the listen queue is full
+python3 - "$T/run/data.sock" "$CLIENT" "$T/run" >"$T/full.out" 2>&1 <<'PY' || true
+import socket, subprocess, sys
+held = []
+for _ in range(4096):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.setblocking(False)
+    try:
+        s.connect(sys.argv[1])
+    except (BlockingIOError, InterruptedError):
+        s.close()
+        break
+    held.append(s)
+print("held", len(held))
+try:
+    print(subprocess.run([sys.argv[2], "--client", "connect", sys.argv[3], "400"], capture_output=True,
+                         text=True, timeout=10).stdout, end="")
+except subprocess.TimeoutExpired:
+    print("connect: no answer in 10 s")
+PY
 kill -CONT "$DAEMON_PID"
 [[ $a == "rc=-110 "* ]] || fail "a late wait on a stopped daemon: $a (expected -ETIMEDOUT)"
 ms=$(sed 's/.*ms=\([0-9]*\).*/\1/' <<<"$a")
@@ -121,6 +141,11 @@ grep -q "of the submit" <<<"$a" || fail "the timeout does not say the deadline i
 ms=$(sed 's/.*ms=\([0-9]*\).*/\1/' <<<"$c")
 [ "$ms" -ge 350 ] && [ "$ms" -lt 3000 ] || fail "a connection's handshake timed out after $ms ms, timeout_ms is 400"
 grep -q "timeout_ms" <<<"$c" || fail "the handshake's timeout does not say which: $c"
+f=$(grep '^rc=' "$T/full.out")
+[[ $f == "rc=-110 "* ]] && grep -q "no room in its queue" <<<"$f" \
+	|| fail "a connection to a stopped daemon with a full listen queue: $(cat "$T/full.out")"
+ms=$(sed 's/.*ms=\([0-9]*\).*/\1/' <<<"$f")
+[ "$ms" -ge 350 ] && [ "$ms" -lt 3000 ] || fail "connect() to a full queue gave up after $ms ms, timeout_ms is 400"
 echo go >&3
 a=$(answer 5); [[ $a == "rc=1 "* ]] || fail "after the late timeout the connection does not work: $a"
 kill -KILL "$DAEMON_PID"; wait "$DAEMON_PID" 2>/dev/null; DAEMON_PID=
