@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -43,6 +44,7 @@ struct req {
 	uint32_t stage;              /* staging slot while in flight */
 	bool direct;                 /* the page itself is the I/O buffer */
 	int inject;                  /* an armed fault this request takes (-errno) */
+	uint8_t tries;               /* submitted again after transient failures    */
 	int copy_err;                /* write: the page could not be staged (-errno) */
 	struct iovec iov[2];         /* direct: header in staging, the page */
 	char copy_why[200];
@@ -52,6 +54,7 @@ struct spill {
 	char path[320];
 	char engine[256];
 	int fd;
+	int lock_fd;                 /* flock: one store per file */
 	bool uring;                  /* else pread/pwrite */
 	int check_state;             /* spill_check: the last condition logged */
 	uint32_t page_bytes, qd;
@@ -243,6 +246,43 @@ static int verify(struct spill *sp, const struct req *q, const uint8_t *buf, con
 }
 
 /* ---- completion ------------------------------------------------------------------------- */
+
+/* A failure worth submitting again (SPILL_RETRIES times at most): the
+ * kernel cancelled the request (-ECANCELED: its submitter — any thread
+ * that waits drives the ring — exited with it in the kernel's worker
+ * queue), interrupted it, asked for a retry, or moved fewer bytes than
+ * the slot (O_DIRECT on a regular file does not, but nothing forbids it).
+ * An injected fault stands for what the disk said. */
+#define SPILL_RETRIES 3
+static bool transient(const struct spill *sp, const struct req *q, long res)
+{
+	if (q->inject)
+		res = q->inject;
+	if (q->copy_err || q->tries >= SPILL_RETRIES)
+		return false;
+	return res == -EAGAIN || res == -EINTR || res == -ECANCELED || (res >= 0 && (uint64_t)res < sp->slot_bytes);
+}
+
+/* q goes back to be submitted again (the caller requeues it). */
+static void retry_note(struct spill *sp, struct req *q, long res)
+{
+	long r = q->inject ? q->inject : res;
+	const char *inj = q->inject ? " (injected fault)" : "";
+	uint64_t off = q->slot * sp->slot_bytes;
+
+	q->tries++;
+	q->inject = 0;
+	pthread_mutex_lock(&sp->lock);
+	sp->st.retries++;
+	pthread_mutex_unlock(&sp->lock);
+	if (r < 0)
+		log_warning("spill: %s offset %" PRIu64 ": %s failed: %s%s; submitted again (%u of %d)", sp->path,
+			    off, q->op == REQ_WRITE ? "write" : "read", strerror((int)-r), inj, q->tries, SPILL_RETRIES);
+	else
+		log_warning("spill: %s offset %" PRIu64 ": short %s (%ld of %" PRIu64 " bytes), submitted again "
+			    "(%u of %d)", sp->path, off, q->op == REQ_WRITE ? "write" : "read", r, sp->slot_bytes,
+			    q->tries, SPILL_RETRIES);
+}
 
 static int fault_take(struct spill *sp, enum req_op op)
 {
@@ -439,6 +479,8 @@ static unsigned reap_locked(struct spill *sp)
 	unsigned head, n = 0;
 	uint32_t done[DEFAULT_QD * 2];
 
+	struct req *again = NULL, *again_last = NULL;
+
 	io_uring_for_each_cqe(&sp->ring, head, cqe) {
 		uint64_t tag = io_uring_cqe_get_data64(cqe);
 		if (tag >= sp->qd || !__atomic_load_n(&sp->inflight[tag], __ATOMIC_ACQUIRE)) {
@@ -448,7 +490,17 @@ static unsigned reap_locked(struct spill *sp)
 			done[n++] = UINT32_MAX;
 		} else {
 			struct req *q = __atomic_exchange_n(&sp->inflight[tag], NULL, __ATOMIC_ACQUIRE);
-			complete(sp, q, sp->staging + (size_t)tag * sp->slot_bytes, cqe->res);
+			if (transient(sp, q, cqe->res)) { /* staged afresh when it goes again */
+				retry_note(sp, q, cqe->res);
+				q->next = NULL;
+				if (again_last)
+					again_last->next = q;
+				else
+					again = q;
+				again_last = q;
+			} else {
+				complete(sp, q, sp->staging + (size_t)tag * sp->slot_bytes, cqe->res);
+			}
 			done[n++] = (uint32_t)tag;
 		}
 		if (n == sizeof(done) / sizeof(done[0]))
@@ -460,6 +512,12 @@ static unsigned reap_locked(struct spill *sp)
 		for (unsigned i = 0; i < n; i++)
 			if (done[i] != UINT32_MAX)
 				sp->free_stage[sp->n_free_stage++] = done[i];
+		if (again) { /* first in line: they were submitted before the queue's */
+			again_last->next = sp->q_head;
+			if (!sp->q_head)
+				sp->q_tail = again_last;
+			sp->q_head = again;
+		}
 		pump_locked(sp);
 		pthread_mutex_unlock(&sp->sq_lock);
 		reaped(sp);
@@ -534,16 +592,20 @@ static void *sync_main(void *arg)
 		if (!sp->q_head)
 			sp->q_tail = NULL;
 		pthread_mutex_unlock(&sp->sq_lock);
-		q->inject = fault_take(sp, q->op);
 		off_t off = (off_t)(q->slot * sp->slot_bytes);
-		ssize_t n;
-		if (q->op == REQ_WRITE) {
+		long res;
+		if (q->op == REQ_WRITE)
 			stage_write(sp, q, buf);
-			n = pwrite(sp->fd, buf, sp->slot_bytes, off);
-		} else {
-			n = pread(sp->fd, buf, sp->slot_bytes, off);
+		for (;;) {
+			q->inject = fault_take(sp, q->op);
+			ssize_t n = q->op == REQ_WRITE ? pwrite(sp->fd, buf, sp->slot_bytes, off)
+						       : pread(sp->fd, buf, sp->slot_bytes, off);
+			res = n < 0 ? -errno : (long)n;
+			if (!transient(sp, q, res))
+				break;
+			retry_note(sp, q, res);
 		}
-		complete(sp, q, buf, n < 0 ? -errno : (long)n);
+		complete(sp, q, buf, res);
 		pthread_mutex_lock(&sp->sq_lock);
 	}
 	pthread_mutex_unlock(&sp->sq_lock);
@@ -866,7 +928,8 @@ static int start_uring(struct spill *sp, char *why, size_t whylen)
 	return 0;
 }
 
-/* Create or reuse DIR/spill.dat at its size, preallocated: 0 or -errno. */
+/* Create or reuse DIR/spill.dat, locked (flock), at least its size,
+ * preallocated: 0 or -errno. */
 static int open_file(struct spill *sp, uint64_t bytes, bool *direct, char *why, size_t whylen)
 {
 	struct statvfs vfs;
@@ -880,6 +943,20 @@ static int open_file(struct spill *sp, uint64_t bytes, bool *direct, char *why, 
 	if (sp->fd < 0) {
 		snprintf(why, whylen, "%s: %s", sp->path, strerror(errno));
 		return -errno;
+	}
+	/* one store per file: another tqkvd on the same spill_dir (with
+	 * another run_dir) would write the same slots.  On a descriptor of
+	 * its own: the ring holds sp->fd's file (registered) until its
+	 * teardown, which the kernel finishes after io_uring_queue_exit
+	 * returns, and a restart would find the lock still taken */
+	if ((sp->lock_fd = open(sp->path, O_RDONLY | O_CLOEXEC)) < 0 || flock(sp->lock_fd, LOCK_EX | LOCK_NB) < 0) {
+		int e = errno;
+		if (e == EWOULDBLOCK)
+			snprintf(why, whylen, "%s is in use by another process (another tqkvd with this spill_dir?)",
+				 sp->path);
+		else
+			snprintf(why, whylen, "%s: lock: %s", sp->path, strerror(e));
+		return e == EWOULDBLOCK ? -EBUSY : -e;
 	}
 	if (fstat(sp->fd, &sb) < 0 || fstatvfs(sp->fd, &vfs) < 0) {
 		snprintf(why, whylen, "%s: %s", sp->path, strerror(errno));
@@ -901,9 +978,15 @@ static int open_file(struct spill *sp, uint64_t bytes, bool *direct, char *why, 
 		snprintf(why, whylen, "%s: preallocating %s: %s", sp->path, need, strerror(e));
 		return -e;
 	}
-	if ((uint64_t)sb.st_size > bytes && ftruncate(sp->fd, (off_t)bytes) < 0) {
-		snprintf(why, whylen, "%s: %s", sp->path, strerror(errno));
-		return -errno;
+	if ((uint64_t)sb.st_size > bytes) {
+		/* never cut at start: persistent sessions' pages may lie beyond
+		 * (recovery sets their manifests aside; a larger spill_bytes and
+		 * the manifest renamed back bring them back) */
+		tq_size_format_human((uint64_t)sb.st_size, have, sizeof(have));
+		tq_size_format_human(bytes, need, sizeof(need));
+		log_warning("spill: %s is %s, more than the %s of pool.spill_bytes: the rest is left as it is, "
+			    "unused (persistent sessions' pages may lie there); to give the space back, remove the file "
+			    "while tqkvd is stopped (persistent sessions are lost with it)", sp->path, have, need);
 	}
 	return 0;
 }
@@ -913,6 +996,8 @@ static void spill_free(struct spill *sp)
 {
 	if (sp->fd >= 0)
 		close(sp->fd);
+	if (sp->lock_fd >= 0)
+		close(sp->lock_fd);
 	if (sp->efd >= 0)
 		close(sp->efd);
 	if (sp->cq_efd >= 0)
@@ -951,6 +1036,7 @@ int spill_open(struct spill **out, const struct spill_params *p, char *why, size
 		return -ENOMEM;
 	}
 	sp->fd = -1;
+	sp->lock_fd = -1;
 	sp->efd = -1;
 	sp->cq_efd = -1;
 	pthread_mutex_init(&sp->lock, NULL);

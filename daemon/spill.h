@@ -115,6 +115,8 @@ struct spill_stats {
 	uint64_t bytes_written, bytes_read;
 	uint64_t writes, reads;
 	uint64_t io_errors;       /* failed reads and writes (I/O errors)         */
+	uint64_t retries;         /* I/Os submitted again after a transient       */
+	                          /* failure (-EAGAIN, -EINTR, -ECANCELED, short) */
 	uint64_t crc_failures;    /* pages whose checks failed: never served      */
 	uint64_t read_p50_us, read_p99_us; /* of the last 1024 reads              */
 };

@@ -377,6 +377,20 @@ static void corruption_and_faults(bool fallback, bool direct)
 	spill_fault_arm(sp, SPILL_FAULT_READ, 1, -EIO);
 	T_EQ(spill_read_sync(sp, slot, &h, back, why, sizeof(why)), -EIO);
 	T_EQ(spill_read_sync(sp, slot, &h, back, why, sizeof(why)), 0);
+	/* transient failures (a cancelled or interrupted request: its
+	 * submitter exited, a signal) are submitted again, not reported */
+	struct spill_stats st0;
+	spill_stats(sp, &st0);
+	spill_fault_arm(sp, SPILL_FAULT_WRITE, 1, -ECANCELED);
+	T_EQ(spill_write_sync(sp, slot, &h, page, why, sizeof(why)), 0);
+	spill_fault_arm(sp, SPILL_FAULT_READ, 1, -EINTR);
+	memset(back, 0, PAGE);
+	T_EQ(spill_read_sync(sp, slot, &h, back, why, sizeof(why)), 0);
+	T_ASSERT(memcmp(page, back, PAGE) == 0);
+	struct spill_stats st1;
+	spill_stats(sp, &st1);
+	T_EQ(st1.retries - st0.retries, 2);
+	T_EQ(st1.io_errors, st0.io_errors);
 	/* a full store */
 	uint64_t s3, s4;
 	T_EQ(spill_slot_alloc(sp, &slot2), 0);
@@ -396,6 +410,36 @@ static void corruption_and_faults(bool fallback, bool direct)
 	rm_tmp();
 	free(base_p);
 	free(base_b);
+}
+
+/* One store per file: a second open of the same directory (another tqkvd
+ * with the same spill_dir) is refused with the reason; and a file larger
+ * than the store now asks for is left as it is (persistent sessions'
+ * pages may lie beyond: a start used to cut them off). */
+static void test_one_store_per_file(void)
+{
+	struct spill_params p = { .dir = NULL, .bytes = 8 * (SPILL_HDR_BYTES + PAGE), .page_bytes = PAGE,
+				  .allow_fallback = true };
+	struct spill *sp, *sp2;
+	struct stat sb;
+	char why[512], path[600];
+
+	mkdir_tmp();
+	p.dir = dir;
+	T_EQ(spill_open(&sp, &p, why, sizeof(why)), 0);
+	T_EQ(spill_open(&sp2, &p, why, sizeof(why)), -EBUSY);
+	T_ASSERT(strstr(why, "in use by another process"));
+	spill_close(sp);
+	snprintf(path, sizeof(path), "%s/%s", dir, SPILL_FILE);
+	p.bytes = 4 * (SPILL_HDR_BYTES + PAGE);
+	T_EQ(spill_open(&sp, &p, why, sizeof(why)), 0); /* free again once closed */
+	struct spill_stats st;
+	spill_stats(sp, &st);
+	T_EQ(st.slots_total, 4);
+	T_EQ(stat(path, &sb), 0);
+	T_EQ((uint64_t)sb.st_size, 8 * (SPILL_HDR_BYTES + PAGE)); /* not cut */
+	spill_close(sp);
+	rm_tmp();
 }
 
 static void test_corruption_and_faults(void)
@@ -537,6 +581,7 @@ int main(void)
 	T_RUN(test_roundtrip_uring);
 	T_RUN(test_roundtrip_fallback);
 	T_RUN(test_corruption_and_faults);
+	T_RUN(test_one_store_per_file);
 	T_RUN(test_concurrent_waiters);
 	T_RUN(test_waiter_not_behind_another);
 	T_RUN(test_old_uring_refused);
