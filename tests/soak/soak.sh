@@ -27,8 +27,8 @@
 # At the end: every client's counters and errors; no session but the
 # persistent ones left, every pool page free once those are spilled,
 # every spill slot free once they are closed; daemon RSS (plain and UBSan
-# builds; ASan and TSan keep memory of their own) within 10 % of
-# its warm-up sample and its fds back to an idle daemon's; every error a
+# builds; ASan and TSan keep memory of their own) within 10 % (+ 2 MiB) of
+# its highest up to the warm-up and its fds back to an idle daemon's; every error a
 # client saw explained by the daemon's log or by a chaos action.  Exit 1
 # on any violation.  The logs stay in $TQ_BUILD/soak-last/ (soak-last-cuda/
 # for a GPU pool).
@@ -123,11 +123,17 @@ daemon_start() {
 	start_daemon --config "$T/tqkvd.conf"
 	wait_up
 	INSTANCE_T0=$SECONDS
+	INSTANCE_MAX_RSS=0
 	chaos "daemon-start $INSTANCE pid $DAEMON_PID"
 }
 rss_kb() { awk '/^VmRSS/ { print $2 }' "/proc/$DAEMON_PID/status" 2>/dev/null || echo 0; }
 nfd() { ls "/proc/$DAEMON_PID/fd" 2>/dev/null | wc -l; }
-sample() { echo "$(ms) t=$SECONDS instance=$INSTANCE rss_kb=$(rss_kb) fds=$(nfd) $1" >>"$SAMPLES"; }
+# (each sample also keeps the instance's highest RSS so far)
+sample() {
+	local r; r=$(rss_kb)
+	[ "$r" -gt "${INSTANCE_MAX_RSS:-0}" ] && INSTANCE_MAX_RSS=$r
+	echo "$(ms) t=$SECONDS instance=$INSTANCE rss_kb=$r fds=$(nfd) $1" >>"$SAMPLES"
+}
 json() { python3 -c "import json,sys; d=json.load(sys.stdin); $1"; }
 
 # ---- clients --------------------------------------------------------------------
@@ -213,9 +219,12 @@ while [ "$SECONDS" -lt "$END" ]; do
 	reap_exited
 	sample ""
 	# the last instance's warm-up sample: WARM s after it started, past half time
+	# (its highest so far: one sample swings by several per cent with
+	# what the allocator holds at that moment, and a low one made a
+	# daemon that had not yet reached its steady size look like a leak)
 	if [ -z "$WARM_RSS" ] && [ "$SECONDS" -ge "$HALF" ] && [ $((SECONDS - INSTANCE_T0)) -ge "$WARM" ]; then
-		WARM_RSS=$(rss_kb) WARM_INSTANCE=$INSTANCE
 		sample "warm-up"
+		WARM_RSS=$INSTANCE_MAX_RSS WARM_INSTANCE=$INSTANCE
 	fi
 	x=$((RANDOM % 100))
 	if [ "$x" -lt 8 ] && [ "$SECONDS" -lt "$((HALF - WARM))" ] && [ $((SECONDS - LAST_RESTART)) -ge "$SPACING" ]; then
@@ -262,7 +271,7 @@ while [ "$SECONDS" -lt "$END" ]; do
 		hup_broken
 	fi
 done
-[ -z "$WARM_RSS" ] && { WARM_RSS=$(rss_kb) WARM_INSTANCE=$INSTANCE; sample "warm-up (late)"; }
+[ -z "$WARM_RSS" ] && { sample "warm-up (late)"; WARM_RSS=$INSTANCE_MAX_RSS WARM_INSTANCE=$INSTANCE; }
 
 # ---- the end: clients close everything but persistent sessions -----------------------
 sample "end of chaos"
@@ -339,8 +348,10 @@ elif ldd "$TQKVD" 2>/dev/null | grep -q libtsan; then
 	# plain and UndefinedBehaviorSanitizer builds, which run this soak too.
 	echo "soak: ThreadSanitizer build: RSS reported, not bounded (the plain and UBSan builds bound it)"
 else
-	[ "$END_RSS" -le $((WARM_RSS * 110 / 100)) ] && passed ||
-		violation "daemon RSS grew: $WARM_RSS kB after warm-up, $END_RSS kB after the soak (> 10 %)"
+	# 10 %, and 2 MiB of allocator noise on a daemon of ~30 MB (a CI run
+	# read +16 % from a low single warm-up sample to a steady 31 MB)
+	[ "$END_RSS" -le $((WARM_RSS * 110 / 100 + 2048)) ] && passed ||
+		violation "daemon RSS grew: at most $WARM_RSS kB up to the warm-up, $END_RSS kB after the soak (> 10 % + 2 MiB)"
 fi
 # a clean stop (SIGTERM): exit 0, and under a sanitizer no report
 stop_daemon TERM
@@ -403,7 +414,7 @@ echo "clients (all incarnations):"
 echo "client errors by kind (cI/events):"
 grep -v '^unexplained\|^UNEXPLAINED' "$T/explain.out"
 grep '^UNEXPLAINED' "$T/explain.out" | sed 's/^/  /'
-echo "daemon RSS/fds: idle at start $IDLE_FDS fds; warm-up $WARM_RSS kB (instance $WARM_INSTANCE); after the soak $END_RSS kB; idle at the end $END_FDS fds"
+echo "daemon RSS/fds: idle at start $IDLE_FDS fds; highest up to the warm-up $WARM_RSS kB (instance $WARM_INSTANCE); after the soak $END_RSS kB; idle at the end $END_FDS fds"
 awk '{ print $4 }' "$SAMPLES" | sed 's/rss_kb=//' | sort -n | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "  RSS over %d samples: %d..%d kB\n", NR, lo, hi }'
 grep -v "instance=.* rss_kb=.* fds=[0-9]* $" "$SAMPLES" | sed 's/^/  /'
 echo "invariant checks passed (end): $CHECKS; violations: $VIOL"
