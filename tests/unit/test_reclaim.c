@@ -746,6 +746,54 @@ static struct kv_sess *kv_of(struct fix *f, uint64_t id)
 	return kv;
 }
 
+/* Session y as if an operation of it waited for memory (white-box: its
+ * operation lock held, the wait's mark set) since since_us; waiting_end
+ * undoes it. */
+static struct session *waiting_begin(struct fix *f, uint64_t y, uint64_t since_us, bool at_limit, bool stuck,
+				     struct kv_sess **ky)
+{
+	struct session *sy;
+
+	*ky = kv_of(f, y);
+	MUST(session_acquire(f->kv.st, y, 0, &sy) == 0);
+	pthread_mutex_lock(&(*ky)->lock);
+	session_admit_begin(sy, since_us, at_limit, PAGE);
+	session_admit_stuck(sy, stuck);
+	return sy;
+}
+
+static void waiting_end(struct session *sy, struct kv_sess *ky)
+{
+	session_admit_end(sy);
+	pthread_mutex_unlock(&ky->lock);
+	session_release(sy);
+}
+
+/* x's and y's 400-token appends at once (racers released together);
+ * both returned. */
+static void race_pair(struct fix *f, uint64_t x, uint64_t y, struct racer *rx, struct racer *ry)
+{
+	pthread_barrier_t bar;
+
+	MUST(pthread_barrier_init(&bar, NULL, 2) == 0);
+	*rx = (struct racer){ .f = f, .id = x, .bar = &bar };
+	*ry = (struct racer){ .f = f, .id = y, .bar = &bar };
+	MUST(pthread_create(&rx->thread, NULL, racer_main, rx) == 0);
+	MUST(pthread_create(&ry->thread, NULL, racer_main, ry) == 0);
+	pthread_join(rx->thread, NULL);
+	pthread_join(ry->thread, NULL);
+	pthread_barrier_destroy(&bar);
+	rx->bar = ry->bar = NULL;
+}
+
+/* Has racer r returned within 5 s? */
+static bool racer_returns(struct racer *r)
+{
+	for (int i = 0; i < 1000 && !racer_done(r); i++)
+		usleep(5000);
+	return racer_done(r);
+}
+
 /* Tenant test at its limit; x's 400-token append (a racer) can only get
  * room from y's pages.  y = 3,000 tokens, x = 1,000; the limit 1 page
  * above their use. */
@@ -821,19 +869,13 @@ static void test_limit_not_behind_waiter(void)
 			MUST(append_more(&f, z, 3000, 23, NULL, 0) == TQKV_ST_OK);
 			MUST(tenant_set_budget(f.kv.tt, t, true, tenant_used(t) + PAGE, false, 0, NULL, 0) == 0);
 		}
-		struct kv_sess *ky = kv_of(&f, y);
-		MUST(session_acquire(f.kv.st, y, 0, &sy) == 0);
-		pthread_mutex_lock(&ky->lock);
-		session_admit_begin(sy, 1, true, PAGE); /* y waits at the limit, since long ago, */
-		session_admit_stuck(sy, true);          /* for pages operations hold */
+		/* y waits at the limit, since long ago, for pages operations hold */
+		struct kv_sess *ky;
+		sy = waiting_begin(&f, y, 1, true, true, &ky);
 		struct racer rx = { .f = &f, .id = x };
 		MUST(pthread_create(&rx.thread, NULL, racer_main, &rx) == 0);
-		for (int i = 0; i < 1000 && !racer_done(&rx); i++)
-			usleep(5000);
-		T_ASSERT(racer_done(&rx));
-		session_admit_end(sy);
-		pthread_mutex_unlock(&ky->lock);
-		session_release(sy);
+		T_ASSERT(racer_returns(&rx));
+		waiting_end(sy, ky);
 		pthread_join(rx.thread, NULL);
 		fprintf(stderr, "    %s: the append returned %u after %llu ms: %s\n", third ? "a third sibling" : "alone",
 			rx.status, (unsigned long long)rx.ms, rx.msg);
@@ -864,17 +906,11 @@ static void test_limit_two_waiters(void)
 	for (int round = 0; round < 4; round++) {
 		struct fix f;
 		uint64_t x, y;
-		pthread_barrier_t bar;
+		struct racer rx, ry;
 
 		limit_two(&f, &x, &y); /* either holds enough for the other's 400 tokens */
 		struct tenant *t = tenant_find(f.kv.tt, "test");
-		MUST(pthread_barrier_init(&bar, NULL, 2) == 0);
-		struct racer rx = { .f = &f, .id = x, .bar = &bar }, ry = { .f = &f, .id = y, .bar = &bar };
-		MUST(pthread_create(&rx.thread, NULL, racer_main, &rx) == 0);
-		MUST(pthread_create(&ry.thread, NULL, racer_main, &ry) == 0);
-		pthread_join(rx.thread, NULL);
-		pthread_join(ry.thread, NULL);
-		pthread_barrier_destroy(&bar);
+		race_pair(&f, x, y, &rx, &ry);
 		fprintf(stderr, "    round %d: x %u after %llu ms, y %u after %llu ms\n", round, rx.status,
 			(unsigned long long)rx.ms, ry.status, (unsigned long long)ry.ms);
 		T_ASSERT(rx.ms < 5000 && ry.ms < 5000);
@@ -915,7 +951,6 @@ static void test_memory_waiters_give_way(void)
 		uint64_t x, y;
 		uint8_t **held;
 		uint32_t n_held;
-		pthread_barrier_t bar;
 
 		limit_two(&f, &x, &y);
 		struct tenant *t = tenant_find(f.kv.tt, "test");
@@ -923,13 +958,8 @@ static void test_memory_waiters_give_way(void)
 				       NULL, 0) == 0);
 		take_free_pages(&f, &held, &n_held);
 		uint64_t tx = info(&f, x).tokens, ty = info(&f, y).tokens;
-		MUST(pthread_barrier_init(&bar, NULL, 2) == 0);
-		struct racer rx = { .f = &f, .id = x, .bar = &bar }, ry = { .f = &f, .id = y, .bar = &bar };
-		MUST(pthread_create(&rx.thread, NULL, racer_main, &rx) == 0);
-		MUST(pthread_create(&ry.thread, NULL, racer_main, &ry) == 0);
-		pthread_join(rx.thread, NULL);
-		pthread_join(ry.thread, NULL);
-		pthread_barrier_destroy(&bar);
+		struct racer rx, ry;
+		race_pair(&f, x, y, &rx, &ry);
 		fprintf(stderr, "    round %d (%s): x %u after %llu ms, y %u after %llu ms\n", round,
 			round < 4 ? "pool" : "limit and pool", rx.status, (unsigned long long)rx.ms, ry.status,
 			(unsigned long long)ry.ms);
@@ -992,11 +1022,9 @@ static void test_waiter_gives_way_to_earlier(void)
 			MUST(tenant_set_budget(f.kv.tt, t, true, 16 * MiB, false, 0, NULL, 0) == 0);
 			take_free_pages(&f, &held, &n_held);
 		}
-		struct kv_sess *ky = kv_of(&f, y);
-		MUST(session_acquire(f.kv.st, y, 0, &sy) == 0);
-		pthread_mutex_lock(&ky->lock);
-		session_admit_begin(sy, c == Y_POOL_LATER ? UINT64_MAX : 1, c == Y_LIMIT_EARLIER, PAGE);
-		session_admit_stuck(sy, c != Y_POOL_NOT_STUCK);
+		struct kv_sess *ky;
+		sy = waiting_begin(&f, y, c == Y_POOL_LATER ? UINT64_MAX : 1, c == Y_LIMIT_EARLIER, c != Y_POOL_NOT_STUCK,
+				   &ky);
 		struct racer rx = { .f = &f, .id = x };
 		MUST(pthread_create(&rx.thread, NULL, racer_main, &rx) == 0);
 		const bool waits = c != Y_POOL_EARLIER && c != Y_LIMIT_EARLIER;
@@ -1004,13 +1032,9 @@ static void test_waiter_gives_way_to_earlier(void)
 			usleep(200000);
 			T_ASSERT(!racer_done(&rx)); /* waiting for y, not refused */
 		} else {
-			for (int i = 0; i < 1000 && !racer_done(&rx); i++)
-				usleep(5000);
-			T_ASSERT(racer_done(&rx));
+			T_ASSERT(racer_returns(&rx));
 		}
-		session_admit_end(sy);
-		pthread_mutex_unlock(&ky->lock);
-		session_release(sy);
+		waiting_end(sy, ky);
 		pthread_join(rx.thread, NULL);
 		fprintf(stderr, "    %s: the append returned %u after %llu ms: %s\n", name[c], rx.status,
 			(unsigned long long)rx.ms, rx.msg);
