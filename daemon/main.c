@@ -49,6 +49,7 @@ struct daemon {
 	const char *spill_dir_arg; /* --spill-dir */
 	struct config *cfg;        /* the live configuration (main thread) */
 	int lock_fd;
+	int spill_lock_fd;           /* spill_dir's lock (when not run_dir's) */
 	int sig_fd;
 	struct tenant_table *tenants;
 	struct idstore *ids;       /* session ids never repeat (spill_dir/session-ids) */
@@ -128,12 +129,18 @@ static int mkdir_p(const char *path, mode_t mode)
 /* Take RUN_DIR/tqkvd.lock before any socket exists: gRPC (and our own
  * listener) unlink a socket file before binding, so without the lock a
  * second daemon would silently steal the first one's socket. */
-static int lock_run_dir(struct daemon *d)
+/* One tqkvd per directory: flock on DIR/tqkvd.lock, which holds the pid.
+ * what: "running on" (run_dir) or "using the spill directory" (spill_dir:
+ * spill.dat's slots, session-ids and sessions/ would be shared).  *out:
+ * the descriptor (kept open while the daemon runs).  may_fail: a file
+ * system without locks (ENOLCK, EOPNOTSUPP) is a warning, not an error. */
+static int lock_dir(const char *dir, const char *what, bool may_fail, int *out)
 {
 	char path[CONFIG_DIR_MAX + 32], pid[32];
 	int fd, r;
 
-	snprintf(path, sizeof(path), "%s/%s", d->cfg->run_dir, CONFIG_LOCK_FILE);
+	*out = -1;
+	snprintf(path, sizeof(path), "%s/%s", dir, CONFIG_LOCK_FILE);
 	fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
 	if (fd < 0) {
 		r = -errno;
@@ -146,8 +153,13 @@ static int lock_run_dir(struct daemon *d)
 			ssize_t k = pread(fd, pid, sizeof(pid) - 1, 0);
 			pid[k > 0 ? k : 0] = '\0';
 			pid[strcspn(pid, "\n")] = '\0';
-			log_err("another tqkvd%s%s%s is running on %s (it holds %s); this one exits and leaves it alone",
-				pid[0] ? " (pid " : "", pid, pid[0] ? ")" : "", d->cfg->run_dir, path);
+			log_err("another tqkvd%s%s%s is %s %s (it holds %s); this one exits and leaves it alone",
+				pid[0] ? " (pid " : "", pid, pid[0] ? ")" : "", what, dir, path);
+		} else if (may_fail && (errno == ENOLCK || errno == EOPNOTSUPP)) {
+			log_warning("cannot lock %s: %s; a second tqkvd %s %s would not be noticed", path,
+				    strerror(errno), what, dir);
+			close(fd);
+			return 0;
 		} else {
 			log_err("cannot lock %s: %s", path, strerror(errno));
 		}
@@ -157,8 +169,16 @@ static int lock_run_dir(struct daemon *d)
 	int k = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
 	if (ftruncate(fd, 0) < 0 || pwrite(fd, pid, (size_t)k, 0) != k)
 		log_warning("cannot write the pid to %s: %s", path, strerror(errno));
-	d->lock_fd = fd;
+	*out = fd;
 	return 0;
+}
+
+/* spill_dir is run_dir itself? (then run_dir's lock covers it) */
+static bool same_dir(const char *a, const char *b)
+{
+	struct stat sa, sb;
+
+	return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 static void apply_overrides(struct daemon *d, struct config *c)
@@ -595,7 +615,7 @@ int main(int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	struct daemon d = { .lock_fd = -1, .sig_fd = -1 };
+	struct daemon d = { .lock_fd = -1, .spill_lock_fd = -1, .sig_fd = -1 };
 	bool check_only = false;
 	char err[512], status[256];
 	sigset_t mask;
@@ -657,12 +677,15 @@ int main(int argc, char **argv)
 		log_err("run directory %s: %s", d.cfg->run_dir, strerror(-r));
 		goto fail;
 	}
-	if (lock_run_dir(&d) < 0)
+	if (lock_dir(d.cfg->run_dir, "running on", false, &d.lock_fd) < 0)
 		goto fail;
 	if ((r = mkdir_p(d.cfg->spill_dir, 0750)) < 0 || access(d.cfg->spill_dir, W_OK | X_OK) < 0) {
 		log_err("spill directory %s: %s", d.cfg->spill_dir, strerror(r < 0 ? -r : errno));
 		goto fail;
 	}
+	if (!same_dir(d.cfg->run_dir, d.cfg->spill_dir) &&
+	    lock_dir(d.cfg->spill_dir, "using the spill directory", true, &d.spill_lock_fd) < 0)
+		goto fail;
 	if ((r = start_pool(&d)) < 0 || (r = start_spill(&d)) < 0)
 		goto fail;
 	if ((r = tenant_table_new(&d.tenants, d.cfg)) < 0 ||
@@ -762,6 +785,8 @@ fail:
 		close(d.sig_fd);
 	if (d.lock_fd >= 0)
 		close(d.lock_fd);
+	if (d.spill_lock_fd >= 0)
+		close(d.spill_lock_fd);
 	free(d.cfg);
 	return rc;
 }

@@ -13,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
-#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -54,7 +53,6 @@ struct spill {
 	char path[320];
 	char engine[256];
 	int fd;
-	int lock_fd;                 /* flock: one store per file */
 	bool uring;                  /* else pread/pwrite */
 	int check_state;             /* spill_check: the last condition logged */
 	uint32_t page_bytes, qd;
@@ -86,6 +84,8 @@ struct spill {
 	pthread_mutex_t sq_lock;
 	pthread_cond_t cond;
 	struct req *q_head, *q_tail;
+	struct req *r_head, *r_tail; /* submitted again after a transient failure:
+	                              * by the I/O thread only (sq_lock) */
 	bool stop;
 	uint8_t *staging;            /* qd slots of slot_bytes, 4 KiB aligned */
 	size_t staging_bytes;
@@ -338,6 +338,10 @@ static void complete(struct spill *sp, struct req *q, const uint8_t *buf, long r
 		}
 	}
 
+	if (r < 0 && q->tries) {
+		size_t l = strlen(why);
+		snprintf(why + l, sizeof(why) - l, " (after %u transient failure(s), submitted again)", q->tries);
+	}
 	uint64_t us = (now_ns() - q->t0_ns) / 1000u;
 	pthread_mutex_lock(&sp->lock);
 	if (q->op == REQ_WRITE) {
@@ -417,9 +421,22 @@ static void ring_submit(struct spill *sp)
 /* Stage and submit queued requests, as far as staging slots go (sq_lock
  * held).  Staging a write costs ~10 us (copy + crc): the disk gets every
  * few at once rather than the whole batch at the end. */
+static __thread const struct spill *io_thread_of; /* set by the store's I/O thread */
+
 static void pump_locked(struct spill *sp)
 {
 	unsigned n = 0;
+
+	/* requests to submit again go first, from the I/O thread: a waiter
+	 * that reaped them may be a short-lived thread whose exit would
+	 * cancel them once more */
+	if (sp->r_head && io_thread_of == sp) {
+		sp->r_tail->next = sp->q_head;
+		if (!sp->q_head)
+			sp->q_tail = sp->r_tail;
+		sp->q_head = sp->r_head;
+		sp->r_head = sp->r_tail = NULL;
+	}
 
 	while (sp->q_head && sp->n_free_stage) {
 		struct req *q = sp->q_head;
@@ -512,14 +529,17 @@ static unsigned reap_locked(struct spill *sp)
 		for (unsigned i = 0; i < n; i++)
 			if (done[i] != UINT32_MAX)
 				sp->free_stage[sp->n_free_stage++] = done[i];
-		if (again) { /* first in line: they were submitted before the queue's */
-			again_last->next = sp->q_head;
-			if (!sp->q_head)
-				sp->q_tail = again_last;
-			sp->q_head = again;
+		if (again) { /* the I/O thread submits them again, first in line */
+			if (sp->r_tail)
+				sp->r_tail->next = again;
+			else
+				sp->r_head = again;
+			sp->r_tail = again_last;
 		}
 		pump_locked(sp);
 		pthread_mutex_unlock(&sp->sq_lock);
+		if (again && io_thread_of != sp)
+			kick(sp->efd);
 		reaped(sp);
 	}
 	return n;
@@ -534,6 +554,7 @@ static void *uring_main(void *arg)
 {
 	struct spill *sp = arg;
 
+	io_thread_of = sp;
 	for (;;) {
 		unsigned n = 0;
 		if (pthread_mutex_trylock(&sp->cq_lock) == 0) {
@@ -548,7 +569,7 @@ static void *uring_main(void *arg)
 		uint32_t was_free = sp->n_free_stage;
 		pump_locked(sp); /* background requests; and a submit that failed before */
 		n += was_free - sp->n_free_stage;
-		bool stop = sp->stop, more = sp->q_head != NULL;
+		bool stop = sp->stop, more = sp->q_head || sp->r_head;
 		uint32_t busy = sp->qd - sp->n_free_stage;
 		pthread_mutex_unlock(&sp->sq_lock);
 		if (stop && busy == 0 && !more)
@@ -928,8 +949,8 @@ static int start_uring(struct spill *sp, char *why, size_t whylen)
 	return 0;
 }
 
-/* Create or reuse DIR/spill.dat, locked (flock), at least its size,
- * preallocated: 0 or -errno. */
+/* Create or reuse DIR/spill.dat (one tqkvd per spill_dir: main.c locks
+ * it), at least its size, preallocated: 0 or -errno. */
 static int open_file(struct spill *sp, uint64_t bytes, bool *direct, char *why, size_t whylen)
 {
 	struct statvfs vfs;
@@ -943,20 +964,6 @@ static int open_file(struct spill *sp, uint64_t bytes, bool *direct, char *why, 
 	if (sp->fd < 0) {
 		snprintf(why, whylen, "%s: %s", sp->path, strerror(errno));
 		return -errno;
-	}
-	/* one store per file: another tqkvd on the same spill_dir (with
-	 * another run_dir) would write the same slots.  On a descriptor of
-	 * its own: the ring holds sp->fd's file (registered) until its
-	 * teardown, which the kernel finishes after io_uring_queue_exit
-	 * returns, and a restart would find the lock still taken */
-	if ((sp->lock_fd = open(sp->path, O_RDONLY | O_CLOEXEC)) < 0 || flock(sp->lock_fd, LOCK_EX | LOCK_NB) < 0) {
-		int e = errno;
-		if (e == EWOULDBLOCK)
-			snprintf(why, whylen, "%s is in use by another process (another tqkvd with this spill_dir?)",
-				 sp->path);
-		else
-			snprintf(why, whylen, "%s: lock: %s", sp->path, strerror(e));
-		return e == EWOULDBLOCK ? -EBUSY : -e;
 	}
 	if (fstat(sp->fd, &sb) < 0 || fstatvfs(sp->fd, &vfs) < 0) {
 		snprintf(why, whylen, "%s: %s", sp->path, strerror(errno));
@@ -979,14 +986,16 @@ static int open_file(struct spill *sp, uint64_t bytes, bool *direct, char *why, 
 		return -e;
 	}
 	if ((uint64_t)sb.st_size > bytes) {
-		/* never cut at start: persistent sessions' pages may lie beyond
-		 * (recovery sets their manifests aside; a larger spill_bytes and
-		 * the manifest renamed back bring them back) */
+		/* never cut at start: pages of persistent sessions whose slots
+		 * lie beyond are all that is left of them once recovery has set
+		 * their manifests aside (ID.tqm.dropped, up to their last
+		 * checkpoint): a start does not destroy them, an operator may */
 		tq_size_format_human((uint64_t)sb.st_size, have, sizeof(have));
 		tq_size_format_human(bytes, need, sizeof(need));
 		log_warning("spill: %s is %s, more than the %s of pool.spill_bytes: the rest is left as it is, "
-			    "unused (persistent sessions' pages may lie there); to give the space back, remove the file "
-			    "while tqkvd is stopped (persistent sessions are lost with it)", sp->path, have, need);
+			    "unused (pages of persistent sessions set aside may lie there); to give the space back, "
+			    "remove the file while tqkvd is stopped (persistent sessions are lost with it)", sp->path,
+			    have, need);
 	}
 	return 0;
 }
@@ -996,8 +1005,6 @@ static void spill_free(struct spill *sp)
 {
 	if (sp->fd >= 0)
 		close(sp->fd);
-	if (sp->lock_fd >= 0)
-		close(sp->lock_fd);
 	if (sp->efd >= 0)
 		close(sp->efd);
 	if (sp->cq_efd >= 0)
@@ -1036,7 +1043,6 @@ int spill_open(struct spill **out, const struct spill_params *p, char *why, size
 		return -ENOMEM;
 	}
 	sp->fd = -1;
-	sp->lock_fd = -1;
 	sp->efd = -1;
 	sp->cq_efd = -1;
 	pthread_mutex_init(&sp->lock, NULL);

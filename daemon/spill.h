@@ -179,9 +179,10 @@ int spill_write_sync(struct spill *sp, uint64_t slot, const struct spill_page_hd
 int spill_read_sync(struct spill *sp, uint64_t slot, const struct spill_page_hdr *expect, void *page,
 		    char *why, size_t whylen);
 
-/* Fault injection (tests): the nth write (or read) submitted from now
- * completes with err (-EIO, -ENOSPC, ...) whatever the disk did.
- * nth 0 disarms. */
+/* Fault injection (tests): the nth write (or read) submitted from now —
+ * counting every submission, those after a transient failure too —
+ * completes with err (-EIO, -ENOSPC, ...; -ECANCELED, -EINTR, -EAGAIN:
+ * submitted again) whatever the disk did.  nth 0 disarms. */
 enum spill_fault { SPILL_FAULT_WRITE, SPILL_FAULT_READ };
 void spill_fault_arm(struct spill *sp, enum spill_fault kind, uint64_t nth, int err);
 /* A slow disk (tests): every I/O completes at least us microseconds after

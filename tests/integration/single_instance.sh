@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One tqkvd per run directory: a second one exits non-zero with a clear
-# message and leaves the first one (and its socket) alone.
+# One tqkvd per run directory, and per spill directory: a second one exits
+# non-zero with a clear message and leaves the first one (and its socket,
+# its spill file and persistent sessions) alone.
 . "$(dirname "$0")/lib/daemon.bash"
 
 start_daemon
@@ -13,6 +14,13 @@ out=$(timeout 10 "$TQKVD" --run-dir "$T/run" --spill-dir "$T/spill2" 2>&1); rc=$
 [ "$rc" = 1 ] || fail "second instance: exit $rc, expected 1 ($out)"
 grep -q "another tqkvd (pid $FIRST) is running on $T/run" <<<"$out" || fail "unclear message: $out"
 [ "$(stat -c %i "$T/run/control.sock")" = "$ino_before" ] || fail "the second instance replaced control.sock"
+kill -0 "$FIRST" || fail "the first instance died"
+ctl health >/dev/null || fail "the first instance stopped answering"
+# ... and one per spill directory: another run_dir on the same spill_dir
+# would share spill.dat's slots, session-ids and sessions/
+out=$(timeout 10 "$TQKVD" --run-dir "$T/run2" --spill-dir "$T/spill" 2>&1); rc=$?
+[ "$rc" = 1 ] || fail "a second instance on the same spill directory: exit $rc, expected 1 ($out)"
+grep -q "another tqkvd (pid $FIRST) is using the spill directory $T/spill" <<<"$out" || fail "unclear message: $out"
 kill -0 "$FIRST" || fail "the first instance died"
 ctl health >/dev/null || fail "the first instance stopped answering"
 
