@@ -582,10 +582,10 @@ static int cmd_stats(struct ctx *x, int argc, char **argv)
 			printf("spill:             %s used of %s (%s; %s)\n", sz(s->spill_used_bytes, a, sizeof(a)),
 			       sz(s->spill_capacity_bytes, b, sizeof(b)), s->spill_path, s->spill_engine);
 			printf("spill I/O:         %s written in %" PRIu64 " writes, %s read in %" PRIu64
-			       " reads, %" PRIu64 " I/O errors, %" PRIu64 " checksum failures\n",
-			       sz(s->spill_bytes_written, c, sizeof(c)), s->spill_writes,
+			       " reads, %" PRIu64 " I/O errors, %" PRIu64 " checksum failures, %" PRIu64
+			       " retried\n", sz(s->spill_bytes_written, c, sizeof(c)), s->spill_writes,
 			       sz(s->spill_bytes_read, d, sizeof(d)), s->spill_reads, s->spill_io_errors,
-			       s->spill_checksum_failures);
+			       s->spill_checksum_failures, s->spill_retries);
 			printf("restore latency:   p50 %" PRIu64 " us, p99 %" PRIu64 " us (per page, last 1024)\n",
 			       s->spill_restore_p50_us, s->spill_restore_p99_us);
 			printf("persistent:        %u sessions; %" PRIu64 " checkpoints (%" PRIu64 " failed), %" PRIu64

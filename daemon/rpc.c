@@ -310,6 +310,7 @@ static void h_get_stats(struct rpc_server *srv, const struct peer *peer,
 		r.spill_writes = st.writes;
 		r.spill_reads = st.reads;
 		r.spill_io_errors = st.io_errors;
+		r.spill_retries = st.retries;
 		r.spill_checksum_failures = st.crc_failures;
 		r.spill_restore_p50_us = st.read_p50_us;
 		r.spill_restore_p99_us = st.read_p99_us;

@@ -38,6 +38,7 @@ has "^spill: .* used of 2.00 GiB ($T/spill/spill.dat; io_uring"
 has '^reclaim: *watermarks 90%/80%; 0 B spilled in 0 passes, rate -, 0 failures; 0 admission waits, 0 pressure evictions$'
 expect 0 stats --json;           [ "$(json 'd["tenants"]')" = 2 ] || fail "stats --json"
 [ "$(json 'd["high_watermark_pct"], d["low_watermark_pct"], d["reclaim_busy_us"]')" = "90 80 0" ] || fail "stats --json: reclaim"
+[ "$(json 'd["spill_io_errors"], d["spill_retries"]')" = "0 0" ] || fail "stats --json: spill errors and retries"
 # the spill tier: 4 x pool_bytes by default, in the spill directory
 [ "$(json 'int(d["spill_capacity_bytes"]) // 2**20')" -le 2048 ] && [ "$(json 'int(d["spill_capacity_bytes"]) // 2**20')" -ge 2040 ] \
 	|| fail "stats --json: spill capacity $(json 'd["spill_capacity_bytes"]')"
