@@ -80,7 +80,9 @@ static void usage(FILE *f)
 		"                        tenant \"%s\" open to every user.\n"
 		"  -r, --run-dir DIR     control socket and lock file here (overrides\n"
 		"                        daemon.run_dir).  One tqkvd per run directory.\n"
-		"  -s, --spill-dir DIR   spill files here (overrides pool.spill_dir)\n"
+		"  -s, --spill-dir DIR   spill files, persistent sessions and a lock file\n"
+		"                        here (overrides pool.spill_dir).  One tqkvd per\n"
+		"                        spill directory.\n"
 		"      --check-config    load and validate the configuration, print the\n"
 		"                        effective values, exit 0 if valid, 1 if not\n"
 		"      --gpus            list the CUDA devices pool.backend = cuda can use\n"
@@ -126,10 +128,10 @@ static int mkdir_p(const char *path, mode_t mode)
 	return S_ISDIR(st.st_mode) ? 0 : -ENOTDIR;
 }
 
-/* Take RUN_DIR/tqkvd.lock before any socket exists: gRPC (and our own
- * listener) unlink a socket file before binding, so without the lock a
- * second daemon would silently steal the first one's socket. */
 /* One tqkvd per directory: flock on DIR/tqkvd.lock, which holds the pid.
+ * RUN_DIR's is taken before any socket exists: gRPC (and our own
+ * listener) unlink a socket file before binding, so without the lock a
+ * second daemon would silently steal the first one's socket.
  * what: "running on" (run_dir) or "using the spill directory" (spill_dir:
  * spill.dat's slots, session-ids and sessions/ would be shared).  *out:
  * the descriptor (kept open while the daemon runs).  may_fail: a file

@@ -418,59 +418,73 @@ static void ring_submit(struct spill *sp)
 		log_err("spill: io_uring_submit: %s", strerror(-r));
 }
 
+static __thread const struct spill *io_thread_of; /* set by the store's I/O thread */
+
+/* Stage q in a free staging slot and queue its SQE (sq_lock held). */
+static void stage_one(struct spill *sp, struct req *q)
+{
+	q->stage = sp->free_stage[--sp->n_free_stage];
+	q->inject = fault_take(sp, q->op); /* in submission order: deterministic */
+	uint8_t *buf = sp->staging + (size_t)q->stage * sp->slot_bytes;
+	struct io_uring_sqe *e = io_uring_get_sqe(&sp->ring); /* qd entries, qd stages */
+	uint64_t off = q->slot * sp->slot_bytes;
+	void *page = q->op == REQ_WRITE ? (void *)q->src : q->dst;
+	/* A block-aligned page (every pool page) is the I/O buffer itself,
+	 * behind its header in staging: no copy.  Else all of the slot
+	 * goes through staging (registered buffers). */
+	q->direct = !sp->page_copy && ((uintptr_t)page & (SPILL_HDR_BYTES - 1)) == 0;
+	q->iov[0] = (struct iovec){ buf, SPILL_HDR_BYTES };
+	q->iov[1] = (struct iovec){ page, sp->page_bytes };
+	if (q->op == REQ_WRITE)
+		stage_write(sp, q, buf);
+	if (q->direct && q->op == REQ_WRITE)
+		io_uring_prep_writev(e, 0, q->iov, 2, off);
+	else if (q->direct)
+		io_uring_prep_readv(e, 0, q->iov, 2, off);
+	else if (q->op == REQ_WRITE)
+		io_uring_prep_write_fixed(e, 0, buf, (unsigned)sp->slot_bytes, off, 0);
+	else
+		io_uring_prep_read_fixed(e, 0, buf, (unsigned)sp->slot_bytes, off, 0);
+	e->flags |= IOSQE_FIXED_FILE;
+	io_uring_sqe_set_data64(e, q->stage);
+	/* published to whichever thread reaps the completion (it holds
+	 * cq_lock, not sq_lock): the kernel orders the two, the
+	 * release/acquire pair says so to the compiler and to TSan */
+	__atomic_store_n(&sp->inflight[q->stage], q, __ATOMIC_RELEASE);
+}
+
+/* The next request to stage: a request to submit again first, and only on
+ * the I/O thread (a waiter that reaped it may be a short-lived thread whose
+ * exit would cancel it once more); while there is one, other threads
+ * leave the free slots to it. */
+static struct req *next_req(struct spill *sp)
+{
+	struct req *q = NULL;
+
+	if (sp->r_head) {
+		if (io_thread_of != sp)
+			return NULL;
+		q = sp->r_head;
+		if (!(sp->r_head = q->next))
+			sp->r_tail = NULL;
+	} else if (sp->q_head) {
+		q = sp->q_head;
+		if (!(sp->q_head = q->next))
+			sp->q_tail = NULL;
+	}
+	return q;
+}
+
 /* Stage and submit queued requests, as far as staging slots go (sq_lock
  * held).  Staging a write costs ~10 us (copy + crc): the disk gets every
  * few at once rather than the whole batch at the end. */
-static __thread const struct spill *io_thread_of; /* set by the store's I/O thread */
-
 static void pump_locked(struct spill *sp)
 {
 	unsigned n = 0;
+	struct req *q;
 
-	/* requests to submit again go first, from the I/O thread: a waiter
-	 * that reaped them may be a short-lived thread whose exit would
-	 * cancel them once more */
-	if (sp->r_head && io_thread_of == sp) {
-		sp->r_tail->next = sp->q_head;
-		if (!sp->q_head)
-			sp->q_tail = sp->r_tail;
-		sp->q_head = sp->r_head;
-		sp->r_head = sp->r_tail = NULL;
-	}
-
-	while (sp->q_head && sp->n_free_stage) {
-		struct req *q = sp->q_head;
-		sp->q_head = q->next;
-		if (!sp->q_head)
-			sp->q_tail = NULL;
-		q->stage = sp->free_stage[--sp->n_free_stage];
-		q->inject = fault_take(sp, q->op); /* in submission order: deterministic */
-		uint8_t *buf = sp->staging + (size_t)q->stage * sp->slot_bytes;
-		struct io_uring_sqe *e = io_uring_get_sqe(&sp->ring); /* qd entries, qd stages */
-		uint64_t off = q->slot * sp->slot_bytes;
-		void *page = q->op == REQ_WRITE ? (void *)q->src : q->dst;
-		/* A block-aligned page (every pool page) is the I/O buffer itself,
-		 * behind its header in staging: no copy.  Else all of the slot
-		 * goes through staging (registered buffers). */
-		q->direct = !sp->page_copy && ((uintptr_t)page & (SPILL_HDR_BYTES - 1)) == 0;
-		q->iov[0] = (struct iovec){ buf, SPILL_HDR_BYTES };
-		q->iov[1] = (struct iovec){ page, sp->page_bytes };
-		if (q->op == REQ_WRITE)
-			stage_write(sp, q, buf);
-		if (q->direct && q->op == REQ_WRITE)
-			io_uring_prep_writev(e, 0, q->iov, 2, off);
-		else if (q->direct)
-			io_uring_prep_readv(e, 0, q->iov, 2, off);
-		else if (q->op == REQ_WRITE)
-			io_uring_prep_write_fixed(e, 0, buf, (unsigned)sp->slot_bytes, off, 0);
-		else
-			io_uring_prep_read_fixed(e, 0, buf, (unsigned)sp->slot_bytes, off, 0);
-		e->flags |= IOSQE_FIXED_FILE;
-		io_uring_sqe_set_data64(e, q->stage);
-		/* published to whichever thread reaps the completion (it holds
-		 * cq_lock, not sq_lock): the kernel orders the two, the
-		 * release/acquire pair says so to the compiler and to TSan */
-		__atomic_store_n(&sp->inflight[q->stage], q, __ATOMIC_RELEASE);
+	while (sp->n_free_stage && (q = next_req(sp))) {
+		stage_one(sp, q);
 		if (++n % SUBMIT_EVERY == 0)
 			ring_submit(sp);
 	}
@@ -537,8 +551,11 @@ static unsigned reap_locked(struct spill *sp)
 			sp->r_tail = again_last;
 		}
 		pump_locked(sp);
+		/* requests to submit again wait for the I/O thread (and keep
+		 * the free slots for themselves): wake it */
+		bool wake = sp->r_head && io_thread_of != sp;
 		pthread_mutex_unlock(&sp->sq_lock);
-		if (again && io_thread_of != sp)
+		if (wake)
 			kick(sp->efd);
 		reaped(sp);
 	}

@@ -26,6 +26,17 @@ ctl health >/dev/null || fail "the first instance stopped answering"
 
 # after a clean stop the directory is free again, a stale socket is no obstacle
 stop_daemon
+# one directory for both (and a link to it): one lock, taken once
+mkdir -p "$T/both"; ln -s "$T/both" "$T/both-link"
+for sd in "$T/both" "$T/both-link"; do
+	"$TQKVD" --run-dir "$T/both" --spill-dir "$sd" >"$T/both.log" 2>&1 &
+	BOTH=$!
+	for _ in $(seq 100); do [ -S "$T/both/control.sock" ] && break; sleep 0.05; done
+	kill -0 "$BOTH" 2>/dev/null || fail "run_dir = spill_dir ($sd): $(cat "$T/both.log")"
+	kill -TERM "$BOTH"; wait "$BOTH"; rc=$?
+	[ "$rc" = 0 ] || fail "run_dir = spill_dir ($sd): exit $rc: $(cat "$T/both.log")"
+	rm -f "$T/both/control.sock" "$T/both/data.sock"
+done
 [ "$STOP_RC" = 0 ] || fail "exit $STOP_RC"
 python3 -c 'import socket,sys; s=socket.socket(socket.AF_UNIX); s.bind(sys.argv[1])' "$T/run/control.sock"
 start_daemon
