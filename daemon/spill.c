@@ -70,6 +70,7 @@ struct spill {
 	uint64_t *bitmap;            /* [n_slots/64] used slots */
 	uint64_t used, hint;
 	uint64_t fault_nth[2];
+	uint64_t fault_more[2];      /* submissions after the nth that fail too */
 	int fault_err[2];
 	uint32_t delay_us;           /* spill_fault_delay */
 	struct spill_stats st;
@@ -289,8 +290,13 @@ static int fault_take(struct spill *sp, enum req_op op)
 	int err = 0;
 
 	pthread_mutex_lock(&sp->lock);
-	if (sp->fault_nth[op] && --sp->fault_nth[op] == 0)
+	if (sp->fault_nth[op] && --sp->fault_nth[op] == 0) {
 		err = sp->fault_err[op];
+		if (sp->fault_more[op]) { /* the next one fails too */
+			sp->fault_more[op]--;
+			sp->fault_nth[op] = 1;
+		}
+	}
 	pthread_mutex_unlock(&sp->lock);
 	return err;
 }
@@ -820,14 +826,20 @@ int spill_read_sync(struct spill *sp, uint64_t slot, const struct spill_page_hdr
 	return wait_for(sp, &w, spill_read(sp, slot, expect, page, wake, &w, 0), why, whylen);
 }
 
-void spill_fault_arm(struct spill *sp, enum spill_fault kind, uint64_t nth, int err)
+void spill_fault_arm_n(struct spill *sp, enum spill_fault kind, uint64_t nth, uint64_t count, int err)
 {
 	enum req_op op = kind == SPILL_FAULT_WRITE ? REQ_WRITE : REQ_READ;
 
 	pthread_mutex_lock(&sp->lock);
-	sp->fault_nth[op] = nth;
+	sp->fault_nth[op] = count ? nth : 0;
+	sp->fault_more[op] = nth && count ? count - 1 : 0;
 	sp->fault_err[op] = err < 0 ? err : -EIO;
 	pthread_mutex_unlock(&sp->lock);
+}
+
+void spill_fault_arm(struct spill *sp, enum spill_fault kind, uint64_t nth, int err)
+{
+	spill_fault_arm_n(sp, kind, nth, 1, err);
 }
 
 void spill_fault_delay(struct spill *sp, uint32_t us)

@@ -185,6 +185,8 @@ int spill_read_sync(struct spill *sp, uint64_t slot, const struct spill_page_hdr
  * submitted again) whatever the disk did.  nth 0 disarms. */
 enum spill_fault { SPILL_FAULT_WRITE, SPILL_FAULT_READ };
 void spill_fault_arm(struct spill *sp, enum spill_fault kind, uint64_t nth, int err);
+/* The same for `count` submissions in a row from the nth on. */
+void spill_fault_arm_n(struct spill *sp, enum spill_fault kind, uint64_t nth, uint64_t count, int err);
 /* A slow disk (tests): every I/O completes at least us microseconds after
  * it was submitted; 0 restores full speed. */
 void spill_fault_delay(struct spill *sp, uint32_t us);

@@ -391,6 +391,19 @@ static void corruption_and_faults(bool fallback, bool direct)
 	spill_stats(sp, &st1);
 	T_EQ(st1.retries - st0.retries, 2);
 	T_EQ(st1.io_errors, st0.io_errors);
+	/* a disk that keeps failing so: submitted again 3 times, then the
+	 * error, saying so; 3 in a row still come through */
+	spill_fault_arm_n(sp, SPILL_FAULT_READ, 1, 4, -ECANCELED);
+	T_EQ(spill_read_sync(sp, slot, &h, back, why, sizeof(why)), -ECANCELED);
+	T_ASSERT(strstr(why, "after 3 transient failure(s)"));
+	spill_fault_arm_n(sp, SPILL_FAULT_WRITE, 1, 3, -EAGAIN);
+	T_EQ(spill_write_sync(sp, slot, &h, page, why, sizeof(why)), 0);
+	memset(back, 0, PAGE);
+	T_EQ(spill_read_sync(sp, slot, &h, back, why, sizeof(why)), 0);
+	T_ASSERT(memcmp(page, back, PAGE) == 0);
+	spill_stats(sp, &st1);
+	T_EQ(st1.retries - st0.retries, 2 + 3 + 3);
+	T_EQ(st1.io_errors, st0.io_errors + 1);
 	/* a full store */
 	uint64_t s3, s4;
 	T_EQ(spill_slot_alloc(sp, &slot2), 0);
@@ -403,7 +416,7 @@ static void corruption_and_faults(bool fallback, bool direct)
 	T_EQ(s5, s3);
 	struct spill_stats st;
 	spill_stats(sp, &st);
-	T_EQ(st.io_errors, 2);
+	T_EQ(st.io_errors, 3); /* two injected -EIO, one -ECANCELED past its retries */
 	T_EQ(st.crc_failures, 2);
 	T_EQ(st.slots_total, 4);
 	spill_close(sp);
