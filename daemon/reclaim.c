@@ -160,21 +160,33 @@ static void spilled_one(struct reclaim *rc, struct tenant *t, const struct sessi
 			 reason);
 }
 
+/* Admission's rule: the bytes tenant `of` holds above its guarantee that
+ * an allocation of tenant `from` (NULL: the reclaimer) may take, 0 if
+ * none: any tenant's when `from` is within its guarantee, else those of
+ * the same or a lower priority (its own included); `asking`: bytes `from`
+ * is charged for already but does not hold yet (not its to give up). */
+static uint64_t takable(struct tenant *from, uint64_t asking, struct tenant *of)
+{
+	struct tenant_info o, f;
+
+	tenant_get_info(of, &o);
+	if (of == from)
+		o.used -= asking < o.used ? asking : o.used;
+	if (o.used <= o.guaranteed)
+		return 0;
+	if (from && from != of) {
+		tenant_get_info(from, &f);
+		if (f.used > f.guaranteed && o.priority > f.priority)
+			return 0;
+	}
+	return o.used - o.guaranteed;
+}
+
 /* Could wait w of a session of tenant `from` take pages of tenant `of`?
- * At the limit only its own tenant's; for the pool, victims()'s rule:
- * tenants above their guarantee (its own less what it asks for), of the
- * same or a lower priority unless `from` is within its guarantee. */
+ * At the limit only its own tenant's; for the pool, admission's rule. */
 static bool could_take(const struct session_wait *w, struct tenant *from, struct tenant *of)
 {
-	if (w->at_limit)
-		return from == of;
-	uint64_t used = tenant_used(of);
-	if (from == of)
-		used -= w->bytes < used ? w->bytes : used;
-	if (used <= tenant_guaranteed(of))
-		return false;
-	return from == of || tenant_used(from) <= tenant_guaranteed(from) ||
-	       tenant_priority(of) <= tenant_priority(from);
+	return w->at_limit ? from == of : takable(from, w->bytes, of) > 0;
 }
 
 /* Does requester `me`, which would spill (or evict) session `id` of tenant
@@ -308,27 +320,13 @@ static int by_priority(const void *a, const void *b)
 static size_t victims(struct reclaim *rc, struct tenant *for_t, uint64_t asking, struct cand *c)
 {
 	uint32_t nt = tenant_count(rc->tt);
-	bool within = true;
-	int32_t prio = 0;
 	size_t n = 0;
 
-	if (for_t) {
-		struct tenant_info ti;
-		tenant_get_info(for_t, &ti);
-		within = ti.used <= ti.guaranteed;
-		prio = ti.priority;
-	}
 	for (uint32_t i = 0; i < nt; i++) {
-		struct tenant_info ti;
 		struct tenant *t = tenant_at(rc->tt, i);
-		tenant_get_info(t, &ti);
-		if (t == for_t)
-			ti.used -= asking < ti.used ? asking : ti.used;
-		if (ti.used <= ti.guaranteed)
-			continue;
-		if (!within && t != for_t && ti.priority > prio)
-			continue;
-		c[n++] = (struct cand){ t, ti.priority, ti.used - ti.guaranteed };
+		uint64_t excess = takable(for_t, asking, t);
+		if (excess)
+			c[n++] = (struct cand){ t, tenant_priority(t), excess };
 	}
 	qsort(c, n, sizeof(*c), by_priority);
 	return n;
@@ -524,12 +522,8 @@ int reclaim_admit(struct reclaim *rc, struct session *s, uint32_t n, uint8_t **p
 		 * back when it returns (they are out of the table once closed) */
 		res.busy += session_table_pending_release(rc->st);
 		if (!res.err && !res.busy && (!evicted || released(rc, evicted))) {
-			if (res.gave_way)
-				snprintf(why, whylen, "the pool is full, and the only pages above a guarantee that this "
-					 "tenant may take are the requesting session's own or earlier waiters'");
-			else
-				snprintf(why, whylen, "the pool is full, and the only pages above a guarantee that this "
-					 "tenant may take are the requesting session's own");
+			snprintf(why, whylen, "the pool is full, and the only pages above a guarantee that this tenant "
+				 "may take are the requesting session's own%s", res.gave_way ? " or earlier waiters'" : "");
 			break;
 		}
 		if (res.err) {
