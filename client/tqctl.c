@@ -586,6 +586,11 @@ static int cmd_stats(struct ctx *x, int argc, char **argv)
 			       " retried\n", sz(s->spill_bytes_written, c, sizeof(c)), s->spill_writes,
 			       sz(s->spill_bytes_read, d, sizeof(d)), s->spill_reads, s->spill_io_errors,
 			       s->spill_checksum_failures, s->spill_retries);
+			if (s->spill_submit_failures)
+				printf("spill submits:     %" PRIu64 " failed (the I/O was submitted again)\n",
+				       s->spill_submit_failures);
+			if (s->spill_stopped && *s->spill_stopped)
+				printf("spill STOPPED:     %s\n", s->spill_stopped);
 			printf("restore latency:   p50 %" PRIu64 " us, p99 %" PRIu64 " us (per page, last 1024)\n",
 			       s->spill_restore_p50_us, s->spill_restore_p99_us);
 			printf("persistent:        %u sessions; %" PRIu64 " checkpoints (%" PRIu64 " failed), %" PRIu64

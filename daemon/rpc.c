@@ -298,6 +298,7 @@ static void h_get_stats(struct rpc_server *srv, const struct peer *peer,
 	}
 	pthread_mutex_unlock(&srv->ring_lock);
 	struct spill *sp = __atomic_load_n(&srv->spill, __ATOMIC_ACQUIRE);
+	char stopped[256];
 	if (sp) {
 		struct spill_stats st;
 		spill_stats(sp, &st);
@@ -311,6 +312,9 @@ static void h_get_stats(struct rpc_server *srv, const struct peer *peer,
 		r.spill_reads = st.reads;
 		r.spill_io_errors = st.io_errors;
 		r.spill_retries = st.retries;
+		r.spill_submit_failures = st.submit_failures;
+		if (spill_stopped(sp, stopped, sizeof(stopped)))
+			r.spill_stopped = stopped;
 		r.spill_checksum_failures = st.crc_failures;
 		r.spill_restore_p50_us = st.read_p50_us;
 		r.spill_restore_p99_us = st.read_p99_us;

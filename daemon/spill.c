@@ -27,6 +27,10 @@
 #define SUBMIT_EVERY 4u         /* staged SQEs per io_uring_submit */
 #define LAT_SAMPLES  1024u
 #define REAP_EVERY_US 200u      /* the I/O thread's passes while completions come */
+/* io_uring_submit failing this long in a row (every try: the I/O thread's,
+ * each 100 ms, and every submitter's) stops the store (ring_broken) */
+#define SUBMIT_GIVE_UP_MS 10000u
+#define SUBMIT_LOG_EVERY_NS (10ull * 1000000000u)
 
 enum req_op { REQ_WRITE, REQ_READ };
 
@@ -45,6 +49,7 @@ struct req {
 	int inject;                  /* an armed fault this request takes (-errno) */
 	uint8_t tries;               /* submitted again after transient failures    */
 	int copy_err;                /* write: the page could not be staged (-errno) */
+	bool abandoned;              /* never submitted: the store stopped (ring_broken) */
 	struct iovec iov[2];         /* direct: header in staging, the page */
 	char copy_why[200];
 };
@@ -88,6 +93,16 @@ struct spill {
 	struct req *r_head, *r_tail; /* submitted again after a transient failure:
 	                              * by the I/O thread only (sq_lock) */
 	bool stop;
+	/* io_uring_submit failing (ring_submit): since when, how often in
+	 * this run and in all, the last log; the injected failures left */
+	uint64_t sub_fail_since_ns, sub_fails, sub_fails_total, sub_logged_ns;
+	uint64_t sub_fault_left;
+	int sub_fault_err;
+	uint32_t give_up_ms;
+	int sub_last_err;
+	int broken;                  /* -errno: the store stopped (ring_broken); read
+	                              * atomically, set under sq_lock */
+	char broken_why[256];        /* set once, before broken */
 	uint8_t *staging;            /* qd slots of slot_bytes, 4 KiB aligned */
 	size_t staging_bytes;
 	struct req **inflight;       /* [qd] by staging slot */
@@ -316,7 +331,11 @@ static void complete(struct spill *sp, struct req *q, const uint8_t *buf, long r
 			usleep((useconds_t)((due - now) / 1000u));
 	}
 
-	if (q->copy_err) {
+	if (q->abandoned) {
+		r = -EIO;
+		snprintf(why, sizeof(why), "%s offset %" PRIu64 ": the %s was not submitted: %s", sp->path, off,
+			 q->op == REQ_WRITE ? "write" : "read", sp->broken_why);
+	} else if (q->copy_err) {
 		r = q->copy_err;
 		snprintf(why, sizeof(why), "%s offset %" PRIu64 ": the page could not be copied for the write "
 			 "(the slot was written invalid): %s", sp->path, off, q->copy_why);
@@ -417,11 +436,90 @@ static void drain_efd(int fd)
 	}
 }
 
+/* Hand the staged SQEs to the kernel (sq_lock held).  A failure leaves
+ * them queued: the next submit retries (the I/O thread's every 100 ms, and
+ * whoever submits or waits meanwhile).  Failing SUBMIT_GIVE_UP_MS in a row
+ * stops the store (ring_broken, from the I/O thread). */
 static void ring_submit(struct spill *sp)
 {
-	int r = io_uring_submit(&sp->ring);
-	if (r < 0) /* the SQEs stay queued: the next submit (or the I/O thread's) retries */
-		log_err("spill: io_uring_submit: %s", strerror(-r));
+	if (sp->broken)
+		return; /* never again: the kernel would run SQEs whose requests have failed */
+	int r;
+	if (sp->sub_fault_left) {
+		sp->sub_fault_left--;
+		r = sp->sub_fault_err;
+	} else {
+		r = io_uring_submit(&sp->ring);
+	}
+	uint64_t now = now_ns();
+	if (r >= 0) {
+		if (sp->sub_fails)
+			log_notice("spill: io_uring_submit works again, after %" PRIu64 " failure%s in %.1f s",
+				   sp->sub_fails, sp->sub_fails == 1 ? "" : "s",
+				   (double)(now - sp->sub_fail_since_ns) / 1e9);
+		sp->sub_fails = 0;
+		return;
+	}
+	sp->sub_fails_total++;
+	if (sp->sub_fails++ == 0) {
+		sp->sub_fail_since_ns = now;
+		sp->sub_logged_ns = now;
+		log_err("spill: io_uring_submit: %s: the I/O stays queued and is submitted again "
+			"(the store stops if this lasts %.1f s)", strerror(-r), sp->give_up_ms / 1000.0);
+	} else if (now - sp->sub_logged_ns >= SUBMIT_LOG_EVERY_NS) {
+		sp->sub_logged_ns = now;
+		log_err("spill: io_uring_submit still fails: %s (%" PRIu64 " times in %.0f s)", strerror(-r),
+			sp->sub_fails, (double)(now - sp->sub_fail_since_ns) / 1e9);
+	}
+	sp->sub_last_err = r;
+}
+
+/* io_uring_submit has failed for give_up_ms (sq_lock held): the store
+ * stops, and its requests fail rather than wait forever (each waiter holds
+ * its session's lock; spill_close would never return).  The SQEs the
+ * kernel never took are abandoned — their requests, the queued ones and
+ * those to submit again come back as a list for the I/O thread to
+ * complete — and no submit ever runs again, since the kernel would run
+ * them.  What the kernel took completes as usual.  Later requests fail at
+ * once (submit).  The pages stay where they are: a write that fails leaves
+ * its page in memory; a read leaves it on disk, unreadable until a restart
+ * (persistent sessions come back from their files then). */
+static struct req *ring_broken(struct spill *sp)
+{
+	struct req *failed = NULL, **tail = &failed;
+	struct io_uring_sq *sq = &sp->ring.sq;
+
+	snprintf(sp->broken_why, sizeof(sp->broken_why),
+		 "the spill store stopped: io_uring_submit failed for %.1f s (%s); restart tqkvd to use it again",
+		 (double)(now_ns() - sp->sub_fail_since_ns) / 1e9, strerror(-sp->sub_last_err));
+	__atomic_store_n(&sp->broken, sp->sub_last_err, __ATOMIC_RELEASE);
+	for (unsigned i = *sq->khead; i != sq->sqe_tail; i++) {
+		uint64_t tag = sq->sqes[i & sq->ring_mask].user_data;
+		struct req *q = tag < sp->qd ? __atomic_exchange_n(&sp->inflight[tag], NULL, __ATOMIC_ACQ_REL) : NULL;
+		if (!q)
+			continue;
+		sp->free_stage[sp->n_free_stage++] = (uint32_t)tag;
+		q->abandoned = true;
+		*tail = q;
+		tail = &q->next;
+	}
+	for (struct req **list = &sp->r_head; list; list = list == &sp->r_head ? &sp->q_head : NULL) {
+		while (*list) {
+			struct req *q = *list;
+			*list = q->next;
+			q->abandoned = true;
+			*tail = q;
+			tail = &q->next;
+		}
+	}
+	*tail = NULL;
+	sp->r_tail = sp->q_tail = NULL;
+	unsigned n = 0;
+	for (struct req *q = failed; q; q = q->next)
+		n++;
+	log_err("spill: %s; the %u I/O(s) it had not taken fail, and so do later ones: pages being spilled "
+		 "stay in memory, spilled pages cannot be read back until then", sp->broken_why, n);
+	return failed;
 }
 
 static __thread const struct spill *io_thread_of; /* set by the store's I/O thread */
@@ -489,6 +587,8 @@ static void pump_locked(struct spill *sp)
 	unsigned n = 0;
 	struct req *q;
 
+	if (sp->broken)
+		return;
 	while (sp->n_free_stage && (q = next_req(sp))) {
 		stage_one(sp, q);
 		if (++n % SUBMIT_EVERY == 0)
@@ -591,10 +691,26 @@ static void *uring_main(void *arg)
 		pthread_mutex_lock(&sp->sq_lock);
 		uint32_t was_free = sp->n_free_stage;
 		pump_locked(sp); /* background requests; and a submit that failed before */
-		n += was_free - sp->n_free_stage;
+		n += was_free > sp->n_free_stage ? was_free - sp->n_free_stage : 0;
+		struct req *failed = NULL;
+		if (sp->sub_fails && !sp->broken && now_ns() - sp->sub_fail_since_ns >= sp->give_up_ms * 1000000ull)
+			failed = ring_broken(sp);
 		bool stop = sp->stop, more = sp->q_head || sp->r_head;
 		uint32_t busy = sp->qd - sp->n_free_stage;
 		pthread_mutex_unlock(&sp->sq_lock);
+		if (failed) {
+			/* callbacks run under cq_lock, as from reap_locked: a
+			 * waiter that holds it lets go within a second (spill_wait) */
+			pthread_mutex_lock(&sp->cq_lock);
+			while (failed) {
+				struct req *q = failed;
+				failed = q->next;
+				complete(sp, q, NULL, -EIO);
+			}
+			pthread_mutex_unlock(&sp->cq_lock);
+			reaped(sp);
+			continue;
+		}
 		if (stop && busy == 0 && !more)
 			break;
 		if (n) {
@@ -676,10 +792,11 @@ static int submit(struct spill *sp, enum req_op op, uint64_t slot, const struct 
 	q->ctx = ctx;
 	q->t0_ns = now_ns();
 	pthread_mutex_lock(&sp->sq_lock);
-	if (sp->stop) {
+	if (sp->stop || sp->broken) {
+		int r = sp->stop ? -ESHUTDOWN : -EIO;
 		pthread_mutex_unlock(&sp->sq_lock);
 		free(q);
-		return -ESHUTDOWN;
+		return r;
 	}
 	if (sp->q_tail)
 		sp->q_tail->next = q;
@@ -718,20 +835,22 @@ void spill_wait(struct spill *sp, bool (*done)(void *arg), void *arg)
 		pthread_mutex_unlock(&sp->lock);
 		return;
 	}
-	if (done(arg))
-		return;
 	/* Drive the ring from here until done: reap, and sleep in
 	 * io_uring_enter for the next completion.  A thread already doing so
 	 * reaps ours too: we look at ours after each of its passes (a short
 	 * read must not wait out another's batch of thousands of writes), and
-	 * take over when it leaves. */
+	 * take over when it leaves.  Once the store has stopped (ring_broken)
+	 * the I/O thread reaps, and completes what it could not submit. */
+again:
+	if (done(arg))
+		return;
 	for (;;) {
 		/* the pass count before the try: a pass (or the reaper's
 		 * leaving) after it is not waited for */
 		pthread_mutex_lock(&sp->lock);
 		const uint64_t seen = sp->reap_passes;
 		pthread_mutex_unlock(&sp->lock);
-		if (pthread_mutex_trylock(&sp->cq_lock) == 0)
+		if (!__atomic_load_n(&sp->broken, __ATOMIC_ACQUIRE) && pthread_mutex_trylock(&sp->cq_lock) == 0)
 			break;
 		struct timespec ts;
 		clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -750,16 +869,20 @@ void spill_wait(struct spill *sp, bool (*done)(void *arg), void *arg)
 			return;
 	}
 	/* nobody else reaps meanwhile: the I/O thread need not wake */
-	bool toggled = io_uring_cq_eventfd_toggle(&sp->ring, false) == 0;
-	while (!done(arg)) {
+	bool toggled = io_uring_cq_eventfd_toggle(&sp->ring, false) == 0, leave = false;
+	while (!done(arg) && !leave) {
 		if (reap_locked(sp))
 			continue;
 		struct io_uring_cqe *cqe;
 		struct __kernel_timespec ts = { 1, 0 }; /* a safety net, not a timeout */
+		/* (a wait submits nothing: with IORING_FEAT_EXT_ARG, which
+		 * start_uring requires, liburing enters with to_submit 0) */
 		int r = io_uring_wait_cqe_timeout(&sp->ring, &cqe, &ts);
 		if (r == -ETIME) {
 			pthread_mutex_lock(&sp->sq_lock); /* an SQE a failed submit left behind? */
-			if (io_uring_sq_ready(&sp->ring))
+			if (sp->broken)
+				leave = true; /* the I/O thread needs cq_lock to fail the rest */
+			else if (io_uring_sq_ready(&sp->ring))
 				ring_submit(sp);
 			pthread_mutex_unlock(&sp->sq_lock);
 		} else if (r < 0 && r != -EINTR && r != -EAGAIN) {
@@ -774,8 +897,10 @@ void spill_wait(struct spill *sp, bool (*done)(void *arg), void *arg)
 	bool pending = io_uring_cq_ready(&sp->ring) > 0;
 	pthread_mutex_unlock(&sp->cq_lock);
 	reaped(sp); /* a waiter takes over */
-	if (pending)
+	if (pending || leave)
 		kick(sp->efd);
+	if (leave)
+		goto again;
 }
 
 struct waiter {
@@ -842,6 +967,15 @@ void spill_fault_arm(struct spill *sp, enum spill_fault kind, uint64_t nth, int 
 	spill_fault_arm_n(sp, kind, nth, 1, err);
 }
 
+void spill_fault_submit(struct spill *sp, uint64_t count, int err, uint32_t give_up_ms)
+{
+	pthread_mutex_lock(&sp->sq_lock);
+	sp->sub_fault_left = count;
+	sp->sub_fault_err = err < 0 ? err : -EAGAIN;
+	sp->give_up_ms = give_up_ms ? give_up_ms : SUBMIT_GIVE_UP_MS;
+	pthread_mutex_unlock(&sp->sq_lock);
+}
+
 void spill_fault_delay(struct spill *sp, uint32_t us)
 {
 	__atomic_store_n(&sp->delay_us, us, __ATOMIC_RELAXED);
@@ -866,6 +1000,10 @@ void spill_stats(struct spill *sp, struct spill_stats *out)
 	n = sp->lat_n < LAT_SAMPLES ? sp->lat_n : LAT_SAMPLES;
 	memcpy(lat, sp->lat_us, n * sizeof(lat[0]));
 	pthread_mutex_unlock(&sp->lock);
+	pthread_mutex_lock(&sp->sq_lock);
+	out->submit_failures = sp->sub_fails_total;
+	out->stopped = sp->broken != 0;
+	pthread_mutex_unlock(&sp->sq_lock);
 	if (n) {
 		qsort(lat, n, sizeof(lat[0]), cmp_u32);
 		out->read_p50_us = lat[(n - 1) / 2];
@@ -903,6 +1041,14 @@ int spill_check(struct spill *sp)
 		sp->check_state = r;
 	}
 	return r;
+}
+
+int spill_stopped(struct spill *sp, char *why, size_t whylen)
+{
+	if (!sp || !__atomic_load_n(&sp->broken, __ATOMIC_ACQUIRE))
+		return 0;
+	snprintf(why, whylen, "%s", sp->broken_why); /* written before broken was set, never after */
+	return -EIO;
 }
 
 const char *spill_engine(const struct spill *sp)
@@ -986,15 +1132,31 @@ static int open_file(struct spill *sp, uint64_t bytes, bool *direct, char *why, 
 	struct stat sb;
 	char have[32], need[32];
 
-	sp->fd = open(sp->path, O_RDWR | O_CREAT | O_CLOEXEC | O_DIRECT, 0600);
+	/* not through a symbolic link, and a regular file only: the store
+	 * writes where spill_dir says, never where a link left there points */
+	const int flags = O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
+	sp->fd = open(sp->path, flags | O_DIRECT, 0600);
 	*direct = sp->fd >= 0;
 	if (sp->fd < 0 && errno == EINVAL)
-		sp->fd = open(sp->path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+		sp->fd = open(sp->path, flags, 0600);
 	if (sp->fd < 0) {
+		int e = errno;
+		snprintf(why, whylen, "%s: %s", sp->path,
+			 e == ELOOP ? "is a symbolic link (set pool.spill_dir to the directory instead)" : strerror(e));
+		return -e;
+	}
+	if (fstat(sp->fd, &sb) < 0 || fstatvfs(sp->fd, &vfs) < 0) {
 		snprintf(why, whylen, "%s: %s", sp->path, strerror(errno));
 		return -errno;
 	}
-	if (fstat(sp->fd, &sb) < 0 || fstatvfs(sp->fd, &vfs) < 0) {
+	if (!S_ISREG(sb.st_mode)) {
+		snprintf(why, whylen, "%s: not a regular file", sp->path);
+		return -EINVAL;
+	}
+	/* O_NONBLOCK only kept a FIFO from blocking the open: io_uring
+	 * would answer -EAGAIN for I/O on a non-blocking file */
+	int fl = fcntl(sp->fd, F_GETFL);
+	if (fl < 0 || fcntl(sp->fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
 		snprintf(why, whylen, "%s: %s", sp->path, strerror(errno));
 		return -errno;
 	}
@@ -1008,11 +1170,25 @@ static int open_file(struct spill *sp, uint64_t bytes, bool *direct, char *why, 
 			 "lower spill_bytes or free space", need, sp->path, have);
 		return -ENOSPC;
 	}
-	if (fallocate(sp->fd, 0, 0, (off_t)bytes) < 0) {
+	/* TQKVD_TEST_NO_FALLOCATE: as on such a file system (tests) */
+	if (getenv("TQKVD_TEST_NO_FALLOCATE") ? (errno = EOPNOTSUPP, 1) : fallocate(sp->fd, 0, 0, (off_t)bytes) < 0) {
 		int e = errno;
 		tq_size_format_human(bytes, need, sizeof(need));
-		snprintf(why, whylen, "%s: preallocating %s: %s", sp->path, need, strerror(e));
-		return -e;
+		if (e != EOPNOTSUPP) {
+			snprintf(why, whylen, "%s: preallocating %s: %s", sp->path, need, strerror(e));
+			return -e;
+		}
+		/* a file system without preallocation (NFS before 4.2, some
+		 * FUSE ones): the file gets its size, not its blocks; a spill
+		 * that then finds the disk full fails, and its page stays in
+		 * memory (nothing is lost) */
+		if ((uint64_t)sb.st_size < bytes && ftruncate(sp->fd, (off_t)bytes) < 0) {
+			e = errno;
+			snprintf(why, whylen, "%s: sizing to %s: %s", sp->path, need, strerror(e));
+			return -e;
+		}
+		log_warning("spill: %s: the file system cannot preallocate (fallocate: %s): the %s are not "
+			    "reserved, and spills fail if it fills up", sp->path, strerror(e), need);
 	}
 	if ((uint64_t)sb.st_size > bytes) {
 		/* never cut at start: pages of persistent sessions whose slots
@@ -1086,6 +1262,7 @@ int spill_open(struct spill **out, const struct spill_params *p, char *why, size
 		pthread_cond_init(&sp->reap_cond, &ca);
 		pthread_condattr_destroy(&ca);
 	}
+	sp->give_up_ms = SUBMIT_GIVE_UP_MS;
 	sp->page_bytes = p->page_bytes;
 	sp->slot_bytes = (uint64_t)SPILL_HDR_BYTES + p->page_bytes;
 	sp->n_slots = p->bytes / sp->slot_bytes;

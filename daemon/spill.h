@@ -118,6 +118,9 @@ struct spill_stats {
 	uint64_t retries;         /* I/Os submitted again after a transient       */
 	                          /* failure (-EAGAIN, -EINTR, -ECANCELED, short) */
 	uint64_t crc_failures;    /* pages whose checks failed: never served      */
+	uint64_t submit_failures; /* io_uring_submit calls that failed (retried)  */
+	bool stopped;             /* they failed for 10 s: the store stopped, its */
+	                          /* I/O fails (until tqkvd restarts)             */
 	uint64_t read_p50_us, read_p99_us; /* of the last 1024 reads              */
 };
 
@@ -187,6 +190,11 @@ enum spill_fault { SPILL_FAULT_WRITE, SPILL_FAULT_READ };
 void spill_fault_arm(struct spill *sp, enum spill_fault kind, uint64_t nth, int err);
 /* The same for `count` submissions in a row from the nth on. */
 void spill_fault_arm_n(struct spill *sp, enum spill_fault kind, uint64_t nth, uint64_t count, int err);
+/* io_uring_submit fails (tests): the next `count` calls fail with err
+ * without entering the kernel (UINT64_MAX: every one), and the store stops
+ * after give_up_ms of failures in a row (0: the default, 10 s).  The
+ * io_uring engine only. */
+void spill_fault_submit(struct spill *sp, uint64_t count, int err, uint32_t give_up_ms);
 /* A slow disk (tests): every I/O completes at least us microseconds after
  * it was submitted; 0 restores full speed. */
 void spill_fault_delay(struct spill *sp, uint32_t us);
@@ -197,6 +205,9 @@ void spill_fault_delay(struct spill *sp, uint32_t us);
  * readable through the open file, but the operator must know.  Returns 0,
  * or -ENOENT / -EROFS / -EACCES while the condition lasts. */
 int spill_check(struct spill *sp);
+/* The store has stopped (io_uring_submit failed for 10 s in a row): -EIO
+ * with why, else 0. */
+int spill_stopped(struct spill *sp, char *why, size_t whylen);
 
 /* crc32c (Castagnoli) of n bytes, continuing from crc (0 to start). */
 #define spill_crc32c tq_crc32c

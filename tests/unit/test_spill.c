@@ -452,6 +452,130 @@ static void test_larger_file_kept(void)
 	rm_tmp();
 }
 
+/* spill.dat must be a regular file of its own: a symbolic link left in
+ * spill_dir is not followed (the store would write where it points), a
+ * FIFO or a directory is refused with the reason.  A file system that
+ * cannot preallocate gets a file of the size, not a refusal. */
+static void test_not_a_file(void)
+{
+	struct spill_params p = { .dir = NULL, .bytes = 64 * (SPILL_HDR_BYTES + PAGE), .page_bytes = PAGE,
+				  .allow_fallback = true };
+	struct spill *sp;
+	struct stat sb;
+	char why[512], path[600], target[600];
+
+	mkdir_tmp();
+	p.dir = dir;
+	snprintf(path, sizeof(path), "%s/%s", dir, SPILL_FILE);
+	snprintf(target, sizeof(target), "%s/elsewhere", dir);
+	T_EQ(symlink(target, path), 0);
+	T_ASSERT(spill_open(&sp, &p, why, sizeof(why)) < 0);
+	fprintf(stderr, "    link: %s\n", why);
+	T_ASSERT(strstr(why, "symbolic link") && strstr(why, "spill_dir"));
+	T_EQ(stat(target, &sb), -1); /* nothing created where it points */
+	T_EQ(unlink(path), 0);
+
+	T_EQ(mkfifo(path, 0600), 0);
+	T_EQ(spill_open(&sp, &p, why, sizeof(why)), -EINVAL);
+	fprintf(stderr, "    fifo: %s\n", why);
+	T_ASSERT(strstr(why, "not a regular file"));
+	T_EQ(unlink(path), 0);
+
+	T_EQ(mkdir(path, 0700), 0);
+	T_ASSERT(spill_open(&sp, &p, why, sizeof(why)) < 0);
+	fprintf(stderr, "    directory: %s\n", why);
+	T_EQ(rmdir(path), 0);
+
+	setenv("TQKVD_TEST_NO_FALLOCATE", "1", 1);
+	T_EQ(spill_open(&sp, &p, why, sizeof(why)), 0);
+	T_EQ(stat(path, &sb), 0);
+	T_EQ((uint64_t)sb.st_size, 64 * (SPILL_HDR_BYTES + PAGE)); /* sized, blocks not reserved */
+	roundtrip_counted(sp, true);
+	spill_close(sp);
+	unsetenv("TQKVD_TEST_NO_FALLOCATE");
+	rm_tmp();
+}
+
+static double ms_since(const struct timespec *t0)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)(t.tv_sec - t0->tv_sec) * 1e3 + (double)(t.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
+/* io_uring_submit failing: a few times, the I/O is submitted again and
+ * completes; for give_up_ms in a row, the store stops — what the kernel
+ * never took fails with the reason (a waiter that drives the ring lets the
+ * I/O thread fail it), later requests fail at once, close returns.  Before,
+ * every request waited forever, each holding its session's lock. */
+static void test_submit_failures(void)
+{
+	struct spill_stats st;
+	struct spill *sp;
+	char why[512];
+
+	mkdir_tmp();
+	if (!(sp = open_store(64, false)))
+		T_FAIL("the store did not open");
+	if (!strstr(spill_engine(sp), "io_uring")) {
+		spill_close(sp);
+		rm_tmp();
+		t_skip("no io_uring engine here");
+	}
+	spill_fault_submit(sp, 5, -EAGAIN, 0);
+	roundtrip_counted(sp, true);
+	spill_stats(sp, &st);
+	T_EQ(st.submit_failures, 5);
+	T_ASSERT(!st.stopped);
+	T_EQ(spill_stopped(sp, why, sizeof(why)), 0);
+
+	enum { N = 6 };
+	uint8_t *base;
+	uint8_t (*pages)[PAGE] = (uint8_t (*)[PAGE])pages_of(&base, N + 1, true);
+	uint64_t slots[N + 1];
+	struct counter c = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0 };
+	struct timespec t0;
+
+	spill_fault_submit(sp, UINT64_MAX, -EBUSY, 300);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (int i = 0; i < N + 1; i++) {
+		fill(pages[i], PAGE, (uint64_t)i + 100);
+		T_EQ(spill_slot_alloc(sp, &slots[i]), 0);
+	}
+	for (int i = 0; i < N; i++) {
+		struct spill_page_hdr h = hdr_of(9, 0, (uint32_t)i, 1);
+		T_EQ(spill_write(sp, slots[i], &h, pages[i], count_done, &c, i % 2 ? SPILL_BACKGROUND : 0), 0);
+	}
+	/* this thread drives the ring meanwhile, asleep in the kernel */
+	struct spill_page_hdr h = hdr_of(9, 0, N, 1);
+	T_EQ(spill_write_sync(sp, slots[N], &h, pages[N], why, sizeof(why)), -EIO);
+	double ms = ms_since(&t0);
+	fprintf(stderr, "    failed after %.0f ms: %s\n", ms, why);
+	T_ASSERT(ms >= 250 && ms < 5000);
+	T_ASSERT(strstr(why, "was not submitted") && strstr(why, "io_uring_submit failed") &&
+		 strstr(why, "restart tqkvd"));
+	pthread_mutex_lock(&c.lock);
+	while (c.done < N)
+		pthread_cond_wait(&c.cond, &c.lock);
+	pthread_mutex_unlock(&c.lock);
+	T_EQ(c.failed, N);
+	/* later requests fail at once */
+	T_EQ(spill_read(sp, slots[0], &h, pages[0], count_done, &c, 0), -EIO);
+	T_EQ(spill_stopped(sp, why, sizeof(why)), -EIO);
+	T_ASSERT(strstr(why, "the spill store stopped"));
+	spill_stats(sp, &st);
+	T_ASSERT(st.stopped);
+	T_ASSERT(st.submit_failures > 5);
+	T_EQ(st.io_errors, N + 1);
+	for (int i = 0; i < N + 1; i++)
+		spill_slot_free(sp, slots[i]);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	spill_close(sp);
+	T_ASSERT(ms_since(&t0) < 2000);
+	free(base);
+	rm_tmp();
+}
+
 static void test_corruption_and_faults(void)
 {
 	corruption_and_faults(false, true);  /* io_uring, the page is the buffer */
@@ -596,5 +720,7 @@ int main(void)
 	T_RUN(test_waiter_not_behind_another);
 	T_RUN(test_old_uring_refused);
 	T_RUN(test_no_room);
+	T_RUN(test_not_a_file);
+	T_RUN(test_submit_failures);
 	return t_done();
 }
