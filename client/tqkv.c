@@ -608,7 +608,22 @@ EXPORT int tqkv_nop(tqkv *c)
 
 /* ---- connection ------------------------------------------------------------------------ */
 
-static int handshake(tqkv *c, int memfd, const struct tqkv_ring_layout *lay)
+/* Set the socket's SO_RCVTIMEO or SO_SNDTIMEO to what is left until
+ * deadline (CLOCK_MONOTONIC ns): 0, or -ETIMEDOUT once it has passed.  A
+ * socket call with a timeout is not restarted after a signal handler ran
+ * (EINTR, SA_RESTART or not): connecting calls it again with what is
+ * left, so a caller's timer signals do not fail tqkv_connect. */
+static int sock_timeo(int fd, int opt, uint64_t deadline)
+{
+	uint64_t now = now_ns();
+	if (now >= deadline)
+		return -ETIMEDOUT;
+	uint64_t us = (deadline - now + 999) / 1000;
+	struct timeval tv = { (time_t)(us / 1000000u), (suseconds_t)(us % 1000000u) };
+	return setsockopt(fd, SOL_SOCKET, opt, &tv, sizeof(tv)) < 0 ? -errno : 0;
+}
+
+static int handshake(tqkv *c, int memfd, const struct tqkv_ring_layout *lay, uint64_t deadline)
 {
 	struct tqkv_hello h;
 	struct tqkv_welcome w;
@@ -617,9 +632,8 @@ static int handshake(tqkv *c, int memfd, const struct tqkv_ring_layout *lay)
 	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf.buf,
 			      .msg_controllen = sizeof(cbuf.buf) };
 	struct cmsghdr *cm;
-	/* the daemon's answer within the connection's control timeout */
-	struct timeval tv = { c->timeout_ms / 1000, (c->timeout_ms % 1000) * 1000 };
-	int send_err = 0;
+	struct timeval tv;
+	int send_err = 0, r;
 	ssize_t n;
 
 	memset(&h, 0, sizeof(h));
@@ -635,25 +649,37 @@ static int handshake(tqkv *c, int memfd, const struct tqkv_ring_layout *lay)
 	cm->cmsg_type = SCM_RIGHTS;
 	cm->cmsg_len = CMSG_LEN(sizeof(int));
 	memcpy(CMSG_DATA(cm), &memfd, sizeof(int));
-	setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 	/* A daemon that refuses the connection (limits) answers first and
 	 * closes: the send may then fail with EPIPE/ECONNRESET while its
 	 * answer waits in our queue.  Read it either way, so the caller
-	 * gets the daemon's reason, not a bare errno. */
-	if (sendmsg(c->fd, &msg, MSG_NOSIGNAL) != (ssize_t)sizeof(h)) {
-		int err = errno;
-		if (err != EPIPE && err != ECONNRESET)
-			return fail(-err, "sending the ring handshake: %s", strerror(err));
-		send_err = err;
+	 * gets the daemon's reason, not a bare errno.  (A message on a
+	 * SOCK_SEQPACKET socket goes whole or not at all: an interrupted
+	 * send sent nothing.) */
+	while ((r = sock_timeo(c->fd, SO_SNDTIMEO, deadline)) == 0 &&
+	       (n = sendmsg(c->fd, &msg, MSG_NOSIGNAL)) < 0 && errno == EINTR) {
 	}
-	for (int tries = 0;; tries++) {
+	if (r == 0 && n != (ssize_t)sizeof(h)) {
+		int err = n < 0 ? errno : EPROTO;
+		if (err != EPIPE && err != ECONNRESET && err != EAGAIN && err != EWOULDBLOCK)
+			return fail(-err, "sending the ring handshake: %s", strerror(err));
+		if (err == EAGAIN || err == EWOULDBLOCK)
+			r = -ETIMEDOUT;
+		else
+			send_err = err;
+	}
+	/* the daemon's answer by the connection's deadline (timeout_ms) */
+	n = -1;
+	errno = ETIMEDOUT;
+	for (int tries = 0; r == 0 && (r = sock_timeo(c->fd, SO_RCVTIMEO, deadline)) == 0; tries++) {
 		n = recv(c->fd, &w, sizeof(w), 0);
+		if (n < 0 && errno == EINTR)
+			continue; /* a signal handler ran: wait what is left */
 		if (n >= 0 || errno != ECONNRESET || tries > 0)
 			break; /* the reset is reported before queued data at most once */
 	}
 	if (n != (ssize_t)sizeof(w)) {
-		int err = send_err ? send_err : n < 0 ? errno : EPROTO;
-		if (err == EAGAIN || err == EWOULDBLOCK)
+		int err = send_err ? send_err : r < 0 ? -r : n < 0 ? errno : EPROTO;
+		if (err == EAGAIN || err == EWOULDBLOCK || err == ETIMEDOUT)
 			return fail(-ETIMEDOUT, "no answer to the ring handshake in %d ms (timeout_ms): tqkvd is "
 				    "stopped or overloaded", c->timeout_ms);
 		return fail(-err, "no answer to the ring handshake: %s", strerror(err));
@@ -792,11 +818,19 @@ EXPORT int tqkv_connect_0_2(tqkv **out, const struct tqkv_connect_opts *o)
 		goto fail;
 	}
 	c->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-	if (c->fd >= 0) { /* connect (a full backlog) and the handshake: timeout_ms (handshake clears it) */
-		struct timeval tv = { c->timeout_ms / 1000, (c->timeout_ms % 1000) * 1000 };
-		setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	/* connect (a full backlog) and the handshake: timeout_ms in all
+	 * (handshake clears the socket's timeouts); a signal handler that
+	 * interrupts connect() (EINTR: nothing connected) is not an error */
+	uint64_t deadline = now_ns() + (uint64_t)c->timeout_ms * 1000000u;
+	int cr = -1;
+	if (c->fd >= 0) {
+		while ((r = sock_timeo(c->fd, SO_SNDTIMEO, deadline)) == 0 &&
+		       (cr = connect(c->fd, (struct sockaddr *)&sa, sizeof(sa))) < 0 && errno == EINTR) {
+		}
+		if (r < 0)
+			errno = r == -ETIMEDOUT ? EAGAIN : -r;
 	}
-	if (c->fd < 0 || connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+	if (c->fd < 0 || cr < 0) {
 		if (c->fd >= 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
 			r = fail(-ETIMEDOUT, "connecting to %s: no room in its queue for %d ms (timeout_ms): tqkvd "
 				 "is stopped or overloaded", sa.sun_path, c->timeout_ms);
@@ -804,7 +838,7 @@ EXPORT int tqkv_connect_0_2(tqkv **out, const struct tqkv_connect_opts *o)
 			r = fail(-errno, "connecting to %s: %s", sa.sun_path, strerror(errno));
 		goto fail;
 	}
-	if ((r = handshake(c, memfd, &lay)) < 0)
+	if ((r = handshake(c, memfd, &lay, deadline)) < 0)
 		goto fail;
 	close(memfd);
 	memfd = -1;

@@ -97,7 +97,8 @@ struct tqkv_connect_opts {
 				  /* operation's inputs and output must fit in it           */
 	uint32_t flags;           /* TQKV_CONNECT_*                                          */
 	int timeout_ms;           /* control calls, and connecting to the data socket       */
-	                          /* with its handshake (<= 0: 10000)                       */
+	                          /* with its handshake (<= 0: 10000; signals that          */
+	                          /* interrupt it are waited through, not -EINTR)           */
 	int op_timeout_ms;        /* data operations: submit + wait together (0: 60000,      */
 	                          /* < 0: none)                                             */
 				  /* (added in 0.2; a 0.1 binary gets the defaults)         */

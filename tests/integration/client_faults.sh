@@ -112,6 +112,9 @@ a=$(answer 4)
 # a new connection's handshake waits the connection's timeout_ms (400),
 # not a fixed 10 s
 c=$("$CLIENT" --client connect "$T/run" 400)
+# ... also while a signal handler runs every 10 ms (a socket call with a
+# timeout is not restarted: it failed with -EINTR at the first signal)
+cs=$("$CLIENT" --client connect "$T/run" 400 signals)
 # ... and so does connect() itself when the listen queue is full
 python3 - "$T/run/data.sock" "$CLIENT" "$T/run" >"$T/full.out" 2>&1 <<'PY' || true
 import socket, subprocess, sys
@@ -127,8 +130,9 @@ for _ in range(4096):
     held.append(s)
 print("held", len(held))
 try:
-    print(subprocess.run([sys.argv[2], "--client", "connect", sys.argv[3], "400"], capture_output=True,
-                         text=True, timeout=10).stdout, end="")
+    for extra in ([], ["signals"]):
+        print(subprocess.run([sys.argv[2], "--client", "connect", sys.argv[3], "400"] + extra,
+                             capture_output=True, text=True, timeout=10).stdout, end="")
 except subprocess.TimeoutExpired:
     print("connect: no answer in 10 s")
 PY
@@ -141,13 +145,26 @@ grep -q "of the submit" <<<"$a" || fail "the timeout does not say the deadline i
 ms=$(sed 's/.*ms=\([0-9]*\).*/\1/' <<<"$c")
 [ "$ms" -ge 350 ] && [ "$ms" -lt 3000 ] || fail "a connection's handshake timed out after $ms ms, timeout_ms is 400"
 grep -q "timeout_ms" <<<"$c" || fail "the handshake's timeout does not say which: $c"
-f=$(grep '^rc=' "$T/full.out")
-[[ $f == "rc=-110 "* ]] && grep -q "no room in its queue" <<<"$f" \
-	|| fail "a connection to a stopped daemon with a full listen queue: $(cat "$T/full.out")"
-ms=$(sed 's/.*ms=\([0-9]*\).*/\1/' <<<"$f")
-[ "$ms" -ge 350 ] && [ "$ms" -lt 3000 ] || fail "connect() to a full queue gave up after $ms ms, timeout_ms is 400"
+[[ $cs == "rc=-110 "* ]] && grep -q "timeout_ms" <<<"$cs" \
+	|| fail "a connection to a stopped daemon, signals arriving: $cs (expected -ETIMEDOUT)"
+ms=$(sed 's/.*ms=\([0-9]*\).*/\1/' <<<"$cs")
+[ "$ms" -ge 350 ] && [ "$ms" -lt 3000 ] || fail "a handshake with signals arriving gave up after $ms ms, timeout_ms is 400"
+grep -q " sigs=[1-9]" <<<"$cs" || fail "no signal arrived during the handshake: $cs"
+n=0
+while read -r f; do
+	n=$((n + 1))
+	[[ $f == "rc=-110 "* ]] && grep -q "no room in its queue" <<<"$f" \
+		|| fail "a connection to a stopped daemon with a full listen queue ($n): $(cat "$T/full.out")"
+	ms=$(sed 's/.*ms=\([0-9]*\).*/\1/' <<<"$f")
+	[ "$ms" -ge 350 ] && [ "$ms" -lt 3000 ] || fail "connect() to a full queue ($n) gave up after $ms ms, timeout_ms is 400"
+done < <(grep '^rc=' "$T/full.out")
+[ "$n" = 2 ] || fail "connections to a full queue: $n answers of 2: $(cat "$T/full.out")"
+grep -q " sigs=[1-9]" "$T/full.out" || fail "no signal arrived during connect(): $(cat "$T/full.out")"
 echo go >&3
 a=$(answer 5); [[ $a == "rc=1 "* ]] || fail "after the late timeout the connection does not work: $a"
+# a daemon that answers: connected whatever signals arrive meanwhile
+cs=$("$CLIENT" --client connect "$T/run" 2000 signals)
+[[ $cs == "rc=0 "* ]] || fail "a connection with signals arriving: $cs"
 kill -KILL "$DAEMON_PID"; wait "$DAEMON_PID" 2>/dev/null; DAEMON_PID=
 echo go >&3
 a=$(answer 6)

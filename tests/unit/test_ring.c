@@ -21,6 +21,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -575,15 +576,36 @@ static int client_conns(const char *dir, int n, bool hold)
 
 /* connect DIR TIMEOUT_MS: one connection without the control channel,
  * printing "rc=R ms=T message" (the daemon may be stopped). */
-static int client_connect(const char *dir, int timeout_ms)
+static volatile sig_atomic_t alarms_;
+static void on_alarm(int sig)
+{
+	(void)sig;
+	alarms_++;
+}
+
+/* connect DIR TIMEOUT_MS [signals]: one connection, "rc=R ms=T why";
+ * "signals": meanwhile a SIGALRM handler (no SA_RESTART) runs every 10 ms,
+ * as a caller's profiling or watchdog timer would */
+static int client_connect(const char *dir, int timeout_ms, bool signals)
 {
 	struct tqkv_connect_opts o = { .run_dir = dir, .timeout_ms = timeout_ms, .flags = TQKV_CONNECT_NO_CONTROL };
 	struct timespec t0;
 	tqkv *c = NULL;
 
+	if (signals) {
+		struct sigaction sa = { .sa_handler = on_alarm }; /* sa_flags 0: calls are interrupted */
+		struct itimerval it = { { 0, 10000 }, { 0, 10000 } };
+		sigaction(SIGALRM, &sa, NULL);
+		setitimer(ITIMER_REAL, &it, NULL);
+	}
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	int r = tqkv_connect(&c, &o);
-	printf("rc=%d ms=%.0f %s\n", r, ms_since(&t0), r < 0 ? tqkv_last_error() : "");
+	double ms = ms_since(&t0);
+	if (signals) {
+		struct itimerval off = { { 0, 0 }, { 0, 0 } };
+		setitimer(ITIMER_REAL, &off, NULL);
+	}
+	printf("rc=%d ms=%.0f sigs=%d %s\n", r, ms, (int)alarms_, r < 0 ? tqkv_last_error() : "");
 	tqkv_disconnect(c);
 	return 0;
 }
@@ -743,7 +765,7 @@ static int client_main(int argc, char **argv)
 	if (!strcmp(mode, "stall") && argc > 4)
 		return client_stall(dir, atoi(argv[4]));
 	if (!strcmp(mode, "connect") && argc > 4)
-		return client_connect(dir, atoi(argv[4]));
+		return client_connect(dir, atoi(argv[4]), argc > 5 && !strcmp(argv[5], "signals"));
 	if (!strcmp(mode, "prefetch") && argc > 4) {
 		/* prefetch DIR ID: attach (G[0]), prefetch, watch the spilled bytes go;
 		 * then rounds of operations in flight together on the connection:
