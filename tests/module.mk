@@ -55,7 +55,7 @@ ALL_TARGETS += $(B)/tests/test_cuda_fault
 PHASES_ARCHS ?= 90
 TQBENCH_PH := $(BIN)/tqbench-phases
 PHASES_OBJ := $(OBJ)/kernels/tq_cuda_attn_phases.cu.o
-$(PHASES_OBJ): kernels/tq_cuda_attn.cu $(OBJ_STAMP)
+$(PHASES_OBJ): kernels/tq_cuda_attn.cu $(OBJ_STAMP) $(NVCC_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(filter-out -gencode arch=%,$(NVCC_FLAGS)) -t $(NVCC_THREADS) -DTQC_PHASES=1 \
 		$(foreach a,$(PHASES_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
