@@ -649,7 +649,10 @@ static unsigned reap_locked(struct spill *sp)
 		for (unsigned i = 0; i < n; i++)
 			if (done[i] != UINT32_MAX)
 				sp->free_stage[sp->n_free_stage++] = done[i];
-		if (again) { /* the I/O thread submits them again, first in line */
+		struct req *abandon = NULL;
+		if (again && sp->broken) { /* nothing is submitted again: they fail here */
+			abandon = again;
+		} else if (again) { /* the I/O thread submits them again, first in line */
 			if (sp->r_tail)
 				sp->r_tail->next = again;
 			else
@@ -663,6 +666,12 @@ static unsigned reap_locked(struct spill *sp)
 		pthread_mutex_unlock(&sp->sq_lock);
 		if (wake)
 			kick(sp->efd);
+		while (abandon) {
+			struct req *q = abandon;
+			abandon = q->next;
+			q->abandoned = true;
+			complete(sp, q, NULL, -EIO);
+		}
 		reaped(sp);
 	}
 	return n;
