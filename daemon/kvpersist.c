@@ -1300,7 +1300,8 @@ static int recover_adopt(struct kvstore *ks, struct session_table *st, struct te
 		log_warning("session %" PRIu64 ": journal replay stopped after %u record(s): %s; the changes after "
 			    "it are dropped", id, n_rec, rp.why[0] ? rp.why : jwhy);
 	else if (jwhy[0] && n_rec)
-		log_info("session %" PRIu64 ": journal: %u record(s) replayed; then %s", id, n_rec, jwhy);
+		log_info("session %" PRIu64 ": journal: %u record(s) replayed%s; then %s", id, n_rec - rp.skipped,
+			 rp.skipped ? " (and the dropped ones below)" : "", jwhy);
 	if (rp.skipped)
 		log_warning("session %" PRIu64 ": %u journal record(s) dropped: they appended to a layer whose tail "
 			    "page was lost; %u layer(s) end with it (DATA_LOSS there)", id, rp.skipped, rp.n_damaged);
