@@ -1138,9 +1138,10 @@ static void recover_drop(struct kvstore *ks, uint64_t id, const struct persist_m
 {
 	if (!keep) {
 		persist_set_aside(ks->persist->dirfd, id);
-		log_warning("persistent session %" PRIu64 "%s%s%s dropped: %s (manifest kept as %s/%" PRIu64
-			    ".tqm.dropped)", id, m->tenant[0] ? " (tenant " : "", m->tenant, m->tenant[0] ? ")" : "",
-			    why, PERSIST_SUBDIR, id);
+		log_warning("persistent session %" PRIu64 "%s%s%s dropped: %s (its manifest and journal kept as "
+			    "%s/%" PRIu64 ".tqm.dropped and .tqj.dropped: renamed back while tqkvd is stopped, on a "
+			    "configuration that fits, the session comes back)", id, m->tenant[0] ? " (tenant " : "",
+			    m->tenant, m->tenant[0] ? ")" : "", why, PERSIST_SUBDIR, id);
 	} else {
 		log_err("persistent session %" PRIu64 "%s%s%s not served in this run: %s (its files and spill slots "
 			"are kept as they are: the next start tries again)", id, m->tenant[0] ? " (tenant " : "",

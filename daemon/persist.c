@@ -500,8 +500,13 @@ void persist_set_aside(int dirfd, uint64_t id)
 	fname(b, sizeof(b), id, "tqm.dropped");
 	if (renameat(dirfd, a, dirfd, b) < 0)
 		unlinkat(dirfd, a, 0);
+	/* the journal beside it: the appends since the last checkpoint are
+	 * the operator's too (a session dropped because the store shrank
+	 * comes back whole once both are renamed back on a larger one) */
 	fname(a, sizeof(a), id, "tqj");
-	unlinkat(dirfd, a, 0);
+	fname(b, sizeof(b), id, "tqj.dropped");
+	if (renameat(dirfd, a, dirfd, b) < 0 && errno != ENOENT)
+		unlinkat(dirfd, a, 0);
 	fsync(dirfd);
 }
 

@@ -144,8 +144,9 @@ int persist_manifest_read(int dirfd, uint64_t id, struct persist_manifest *m, ch
  * directory could not be synced after the manifest went: a crash could
  * bring it back, so its slots must stay used). */
 int persist_remove(int dirfd, uint64_t id);
-/* Keep a manifest that could not be used for the operator to look at:
- * ID.tqm -> ID.tqm.dropped (ID.tqj removed). */
+/* Keep a session that could not be used for the operator: ID.tqm ->
+ * ID.tqm.dropped and ID.tqj -> ID.tqj.dropped (renamed back, on a
+ * configuration that fits, the next start takes it back). */
 void persist_set_aside(int dirfd, uint64_t id);
 
 /* Ids that have a manifest, ascending (*ids malloc'd).  Leftovers of an

@@ -1279,6 +1279,22 @@ static void restart_dropping(struct kvfix *f, uint64_t dropped, uint64_t restore
 	T_EQ(ps.dropped, 1);
 }
 
+/* The operator's way back for a dropped session: ID.tqm.dropped and
+ * ID.tqj.dropped renamed back (tqkvd stopped); 0 or -errno. */
+static int undrop(struct kvfix *f, uint64_t id)
+{
+	char a[256], b[256];
+
+	for (int j = 0; j < 2; j++) {
+		const char *ext = j ? "tqj" : "tqm";
+		snprintf(a, sizeof(a), "%s/%s/%" PRIu64 ".%s.dropped", f->dir, PERSIST_SUBDIR, id, ext);
+		snprintf(b, sizeof(b), "%s/%s/%" PRIu64 ".%s", f->dir, PERSIST_SUBDIR, id, ext);
+		if (rename(a, b) < 0)
+			return -errno;
+	}
+	return 0;
+}
+
 static void test_config_change(void)
 {
 	struct kvfix f;
@@ -1316,6 +1332,13 @@ static void test_config_change(void)
 		xsame(&before[i], &after);
 	}
 
+	/* C gets appends after its checkpoint: they are in its journal only */
+	MUST(session_acquire(f.st, si[2].id, 0, &s) == 0);
+	xfill(&f, s, 1, 9, 7);
+	session_release(s);
+	xsnapshot(&f, si[2].id, &before[2]);
+	T_EQ(before[2].n_tokens[1], 39);
+
 	/* 2. the spill file shrunk to end just past C's first slot: C's first
 	 * slot is claimed, a later one is beyond the file, so C is dropped and
 	 * that first slot given back; A (all below) comes back */
@@ -1332,6 +1355,23 @@ static void test_config_change(void)
 	 * come back into the pool when used, keeping their slots: clean.) */
 	spill_stats(f.sp, &ss);
 	T_EQ(ss.slots_used, a_slots);
+
+	/* 2b. the store as large as before, C's files renamed back: C is back
+	 * whole, its journaled appends too (its journal was deleted) */
+	kvstore_persist_stop(f.ks, NULL);
+	f.spill_slots = 256;
+	T_EQ(undrop(&f, si[2].id), 0);
+	kvfix_restart(&f);
+	xpersist_up(&f);
+	struct kvpersist_stats ps;
+	kvstore_persist_stats(f.ks, &ps);
+	T_EQ(ps.restored, 2);
+	T_EQ(ps.dropped, 0);
+	for (int i = 0; i < 3; i += 2) {
+		xsnapshot(&f, si[i].id, &after);
+		xsame(&before[i], &after);
+	}
+	T_EQ(session_close(f.st, si[2].id, NULL), 0);
 
 	/* 3. another page size: A no longer fits and is dropped */
 	kvstore_persist_stop(f.ks, NULL);
