@@ -201,13 +201,14 @@ deps:
 	@scripts/install-deps.sh
 	@scripts/install-cuda.sh
 
-# the build on every CPU (nvcc's attention kernels take about three and a
-# half minutes of CPU, in NVCC_THREADS threads: the rest builds beside
-# them), then the tests, as many at once as there are CPUs (tests/run.sh)
+# the build on every CPU (nvcc's attention kernels take about three
+# minutes of CPU, in NVCC_THREADS threads: the rest builds beside them),
+# then the tests, as many at once as there are CPUs (tests/run.sh), but
+# the chaos soak's short runs (TQ_NO_SOAK: .ci/run runs them after this)
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) all
-	@$(MAKE) --no-print-directory check
+	@TQ_NO_SOAK=1 $(MAKE) --no-print-directory check
 
 # check: run the tests without the install step (used by `make test`)
 # [TESTS="name ..."]: only the tests whose names contain one of these

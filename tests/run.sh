@@ -10,6 +10,8 @@
 # run) and TQ_TEST_SEED (its random cases' seed), e.g.
 #   TQ_TEST_ONLY=test_device_lost_restart build/tests/test_persist
 # TQ_TEST_TIMEOUT (seconds, default 600): a test still running then fails.
+# TQ_NO_SOAK=1 (make test sets it): the chaos soak's short runs (soak,
+# soak_gpu) are left out unless named; .ci/run runs them after make test.
 # TQ_TEST_JOBS (default: the CPUs, at most 4): tests run at once.  Every
 # test has its own temporary directory, daemon, sockets and spill files,
 # so two never share state; the longest start first, and a line is printed
@@ -54,6 +56,8 @@ add() { # name command...: queued when it matches a pattern
 	if [ ${#patterns[@]} -gt 0 ]; then
 		for p in "${patterns[@]}"; do [[ $name == *"$p"* ]] && hit=1; done
 		[ -n "$hit" ] || return 0
+	elif [ "${TQ_NO_SOAK:-0}" = 1 ] && [[ $name == soak* ]]; then
+		return 0
 	fi
 	local n
 	for n in "${names[@]}"; do [ "$n" = "$name" ] && return 0; done
@@ -66,6 +70,10 @@ all_tests() { # name path... of every test, in name order
 	for t in tests/integration/*.sh; do [ -f "$t" ] && echo "$(basename "$t" .sh) bash $t"; done
 }
 mapfile -t every < <(all_tests)
+if [ ${#patterns[@]} -eq 0 ] && [ "${TQ_NO_SOAK:-0}" = 1 ]; then
+	echo "(the chaos soak's short runs, soak and soak_gpu, are not in this run: .ci/run runs them after make test;"
+	echo " tests/run.sh soak runs them, make soak the long one)"
+fi
 for f in $first; do
 	for e in "${every[@]}"; do [ "${e%% *}" = "$f" ] && add ${e}; done
 done
