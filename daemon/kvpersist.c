@@ -1072,8 +1072,59 @@ static void release_slots(struct kvstore *ks, const struct persist_manifest *m, 
 				spill_slot_free(ks->spill, m->layers[l].pages[i].slot);
 }
 
-/* Claim every slot m names: 0, or the reason in buf (nothing claimed). */
-static int claim_slots(struct kvstore *ks, const struct persist_manifest *m, char *buf, size_t n)
+/* Page i of layer l of m names a slot an earlier page claimed (one of
+ * m's, or of an earlier manifest in ms[0..n_before) that holds its claims:
+ * ok 0).  The slot's header says whose page it holds (session, layer, page,
+ * generation): the other page is lost (DATA_LOSS when read, as a page that
+ * fails its checks), and its session comes back without it rather than
+ * being dropped whole.  (A session set aside, ID.tqm.dropped, and renamed
+ * back names slots other sessions may have taken since: it is the older,
+ * claims first, and would have dropped the newer.) */
+static void slot_conflict(struct kvstore *ks, struct persist_manifest *m, uint32_t l, uint32_t i,
+			  struct persist_manifest *ms, const int *ok, size_t n_before)
+{
+	const uint64_t slot = m->layers[l].pages[i].slot;
+	struct persist_page *other = NULL;
+	uint64_t other_id = 0;
+	uint32_t ol = 0, oi = 0;
+
+	for (size_t j = 0; j <= n_before && !other; j++) {
+		struct persist_manifest *o = j < n_before ? &ms[j] : m;
+		if (j < n_before && ok[j] != 0)
+			continue;
+		for (uint32_t a = 0; a < o->geom.n_layers && !other; a++)
+			for (uint32_t b = 0; b < o->layers[a].n_pages && !other; b++) {
+				if (o == m && (a > l || (a == l && b >= i)))
+					break; /* m's own: only the pages before this one */
+				if (o->layers[a].pages[b].slot == slot) {
+					other = &o->layers[a].pages[b];
+					other_id = o->id, ol = a, oi = b;
+				}
+			}
+	}
+	struct spill_page_hdr h;
+	const int hr = spill_read_hdr(ks->spill, slot, &h);
+	const bool mine = hr == 0 && h.session_id == m->id && h.layer == l && h.page_index == i &&
+			  h.generation == m->layers[l].pages[i].gen;
+	if (mine && other) {
+		other->slot = PERSIST_SLOT_LOST; /* the claim stays: now for m */
+		log_warning("persistent sessions %" PRIu64 " (layer %u page %u) and %" PRIu64 " (layer %u page %u) "
+			    "name spill slot %" PRIu64 ", which holds the latter's page: the former's is lost "
+			    "(DATA_LOSS on its layer)", other_id, ol, oi, m->id, l, i, slot);
+	} else {
+		m->layers[l].pages[i].slot = PERSIST_SLOT_LOST;
+		log_warning("persistent session %" PRIu64 " layer %u page %u names spill slot %" PRIu64 ", which "
+			    "%s%s: that page is lost (DATA_LOSS on its layer)", m->id, l, i, slot,
+			    other ? "another page names too and " : "is claimed and ",
+			    hr < 0 ? "whose header cannot be read" : "holds another page");
+	}
+}
+
+/* Claim every slot m names, resolving a slot an earlier page claimed too
+ * (slot_conflict): 0, or the reason in buf (nothing claimed): a slot
+ * beyond the store. */
+static int claim_slots(struct kvstore *ks, struct persist_manifest *m, struct persist_manifest *ms, const int *ok,
+		       size_t n_before, char *buf, size_t n)
 {
 	for (uint32_t l = 0; l < m->geom.n_layers; l++)
 		for (uint32_t i = 0; i < m->layers[l].n_pages; i++) {
@@ -1081,10 +1132,12 @@ static int claim_slots(struct kvstore *ks, const struct persist_manifest *m, cha
 			int r;
 			if (slot == PERSIST_SLOT_LOST)
 				continue;
-			if ((r = spill_slot_claim(ks->spill, slot)) < 0) {
+			if ((r = spill_slot_claim(ks->spill, slot)) == -EEXIST) {
+				slot_conflict(ks, m, l, i, ms, ok, n_before);
+			} else if (r < 0) {
 				snprintf(buf, n, "layer %u page %u names spill slot %" PRIu64 ", %s", l, i, slot,
 					 r == -ERANGE ? "beyond the spill file (pool.spill_bytes shrank?)"
-						      : "which another page names too");
+						      : strerror(-r));
 				release_slots(ks, m, l, i); /* what was claimed */
 				return r;
 			}
@@ -1193,8 +1246,9 @@ static bool passing(int e)
  * checkpoint and spill take free slots, which must not be slots a manifest
  * not yet read names. */
 static int recover_claim(struct kvstore *ks, struct tenant_table *tt, uint64_t id, uint64_t slot_bytes,
-			 uint64_t *max_id, struct persist_manifest *m)
+			 uint64_t *max_id, struct persist_manifest *ms, const int *ok, size_t i)
 {
+	struct persist_manifest *m = &ms[i];
 	char why[512] = "";
 
 	memset(m, 0, sizeof(*m));
@@ -1212,7 +1266,8 @@ static int recover_claim(struct kvstore *ks, struct tenant_table *tt, uint64_t i
 		persist_manifest_free(m);
 		return -3;
 	}
-	if (r < 0 || manifest_misfit(ks, m, slot_bytes, tt, why, sizeof(why)) || claim_slots(ks, m, why, sizeof(why)) < 0) {
+	if (r < 0 || manifest_misfit(ks, m, slot_bytes, tt, why, sizeof(why)) ||
+	    claim_slots(ks, m, ms, ok, i, why, sizeof(why)) < 0) {
 		recover_drop(ks, id, m, why, false);
 		persist_manifest_free(m);
 		return -1;
@@ -1360,10 +1415,12 @@ int kvstore_recover(struct kvstore *ks, struct session_table *st, struct tenant_
 	*max_id = 0;
 	if (!kp)
 		return 0;
-	if ((r = persist_scan(kp->dirfd, &ids, &n, &removed)) < 0) {
+	uint64_t max_aside;
+	if ((r = persist_scan(kp->dirfd, &ids, &n, &removed, &max_aside)) < 0) {
 		log_err("persistent sessions: cannot read %s/: %s", PERSIST_SUBDIR, strerror(-r));
 		return r;
 	}
+	*max_id = max_aside; /* recover_claim: and every manifest's */
 	spill_stats(ks->spill, &sst);
 	if (n > 1) /* in the order they were opened: the same log lines every start */
 		qsort(ids, n, sizeof(*ids), cmp_u64);
@@ -1380,10 +1437,14 @@ int kvstore_recover(struct kvstore *ks, struct session_table *st, struct tenant_
 	uint64_t kept = 0;
 	int stop = 0;
 	for (size_t i = 0; i < n; i++) {
-		ok[i] = recover_claim(ks, tt, ids[i], sst.slot_bytes, max_id, &ms[i]);
+		ok[i] = recover_claim(ks, tt, ids[i], sst.slot_bytes, max_id, ms, ok, i);
 		kp->dropped += ok[i] == -1;
 		stop |= ok[i] == -3;
 	}
+	/* new ids go above every session's on disk, those set aside (now or
+	 * before) too: renamed back, their files would replace a new one's */
+	if (*max_id)
+		session_table_ids_above(st, *max_id);
 	if (stop) {
 		for (size_t i = 0; i < n; i++)
 			if (ok[i] == 0) {

@@ -498,14 +498,16 @@ void persist_set_aside(int dirfd, uint64_t id)
 
 	fname(a, sizeof(a), id, "tqm");
 	fname(b, sizeof(b), id, "tqm.dropped");
-	if (renameat(dirfd, a, dirfd, b) < 0)
+	const bool kept = renameat(dirfd, a, dirfd, b) == 0;
+	if (!kept)
 		unlinkat(dirfd, a, 0);
 	/* the journal beside it: the appends since the last checkpoint are
 	 * the operator's too (a session dropped because the store shrank
-	 * comes back whole once both are renamed back on a larger one) */
+	 * comes back whole once both are renamed back on a larger one);
+	 * without its manifest it is of no use */
 	fname(a, sizeof(a), id, "tqj");
 	fname(b, sizeof(b), id, "tqj.dropped");
-	if (renameat(dirfd, a, dirfd, b) < 0 && errno != ENOENT)
+	if (!kept || (renameat(dirfd, a, dirfd, b) < 0 && errno != ENOENT))
 		unlinkat(dirfd, a, 0);
 	fsync(dirfd);
 }
@@ -531,7 +533,7 @@ static uint64_t id_of(const char *name, const char *ext)
 	return id;
 }
 
-int persist_scan(int dirfd, uint64_t **ids, size_t *n, uint32_t *removed)
+int persist_scan(int dirfd, uint64_t **ids, size_t *n, uint32_t *removed, uint64_t *max_aside)
 {
 	int fd = dup(dirfd);
 	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
@@ -542,6 +544,7 @@ int persist_scan(int dirfd, uint64_t **ids, size_t *n, uint32_t *removed)
 	*ids = NULL;
 	*n = 0;
 	*removed = 0;
+	*max_aside = 0;
 	if (!d) {
 		if (fd >= 0)
 			close(fd);
@@ -550,6 +553,11 @@ int persist_scan(int dirfd, uint64_t **ids, size_t *n, uint32_t *removed)
 	rewinddir(d);
 	while ((de = readdir(d))) {
 		uint64_t id = id_of(de->d_name, "tqm");
+		uint64_t aside = id ? 0 : id_of(de->d_name, "tqm.dropped");
+		if (!aside)
+			aside = id ? 0 : id_of(de->d_name, "tqj.dropped");
+		if (aside > *max_aside)
+			*max_aside = aside;
 		if (!id) {
 			size_t l = strlen(de->d_name);
 			if (l > 4 && !strcmp(de->d_name + l - 4, ".tmp")) {

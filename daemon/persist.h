@@ -151,8 +151,10 @@ void persist_set_aside(int dirfd, uint64_t id);
 
 /* Ids that have a manifest, ascending (*ids malloc'd).  Leftovers of an
  * interrupted write (*.tmp) and journals without a manifest are removed;
- * *removed counts them. */
-int persist_scan(int dirfd, uint64_t **ids, size_t *n, uint32_t *removed);
+ * *removed counts them.  *max_aside: the highest id of a session set
+ * aside (ID.tqm.dropped, ID.tqj.dropped), 0 if none: no new session may
+ * take it (renamed back, its files would replace the new one's). */
+int persist_scan(int dirfd, uint64_t **ids, size_t *n, uint32_t *removed, uint64_t *max_aside);
 
 /* ---- journal ---------------------------------------------------------------- */
 /* Create or empty ID.tqj and write its header for epoch: an fd (the

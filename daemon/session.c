@@ -177,6 +177,14 @@ void session_table_set_max(struct session_table *st, uint32_t max_sessions, uint
 	pthread_mutex_unlock(&st->lock);
 }
 
+void session_table_ids_above(struct session_table *st, uint64_t id)
+{
+	pthread_mutex_lock(&st->lock);
+	if (id < UINT64_MAX - 1 && id >= st->next_id)
+		st->next_id = id + 1; /* reserved before it is handed out, as after recovery */
+	pthread_mutex_unlock(&st->lock);
+}
+
 void session_table_set_ids(struct session_table *st, uint64_t first_id,
 			   session_reserve_fn reserve, void *ctx)
 {

@@ -121,6 +121,8 @@ void session_table_set_max(struct session_table *st, uint32_t max_sessions, uint
 /* Before the first open: ids continue at first_id; reserve() is called
  * before any id beyond the last reservation is handed out, so an id is
  * never handed out twice, across restarts too. */
+/* New ids from above id on (recovery: sessions set aside keep theirs). */
+void session_table_ids_above(struct session_table *st, uint64_t id);
 void session_table_set_ids(struct session_table *st, uint64_t first_id,
 			   session_reserve_fn reserve, void *ctx);
 void session_table_stats(struct session_table *st, struct session_stats *out);

@@ -49,7 +49,8 @@ struct req {
 	int inject;                  /* an armed fault this request takes (-errno) */
 	uint8_t tries;               /* submitted again after transient failures    */
 	int copy_err;                /* write: the page could not be staged (-errno) */
-	bool abandoned;              /* never submitted: the store stopped (ring_broken) */
+	uint8_t abandoned;           /* the store stopped (ring_broken): 1 never submitted, */
+	                             /* 2 not submitted again after a transient failure */
 	struct iovec iov[2];         /* direct: header in staging, the page */
 	char copy_why[200];
 };
@@ -333,8 +334,8 @@ static void complete(struct spill *sp, struct req *q, const uint8_t *buf, long r
 
 	if (q->abandoned) {
 		r = -EIO;
-		snprintf(why, sizeof(why), "%s offset %" PRIu64 ": the %s was not submitted: %s", sp->path, off,
-			 q->op == REQ_WRITE ? "write" : "read", sp->broken_why);
+		snprintf(why, sizeof(why), "%s offset %" PRIu64 ": the %s was not submitted%s: %s", sp->path, off,
+			 q->op == REQ_WRITE ? "write" : "read", q->abandoned == 2 ? " again" : "", sp->broken_why);
 	} else if (q->copy_err) {
 		r = q->copy_err;
 		snprintf(why, sizeof(why), "%s offset %" PRIu64 ": the page could not be copied for the write "
@@ -499,7 +500,7 @@ static struct req *ring_broken(struct spill *sp)
 		if (!q)
 			continue;
 		sp->free_stage[sp->n_free_stage++] = (uint32_t)tag;
-		q->abandoned = true;
+		q->abandoned = q->tries ? 2 : 1;
 		*tail = q;
 		tail = &q->next;
 	}
@@ -507,7 +508,7 @@ static struct req *ring_broken(struct spill *sp)
 		while (*list) {
 			struct req *q = *list;
 			*list = q->next;
-			q->abandoned = true;
+			q->abandoned = q->tries ? 2 : 1;
 			*tail = q;
 			tail = &q->next;
 		}
@@ -627,7 +628,8 @@ static unsigned reap_locked(struct spill *sp)
 			done[n++] = UINT32_MAX;
 		} else {
 			struct req *q = __atomic_exchange_n(&sp->inflight[tag], NULL, __ATOMIC_ACQUIRE);
-			if (transient(sp, q, cqe->res)) { /* staged afresh when it goes again */
+			/* (the store stopped: nothing goes again, the failure stands) */
+			if (transient(sp, q, cqe->res) && !__atomic_load_n(&sp->broken, __ATOMIC_ACQUIRE)) {
 				retry_note(sp, q, cqe->res);
 				q->next = NULL;
 				if (again_last)
@@ -666,10 +668,10 @@ static unsigned reap_locked(struct spill *sp)
 		pthread_mutex_unlock(&sp->sq_lock);
 		if (wake)
 			kick(sp->efd);
-		while (abandon) {
+		while (abandon) { /* (the store stopped since the check above) */
 			struct req *q = abandon;
 			abandon = q->next;
-			q->abandoned = true;
+			q->abandoned = 2;
 			complete(sp, q, NULL, -EIO);
 		}
 		reaped(sp);
@@ -882,6 +884,10 @@ again:
 	while (!done(arg) && !leave) {
 		if (reap_locked(sp))
 			continue;
+		if (__atomic_load_n(&sp->broken, __ATOMIC_ACQUIRE)) {
+			leave = true; /* the I/O thread needs cq_lock to fail the rest */
+			break;
+		}
 		struct io_uring_cqe *cqe;
 		struct __kernel_timespec ts = { 1, 0 }; /* a safety net, not a timeout */
 		/* (a wait submits nothing: with IORING_FEAT_EXT_ARG, which
@@ -890,7 +896,7 @@ again:
 		if (r == -ETIME) {
 			pthread_mutex_lock(&sp->sq_lock); /* an SQE a failed submit left behind? */
 			if (sp->broken)
-				leave = true; /* the I/O thread needs cq_lock to fail the rest */
+				leave = true;
 			else if (io_uring_sq_ready(&sp->ring))
 				ring_submit(sp);
 			pthread_mutex_unlock(&sp->sq_lock);
@@ -1049,6 +1055,26 @@ int spill_check(struct spill *sp)
 			log_notice("spill: %s is back to normal", sp->path);
 		sp->check_state = r;
 	}
+	return r;
+}
+
+int spill_read_hdr(struct spill *sp, uint64_t slot, struct spill_page_hdr *out)
+{
+	void *buf;
+	int r = 0;
+
+	if (slot >= sp->n_slots)
+		return -ERANGE;
+	if (posix_memalign(&buf, SPILL_HDR_BYTES, SPILL_HDR_BYTES)) /* O_DIRECT: an aligned block */
+		return -ENOMEM;
+	ssize_t n = pread(sp->fd, buf, SPILL_HDR_BYTES, (off_t)(slot * sp->slot_bytes));
+	if (n != SPILL_HDR_BYTES)
+		r = n < 0 ? -errno : -EIO;
+	else
+		memcpy(out, buf, sizeof(*out));
+	if (r == 0 && (out->magic != SPILL_MAGIC || out->hdr_bytes != SPILL_HDR_BYTES || out->format != SPILL_FORMAT))
+		r = -EBADMSG;
+	free(buf);
 	return r;
 }
 

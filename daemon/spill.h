@@ -135,6 +135,10 @@ const char *spill_engine(const struct spill *sp);
 const char *spill_path(const struct spill *sp);
 void spill_stats(struct spill *sp, struct spill_stats *out);
 
+/* The header block of a slot, read now (pread; recovery): 0, or -ERANGE,
+ * -errno, -EBADMSG (not a spilled page's header).  Its crc covers the
+ * page too: only a full read (spill_read) checks it. */
+int spill_read_hdr(struct spill *sp, uint64_t slot, struct spill_page_hdr *out);
 /* A free slot: 0, or -ENOSPC when the store is full. */
 int spill_slot_alloc(struct spill *sp, uint64_t *slot);
 void spill_slot_free(struct spill *sp, uint64_t slot);

@@ -308,6 +308,7 @@ static void test_manifest_files(void)
 	uint64_t *ids;
 	size_t n;
 	uint32_t removed;
+	uint64_t aside;
 	int fd;
 
 	T_ASSERT(mkdtemp(dir));
@@ -321,11 +322,12 @@ static void test_manifest_files(void)
 	close(open(path, O_CREAT | O_WRONLY, 0600));
 	snprintf(path, sizeof(path), "%s/sessions/8.tqj", dir);       /* a journal without a manifest */
 	close(open(path, O_CREAT | O_WRONLY, 0600));
-	T_EQ(persist_scan(fd, &ids, &n, &removed), 0);
+	T_EQ(persist_scan(fd, &ids, &n, &removed, &aside), 0);
 	T_EQ(n, 2);
 	T_EQ(ids[0], 7);
 	T_EQ(ids[1], 42);
 	T_EQ(removed, 2);
+	T_EQ(aside, 0);
 	free(ids);
 	T_EQ(persist_manifest_read(fd, 42, &d, why, sizeof(why)), 0);
 	T_EQ(d.layers[0].n_pages, 2);
@@ -340,8 +342,9 @@ static void test_manifest_files(void)
 	snprintf(a, sizeof(a), "%s/sessions/5.tqm.dropped", dir);
 	T_EQ(access(a, F_OK), 0);
 	T_EQ(persist_remove(fd, 42), 0);
-	T_EQ(persist_scan(fd, &ids, &n, &removed), 0);
+	T_EQ(persist_scan(fd, &ids, &n, &removed, &aside), 0);
 	T_EQ(n, 0);
+	T_EQ(aside, 5); /* 5.tqm.dropped: no new session may take id 5 */
 	free(ids);
 	close(fd);
 	char cmd[256];
@@ -1295,6 +1298,76 @@ static int undrop(struct kvfix *f, uint64_t id)
 	return 0;
 }
 
+/* A session set aside (its tenant gone) whose slots a newer session took
+ * meanwhile, renamed back (the tenant back): both come back.  The slots
+ * hold the newer one's pages — their headers say so — so it is whole, and
+ * the older lost those pages (DATA_LOSS on their layers).  Before, the
+ * newer was dropped whole: it claims second ("which another page names
+ * too"). */
+static void test_undrop_after_reuse(void)
+{
+	struct kvfix f;
+	struct session_info c, d;
+	struct session *s;
+	struct kvpersist_stats ps;
+	struct dataop_ws ws = { 0 };
+	struct dataop_res r;
+	static struct xsnap d0, d1;
+	static float q[QH * DIM], out[QH * DIM];
+	char why[512];
+
+	kvfix_start(&f, CCONF_TU, 16u << 20, XPAGE, 256);
+	xpersist_up(&f);
+	T_EQ(session_open(f.st, tenant_find(f.tt, "u"), "c", 1000, &XG, 81, SESSION_PERSISTENT, 0, &c, why,
+			  sizeof(why)), 0);
+	MUST(session_acquire(f.st, c.id, 0, &s) == 0);
+	T_EQ(dataop_persist_init(f.ks, s, why, sizeof(why)), 0);
+	xfill(&f, s, 0, 40, 1);
+	xfill(&f, s, 1, 30, 1);
+	T_EQ(dataop_checkpoint(f.ks, s, why, sizeof(why)), 0);
+	session_release(s);
+
+	/* tenant u gone: c is set aside, none of its slots claimed */
+	kvstore_persist_stop(f.ks, NULL);
+	f.conf = CCONF_T;
+	restart_dropping(&f, c.id, 0);
+	/* d (tenant t) takes the first free slots: c's */
+	T_EQ(session_open(f.st, tenant_find(f.tt, "t"), "d", 1000, &XG, 82, SESSION_PERSISTENT, 0, &d, why,
+			  sizeof(why)), 0);
+	MUST(session_acquire(f.st, d.id, 0, &s) == 0);
+	T_EQ(dataop_persist_init(f.ks, s, why, sizeof(why)), 0);
+	xfill(&f, s, 0, 50, 2);
+	xfill(&f, s, 1, 40, 2);
+	T_EQ(dataop_checkpoint(f.ks, s, why, sizeof(why)), 0);
+	session_release(s);
+	xsnapshot(&f, d.id, &d0);
+	T_ASSERT(d.id > c.id); /* not c's id, though c is set aside */
+
+	/* the operator brings c back: tenant u, its files renamed back */
+	kvstore_persist_stop(f.ks, NULL);
+	f.conf = CCONF_TU;
+	T_EQ(undrop(&f, c.id), 0);
+	kvfix_restart(&f);
+	xpersist_up(&f);
+	kvstore_persist_stats(f.ks, &ps);
+	T_EQ(ps.restored, 2);
+	T_EQ(ps.dropped, 0);
+	xsnapshot(&f, d.id, &d1);
+	xsame(&d0, &d1);
+	/* c is back, without the pages d's slots hold: never served */
+	MUST(session_acquire(f.st, c.id, 0, &s) == 0);
+	for (uint32_t l = 0; l < 2; l++) {
+		int32_t pos = 20;
+		dataop_attend(f.ks, s, &ws, l, NULL, NULL, 0, q, &pos, 1, TQ_DTYPE_F32, out, &r);
+		T_EQ(r.status, TQKV_ST_DATA_LOSS);
+	}
+	session_release(s);
+	dataop_ws_free(&ws);
+	T_EQ(session_close(f.st, c.id, NULL), 0);
+	T_EQ(session_close(f.st, d.id, NULL), 0);
+	T_EQ(xfinish(&f), 0);
+}
+
 static void test_config_change(void)
 {
 	struct kvfix f;
@@ -1798,6 +1871,7 @@ int main(int argc, char **argv)
 	T_RUN(test_device_lost_restart);
 	T_RUN(test_page_tokens_moved);
 	T_RUN(test_config_change);
+	T_RUN(test_undrop_after_reuse);
 	T_RUN(test_replay_cannot_apply);
 	T_RUN(test_damaged_tail_others_replay);
 	T_RUN(test_append_after_journal_loss);
