@@ -663,19 +663,30 @@ static int handshake(tqkv *c, int memfd, const struct tqkv_ring_layout *lay, uin
 		if (err != EPIPE && err != ECONNRESET && err != EAGAIN && err != EWOULDBLOCK)
 			return fail(-err, "sending the ring handshake: %s", strerror(err));
 		if (err == EAGAIN || err == EWOULDBLOCK)
-			r = -ETIMEDOUT;
-		else
-			send_err = err;
+			return fail(-ETIMEDOUT, "the ring handshake could not be sent in %d ms (timeout_ms): tqkvd "
+				    "is stopped or overloaded", c->timeout_ms);
+		send_err = err;
 	}
+	if (r < 0)
+		return fail(-ETIMEDOUT, "the ring handshake could not be sent in %d ms (timeout_ms): tqkvd is "
+			    "stopped or overloaded", c->timeout_ms);
 	/* the daemon's answer by the connection's deadline (timeout_ms) */
 	n = -1;
 	errno = ETIMEDOUT;
-	for (int tries = 0; r == 0 && (r = sock_timeo(c->fd, SO_RCVTIMEO, deadline)) == 0; tries++) {
+	bool reset = false;
+	while (r == 0 && (r = sock_timeo(c->fd, SO_RCVTIMEO, deadline)) == 0) {
 		n = recv(c->fd, &w, sizeof(w), 0);
 		if (n < 0 && errno == EINTR)
 			continue; /* a signal handler ran: wait what is left */
-		if (n >= 0 || errno != ECONNRESET || tries > 0)
-			break; /* the reset is reported before queued data at most once */
+		if (n < 0 && errno == ECONNRESET && !reset) {
+			reset = true; /* reported before queued data, once: read on */
+			continue;
+		}
+		if (n == 0 && reset) {
+			n = -1; /* nothing queued behind the reset */
+			errno = ECONNRESET;
+		}
+		break;
 	}
 	if (n != (ssize_t)sizeof(w)) {
 		int err = send_err ? send_err : r < 0 ? -r : n < 0 ? errno : EPROTO;
