@@ -1072,69 +1072,170 @@ static void release_slots(struct kvstore *ks, const struct persist_manifest *m, 
 				spill_slot_free(ks->spill, m->layers[l].pages[i].slot);
 }
 
-/* Page i of layer l of m names a slot an earlier page claimed (one of
- * m's, or of an earlier manifest in ms[0..n_before) that holds its claims:
- * ok 0).  The slot's header says whose page it holds (session, layer, page,
+/* Who claimed which slot at recovery, built at the first conflict (none
+ * at most starts): open addressing on the slot, a page by manifest index
+ * (into ms[]), layer and page.  An entry may be stale (its manifest was
+ * dropped, or its page lost since): owner_of checks it against ms[]. */
+struct owner {
+	uint64_t slot; /* UINT64_MAX: empty */
+	uint32_t m, l, i;
+};
+struct owners {
+	struct owner *v;
+	size_t cap, n;
+};
+
+static size_t owner_hash(uint64_t slot, size_t cap)
+{
+	return (size_t)((slot * 0x9e3779b97f4a7c15ull) >> 17) & (cap - 1);
+}
+
+static int owners_put(struct owners *o, uint64_t slot, uint32_t m, uint32_t l, uint32_t i)
+{
+	if (2 * (o->n + 1) > o->cap) { /* at most half full */
+		size_t cap = o->cap ? 2 * o->cap : 1024;
+		struct owner *v = malloc(cap * sizeof(*v));
+		if (!v)
+			return -ENOMEM;
+		for (size_t k = 0; k < cap; k++)
+			v[k].slot = UINT64_MAX;
+		for (size_t k = 0; k < o->cap; k++) {
+			if (o->v[k].slot == UINT64_MAX)
+				continue;
+			size_t h = owner_hash(o->v[k].slot, cap);
+			while (v[h].slot != UINT64_MAX)
+				h = (h + 1) & (cap - 1);
+			v[h] = o->v[k];
+		}
+		free(o->v);
+		o->v = v;
+		o->cap = cap;
+	}
+	size_t h = owner_hash(slot, o->cap);
+	while (o->v[h].slot != UINT64_MAX && o->v[h].slot != slot)
+		h = (h + 1) & (o->cap - 1);
+	if (o->v[h].slot == UINT64_MAX)
+		o->n++;
+	o->v[h] = (struct owner){ slot, m, l, i };
+	return 0;
+}
+
+/* The page that holds slot's claim (a manifest before `cur` that holds
+ * its claims, or cur's own), or NULL. */
+static struct persist_page *owner_of(const struct owners *o, uint64_t slot, struct persist_manifest *ms,
+				     const int *ok, size_t cur, size_t *mj, uint32_t *l, uint32_t *i)
+{
+	size_t h = owner_hash(slot, o->cap);
+	while (o->v[h].slot != UINT64_MAX && o->v[h].slot != slot)
+		h = (h + 1) & (o->cap - 1);
+	const struct owner *e = &o->v[h];
+	if (e->slot != slot || e->m > cur || (e->m < cur && ok[e->m] != 0))
+		return NULL;
+	struct persist_manifest *m = &ms[e->m];
+	if (e->l >= m->geom.n_layers || e->i >= m->layers[e->l].n_pages || m->layers[e->l].pages[e->i].slot != slot)
+		return NULL;
+	*mj = e->m, *l = e->l, *i = e->i;
+	return &m->layers[e->l].pages[e->i];
+}
+
+/* Every claim so far into the table: the manifests before cur that hold
+ * theirs, and cur's pages before layer l0's page i0. */
+static int owners_build(struct owners *o, struct persist_manifest *ms, const int *ok, size_t cur, uint32_t l0,
+			uint32_t i0)
+{
+	for (size_t j = 0; j <= cur; j++) {
+		const struct persist_manifest *m = &ms[j];
+		if (j < cur && ok[j] != 0)
+			continue;
+		for (uint32_t l = 0; l < m->geom.n_layers; l++)
+			for (uint32_t i = 0; i < m->layers[l].n_pages; i++) {
+				if (j == cur && (l > l0 || (l == l0 && i >= i0)))
+					return 0;
+				uint64_t slot = m->layers[l].pages[i].slot;
+				if (slot != PERSIST_SLOT_LOST && owners_put(o, slot, (uint32_t)j, l, i) < 0)
+					return -ENOMEM;
+			}
+	}
+	return 0;
+}
+
+/* Page i of layer l of ms[cur] names a slot an earlier page claimed (one
+ * of its own, or of an earlier manifest that holds its claims).  The
+ * slot's header says whose page it holds (session, layer, page,
  * generation): the other page is lost (DATA_LOSS when read, as a page that
  * fails its checks), and its session comes back without it rather than
  * being dropped whole.  (A session set aside, ID.tqm.dropped, and renamed
  * back names slots other sessions may have taken since: it is the older,
- * claims first, and would have dropped the newer.) */
-static void slot_conflict(struct kvstore *ks, struct persist_manifest *m, uint32_t l, uint32_t i,
-			  struct persist_manifest *ms, const int *ok, size_t n_before)
+ * claims first, and would have dropped the newer.)  0, or a negative errno
+ * that says nothing about the files (memory, a failed read: passing()),
+ * with nothing decided. */
+static int slot_conflict(struct kvstore *ks, struct owners *own, struct persist_manifest *ms, const int *ok,
+			 size_t cur, uint32_t l, uint32_t i)
 {
+	struct persist_manifest *m = &ms[cur];
 	const uint64_t slot = m->layers[l].pages[i].slot;
-	struct persist_page *other = NULL;
-	uint64_t other_id = 0;
+	size_t oj = 0;
 	uint32_t ol = 0, oi = 0;
+	int r;
 
-	for (size_t j = 0; j <= n_before && !other; j++) {
-		struct persist_manifest *o = j < n_before ? &ms[j] : m;
-		if (j < n_before && ok[j] != 0)
-			continue;
-		for (uint32_t a = 0; a < o->geom.n_layers && !other; a++)
-			for (uint32_t b = 0; b < o->layers[a].n_pages && !other; b++) {
-				if (o == m && (a > l || (a == l && b >= i)))
-					break; /* m's own: only the pages before this one */
-				if (o->layers[a].pages[b].slot == slot) {
-					other = &o->layers[a].pages[b];
-					other_id = o->id, ol = a, oi = b;
-				}
-			}
-	}
+	if (!own->v && (r = owners_build(own, ms, ok, cur, l, i)) < 0)
+		return r;
+	struct persist_page *other = owner_of(own, slot, ms, ok, cur, &oj, &ol, &oi);
 	struct spill_page_hdr h;
 	const int hr = spill_read_hdr(ks->spill, slot, &h);
+	if (hr < 0 && hr != -EBADMSG)
+		return hr; /* the header says nothing yet: decide nothing */
 	const bool mine = hr == 0 && h.session_id == m->id && h.layer == l && h.page_index == i &&
 			  h.generation == m->layers[l].pages[i].gen;
 	if (mine && other) {
+		if ((r = owners_put(own, slot, (uint32_t)cur, l, i)) < 0)
+			return r;
 		other->slot = PERSIST_SLOT_LOST; /* the claim stays: now for m */
+		ms[oj].conflicts = true;
 		log_warning("persistent sessions %" PRIu64 " (layer %u page %u) and %" PRIu64 " (layer %u page %u) "
 			    "name spill slot %" PRIu64 ", which holds the latter's page: the former's is lost "
-			    "(DATA_LOSS on its layer)", other_id, ol, oi, m->id, l, i, slot);
-	} else {
-		m->layers[l].pages[i].slot = PERSIST_SLOT_LOST;
-		log_warning("persistent session %" PRIu64 " layer %u page %u names spill slot %" PRIu64 ", which "
-			    "%s%s: that page is lost (DATA_LOSS on its layer)", m->id, l, i, slot,
-			    other ? "another page names too and " : "is claimed and ",
-			    hr < 0 ? "whose header cannot be read" : "holds another page");
+			    "(DATA_LOSS on its layer)", ms[oj].id, ol, oi, m->id, l, i, slot);
+		return 0;
 	}
+	m->layers[l].pages[i].slot = PERSIST_SLOT_LOST;
+	m->conflicts = true;
+	log_warning("persistent session %" PRIu64 " layer %u page %u names spill slot %" PRIu64 ", which "
+		    "another page names too and %s: that page is lost (DATA_LOSS on its layer)", m->id, l, i, slot,
+		    hr < 0 ? "whose header is not a spilled page's" : "holds another page");
+	return 0;
 }
 
-/* Claim every slot m names, resolving a slot an earlier page claimed too
- * (slot_conflict): 0, or the reason in buf (nothing claimed): a slot
- * beyond the store. */
-static int claim_slots(struct kvstore *ks, struct persist_manifest *m, struct persist_manifest *ms, const int *ok,
-		       size_t n_before, char *buf, size_t n)
+/* Claim every slot ms[cur] names, resolving a slot an earlier page
+ * claimed too (slot_conflict): 0, or a negative errno with the reason in
+ * buf (nothing claimed): a slot beyond the store, or a conflict that
+ * could not be decided (passing()). */
+static int claim_slots(struct kvstore *ks, struct owners *own, struct persist_manifest *ms, const int *ok,
+		       size_t cur, char *buf, size_t n)
 {
+	struct persist_manifest *m = &ms[cur];
+
 	for (uint32_t l = 0; l < m->geom.n_layers; l++)
 		for (uint32_t i = 0; i < m->layers[l].n_pages; i++) {
 			uint64_t slot = m->layers[l].pages[i].slot;
 			int r;
 			if (slot == PERSIST_SLOT_LOST)
 				continue;
-			if ((r = spill_slot_claim(ks->spill, slot)) == -EEXIST) {
-				slot_conflict(ks, m, l, i, ms, ok, n_before);
-			} else if (r < 0) {
+			if ((r = spill_slot_claim(ks->spill, slot)) == 0) {
+				if (own->v && (r = owners_put(own, slot, (uint32_t)cur, l, i)) < 0) {
+					spill_slot_free(ks->spill, slot);
+					snprintf(buf, n, "out of memory");
+					release_slots(ks, m, l, i);
+					return r;
+				}
+			} else if (r == -EEXIST) {
+				if ((r = slot_conflict(ks, own, ms, ok, cur, l, i)) < 0) {
+					snprintf(buf, n, "layer %u page %u names spill slot %" PRIu64 ", which another "
+						 "page names too, and its header could not be read: %s", l, i, slot,
+						 strerror(-r));
+					release_slots(ks, m, l, i);
+					return r;
+				}
+			} else {
 				snprintf(buf, n, "layer %u page %u names spill slot %" PRIu64 ", %s", l, i, slot,
 					 r == -ERANGE ? "beyond the spill file (pool.spill_bytes shrank?)"
 						      : strerror(-r));
@@ -1245,8 +1346,8 @@ static bool passing(int e)
  * manifest's slots are claimed before any session is replayed: a replay's
  * checkpoint and spill take free slots, which must not be slots a manifest
  * not yet read names. */
-static int recover_claim(struct kvstore *ks, struct tenant_table *tt, uint64_t id, uint64_t slot_bytes,
-			 uint64_t *max_id, struct persist_manifest *ms, const int *ok, size_t i)
+static int recover_claim(struct kvstore *ks, struct tenant_table *tt, struct owners *own, uint64_t id,
+			 uint64_t slot_bytes, uint64_t *max_id, struct persist_manifest *ms, const int *ok, size_t i)
 {
 	struct persist_manifest *m = &ms[i];
 	char why[512] = "";
@@ -1267,7 +1368,13 @@ static int recover_claim(struct kvstore *ks, struct tenant_table *tt, uint64_t i
 		return -3;
 	}
 	if (r < 0 || manifest_misfit(ks, m, slot_bytes, tt, why, sizeof(why)) ||
-	    claim_slots(ks, m, ms, ok, i, why, sizeof(why)) < 0) {
+	    (r = claim_slots(ks, own, ms, ok, i, why, sizeof(why))) < 0) {
+		if (r < 0 && passing(r)) { /* a conflict not decided: as an unread manifest */
+			log_err("persistent session %" PRIu64 ": %s; tqkvd does not start without knowing whose "
+				"page that slot holds", id, why);
+			persist_manifest_free(m);
+			return -3;
+		}
 		recover_drop(ks, id, m, why, false);
 		persist_manifest_free(m);
 		return -1;
@@ -1367,7 +1474,9 @@ static int recover_adopt(struct kvstore *ks, struct session_table *st, struct te
 		if (!kv->layer[l].n_tokens && kv->layer[l].xf)
 			tq_xf_reset(kv->layer[l].xf);
 	dataop_update_tokens(s, kv);
-	if (n_rec) {
+	/* replayed records, or pages lost to another's claim on their slot
+	 * (the manifest on disk still names it): a checkpoint now */
+	if (n_rec || m->conflicts) {
 		uint64_t out;
 		__atomic_store_n(&kv->p->dirty, true, __ATOMIC_RELAXED);
 		if (checkpoint_or_count(ks, s, kv, why, sizeof(why)) < 0)
@@ -1436,13 +1545,15 @@ int kvstore_recover(struct kvstore *ks, struct session_table *st, struct tenant_
 	/* every manifest's slots first, then the sessions (recover_claim) */
 	uint64_t kept = 0;
 	int stop = 0;
+	struct owners own = { 0 };
 	for (size_t i = 0; i < n; i++) {
-		ok[i] = recover_claim(ks, tt, ids[i], sst.slot_bytes, max_id, ms, ok, i);
+		ok[i] = recover_claim(ks, tt, &own, ids[i], sst.slot_bytes, max_id, ms, ok, i);
 		kp->dropped += ok[i] == -1;
 		stop |= ok[i] == -3;
 	}
 	/* new ids go above every session's on disk, those set aside (now or
 	 * before) too: renamed back, their files would replace a new one's */
+	free(own.v);
 	if (*max_id)
 		session_table_ids_above(st, *max_id);
 	if (stop) {

@@ -528,7 +528,9 @@ static uint64_t id_of(const char *name, const char *ext)
 		return 0;
 	errno = 0;
 	id = strtoull(name, &end, 10);
-	if (errno || *end != '.' || strcmp(end + 1, ext))
+	/* (ids count up from 1: one near UINT64_MAX is not ours, and would
+	 * push new ids to wrap) */
+	if (errno || *end != '.' || strcmp(end + 1, ext) || id > UINT64_MAX / 4)
 		return 0;
 	return id;
 }

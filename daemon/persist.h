@@ -92,6 +92,8 @@ struct persist_manifest {
 				   * formats 1 and 2, written before GPU pools cut pages
 				   * to a multiple of 32 tokens): all that fit page_bytes */
 	struct persist_layer *layers;  /* [geom.n_layers] */
+	bool conflicts;           /* in memory only (recovery): pages lost to another's
+				   * claim on their slot; checkpointed once restored */
 };
 
 enum persist_rec_type { PERSIST_REC_APPEND = 1, PERSIST_REC_TRUNCATE = 2, PERSIST_REC_XFORM = 3 };

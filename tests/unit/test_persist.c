@@ -1303,7 +1303,8 @@ static int undrop(struct kvfix *f, uint64_t id)
  * hold the newer one's pages — their headers say so — so it is whole, and
  * the older lost those pages (DATA_LOSS on their layers).  Before, the
  * newer was dropped whole: it claims second ("which another page names
- * too"). */
+ * too").  And the other way round: a later manifest that names an earlier
+ * one's slots loses them. */
 static void test_undrop_after_reuse(void)
 {
 	struct kvfix f;
@@ -1362,9 +1363,46 @@ static void test_undrop_after_reuse(void)
 		T_EQ(r.status, TQKV_ST_DATA_LOSS);
 	}
 	session_release(s);
+
+	/* c's manifest was checkpointed at that start: it no longer names the
+	 * slots (every later start would have read their headers again) */
+	struct persist_manifest m;
+	int dfd = persist_dir_open(f.dir, why, sizeof(why));
+	MUST(dfd >= 0 && persist_manifest_read(dfd, c.id, &m, why, sizeof(why)) == 0);
+	for (uint32_t l = 0; l < m.geom.n_layers; l++)
+		for (uint32_t i = 0; i < m.layers[l].n_pages; i++)
+			T_EQ(m.layers[l].pages[i].slot, PERSIST_SLOT_LOST);
+	persist_manifest_free(&m);
+
+	/* the other way round: a manifest under a higher id naming d's slots
+	 * (a copy of d's) claims second and loses them — the headers name d —
+	 * and comes back without its pages; d is whole */
+	kvstore_persist_stop(f.ks, NULL);
+	MUST(persist_manifest_read(dfd, d.id, &m, why, sizeof(why)) == 0);
+	const uint64_t e_id = d.id + 100;
+	m.id = e_id;
+	snprintf(m.name, sizeof(m.name), "e");
+	T_EQ(persist_manifest_write(dfd, &m, why, sizeof(why)), 0);
+	persist_manifest_free(&m);
+	close(dfd);
+	kvfix_restart(&f);
+	xpersist_up(&f);
+	kvstore_persist_stats(f.ks, &ps);
+	T_EQ(ps.restored, 3);
+	T_EQ(ps.dropped, 0);
+	xsnapshot(&f, d.id, &d1);
+	xsame(&d0, &d1);
+	MUST(session_acquire(f.st, e_id, 0, &s) == 0);
+	for (uint32_t l = 0; l < 2; l++) {
+		int32_t pos = 20;
+		dataop_attend(f.ks, s, &ws, l, NULL, NULL, 0, q, &pos, 1, TQ_DTYPE_F32, out, &r);
+		T_EQ(r.status, TQKV_ST_DATA_LOSS);
+	}
+	session_release(s);
 	dataop_ws_free(&ws);
 	T_EQ(session_close(f.st, c.id, NULL), 0);
 	T_EQ(session_close(f.st, d.id, NULL), 0);
+	T_EQ(session_close(f.st, e_id, NULL), 0);
 	T_EQ(xfinish(&f), 0);
 }
 
