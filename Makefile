@@ -171,7 +171,7 @@ include daemon/module.mk
 include client/module.mk
 include tests/module.mk
 
-.PHONY: all deps test test-faults soak run install clean demo coverage phases FORCE
+.PHONY: all deps test test-faults soak run install clean demo coverage phases prefetch FORCE
 .DEFAULT_GOAL := all
 # nvcc's attention kernels first: four GPU architectures are the build's
 # critical path (about 3 minutes of its 4 on a 2-core Zen 3), and the rest
@@ -207,8 +207,18 @@ deps:
 # the chaos soak's short runs (TQ_NO_SOAK: .ci/run runs them after this)
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test: deps
-	@$(MAKE) --no-print-directory -j$(JOBS) all
+	@t0=$$(date +%s); $(MAKE) --no-print-directory -j$(JOBS) prefetch all && \
+		echo "== the build: $$(( $$(date +%s) - t0 )) s"
 	@TQ_NO_SOAK=1 $(MAKE) --no-print-directory check
+
+# prefetch: what the tests download (the GGUF model, numpy and gguf for the
+# reference scripts), beside the build — `make test` runs it first, so the
+# downloads overlap the compilers instead of a test's slot.  Never fails:
+# without a registry the tests that need them skip and say why.
+prefetch:
+	@mkdir -p $(B)
+	@scripts/get-models.sh >/dev/null 2>$(B)/prefetch.log || tail -n 1 $(B)/prefetch.log
+	@TQ_BUILD='$(abspath $(B))' scripts/py-venv.sh >/dev/null 2>>$(B)/prefetch.log || tail -n 1 $(B)/prefetch.log
 
 # check: run the tests without the install step (used by `make test`)
 # [TESTS="name ..."]: only the tests whose names contain one of these

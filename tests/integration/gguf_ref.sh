@@ -12,17 +12,15 @@ cd "$TQ_SRC"
 model=${TQ_GGUF_MODEL:-$TQ_BUILD/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 [ -f "$model" ] || { echo "skip: $model is absent (scripts/get-models.sh fetches it)"; exit 77; }
 # numpy and gguf: the system's, else a venv under the build tree (pinned;
-# skipped only when neither can be had)
-py=python3
-if ! $py -c 'import numpy, gguf' 2>/dev/null; then
-	venv="$TQ_BUILD/py-venv"
-	if ! "$venv/bin/python" -c 'import numpy, gguf' 2>/dev/null; then
-		{ python3 -m venv "$venv" && "$venv/bin/pip" install -q --disable-pip-version-check \
-			numpy==2.2.6 gguf==0.19.0; } >"${TMPDIR:-/tmp}/gguf_ref_venv.log" 2>&1 ||
-			{ echo "skip: numpy/gguf unavailable: $(tail -n 1 "${TMPDIR:-/tmp}/gguf_ref_venv.log")"; exit 77; }
-	fi
-	py="$venv/bin/python"
+# skipped only when neither can be had; make test makes it beside the build)
+py=$(TQ_BUILD="$TQ_BUILD" scripts/py-venv.sh 2>"${TMPDIR:-/tmp}/gguf_ref_venv.$$.log")
+rc=$?
+if [ $rc -ne 0 ]; then
+	echo "skip: $(tail -n 1 "${TMPDIR:-/tmp}/gguf_ref_venv.$$.log")"
+	rm -f "${TMPDIR:-/tmp}/gguf_ref_venv.$$.log"
+	exit 77
 fi
+rm -f "${TMPDIR:-/tmp}/gguf_ref_venv.$$.log"
 out=$(mktemp -d "${TMPDIR:-/tmp}/gguf_ref.XXXXXX")
 trap 'rm -rf "$out"' EXIT
 set -e
