@@ -69,6 +69,10 @@ struct backend_ops {
 	void (*stats)(const struct backend_region *r, struct backend_stats *out);
 
 	/* ---- optional (NULL: host memory, CPU kernels) ---- */
+	/* After a pool on this backend failed to start (nothing of it left):
+	 * give back what the driver still holds for this process on that
+	 * device (cuda: its context), before falling back to another. */
+	void (*release)(int device);
 	/* Copy n bytes between host memory and the region (either side may be
 	 * the region), synchronously: 0, or -EIO with why. */
 	int (*copy)(const struct backend_region *r, void *dst, const void *src, size_t n,

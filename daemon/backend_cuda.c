@@ -202,6 +202,11 @@ static void cuda_last_call(const struct backend_region *r, double *gpu_us, int *
 	*one_wait = x ? tqc_ctx_last_fused(x) : 0;
 }
 
+static void cuda_release(int device)
+{
+	tqc_device_release(device);
+}
+
 /* process-wide: one CUDA context a device per process (the runtime's) */
 static int cuda_lost(const struct backend_region *r, char *why, size_t whylen)
 {
@@ -214,6 +219,7 @@ const struct backend_ops backend_cuda = {
 	.region_alloc = cuda_alloc,
 	.region_free = cuda_free,
 	.stats = cuda_stats,
+	.release = cuda_release,
 	.copy = cuda_copy,
 	.host_register = cuda_register,
 	.host_unregister = cuda_unregister,

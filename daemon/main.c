@@ -400,6 +400,13 @@ static int start_pool(struct daemon *d)
 			}
 			log_warning("pool: pool.backend = cuda: %s; starting on host memory with the CPU "
 				    "kernels instead (pool.backend_fallback = yes)", why);
+			/* the CUDA context a failed start may have made holds
+			 * device memory for nothing from here on */
+			if (pp.backend->release) {
+				pp.backend->release(pp.device);
+				log_info("pool: CUDA device %d released (this process's context on it destroyed)",
+					 pp.device);
+			}
 			pp.backend = &backend_host;
 		}
 	}

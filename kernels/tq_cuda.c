@@ -309,6 +309,15 @@ int tqc_device_query(int device, struct tqc_device_info *out, char *why, size_t 
 	return 0;
 }
 
+void tqc_device_release(int device)
+{
+	int n = 0;
+
+	if (device >= 0 && cudaGetDeviceCount(&n) == cudaSuccess && device < n && cudaSetDevice(device) == cudaSuccess)
+		(void)cudaDeviceReset();
+	(void)cudaGetLastError();
+}
+
 int tqc_device_unified(const struct tqc_device_info *d)
 {
 	/* HMM (an x86 host with the open kernel modules) also reads pageable

@@ -82,6 +82,12 @@ int tqc_device_query(int device, struct tqc_device_info *out, char *why, size_t 
 /* 1 if the device and the CPU share memory without copies: integrated, or
  * pageable memory access through the host's page tables. */
 int tqc_device_unified(const struct tqc_device_info *d);
+/* After a start on `device` failed (the pool falls back to host memory):
+ * destroy this process's context there (cudaDeviceReset), which holds
+ * device memory (hundreds of MB on a discrete GPU; host memory on a
+ * unified one) for nothing from then on.  Only while nothing of this
+ * process uses the device; nothing when there is no such device. */
+void tqc_device_release(int device);
 
 /* 1 once a CUDA call of this process failed with an error that leaves its
  * context unusable (a kernel's illegal address, a hardware exception, an

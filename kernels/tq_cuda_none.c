@@ -38,6 +38,7 @@ int tqc_device_query(int device, struct tqc_device_info *out, char *why, size_t 
 }
 
 int tqc_device_unified(const struct tqc_device_info *d) { return 0; }
+void tqc_device_release(int device) {}
 
 int tqc_region_alloc(int device, uint64_t bytes, int unified, void **out, char *why, size_t whylen)
 {

@@ -6,7 +6,8 @@
 #      says why (no driver, no such device, built without CUDA) and what to
 #      set instead; `tqkvd --gpus` says the same and exits 1;
 #   2. pool.backend_fallback = yes starts on host memory, says so, and the
-#      data path is bit-exact as on any host pool;
+#      data path is bit-exact as on any host pool; on the emulator, a start
+#      that failed after making its CUDA context destroys it;
 #   3. a device index that does not exist is refused by name.
 # With a usable GPU: the data-path suite (datapath.sh) on a GPU pool; and a
 # tenant's sparse-V on the GPU's kernels (said at start-up, values skipped
@@ -70,6 +71,21 @@ CONF
 			TQ_POOL_BACKEND=cuda TQ_HOLD_TOKENS=256 bash "$(dirname "$0")/datapath.sh" ||
 			fail "the data path on the emulator's GPU pool (tqkvd-simt)"
 		echo "the emulator's GPU pool (tqkvd-simt): data-path suite passed"
+		# a device too small for the pool (TQ_FAKE_MALLOC_MAX): the start
+		# on it fails after its context was made; the fallback destroys
+		# that context (it held device memory for nothing) and says so
+		: >"$LOG"
+		LD_LIBRARY_PATH=$(dirname "$SIMT_TQKVD")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} TQKVD=$SIMT_TQKVD \
+			TQ_FAKE_MALLOC_MAX=$((1 << 20)) start_daemon --config "$T/cuda.conf"
+		wait_up
+		grep -q "out of device memory" "$LOG" || fail "the emulator's small device: no reason: $(cat "$LOG")"
+		grep -q "starting on host memory with the CPU kernels instead" "$LOG" || fail "no fallback: $(cat "$LOG")"
+		grep -q "fake cudart: cudaDeviceReset" "$LOG" && grep -q "CUDA device 0 released" "$LOG" ||
+			fail "the fallback kept the CUDA context: $(cat "$LOG")"
+		[ "$(gstat pool_backend)" = host ] || fail "after the fallback the pool backend is $(gstat pool_backend)"
+		stop_daemon TERM
+		[ "$STOP_RC" -eq 0 ] || fail "stop after the emulator's fallback exited $STOP_RC"
+		echo "the emulator's small device: fallback with the context released"
 	else
 		echo "the GPU pool's data path needs a GPU or the SIMT emulator (x86-64 with CUDA, no sanitizer)"
 	fi

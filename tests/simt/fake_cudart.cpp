@@ -191,6 +191,14 @@ cudaError_t cudaDeviceSynchronize(void)
 	LOCKED;
 	return sticky ? ret(sticky) : cudaSuccess;
 }
+/* the context torn down: what a test can see is that it was (stderr) */
+cudaError_t cudaDeviceReset(void)
+{
+	LOCKED;
+	fprintf(stderr, "fake cudart: cudaDeviceReset: the context of device 0 destroyed (%zu allocations left)\n",
+		allocs.size());
+	return cudaSuccess;
+}
 cudaError_t cudaSetDevice(int d)
 {
 	LOCKED;
@@ -232,7 +240,12 @@ cudaError_t cudaMalloc(void **p, size_t n)
 	LOCKED;
 	if (sticky)
 		return ret(sticky);
-	if (n > ((size_t)8 << 30))
+	/* TQ_FAKE_MALLOC_MAX: a smaller device (tests of a failed start) */
+	static const size_t max = [] {
+		const char *e = getenv("TQ_FAKE_MALLOC_MAX");
+		return e ? (size_t)strtoull(e, nullptr, 0) : (size_t)8 << 30;
+	}();
+	if (n > max)
 		return ret(cudaErrorMemoryAllocation);
 	size_t r256 = (n + 255) & ~(size_t)255, len = (r256 + 4095) & ~(size_t)4095;
 	char *m = (char *)mmap(nullptr, len + 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
