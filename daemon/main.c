@@ -145,8 +145,15 @@ static int lock_dir(const char *dir, const char *what, bool may_fail, int *out)
 	snprintf(path, sizeof(path), "%s/%s", dir, CONFIG_LOCK_FILE);
 	fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
 	if (fd < 0) {
+		struct stat st;
 		r = -errno;
-		log_err("cannot open the lock file %s: %s", path, strerror(errno));
+		if (r == -EACCES && stat(path, &st) == 0 && st.st_uid != geteuid())
+			/* a run as another user (root's make run, say) left it */
+			log_err("cannot open the lock file %s: %s: it belongs to uid %u and tqkvd runs as uid %u; "
+				"give %s and its files to uid %u (chown -R), or remove what the other run left there",
+				path, strerror(-r), (unsigned)st.st_uid, (unsigned)geteuid(), dir, (unsigned)geteuid());
+		else
+			log_err("cannot open the lock file %s: %s", path, strerror(-r));
 		return r;
 	}
 	if (flock(fd, LOCK_EX | LOCK_NB) < 0) {

@@ -38,6 +38,21 @@ for sd in "$T/both" "$T/both-link"; do
 	rm -f "$T/both/control.sock" "$T/both/data.sock"
 done
 [ "$STOP_RC" = 0 ] || fail "exit $STOP_RC"
+# a lock file another user's run left (root's `make run`, then the tqkvd
+# user): the message says whose it is and what to do
+if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null && id nobody >/dev/null 2>&1; then
+	own=$(mktemp -d /tmp/tq-own.XXXXXX)
+	chmod 0755 "$own"
+	mkdir -m 0777 "$own/run" "$own/spill"
+	cp "$TQKVD" "$own/tqkvd"
+	: >"$own/run/tqkvd.lock"
+	out=$(timeout 10 setpriv --reuid=nobody --regid=nogroup --clear-groups "$own/tqkvd" --run-dir "$own/run" \
+		--spill-dir "$own/spill" 2>&1); rc=$?
+	rm -rf "$own"
+	[ "$rc" = 1 ] || fail "a lock file root left, tqkvd as nobody: exit $rc ($out)"
+	grep -q "it belongs to uid 0 and tqkvd runs as uid $(id -u nobody); give .* (chown -R)" <<<"$out" ||
+		fail "a lock file another user left: unclear message: $out"
+fi
 python3 -c 'import socket,sys; s=socket.socket(socket.AF_UNIX); s.bind(sys.argv[1])' "$T/run/control.sock"
 start_daemon
 wait_up
