@@ -863,6 +863,15 @@ static int restore_page(struct kvstore *ks, struct session *s, struct kv_sess *k
 
 /* Layer l's transform from stored statistics (its xf made if missing, as
  * the layer's codecs would make it): 0, or -ENOMEM / -EBADMSG with why. */
+static uint32_t xf_faults; /* atomic: kvstore_fault_xf_new */
+
+void kvstore_fault_xf_new(uint32_t n)
+{
+	__atomic_store_n(&xf_faults, n, __ATOMIC_RELAXED);
+}
+
+/* A layer's transform statistics from their blob: 0, -ENOMEM (nothing
+ * said about the blob), or another negative errno: the blob is refused. */
 static int xf_load(struct kv_sess *kv, uint32_t l, const uint8_t *blob, size_t len, char *why, size_t whylen)
 {
 	struct kv_layer *L = &kv->layer[l];
@@ -870,6 +879,12 @@ static int xf_load(struct kv_sess *kv, uint32_t l, const uint8_t *blob, size_t l
 	int r;
 
 	/* the K codec's unshrink factor comes when dataop makes the codecs */
+	uint32_t f = __atomic_load_n(&xf_faults, __ATOMIC_RELAXED);
+	if (!L->xf && f && __atomic_compare_exchange_n(&xf_faults, &f, f - 1, false, __ATOMIC_RELAXED,
+						       __ATOMIC_RELAXED)) {
+		snprintf(why, whylen, "layer %u transform: out of memory (injected)", l);
+		return -ENOMEM;
+	}
 	if (!L->xf && (r = tq_xf_new(&L->xf, kv->xform, kv->geom.n_kv_heads, kv->n_q_heads, kv->dim, L->kc,
 				     &te)) < 0) {
 		snprintf(why, whylen, "layer %u transform: %s", l, te.msg);
@@ -898,7 +913,10 @@ static int replay_rec(void *ctx, const struct persist_rec *rec, const uint8_t *p
 				 "session's state (transform mode 0x%x)", rec->layer, rec->payload_bytes, kv->xform);
 			return -EBADMSG;
 		}
-		return xf_load(kv, rec->layer, payload, rec->payload_bytes, rp->why, sizeof(rp->why)) < 0 ? -EBADMSG : 0;
+		/* out of memory says nothing of the record: the session is kept
+		 * for the next start with its files (-EIO), not cut short here */
+		int xr = xf_load(kv, rec->layer, payload, rec->payload_bytes, rp->why, sizeof(rp->why));
+		return xr == -ENOMEM ? -EIO : xr < 0 ? -EBADMSG : 0;
 	}
 	if (rec->type == PERSIST_REC_TRUNCATE) {
 		if (rec->layer != PERSIST_ALL_LAYERS && rec->layer >= kv->n_layers) {

@@ -63,6 +63,9 @@ int kvstore_persist_start(struct kvstore *ks, struct session_table *st);
 void kvstore_persist_stop(struct kvstore *ks, struct session_table *st);
 void kvstore_persist_close(struct kvstore *ks);
 void kvstore_persist_stats(struct kvstore *ks, struct kvpersist_stats *out);
+/* Fault injection (tests): the next n transform statistics recovery loads
+ * fail for want of memory (-ENOMEM). */
+void kvstore_fault_xf_new(uint32_t n);
 /* Can ks keep persistent sessions? */
 bool kvstore_persist_enabled(struct kvstore *ks);
 

@@ -498,17 +498,18 @@ void persist_set_aside(int dirfd, uint64_t id)
 
 	fname(a, sizeof(a), id, "tqm");
 	fname(b, sizeof(b), id, "tqm.dropped");
-	const bool kept = renameat(dirfd, a, dirfd, b) == 0;
-	if (!kept)
-		unlinkat(dirfd, a, 0);
+	/* a rename that fails (a read-only or failing file system) leaves
+	 * both files where they are: the next start looks at them again,
+	 * rather than the operator's only copy being deleted */
+	if (renameat(dirfd, a, dirfd, b) < 0)
+		return;
 	/* the journal beside it: the appends since the last checkpoint are
 	 * the operator's too (a session dropped because the store shrank
-	 * comes back whole once both are renamed back on a larger one);
-	 * without its manifest it is of no use */
+	 * comes back whole once both are renamed back on a larger one) */
 	fname(a, sizeof(a), id, "tqj");
 	fname(b, sizeof(b), id, "tqj.dropped");
-	if (!kept || (renameat(dirfd, a, dirfd, b) < 0 && errno != ENOENT))
-		unlinkat(dirfd, a, 0);
+	if (renameat(dirfd, a, dirfd, b) < 0 && errno != ENOENT)
+		unlinkat(dirfd, a, 0); /* a journal without its manifest is of no use */
 	fsync(dirfd);
 }
 

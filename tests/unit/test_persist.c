@@ -686,6 +686,42 @@ static void test_xform_restart(void)
 	T_EQ(xfinish(&f), 0);
 }
 
+/* Out of memory while replaying a journaled calibration says nothing of
+ * the record: the session is not served in that run and its files stay as
+ * they are; the next start brings it back whole.  (The failure was taken
+ * for a damaged record: replay stopped there and the journal was reset,
+ * and the acknowledged appends after it were gone for good.) */
+static void test_replay_nomem_keeps(void)
+{
+	struct kvfix f;
+	struct session_info si, got;
+	struct session *s;
+	struct kvpersist_stats ps;
+	static struct xsnap a, b;
+
+	kvfix_start(&f, XCONF, 16u << 20, XPAGE, 256);
+	xpersist_up(&f);
+	s = xopen(&f, &XG, "nomem", 78, &si);
+	xfill(&f, s, 0, 40, 0); /* calibrates: a transform record, then the appends */
+	xfill(&f, s, 1, 30, 0);
+	session_release(s);
+	xsnapshot(&f, si.id, &a);
+	kvstore_fault_xf_new(1);
+	xcrash(&f);
+	kvstore_fault_xf_new(0);
+	T_EQ(session_get_info(f.st, si.id, &got), -ENOENT); /* not served in this run */
+	kvstore_persist_stats(f.ks, &ps);
+	T_EQ(ps.restored, 0);
+	T_EQ(ps.dropped, 0);
+	xcrash(&f);
+	kvstore_persist_stats(f.ks, &ps);
+	T_EQ(ps.restored, 1);
+	xsnapshot(&f, si.id, &b);
+	xsame(&a, &b);
+	T_EQ(session_close(f.st, si.id, NULL), 0);
+	T_EQ(xfinish(&f), 0);
+}
+
 /* Two persistent sessions, the first with journaled tokens after its last
  * checkpoint: at the restart its replay checkpoints, and that checkpoint
  * writes pages to free slots.  Every manifest's slots are claimed before
@@ -1904,6 +1940,7 @@ int main(int argc, char **argv)
 	T_RUN(test_journal);
 	T_RUN(test_journal_fuzz);
 	T_RUN(test_xform_restart);
+	T_RUN(test_replay_nomem_keeps);
 	T_RUN(test_recover_two_sessions);
 	T_RUN(test_xform_damage);
 	T_RUN(test_device_lost_restart);
