@@ -43,6 +43,12 @@ struct kvp_sess {
 	uint64_t epoch;           /* of the manifest on disk (0: none yet) */
 	bool dirty;               /* atomic: changed since that manifest */
 	uint64_t last_ckpt_ms;
+	/* checkpoints failing in a row, and no periodic one before retry_ms
+	 * (atomic, CLOCK_MONOTONIC): a failing one is retried with a growing
+	 * delay, not at every tick (nor at every append once the journal is
+	 * past KVP_JOURNAL_CHECKPOINT) */
+	uint32_t fails;
+	uint64_t retry_ms;
 	uint64_t *dfree;          /* slots a manifest on disk may still name */
 	size_t n_dfree, cap_dfree;
 	struct io_batch wt_b;     /* write-through in flight */
@@ -384,12 +390,30 @@ static int checkpoint_locked(struct kvstore *ks, struct session *s, struct kv_se
 	return 0;
 }
 
+/* After a failed checkpoint: twice the interval, doubling per failure in
+ * a row, a minute at most. */
+static uint64_t retry_delay_ms(uint64_t iv, uint32_t fails)
+{
+	uint64_t d = iv << (fails < 10 ? fails : 10);
+	return d < 60000 ? d : 60000;
+}
+
 static int checkpoint_or_count(struct kvstore *ks, struct session *s, struct kv_sess *kv, char *why, size_t whylen)
 {
+	struct kvp_sess *p = kv->p;
 	int r = checkpoint_locked(ks, s, kv, why, whylen);
 
-	if (r < 0)
+	if (r < 0) {
 		__atomic_add_fetch(&ks->persist->checkpoint_failures, 1, __ATOMIC_RELAXED);
+		p->fails++;
+		__atomic_store_n(&p->retry_ms,
+				 mono_ms() + retry_delay_ms(__atomic_load_n(&ks->persist->interval_ms, __ATOMIC_RELAXED),
+							    p->fails),
+				 __ATOMIC_RELAXED);
+	} else {
+		p->fails = 0;
+		__atomic_store_n(&p->retry_ms, 0, __ATOMIC_RELAXED);
+	}
 	return r;
 }
 
@@ -479,7 +503,7 @@ static int journal_put(struct kvstore *ks, struct kv_sess *kv, struct persist_re
 	__atomic_store_n(&p->dirty, true, __ATOMIC_RELAXED);
 	__atomic_add_fetch(&kp->journal_records, 1, __ATOMIC_RELAXED);
 	__atomic_add_fetch(&kp->journal_bytes, PERSIST_REC_HDR + n1 + n2, __ATOMIC_RELAXED);
-	if (p->joff >= KVP_JOURNAL_CHECKPOINT) {
+	if (p->joff >= KVP_JOURNAL_CHECKPOINT && mono_ms() >= __atomic_load_n(&p->retry_ms, __ATOMIC_RELAXED)) {
 		pthread_mutex_lock(&kp->lock);
 		kp->kick = true;
 		pthread_cond_signal(&kp->cond);
@@ -609,6 +633,8 @@ static void checkpoint_due(struct kvstore *ks, struct session_table *st, bool al
 			if (!all && now - __atomic_load_n(&p->last_ckpt_ms, __ATOMIC_RELAXED) < iv &&
 			    __atomic_load_n(&p->joff, __ATOMIC_RELAXED) < KVP_JOURNAL_CHECKPOINT)
 				continue;
+			if (!all && now < __atomic_load_n(&p->retry_ms, __ATOMIC_RELAXED))
+				continue; /* failed lately: not yet again */
 			if (n == cap) {
 				uint64_t *ni = realloc(ids, (cap ? cap * 2 : 16) * sizeof(*ni));
 				if (!ni)
@@ -640,7 +666,8 @@ static void checkpoint_due(struct kvstore *ks, struct session_table *st, bool al
 					"checkpoint and journal record)", ids[i], why);
 			else
 				log_err("session %" PRIu64 ": checkpoint failed: %s (the journal keeps every "
-					"change; retried in %" PRIu64 " ms)", ids[i], why, iv);
+					"change; retried later, the delay doubling from %" PRIu64 " ms to a minute "
+					"while it fails)", ids[i], why, 2 * iv);
 		}
 		session_release(s);
 	}

@@ -686,6 +686,47 @@ static void test_xform_restart(void)
 	T_EQ(xfinish(&f), 0);
 }
 
+/* A checkpoint that keeps failing (every spill write fails) is retried
+ * with a growing delay — 2, 4, 8, 16 intervals — not at every tick of the
+ * persist thread (nor, with a journal past 64 MiB, at every append: the
+ * log said so thousands of times a second).  Once writes work again, the
+ * next try succeeds. */
+static void test_checkpoint_backoff(void)
+{
+	struct kvfix f;
+	struct session_info si;
+	struct session *s;
+	struct kvpersist_stats ps;
+	uint64_t max_id;
+	char why[512];
+
+	kvfix_start(&f, XCONF, 16u << 20, XPAGE, 256);
+	MUST(kvstore_persist_open(f.ks, f.dir, 50, why, sizeof(why)) == 0); /* every 50 ms */
+	MUST(kvstore_recover(f.ks, f.st, f.tt, &max_id) == 0);
+	s = xopen(&f, &XG, "bo", 79, &si);
+	xfill(&f, s, 0, 40, 0);
+	session_release(s);
+	kvstore_persist_stats(f.ks, &ps);
+	const uint64_t c0 = ps.checkpoints; /* the empty session's, at its start */
+	spill_fault_arm_n(f.sp, SPILL_FAULT_WRITE, 1, 1u << 30, -EIO);
+	T_EQ(kvstore_persist_start(f.ks, f.st), 0);
+	usleep(1300 * 1000);
+	kvstore_persist_stats(f.ks, &ps);
+	fprintf(stderr, "    %" PRIu64 " checkpoints failed in 1.3 s (every 50 ms: 26)\n", ps.checkpoint_failures);
+	T_ASSERT(ps.checkpoint_failures >= 2 && ps.checkpoint_failures <= 5); /* at 0.05, 0.15, 0.35, 0.75 s */
+	spill_fault_arm_n(f.sp, SPILL_FAULT_WRITE, 0, 0, 0);
+	const uint64_t failed = ps.checkpoint_failures;
+	for (int i = 0; i < 100 && ps.checkpoints == c0; i++) { /* the next try, at 1.55 s */
+		usleep(50 * 1000);
+		kvstore_persist_stats(f.ks, &ps);
+	}
+	T_EQ(ps.checkpoints, c0 + 1);
+	T_EQ(ps.checkpoint_failures, failed);
+	kvstore_persist_stop(f.ks, NULL);
+	T_EQ(session_close(f.st, si.id, NULL), 0);
+	T_EQ(xfinish(&f), 0);
+}
+
 /* Out of memory while replaying a journaled calibration says nothing of
  * the record: the session is not served in that run and its files stay as
  * they are; the next start brings it back whole.  (The failure was taken
@@ -1941,6 +1982,7 @@ int main(int argc, char **argv)
 	T_RUN(test_journal_fuzz);
 	T_RUN(test_xform_restart);
 	T_RUN(test_replay_nomem_keeps);
+	T_RUN(test_checkpoint_backoff);
 	T_RUN(test_recover_two_sessions);
 	T_RUN(test_xform_damage);
 	T_RUN(test_device_lost_restart);
