@@ -692,10 +692,53 @@ int persist_journal_write(int fd, uint64_t *off, const struct persist_rec *r, co
 	return 0;
 }
 
-int persist_journal_replay_buf(const uint8_t *b, size_t len, uint64_t session_id, uint64_t epoch,
-			       persist_replay_fn fn, void *ctx, uint32_t *n_records, char *why, size_t whylen)
+/* Where replay reads a journal's bytes: a buffer (the fuzzer, tests) or
+ * the file itself, a record at a time (a journal may be far larger than
+ * memory: checkpoints that failed for hours).  get: n bytes at off into
+ * *p (valid until the next get of the same `which`: 0 headers, 1
+ * payloads), 0 or a negative errno. */
+struct jsrc {
+	size_t len;
+	int (*get)(struct jsrc *j, int which, size_t off, size_t n, const uint8_t **p);
+	const uint8_t *buf; /* a buffer */
+	int fd;             /* a file: its scratch per `which` */
+	uint8_t *scratch[2];
+	size_t cap[2];
+};
+
+static int buf_get(struct jsrc *j, int which, size_t off, size_t n, const uint8_t **p)
+{
+	*p = j->buf + off;
+	return 0;
+}
+
+static int file_get(struct jsrc *j, int which, size_t off, size_t n, const uint8_t **p)
+{
+	if (n > j->cap[which]) {
+		uint8_t *nb = realloc(j->scratch[which], n);
+		if (!nb)
+			return -ENOMEM;
+		j->scratch[which] = nb;
+		j->cap[which] = n;
+	}
+	for (size_t got = 0; got < n;) {
+		ssize_t k = pread(j->fd, j->scratch[which] + got, n - got, (off_t)(off + got));
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return k < 0 ? -errno : -EIO; /* shorter than it was a moment ago */
+		got += (size_t)k;
+	}
+	*p = j->scratch[which];
+	return 0;
+}
+
+static int replay_src(struct jsrc *j, uint64_t session_id, uint64_t epoch, persist_replay_fn fn, void *ctx,
+		      uint32_t *n_records, char *why, size_t whylen)
 {
 	uint8_t h[PERSIST_JNL_HDR];
+	const uint8_t *b;
+	const size_t len = j->len;
 	size_t off = PERSIST_JNL_HDR;
 	uint32_t seq = 0;
 	int r;
@@ -705,6 +748,10 @@ int persist_journal_replay_buf(const uint8_t *b, size_t len, uint64_t session_id
 	if (len < PERSIST_JNL_HDR) {
 		snprintf(why, whylen, "journal header torn (%zu bytes)", len);
 		return 0;
+	}
+	if ((r = j->get(j, 0, 0, PERSIST_JNL_HDR, &b)) < 0) {
+		snprintf(why, whylen, "reading the journal: %s", strerror(-r));
+		return r;
 	}
 	memcpy(h, b, sizeof(h));
 	put32(h + 12, 0);
@@ -719,7 +766,11 @@ int persist_journal_replay_buf(const uint8_t *b, size_t len, uint64_t session_id
 		return 0;
 	}
 	while (len - off >= PERSIST_REC_HDR) {
-		const uint8_t *p = b + off;
+		const uint8_t *p, *payload;
+		if ((r = j->get(j, 0, off, PERSIST_REC_HDR, &p)) < 0) {
+			snprintf(why, whylen, "reading the journal at offset %zu: %s", off, strerror(-r));
+			return r;
+		}
 		struct persist_rec rec = {
 			.type = get32(p + 4), .layer = get32(p + 8), .first = get32(p + 12), .n = get32(p + 16),
 			.payload_bytes = get32(p + 20), .seq = get32(p + 24), .epoch = get64(p + 32),
@@ -732,7 +783,11 @@ int persist_journal_replay_buf(const uint8_t *b, size_t len, uint64_t session_id
 		}
 		memcpy(rh, p, sizeof(rh));
 		put32(rh + 28, 0);
-		uint32_t crc = tq_crc32c(tq_crc32c(0, rh, sizeof(rh)), p + PERSIST_REC_HDR, rec.payload_bytes);
+		if ((r = j->get(j, 1, off + PERSIST_REC_HDR, rec.payload_bytes, &payload)) < 0) {
+			snprintf(why, whylen, "reading the journal at offset %zu: %s", off, strerror(-r));
+			return r;
+		}
+		uint32_t crc = tq_crc32c(tq_crc32c(0, rh, sizeof(rh)), payload, rec.payload_bytes);
 		if (crc != get32(p + 28)) {
 			snprintf(why, whylen, "record %u at offset %zu fails its checksum (torn write?)", seq, off);
 			return 0;
@@ -742,7 +797,7 @@ int persist_journal_replay_buf(const uint8_t *b, size_t len, uint64_t session_id
 				 " #%u", off, rec.epoch, rec.seq, epoch, seq);
 			return 0;
 		}
-		if ((r = fn(ctx, &rec, p + PERSIST_REC_HDR)) != 0)
+		if ((r = fn(ctx, &rec, payload)) != 0)
 			return r;
 		(*n_records)++;
 		seq++;
@@ -753,21 +808,39 @@ int persist_journal_replay_buf(const uint8_t *b, size_t len, uint64_t session_id
 	return 0;
 }
 
+int persist_journal_replay_buf(const uint8_t *b, size_t len, uint64_t session_id, uint64_t epoch,
+			       persist_replay_fn fn, void *ctx, uint32_t *n_records, char *why, size_t whylen)
+{
+	struct jsrc j = { .len = len, .get = buf_get, .buf = b, .fd = -1 };
+
+	return replay_src(&j, session_id, epoch, fn, ctx, n_records, why, whylen);
+}
+
 int persist_journal_replay(int dirfd, uint64_t id, uint64_t session_id, uint64_t epoch, persist_replay_fn fn,
 			   void *ctx, uint32_t *n_records, char *why, size_t whylen)
 {
 	char name[64];
-	uint8_t *b;
-	size_t len = 0;
+	struct stat sb;
 	int r;
 
 	*n_records = 0;
 	fname(name, sizeof(name), id, "tqj");
-	if ((r = read_file_at(dirfd, name, (size_t)1 << 40, &b, &len)) < 0) {
+	struct jsrc j = { .get = file_get, .fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) };
+	if (j.fd < 0) {
+		r = -errno;
 		snprintf(why, whylen, "%s/%s: %s", PERSIST_SUBDIR, name, strerror(-r));
 		return r;
 	}
-	r = persist_journal_replay_buf(b, len, session_id, epoch, fn, ctx, n_records, why, whylen);
-	free(b);
+	if ((r = fstat(j.fd, &sb) < 0 ? -errno : S_ISREG(sb.st_mode) ? 0 : -EINVAL) < 0) {
+		snprintf(why, whylen, "%s/%s: %s", PERSIST_SUBDIR, name,
+			 r == -EINVAL ? "not a regular file" : strerror(-r));
+		close(j.fd);
+		return r;
+	}
+	j.len = (size_t)sb.st_size;
+	r = replay_src(&j, session_id, epoch, fn, ctx, n_records, why, whylen);
+	close(j.fd);
+	free(j.scratch[0]);
+	free(j.scratch[1]);
 	return r;
 }
