@@ -1412,6 +1412,17 @@ static int recover_claim(struct kvstore *ks, struct tenant_table *tt, struct own
 		persist_manifest_free(m);
 		return -3;
 	}
+	if (r == -EPROTO) {
+		/* another tqkvd's format (a downgrade, say): nothing wrong with
+		 * it, and the slots it names are not known either — set aside,
+		 * they went to other sessions and the session was lost to the
+		 * upgrade back */
+		log_err("persistent session %" PRIu64 ": %s; tqkvd does not start without it (its spill slots "
+			"are not known): run a tqkvd that reads it, or move %s/%" PRIu64 ".tqm away to drop that "
+			"session", id, why, PERSIST_SUBDIR, id);
+		persist_manifest_free(m);
+		return -3;
+	}
 	if (r < 0 || manifest_misfit(ks, m, slot_bytes, tt, why, sizeof(why)) ||
 	    (r = claim_slots(ks, own, ms, ok, i, why, sizeof(why))) < 0) {
 		if (r < 0 && passing(r)) { /* a conflict not decided: as an unread manifest */

@@ -1937,7 +1937,8 @@ static void test_remove_dirsync_fails(void)
 }
 
 /* A manifest that cannot be read for a reason that says nothing about it
- * (here an injected EIO): the start stops with the reason, the files as
+ * (here an injected EIO, then a format another tqkvd wrote): the start
+ * stops with the reason, the files as
  * they are (it was set aside, its journal deleted; keeping it unread
  * would let a run give its slots to other sessions); the next start gets
  * every token back. */
@@ -1969,6 +1970,24 @@ static void test_manifest_unreadable(void)
 	snprintf(path, sizeof(path), "%s/%s/%" PRIu64 ".tqj", f.dir, PERSIST_SUBDIR, si.id);
 	T_EQ(access(path, F_OK), 0);
 	xcrash(&f); /* the next start */
+	xsnapshot(&f, si.id, &b);
+	xsame(&a, &b);
+
+	/* a manifest of a format this tqkvd does not read (a newer one's,
+	 * after a downgrade): the same — it was set aside and its slots given
+	 * to other sessions, and the upgrade back found it lost */
+	kvstore_persist_stop(f.ks, NULL);
+	snprintf(path, sizeof(path), "%s/%s/%" PRIu64 ".tqm", f.dir, PERSIST_SUBDIR, si.id);
+	int fd = open(path, O_RDWR);
+	uint8_t fmt[4], newer[4] = { 0xff, 0, 0, 0 };
+	T_ASSERT(fd >= 0 && pread(fd, fmt, 4, 8) == 4 && pwrite(fd, newer, 4, 8) == 4); /* M_FORMAT */
+	kvfix_restart(&f);
+	MUST(kvstore_persist_open(f.ks, f.dir, 3600000, why, sizeof(why)) == 0);
+	T_ASSERT(kvstore_recover(f.ks, f.st, f.tt, &max_id) < 0);
+	T_EQ(access(path, F_OK), 0);
+	T_ASSERT(pwrite(fd, fmt, 4, 8) == 4); /* the tqkvd that reads it */
+	close(fd);
+	xcrash(&f);
 	xsnapshot(&f, si.id, &b);
 	xsame(&a, &b);
 	T_EQ(xfinish(&f), 0);
