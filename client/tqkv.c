@@ -660,19 +660,20 @@ static int handshake(tqkv *c, int memfd, const struct tqkv_ring_layout *lay, uin
 	}
 	if (r == 0 && n != (ssize_t)sizeof(h)) {
 		int err = n < 0 ? errno : EPROTO;
-		if (err != EPIPE && err != ECONNRESET && err != EAGAIN && err != EWOULDBLOCK)
-			return fail(-err, "sending the ring handshake: %s", strerror(err));
 		if (err == EAGAIN || err == EWOULDBLOCK)
-			return fail(-ETIMEDOUT, "the ring handshake could not be sent in %d ms (timeout_ms): tqkvd "
-				    "is stopped or overloaded", c->timeout_ms);
-		send_err = err;
+			r = -ETIMEDOUT;
+		else if (err != EPIPE && err != ECONNRESET)
+			return fail(-err, "sending the ring handshake: %s", strerror(err));
+		else
+			send_err = err;
 	}
-	if (r < 0)
+	if (r == -ETIMEDOUT)
 		return fail(-ETIMEDOUT, "the ring handshake could not be sent in %d ms (timeout_ms): tqkvd is "
 			    "stopped or overloaded", c->timeout_ms);
+	if (r < 0)
+		return fail(r, "the ring handshake: setting the socket's timeout: %s", strerror(-r));
 	/* the daemon's answer by the connection's deadline (timeout_ms) */
-	n = -1;
-	errno = ETIMEDOUT;
+	n = -1; /* (not the send's count) */
 	bool reset = false;
 	while (r == 0 && (r = sock_timeo(c->fd, SO_RCVTIMEO, deadline)) == 0) {
 		n = recv(c->fd, &w, sizeof(w), 0);

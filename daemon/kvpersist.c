@@ -1137,8 +1137,8 @@ static size_t owner_hash(uint64_t slot, size_t cap)
 
 static int owners_put(struct owners *o, uint64_t slot, uint32_t m, uint32_t l, uint32_t i)
 {
-	if (2 * (o->n + 1) > o->cap) { /* at most half full */
-		size_t cap = o->cap ? 2 * o->cap : 1024;
+	if (2 * (o->n + 1) > o->cap) { /* at most half full; doubling from 2 (the tests grow it) */
+		size_t cap = o->cap ? 2 * o->cap : 2;
 		struct owner *v = malloc(cap * sizeof(*v));
 		if (!v)
 			return -ENOMEM;
@@ -1401,25 +1401,15 @@ static int recover_claim(struct kvstore *ks, struct tenant_table *tt, struct own
 	if (id > *max_id)
 		*max_id = id;
 	int r = persist_manifest_read(ks->persist->dirfd, id, m, why, sizeof(why));
-	if (r < 0 && passing(r)) {
-		/* nothing known to be wrong with it, but the slots it names are
-		 * not known: a run without it would give them to other sessions
-		 * (and the next start would then drop one of the two).  The start
-		 * stops with the reason. */
+	if (r < 0 && (passing(r) || r == -EPROTO)) {
+		/* nothing known to be wrong with it (or another tqkvd's format:
+		 * a downgrade, say), but the slots it names are not known: a run
+		 * without it would give them to other sessions (and the next
+		 * start, or the upgrade back, would lose it).  The start stops
+		 * with the reason. */
 		log_err("persistent session %" PRIu64 ": %s; tqkvd does not start without it (its spill slots "
-			"are not known); move %s/%" PRIu64 ".tqm away to drop that session", id, why, PERSIST_SUBDIR,
-			id);
-		persist_manifest_free(m);
-		return -3;
-	}
-	if (r == -EPROTO) {
-		/* another tqkvd's format (a downgrade, say): nothing wrong with
-		 * it, and the slots it names are not known either — set aside,
-		 * they went to other sessions and the session was lost to the
-		 * upgrade back */
-		log_err("persistent session %" PRIu64 ": %s; tqkvd does not start without it (its spill slots "
-			"are not known): run a tqkvd that reads it, or move %s/%" PRIu64 ".tqm away to drop that "
-			"session", id, why, PERSIST_SUBDIR, id);
+			"are not known): %smove %s/%" PRIu64 ".tqm away to drop that session", id, why,
+			r == -EPROTO ? "run a tqkvd that reads it, or " : "", PERSIST_SUBDIR, id);
 		persist_manifest_free(m);
 		return -3;
 	}

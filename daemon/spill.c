@@ -485,10 +485,19 @@ static void ring_submit(struct spill *sp)
  * once (submit).  The pages stay where they are: a write that fails leaves
  * its page in memory; a read leaves it on disk, unreadable until a restart
  * (persistent sessions come back from their files then). */
+static void abandon(struct req ***tail, struct req *q, unsigned *n)
+{
+	q->abandoned = q->tries ? 2 : 1;
+	**tail = q;
+	*tail = &q->next;
+	(*n)++;
+}
+
 static struct req *ring_broken(struct spill *sp)
 {
 	struct req *failed = NULL, **tail = &failed;
 	struct io_uring_sq *sq = &sp->ring.sq;
+	unsigned n = 0;
 
 	snprintf(sp->broken_why, sizeof(sp->broken_why),
 		 "the spill store stopped: io_uring_submit failed for %.1f s (%s); restart tqkvd to use it again",
@@ -500,24 +509,18 @@ static struct req *ring_broken(struct spill *sp)
 		if (!q)
 			continue;
 		sp->free_stage[sp->n_free_stage++] = (uint32_t)tag;
-		q->abandoned = q->tries ? 2 : 1;
-		*tail = q;
-		tail = &q->next;
+		abandon(&tail, q, &n);
 	}
-	for (struct req **list = &sp->r_head; list; list = list == &sp->r_head ? &sp->q_head : NULL) {
-		while (*list) {
-			struct req *q = *list;
-			*list = q->next;
-			q->abandoned = q->tries ? 2 : 1;
-			*tail = q;
-			tail = &q->next;
-		}
+	for (struct req *q = sp->r_head, *next; q; q = next) {
+		next = q->next;
+		abandon(&tail, q, &n);
+	}
+	for (struct req *q = sp->q_head, *next; q; q = next) {
+		next = q->next;
+		abandon(&tail, q, &n);
 	}
 	*tail = NULL;
-	sp->r_tail = sp->q_tail = NULL;
-	unsigned n = 0;
-	for (struct req *q = failed; q; q = q->next)
-		n++;
+	sp->r_head = sp->r_tail = sp->q_head = sp->q_tail = NULL;
 	log_err("spill: %s; the %u I/O(s) it had not taken fail, and so do later ones: pages being spilled "
 		 "stay in memory, spilled pages cannot be read back until then", sp->broken_why, n);
 	return failed;
@@ -702,7 +705,7 @@ static void *uring_main(void *arg)
 		pthread_mutex_lock(&sp->sq_lock);
 		uint32_t was_free = sp->n_free_stage;
 		pump_locked(sp); /* background requests; and a submit that failed before */
-		n += was_free > sp->n_free_stage ? was_free - sp->n_free_stage : 0;
+		n += was_free - sp->n_free_stage;
 		struct req *failed = NULL;
 		if (sp->sub_fails && !sp->broken && now_ns() - sp->sub_fail_since_ns >= sp->give_up_ms * 1000000ull)
 			failed = ring_broken(sp);

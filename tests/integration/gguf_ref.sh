@@ -11,18 +11,12 @@ set -u
 cd "$TQ_SRC"
 model=${TQ_GGUF_MODEL:-$TQ_BUILD/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 [ -f "$model" ] || { echo "skip: $model is absent (scripts/get-models.sh fetches it)"; exit 77; }
-# numpy and gguf: the system's, else a venv under the build tree (pinned;
-# skipped only when neither can be had; make test makes it beside the build)
-py=$(TQ_BUILD="$TQ_BUILD" scripts/py-venv.sh 2>"${TMPDIR:-/tmp}/gguf_ref_venv.$$.log")
-rc=$?
-if [ $rc -ne 0 ]; then
-	echo "skip: $(tail -n 1 "${TMPDIR:-/tmp}/gguf_ref_venv.$$.log")"
-	rm -f "${TMPDIR:-/tmp}/gguf_ref_venv.$$.log"
-	exit 77
-fi
-rm -f "${TMPDIR:-/tmp}/gguf_ref_venv.$$.log"
 out=$(mktemp -d "${TMPDIR:-/tmp}/gguf_ref.XXXXXX")
 trap 'rm -rf "$out"' EXIT
+# numpy and gguf: the system's, else a venv under the build tree (pinned;
+# skipped only when neither can be had; make test makes it beside the build)
+py=$(TQ_BUILD="$TQ_BUILD" scripts/py-venv.sh 2>"$out/venv.log") ||
+	{ echo "skip: $(tail -n 1 "$out/venv.log")"; exit 77; }
 set -e
 tensors="token_embd.weight blk.0.attn_q.weight blk.29.ffn_down.weight blk.7.attn_norm.weight output_norm.weight"
 "$py" scripts/ref-dequant.py "$model" "$out" $tensors
