@@ -50,15 +50,17 @@ BASE_CFLAGS := -std=gnu11 $(WARN) -ffp-contract=off -fno-strict-overflow \
 	-DTQ_VERSION='"$(VERSION)"'
 LDLIBS_BASE = $(CUDA_LIBS) -lm -pthread
 
+# -fno-optimize-sibling-calls: every caller keeps its frame, so reports name
+# it (and tests/tsan.supp can name one of ours that called into gRPC).
 ifeq ($(SANITIZER),address)
-  SAN_FLAGS := -fsanitize=address -fno-omit-frame-pointer
+  SAN_FLAGS := -fsanitize=address -fno-omit-frame-pointer -fno-optimize-sibling-calls
 else ifeq ($(SANITIZER),undefined)
-  SAN_FLAGS := -fsanitize=undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+  SAN_FLAGS := -fsanitize=undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -fno-optimize-sibling-calls
 else ifeq ($(SANITIZER),address+undefined)
   # both in one build (what .ci/run runs): each one's findings, one pass
-  SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+  SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -fno-optimize-sibling-calls
 else ifeq ($(SANITIZER),thread)
-  SAN_FLAGS := -fsanitize=thread
+  SAN_FLAGS := -fsanitize=thread -fno-omit-frame-pointer -fno-optimize-sibling-calls
 else ifneq ($(SANITIZER),)
   $(error SANITIZER must be address, undefined, address+undefined or thread)
 endif

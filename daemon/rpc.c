@@ -1375,10 +1375,12 @@ static int request_call(struct rpc_server *srv, int method)
 	return 0;
 }
 
-static void call_free(struct call *c)
+/* What gRPC allocated for a call.  A frame of its own, never inlined:
+ * gRPC's destroy functions reach free() by tail calls (gpr_free is a jump),
+ * so a ThreadSanitizer report of such a free shows no gRPC frame, only this
+ * one, which tests/tsan.supp names. */
+static __attribute__((noinline)) void call_release_grpc(struct call *c)
 {
-	if (!c)
-		return;
 	grpc_metadata_array_destroy(&c->md);
 	if (c->method < 0)
 		grpc_call_details_destroy(&c->details);
@@ -1390,6 +1392,13 @@ static void call_free(struct call *c)
 		grpc_slice_unref(c->status_msg);
 	if (c->call)
 		grpc_call_unref(c->call);
+}
+
+static void call_free(struct call *c)
+{
+	if (!c)
+		return;
+	call_release_grpc(c);
 	free(c);
 }
 
