@@ -113,6 +113,20 @@ void kvstore_free(struct kvstore *ks)
 	free(ks);
 }
 
+void kvstore_ending(void *ctx, struct session *s)
+{
+	struct kvstore *ks = ctx;
+	struct kv_sess *kv;
+	uint64_t id = session_id(s);
+
+	/* the hook's operation count keeps kv from being released meanwhile */
+	pthread_mutex_lock(&ks->lock);
+	for (kv = ks->bucket[id & (N_BUCKETS - 1)]; kv && kv->id != id; kv = kv->next)
+		;
+	pthread_mutex_unlock(&ks->lock);
+	kvp_sess_ending(ks, kv);
+}
+
 void kvstore_release(void *ctx, struct session *s)
 {
 	struct kvstore *ks = ctx;

@@ -85,6 +85,8 @@ void kvstore_free(struct kvstore *ks);
 /* The session release hook (session_release_fn): frees the session's KV
  * state and returns its pages to the pool. */
 void kvstore_release(void *ks, struct session *s);
+/* The session table's ending hook (session_ending_fn). */
+void kvstore_ending(void *ks, struct session *s);
 void kvstore_stats(struct kvstore *ks, struct kvstore_stats *out);
 /* The pool the store's pages come from. */
 struct pool *kvstore_pool(struct kvstore *ks);

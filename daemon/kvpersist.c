@@ -146,6 +146,24 @@ void kvp_sess_free(struct kvstore *ks, struct kv_sess *kv)
 	kv->p = NULL;
 }
 
+void kvp_sess_ending(struct kvstore *ks, struct kv_sess *kv)
+{
+	struct kvpersist *kp = ks->persist;
+	char why[256];
+
+	/* (at the daemon's shutdown a session stays whatever its state) */
+	if (!kv || !kv->p || !kp || kp->shutdown)
+		return;
+	int r = persist_mark_closed(kp->dirfd, kv->id, why, sizeof(why));
+	if (r < 0)
+		log_err("session %" PRIu64 ": closed while in use, and its persistent copy could not be marked "
+			"closed (%s): if tqkvd stops before that use ends, the next start brings the session back",
+			kv->id, why);
+	else
+		log_debug("session %" PRIu64 ": closed while in use: its persistent copy is marked closed, "
+			  "removed when that use ends", kv->id);
+}
+
 /* ---- write-through ------------------------------------------------------------------- */
 /* Wait for the batch in flight and take its results: written pages are
  * clean, failed ones keep no slot.  The first failure: its errno, and
@@ -1564,18 +1582,21 @@ int kvstore_recover(struct kvstore *ks, struct session_table *st, struct tenant_
 	struct spill_stats sst;
 	uint64_t *ids = NULL;
 	size_t n = 0;
-	uint32_t removed = 0;
+	struct persist_scan_info si;
 	int r;
 
 	*max_id = 0;
 	if (!kp)
 		return 0;
-	uint64_t max_aside;
-	if ((r = persist_scan(kp->dirfd, &ids, &n, &removed, &max_aside)) < 0) {
+	if ((r = persist_scan(kp->dirfd, &ids, &n, &si)) < 0) {
 		log_err("persistent sessions: cannot read %s/: %s", PERSIST_SUBDIR, strerror(-r));
 		return r;
 	}
-	*max_id = max_aside; /* recover_claim: and every manifest's */
+	if (si.closed || si.closed_kept)
+		log_notice("persistent sessions: %u closed or evicted while in use before the last stop: their "
+			   "files removed now%s", si.closed + si.closed_kept,
+			   si.closed_kept ? " (some could not be: they stay closed, and the next start tries again)" : "");
+	*max_id = si.max_aside; /* recover_claim: and every manifest's */
 	spill_stats(ks->spill, &sst);
 	if (n > 1) /* in the order they were opened: the same log lines every start */
 		qsort(ids, n, sizeof(*ids), cmp_u64);
@@ -1624,10 +1645,10 @@ int kvstore_recover(struct kvstore *ks, struct session_table *st, struct tenant_
 	free(ms);
 	free(ok);
 	free(ids);
-	if (n || removed)
+	if (n || si.removed)
 		log_notice("persistent sessions: %" PRIu64 " restored (spilled; restored on first use), %" PRIu64
 			   " not served in this run (kept for the next start), %" PRIu64 " dropped%s; %u leftover "
 			   "file(s) removed; spilled pages of other sessions from before the restart are discarded",
-			   kp->restored, kept, kp->dropped, kp->dropped || kept ? " (see above)" : "", removed);
+			   kp->restored, kept, kp->dropped, kp->dropped || kept ? " (see above)" : "", si.removed);
 	return 0;
 }

@@ -710,6 +710,7 @@ int main(int argc, char **argv)
 		goto fail;
 	}
 	session_table_set_max(d.sessions, d.cfg->max_sessions, d.cfg->max_sessions_per_uid);
+	session_table_set_ending(d.sessions, kvstore_ending);
 	note_sparse_v(&d, "start-up");
 	{
 		uint64_t first_id;

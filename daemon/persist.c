@@ -488,8 +488,33 @@ int persist_remove(int dirfd, uint64_t id)
 	fname(name, sizeof(name), id, "tqj");
 	if (unlinkat(dirfd, name, 0) < 0 && errno != ENOENT)
 		r = -errno;
+	/* the mark goes last: until the manifest's removal is on disk, it
+	 * is what keeps a crash from bringing the session back */
+	fname(name, sizeof(name), id, "closed");
+	if (unlinkat(dirfd, name, 0) < 0 && errno != ENOENT && r == 0)
+		r = -errno;
 	fsync(dirfd);
 	return r;
+}
+
+int persist_mark_closed(int dirfd, uint64_t id, char *why, size_t whylen)
+{
+	char name[64];
+	int fd, r;
+
+	fname(name, sizeof(name), id, "closed");
+	if ((fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600)) < 0) {
+		r = -errno;
+		snprintf(why, whylen, "creating %s/%s: %s", PERSIST_SUBDIR, name, strerror(-r));
+		return r;
+	}
+	close(fd);
+	if (dirsync(dirfd) < 0) {
+		r = -errno;
+		snprintf(why, whylen, "syncing %s/ after creating %s: %s", PERSIST_SUBDIR, name, strerror(-r));
+		return r;
+	}
+	return 0;
 }
 
 void persist_set_aside(int dirfd, uint64_t id)
@@ -536,18 +561,32 @@ static uint64_t id_of(const char *name, const char *ext)
 	return id;
 }
 
-int persist_scan(int dirfd, uint64_t **ids, size_t *n, uint32_t *removed, uint64_t *max_aside)
+/* v[*k] = id, v growing by doubling: 0 or -ENOMEM. */
+static int ids_push(uint64_t **v, size_t *k, size_t *cap, uint64_t id)
+{
+	if (*k == *cap) {
+		size_t nc = *cap ? *cap * 2 : 16;
+		uint64_t *nv = realloc(*v, sizeof(**v) * nc);
+		if (!nv)
+			return -ENOMEM;
+		*v = nv;
+		*cap = nc;
+	}
+	(*v)[(*k)++] = id;
+	return 0;
+}
+
+int persist_scan(int dirfd, uint64_t **ids, size_t *n, struct persist_scan_info *info)
 {
 	int fd = dup(dirfd);
 	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
 	struct dirent *de;
-	uint64_t *v = NULL;
-	size_t cap = 0, k = 0;
+	uint64_t *v = NULL, *dead = NULL;
+	size_t cap = 0, k = 0, dcap = 0, nd = 0;
 
 	*ids = NULL;
 	*n = 0;
-	*removed = 0;
-	*max_aside = 0;
+	memset(info, 0, sizeof(*info));
 	if (!d) {
 		if (fd >= 0)
 			close(fd);
@@ -557,30 +596,43 @@ int persist_scan(int dirfd, uint64_t **ids, size_t *n, uint32_t *removed, uint64
 	while ((de = readdir(d))) {
 		uint64_t id = id_of(de->d_name, "tqm");
 		uint64_t aside = id ? 0 : id_of(de->d_name, "tqm.dropped");
-		if (!aside)
+		uint64_t closed = id || aside ? 0 : id_of(de->d_name, "closed");
+		if (!aside && !closed)
 			aside = id ? 0 : id_of(de->d_name, "tqj.dropped");
-		if (aside > *max_aside)
-			*max_aside = aside;
+		/* (a closed session's id too: if its files cannot be removed
+		 * now, no new session may take the id they would take away) */
+		if (aside > info->max_aside || closed > info->max_aside)
+			info->max_aside = aside > closed ? aside : closed;
+		if (closed) {
+			if (ids_push(&dead, &nd, &dcap, closed) < 0)
+				goto nomem;
+			continue;
+		}
 		if (!id) {
 			size_t l = strlen(de->d_name);
 			if (l > 4 && !strcmp(de->d_name + l - 4, ".tmp")) {
 				unlinkat(dirfd, de->d_name, 0);
-				(*removed)++;
+				info->removed++;
 			}
 			continue;
 		}
-		if (k == cap) {
-			uint64_t *nv = realloc(v, sizeof(*v) * (cap ? cap * 2 : 16));
-			if (!nv) {
-				free(v);
-				closedir(d);
-				return -ENOMEM;
-			}
-			v = nv;
-			cap = cap ? cap * 2 : 16;
-		}
-		v[k++] = id;
+		if (ids_push(&v, &k, &cap, id) < 0)
+			goto nomem;
 	}
+	/* sessions closed while in use, their files still there: closed
+	 * they stay (their journals go below with the manifest-less ones) */
+	for (size_t i = 0; i < nd; i++) {
+		for (size_t j = 0; j < k; j++)
+			if (v[j] == dead[i]) {
+				v[j--] = v[--k];
+				break;
+			}
+		if (persist_remove(dirfd, dead[i]) == 0)
+			info->closed++;
+		else
+			info->closed_kept++;
+	}
+	free(dead);
 	/* journals whose session has no manifest */
 	rewinddir(d);
 	while ((de = readdir(d))) {
@@ -592,7 +644,7 @@ int persist_scan(int dirfd, uint64_t **ids, size_t *n, uint32_t *removed, uint64
 			found = v[i] == id;
 		if (!found) {
 			unlinkat(dirfd, de->d_name, 0);
-			(*removed)++;
+			info->removed++;
 		}
 	}
 	closedir(d);
@@ -601,6 +653,11 @@ int persist_scan(int dirfd, uint64_t **ids, size_t *n, uint32_t *removed, uint64
 	*ids = v;
 	*n = k;
 	return 0;
+nomem:
+	free(v);
+	free(dead);
+	closedir(d);
+	return -ENOMEM;
 }
 
 /* ---- journal ---------------------------------------------------------------- */

@@ -19,6 +19,9 @@
  *            written before the operation completes.  Its header and each
  *            record carry the manifest's epoch: records of an older epoch
  *            are already in the manifest and are never replayed.
+ *   ID.closed  empty: the session was closed (or evicted) while an
+ *            operation held it, and its files go when that ends; one
+ *            found at a start means they did not, and they go then.
  *
  * Formats: 2 (this tqkvd writes it) adds the transform mode and the
  * per-layer statistics to the manifest and the XFORM record to the
@@ -142,21 +145,35 @@ void persist_fault_dirsync(uint32_t n);
 void persist_fault_manifest_read(uint32_t n);
 /* Read and decode ID.tqm. */
 int persist_manifest_read(int dirfd, uint64_t id, struct persist_manifest *m, char *why, size_t whylen);
-/* Remove ID.tqm and ID.tqj (a closed session): 0 or -errno (also when the
- * directory could not be synced after the manifest went: a crash could
- * bring it back, so its slots must stay used). */
+/* Remove ID.tqm, ID.tqj and ID.closed (a closed session): 0 or -errno
+ * (also when the directory could not be synced after the manifest went: a
+ * crash could bring it back, so its slots must stay used). */
 int persist_remove(int dirfd, uint64_t id);
 /* Keep a session that could not be used for the operator: ID.tqm ->
  * ID.tqm.dropped and ID.tqj -> ID.tqj.dropped (renamed back, on a
  * configuration that fits, the next start takes it back). */
 void persist_set_aside(int dirfd, uint64_t id);
 
-/* Ids that have a manifest, ascending (*ids malloc'd).  Leftovers of an
- * interrupted write (*.tmp) and journals without a manifest are removed;
- * *removed counts them.  *max_aside: the highest id of a session set
- * aside (ID.tqm.dropped, ID.tqj.dropped), 0 if none: no new session may
- * take it (renamed back, its files would replace the new one's). */
-int persist_scan(int dirfd, uint64_t **ids, size_t *n, uint32_t *removed, uint64_t *max_aside);
+/* Mark `id` closed (ID.closed, the directory synced): a session closed
+ * or evicted while an operation holds it, whose files go when that ends.
+ * A restart finds the mark and removes the files (persist_scan), so the
+ * session never comes back; persist_remove takes the mark away last.  0,
+ * or -errno with why. */
+int persist_mark_closed(int dirfd, uint64_t id, char *why, size_t whylen);
+
+struct persist_scan_info {
+	uint32_t removed;     /* leftovers of interrupted writes (*.tmp), journals without a manifest */
+	uint32_t closed;      /* sessions marked closed (ID.closed): their files removed */
+	uint32_t closed_kept; /* of those, files that could not be removed (tried again next start) */
+	uint64_t max_aside;   /* the highest id of a session set aside (ID.tqm.dropped,
+			       * ID.tqj.dropped) or marked closed, 0 if none: no new
+			       * session may take it (renamed back, or its mark found
+			       * at the next start, its files would replace or remove
+			       * the new one's) */
+};
+/* Ids that have a manifest and no closed mark, ascending (*ids malloc'd);
+ * the rest in *info. */
+int persist_scan(int dirfd, uint64_t **ids, size_t *n, struct persist_scan_info *info);
 
 /* ---- journal ---------------------------------------------------------------- */
 /* Create or empty ID.tqj and write its header for epoch: an fd (the

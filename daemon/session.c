@@ -59,6 +59,7 @@ struct session_table {
 	session_reserve_fn reserve;  /* NULL: ids are not persisted */
 	void *reserve_ctx;
 	session_release_fn release;
+	session_ending_fn ending;    /* NULL: none */
 	void *release_ctx;
 	/* counters (atomic) */
 	uint64_t opened_total, closed_total, evictions_total;
@@ -133,6 +134,26 @@ static void do_release(struct session *s)
 		__atomic_sub_fetch(&st->pending_release, 1, __ATOMIC_SEQ_CST);
 }
 
+/* Called with s->lock held once s left OPEN, after release_due: true when
+ * an operation still holds s and the table's `ending` hook must run before
+ * the close or eviction is answered (run_ending, without the lock).  The
+ * hook's own operation count and reference keep the release (and the
+ * memory) from going before it is done. */
+static bool ending_due(struct session *s, bool run_release)
+{
+	if (run_release || s->released || !s->st->ending)
+		return false;
+	s->ops++;
+	__atomic_add_fetch(&s->refs, 1, __ATOMIC_RELAXED);
+	return true;
+}
+
+static void run_ending(struct session *s)
+{
+	s->st->ending(s->st->release_ctx, s);
+	session_release(s); /* the release, if the holder is done meanwhile */
+}
+
 uint32_t session_table_pending_release(struct session_table *st)
 {
 	return __atomic_load_n(&st->pending_release, __ATOMIC_SEQ_CST);
@@ -175,6 +196,11 @@ void session_table_set_max(struct session_table *st, uint32_t max_sessions, uint
 	st->max_sessions = max_sessions;
 	st->max_per_uid = max_per_uid;
 	pthread_mutex_unlock(&st->lock);
+}
+
+void session_table_set_ending(struct session_table *st, session_ending_fn ending)
+{
+	st->ending = ending;
 }
 
 void session_table_ids_above(struct session_table *st, uint64_t id)
@@ -513,7 +539,7 @@ static int evict_id(struct session_table *st, uint64_t id, uint64_t now_ms, uint
 		    bool spare_waiting, uint32_t reason, const char *why, struct session_info *out)
 {
 	struct session *s;
-	bool run_release = false;
+	bool run_release = false, ending = false;
 	int r = 0;
 
 	pthread_mutex_lock(&st->lock);
@@ -542,11 +568,14 @@ static int evict_id(struct session_table *st, uint64_t id, uint64_t now_ms, uint
 		snprintf(s->evict_why, sizeof(s->evict_why), "%s", why ? why : "");
 		run_release = release_due(s);
 		note_pending(s, run_release);
+		ending = ending_due(s, run_release);
 		__atomic_add_fetch(&st->evictions_total, 1, __ATOMIC_RELAXED);
 	}
 	pthread_mutex_unlock(&s->lock);
 	if (run_release)
 		do_release(s);
+	else if (ending)
+		run_ending(s);
 	if (out)
 		fill_info(s, out);
 	session_unref(s);
@@ -591,7 +620,7 @@ uint32_t session_evict_reason(struct session_table *st, uint64_t id)
 int session_close(struct session_table *st, uint64_t id, uint64_t *released)
 {
 	struct session **pp, *s;
-	bool run_release;
+	bool run_release, ending;
 
 	pthread_mutex_lock(&st->lock);
 	pp = slot_of(st, id);
@@ -613,9 +642,12 @@ int session_close(struct session_table *st, uint64_t id, uint64_t *released)
 	s->state = SESSION_CLOSING;
 	run_release = release_due(s);
 	note_pending(s, run_release);
+	ending = ending_due(s, run_release);
 	pthread_mutex_unlock(&s->lock);
 	if (run_release)
 		do_release(s);
+	else if (ending)
+		run_ending(s);
 	session_unref(s); /* the table's reference */
 	return 0;
 }

@@ -102,6 +102,13 @@ struct session_table;
 /* Called once per session when its memory must go (see above); runs on
  * the thread that triggered it, with no session-table lock held. */
 typedef void (*session_release_fn)(void *ctx, struct session *s);
+/* Called when a close or an eviction is answered while an operation still
+ * holds the session, so that its release comes later, on that operation's
+ * thread: what must be durable before the answer is done here (the
+ * daemon marks a persistent session's files closed, so that a crash in
+ * between does not bring it back).  Runs on the closing thread, with the
+ * release context, no lock held; the release waits for it. */
+typedef void (*session_ending_fn)(void *ctx, struct session *s);
 
 /* Persists that ids up to `through` may be handed out: 0, or a negative
  * errno (the open that needed it then fails with why set).  Called once
@@ -114,15 +121,16 @@ typedef int (*session_reserve_fn)(void *ctx, uint64_t through, char *why, size_t
  * gives the table a source (the daemon's idstore). */
 int session_table_new(struct session_table **out, uint32_t max_sessions,
 		      session_release_fn release, void *release_ctx);
+void session_table_set_ending(struct session_table *st, session_ending_fn ending);
 /* Closes every session; no operation may be in flight. */
 void session_table_free(struct session_table *st);
 /* max_per_uid: sessions one owner may hold (0: max_sessions). */
 void session_table_set_max(struct session_table *st, uint32_t max_sessions, uint32_t max_per_uid);
+/* New ids from above id on (recovery: sessions set aside keep theirs). */
+void session_table_ids_above(struct session_table *st, uint64_t id);
 /* Before the first open: ids continue at first_id; reserve() is called
  * before any id beyond the last reservation is handed out, so an id is
  * never handed out twice, across restarts too. */
-/* New ids from above id on (recovery: sessions set aside keep theirs). */
-void session_table_ids_above(struct session_table *st, uint64_t id);
 void session_table_set_ids(struct session_table *st, uint64_t first_id,
 			   session_reserve_fn reserve, void *ctx);
 void session_table_stats(struct session_table *st, struct session_stats *out);

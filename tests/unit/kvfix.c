@@ -29,6 +29,7 @@ static void kvfix_up(struct kvfix *f)
 	    !(f->cache = tq_cache_new()) || kvstore_new(&f->ks, f->pool, f->cache) < 0 ||
 	    session_table_new(&f->st, 16, kvstore_release, f->ks) < 0)
 		goto fail;
+	session_table_set_ending(f->st, kvstore_ending); /* as tqkvd does */
 	if (!pool_host_accessible(f->pool)) { /* as tqkvd's start_spill does */
 		sp.page_copy = pool_spill_copy;
 		sp.pin_staging = pool_spill_pin;

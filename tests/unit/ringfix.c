@@ -35,6 +35,7 @@ int srv_start(struct srv *s, uint64_t pool_bytes, uint32_t workers)
 	    !(s->cache = tq_cache_new()) || kvstore_new(&s->ks, s->pool, s->cache) < 0 ||
 	    session_table_new(&s->st, 1000, kvstore_release, s->ks) < 0)
 		return -1;
+	session_table_set_ending(s->st, kvstore_ending);
 	rp.run_dir = s->dir;
 	if (ring_server_new(&s->rs, &rp, s->st, s->ks, why, sizeof(why)) < 0) {
 		fprintf(stderr, "ring_server_new: %s\n", why);

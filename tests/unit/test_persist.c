@@ -305,10 +305,9 @@ static void test_manifest_files(void)
 	struct persist_manifest m, d;
 	struct persist_layer L[2];
 	struct persist_page pg[3];
+	struct persist_scan_info si;
 	uint64_t *ids;
 	size_t n;
-	uint32_t removed;
-	uint64_t aside;
 	int fd;
 
 	T_ASSERT(mkdtemp(dir));
@@ -322,12 +321,13 @@ static void test_manifest_files(void)
 	close(open(path, O_CREAT | O_WRONLY, 0600));
 	snprintf(path, sizeof(path), "%s/sessions/8.tqj", dir);       /* a journal without a manifest */
 	close(open(path, O_CREAT | O_WRONLY, 0600));
-	T_EQ(persist_scan(fd, &ids, &n, &removed, &aside), 0);
+	T_EQ(persist_scan(fd, &ids, &n, &si), 0);
 	T_EQ(n, 2);
 	T_EQ(ids[0], 7);
 	T_EQ(ids[1], 42);
-	T_EQ(removed, 2);
-	T_EQ(aside, 0);
+	T_EQ(si.removed, 2);
+	T_EQ(si.max_aside, 0);
+	T_EQ(si.closed, 0);
 	free(ids);
 	T_EQ(persist_manifest_read(fd, 42, &d, why, sizeof(why)), 0);
 	T_EQ(d.layers[0].n_pages, 2);
@@ -342,9 +342,30 @@ static void test_manifest_files(void)
 	snprintf(a, sizeof(a), "%s/sessions/5.tqm.dropped", dir);
 	T_EQ(access(a, F_OK), 0);
 	T_EQ(persist_remove(fd, 42), 0);
-	T_EQ(persist_scan(fd, &ids, &n, &removed, &aside), 0);
+	/* closed while in use, then a crash before its files went: 11's
+	 * manifest and journal go with its mark; 12's mark alone goes too */
+	m.id = 11;
+	T_EQ(persist_manifest_write(fd, &m, why, sizeof(why)), 0);
+	int jfd = persist_journal_reset(fd, 11, 1, why, sizeof(why));
+	T_ASSERT(jfd >= 0);
+	close(jfd);
+	T_EQ(persist_mark_closed(fd, 11, why, sizeof(why)), 0);
+	T_EQ(persist_mark_closed(fd, 12, why, sizeof(why)), 0);
+	T_EQ(persist_scan(fd, &ids, &n, &si), 0);
 	T_EQ(n, 0);
-	T_EQ(aside, 5); /* 5.tqm.dropped: no new session may take id 5 */
+	T_EQ(si.closed, 2);
+	T_EQ(si.closed_kept, 0);
+	T_EQ(si.max_aside, 12); /* a closed id is not handed out again */
+	free(ids);
+	static const char *const gone[] = { "11.tqm", "11.tqj", "11.closed", "12.closed" };
+	for (size_t i = 0; i < sizeof(gone) / sizeof(gone[0]); i++) {
+		snprintf(a, sizeof(a), "%s/sessions/%s", dir, gone[i]);
+		T_ASSERT(access(a, F_OK) < 0 && errno == ENOENT);
+	}
+	T_EQ(persist_scan(fd, &ids, &n, &si), 0);
+	T_EQ(n, 0);
+	T_EQ(si.closed, 0);
+	T_EQ(si.max_aside, 5); /* 5.tqm.dropped: no new session may take id 5 */
 	free(ids);
 	close(fd);
 	char cmd[256];
@@ -1936,6 +1957,68 @@ static void test_remove_dirsync_fails(void)
 	T_EQ(xfinish(&f), 0);
 }
 
+/* sessions/ID.ext of the fixture is there. */
+static bool xfile(const struct kvfix *f, uint64_t id, const char *ext)
+{
+	char path[128];
+
+	snprintf(path, sizeof(path), "%s/sessions/%" PRIu64 ".%s", f->dir, id, ext);
+	return access(path, F_OK) == 0;
+}
+
+/* Sessions closed or evicted while an operation holds them: their files
+ * go when that ends, after the close is answered.  Each is marked closed
+ * (ID.closed) before the answer, so a crash in between (here the persist
+ * side stopped as a SIGKILL leaves it, before the holders are done) does
+ * not bring them back; without one, the files and the mark go when the
+ * holder is done.  (Old: both came back at the restart.) */
+static void test_close_while_held(void)
+{
+	struct kvfix f;
+	struct session_info a, b, c, x;
+	struct spill_stats ss;
+	char why[512];
+
+	kvfix_start(&f, XCONF, 16u << 20, XPAGE, 256);
+	xpersist_up(&f);
+	struct session *sa = xopen(&f, &XG, "held-close", 71, &a);
+	struct session *sb = xopen(&f, &XG, "held-evict", 72, &b);
+	struct session *sc = xopen(&f, &XG, "held-done", 73, &c);
+	struct session *held[] = { sa, sb, sc };
+	for (int i = 0; i < 3; i++) {
+		xfill(&f, held[i], 0, 40, (uint32_t)i);
+		T_EQ(dataop_checkpoint(f.ks, held[i], why, sizeof(why)), 0);
+		xfill(&f, held[i], 1, 10, (uint32_t)i); /* journaled */
+	}
+	T_EQ(session_close(f.st, a.id, NULL), 0);
+	T_EQ(session_evict(f.st, b.id, NULL), 0);
+	T_EQ(session_close(f.st, c.id, NULL), 0);
+	T_ASSERT(xfile(&f, a.id, "tqm") && xfile(&f, a.id, "tqj") && xfile(&f, a.id, "closed"));
+	T_ASSERT(xfile(&f, b.id, "tqm") && xfile(&f, b.id, "closed"));
+	T_ASSERT(xfile(&f, c.id, "tqm") && xfile(&f, c.id, "closed"));
+	/* c's holder is done: its files go, the mark last */
+	session_release(sc);
+	T_ASSERT(!xfile(&f, c.id, "tqm") && !xfile(&f, c.id, "tqj") && !xfile(&f, c.id, "closed"));
+	/* the crash, before a's and b's holders are done */
+	kvstore_persist_stop(f.ks, NULL);
+	session_release(sa);
+	session_release(sb);
+	T_ASSERT(xfile(&f, a.id, "tqm") && xfile(&f, b.id, "tqm"));
+	kvfix_restart(&f);
+	xpersist_up(&f);
+	T_EQ(session_get_info(f.st, a.id, &x), -ENOENT);
+	T_EQ(session_get_info(f.st, b.id, &x), -ENOENT);
+	T_ASSERT(!xfile(&f, a.id, "tqm") && !xfile(&f, a.id, "tqj") && !xfile(&f, a.id, "closed"));
+	T_ASSERT(!xfile(&f, b.id, "tqm") && !xfile(&f, b.id, "closed"));
+	spill_stats(f.sp, &ss);
+	T_EQ(ss.slots_used, 0); /* nothing names their slots any more */
+	/* a new session takes none of their ids */
+	struct session *sn = xopen(&f, &XG, "after", 74, &x);
+	T_ASSERT(x.id > b.id);
+	session_release(sn);
+	T_EQ(xfinish(&f), 0);
+}
+
 /* A manifest that cannot be read for a reason that says nothing about it
  * (here an injected EIO, then a format another tqkvd wrote): the start
  * stops with the reason, the files as
@@ -2026,6 +2109,7 @@ int main(int argc, char **argv)
 	T_RUN(test_append_after_journal_loss);
 	T_RUN(test_dirsync_fails);
 	T_RUN(test_remove_dirsync_fails);
+	T_RUN(test_close_while_held);
 	T_RUN(test_manifest_unreadable);
 	return t_done();
 }

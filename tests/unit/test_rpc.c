@@ -76,6 +76,7 @@ static void setup(void)
 	if (tenant_table_new(&tenants, cfg) || pool_new(&pool, &pp, err, sizeof(err)) ||
 	    !(codebooks = tq_cache_new()) || kvstore_new(&kvs, pool, codebooks) ||
 	    session_table_new(&sessions, cfg->max_sessions, kvstore_release, kvs) ||
+	    (session_table_set_ending(sessions, kvstore_ending), 0) ||
 	    rpc_start(&srv, cfg, sessions, tenants, err, sizeof(err))) {
 		fprintf(stderr, "setup: %s\n", err);
 		exit(1);

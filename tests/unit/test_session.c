@@ -206,6 +206,26 @@ static void on_release(void *ctx, struct session *s)
 	T_ASSERT(session_id(s) > 0);
 }
 
+/* The ending hook: runs before a deferred close or eviction is answered,
+ * while the release still waits; a holder that finishes meanwhile
+ * (ending_holder, released from inside the hook) does not release it
+ * under the hook. */
+static int ending_count;
+static struct session *ending_holder;
+static void on_ending(void *ctx, struct session *s)
+{
+	int before = __atomic_load_n(&released_count, __ATOMIC_RELAXED);
+
+	(void)ctx;
+	ending_count++;
+	T_ASSERT(session_id(s) > 0);
+	if (ending_holder) {
+		session_release(ending_holder);
+		ending_holder = NULL;
+	}
+	T_EQ(__atomic_load_n(&released_count, __ATOMIC_RELAXED), before);
+}
+
 static void test_evict_during_operation(void)
 {
 	struct config *c = two_tenants();
@@ -216,8 +236,10 @@ static void test_evict_during_operation(void)
 	char why[256];
 
 	released_count = 0;
+	ending_count = 0;
 	T_EQ(tenant_table_new(&tt, c), 0);
 	T_EQ(session_table_new(&st, 8, on_release, NULL), 0);
+	session_table_set_ending(st, on_ending);
 	struct tenant *a = tenant_find(tt, "a");
 	T_EQ(session_open(st, a, "", 1000, &g_small, 1, 0, 1000, &si, why, sizeof(why)), 0);
 	T_EQ(session_acquire(st, si.id, 2000, &s), 0);
@@ -230,6 +252,7 @@ static void test_evict_during_operation(void)
 	T_EQ(si.state, SESSION_EVICTED);
 	T_EQ(tenant_used(a), 4 * MiB);
 	T_EQ(released_count, 0);
+	T_EQ(ending_count, 1);
 	T_EQ(session_charge(s, MiB), -ESTALE);       /* no new charges after evict */
 	T_EQ(session_evict(st, si.id, NULL), -EALREADY);
 	T_EQ(session_acquire(st, si.id, 2000, &s2), -ESTALE); /* the owner's clear error */
@@ -244,6 +267,7 @@ static void test_evict_during_operation(void)
 	T_EQ(session_close(st, si.id, &rel), 0);
 	T_EQ(rel, 0);
 	T_EQ(released_count, 1);                     /* released once only */
+	T_EQ(ending_count, 1);                       /* nothing held it */
 
 	/* close during an operation */
 	T_EQ(session_open(st, a, "", 1000, &g_small, 1, 0, 1000, &si, why, sizeof(why)), 0);
@@ -254,9 +278,20 @@ static void test_evict_during_operation(void)
 	T_EQ(session_acquire(st, si.id, 3000, &s2), -ENOENT);
 	T_EQ(tenant_used(a), 2 * MiB);
 	T_EQ(session_charge(s, MiB), -ESTALE);
+	T_EQ(ending_count, 2);
 	session_release(s);                          /* last reference: freed */
 	T_EQ(tenant_used(a), 0);
 	T_EQ(released_count, 2);
+
+	/* the holder done while the hook runs: the close releases it, after */
+	T_EQ(session_open(st, a, "", 1000, &g_small, 1, 0, 1000, &si, why, sizeof(why)), 0);
+	T_EQ(session_acquire(st, si.id, 4000, &s), 0);
+	T_EQ(session_charge(s, MiB), 0);
+	ending_holder = s;
+	T_EQ(session_close(st, si.id, NULL), 0);
+	T_EQ(ending_count, 3);
+	T_EQ(released_count, 3);
+	T_EQ(tenant_used(a), 0);
 	session_table_free(st);
 	tenant_table_free(tt);
 	free(c);
