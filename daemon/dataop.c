@@ -124,7 +124,7 @@ void kvstore_ending(void *ctx, struct session *s)
 	for (kv = ks->bucket[id & (N_BUCKETS - 1)]; kv && kv->id != id; kv = kv->next)
 		;
 	pthread_mutex_unlock(&ks->lock);
-	kvp_sess_ending(ks, kv);
+	kvp_sess_ending(ks, s, kv);
 }
 
 void kvstore_release(void *ctx, struct session *s)

@@ -146,22 +146,29 @@ void kvp_sess_free(struct kvstore *ks, struct kv_sess *kv)
 	kv->p = NULL;
 }
 
-void kvp_sess_ending(struct kvstore *ks, struct kv_sess *kv)
+void kvp_sess_ending(struct kvstore *ks, struct session *s, struct kv_sess *kv)
 {
 	struct kvpersist *kp = ks->persist;
+	const uint64_t id = session_id(s);
 	char why[256];
 
-	/* (at the daemon's shutdown a session stays whatever its state) */
-	if (!kv || !kv->p || !kp || kp->shutdown)
+	/* (at the daemon's shutdown a session stays whatever its state).  A
+	 * persistent session whose KV state is not made yet (its open is
+	 * still writing the first manifest) is marked too: a mark without
+	 * files costs nothing. */
+	if (!kp || kp->shutdown || !session_persistent(s))
 		return;
-	int r = persist_mark_closed(kp->dirfd, kv->id, why, sizeof(why));
+	/* the manifest's epoch now: one checkpoint in flight may still move
+	 * it by one (no other starts on a session that is not open) */
+	uint64_t epoch = kv && kv->p ? __atomic_load_n(&kv->p->epoch, __ATOMIC_RELAXED) : 0;
+	int r = persist_mark_closed(kp->dirfd, id, epoch, why, sizeof(why));
 	if (r < 0)
 		log_err("session %" PRIu64 ": closed while in use, and its persistent copy could not be marked "
 			"closed (%s): if tqkvd stops before that use ends, the next start brings the session back",
-			kv->id, why);
+			id, why);
 	else
 		log_debug("session %" PRIu64 ": closed while in use: its persistent copy is marked closed, "
-			  "removed when that use ends", kv->id);
+			  "removed when that use ends", id);
 }
 
 /* ---- write-through ------------------------------------------------------------------- */
@@ -382,7 +389,7 @@ static int checkpoint_locked(struct kvstore *ks, struct session *s, struct kv_se
 	char sync_why[256] = "";
 	if (!synced)
 		snprintf(sync_why, sizeof(sync_why), "%s", why);
-	p->epoch++;
+	__atomic_store_n(&p->epoch, p->epoch + 1, __ATOMIC_RELAXED); /* read unlocked by kvp_sess_ending */
 	if (p->jfd >= 0)
 		close(p->jfd);
 	p->jfd = persist_journal_reset(kp->dirfd, kv->id, p->epoch, why, whylen);
@@ -1596,6 +1603,10 @@ int kvstore_recover(struct kvstore *ks, struct session_table *st, struct tenant_
 		log_notice("persistent sessions: %u closed or evicted while in use before the last stop: their "
 			   "files removed now%s", si.closed + si.closed_kept,
 			   si.closed_kept ? " (some could not be: they stay closed, and the next start tries again)" : "");
+	if (si.marks_stale)
+		log_warning("persistent sessions: %u closed mark(s) (%s/ID.closed) older than their session's "
+			    "manifest removed, the sessions kept: they were checkpointed since (another tqkvd, "
+			    "one that does not know the marks, ran them)", si.marks_stale, PERSIST_SUBDIR);
 	*max_id = si.max_aside; /* recover_claim: and every manifest's */
 	spill_stats(ks->spill, &sst);
 	if (n > 1) /* in the order they were opened: the same log lines every start */

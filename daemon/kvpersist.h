@@ -81,10 +81,10 @@ struct kv_sess;
 struct dataop_res;
 int kvp_sess_new(struct kvstore *ks, struct kv_sess *kv);
 void kvp_sess_free(struct kvstore *ks, struct kv_sess *kv);
-/* Closed or evicted while an operation holds it (kvstore_ending, no lock
- * held): a persistent session's files are marked closed before that is
- * answered (persist_mark_closed). */
-void kvp_sess_ending(struct kvstore *ks, struct kv_sess *kv);
+/* Closed or evicted while an operation holds it (kvstore_ending; kv NULL
+ * when its KV state is not made yet): a persistent session's files are
+ * marked closed before that is answered (persist_mark_closed). */
+void kvp_sess_ending(struct kvstore *ks, struct session *s, struct kv_sess *kv);
 void kvp_defer_free(struct kv_sess *kv, uint64_t slot);
 /* Before an append changes anything: the journal is open (after a failed
  * journal write, a checkpoint makes a new one).  0, or an error in r.  The

@@ -489,23 +489,31 @@ int persist_remove(int dirfd, uint64_t id)
 	if (unlinkat(dirfd, name, 0) < 0 && errno != ENOENT)
 		r = -errno;
 	/* the mark goes last: until the manifest's removal is on disk, it
-	 * is what keeps a crash from bringing the session back */
+	 * is what keeps a crash from bringing the session back.  One that
+	 * stays names no files (the next start removes it), so its failure
+	 * keeps nothing else. */
 	fname(name, sizeof(name), id, "closed");
-	if (unlinkat(dirfd, name, 0) < 0 && errno != ENOENT && r == 0)
-		r = -errno;
+	unlinkat(dirfd, name, 0);
 	fsync(dirfd);
 	return r;
 }
 
-int persist_mark_closed(int dirfd, uint64_t id, char *why, size_t whylen)
+int persist_mark_closed(int dirfd, uint64_t id, uint64_t epoch, char *why, size_t whylen)
 {
-	char name[64];
+	char name[64], text[40];
 	int fd, r;
 
 	fname(name, sizeof(name), id, "closed");
-	if ((fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600)) < 0) {
+	if ((fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600)) < 0) {
 		r = -errno;
 		snprintf(why, whylen, "creating %s/%s: %s", PERSIST_SUBDIR, name, strerror(-r));
+		return r;
+	}
+	int n = snprintf(text, sizeof(text), "epoch %" PRIu64 "\n", epoch);
+	if ((r = write_all(fd, (const uint8_t *)text, (size_t)n, 0)) < 0 || (fdatasync(fd) < 0 && (r = -errno))) {
+		snprintf(why, whylen, "writing %s/%s: %s", PERSIST_SUBDIR, name, strerror(-r));
+		close(fd);
+		unlinkat(dirfd, name, 0);
 		return r;
 	}
 	close(fd);
@@ -515,6 +523,31 @@ int persist_mark_closed(int dirfd, uint64_t id, char *why, size_t whylen)
 		return r;
 	}
 	return 0;
+}
+
+/* Is id's mark older than its manifest: the session checkpointed more
+ * than once since (by a tqkvd that ignores marks, after a downgrade)?
+ * A mark or manifest that cannot be read is not: the close stands. */
+static bool mark_stale(int dirfd, uint64_t id)
+{
+	char name[64], why[256];
+	uint8_t *b;
+	size_t len;
+	uint64_t epoch;
+	struct persist_manifest m;
+	bool stale = false;
+
+	fname(name, sizeof(name), id, "closed");
+	if (read_file_at(dirfd, name, 64, &b, &len) < 0)
+		return false;
+	b[len] = 0;
+	int ok = sscanf((const char *)b, "epoch %" SCNu64, &epoch) == 1;
+	free(b);
+	if (ok && epoch < UINT64_MAX - 1 && persist_manifest_read(dirfd, id, &m, why, sizeof(why)) == 0) {
+		stale = m.epoch > epoch + 1;
+		persist_manifest_free(&m);
+	}
+	return stale;
 }
 
 void persist_set_aside(int dirfd, uint64_t id)
@@ -622,9 +655,16 @@ int persist_scan(int dirfd, uint64_t **ids, size_t *n, struct persist_scan_info 
 	/* sessions closed while in use, their files still there: closed
 	 * they stay (their journals go below with the manifest-less ones) */
 	for (size_t i = 0; i < nd; i++) {
+		char name[64];
+		if (mark_stale(dirfd, dead[i])) {
+			fname(name, sizeof(name), dead[i], "closed");
+			unlinkat(dirfd, name, 0);
+			info->marks_stale++;
+			continue;
+		}
 		for (size_t j = 0; j < k; j++)
 			if (v[j] == dead[i]) {
-				v[j--] = v[--k];
+				v[j] = v[--k];
 				break;
 			}
 		if (persist_remove(dirfd, dead[i]) == 0)

@@ -19,9 +19,10 @@
  *            written before the operation completes.  Its header and each
  *            record carry the manifest's epoch: records of an older epoch
  *            are already in the manifest and are never replayed.
- *   ID.closed  empty: the session was closed (or evicted) while an
+ *   ID.closed  "epoch N": the session was closed (or evicted) while an
  *            operation held it, and its files go when that ends; one
- *            found at a start means they did not, and they go then.
+ *            found at a start means they did not, and they go then
+ *            (unless the manifest is past epoch N + 1: persist_scan).
  *
  * Formats: 2 (this tqkvd writes it) adds the transform mode and the
  * per-layer statistics to the manifest and the XFORM record to the
@@ -154,25 +155,29 @@ int persist_remove(int dirfd, uint64_t id);
  * configuration that fits, the next start takes it back). */
 void persist_set_aside(int dirfd, uint64_t id);
 
-/* Mark `id` closed (ID.closed, the directory synced): a session closed
- * or evicted while an operation holds it, whose files go when that ends.
- * A restart finds the mark and removes the files (persist_scan), so the
- * session never comes back; persist_remove takes the mark away last.  0,
- * or -errno with why. */
-int persist_mark_closed(int dirfd, uint64_t id, char *why, size_t whylen);
+/* Mark `id` closed (ID.closed: "epoch N", N its manifest's epoch, synced
+ * with the directory): a session closed or evicted while an operation
+ * holds it, whose files go when that ends.  A restart finds the mark and
+ * removes the files (persist_scan), so the session never comes back;
+ * persist_remove takes the mark away last.  0, or -errno with why. */
+int persist_mark_closed(int dirfd, uint64_t id, uint64_t epoch, char *why, size_t whylen);
 
 struct persist_scan_info {
 	uint32_t removed;     /* leftovers of interrupted writes (*.tmp), journals without a manifest */
 	uint32_t closed;      /* sessions marked closed (ID.closed): their files removed */
-	uint32_t closed_kept; /* of those, files that could not be removed (tried again next start) */
+	uint32_t closed_kept; /* others marked closed whose files could not be removed (not listed;
+			       * tried again at the next start) */
+	uint32_t marks_stale; /* marks removed, their sessions listed: the manifest is more than one
+			       * checkpoint past the mark's epoch (the one in flight at the close may
+			       * finish), so the session went on (a tqkvd that ignores marks ran it) */
 	uint64_t max_aside;   /* the highest id of a session set aside (ID.tqm.dropped,
 			       * ID.tqj.dropped) or marked closed, 0 if none: no new
 			       * session may take it (renamed back, or its mark found
 			       * at the next start, its files would replace or remove
 			       * the new one's) */
 };
-/* Ids that have a manifest and no closed mark, ascending (*ids malloc'd);
- * the rest in *info. */
+/* Ids that have a manifest and no closed mark (but a stale one),
+ * ascending (*ids malloc'd); the rest in *info. */
 int persist_scan(int dirfd, uint64_t **ids, size_t *n, struct persist_scan_info *info);
 
 /* ---- journal ---------------------------------------------------------------- */

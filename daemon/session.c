@@ -37,6 +37,7 @@ struct session {
 	struct session_wait wait;    /* session_admit_begin (the first wait's) */
 	bool released;               /* memory given back */
 	bool release_pending;        /* no longer OPEN, memory not yet given back */
+	bool ended;                  /* the table's ending hook ran (ending_due) */
 	uint64_t tokens;
 	uint64_t resident_bytes;
 	uint64_t spilled_bytes;
@@ -141,8 +142,9 @@ static void do_release(struct session *s)
  * memory) from going before it is done. */
 static bool ending_due(struct session *s, bool run_release)
 {
-	if (run_release || s->released || !s->st->ending)
+	if (run_release || s->released || s->ended || !s->st->ending)
 		return false;
+	s->ended = true; /* once: an eviction then a close, both while held */
 	s->ops++;
 	__atomic_add_fetch(&s->refs, 1, __ATOMIC_RELAXED);
 	return true;

@@ -106,8 +106,11 @@ typedef void (*session_release_fn)(void *ctx, struct session *s);
  * holds the session, so that its release comes later, on that operation's
  * thread: what must be durable before the answer is done here (the
  * daemon marks a persistent session's files closed, so that a crash in
- * between does not bring it back).  Runs on the closing thread, with the
- * release context, no lock held; the release waits for it. */
+ * between does not bring it back).  Once per session (an eviction, then a
+ * close while still held: at the eviction); never when the release runs
+ * at once.  Runs on the closing thread with the release context and no
+ * lock of the session table's (the caller's own may be held: reclaim
+ * evicts while an append waits for pages); the release waits for it. */
 typedef void (*session_ending_fn)(void *ctx, struct session *s);
 
 /* Persists that ids up to `through` may be handed out: 0, or a negative

@@ -342,26 +342,59 @@ static void test_manifest_files(void)
 	snprintf(a, sizeof(a), "%s/sessions/5.tqm.dropped", dir);
 	T_EQ(access(a, F_OK), 0);
 	T_EQ(persist_remove(fd, 42), 0);
-	/* closed while in use, then a crash before its files went: 11's
-	 * manifest and journal go with its mark; 12's mark alone goes too */
-	m.id = 11;
-	T_EQ(persist_manifest_write(fd, &m, why, sizeof(why)), 0);
-	int jfd = persist_journal_reset(fd, 11, 1, why, sizeof(why));
-	T_ASSERT(jfd >= 0);
-	close(jfd);
-	T_EQ(persist_mark_closed(fd, 11, why, sizeof(why)), 0);
-	T_EQ(persist_mark_closed(fd, 12, why, sizeof(why)), 0);
+	/* closed while in use, then a crash before the files went (the
+	 * manifests are at epoch 7): 11 marked at epoch 7 and 13 at epoch 6
+	 * (a checkpoint in flight then) go, manifest and journal with the
+	 * mark; 12's mark alone goes too; 10 (unmarked) stays; 14's mark
+	 * (epoch 5) is stale, the session ran on: the mark goes, 14 stays */
+	for (uint64_t id = 10; id <= 14; id++) {
+		if (id == 12)
+			continue;
+		m.id = id;
+		T_EQ(persist_manifest_write(fd, &m, why, sizeof(why)), 0);
+		int jfd = persist_journal_reset(fd, id, 7, why, sizeof(why));
+		T_ASSERT(jfd >= 0);
+		close(jfd);
+	}
+	T_EQ(persist_mark_closed(fd, 11, 7, why, sizeof(why)), 0);
+	T_EQ(persist_mark_closed(fd, 12, 0, why, sizeof(why)), 0);
+	T_EQ(persist_mark_closed(fd, 13, 6, why, sizeof(why)), 0);
+	T_EQ(persist_mark_closed(fd, 14, 5, why, sizeof(why)), 0);
 	T_EQ(persist_scan(fd, &ids, &n, &si), 0);
-	T_EQ(n, 0);
-	T_EQ(si.closed, 2);
+	T_EQ(n, 2);
+	T_EQ(ids[0], 10);
+	T_EQ(ids[1], 14);
+	T_EQ(si.closed, 3);
 	T_EQ(si.closed_kept, 0);
-	T_EQ(si.max_aside, 12); /* a closed id is not handed out again */
+	T_EQ(si.marks_stale, 1);
+	T_EQ(si.max_aside, 14); /* a marked id is not handed out again */
 	free(ids);
-	static const char *const gone[] = { "11.tqm", "11.tqj", "11.closed", "12.closed" };
+	static const char *const gone[] = { "11.tqm", "11.tqj", "11.closed", "12.closed",
+					    "13.tqm", "13.tqj", "13.closed", "14.closed" };
 	for (size_t i = 0; i < sizeof(gone) / sizeof(gone[0]); i++) {
 		snprintf(a, sizeof(a), "%s/sessions/%s", dir, gone[i]);
 		T_ASSERT(access(a, F_OK) < 0 && errno == ENOENT);
 	}
+	/* files that cannot be removed now (the directory's sync after the
+	 * manifest's unlink fails): 10 is not listed, its mark stays, its id
+	 * is not handed out; the next scan finishes it */
+	T_EQ(persist_mark_closed(fd, 10, 7, why, sizeof(why)), 0);
+	persist_fault_dirsync(1);
+	T_EQ(persist_scan(fd, &ids, &n, &si), 0);
+	T_EQ(n, 1);
+	T_EQ(ids[0], 14);
+	T_EQ(si.closed, 0);
+	T_EQ(si.closed_kept, 1);
+	T_EQ(si.max_aside, 10);
+	free(ids);
+	snprintf(a, sizeof(a), "%s/sessions/10.closed", dir);
+	T_EQ(access(a, F_OK), 0);
+	T_EQ(persist_scan(fd, &ids, &n, &si), 0);
+	T_EQ(n, 1);
+	T_EQ(si.closed, 1);
+	T_ASSERT(access(a, F_OK) < 0 && errno == ENOENT);
+	free(ids);
+	T_EQ(persist_remove(fd, 14), 0);
 	T_EQ(persist_scan(fd, &ids, &n, &si), 0);
 	T_EQ(n, 0);
 	T_EQ(si.closed, 0);

@@ -283,14 +283,24 @@ static void test_evict_during_operation(void)
 	T_EQ(tenant_used(a), 0);
 	T_EQ(released_count, 2);
 
+	/* evicted, then closed, while held: the hook runs once */
+	T_EQ(session_open(st, a, "", 1000, &g_small, 1, 0, 1000, &si, why, sizeof(why)), 0);
+	T_EQ(session_acquire(st, si.id, 3500, &s), 0);
+	T_EQ(session_evict(st, si.id, NULL), 0);
+	T_EQ(ending_count, 3);
+	T_EQ(session_close(st, si.id, NULL), 0);
+	T_EQ(ending_count, 3);
+	session_release(s);
+	T_EQ(released_count, 3);
+
 	/* the holder done while the hook runs: the close releases it, after */
 	T_EQ(session_open(st, a, "", 1000, &g_small, 1, 0, 1000, &si, why, sizeof(why)), 0);
 	T_EQ(session_acquire(st, si.id, 4000, &s), 0);
 	T_EQ(session_charge(s, MiB), 0);
 	ending_holder = s;
 	T_EQ(session_close(st, si.id, NULL), 0);
-	T_EQ(ending_count, 3);
-	T_EQ(released_count, 3);
+	T_EQ(ending_count, 4);
+	T_EQ(released_count, 4);
 	T_EQ(tenant_used(a), 0);
 	session_table_free(st);
 	tenant_table_free(tt);
