@@ -789,7 +789,7 @@ static int validate(const struct config *c, struct errbuf *e)
 	const char *file = c->path[0] ? c->path : "(defaults)";
 	char where[CONFIG_DIR_MAX + 16];
 	int n0 = e->n;
-	uint64_t sum = 0;
+	uint64_t sum = 0, sum_pages = 0;
 	int li_pool = 0, li_page = 0, li_low = 0, li_high = 0, li_spill = 0, li_guar = 0;
 
 	for (size_t i = 0; i < N_OPTS; i++) {
@@ -861,6 +861,7 @@ static int validate(const struct config *c, struct errbuf *e)
 			err_add(e, "%s:%d: tenant '%s': nobody may use it: set allow_uids and/or allow_gids "
 				"(allow_uids = * allows everyone)", file, t->line, t->name);
 		sum += t->guaranteed;
+		sum_pages += config_pages_ceil(t->guaranteed, c->page_bytes);
 		if (t->guaranteed && !li_guar)
 			li_guar = t->line;
 	}
@@ -870,6 +871,18 @@ static int validate(const struct config *c, struct errbuf *e)
 		config_format_size(c->pool_bytes, b, sizeof(b));
 		err_add(e, "%s: the tenants' guarantees add up to %s, more than pool.pool_bytes %s",
 			at(where, sizeof(where), file, li_pool ? li_pool : li_guar), a, b);
+	} else if (c->page_bytes && sum_pages > c->pool_bytes / c->page_bytes) {
+		/* pages are charged whole: a guarantee of 2.5 pages is honoured
+		 * as 3, and 1 GiB of 48 KiB pages is 21,845 pages, not 21,845.33 */
+		char a[32], b[32], p[32];
+		config_format_size(sum, a, sizeof(a));
+		config_format_size(c->pool_bytes, b, sizeof(b));
+		config_format_size(c->page_bytes, p, sizeof(p));
+		err_add(e, "%s: the tenants' guarantees (%s) need %" PRIu64 " pages of pool.page_bytes %s, each "
+			"rounded up to whole pages, and pool.pool_bytes %s holds %" PRIu64 ": make each guarantee a "
+			"multiple of the page size, or leave a page or more of the pool unguaranteed",
+			at(where, sizeof(where), file, li_pool ? li_pool : li_guar), a, sum_pages, p, b,
+			c->pool_bytes / c->page_bytes);
 	}
 	return e->n > n0 ? -EINVAL : 0;
 }

@@ -139,4 +139,12 @@ void config_format_duration_ms(uint64_t ms, char *buf, size_t n);
 /* 0 if `name` is a valid tenant or session name. */
 int config_check_name(const char *name);
 
+/* The whole pages of page_bytes that `bytes` of a guarantee needs: pages
+ * are charged whole, so guarantees are honoured (and must fit the pool's
+ * floor(pool_bytes / page_bytes) pages) in whole pages. */
+static inline uint64_t config_pages_ceil(uint64_t bytes, uint64_t page_bytes)
+{
+	return page_bytes ? bytes / page_bytes + (bytes % page_bytes != 0) : 0;
+}
+
 #endif

@@ -115,10 +115,18 @@ struct spill_res {
 	uint32_t held;            /* of busy: open sessions an operation held       */
 	uint32_t busy;            /* sessions skipped: an operation held them (or  */
 	                          /* holds an evicted one's memory a while yet)    */
+	uint32_t too_big;         /* sessions not evicted: more than their tenant  */
+	                          /* holds above its guarantee (evict_one)         */
 	uint32_t gave_way;        /* sessions not waited for: earlier waiters that */
 	                          /* could take the requester's pages (gives_way;  */
 	                          /* one counted once per scan)                    */
 	const struct waiter *me;  /* in: the requester (NULL: the reclaimer)       */
+	/* in: spills for the pool stop at what takable(from, asking, t) allows
+	 * at each session (the guarantee, with other passes' writes in flight
+	 * counted); spills down to a limit (guard false) do not */
+	bool guard;
+	struct tenant *from;
+	uint64_t asking;
 	int err;                  /* the first hard failure: -ENOSPC (tier full),  */
 	char why[512];            /* -EIO, -EOPNOTSUPP (no tier); 0: none          */
 };
@@ -172,6 +180,9 @@ static uint64_t takable(struct tenant *from, uint64_t asking, struct tenant *of)
 	tenant_get_info(of, &o);
 	if (of == from)
 		o.used -= asking < o.used ? asking : o.used;
+	/* bytes other spills are writing out are going already: counted
+	 * twice, two passes at once took a tenant below its guarantee */
+	o.used -= o.spilling < o.used ? o.spilling : o.used;
 	if (o.used <= o.guaranteed)
 		return 0;
 	if (from && from != of) {
@@ -214,19 +225,21 @@ static bool gives_way(const struct waiter *me, uint64_t id, struct tenant *t, co
 
 /* One scan of tenant t's sessions, least recently used first, until
  * res->got reaches got0 + want: up to 8 sessions at a time are asked for
- * what is still wanted. */
+ * what is still wanted; with res->guard, never more than the tenant's
+ * takable bytes at that moment (whole pages). */
 static void spill_scan(struct reclaim *rc, struct tenant *t, uint64_t want, uint64_t got0,
 		       const struct session *skip, const char *reason, uint64_t now, struct spill_res *res)
 {
 	struct session_info *si = NULL;
 	size_t n = 0, i = 0;
+	uint32_t page = pool_page_bytes(rc->pool);
 	char why[512];
 
 	if (session_list(rc->st, t, &si, &n) < 0)
 		return;
 	qsort(si, n, sizeof(*si), by_last_access);
 	while (i < n && res->got - got0 < want && !res->err) {
-		struct { struct session *s; struct dataop_spill_op *op; size_t idx; } fl[SPILL_INFLIGHT];
+		struct { struct session *s; struct dataop_spill_op *op; size_t idx; uint64_t take; } fl[SPILL_INFLIGHT];
 		uint64_t planned = res->got - got0, t0 = mono_us();
 		int nf = 0;
 		for (; i < n && nf < SPILL_INFLIGHT && planned < want && !res->err; i++) {
@@ -242,6 +255,16 @@ static void spill_scan(struct reclaim *rc, struct tenant *t, uint64_t want, uint
 				continue;
 			if (take > si[i].resident_bytes)
 				take = si[i].resident_bytes;
+			if (res->guard) { /* the tenant's use now, others' spills in flight counted */
+				uint64_t room = takable(res->from, res->asking, t);
+				room -= room % page;
+				if (!room) {
+					i = n;
+					break;
+				}
+				if (take > room)
+					take = room;
+			}
 			if (session_acquire(rc->st, si[i].id, 0, &s) < 0)
 				continue; /* gone meanwhile */
 			int e = dataop_spill_start(rc->ks, s, take, &op, why, sizeof(why));
@@ -259,8 +282,10 @@ static void spill_scan(struct reclaim *rc, struct tenant *t, uint64_t want, uint
 				}
 				continue;
 			}
+			tenant_spilling_add(t, (int64_t)take);
 			fl[nf].s = s;
 			fl[nf].op = op;
+			fl[nf].take = take;
 			fl[nf++].idx = i;
 			planned += take;
 			if (dataop_spill_stopped(op)) { /* the tier is full: finish what is in flight */
@@ -271,6 +296,7 @@ static void spill_scan(struct reclaim *rc, struct tenant *t, uint64_t want, uint
 		for (int k = 0; k < nf; k++) {
 			uint64_t done = 0;
 			int e = dataop_spill_finish(fl[k].op, &done, why, sizeof(why));
+			tenant_spilling_add(t, -(int64_t)fl[k].take); /* `used` has dropped by `done` */
 			session_release(fl[k].s);
 			spilled_one(rc, t, &si[fl[k].idx], e, done, why, reason, now, res);
 		}
@@ -368,7 +394,7 @@ uint64_t reclaim_pass(struct reclaim *rc)
 		uint64_t target = used - total * p.low_pct / 100;
 		size_t n = victims(rc, NULL, 0, c);
 		for (size_t k = 0; k < n && target; k++) {
-			struct spill_res res = { 0 };
+			struct spill_res res = { .guard = true };
 			uint64_t take = c[k].excess < target ? c[k].excess : target;
 			tq_size_format_human(c[k].excess, b1, sizeof(b1));
 			snprintf(reason, sizeof(reason), "pool %" PRIu64 "%% used, above the %u%% mark; the tenant "
@@ -416,6 +442,13 @@ static int evict_one(struct reclaim *rc, const struct cand *c, size_t nc, const 
 			if (si[i].state != SESSION_OPEN || si[i].persistent || !si[i].resident_bytes ||
 			    (skip && si[i].id == session_id(skip)))
 				continue;
+			/* all its memory goes: only if that leaves the tenant at
+			 * its guarantee or above (a tenant 1 page above it lost a
+			 * whole 8 GiB session) */
+			if (si[i].resident_bytes > takable(res->from, res->asking, c[k].t)) {
+				res->too_big++;
+				continue;
+			}
 			snprintf(why, sizeof(why), "evicted under memory pressure: %s (pool.pressure_action = evict)",
 				 need);
 			int e = session_evict_pressure(rc->st, si[i].id, why, &info);
@@ -441,6 +474,17 @@ static int evict_one(struct reclaim *rc, const struct cand *c, size_t nc, const 
 		free(si);
 	}
 	return waiting ? -EBUSY : 0;
+}
+
+/* Is any tenant's memory being spilled right now (tenant_spilling_add)? */
+static bool spills_in_flight(struct reclaim *rc)
+{
+	uint32_t nt = tenant_count(rc->tt);
+
+	for (uint32_t i = 0; i < nt; i++)
+		if (tenant_spilling(tenant_at(rc->tt, i)))
+			return true;
+	return false;
 }
 
 /* Has the memory of an evicted session been given back yet?  (Closed
@@ -487,6 +531,13 @@ int reclaim_admit(struct reclaim *rc, struct session *s, uint32_t n, uint8_t **p
 			break;
 		}
 		size_t nc = victims(rc, t, (uint64_t)n * page, c);
+		if (!nc && spills_in_flight(rc) && mono_us() < deadline) {
+			/* pages on their way out (another pass's writes): they
+			 * are free in a moment, and not to be taken twice */
+			waited = true;
+			usleep(500);
+			continue;
+		}
 		if (!nc) {
 			snprintf(why, whylen, "the pool is full (%u pages free) and no tenant %sholds pages above "
 				 "its guarantee", pool_pages_free_count(rc->pool),
@@ -506,7 +557,7 @@ int reclaim_admit(struct reclaim *rc, struct session *s, uint32_t n, uint8_t **p
 		if (stuck) /* a new try: it may get pages (from a third session) */
 			session_admit_stuck(s, stuck = false);
 		/* spill for it: lowest priority first, never this session */
-		struct spill_res res = { .me = &me };
+		struct spill_res res = { .me = &me, .guard = true, .from = t, .asking = (uint64_t)n * page };
 		uint64_t want = (uint64_t)(n > ADMIT_BATCH_PAGES ? n : ADMIT_BATCH_PAGES) * page;
 		char reason[256];
 		for (size_t k = 0; k < nc && res.got < want && !res.err; k++) {
@@ -537,8 +588,9 @@ int reclaim_admit(struct reclaim *rc, struct session *s, uint32_t n, uint8_t **p
 						continue;
 					if (ev == 0 && !session_table_pending_release(rc->st)) {
 						snprintf(why, whylen, "the pool is full, nothing could be spilled (%s) "
-							 "and no session could be evicted%s", res.why, res.gave_way ?
-							 " but earlier waiters" : "");
+							 "and no session could be evicted%s%s", res.why, res.gave_way ?
+							 " but earlier waiters" : "", res.too_big ? " (each holds more than "
+							 "its tenant has above its guarantee)" : "");
 						break;
 					}
 					/* the only candidates wait for pages themselves */

@@ -2,6 +2,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@ struct tenant {
 	char name[CONFIG_NAME_MAX];
 	uint64_t used;                  /* atomic: bytes charged           */
 	uint64_t spilled;               /* atomic: its sessions' bytes in the spill tier */
+	uint64_t spilling;              /* atomic: of `used`, bytes the reclaimer is writing out */
 	uint64_t limit;                 /* atomic: read by every charge    */
 	uint32_t sessions;              /* atomic                          */
 	struct tenant_pressure pr;      /* atomic, each field              */
@@ -30,6 +32,7 @@ struct tenant {
 
 struct tenant_table {
 	uint64_t pool_bytes;
+	uint64_t page_bytes;            /* guarantees are honoured in whole pages */
 	pthread_mutex_t budget_lock;    /* serializes budget changes (sum of guarantees) */
 	uint32_t n;
 	struct tenant t[];              /* [n] */
@@ -62,6 +65,7 @@ int tenant_table_new(struct tenant_table **out, const struct config *cfg)
 	if (!tt)
 		return -ENOMEM;
 	tt->pool_bytes = cfg->pool_bytes;
+	tt->page_bytes = cfg->page_bytes;
 	tt->n = cfg->n_tenants;
 	pthread_mutex_init(&tt->budget_lock, NULL);
 	for (uint32_t i = 0; i < tt->n; i++) {
@@ -133,6 +137,7 @@ void tenant_get_info(struct tenant *t, struct tenant_info *out)
 	pthread_mutex_unlock(&t->lock);
 	out->used = tenant_used(t);
 	out->spilled = __atomic_load_n(&t->spilled, __ATOMIC_RELAXED);
+	out->spilling = __atomic_load_n(&t->spilling, __ATOMIC_RELAXED);
 	out->sessions = __atomic_load_n(&t->sessions, __ATOMIC_RELAXED);
 	out->sparse_v = tenant_sparse_v(t);
 	out->v_chunks = __atomic_load_n(&t->sv.v_chunks, __ATOMIC_RELAXED);
@@ -242,6 +247,19 @@ void tenant_spilled_add(struct tenant *t, int64_t delta)
 	(void)old;
 }
 
+void tenant_spilling_add(struct tenant *t, int64_t delta)
+{
+	uint64_t old = __atomic_fetch_add(&t->spilling, (uint64_t)delta, __ATOMIC_RELAXED);
+
+	assert((delta >= 0 || old >= (uint64_t)-delta) && "tenant spilling bytes below zero");
+	(void)old;
+}
+
+uint64_t tenant_spilling(const struct tenant *t)
+{
+	return __atomic_load_n(&t->spilling, __ATOMIC_RELAXED);
+}
+
 uint64_t tenant_used(const struct tenant *t)
 {
 	return __atomic_load_n(&t->used, __ATOMIC_RELAXED);
@@ -280,15 +298,25 @@ int tenant_set_budget(struct tenant_table *tt, struct tenant *t, bool set_limit,
 		r = -EINVAL;
 		goto fail;
 	}
-	uint64_t sum = guaranteed;
+	uint64_t sum = guaranteed, pages = config_pages_ceil(guaranteed, tt->page_bytes);
 	for (uint32_t i = 0; i < tt->n; i++)
-		if (&tt->t[i] != t)
-			sum += tt->t[i].guaranteed; /* stable: every writer holds budget_lock */
-	if (sum > tt->pool_bytes) {
+		if (&tt->t[i] != t) { /* stable: every writer holds budget_lock */
+			sum += tt->t[i].guaranteed;
+			pages += config_pages_ceil(tt->t[i].guaranteed, tt->page_bytes);
+		}
+	if (sum > tt->pool_bytes || (tt->page_bytes && pages > tt->pool_bytes / tt->page_bytes)) {
 		if (why) {
+			char b4[32];
 			tq_size_format_human(sum - guaranteed, b1, sizeof(b1));
-			snprintf(why, whylen, "the other tenants' guarantees (%s) and this one (%s) would exceed "
-				 "the pool (%s)", b1, b2, b3);
+			tq_size_format_human(tt->page_bytes, b4, sizeof(b4));
+			if (sum > tt->pool_bytes)
+				snprintf(why, whylen, "the other tenants' guarantees (%s) and this one (%s) would exceed "
+					 "the pool (%s)", b1, b2, b3);
+			else /* pages are charged whole (config_pages_ceil) */
+				snprintf(why, whylen, "the other tenants' guarantees (%s) and this one (%s) need %" PRIu64
+					 " pages of %s, each rounded up to whole pages as they are charged, and the pool "
+					 "(%s) holds %" PRIu64 ": make the guarantee a multiple of the page size", b1, b2,
+					 pages, b4, b3, tt->pool_bytes / tt->page_bytes);
 		}
 		r = -ENOSPC;
 		goto fail;

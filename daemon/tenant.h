@@ -45,6 +45,7 @@ struct tenant_info {
 	int32_t priority;
 	uint64_t used;                /* pool bytes charged (resident pages) */
 	uint64_t spilled;             /* its sessions' bytes in the spill tier (not charged) */
+	uint64_t spilling;            /* of used, bytes being spilled now (the reclaimer's) */
 	uint32_t sessions;
 	struct tenant_pressure pressure;
 	float sparse_v;               /* its sessions' sparse-V threshold (config) */
@@ -78,6 +79,10 @@ void tenant_uncharge(struct tenant *t, uint64_t bytes);
 uint64_t tenant_used(const struct tenant *t);
 /* Bytes of the tenant's sessions in the spill tier (session.c keeps it). */
 void tenant_spilled_add(struct tenant *t, int64_t delta);
+/* The reclaimer's writes in flight: bytes of `used` about to go, which
+ * another spill pass must not count as the tenant's to give up again. */
+void tenant_spilling_add(struct tenant *t, int64_t delta);
+uint64_t tenant_spilling(const struct tenant *t);
 uint64_t tenant_limit(const struct tenant *t);
 uint64_t tenant_guaranteed(struct tenant *t);
 int32_t tenant_priority(struct tenant *t);

@@ -25,6 +25,7 @@ static void kvfix_up(struct kvfix *f)
 	if (config_load_string(&f->cfg, "t.conf", f->conf, err, sizeof(err)) != 0)
 		goto fail;
 	f->cfg.pool_bytes = pool_bytes; /* budgets are checked against the real pool */
+	f->cfg.page_bytes = page_bytes;
 	if (tenant_table_new(&f->tt, &f->cfg) < 0 || pool_new(&f->pool, &pp, why, sizeof(why)) < 0 ||
 	    !(f->cache = tq_cache_new()) || kvstore_new(&f->ks, f->pool, f->cache) < 0 ||
 	    session_table_new(&f->st, 16, kvstore_release, f->ks) < 0)

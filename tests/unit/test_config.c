@@ -424,6 +424,20 @@ static void test_error_lines(void)
 	T_ASSERT(load_fails("[daemon]\nlog_level = info\n[tenant a]\nallow_uids = *\n[tenant b]\nguaranteed = 600M\n"
 			    "allow_uids = *\n[tenant c]\nguaranteed = 600M\nallow_uids = *\n",
 			    "t.conf:5: the tenants' guarantees add up to 1200MiB", "more than pool.pool_bytes 1GiB"));
+	/* pages are charged whole: 1 GiB of 48 KiB pages is 21,845 pages, and
+	 * guarantees of 768 MiB and 256 MiB need 16,384 + 5,462 (the second
+	 * is 5,461.33 pages): fitting in bytes is not enough */
+	T_ASSERT(load_fails("[pool]\npage_bytes = 48K\n[tenant prod]\nguaranteed = 768M\nallow_uids = *\n"
+			    "[tenant test]\nguaranteed = 256M\nallow_uids = *\n",
+			    "need 21846 pages of pool.page_bytes 48KiB", "pool.pool_bytes 1GiB holds 21845"));
+	struct config *c = cfg_new();
+	char err[CONFIG_ERR_MAX];
+	T_EQ(config_load_string(c, "t.conf", "[pool]\npage_bytes = 48K\n[tenant prod]\nguaranteed = 768M\n"
+				"allow_uids = *\n[tenant test]\nguaranteed = 255M\nallow_uids = *\n", err, sizeof(err)), 0);
+	free(c);
+	T_EQ(config_pages_ceil(96 << 10, 48 << 10), 2);
+	T_EQ(config_pages_ceil((96 << 10) + 1, 48 << 10), 3);
+	T_EQ(config_pages_ceil(0, 48 << 10), 0);
 }
 
 static void test_names(void)

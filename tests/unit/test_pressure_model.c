@@ -604,11 +604,11 @@ static void check_spills(struct model *m, uint64_t req, int rt)
 		CHECK(a->t[u].used > a->t[u].guar || (d == 0 && ev == 0),
 		      "tenant %s (used %" PRIu64 " <= guarantee %" PRIu64 ") lost %" PRIu64 " bytes to spilling, "
 		      "%" PRIu64 " sessions to eviction", TNAME[u], a->t[u].used, a->t[u].guar, d, ev);
-		/* never below it by spilling (a limit that is no multiple of the
+		/* never below it by spilling or eviction (a limit that is no multiple of the
 		 * page size wins: whole pages go until the tenant is under it) */
 		uint64_t floor = a->t[u].used < a->t[u].guar ? a->t[u].used : a->t[u].guar;
 		floor = floor < a->t[u].limit / PAGE * PAGE ? floor : a->t[u].limit / PAGE * PAGE;
-		CHECK(ev || b->t[u].used >= floor, "tenant %s spilled below its guarantee: %" PRIu64 " -> %" PRIu64
+		CHECK(b->t[u].used >= floor, "tenant %s spilled or evicted below its guarantee: %" PRIu64 " -> %" PRIu64
 		      " (guarantee %" PRIu64 ", limit %" PRIu64 ")", TNAME[u], a->t[u].used, b->t[u].used, a->t[u].guar,
 		      a->t[u].limit);
 		/* a requester above its guarantee never takes from a higher priority */

@@ -86,6 +86,16 @@ static void test_tenant_budget(void)
 	T_EQ(ti.limit, 16 * MiB);
 	T_EQ(ti.guaranteed, 8 * MiB);
 	tenant_table_free(tt);
+	/* pages of 48 KiB: the 64 MiB pool holds 1,365, a's 8 MiB needs 171
+	 * (170.67): b's 56 MiB fits in bytes but needs 1,195 pages */
+	char why[256];
+	c->page_bytes = 48 << 10;
+	T_EQ(tenant_table_new(&tt, c), 0);
+	b = tenant_find(tt, "b");
+	T_EQ(tenant_set_budget(tt, b, true, 56 * MiB, true, 56 * MiB, why, sizeof(why)), -ENOSPC);
+	T_ASSERT(strstr(why, "need 1366 pages of 48.0 KiB") && strstr(why, "holds 1365"));
+	T_EQ(tenant_set_budget(tt, b, true, 56 * MiB, true, 55 * MiB, why, sizeof(why)), 0);
+	tenant_table_free(tt);
 	free(c);
 }
 
