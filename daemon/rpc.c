@@ -1071,10 +1071,13 @@ static void h_set_tenant_budget(struct rpc_server *srv, const struct peer *peer,
 	struct reclaim *rc = __atomic_load_n(&srv->reclaim, __ATOMIC_ACQUIRE);
 	if (rc)
 		reclaim_kick(rc);
-	tenant_get_info(t, &ti);
 	/* GetConfig (tqctl config) shows what runs, until a reload puts the
-	 * file's budgets back */
+	 * file's budgets back: read under cfg_lock, so that a reload between
+	 * the read and the copy (which applies the file's budgets, then sets
+	 * the config under the lock) cannot leave this call's older values
+	 * shown over the file's that run */
 	pthread_mutex_lock(&srv->cfg_lock);
+	tenant_get_info(t, &ti);
 	for (uint32_t i = 0; i < srv->cfg->n_tenants; i++) {
 		struct tenant_conf *tc = &srv->cfg->tenant[i];
 		if (strcmp(tc->name, ti.name) == 0) {
