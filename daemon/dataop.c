@@ -877,7 +877,9 @@ static int reads_finish(struct kvstore *ks, struct session *s, struct kv_sess *k
 	L->ra = NULL;
 	ra_free(ra);
 	if (err)
-		dataop_res_set(r, err, err == -EBADMSG ? TQKV_ST_DATA_LOSS : TQKV_ST_SPILL_IO, bad_page);
+		dataop_res_set(r, err, err == -EBADMSG		 ? TQKV_ST_DATA_LOSS
+				       : err == -ENOTRECOVERABLE ? TQKV_ST_DEVICE_LOST /* the copy into a lost GPU */
+								 : TQKV_ST_SPILL_IO, bad_page);
 	return err;
 }
 

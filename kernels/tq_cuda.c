@@ -103,7 +103,13 @@ static char lost_why[320];
  * every call so; a one-off does not cost the process its sessions). */
 static int cuda_sticky(cudaError_t e)
 {
-	switch (e) {
+	switch ((int)e) {
+	/* by number, for headers older than CUDA 13's, which name them and
+	 * call all three sticky: error containment (Hopper and later), a
+	 * leaked tensor memory allocation, an MPS client its server ended */
+	case 226: /* cudaErrorContained */
+	case 721: /* cudaErrorTensorMemoryLeak */
+	case 810: /* cudaErrorMpsClientTerminated */
 	case cudaErrorIllegalAddress:
 	case cudaErrorLaunchFailure:
 	case cudaErrorLaunchTimeout:
@@ -1503,13 +1509,16 @@ int tqc_append_attend(tqc_ctx *x, const struct tqc_append *a, const struct tq_at
 		/* the attention waited for the stream, unless it failed before
 		 * queueing anything: wait here (at once when it did) */
 		if ((e = cudaStreamSynchronize(x->stream)) != cudaSuccess) {
-			if (r2 < 0) { /* the attention's failure says it (a lost device) */
-				(void)cudaGetLastError();
-				if (err)
-					*err = e2;
-				return r2;
-			}
-			return call_failed(x, "append", "encode kernel", e, err);
+			/* the append's kernel failed: a lost device is what the
+			 * caller must hear, whatever the attention said (it may
+			 * have failed before queueing anything, on its arguments
+			 * or out of memory, and seen no fault) */
+			const int rf = call_failed(x, "append", "encode kernel", e, err);
+			if (rf == -ENOTRECOVERABLE || r2 >= 0)
+				return rf;
+			if (err)
+				*err = e2;
+			return r2;
 		}
 		if ((rc = enc_report(x, pd.t0, pd.n_kv, pd.kc, pd.vc, bad, err)) < 0)
 			return rc; /* its attention ran on tokens that do not count */

@@ -38,6 +38,7 @@ static double clock_us;
  * items a synchronization runs before the fault (-1: none armed) */
 static cudaError_t sticky;
 static long fault_in = -1;
+static cudaError_t fault_code = cudaErrorIllegalAddress;
 
 struct stream { std::deque<std::function<void()>> q; };
 struct event { double t; bool done; };
@@ -52,6 +53,14 @@ extern "C" void fake_cuda_fault(long after)
 {
 	LOCKED;
 	fault_in = after;
+}
+
+/* the same with another sticky error than an illegal address */
+extern "C" void fake_cuda_fault_code(long after, int code)
+{
+	LOCKED;
+	fault_in = after;
+	fault_code = (cudaError_t)code;
 }
 
 /* TQ_FAKE_CUDA_FAULT=N: the same from the start, for a whole program on
@@ -183,6 +192,7 @@ const char *cudaGetErrorName(cudaError_t e)
 {
 	return e == cudaErrorMemoryAllocation ? "cudaErrorMemoryAllocation"
 	       : e == cudaErrorIllegalAddress ? "cudaErrorIllegalAddress" /* fake_cuda_fault's */
+	       : (int)e == 810		      ? "cudaErrorMpsClientTerminated" /* fake_cuda_fault_code's */
 					      : "cudaErrorFake";
 }
 cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
@@ -409,7 +419,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s)
 	stream *x = (stream *)(void *)s;
 	while (!x->q.empty()) {
 		if (fault_in == 0) { /* an illegal address in this work: the rest never runs */
-			sticky = cudaErrorIllegalAddress;
+			sticky = fault_code;
 			fault_in = -1;
 		}
 		if (sticky) {

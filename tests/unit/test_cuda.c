@@ -1678,7 +1678,7 @@ static void test_attn_phases(void)
  * work items, a synchronization meets an illegal address and every later
  * runtime call returns it, as a context lost to a sticky error does.  NULL
  * on a GPU (no such hook in the CUDA runtime). */
-void fake_cuda_fault(long after) __attribute__((weak));
+void fake_cuda_fault_code(long after, int code) __attribute__((weak));
 
 /* A device fault (an illegal address in a kernel: a sticky error) loses the
  * process's CUDA context: the call that met it fails with -ENOTRECOVERABLE
@@ -1923,7 +1923,7 @@ static void test_device_lost(void)
 	tq_error err;
 	struct layer L;
 
-	if (!fake_cuda_fault) {
+	if (!fake_cuda_fault_code) {
 		fprintf(stderr, "  (a device fault can be injected on the emulator only: not run here)\n");
 		return;
 	}
@@ -1934,12 +1934,40 @@ static void test_device_lost(void)
 	struct tq_attn_params p = { .k_codec = L.kc, .v_codec = L.vc, .n_q_heads = H * G, .kv = &L.dt, .n_q = 1,
 				    .q = q, .q_dtype = TQ_DTYPE_F32, .q_pos = &pos, .causal = 1, .out = out };
 	T_EQ(tqc_attend(ctx, &p, &err), 0);
-	fake_cuda_fault(1); /* the call's first work item runs, the next faults */
-	T_EQ(tqc_attend(ctx, &p, &err), -ENOTRECOVERABLE);
-	if (!strstr(err.msg, "cudaErrorIllegalAddress") || !strstr(err.msg, "context is lost"))
+	/* An append queued on the stream meets the end of the MPS client
+	 * (sticky, as an illegal address is: device_lost.sh; it was taken for
+	 * a one-off error, and the daemon served on a dead context), and the
+	 * attention after it fails on its own before queueing anything (a
+	 * position past the layer): the loss is what the call reports (it
+	 * returned the attention's EINVAL, and nothing knew the context was
+	 * lost). */
+	const size_t tok = (size_t)H * D;
+	float *kv = malloc(sizeof(float) * tok * 2);
+	struct buf kb;
+	T_ASSERT(kv != NULL);
+	for (size_t i = 0; i < tok * 2; i++)
+		kv[i] = gauss();
+	T_ASSERT(buf_new(&kb, MEM_DEVICE, sizeof(float) * tok * 2, kv) == 0);
+	layer_set_len(&L, 100);
+	struct tqc_append a0 = { .k_codec = L.kc, .v_codec = L.vc, .kv = &L.dt, .pos = 100, .n = 2, .k = kb.p,
+				 .v = kb.p, .dtype = TQ_DTYPE_F32 };
+	struct tq_page_table t2 = L.dt;
+	t2.n_tokens = 102;
+	const int32_t past = 102;
+	struct tq_attn_params pb = p;
+	pb.kv = &t2;
+	pb.q_pos = &past;
+	int st0 = -1;
+	uint32_t bad0 = 0;
+	fake_cuda_fault_code(0, 810); /* the append's kernel, the first work item */
+	T_EQ(tqc_append_attend(ctx, &a0, &pb, &bad0, &st0, &err), -ENOTRECOVERABLE);
+	T_EQ(st0, TQC_STAGE_APPEND);
+	if (!strstr(err.msg, "cudaErrorMpsClientTerminated") || !strstr(err.msg, "context is lost"))
 		T_FAIL("the reason: %s", err.msg);
 	T_EQ(tqc_device_lost(why, sizeof(why)), 1);
 	T_ASSERT(strcmp(why, err.msg) == 0);
+	buf_free(&kb);
+	free(kv);
 	/* everything after: the same reason at once */
 	memset(&err, 0, sizeof(err));
 	T_EQ(tqc_attend(ctx, &p, &err), -ENOTRECOVERABLE);

@@ -467,6 +467,13 @@ static void test_device_tier(void)
 	}
 	devsim_stats(&ds1);
 	T_ASSERT(ds1.copies_to_dev > ds0.copies_to_dev);
+	/* a restore into a GPU lost meanwhile is DEVICE_LOST (a retry will
+	 * not do), not SPILL_IO (it said a retry may work) */
+	T_EQ(spill(&f, id, UINT64_MAX, &done, why), 0);
+	devsim_lose("the GPU fell off the bus");
+	T_ASSERT(attend(&f, id, 0, tokens, out, &r) < 0);
+	T_EQ(r.status, TQKV_ST_DEVICE_LOST);
+	devsim_lose(NULL);
 	T_EQ(session_close(f.st, id, NULL), 0);
 	spill_stats(f.sp, &st);
 	T_EQ(st.slots_used, 0);
