@@ -251,6 +251,39 @@ static void status_line(struct daemon *d, char *buf, size_t n)
 		 ss.open, ss.evicted, used, pool, tenant_count(d->tenants));
 }
 
+/* A reload puts every tenant's budget back to the file's, those that
+ * SetTenantBudget (tqctl budget set) changed at run time too: the file
+ * compared with the last one says nothing of them, so each is logged here
+ * (it was silent, "0 options changed").  How many. */
+static int note_budgets_put_back(struct daemon *d, const struct config *next)
+{
+	char a[32], b[32];
+	int n = 0;
+
+	for (uint32_t i = 0; i < d->cfg->n_tenants; i++) {
+		const struct tenant_conf *old = &d->cfg->tenant[i], *nw = config_tenant(next, old->name);
+		struct tenant *t = tenant_find(d->tenants, old->name);
+		struct tenant_info ti;
+		if (!t || !nw)
+			continue;
+		tenant_get_info(t, &ti);
+		const struct { const char *what; uint64_t run, was, file; } v[] = {
+			{ "limit", ti.limit, old->limit, nw->limit },
+			{ "guaranteed", ti.guaranteed, old->guaranteed, nw->guaranteed },
+		};
+		for (size_t k = 0; k < sizeof(v) / sizeof(v[0]); k++) {
+			if (v[k].run == v[k].was || v[k].run == v[k].file)
+				continue; /* the file's, or a change the file's comparison logged */
+			config_format_size(v[k].run, a, sizeof(a));
+			config_format_size(v[k].file, b, sizeof(b));
+			log_notice("reload: tenant.%s.%s: %s (set at run time) -> %s (the file's)", old->name, v[k].what,
+				   a, b);
+			n++;
+		}
+	}
+	return n;
+}
+
 static void reload(struct daemon *d)
 {
 	struct config *next = malloc(sizeof(*next));
@@ -294,10 +327,12 @@ static void reload(struct daemon *d)
 	}
 	for (char *line = strtok(changes, "\n"); line; line = strtok(NULL, "\n"))
 		log_notice("reload: %s", line);
+	changed += note_budgets_put_back(d, merged);
 	memcpy(d->cfg, merged, sizeof(*merged));
 	free(merged);
 	log_set_level(d->cfg->log_level);
-	tenant_table_apply(d->tenants, d->cfg);
+	/* the tenants' budgets with GetConfig's copy, in one step (rpc.h) */
+	rpc_set_config(d->rpc, d->cfg);
 	note_sparse_v(d, "reload");
 	session_table_set_max(d->sessions, d->cfg->max_sessions, d->cfg->max_sessions_per_uid);
 	kvstore_persist_set_interval(d->kv, d->cfg->checkpoint_interval_ms);
@@ -309,7 +344,6 @@ static void reload(struct daemon *d)
 	ring_server_set_limits(d->ring, d->cfg->max_clients, d->cfg->max_clients_per_uid,
 			       d->cfg->max_arena_per_uid);
 	ring_server_set_worker_share(d->ring, d->cfg->max_workers_per_uid);
-	rpc_set_config(d->rpc, d->cfg);
 	log_notice("reload: done, %d option%s changed", changed, changed == 1 ? "" : "s");
 done:
 	free(next);

@@ -1060,23 +1060,19 @@ static void h_set_tenant_budget(struct rpc_server *srv, const struct peer *peer,
 		rep_error(rep, GRPC_STATUS_INVALID_ARGUMENT, "unknown tenant '%s'", safe(q->tenant));
 		return;
 	}
+	/* the change and GetConfig's copy of it (tqctl config shows what
+	 * runs, until a reload puts the file's budgets back) in one step
+	 * under cfg_lock, as a reload's are (rpc_set_config): otherwise a
+	 * reload between the two left one budget running and another shown */
+	pthread_mutex_lock(&srv->cfg_lock);
 	r = tenant_set_budget(srv->tenants, t, q->set_limit, q->limit_bytes, q->set_guaranteed,
 			      q->guaranteed_bytes, why, sizeof(why));
 	if (r < 0) {
+		pthread_mutex_unlock(&srv->cfg_lock);
 		rep_error(rep, r == -EINVAL ? GRPC_STATUS_INVALID_ARGUMENT : GRPC_STATUS_FAILED_PRECONDITION,
 			  "tenant '%s': %s", q->tenant, why);
 		return;
 	}
-	/* a lowered limit: the reclaimer brings the tenant down to it now */
-	struct reclaim *rc = __atomic_load_n(&srv->reclaim, __ATOMIC_ACQUIRE);
-	if (rc)
-		reclaim_kick(rc);
-	/* GetConfig (tqctl config) shows what runs, until a reload puts the
-	 * file's budgets back: read under cfg_lock, so that a reload between
-	 * the read and the copy (which applies the file's budgets, then sets
-	 * the config under the lock) cannot leave this call's older values
-	 * shown over the file's that run */
-	pthread_mutex_lock(&srv->cfg_lock);
 	tenant_get_info(t, &ti);
 	for (uint32_t i = 0; i < srv->cfg->n_tenants; i++) {
 		struct tenant_conf *tc = &srv->cfg->tenant[i];
@@ -1086,6 +1082,10 @@ static void h_set_tenant_budget(struct rpc_server *srv, const struct peer *peer,
 		}
 	}
 	pthread_mutex_unlock(&srv->cfg_lock);
+	/* a lowered limit: the reclaimer brings the tenant down to it now */
+	struct reclaim *rc = __atomic_load_n(&srv->reclaim, __ATOMIC_ACQUIRE);
+	if (rc)
+		reclaim_kick(rc);
 	config_format_size(ti.limit, a, sizeof(a));
 	config_format_size(ti.guaranteed, b, sizeof(b));
 	log_notice("tenant %s: budget set by %s: limit %s, guaranteed %s", ti.name, peer->desc, a, b);
@@ -1877,6 +1877,7 @@ void rpc_set_config(struct rpc_server *srv, const struct config *cfg)
 	gid_t og = operator_gid_of(cfg);
 
 	pthread_mutex_lock(&srv->cfg_lock);
+	tenant_table_apply(srv->tenants, cfg); /* cfg_lock, then the table's budget_lock */
 	srv->operator_gid = og;
 	memcpy(srv->cfg, cfg, sizeof(*cfg));
 	srv->reloads++;

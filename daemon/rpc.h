@@ -34,7 +34,10 @@ int rpc_start(struct rpc_server **out, const struct config *cfg,
  * cancels the rest, joins the threads, frees everything and removes the
  * socket file.  Accepts NULL. */
 void rpc_stop(struct rpc_server *srv, int drain_ms);
-/* A reloaded configuration (what GetConfig shows). */
+/* A reloaded configuration: the tenant table takes its budgets and
+ * GetConfig shows it, in one step under the configuration's lock, so a
+ * SetTenantBudget falls wholly before it (and the file's budgets win) or
+ * after it (and shows what it set). */
 void rpc_set_config(struct rpc_server *srv, const struct config *cfg);
 /* The data path whose figures GetStats reports (may be set after
  * rpc_start, from the main thread; NULL: not reported).  A pool once set

@@ -40,6 +40,16 @@ grep -q '^MONOTONIC_USEC=' "$NOTIFY_LOG" || fail "RELOADING=1 without MONOTONIC_
 grep -q 'reload: tenant.prod.limit: 128MiB -> 192MiB' "$LOG" || fail "the reload does not say what it changed"
 [ "$(ctl stats --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["reloads_total"])')" = 1 ] \
 	|| fail "reloads_total"
+# a run-time budget, then a reload of the same file: put back, and said
+# (it was silent: "0 options changed")
+ctl budget set prod --limit 150M >/dev/null || fail "budget set"
+: >"$NOTIFY_LOG"
+kill -HUP "$DAEMON_PID"
+wait_for '^READY=1' "$NOTIFY_LOG"
+[ "$(limit)" = $((192 << 20)) ] || fail "the reload did not put the file's limit back: $(limit)"
+grep -q 'reload: tenant.prod.limit: 150MiB (set at run time) -> 192MiB (the file.s)' "$LOG" ||
+	fail "the reload does not say it put the file's budget back: $(grep reload: "$LOG" | tail -3)"
+grep -q 'reload: done, 1 option changed' "$LOG" || fail "the put-back budget is not counted"
 
 # a broken file: the reload is refused, the daemon keeps running as it was
 echo "pool_bytes = lots" >>"$T/tqkvd.conf"

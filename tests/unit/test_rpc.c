@@ -408,6 +408,16 @@ static void test_tenants_and_budget(void)
 	T_EQ(ctl_call(cl, "SetTenantBudget", &bq.base, &rep, 5000, &st), GRPC_STATUS_INVALID_ARGUMENT);
 	bq.tenant = (char *)"nope";
 	T_EQ(ctl_call(cl, "SetTenantBudget", &bq.base, &rep, 5000, &st), GRPC_STATUS_INVALID_ARGUMENT);
+	/* a reload's configuration puts the file's budget back in the table
+	 * itself, with GetConfig's copy, under one lock: a SetTenantBudget
+	 * between the table's apply and the copy left one budget running
+	 * and another shown */
+	rpc_set_config(srv, cfg);
+	T_EQ(ctl_call(cl, "ListTenants", &lq.base, &rep, 5000, &st), 0);
+	l = (void *)rep;
+	T_EQ(l->tenants[1]->limit_bytes, config_tenant(cfg, "locked")->limit);
+	T_EQ(l->tenants[1]->guaranteed_bytes, config_tenant(cfg, "locked")->guaranteed);
+	protobuf_c_message_free_unpacked(rep, NULL);
 }
 
 static void test_stats_and_config(void)
