@@ -91,30 +91,37 @@ int idstore_reserve(void *ctx, uint64_t through, char *why, size_t whylen)
 	fd = open(is->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
 	if (fd < 0)
 		goto fail_errno;
-	if (write(fd, buf, (size_t)k) != k) {
-		r = errno ? -errno : -EIO;
+	ssize_t w = write(fd, buf, (size_t)k);
+	if (w != k) {
+		r = w < 0 ? -errno : -EIO; /* a short write sets no errno */
 		close(fd);
-		goto fail;
+		goto fail_tmp;
 	}
 	if (fsync(fd) < 0) {
 		r = -errno;
 		close(fd);
-		goto fail;
+		goto fail_tmp;
 	}
 	close(fd);
-	if (rename(is->tmp, is->path) < 0)
-		goto fail_errno;
-	/* the rename itself must survive a crash */
-	dfd = open(is->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd >= 0) {
-		if (fsync(dfd) < 0)
-			r = -errno;
-		close(dfd);
-		if (r < 0)
-			goto fail;
+	if (rename(is->tmp, is->path) < 0) {
+		r = -errno;
+		goto fail_tmp;
 	}
+	/* the rename itself must survive a crash: a directory that cannot be
+	 * opened to sync it (out of descriptors) is a failure too, or ids
+	 * handed out now could come again after a power loss */
+	if ((dfd = open(is->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
+		goto fail_errno;
+	if (fsync(dfd) < 0)
+		r = -errno;
+	close(dfd);
+	if (r < 0)
+		goto fail;
 	is->reserved = through;
 	return 0;
+fail_tmp:
+	unlink(is->tmp);
+	goto fail;
 fail_errno:
 	r = -errno;
 fail:

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -464,6 +465,21 @@ static void test_ids_persist(void)
 		T_ASSERT(strstr(why, path));
 	}
 	unlink(path);
+	/* a reservation whose rename fails (the file's name taken by a
+	 * directory): refused, and no session-ids.tmp left behind */
+	uint64_t first;
+	char tmp[96], sub[96];
+	T_EQ(idstore_open(&is, dir, &first, why, sizeof(why)), 0);
+	T_EQ(mkdir(path, 0700), 0);
+	snprintf(sub, sizeof(sub), "%s/x", path);
+	T_EQ(mkdir(sub, 0700), 0);
+	T_ASSERT(idstore_reserve(is, 100, why, sizeof(why)) < 0);
+	T_ASSERT(strstr(why, "cannot persist the session-id counter"));
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	T_ASSERT(access(tmp, F_OK) < 0 && errno == ENOENT);
+	idstore_close(is);
+	rmdir(sub);
+	rmdir(path);
 	rmdir(dir);
 	tenant_table_free(tt);
 	free(c);
