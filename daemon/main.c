@@ -359,14 +359,6 @@ static uint64_t mono_ms(void)
 	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-static uint64_t real_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 /* MemAvailable from /proc/meminfo in bytes, or 0 when unknown. */
 static uint64_t mem_available(void)
 {
@@ -569,7 +561,7 @@ static int run(struct daemon *d)
 			next_wd = now + wd_period_ms;
 		}
 		if (now >= next_tick) {
-			uint32_t n = session_table_expire(d->sessions, real_ms(), d->cfg->session_idle_ttl_ms);
+			uint32_t n = session_table_expire(d->sessions, session_clock_ms(), d->cfg->session_idle_ttl_ms);
 			if (n)
 				log_info("idle timer: %u session%s evicted or dropped", n, n == 1 ? "" : "s");
 			spill_check(d->spill);

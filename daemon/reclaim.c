@@ -55,14 +55,6 @@ static uint64_t mono_us(void)
 	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
-static uint64_t real_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 static int check_params(const struct reclaim_params *p, char *why, size_t whylen)
 {
 	if (p->high_pct < 1 || p->high_pct > 100 || p->low_pct >= p->high_pct) {
@@ -318,7 +310,7 @@ static void spill_tenant(struct reclaim *rc, struct tenant *t, uint64_t want, co
 			 const char *reason, struct spill_res *res)
 {
 	uint32_t page = pool_page_bytes(rc->pool);
-	uint64_t now = real_ms(), got0 = res->got;
+	uint64_t now = session_clock_ms(), got0 = res->got; /* as last_access_ms */
 
 	want -= want % page; /* whole pages: never below what the caller allows */
 	for (int scan = 0; scan < 2 && want && res->got - got0 < want && !res->err; scan++)

@@ -169,13 +169,6 @@ static uint64_t now_mono_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static uint64_t now_real_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 static inline void cpu_relax(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
@@ -197,7 +190,7 @@ static const char *op_name(uint32_t op)
 static void client_log_error(struct ring_client *c, const struct tqkv_sqe *e, int res,
 			     uint32_t status, uint32_t detail, const char *msg)
 {
-	uint64_t now = now_real_ms();
+	uint64_t now = now_mono_ns() / 1000000u;
 	const bool severe = status == TQKV_ST_INTERNAL || status == TQKV_ST_NOMEM || status == TQKV_ST_DEVICE_LOST;
 	int level = severe ? LOG_ERR : LOG_INFO;
 
@@ -808,7 +801,7 @@ static void run_op(struct ring_server *rs, struct ring_worker *w, struct binding
 			 (unsigned long long)released);
 		return cq_post(c, e, 0, TQKV_ST_OK, 0, 0, NULL);
 	}
-	if ((x = session_acquire(rs->st, b->id, now_real_ms(), &s)) < 0)
+	if ((x = session_acquire(rs->st, b->id, session_clock_ms(), &s)) < 0)
 		return cq_post(c, e, x, session_errno_status(x),
 			       x == -ESTALE ? session_evict_reason(rs->st, b->id) : 0, 0, NULL);
 	switch (e->opcode) {

@@ -689,7 +689,7 @@ static void h_open_session(struct rpc_server *srv, const struct peer *peer,
 	}
 	why[0] = '\0';
 	r = session_open(srv->sessions, t, q->name, peer->cred.uid, &g, seed,
-			 q->persistent ? SESSION_PERSISTENT : 0, now_realtime_ms(), &si, why, sizeof(why));
+			 q->persistent ? SESSION_PERSISTENT : 0, session_clock_ms(), &si, why, sizeof(why));
 	switch (r) {
 	case 0:
 		if (q->persistent && persist_new_session(srv, si.id, rep) < 0)
@@ -926,7 +926,7 @@ static void disk_op(struct rpc_server *srv, const struct peer *peer, uint64_t id
 		rep_error(rep, GRPC_STATUS_FAILED_PRECONDITION, "this tqkvd has no spill tier");
 		return;
 	}
-	if ((r = session_acquire(srv->sessions, id, now_realtime_ms(), &s)) < 0) {
+	if ((r = session_acquire(srv->sessions, id, session_clock_ms(), &s)) < 0) {
 		rep_error(rep, r == -ENOENT ? GRPC_STATUS_NOT_FOUND : GRPC_STATUS_FAILED_PRECONDITION,
 			  "session %" PRIu64 ": %s", id, r == -ENOENT ? "no such session" :
 			  r == -ESTALE ? "evicted" : "closing");

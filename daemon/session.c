@@ -584,22 +584,39 @@ static int evict_id(struct session_table *st, uint64_t id, uint64_t now_ms, uint
 	return r;
 }
 
-static uint64_t real_now_ms(void)
+static uint64_t clock_ms(clockid_t id)
 {
 	struct timespec ts;
 
-	clock_gettime(CLOCK_REALTIME, &ts);
+	clock_gettime(id, &ts);
 	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+uint64_t session_clock_ms(void)
+{
+	static uint64_t offset; /* atomic: the wall clock minus the monotonic one, at the first call */
+	uint64_t off = __atomic_load_n(&offset, __ATOMIC_RELAXED);
+
+	if (!off) {
+		uint64_t want = clock_ms(CLOCK_REALTIME) - clock_ms(CLOCK_MONOTONIC);
+		if (!want)
+			want = 1;
+		if (!__atomic_compare_exchange_n(&offset, &off, want, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+			; /* another thread's, now in off */
+		else
+			off = want;
+	}
+	return clock_ms(CLOCK_MONOTONIC) + off;
 }
 
 int session_evict_pressure(struct session_table *st, uint64_t id, const char *why, struct session_info *out)
 {
-	return evict_id(st, id, real_now_ms(), 0, true, TQKV_EVICT_PRESSURE, why, out);
+	return evict_id(st, id, session_clock_ms(), 0, true, TQKV_EVICT_PRESSURE, why, out);
 }
 
 int session_evict(struct session_table *st, uint64_t id, struct session_info *out)
 {
-	return evict_id(st, id, real_now_ms(), 0, false, TQKV_EVICT_OPERATOR, "evicted by an operator", out);
+	return evict_id(st, id, session_clock_ms(), 0, false, TQKV_EVICT_OPERATOR, "evicted by an operator", out);
 }
 
 uint32_t session_evict_reason(struct session_table *st, uint64_t id)

@@ -185,6 +185,13 @@ int session_close(struct session_table *st, uint64_t id, uint64_t *released);
 uint32_t session_table_expire(struct session_table *st, uint64_t now_ms, uint64_t ttl_ms);
 
 /* ---- the data path --------------------------------------------------------- */
+/* The clock of session times (opened, last access, evicted, idle expiry):
+ * milliseconds since the epoch, but on CLOCK_MONOTONIC, aligned with the
+ * wall clock at the first call.  A wall-clock step (NTP, a VM resumed,
+ * an operator's date) neither evicts every idle session at once nor stops
+ * idle expiry for the length of a backward step; the times shown drift
+ * from the wall clock by the steps since tqkvd started. */
+uint64_t session_clock_ms(void);
 /* now_ms 0: housekeeping (checkpoints), last_access_ms stays as it is. */
 int session_acquire(struct session_table *st, uint64_t id, uint64_t now_ms, struct session **out);
 void session_release(struct session *s);

@@ -352,6 +352,30 @@ static void test_idle_expiry(void)
 	free(c);
 }
 
+static uint64_t clock_of(clockid_t id)
+{
+	struct timespec ts;
+
+	clock_gettime(id, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Session times (idle expiry) run on CLOCK_MONOTONIC, aligned with the
+ * wall clock once: their distance to CLOCK_MONOTONIC never changes, so a
+ * wall-clock step (NTP, a VM resumed) cannot expire every idle session at
+ * once (they ran on CLOCK_REALTIME); here, where nothing steps the wall
+ * clock, they are within a second of it. */
+static void test_session_clock(void)
+{
+	uint64_t a = session_clock_ms(), m1 = clock_of(CLOCK_MONOTONIC);
+	usleep(30000);
+	uint64_t b = session_clock_ms(), m2 = clock_of(CLOCK_MONOTONIC), w = clock_of(CLOCK_REALTIME);
+	T_ASSERT(b >= a + 30);
+	int64_t d1 = (int64_t)(a - m1), d2 = (int64_t)(b - m2);
+	T_ASSERT(d1 - d2 <= 1 && d2 - d1 <= 1);
+	T_ASSERT(b + 1000 > w && w + 1000 > b);
+}
+
 /* Threads charge and release while the main thread evicts and closes:
  * at the end the tenant must be back at zero, with no crash. */
 struct race {
@@ -625,6 +649,7 @@ int main(void)
 	T_RUN(test_open_and_names);
 	T_RUN(test_evict_during_operation);
 	T_RUN(test_idle_expiry);
+	T_RUN(test_session_clock);
 	T_RUN(test_concurrent_evict_close);
 	T_RUN(test_ids_persist);
 	T_RUN(test_reserve_off_lock);
