@@ -35,6 +35,8 @@ struct backend_params {
 	int numa_node;           /* -1: no placement; else bind to this node        */
 	bool hugepages;          /* ask for huge pages where the backend has them   */
 	int device;              /* cuda: the device index                          */
+	uint64_t host_avail;     /* cuda on a GPU that shares host memory: the host */
+				 /* memory the pool may pin (0: not checked)       */
 };
 
 struct backend_region {

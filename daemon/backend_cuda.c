@@ -65,6 +65,17 @@ static int cuda_alloc(const struct backend_params *p, struct backend_region *out
 		r = -ENOMEM;
 		goto fail;
 	}
+	if (cr->unified && p->host_avail && p->bytes > p->host_avail) {
+		/* the pool's pages would be pinned host memory, never swapped:
+		 * what the host backend refuses (MemAvailable), refused here
+		 * too, not granted until the machine stalls */
+		fmt_gib(p->host_avail, have, sizeof(have));
+		snprintf(why, whylen, "CUDA device %d (%s) shares the host's memory, where the pool's %s would be "
+			 "pinned (never swapped): more than the %s available (MemAvailable); lower pool.pool_bytes, "
+			 "or set pool.allow_overcommit = yes", p->device, cr->info.name, want, have);
+		r = -ENOMEM;
+		goto fail;
+	}
 	if ((r = tqc_region_alloc(p->device, p->bytes, cr->unified, &base, why, whylen)) < 0)
 		goto fail;
 	out->base = base;

@@ -425,6 +425,8 @@ static int start_pool(struct daemon *d)
 
 	if (d->cfg->backend == CONFIG_BACKEND_CUDA) {
 		pp.backend = &backend_cuda;
+		/* a GPU sharing host memory pins the pool there (backend_cuda) */
+		pp.host_avail = d->cfg->allow_overcommit ? 0 : mem_available();
 		if ((r = pool_new(&d->pool, &pp, why, sizeof(why))) < 0) {
 			if (!d->cfg->backend_fallback) {
 				log_err("pool: pool.backend = cuda: %s (set pool.backend_fallback = yes to start "

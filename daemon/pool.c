@@ -69,6 +69,7 @@ int pool_new(struct pool **out, const struct pool_params *pp, char *why, size_t 
 	bp.numa_node = pp->numa_node;
 	bp.hugepages = pp->hugepages;
 	bp.device = pp->device;
+	bp.host_avail = pp->host_avail;
 	if ((r = p->be->region_alloc(&bp, &p->region, why, whylen)) < 0)
 		goto fail;
 	/* Lowest pages on top of the stack: the region is touched from the front. */

@@ -31,6 +31,7 @@ struct pool_params {
 	bool hugepages;                  /* transparent huge pages where available      */
 	const struct backend_ops *backend; /* NULL: host                               */
 	int device;                      /* cuda: the device index                      */
+	uint64_t host_avail;             /* backend_params.host_avail                   */
 };
 
 struct pool_stats {

@@ -86,6 +86,26 @@ CONF
 		stop_daemon TERM
 		[ "$STOP_RC" -eq 0 ] || fail "stop after the emulator's fallback exited $STOP_RC"
 		echo "the emulator's small device: fallback with the context released"
+		# a GPU that shares the host's memory (GB10: TQ_FAKE_INTEGRATED)
+		# pins the pool there: one beyond MemAvailable is refused, as the
+		# host backend refuses it (it was granted, every byte pinned)
+		avail_kb=$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)
+		cat >"$T/uni.conf" <<CONF
+[pool]
+pool_bytes = $(( avail_kb + (1 << 20) ))K
+backend = cuda
+[tenant default]
+allow_uids = *
+CONF
+		: >"$LOG"
+		LD_LIBRARY_PATH=$(dirname "$SIMT_TQKVD")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} TQ_FAKE_INTEGRATED=1 \
+			timeout 60 "$SIMT_TQKVD" --run-dir "$T/run" --spill-dir "$T/spill" --config "$T/uni.conf" \
+			>"$LOG" 2>&1
+		rc=$?
+		[ "$rc" -eq 1 ] || fail "a unified-memory pool beyond MemAvailable exited $rc, not 1: $(tail -3 "$LOG")"
+		grep -q "shares the host's memory, where the pool's .* would be pinned .*MemAvailable" "$LOG" ||
+			fail "the unified-memory refusal does not say why: $(cat "$LOG")"
+		echo "the emulator's unified-memory device: a pool beyond MemAvailable refused"
 	else
 		echo "the GPU pool's data path needs a GPU or the SIMT emulator (x86-64 with CUDA, no sanitizer)"
 	fi

@@ -224,6 +224,8 @@ cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int d)
 	case cudaDevAttrGlobalMemoryBusWidth: *v = 5120; break;
 	case cudaDevAttrHostRegisterSupported: *v = 1; break;
 	case cudaDevAttrManagedMemory: *v = 1; break;
+	/* TQ_FAKE_INTEGRATED=1: a GPU that shares the host's memory (GB10) */
+	case cudaDevAttrIntegrated: *v = getenv("TQ_FAKE_INTEGRATED") != nullptr; break;
 	case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = 227 << 10; break;
 	case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *v = 228 << 10; break;
 	default: *v = 0; break;
