@@ -92,10 +92,10 @@ static void usage(FILE *f)
 		"  -h, --help            print this help and exit\n"
 		"\n"
 		"Signals: SIGTERM/SIGINT drain in-flight calls and exit 0; SIGHUP reloads the\n"
-		"reloadable options (tenant budgets, access and sparse_v, log level, the max_*\n"
-		"limits, session_idle_ttl, the pool's watermarks, admission_wait,\n"
-		"pressure_action, checkpoint_interval, kv_transform; `tqctl config` says which\n"
-		"option reloads).  Under systemd (Type=notify) it reports READY=1 once the\n"
+		"reloadable options (tenant budgets, priority, access and sparse_v,\n"
+		"operator_group, log level, the max_* limits, session_idle_ttl, the pool's\n"
+		"watermarks, admission_wait, pressure_action, checkpoint_interval,\n"
+		"kv_transform; `tqctl config` says which option reloads).  Under systemd (Type=notify) it reports READY=1 once the\n"
 		"control socket accepts calls, RELOADING=1, STOPPING=1, STATUS= and WATCHDOG=1.\n"
 		"\n"
 		"Exit status: 0 clean stop, 1 error (configuration, another instance, start-up;\n"
@@ -666,19 +666,18 @@ int main(int argc, char **argv)
 	int opt, r, rc = 1;
 
 	log_init();
+	int info = 0; /* -h, --gpus or -V: print that and exit */
 	while ((opt = getopt_long(argc, argv, "c:r:s:Vh", longopts, NULL)) != -1) {
 		switch (opt) {
 		case 'c': d.config_path = optarg; break;
 		case 'r': d.run_dir_arg = optarg; break;
 		case 's': d.spill_dir_arg = optarg; break;
 		case 'C': check_only = true; break;
-		case 'G': return list_gpus();
-		case 'V':
-			printf("tqkvd %s (git %s)\n", TQ_VERSION, TQ_GIT_REV);
-			return 0;
-		case 'h':
-			usage(stdout);
-			return 0;
+		/* acted on once the whole command line parsed: `tqkvd --gpus
+		 * --bogus` is bad usage (2), not a device list */
+		case 'G': info = 'G'; break;
+		case 'V': info = info ? info : 'V'; break;
+		case 'h': info = 'h'; break;
 		default:
 			fprintf(stderr, "Try 'tqkvd --help'.\n");
 			return EXIT_USAGE;
@@ -687,6 +686,16 @@ int main(int argc, char **argv)
 	if (optind < argc) {
 		fprintf(stderr, "tqkvd: unexpected argument '%s'\nTry 'tqkvd --help'.\n", argv[optind]);
 		return EXIT_USAGE;
+	}
+	switch (info) { /* --help wins, then --gpus, then --version */
+	case 'h':
+		usage(stdout);
+		return 0;
+	case 'G':
+		return list_gpus();
+	case 'V':
+		printf("tqkvd %s (git %s)\n", TQ_VERSION, TQ_GIT_REV);
+		return 0;
 	}
 
 	d.cfg = malloc(sizeof(*d.cfg));

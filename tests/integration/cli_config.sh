@@ -21,6 +21,10 @@ out=$("$TQKVD" --help) || fail "--help"
 grep -q -- '--check-config' <<<"$out" && grep -q 'SIGHUP' <<<"$out" || fail "--help: $out"
 "$TQKVD" --frobnicate >/dev/null 2>&1; [ $? = 2 ] || fail "unknown option: not exit 2"
 "$TQKVD" extra >/dev/null 2>&1; [ $? = 2 ] || fail "stray argument: not exit 2"
+# --gpus, -V and -h act once the whole line parsed: bad usage after them is 2
+"$TQKVD" --gpus --frobnicate >/dev/null 2>&1; [ $? = 2 ] || fail "--gpus then an unknown option: not exit 2"
+"$TQKVD" -V extra >/dev/null 2>&1; [ $? = 2 ] || fail "-V then a stray argument: not exit 2"
+"$TQKVD" -V -h | grep -q "^Usage" || fail "-V -h does not print the help"
 
 # start-up failure: a bad config never binds anything
 "$TQKVD" --config "$T/bad.conf" --run-dir "$T/run" >/dev/null 2>&1; [ $? = 1 ] || fail "bad config start: not exit 1"
