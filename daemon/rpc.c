@@ -158,6 +158,11 @@ struct rpc_server {
 
 	uint64_t calls, errors;         /* atomic */
 	uint32_t slow_calls;            /* atomic: slow methods running on their own threads */
+	/* calls of each method (index method + 1: -1 is "any other") that
+	 * could not be requested again after one arrived (out of memory);
+	 * the RPC thread retries them every tick: each method must always
+	 * have one request waiting, or its calls queue unanswered for good */
+	uint32_t unrequested[N_METHODS + 1];
 };
 
 static uint64_t now_realtime_ms(void)
@@ -1351,8 +1356,21 @@ static void *accept_main(void *arg)
 }
 
 /* ---- the RPC thread ---------------------------------------------------------- */
+static uint32_t request_faults; /* atomic: rpc_fault_request */
+
+void rpc_fault_request(uint32_t n)
+{
+	__atomic_store_n(&request_faults, n, __ATOMIC_SEQ_CST);
+}
+
 static int request_call(struct rpc_server *srv, int method)
 {
+	uint32_t f = __atomic_load_n(&request_faults, __ATOMIC_SEQ_CST);
+	while (f && !__atomic_compare_exchange_n(&request_faults, &f, f - 1, false, __ATOMIC_SEQ_CST,
+						 __ATOMIC_SEQ_CST))
+		;
+	if (f)
+		return -ENOMEM;
 	struct call *c = calloc(1, sizeof(*c));
 	grpc_call_error e;
 
@@ -1596,6 +1614,30 @@ static void call_reply(struct rpc_server *srv, struct call *c, const struct peer
 	}
 }
 
+/* Request a call of `method` again; one that cannot be (out of memory) is
+ * counted and retried at the next tick (rerequest). */
+static void request_again(struct rpc_server *srv, int method)
+{
+	if (request_call(srv, method) == 0)
+		return;
+	if (!srv->unrequested[method + 1]++)
+		log_err("cannot request further calls for %s (out of memory); trying again every 100 ms",
+			method >= 0 ? methods[method].name : "(other)");
+}
+
+static void rerequest(struct rpc_server *srv)
+{
+	for (int m = -1; m < N_METHODS; m++) {
+		uint32_t *n = &srv->unrequested[m + 1];
+		if (!*n)
+			continue;
+		while (*n && request_call(srv, m) == 0)
+			(*n)--;
+		if (!*n)
+			log_notice("calls for %s are requested again", m >= 0 ? methods[m].name : "(other)");
+	}
+}
+
 static void *rpc_main(void *arg)
 {
 	struct rpc_server *srv = arg;
@@ -1608,6 +1650,8 @@ static void *rpc_main(void *arg)
 
 		if (ev.type == GRPC_QUEUE_SHUTDOWN)
 			break;
+		if (!__atomic_load_n(&srv->stopping, __ATOMIC_ACQUIRE))
+			rerequest(srv);
 		if (__atomic_load_n(&srv->stopping, __ATOMIC_ACQUIRE)) {
 			if (!stop_at)
 				stop_at = now_mono_ms() + (uint64_t)srv->drain_ms;
@@ -1633,12 +1677,14 @@ static void *rpc_main(void *arg)
 		struct call *c = ev.tag;
 		if (__atomic_load_n(&c->phase, __ATOMIC_ACQUIRE) == PHASE_REQUESTED) {
 			bool stop = __atomic_load_n(&srv->stopping, __ATOMIC_ACQUIRE);
-			if (!ev.success) { /* the server is shutting down */
+			if (!ev.success) { /* the server is shutting down (else: a request lost, made again) */
+				if (!stop)
+					request_again(srv, c->method);
 				call_free(c);
 				continue;
 			}
-			if (!stop && request_call(srv, c->method) < 0)
-				log_err("cannot request further calls for %s", c->method >= 0 ? methods[c->method].name : "(other)");
+			if (!stop)
+				request_again(srv, c->method);
 			call_handle(srv, c);
 		} else {
 			call_free(c);

@@ -34,6 +34,8 @@ int rpc_start(struct rpc_server **out, const struct config *cfg,
  * cancels the rest, joins the threads, frees everything and removes the
  * socket file.  Accepts NULL. */
 void rpc_stop(struct rpc_server *srv, int drain_ms);
+/* Tests: the next n requests for calls fail as out of memory would. */
+void rpc_fault_request(uint32_t n);
 /* A reloaded configuration: the tenant table takes its budgets and
  * GetConfig shows it, in one step under the configuration's lock, so a
  * SetTenantBudget falls wholly before it (and the file's budgets win) or

@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <grpc/status.h>
@@ -372,6 +373,27 @@ static void test_names_and_limits(void)
 	protobuf_c_message_free_unpacked(rep, NULL);
 	lq.tenant = (char *)"zzz";
 	T_EQ(ctl_call(cl, "ListSessions", &lq.base, &rep, 5000, &st), GRPC_STATUS_INVALID_ARGUMENT);
+}
+
+/* A call whose method cannot be requested again when it arrives (out of
+ * memory) is retried at the RPC thread's next tick: the method's next
+ * call is answered, not queued unanswered for good (it was: every later
+ * call of that method ran into its deadline while the watchdog went on). */
+static void test_request_retried(void)
+{
+	Tqkv__V1__HealthRequest q = TQKV__V1__HEALTH_REQUEST__INIT;
+	ProtobufCMessage *rep;
+	struct ctl_status st;
+	struct timespec a, b;
+
+	rpc_fault_request(1);
+	T_EQ(ctl_call(cl, "Health", &q.base, &rep, 5000, &st), 0); /* answered; its method's request fails */
+	protobuf_c_message_free_unpacked(rep, NULL);
+	clock_gettime(CLOCK_MONOTONIC, &a);
+	T_EQ(ctl_call(cl, "Health", &q.base, &rep, 3000, &st), 0);
+	protobuf_c_message_free_unpacked(rep, NULL);
+	clock_gettime(CLOCK_MONOTONIC, &b);
+	T_ASSERT((b.tv_sec - a.tv_sec) * 1000 + (b.tv_nsec - a.tv_nsec) / 1000000 < 2000);
 }
 
 static void test_tenants_and_budget(void)
@@ -808,6 +830,7 @@ int main(int argc, char **argv)
 	setup();
 	T_RUN(test_health);
 	T_RUN(test_health_device_lost);
+	T_RUN(test_request_retried);
 	T_RUN(test_open_defaults_and_owner);
 	T_RUN(test_page_tokens);
 	T_RUN(test_open_rejections);
