@@ -12,6 +12,7 @@
 #include <grp.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -250,6 +251,41 @@ static void status_line(struct daemon *d, char *buf, size_t n)
 	config_format_size_human(d->cfg->pool_bytes, pool, sizeof(pool));
 	snprintf(buf, n, "%u sessions open, %u evicted; %s of %s used; %u tenants",
 		 ss.open, ss.evicted, used, pool, tenant_count(d->tenants));
+}
+
+/* The stop's keeper.  A stop drains the data path (each running operation
+ * may wait up to admission_wait for memory), the slow control calls, and
+ * checkpoints every persistent session to disk, which can outlast the
+ * unit's TimeoutStopSec (15 s) and end in a SIGKILL, the unit "failed" and
+ * a replay at the next start.  While it runs, systemd is asked for
+ * STOP_EXTEND_S more every STOP_EXTEND_S / 3 (EXTEND_TIMEOUT_USEC), for
+ * STOP_EXTEND_MAX_S at most: a stop that hangs is still killed. */
+#define STOP_EXTEND_S 15
+#define STOP_EXTEND_MAX_S 600
+static pthread_mutex_t stop_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t stop_cv = PTHREAD_COND_INITIALIZER; /* CLOCK_REALTIME */
+static bool stop_done;
+
+static void *stop_keeper(void *arg)
+{
+	struct timespec t0, now;
+
+	(void)arg;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	pthread_mutex_lock(&stop_mu);
+	for (;;) {
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if (stop_done || now.tv_sec - t0.tv_sec >= STOP_EXTEND_MAX_S)
+			break;
+		notify_extend_timeout((uint64_t)STOP_EXTEND_S * 1000000u);
+		struct timespec until;
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_sec += STOP_EXTEND_S / 3;
+		while (!stop_done && pthread_cond_timedwait(&stop_cv, &stop_mu, &until) == 0)
+			;
+	}
+	pthread_mutex_unlock(&stop_mu);
+	return NULL;
 }
 
 /* A reload puts every tenant's budget back to the file's, those that
@@ -806,6 +842,8 @@ int main(int argc, char **argv)
 	if (run(&d) == 0)
 		rc = 0;
 	notify_stopping();
+	pthread_t keeper;
+	const bool keeping = pthread_create(&keeper, NULL, stop_keeper, NULL) == 0;
 	/* data path first: running operations finish, queued ones are dropped,
 	 * ephemeral sessions close; the control plane, still answering, lets
 	 * go of the data server first (a GetStats or OpenSession of a data
@@ -817,6 +855,13 @@ int main(int argc, char **argv)
 	d.rpc = NULL;
 	/* persistent sessions: everything to disk, then their files stay */
 	kvstore_persist_stop(d.kv, d.sessions);
+	if (keeping) {
+		pthread_mutex_lock(&stop_mu);
+		stop_done = true;
+		pthread_cond_signal(&stop_cv);
+		pthread_mutex_unlock(&stop_mu);
+		pthread_join(keeper, NULL);
+	}
 	log_notice("stopped");
 fail:
 	if (d.rpc)

@@ -30,6 +30,11 @@ int notify_status(const char *status)
 	return sd_notifyf(0, "STATUS=%s", status);
 }
 
+int notify_extend_timeout(uint64_t usec)
+{
+	return sd_notifyf(0, "EXTEND_TIMEOUT_USEC=%llu", (unsigned long long)usec);
+}
+
 int notify_watchdog(void)
 {
 	return sd_notify(0, "WATCHDOG=1");

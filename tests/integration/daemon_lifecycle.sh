@@ -86,6 +86,10 @@ stop_daemon TERM
 [ "$STOP_RC" = 0 ] || fail "SIGTERM: exit $STOP_RC"
 [ "$STOP_MS" -lt 2000 ] || fail "SIGTERM took $STOP_MS ms"
 grep -q '^STOPPING=1' "$NOTIFY_LOG" || fail "no STOPPING=1"
+# the stop asks for time beyond TimeoutStopSec while it runs (a drain and
+# checkpoints of persistent sessions can outlast it)
+awk '/^STOPPING=1/{s=NR} /^EXTEND_TIMEOUT_USEC=15000000$/{if (s && NR > s) ok=1} END{exit !ok}' "$NOTIFY_LOG" ||
+	fail "no EXTEND_TIMEOUT_USEC after STOPPING=1: $(tr '\n' ' ' <"$NOTIFY_LOG")"
 [ -e "$T/run/control.sock" ] && fail "control.sock left behind"
 
 # SIGINT too, and the watchdog: WATCHDOG_USEC=400ms → WATCHDOG=1 every 200 ms
