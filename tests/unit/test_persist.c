@@ -298,6 +298,19 @@ static void test_manifest_xf_bounds(void)
 	free(big);
 }
 
+/* persist_scan lists exactly the n ids of want (ascending); *si its info. */
+static void scan_lists(int fd, const uint64_t *want, size_t n, struct persist_scan_info *si)
+{
+	uint64_t *ids;
+	size_t got;
+
+	T_EQ(persist_scan(fd, &ids, &got, si), 0);
+	T_EQ(got, n);
+	for (size_t i = 0; i < n && i < got; i++)
+		T_EQ(ids[i], want[i]);
+	free(ids);
+}
+
 /* Files: atomic write, read back, scan removes leftovers. */
 static void test_manifest_files(void)
 {
@@ -306,8 +319,6 @@ static void test_manifest_files(void)
 	struct persist_layer L[2];
 	struct persist_page pg[3];
 	struct persist_scan_info si;
-	uint64_t *ids;
-	size_t n;
 	int fd;
 
 	T_ASSERT(mkdtemp(dir));
@@ -321,14 +332,10 @@ static void test_manifest_files(void)
 	close(open(path, O_CREAT | O_WRONLY, 0600));
 	snprintf(path, sizeof(path), "%s/sessions/8.tqj", dir);       /* a journal without a manifest */
 	close(open(path, O_CREAT | O_WRONLY, 0600));
-	T_EQ(persist_scan(fd, &ids, &n, &si), 0);
-	T_EQ(n, 2);
-	T_EQ(ids[0], 7);
-	T_EQ(ids[1], 42);
+	scan_lists(fd, (const uint64_t[]){ 7, 42 }, 2, &si);
 	T_EQ(si.removed, 2);
 	T_EQ(si.max_aside, 0);
 	T_EQ(si.closed, 0);
-	free(ids);
 	T_EQ(persist_manifest_read(fd, 42, &d, why, sizeof(why)), 0);
 	T_EQ(d.layers[0].n_pages, 2);
 	persist_manifest_free(&d);
@@ -360,15 +367,11 @@ static void test_manifest_files(void)
 	T_EQ(persist_mark_closed(fd, 12, 0, why, sizeof(why)), 0);
 	T_EQ(persist_mark_closed(fd, 13, 6, why, sizeof(why)), 0);
 	T_EQ(persist_mark_closed(fd, 14, 5, why, sizeof(why)), 0);
-	T_EQ(persist_scan(fd, &ids, &n, &si), 0);
-	T_EQ(n, 2);
-	T_EQ(ids[0], 10);
-	T_EQ(ids[1], 14);
+	scan_lists(fd, (const uint64_t[]){ 10, 14 }, 2, &si);
 	T_EQ(si.closed, 3);
 	T_EQ(si.closed_kept, 0);
 	T_EQ(si.marks_stale, 1);
 	T_EQ(si.max_aside, 14); /* a marked id is not handed out again */
-	free(ids);
 	static const char *const gone[] = { "11.tqm", "11.tqj", "11.closed", "12.closed",
 					    "13.tqm", "13.tqj", "13.closed", "14.closed" };
 	for (size_t i = 0; i < sizeof(gone) / sizeof(gone[0]); i++) {
@@ -380,26 +383,19 @@ static void test_manifest_files(void)
 	 * is not handed out; the next scan finishes it */
 	T_EQ(persist_mark_closed(fd, 10, 7, why, sizeof(why)), 0);
 	persist_fault_dirsync(1);
-	T_EQ(persist_scan(fd, &ids, &n, &si), 0);
-	T_EQ(n, 1);
-	T_EQ(ids[0], 14);
+	scan_lists(fd, (const uint64_t[]){ 14 }, 1, &si);
 	T_EQ(si.closed, 0);
 	T_EQ(si.closed_kept, 1);
 	T_EQ(si.max_aside, 10);
-	free(ids);
 	snprintf(a, sizeof(a), "%s/sessions/10.closed", dir);
 	T_EQ(access(a, F_OK), 0);
-	T_EQ(persist_scan(fd, &ids, &n, &si), 0);
-	T_EQ(n, 1);
+	scan_lists(fd, (const uint64_t[]){ 14 }, 1, &si);
 	T_EQ(si.closed, 1);
 	T_ASSERT(access(a, F_OK) < 0 && errno == ENOENT);
-	free(ids);
 	T_EQ(persist_remove(fd, 14), 0);
-	T_EQ(persist_scan(fd, &ids, &n, &si), 0);
-	T_EQ(n, 0);
+	scan_lists(fd, NULL, 0, &si);
 	T_EQ(si.closed, 0);
 	T_EQ(si.max_aside, 5); /* 5.tqm.dropped: no new session may take id 5 */
-	free(ids);
 	close(fd);
 	char cmd[256];
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
