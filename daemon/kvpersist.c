@@ -1470,7 +1470,7 @@ static int recover_adopt(struct kvstore *ks, struct session_table *st, struct te
 	int r;
 
 	r = session_adopt(st, tenant_find(tt, m->tenant), m->name, (uid_t)m->owner_uid, &m->geom, m->seed,
-			  SESSION_PERSISTENT, m->id, m->created_ms, (uint64_t)time(NULL) * 1000u, why, sizeof(why));
+			  SESSION_PERSISTENT, m->id, m->created_ms, session_clock_ms(), why, sizeof(why));
 	if (r == -ENOMEM || r == -EEXIST) {
 		/* out of memory, or its name (or id) taken by a session restored
 		 * before it (a session kept in a run that did not serve it, whose

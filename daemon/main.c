@@ -263,7 +263,7 @@ static void status_line(struct daemon *d, char *buf, size_t n)
 #define STOP_EXTEND_S 15
 #define STOP_EXTEND_MAX_S 600
 static pthread_mutex_t stop_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t stop_cv = PTHREAD_COND_INITIALIZER; /* CLOCK_REALTIME */
+static pthread_cond_t stop_cv; /* on CLOCK_MONOTONIC (stop_keeper_start) */
 static bool stop_done;
 
 static void *stop_keeper(void *arg)
@@ -278,8 +278,7 @@ static void *stop_keeper(void *arg)
 		if (stop_done || now.tv_sec - t0.tv_sec >= STOP_EXTEND_MAX_S)
 			break;
 		notify_extend_timeout((uint64_t)STOP_EXTEND_S * 1000000u);
-		struct timespec until;
-		clock_gettime(CLOCK_REALTIME, &until);
+		struct timespec until = now;
 		until.tv_sec += STOP_EXTEND_S / 3;
 		while (!stop_done && pthread_cond_timedwait(&stop_cv, &stop_mu, &until) == 0)
 			;
@@ -288,20 +287,48 @@ static void *stop_keeper(void *arg)
 	return NULL;
 }
 
+/* The keeper started (true), its condition on CLOCK_MONOTONIC: a wall
+ * clock stepped back during the stop would otherwise stall the keeper's
+ * sleep, and systemd would kill the stop it stopped extending. */
+static bool stop_keeper_start(pthread_t *th)
+{
+	pthread_condattr_t ca;
+
+	if (pthread_condattr_init(&ca) != 0)
+		return false;
+	bool ok = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 && pthread_cond_init(&stop_cv, &ca) == 0;
+	pthread_condattr_destroy(&ca);
+	if (ok && pthread_create(th, NULL, stop_keeper, NULL) != 0) {
+		pthread_cond_destroy(&stop_cv);
+		ok = false;
+	}
+	return ok;
+}
+
 /* A reload puts every tenant's budget back to the file's, those that
  * SetTenantBudget (tqctl budget set) changed at run time too: the file
  * compared with the last one says nothing of them, so each is logged here
- * (it was silent, "0 options changed").  How many. */
-static int note_budgets_put_back(struct daemon *d, const struct config *next)
+ * (it was silent, "0 options changed").  How many.  Runs under rpc's
+ * configuration lock (rpc_set_config's before), so no budget set in
+ * between goes back unsaid. */
+struct put_back {
+	struct daemon *d;
+	const struct config *merged; /* what runs next */
+	const struct config *file;   /* the file as read: a tenant gone from it keeps its budget */
+};
+
+static int note_budgets_put_back(void *ctx)
 {
+	const struct put_back *pb = ctx;
+	struct daemon *d = pb->d;
 	char a[32], b[32];
 	int n = 0;
 
 	for (uint32_t i = 0; i < d->cfg->n_tenants; i++) {
-		const struct tenant_conf *old = &d->cfg->tenant[i], *nw = config_tenant(next, old->name);
+		const struct tenant_conf *old = &d->cfg->tenant[i], *nw = config_tenant(pb->merged, old->name);
 		struct tenant *t = tenant_find(d->tenants, old->name);
 		struct tenant_info ti;
-		if (!t || !nw)
+		if (!t || !nw || !config_tenant(pb->file, old->name))
 			continue;
 		tenant_get_info(t, &ti);
 		const struct { const char *what; uint64_t run, was, file; } v[] = {
@@ -309,8 +336,10 @@ static int note_budgets_put_back(struct daemon *d, const struct config *next)
 			{ "guaranteed", ti.guaranteed, old->guaranteed, nw->guaranteed },
 		};
 		for (size_t k = 0; k < sizeof(v) / sizeof(v[0]); k++) {
-			if (v[k].run == v[k].was || v[k].run == v[k].file)
-				continue; /* the file's, or a change the file's comparison logged */
+			/* the file's already, or a change of the file's (logged
+			 * with the file's other changes) */
+			if (v[k].run == v[k].file || v[k].was != v[k].file)
+				continue;
 			config_format_size(v[k].run, a, sizeof(a));
 			config_format_size(v[k].file, b, sizeof(b));
 			log_notice("reload: tenant.%s.%s: %s (set at run time) -> %s (the file's)", old->name, v[k].what,
@@ -364,12 +393,13 @@ static void reload(struct daemon *d)
 	}
 	for (char *line = strtok(changes, "\n"); line; line = strtok(NULL, "\n"))
 		log_notice("reload: %s", line);
-	changed += note_budgets_put_back(d, merged);
+	/* the tenants' budgets with GetConfig's copy, in one step (rpc.h),
+	 * those set at run time and put back said first */
+	struct put_back pb = { d, merged, next };
+	changed += rpc_set_config(d->rpc, merged, note_budgets_put_back, &pb);
 	memcpy(d->cfg, merged, sizeof(*merged));
 	free(merged);
 	log_set_level(d->cfg->log_level);
-	/* the tenants' budgets with GetConfig's copy, in one step (rpc.h) */
-	rpc_set_config(d->rpc, d->cfg);
 	note_sparse_v(d, "reload");
 	session_table_set_max(d->sessions, d->cfg->max_sessions, d->cfg->max_sessions_per_uid);
 	kvstore_persist_set_interval(d->kv, d->cfg->checkpoint_interval_ms);
@@ -712,7 +742,7 @@ int main(int argc, char **argv)
 		case 'C': check_only = true; break;
 		/* acted on once the whole command line parsed: `tqkvd --gpus
 		 * --bogus` is bad usage (2), not a device list */
-		case 'G': info = 'G'; break;
+		case 'G': info = info == 'h' ? 'h' : 'G'; break;
 		case 'V': info = info ? info : 'V'; break;
 		case 'h': info = 'h'; break;
 		default:
@@ -750,6 +780,7 @@ int main(int argc, char **argv)
 		goto fail;
 	}
 	log_set_level(d.cfg->log_level);
+	(void)session_clock_ms(); /* session times aligned with the wall clock now, before recovery */
 
 	/* Block the signals before any thread exists; ignore SIGPIPE. */
 	sigemptyset(&mask);
@@ -843,7 +874,7 @@ int main(int argc, char **argv)
 		rc = 0;
 	notify_stopping();
 	pthread_t keeper;
-	const bool keeping = pthread_create(&keeper, NULL, stop_keeper, NULL) == 0;
+	const bool keeping = stop_keeper_start(&keeper);
 	/* data path first: running operations finish, queued ones are dropped,
 	 * ephemeral sessions close; the control plane, still answering, lets
 	 * go of the data server first (a GetStats or OpenSession of a data
@@ -861,6 +892,7 @@ int main(int argc, char **argv)
 		pthread_cond_signal(&stop_cv);
 		pthread_mutex_unlock(&stop_mu);
 		pthread_join(keeper, NULL);
+		pthread_cond_destroy(&stop_cv);
 	}
 	log_notice("stopped");
 fail:

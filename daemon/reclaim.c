@@ -259,8 +259,12 @@ static void spill_scan(struct reclaim *rc, struct tenant *t, uint64_t want, uint
 			}
 			if (session_acquire(rc->st, si[i].id, 0, &s) < 0)
 				continue; /* gone meanwhile */
+			/* counted before it starts: another pass must not see
+			 * these bytes as the tenant's to give between the two */
+			tenant_spilling_add(t, (int64_t)take);
 			int e = dataop_spill_start(rc->ks, s, take, &op, why, sizeof(why));
 			if (e < 0) {
+				tenant_spilling_add(t, -(int64_t)take);
 				struct session_wait w;
 				session_wait_get(s, &w); /* now, not as listed */
 				session_release(s);
@@ -274,7 +278,6 @@ static void spill_scan(struct reclaim *rc, struct tenant *t, uint64_t want, uint
 				}
 				continue;
 			}
-			tenant_spilling_add(t, (int64_t)take);
 			fl[nf].s = s;
 			fl[nf].op = op;
 			fl[nf].take = take;
@@ -343,7 +346,10 @@ static size_t victims(struct reclaim *rc, struct tenant *for_t, uint64_t asking,
 	for (uint32_t i = 0; i < nt; i++) {
 		struct tenant *t = tenant_at(rc->tt, i);
 		uint64_t excess = takable(for_t, asking, t);
-		if (excess)
+		/* whole pages only (spill_tenant takes no part of one): a
+		 * fraction of a page is nothing to take, and an admission that
+		 * finds nothing else waits for spills in flight instead */
+		if (excess >= pool_page_bytes(rc->pool))
 			c[n++] = (struct cand){ t, tenant_priority(t), excess };
 	}
 	qsort(c, n, sizeof(*c), by_priority);
@@ -407,63 +413,88 @@ uint64_t reclaim_pass(struct reclaim *rc)
 	return spilled;
 }
 
-/* pool.pressure_action = evict: the least recently used session (not
- * `skip`, not persistent, not itself waiting for pool pages) of the first
- * tenant in c that has one.  1 when one was evicted (its id in *evicted);
- * -EBUSY when the only ones left are waiting for pages (they may be
- * evictable once they have given up) or were evicted already and give
- * their memory back when their operation returns: try again; 0: none
- * (res->gave_way: waiters for pages that res->me gave way to, gives_way();
- * res->held: those it waits for). */
+/* Sessions in the order the second pass of evict_one tries them: the
+ * smallest that covers `asking` first, then the larger ones down. */
+static int by_cover(const void *a, const void *b, void *want_)
+{
+	const struct session_info *x = a, *y = b;
+	const uint64_t want = *(const uint64_t *)want_;
+	const bool cx = x->resident_bytes >= want, cy = y->resident_bytes >= want;
+
+	if (cx != cy)
+		return cx ? -1 : 1;
+	if (x->resident_bytes != y->resident_bytes)
+		return (x->resident_bytes < y->resident_bytes) == cx ? -1 : 1;
+	return by_last_access(a, b);
+}
+
+/* pool.pressure_action = evict: a session (not `skip`, not persistent, not
+ * itself waiting for pool pages) of the first tenant in c that has one.
+ * First the least recently used one whose resident bytes fit within its
+ * tenant's excess over its guarantee (all of a session goes: a tenant one
+ * page above its guarantee lost a whole 8 GiB session); only when none
+ * fits and the requester's tenant is within its own guarantee (which then
+ * wins over the victim's), the smallest that covers the request.  1 when
+ * one was evicted (its id in *evicted); -EBUSY when the only ones left are
+ * waiting for pages (they may be evictable once they have given up) or
+ * were evicted already and give their memory back when their operation
+ * returns: try again; 0: none (res->gave_way: waiters for pages that
+ * res->me gave way to, gives_way(); res->held: those it waits for;
+ * res->too_big: sessions larger than their tenant's excess). */
 static int evict_one(struct reclaim *rc, const struct cand *c, size_t nc, const struct session *skip,
 		     const char *need, uint64_t *evicted, struct spill_res *res)
 {
 	char why[1024], b1[32];
 	bool waiting = false;
+	const bool within = res->from && tenant_used(res->from) <= tenant_guaranteed(res->from);
 
-	for (size_t k = 0; k < nc; k++) {
-		struct session_info *si = NULL, info;
-		size_t n = 0;
-		if (session_list(rc->st, c[k].t, &si, &n) < 0)
-			continue;
-		qsort(si, n, sizeof(*si), by_last_access);
-		for (size_t i = 0; i < n; i++) {
-			/* evicted (by anyone) while an operation still holds it:
-			 * its memory comes back when that returns */
-			waiting |= si[i].state == SESSION_EVICTED && si[i].resident_bytes;
-			if (si[i].state != SESSION_OPEN || si[i].persistent || !si[i].resident_bytes ||
-			    (skip && si[i].id == session_id(skip)))
+	for (int pass = 0; pass < 2 && (pass == 0 || within); pass++) {
+		for (size_t k = 0; k < nc; k++) {
+			struct session_info *si = NULL, info;
+			size_t n = 0;
+			if (session_list(rc->st, c[k].t, &si, &n) < 0)
 				continue;
-			/* all its memory goes: only if that leaves the tenant at
-			 * its guarantee or above (a tenant 1 page above it lost a
-			 * whole 8 GiB session) */
-			if (si[i].resident_bytes > takable(res->from, res->asking, c[k].t)) {
-				res->too_big++;
-				continue;
+			if (pass)
+				qsort_r(si, n, sizeof(*si), by_cover, &res->asking);
+			else
+				qsort(si, n, sizeof(*si), by_last_access);
+			for (size_t i = 0; i < n; i++) {
+				/* evicted (by anyone) while an operation still holds
+				 * it: its memory comes back when that returns */
+				waiting |= si[i].state == SESSION_EVICTED && si[i].resident_bytes;
+				if (si[i].state != SESSION_OPEN || si[i].persistent || !si[i].resident_bytes ||
+				    (skip && si[i].id == session_id(skip)))
+					continue;
+				if (!pass && si[i].resident_bytes > takable(res->from, res->asking, c[k].t)) {
+					res->too_big++;
+					continue;
+				}
+				snprintf(why, sizeof(why), "evicted under memory pressure: %s (pool.pressure_action = "
+					 "evict)", need);
+				int e = session_evict_pressure(rc->st, si[i].id, why, &info);
+				if (e == -EBUSY) { /* it waits for pages itself (info: now): unless me gives way */
+					bool gw = gives_way(res->me, si[i].id, c[k].t, &info.wait);
+					res->gave_way += gw;
+					res->held += !gw;
+					waiting |= !gw;
+				}
+				if (e < 0)
+					continue;
+				tq_size_format_human(si[i].resident_bytes + si[i].spilled_bytes, b1, sizeof(b1));
+				log_warning("reclaim: evicted session %" PRIu64 " of tenant '%s' (priority %d, %s%s): %s",
+					    si[i].id, si[i].tenant, c[k].priority, b1,
+					    pass ? "; more than the tenant held above its guarantee, for a tenant within "
+						   "its own" : "", why);
+				tenant_note(c[k].t, TENANT_EVICTIONS, 1);
+				pthread_mutex_lock(&rc->lock);
+				rc->stats.evictions++;
+				pthread_mutex_unlock(&rc->lock);
+				*evicted = si[i].id;
+				free(si);
+				return 1;
 			}
-			snprintf(why, sizeof(why), "evicted under memory pressure: %s (pool.pressure_action = evict)",
-				 need);
-			int e = session_evict_pressure(rc->st, si[i].id, why, &info);
-			if (e == -EBUSY) { /* it waits for pages itself (info: now): unless me gives way to it */
-				bool gw = gives_way(res->me, si[i].id, c[k].t, &info.wait);
-				res->gave_way += gw;
-				res->held += !gw;
-				waiting |= !gw;
-			}
-			if (e < 0)
-				continue;
-			tq_size_format_human(si[i].resident_bytes + si[i].spilled_bytes, b1, sizeof(b1));
-			log_warning("reclaim: evicted session %" PRIu64 " of tenant '%s' (priority %d, %s): %s",
-				    si[i].id, si[i].tenant, c[k].priority, b1, why);
-			tenant_note(c[k].t, TENANT_EVICTIONS, 1);
-			pthread_mutex_lock(&rc->lock);
-			rc->stats.evictions++;
-			pthread_mutex_unlock(&rc->lock);
-			*evicted = si[i].id;
 			free(si);
-			return 1;
 		}
-		free(si);
 	}
 	return waiting ? -EBUSY : 0;
 }

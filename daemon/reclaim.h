@@ -25,8 +25,10 @@
  * When nothing can be spilled (the tier is full or failing),
  * pool.pressure_action says what happens: fail (POOL_FULL, with why) or
  * evict (the least recently used session of the lowest-priority tenant
- * above its guarantee is evicted, never a persistent one nor one that
- * waits for pages itself, and its owner gets EVICTED with
+ * above its guarantee whose resident bytes fit within that excess is
+ * evicted; when none fits and the requester's tenant is within its own
+ * guarantee, the smallest session that covers the request; never a
+ * persistent one nor one that waits for pages itself, and its owner gets EVICTED with
  * TQKV_EVICT_PRESSURE; a session evicted in the middle of an operation
  * gives its memory back when the operation returns, which the requester
  * waits for).  Two sessions that wait at once therefore never evict each

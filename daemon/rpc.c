@@ -1918,16 +1918,20 @@ void rpc_stop(struct rpc_server *srv, int drain_ms)
 	free(srv);
 }
 
-void rpc_set_config(struct rpc_server *srv, const struct config *cfg)
+int rpc_set_config(struct rpc_server *srv, const struct config *cfg, int (*before)(void *ctx), void *ctx)
 {
 	gid_t og = operator_gid_of(cfg);
+	int r = 0;
 
 	pthread_mutex_lock(&srv->cfg_lock);
+	if (before)
+		r = before(ctx);
 	tenant_table_apply(srv->tenants, cfg); /* cfg_lock, then the table's budget_lock */
 	srv->operator_gid = og;
 	memcpy(srv->cfg, cfg, sizeof(*cfg));
 	srv->reloads++;
 	pthread_mutex_unlock(&srv->cfg_lock);
+	return r;
 }
 
 void rpc_set_datapath(struct rpc_server *srv, struct pool *pool, struct ring_server *ring)

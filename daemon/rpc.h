@@ -39,8 +39,9 @@ void rpc_fault_request(uint32_t n);
 /* A reloaded configuration: the tenant table takes its budgets and
  * GetConfig shows it, in one step under the configuration's lock, so a
  * SetTenantBudget falls wholly before it (and the file's budgets win) or
- * after it (and shows what it set). */
-void rpc_set_config(struct rpc_server *srv, const struct config *cfg);
+ * after it (and shows what it set).  before (may be NULL) runs first in
+ * that step, with the budgets still as they run; its value is returned. */
+int rpc_set_config(struct rpc_server *srv, const struct config *cfg, int (*before)(void *ctx), void *ctx);
 /* The data path whose figures GetStats reports (may be set after
  * rpc_start, from the main thread; NULL: not reported).  A pool once set
  * is freed only after rpc_stop: a handler may still be reading it. */

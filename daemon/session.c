@@ -594,11 +594,11 @@ static uint64_t clock_ms(clockid_t id)
 
 uint64_t session_clock_ms(void)
 {
-	static uint64_t offset; /* atomic: the wall clock minus the monotonic one, at the first call */
+	static uint64_t offset; /* atomic: the wall clock minus CLOCK_BOOTTIME, at the first call */
 	uint64_t off = __atomic_load_n(&offset, __ATOMIC_RELAXED);
 
 	if (!off) {
-		uint64_t want = clock_ms(CLOCK_REALTIME) - clock_ms(CLOCK_MONOTONIC);
+		uint64_t want = clock_ms(CLOCK_REALTIME) - clock_ms(CLOCK_BOOTTIME);
 		if (!want)
 			want = 1;
 		if (!__atomic_compare_exchange_n(&offset, &off, want, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
@@ -606,7 +606,7 @@ uint64_t session_clock_ms(void)
 		else
 			off = want;
 	}
-	return clock_ms(CLOCK_MONOTONIC) + off;
+	return clock_ms(CLOCK_BOOTTIME) + off;
 }
 
 int session_evict_pressure(struct session_table *st, uint64_t id, const char *why, struct session_info *out)

@@ -82,8 +82,8 @@ struct session_info {
 	uint64_t tokens;
 	uint64_t resident_bytes;
 	uint64_t spilled_bytes;
-	uint64_t created_ms;         /* CLOCK_REALTIME, ms */
-	uint64_t last_access_ms;
+	uint64_t created_ms;         /* session_clock_ms() (a restored session: its manifest's) */
+	uint64_t last_access_ms;     /* session_clock_ms() */
 	enum session_state state;
 	bool persistent;             /* survives restarts (SESSION_PERSISTENT) */
 	uint32_t evict_reason;       /* EVICTED: enum tqkv_evict_reason */
@@ -186,9 +186,10 @@ uint32_t session_table_expire(struct session_table *st, uint64_t now_ms, uint64_
 
 /* ---- the data path --------------------------------------------------------- */
 /* The clock of session times (opened, last access, evicted, idle expiry):
- * milliseconds since the epoch, but on CLOCK_MONOTONIC, aligned with the
- * wall clock at the first call.  A wall-clock step (NTP, a VM resumed,
- * an operator's date) neither evicts every idle session at once nor stops
+ * milliseconds since the epoch, but on CLOCK_BOOTTIME (CLOCK_MONOTONIC
+ * that counts suspended time too), aligned with the wall clock at the
+ * first call (main calls it at start).  A wall-clock step (NTP, an
+ * operator's date) neither evicts every idle session at once nor stops
  * idle expiry for the length of a backward step; the times shown drift
  * from the wall clock by the steps since tqkvd started. */
 uint64_t session_clock_ms(void);

@@ -135,9 +135,13 @@ void tenant_get_info(struct tenant *t, struct tenant_info *out)
 	memcpy(out->uids, t->uids, sizeof(out->uids));
 	memcpy(out->gids, t->gids, sizeof(out->gids));
 	pthread_mutex_unlock(&t->lock);
+	/* spilling before used: a spill done meanwhile uncharges, then
+	 * releases its spilling (tenant_spilling_add); one whose smaller
+	 * spilling is seen here is seen uncharged too, so used - spilling
+	 * never counts the same bytes as neither (the reclaimer's takable) */
+	out->spilling = __atomic_load_n(&t->spilling, __ATOMIC_ACQUIRE);
 	out->used = tenant_used(t);
 	out->spilled = __atomic_load_n(&t->spilled, __ATOMIC_RELAXED);
-	out->spilling = __atomic_load_n(&t->spilling, __ATOMIC_RELAXED);
 	out->sessions = __atomic_load_n(&t->sessions, __ATOMIC_RELAXED);
 	out->sparse_v = tenant_sparse_v(t);
 	out->v_chunks = __atomic_load_n(&t->sv.v_chunks, __ATOMIC_RELAXED);
@@ -249,7 +253,8 @@ void tenant_spilled_add(struct tenant *t, int64_t delta)
 
 void tenant_spilling_add(struct tenant *t, int64_t delta)
 {
-	uint64_t old = __atomic_fetch_add(&t->spilling, (uint64_t)delta, __ATOMIC_RELAXED);
+	/* release: what the spill uncharged before is seen with it */
+	uint64_t old = __atomic_fetch_add(&t->spilling, (uint64_t)delta, __ATOMIC_ACQ_REL);
 
 	assert((delta >= 0 || old >= (uint64_t)-delta) && "tenant spilling bytes below zero");
 	(void)old;
@@ -257,7 +262,7 @@ void tenant_spilling_add(struct tenant *t, int64_t delta)
 
 uint64_t tenant_spilling(const struct tenant *t)
 {
-	return __atomic_load_n(&t->spilling, __ATOMIC_RELAXED);
+	return __atomic_load_n(&t->spilling, __ATOMIC_ACQUIRE);
 }
 
 uint64_t tenant_used(const struct tenant *t)

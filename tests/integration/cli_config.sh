@@ -25,6 +25,7 @@ grep -q -- '--check-config' <<<"$out" && grep -q 'SIGHUP' <<<"$out" || fail "--h
 "$TQKVD" --gpus --frobnicate >/dev/null 2>&1; [ $? = 2 ] || fail "--gpus then an unknown option: not exit 2"
 "$TQKVD" -V extra >/dev/null 2>&1; [ $? = 2 ] || fail "-V then a stray argument: not exit 2"
 "$TQKVD" -V -h | grep -q "^Usage" || fail "-V -h does not print the help"
+"$TQKVD" -h --gpus | grep -q "^Usage" || fail "-h --gpus does not print the help"
 
 # start-up failure: a bad config never binds anything
 "$TQKVD" --config "$T/bad.conf" --run-dir "$T/run" >/dev/null 2>&1; [ $? = 1 ] || fail "bad config start: not exit 1"

@@ -53,6 +53,7 @@ extern "C" void fake_cuda_fault(long after)
 {
 	LOCKED;
 	fault_in = after;
+	fault_code = cudaErrorIllegalAddress;
 }
 
 /* the same with another sticky error than an illegal address */

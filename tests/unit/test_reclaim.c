@@ -545,6 +545,62 @@ static void test_pressure_action(void)
 	}
 }
 
+/* pool.pressure_action = evict takes a session only when all of it fits
+ * within its tenant's excess over its guarantee; when none fits, only for
+ * a requester within its own guarantee (which then wins), the smallest
+ * session that covers the request.  Batch (guarantee 2 MiB) holds one
+ * session of ~5 MiB, prod (within its 13 MiB guarantee) the rest of the
+ * pool; then prod, or test (no guarantee, a higher priority than batch),
+ * asks for more pages than an 8-page tier can make room for.  (Old:
+ * batch's session went for either.) */
+static void test_evict_fits_excess(void)
+{
+	for (int within = 0; within < 2; within++) {
+		struct fix f;
+		struct session_info si;
+		char why[512], msg[256] = "";
+		struct reclaim_params rp = { 100, 99, 500, CONFIG_PRESSURE_EVICT };
+
+		kvfix_start(&f.kv, "[pool]\npool_bytes = 16M\n"
+			    "[tenant prod]\nguaranteed = 13M\nlimit = 16M\npriority = 90\nallow_uids = *\n"
+			    "[tenant test]\nlimit = 16M\npriority = 50\nallow_uids = *\n"
+			    "[tenant batch]\nguaranteed = 2M\nlimit = 16M\npriority = 10\nallow_uids = *\n",
+			    16 * MiB, PAGE, 8);
+		MUST(reclaim_start_manual(&f.rc, f.kv.pool, f.kv.tt, f.kv.st, f.kv.ks, &rp, why, sizeof(why)) == 0);
+		uint64_t bs = open_empty(&f, "batch");
+		MUST(append_more(&f, bs, 7000, 11, NULL, 0) == TQKV_ST_OK);
+		const char *req = within ? "prod" : "test";
+		uint64_t p = 0;
+		for (int k = 0; k < 8 && pool_pages_free_count(f.kv.pool) >= 8; k++) {
+			p = open_empty(&f, "prod"); /* (a session holds 8,192 tokens at most) */
+			while (append_more(&f, p, 64, 13, NULL, 0) == TQKV_ST_OK) {
+			}
+		}
+		while (append_more(&f, p, 1, 13, NULL, 0) == TQKV_ST_OK) {
+		}
+		MUST(pool_pages_free_count(f.kv.pool) < 8);
+		kvstore_set_reclaim(f.kv.ks, f.rc);
+		uint64_t q = open_empty(&f, req);
+		uint32_t st = append_more(&f, q, 2000, 14, msg, sizeof(msg));
+		T_EQ(session_get_info(f.kv.st, bs, &si), 0);
+		if (within) {
+			if (st != TQKV_ST_OK)
+				fprintf(stderr, "    prod within its guarantee: %s\n", msg);
+			T_EQ(st, TQKV_ST_OK);
+			T_EQ(si.state, SESSION_EVICTED);
+			T_EQ(si.evict_reason, TQKV_EVICT_PRESSURE);
+		} else {
+			T_EQ(st, TQKV_ST_POOL_FULL);
+			if (!strstr(msg, "more than its tenant has above its guarantee"))
+				fprintf(stderr, "    test above its guarantee: %s\n", msg);
+			T_ASSERT(strstr(msg, "more than its tenant has above its guarantee"));
+			T_EQ(si.state, SESSION_OPEN);
+			T_ASSERT(tenant_used_of(&f, "batch") >= 2 * MiB);
+		}
+		fix_stop(&f);
+	}
+}
+
 static uint64_t mono_ms(void)
 {
 	struct timespec ts;
@@ -1161,6 +1217,7 @@ int main(void)
 	T_RUN(test_admission_within_guarantee);
 	T_RUN(test_admission_respects_priority);
 	T_RUN(test_concurrent_spills_keep_guarantee);
+	T_RUN(test_evict_fits_excess);
 	T_RUN(test_limit_spills_own);
 	T_RUN(test_limit_no_wait);
 	T_RUN(test_limit_waits_for_busy_and_closed);

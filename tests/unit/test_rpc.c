@@ -434,7 +434,7 @@ static void test_tenants_and_budget(void)
 	 * itself, with GetConfig's copy, under one lock: a SetTenantBudget
 	 * between the table's apply and the copy left one budget running
 	 * and another shown */
-	rpc_set_config(srv, cfg);
+	rpc_set_config(srv, cfg, NULL, NULL);
 	T_EQ(ctl_call(cl, "ListTenants", &lq.base, &rep, 5000, &st), 0);
 	l = (void *)rep;
 	T_EQ(l->tenants[1]->limit_bytes, config_tenant(cfg, "locked")->limit);
@@ -732,12 +732,12 @@ static void test_kv_transform(void)
 	T_ASSERT(next);
 	memcpy(next, cfg, sizeof(*cfg));
 	next->kv_transform = TQ_XF_K_CENTER | TQ_XF_V_CENTER;
-	rpc_set_config(srv, next);
+	rpc_set_config(srv, next, NULL, NULL);
 	T_EQ(open_session_xf(cl, "default", "", 64, 64, NULL, &s, &st), 0);
 	T_ASSERT(strcmp(s->kv_transform, "k-center+v-center") == 0);
 	uint64_t id_reload = s->id;
 	protobuf_c_message_free_unpacked(&s->base, NULL);
-	rpc_set_config(srv, cfg);
+	rpc_set_config(srv, cfg, NULL, NULL);
 	free(next);
 	get_session(id_cfg, &s);
 	T_ASSERT(strcmp(s->kv_transform, "k-center") == 0);
