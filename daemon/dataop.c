@@ -113,16 +113,23 @@ void kvstore_free(struct kvstore *ks)
 	free(ks);
 }
 
+/* Session id's link in its bucket (*slot NULL: none); ks->lock held. */
+static struct kv_sess **kv_slot(struct kvstore *ks, uint64_t id)
+{
+	struct kv_sess **pp = &ks->bucket[id & (N_BUCKETS - 1)];
+
+	while (*pp && (*pp)->id != id)
+		pp = &(*pp)->next;
+	return pp;
+}
+
 void kvstore_ending(void *ctx, struct session *s)
 {
 	struct kvstore *ks = ctx;
-	struct kv_sess *kv;
-	uint64_t id = session_id(s);
 
 	/* the hook's operation count keeps kv from being released meanwhile */
 	pthread_mutex_lock(&ks->lock);
-	for (kv = ks->bucket[id & (N_BUCKETS - 1)]; kv && kv->id != id; kv = kv->next)
-		;
+	struct kv_sess *kv = *kv_slot(ks, session_id(s));
 	pthread_mutex_unlock(&ks->lock);
 	kvp_sess_ending(ks, s, kv);
 }
@@ -131,11 +138,9 @@ void kvstore_release(void *ctx, struct session *s)
 {
 	struct kvstore *ks = ctx;
 	struct kv_sess **pp, *kv;
-	uint64_t id = session_id(s);
 
 	pthread_mutex_lock(&ks->lock);
-	for (pp = &ks->bucket[id & (N_BUCKETS - 1)]; *pp && (*pp)->id != id; pp = &(*pp)->next)
-		;
+	pp = kv_slot(ks, session_id(s));
 	kv = *pp;
 	if (kv) {
 		*pp = kv->next;
@@ -233,8 +238,7 @@ int dataop_kv_get_paged(struct kvstore *ks, struct session *s, uint32_t page_tok
 	int r;
 
 	pthread_mutex_lock(&ks->lock);
-	for (pp = &ks->bucket[id & (N_BUCKETS - 1)]; *pp && (*pp)->id != id; pp = &(*pp)->next)
-		;
+	pp = kv_slot(ks, id);
 	kv = *pp;
 	if (kv) {
 		*out = kv;
@@ -1627,11 +1631,9 @@ uint32_t dataop_session_page_tokens(struct kvstore *ks, uint64_t id)
 	uint32_t pt = 0;
 
 	pthread_mutex_lock(&ks->lock); /* kv leaves the table, and is freed, under it */
-	for (struct kv_sess *kv = ks->bucket[id & (N_BUCKETS - 1)]; kv; kv = kv->next)
-		if (kv->id == id) {
-			pt = kv->geom.page_tokens; /* set once, at creation */
-			break;
-		}
+	struct kv_sess *kv = *kv_slot(ks, id);
+	if (kv)
+		pt = kv->geom.page_tokens; /* set once, at creation */
 	pthread_mutex_unlock(&ks->lock);
 	return pt;
 }
@@ -1645,8 +1647,7 @@ int dataop_xf_summary(struct kvstore *ks, struct session *s, struct tq_xf_summar
 		return -EINVAL;
 	memset(out, 0, sizeof(*out) * n_layers);
 	pthread_mutex_lock(&ks->lock);
-	for (kv = ks->bucket[id & (N_BUCKETS - 1)]; kv && kv->id != id; kv = kv->next)
-		;
+	kv = *kv_slot(ks, id);
 	pthread_mutex_unlock(&ks->lock);
 	if (!kv)
 		return -ENOENT;

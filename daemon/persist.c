@@ -627,15 +627,14 @@ int persist_scan(int dirfd, uint64_t **ids, size_t *n, struct persist_scan_info 
 	}
 	rewinddir(d);
 	while ((de = readdir(d))) {
-		uint64_t id = id_of(de->d_name, "tqm");
-		uint64_t aside = id ? 0 : id_of(de->d_name, "tqm.dropped");
-		uint64_t closed = id || aside ? 0 : id_of(de->d_name, "closed");
-		if (!aside && !closed)
-			aside = id ? 0 : id_of(de->d_name, "tqj.dropped");
+		uint64_t id = id_of(de->d_name, "tqm"), aside = 0, closed = 0;
+		if (!id && !(aside = id_of(de->d_name, "tqm.dropped")) && !(aside = id_of(de->d_name, "tqj.dropped")))
+			closed = id_of(de->d_name, "closed");
 		/* (a closed session's id too: if its files cannot be removed
 		 * now, no new session may take the id they would take away) */
-		if (aside > info->max_aside || closed > info->max_aside)
-			info->max_aside = aside > closed ? aside : closed;
+		const uint64_t taken = aside ? aside : closed;
+		if (taken > info->max_aside)
+			info->max_aside = taken;
 		if (closed) {
 			if (ids_push(&dead, &nd, &dcap, closed) < 0)
 				goto nomem;

@@ -599,11 +599,9 @@ uint64_t session_clock_ms(void)
 
 	if (!off) {
 		uint64_t want = clock_ms(CLOCK_REALTIME) - clock_ms(CLOCK_BOOTTIME);
-		if (!want)
-			want = 1;
-		if (!__atomic_compare_exchange_n(&offset, &off, want, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-			; /* another thread's, now in off */
-		else
+		want += !want; /* 0 says "not set yet" */
+		/* the first thread's offset wins; a later one gets it in off */
+		if (__atomic_compare_exchange_n(&offset, &off, want, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
 			off = want;
 	}
 	return clock_ms(CLOCK_BOOTTIME) + off;
